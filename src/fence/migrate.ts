@@ -1,0 +1,75 @@
+// Numbered raw .sql files in migrations/, each applied once in its own transaction and recorded.
+// A session advisory lock serialises instances that start together.
+import { readdirSync, readFileSync } from 'node:fs';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type pg from 'pg';
+import { sqlState, UNDEFINED_TABLE } from './pg-errors.ts';
+
+export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
+
+// Arbitrary constant: "fencepost" as a 64-bit advisory lock key.
+const MIGRATION_LOCK_KEY = 4_669_143_214_093_120n;
+
+export interface Migration {
+  id: number;
+  name: string;
+  sql: string;
+}
+
+export function loadMigrations(dir = MIGRATIONS_DIR): Migration[] {
+  const files = readdirSync(dir).filter((f) => /^\d+_[\w-]+\.sql$/.test(f));
+  const migrations = files
+    .map((name) => ({ id: Number.parseInt(name, 10), name, sql: readFileSync(join(dir, name), 'utf8') }))
+    .sort((a, b) => a.id - b.id);
+  migrations.forEach((m, i) => {
+    if (m.id !== i + 1) throw new Error(`migrations must be numbered 1, 2, 3…: found ${m.name} at position ${i + 1}`);
+  });
+  return migrations;
+}
+
+/** Applies pending migrations; returns the names applied now. */
+export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<string[]> {
+  const migrations = loadMigrations(dir);
+  const client = await pool.connect();
+  const applied: string[] = [];
+  try {
+    await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK_KEY.toString()]);
+    try {
+      await client.query(`CREATE TABLE IF NOT EXISTS public.fencepost_migrations (
+        id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
+      const { rows } = await client.query<{ id: number }>('SELECT id FROM public.fencepost_migrations');
+      const done = new Set(rows.map((r) => r.id));
+      for (const m of migrations) {
+        if (done.has(m.id)) continue;
+        await client.query('BEGIN');
+        try {
+          await client.query(m.sql);
+          await client.query('INSERT INTO public.fencepost_migrations (id, name) VALUES ($1, $2)', [m.id, m.name]);
+          await client.query('COMMIT');
+        } catch (err) {
+          await client.query('ROLLBACK');
+          throw new Error(`migration ${m.name} failed`, { cause: err });
+        }
+        applied.push(m.name);
+      }
+    } finally {
+      await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]);
+    }
+  } finally {
+    client.release();
+  }
+  return applied;
+}
+
+/** True when every migration file has been applied. */
+export async function migrationsApplied(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<boolean> {
+  const latest = loadMigrations(dir).at(-1)?.id ?? 0;
+  try {
+    const { rows } = await pool.query<{ max: number | null }>('SELECT max(id) AS max FROM public.fencepost_migrations');
+    return (rows[0]?.max ?? 0) >= latest;
+  } catch (err) {
+    if (sqlState(err) === UNDEFINED_TABLE) return false;
+    throw err;
+  }
+}

@@ -1,0 +1,48 @@
+// SQLSTATE codes the fence cares about, grouped by meaning. Never match on message text.
+
+/** The statement lost a race and can run again unchanged. */
+export const RETRYABLE_ERROR_CODES: ReadonlySet<string> = new Set([
+  '40001', // serialization_failure
+  '40P01', // deadlock_detected
+]);
+
+/** The database is gone or going: the request did not commit (or we cannot know) and is safe to retry. */
+export const UNAVAILABLE_ERROR_CLASSES: ReadonlySet<string> = new Set([
+  '08', // connection exception
+  '53', // insufficient resources (too many connections, out of memory, disk full)
+  '57', // operator intervention (admin shutdown, crash shutdown, cannot connect now)
+]);
+
+export const UNDEFINED_TABLE = '42P01';
+export const UNIQUE_VIOLATION = '23505';
+
+const NODE_NET_ERRORS = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN']);
+
+export function sqlState(err: unknown): string | undefined {
+  if (typeof err === 'object' && err !== null && 'code' in err && typeof err.code === 'string' && /^[0-9A-Z]{5}$/.test(err.code)) {
+    return err.code;
+  }
+  return undefined;
+}
+
+export function isRetryable(err: unknown): boolean {
+  const code = sqlState(err);
+  return code !== undefined && RETRYABLE_ERROR_CODES.has(code);
+}
+
+/** True when the error means "database unreachable", not "the statement is wrong". */
+export function isUnavailable(err: unknown): boolean {
+  const code = sqlState(err);
+  if (code !== undefined) return UNAVAILABLE_ERROR_CLASSES.has(code.slice(0, 2));
+  if (typeof err !== 'object' || err === null) return false;
+  const e = err as { code?: unknown; message?: unknown };
+  if (typeof e.code === 'string' && NODE_NET_ERRORS.has(e.code)) return true;
+  // node-postgres reports a dropped connection or pool wait without a code.
+  const msg = typeof e.message === 'string' ? e.message : '';
+  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end/.test(msg);
+}
+
+export function coerceError(err: unknown): Error {
+  if (err instanceof Error) return err;
+  return new Error(typeof err === 'string' ? err : JSON.stringify(err));
+}

@@ -1,0 +1,166 @@
+// Every SQL statement the fence runs, as named builders returning { name?, text, values }.
+// Named statements are prepared once per connection by node-postgres.
+import type { QueryConfig } from 'pg';
+
+export type Query = QueryConfig<unknown[]>;
+
+export type OpKind = 'put' | 'delete' | 'fence';
+
+export interface WriteRow {
+  kind: OpKind;
+  fenceKey: string;
+  /** Object key; null for a fence-only advance. */
+  key: string | null;
+  token: bigint;
+  contentType: string | null;
+  body: Buffer | null;
+}
+
+/**
+ * The fenced write, for a batch of operations with distinct fence keys and distinct object keys.
+ * Check and write are one statement: the conditional upsert on `fences` returns a row only when
+ * the token is ≥ the recorded one (ON CONFLICT locks the row and re-checks the WHERE against the
+ * latest committed version), and the object write/delete joins on that row. A rejected operation
+ * changes nothing. Rows are locked in key order so concurrent batches cannot deadlock on fences.
+ * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
+ */
+export function fencedWrite(rows: readonly WriteRow[]): Query {
+  return {
+    name: 'fencepost_fenced_write',
+    text: `
+WITH input AS (
+  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
+    AS t(ord, kind, fence_key, key, token, content_type, body)
+),
+fence AS (
+  INSERT INTO fencepost.fences AS f (fence_key, highest_token, accepted)
+  SELECT fence_key, token, 1 FROM input ORDER BY fence_key
+  ON CONFLICT (fence_key) DO UPDATE
+    SET highest_token = EXCLUDED.highest_token, accepted = f.accepted + 1, updated_at = now()
+    WHERE f.highest_token <= EXCLUDED.highest_token
+  RETURNING f.fence_key, f.highest_token
+),
+put AS (
+  INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
+  SELECT i.key, i.fence_key, i.token, 1, i.content_type, i.body
+  FROM input i JOIN fence USING (fence_key)
+  WHERE i.kind = 'put' ORDER BY i.key
+  ON CONFLICT (key) DO UPDATE
+    SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
+        content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
+  RETURNING o.key, o.version
+),
+del AS (
+  DELETE FROM fencepost.objects o
+  USING input i JOIN fence USING (fence_key)
+  WHERE i.kind = 'delete' AND o.key = i.key
+  RETURNING o.key
+)
+SELECT i.ord, fence.highest_token, put.version
+FROM input i
+LEFT JOIN fence USING (fence_key)
+LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
+ORDER BY i.ord`,
+    values: [
+      rows.map((_, i) => i),
+      rows.map((r) => r.kind),
+      rows.map((r) => r.fenceKey),
+      rows.map((r) => r.key),
+      rows.map((r) => r.token.toString()),
+      rows.map((r) => r.contentType),
+      rows.map((r) => r.body),
+    ],
+  };
+}
+
+export interface RejectionRow {
+  kind: OpKind;
+  fenceKey: string;
+  key: string | null;
+  token: bigint;
+  writerId: string | null;
+}
+
+/**
+ * Records rejected operations: bumps each fence's `rejected` count, logs each rejection, and
+ * returns each fence's highest token as it is now (read after the rejection, as the 409 reports).
+ */
+export function recordRejections(rows: readonly RejectionRow[]): Query {
+  return {
+    name: 'fencepost_record_rejections',
+    text: `
+WITH input AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+    AS t(operation, fence_key, key, token, writer_id)
+),
+counts AS (
+  SELECT fence_key, count(*) AS n FROM input GROUP BY fence_key
+),
+bump AS (
+  UPDATE fencepost.fences f SET rejected = f.rejected + c.n
+  FROM counts c WHERE f.fence_key = c.fence_key
+  RETURNING f.fence_key, f.highest_token
+),
+log AS (
+  INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token, writer_id)
+  SELECT i.fence_key, i.key, i.operation, i.token, b.highest_token, i.writer_id
+  FROM input i JOIN bump b USING (fence_key)
+)
+SELECT fence_key, highest_token FROM bump`,
+    values: [
+      rows.map((r) => r.kind),
+      rows.map((r) => r.fenceKey),
+      rows.map((r) => r.key),
+      rows.map((r) => r.token.toString()),
+      rows.map((r) => r.writerId),
+    ],
+  };
+}
+
+export function readObject(key: string): Query {
+  return {
+    name: 'fencepost_read_object',
+    text: `SELECT fence_key, token, version, content_type, body, updated_at FROM fencepost.objects WHERE key = $1`,
+    values: [key],
+  };
+}
+
+export function readFence(fenceKey: string): Query {
+  return {
+    name: 'fencepost_read_fence',
+    text: `SELECT fence_key, highest_token, updated_at, accepted, rejected FROM fencepost.fences WHERE fence_key = $1`,
+    values: [fenceKey],
+  };
+}
+
+/** Keyset paging in fence-key order (byte order, so it is stable whatever the collation). */
+export function listFences(after: string | null, limit: number): Query {
+  return {
+    name: 'fencepost_list_fences',
+    text: `
+SELECT fence_key, highest_token, updated_at, accepted, rejected FROM fencepost.fences
+WHERE $1::text IS NULL OR fence_key COLLATE "C" > $1::text COLLATE "C"
+ORDER BY fence_key COLLATE "C"
+LIMIT $2`,
+    values: [after, limit],
+  };
+}
+
+export function statsTotals(): Query {
+  return {
+    name: 'fencepost_stats_totals',
+    text: `SELECT count(*) AS fences, coalesce(sum(accepted), 0)::bigint AS accepted, coalesce(sum(rejected), 0)::bigint AS rejected FROM fencepost.fences`,
+  };
+}
+
+/** Per-fence counts, the fences with the most rejections first. */
+export function statsPerFence(limit: number): Query {
+  return {
+    name: 'fencepost_stats_per_fence',
+    text: `
+SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fences
+ORDER BY rejected DESC, accepted DESC, fence_key COLLATE "C"
+LIMIT $1`,
+    values: [limit],
+  };
+}

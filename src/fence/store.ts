@@ -1,0 +1,265 @@
+// The fence store: fenced writes, reads, and counts, over a pg pool.
+//
+// Writes are coalesced. Each fence key hashes to one of `lanes` lanes; a lane runs one batch at a
+// time, built from its queue with distinct fence keys and distinct object keys (the conditional
+// upsert can touch a row only once per statement). A request that finds its lane idle goes out at
+// once; requests that arrive while a batch is in flight ride together in the next one. Per fence
+// key, one proxy therefore applies writes in arrival order.
+import type pg from 'pg';
+import * as q from './queries.ts';
+import type { OpKind } from './queries.ts';
+import { isRetryable } from './pg-errors.ts';
+
+export type FencedOp =
+  | { kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null }
+  | { kind: 'delete'; key: string; fenceKey: string; token: bigint; writerId: string | null }
+  | { kind: 'fence'; fenceKey: string; token: bigint; writerId: string | null };
+
+export type FencedResult =
+  | { accepted: true; highestToken: bigint; version: bigint | null }
+  | { accepted: false; highestToken: bigint };
+
+export interface StoredObject {
+  fenceKey: string;
+  token: bigint;
+  version: bigint;
+  contentType: string;
+  body: Buffer;
+  updatedAt: Date;
+}
+
+export interface FenceRecord {
+  fenceKey: string;
+  highestToken: bigint;
+  updatedAt: Date;
+  accepted: bigint;
+  rejected: bigint;
+}
+
+export interface Stats {
+  fences: number;
+  accepted: bigint;
+  rejected: bigint;
+  perFence: { fenceKey: string; highestToken: bigint; accepted: bigint; rejected: bigint }[];
+}
+
+export interface FenceStoreOptions {
+  /** Number of write lanes (batches in flight at once). Default 8. */
+  lanes?: number;
+  /** Most operations in one batch. Default 64; 1 turns coalescing off. */
+  maxBatch?: number;
+  /** Most body bytes in one batch (a single larger body still goes alone). Default 4 MiB. */
+  maxBatchBytes?: number;
+  /** Retries of a batch that hit a deadlock or serialization failure. Default 5. */
+  retries?: number;
+  /** Called once per executed batch, for metrics. */
+  onBatch?: (size: number) => void;
+}
+
+interface Pending {
+  op: FencedOp;
+  resolve: (r: FencedResult) => void;
+  reject: (e: unknown) => void;
+}
+
+class Lane {
+  queue: Pending[] = [];
+  busy = false;
+}
+
+export class FenceStore {
+  readonly pool: pg.Pool;
+  private readonly lanes: Lane[];
+  private readonly maxBatch: number;
+  private readonly maxBatchBytes: number;
+  private readonly retries: number;
+  private readonly onBatch: ((size: number) => void) | undefined;
+  private inFlight = 0;
+  private idleWaiters: (() => void)[] = [];
+
+  constructor(pool: pg.Pool, opts: FenceStoreOptions = {}) {
+    this.pool = pool;
+    this.lanes = Array.from({ length: Math.max(1, opts.lanes ?? 8) }, () => new Lane());
+    this.maxBatch = Math.max(1, opts.maxBatch ?? 64);
+    this.maxBatchBytes = opts.maxBatchBytes ?? 4 * 1024 * 1024;
+    this.retries = opts.retries ?? 5;
+    this.onBatch = opts.onBatch;
+  }
+
+  /** Applies one fenced operation; resolves once it is committed (or rejected). */
+  write(op: FencedOp): Promise<FencedResult> {
+    return new Promise((resolve, reject) => {
+      const lane = this.lanes[laneOf(op.fenceKey, this.lanes.length)]!;
+      lane.queue.push({ op, resolve, reject });
+      this.inFlight++;
+      if (!lane.busy) void this.drain(lane);
+    });
+  }
+
+  /** Resolves when no write is queued or running. */
+  async idle(): Promise<void> {
+    if (this.inFlight === 0) return;
+    await new Promise<void>((r) => this.idleWaiters.push(r));
+  }
+
+  private async drain(lane: Lane): Promise<void> {
+    lane.busy = true;
+    try {
+      while (lane.queue.length > 0) {
+        const batch = this.takeBatch(lane);
+        try {
+          const results = await this.runBatch(batch.map((p) => p.op));
+          batch.forEach((p, i) => p.resolve(results[i]!));
+        } catch (err) {
+          for (const p of batch) p.reject(err);
+        }
+        this.inFlight -= batch.length;
+      }
+    } finally {
+      lane.busy = false;
+      if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+    }
+  }
+
+  /**
+   * Takes, in queue order, operations whose fence and object keys are all distinct. An operation
+   * left behind reserves its keys, so later operations on the same keys stay behind it (order).
+   */
+  private takeBatch(lane: Lane): Pending[] {
+    const batch: Pending[] = [];
+    const rest: Pending[] = [];
+    const fenceKeys = new Set<string>();
+    const objectKeys = new Set<string>();
+    let bytes = 0;
+    let i = 0;
+    for (; i < lane.queue.length && batch.length < this.maxBatch; i++) {
+      const p = lane.queue[i]!;
+      const key = p.op.kind === 'fence' ? null : p.op.key;
+      const size = p.op.kind === 'put' ? p.op.body.length : 0;
+      const fits =
+        !fenceKeys.has(p.op.fenceKey) &&
+        (key === null || !objectKeys.has(key)) &&
+        (batch.length === 0 || bytes + size <= this.maxBatchBytes);
+      (fits ? batch : rest).push(p);
+      fenceKeys.add(p.op.fenceKey);
+      if (key !== null) objectKeys.add(key);
+      if (fits) bytes += size;
+    }
+    lane.queue = rest.concat(lane.queue.slice(i));
+    return batch;
+  }
+
+  private async runBatch(ops: FencedOp[]): Promise<FencedResult[]> {
+    this.onBatch?.(ops.length);
+    const rows = await this.withRetry(() =>
+      this.pool.query<{ ord: number; highest_token: string | null; version: string | null }>(
+        q.fencedWrite(
+          ops.map((op) => ({
+            kind: op.kind,
+            fenceKey: op.fenceKey,
+            key: op.kind === 'fence' ? null : op.key,
+            token: op.token,
+            contentType: op.kind === 'put' ? op.contentType : null,
+            body: op.kind === 'put' ? op.body : null,
+          })),
+        ),
+      ),
+    );
+    const results: (FencedResult | undefined)[] = new Array(ops.length);
+    const rejected: number[] = [];
+    for (const row of rows.rows) {
+      if (row.highest_token === null) rejected.push(row.ord);
+      else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version) };
+    }
+    if (rejected.length > 0) {
+      const rej = await this.withRetry(() =>
+        this.pool.query<{ fence_key: string; highest_token: string }>(
+          q.recordRejections(
+            rejected.map((i) => {
+              const op = ops[i]!;
+              return { kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId };
+            }),
+          ),
+        ),
+      );
+      const highest = new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+      for (const i of rejected) {
+        const op = ops[i]!;
+        results[i] = { accepted: false, highestToken: highest.get(op.fenceKey) ?? op.token };
+      }
+    }
+    return results.map((r, i) => {
+      if (!r) throw new Error(`fenced write returned no row for operation ${i}`);
+      return r;
+    });
+  }
+
+  private async withRetry<T>(fn: () => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await fn();
+      } catch (err) {
+        // A deadlock or serialization failure rolled the whole statement back: safe to run again.
+        if (!isRetryable(err) || attempt >= this.retries) throw err;
+        await new Promise((r) => setTimeout(r, Math.random() * 5 * (attempt + 1)));
+      }
+    }
+  }
+
+  async readObject(key: string): Promise<StoredObject | null> {
+    const { rows } = await this.pool.query<{ fence_key: string; token: string; version: string; content_type: string; body: Buffer; updated_at: Date }>(q.readObject(key));
+    const r = rows[0];
+    if (!r) return null;
+    return { fenceKey: r.fence_key, token: BigInt(r.token), version: BigInt(r.version), contentType: r.content_type, body: r.body, updatedAt: r.updated_at };
+  }
+
+  async readFence(fenceKey: string): Promise<FenceRecord | null> {
+    const { rows } = await this.pool.query<FenceRow>(q.readFence(fenceKey));
+    return rows[0] ? toFence(rows[0]) : null;
+  }
+
+  /** One page of fences in key order, and the cursor of the next page (null at the end). */
+  async listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+    const { rows } = await this.pool.query<FenceRow>(q.listFences(after, limit + 1));
+    const page = rows.slice(0, limit).map(toFence);
+    return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
+  }
+
+  async stats(perFenceLimit: number): Promise<Stats> {
+    const [totals, per] = await Promise.all([
+      this.pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
+      this.pool.query<{ fence_key: string; highest_token: string; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
+    ]);
+    const t = totals.rows[0]!;
+    return {
+      fences: Number(t.fences),
+      accepted: BigInt(t.accepted),
+      rejected: BigInt(t.rejected),
+      perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
+    };
+  }
+}
+
+interface FenceRow {
+  fence_key: string;
+  highest_token: string;
+  updated_at: Date;
+  accepted: string;
+  rejected: string;
+}
+
+function toFence(r: FenceRow): FenceRecord {
+  return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
+}
+
+/** FNV-1a over the key's UTF-16 units: cheap and stable. */
+function laneOf(key: string, lanes: number): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < key.length; i++) {
+    h ^= key.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return (h >>> 0) % lanes;
+}
+
+export type { OpKind };

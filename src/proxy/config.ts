@@ -1,0 +1,71 @@
+// Proxy configuration: read once from the environment, validated, frozen. A bad value fails fast
+// with a message naming the variable.
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export interface ProxyConfig {
+  /** Postgres to use; null = start an embedded one. */
+  databaseUrl: string | null;
+  host: string;
+  port: number;
+  /** Embedded Postgres data folder (only without DATABASE_URL). */
+  dataDir: string;
+  /** Embedded Postgres port (only without DATABASE_URL). */
+  embeddedPgPort: number;
+  bodyLimitBytes: number;
+  poolSize: number;
+  /** Write lanes: fenced batches in flight at once. */
+  writeLanes: number;
+  /** Most writes coalesced into one statement; 1 = no coalescing. */
+  maxBatch: number;
+  logLevel: string;
+  /** Grace for in-flight requests at shutdown. */
+  shutdownTimeoutMs: number;
+}
+
+export class ConfigError extends Error {
+  constructor(variable: string, message: string) {
+    super(`${variable}: ${message}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export const DEFAULT_DATA_DIR = join(tmpdir(), 'fencepost', 'pgdata');
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
+function int(env: NodeJS.ProcessEnv, name: string, def: number, min: number, max: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return def;
+  if (!/^\d+$/.test(raw)) throw new ConfigError(name, `must be a whole number, got ${JSON.stringify(raw)}`);
+  const n = Number(raw);
+  if (n < min || n > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${n}`);
+  return n;
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<ProxyConfig> {
+  const databaseUrl = env.DATABASE_URL ? env.DATABASE_URL : null;
+  if (databaseUrl !== null && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    throw new ConfigError('DATABASE_URL', 'must be a postgres:// or postgresql:// URL');
+  }
+  const logLevel = env.FENCEPOST_LOG_LEVEL ?? 'info';
+  if (!LOG_LEVELS.includes(logLevel)) throw new ConfigError('FENCEPOST_LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`);
+  const host = env.HOST ?? '127.0.0.1';
+  if (host.trim() === '') throw new ConfigError('HOST', 'must not be empty');
+  const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
+  const writeLanes = int(env, 'FENCEPOST_WRITE_LANES', Math.max(1, poolSize - 2), 1, 1000);
+  if (writeLanes >= poolSize) throw new ConfigError('FENCEPOST_WRITE_LANES', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
+  return Object.freeze({
+    databaseUrl,
+    host,
+    port: int(env, 'PORT', 8080, 0, 65535),
+    dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
+    embeddedPgPort: int(env, 'FENCEPOST_PG_PORT', 54329, 1, 65535),
+    bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
+    poolSize,
+    writeLanes,
+    maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
+    logLevel,
+    shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
+  });
+}

@@ -1,0 +1,43 @@
+// Reading the fencing headers and keys of a request, with registry errors for bad input.
+import type { FastifyRequest } from 'fastify';
+import { parseToken } from '../fence/token.ts';
+import { keyProblem } from '../fence/key.ts';
+import { ApiError } from './errors.ts';
+
+/** The `Fencing-Token` header as a bigint; 428 when missing, 400 when malformed. */
+export function requireToken(req: FastifyRequest): bigint {
+  const parsed = parseToken(req.headers['fencing-token']);
+  if (parsed.ok) return parsed.token;
+  if (parsed.reason === 'missing') throw new ApiError('token_required', 'a fenced request needs a Fencing-Token header');
+  throw new ApiError('invalid_token', 'Fencing-Token must be decimal digits in 0…9223372036854775807');
+}
+
+export function checkKey(key: string | undefined, what: 'key' | 'fence key'): string {
+  const problem = key === undefined ? 'is empty' : keyProblem(key);
+  if (problem !== null || key === undefined) throw new ApiError('invalid_key', `${what} ${problem}`);
+  return key;
+}
+
+/** Header values arrive as latin1 code units; keys in headers are UTF-8 bytes. */
+function headerUtf8(req: FastifyRequest, name: string): string | undefined {
+  const raw = req.headers[name];
+  if (raw === undefined) return undefined;
+  if (typeof raw !== 'string') return ''; // repeated header: treated as invalid below
+  return Buffer.from(raw, 'latin1').toString('utf8');
+}
+
+/** `Fence-Key` header, defaulting to the object key. */
+export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
+  const header = headerUtf8(req, 'fence-key');
+  return header === undefined ? objectKey : checkKey(header, 'fence key');
+}
+
+const MAX_WRITER_ID_CHARS = 200;
+
+/** `Writer-Id` header, kept for the rejection log; control characters stripped, length capped. */
+export function writerId(req: FastifyRequest): string | null {
+  const raw = headerUtf8(req, 'writer-id');
+  if (raw === undefined || raw === '') return null;
+  // eslint-disable-next-line no-control-regex
+  return raw.replace(/[\u0000-\u001f\u007f-\u009f]/g, '').slice(0, MAX_WRITER_ID_CHARS);
+}

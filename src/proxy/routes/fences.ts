@@ -1,0 +1,70 @@
+// PUT/GET /v1/fences/:fenceKey and GET /v1/fences — advance and inspect fences.
+import type { FastifyInstance } from 'fastify';
+import type { FenceRecord } from '../../fence/store.ts';
+import { ApiError } from '../errors.ts';
+import { checkKey, requireToken, writerId } from '../request.ts';
+import { parseLimit } from './query.ts';
+import { staleToken } from './stale.ts';
+
+type FenceParams = { Params: { fenceKey: string } };
+
+const fenceSchema = {
+  type: 'object',
+  properties: {
+    fenceKey: { type: 'string' },
+    highestToken: { type: 'string' },
+    updatedAt: { type: 'string' },
+    accepted: { type: 'integer' },
+    rejected: { type: 'integer' },
+  },
+};
+
+function fenceJson(f: FenceRecord) {
+  return {
+    fenceKey: f.fenceKey,
+    highestToken: f.highestToken.toString(),
+    updatedAt: f.updatedAt.toISOString(),
+    accepted: Number(f.accepted),
+    rejected: Number(f.rejected),
+  };
+}
+
+export async function fenceRoutes(app: FastifyInstance): Promise<void> {
+  app.put<FenceParams>(
+    '/v1/fences/:fenceKey',
+    { schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
+    async (req) => {
+      const fenceKey = checkKey(req.params.fenceKey, 'fence key');
+      const token = requireToken(req);
+      const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
+      if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
+      return { fenceKey, highestToken: result.highestToken.toString() };
+    },
+  );
+
+  app.get<FenceParams>('/v1/fences/:fenceKey', { schema: { response: { 200: fenceSchema } } }, async (req) => {
+    const fenceKey = checkKey(req.params.fenceKey, 'fence key');
+    const fence = await app.store.readFence(fenceKey);
+    if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
+    return fenceJson(fence);
+  });
+
+  app.get<{ Querystring: { after?: string; limit?: string } }>(
+    '/v1/fences',
+    { schema: { response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } } } },
+    async (req) => {
+      const limit = parseLimit(req.query.limit, 100);
+      const after = req.query.after === undefined ? null : checkKey(req.query.after, 'fence key');
+      const page = await app.store.listFences(after, limit);
+      return { fences: page.fences.map(fenceJson), next: page.next };
+    },
+  );
+
+  app.route({
+    method: ['GET', 'PUT'],
+    url: '/v1/fences/',
+    handler: async () => {
+      throw new ApiError('invalid_key', 'fence key is empty');
+    },
+  });
+}

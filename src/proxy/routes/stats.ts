@@ -1,0 +1,40 @@
+// GET /v1/stats — accepted and rejected write counts from the database, so every proxy instance
+// gives the same answer.
+import type { FastifyInstance } from 'fastify';
+import { parseLimit } from './query.ts';
+
+const countSchema = {
+  type: 'object',
+  properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' }, accepted: { type: 'integer' }, rejected: { type: 'integer' } },
+};
+
+export async function statsRoutes(app: FastifyInstance): Promise<void> {
+  app.get<{ Querystring: { limit?: string } }>(
+    '/v1/stats',
+    {
+      schema: {
+        response: {
+          200: {
+            type: 'object',
+            properties: {
+              accepted: { type: 'integer' },
+              rejected: { type: 'integer' },
+              fenceCount: { type: 'integer' },
+              byFenceKey: { type: 'array', items: countSchema },
+            },
+          },
+        },
+      },
+    },
+    async (req) => {
+      const limit = parseLimit(req.query.limit, 100);
+      const s = await app.store.stats(limit);
+      return {
+        accepted: Number(s.accepted),
+        rejected: Number(s.rejected),
+        fenceCount: s.fences,
+        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), accepted: Number(f.accepted), rejected: Number(f.rejected) })),
+      };
+    },
+  );
+}

@@ -1,0 +1,75 @@
+// Running the proxy: embedded Postgres (when DATABASE_URL is unset), migrations, listen, and an
+// orderly stop (stop accepting, finish in-flight writes, close the pool, stop Postgres).
+import pg from 'pg';
+import pino, { type Logger } from 'pino';
+import type { FastifyInstance } from 'fastify';
+import { buildApp } from './app.ts';
+import type { ProxyConfig } from './config.ts';
+import { FenceStore } from '../fence/store.ts';
+import { migrate } from '../fence/migrate.ts';
+import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
+
+export interface RunningProxy {
+  app: FastifyInstance;
+  url: string;
+  databaseUrl: string;
+  /** Idempotent. */
+  close(): Promise<void>;
+}
+
+export function createLogger(level: string): Logger {
+  return pino({ level, base: { service: 'fencepost-proxy' } }, pino.destination(2));
+}
+
+export function createPool(databaseUrl: string, max: number): pg.Pool {
+  const pool = new pg.Pool({ connectionString: databaseUrl, max, connectionTimeoutMillis: 5000, idleTimeoutMillis: 30_000 });
+  // An idle client losing its connection must not crash the process; the next query reports it.
+  pool.on('error', () => {});
+  return pool;
+}
+
+export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel)): Promise<RunningProxy> {
+  let embedded: RunningPostgres | null = null;
+  let databaseUrl = config.databaseUrl;
+  if (databaseUrl === null) {
+    logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort }, 'starting embedded Postgres');
+    embedded = await startEmbeddedPostgres({
+      dataDir: config.dataDir,
+      port: config.embeddedPgPort,
+      log: (line) => logger.debug({ postgres: line }),
+    });
+    databaseUrl = embedded.url;
+  }
+  const pool = createPool(databaseUrl, config.poolSize);
+  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch });
+  const app = buildApp({ store, bodyLimitBytes: config.bodyLimitBytes, logger });
+  try {
+    const applied = await migrate(pool);
+    if (applied.length > 0) logger.info({ applied }, 'migrations applied');
+    await app.listen({ host: config.host, port: config.port });
+  } catch (err) {
+    await app.close().catch(() => {});
+    await pool.end().catch(() => {});
+    await embedded?.stop().catch(() => {});
+    throw err;
+  }
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : config.port;
+  const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+  logger.info({ url, embeddedPostgres: embedded !== null }, 'fencepost proxy listening');
+
+  let closing: Promise<void> | null = null;
+  const close = () =>
+    (closing ??= (async () => {
+      app.closing = true;
+      logger.info('shutting down: finishing in-flight requests');
+      const timer = setTimeout(() => app.server.closeAllConnections(), config.shutdownTimeoutMs);
+      await app.close(); // stops accepting, waits for in-flight requests
+      clearTimeout(timer);
+      await store.idle();
+      await pool.end();
+      await embedded?.stop();
+      logger.info('stopped');
+    })());
+  return { app, url, databaseUrl, close };
+}

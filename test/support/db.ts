@@ -1,0 +1,41 @@
+// A fresh, migrated database per test file on the run's shared Postgres.
+import pg from 'pg';
+import { randomBytes } from 'node:crypto';
+import { inject } from 'vitest';
+import { migrate } from '../../src/fence/migrate.ts';
+
+export interface TestDatabase {
+  url: string;
+  pool: pg.Pool;
+  drop(): Promise<void>;
+}
+
+export function withDatabase(url: string, database: string): string {
+  const u = new URL(url);
+  u.pathname = `/${database}`;
+  return u.toString();
+}
+
+export async function createTestDatabase(opts: { migrate?: boolean; poolSize?: number } = {}): Promise<TestDatabase> {
+  const adminUrl = inject('databaseUrl');
+  const name = `fp_test_${randomBytes(6).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name}`);
+  await admin.end();
+  const url = withDatabase(adminUrl, name);
+  const pool = new pg.Pool({ connectionString: url, max: opts.poolSize ?? 10 });
+  pool.on('error', () => {});
+  if (opts.migrate !== false) await migrate(pool);
+  return {
+    url,
+    pool,
+    drop: async () => {
+      await pool.end();
+      const a = new pg.Client({ connectionString: adminUrl });
+      await a.connect();
+      await a.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await a.end();
+    },
+  };
+}

@@ -1,0 +1,62 @@
+// Proxy instances for tests: in-process (buildApp over a test database) or as real processes.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import type pg from 'pg';
+import { buildApp } from '../../src/proxy/app.ts';
+import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
+import { freePort } from '../../src/zookeeper/local-server.ts';
+
+export const REPO = join(import.meta.dirname, '..', '..');
+export const BIN = join(REPO, 'bin', 'fencepost.js');
+
+export function testApp(pool: pg.Pool, opts: FenceStoreOptions & { bodyLimitBytes?: number } = {}): FastifyInstance {
+  return buildApp({ store: new FenceStore(pool, opts), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024 });
+}
+
+/** Listens on a free loopback port; returns the base URL. */
+export async function listen(app: FastifyInstance): Promise<string> {
+  return await app.listen({ host: '127.0.0.1', port: 0 });
+}
+
+export interface ProxyProcess {
+  url: string;
+  child: ChildProcess;
+  output(): string;
+  /** Sends the signal and resolves with the exit code. */
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+/** Runs `fencepost serve` as a real process and waits until /readyz answers 200. */
+export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000): Promise<ProxyProcess> {
+  const port = env.PORT ? Number(env.PORT) : await freePort();
+  const child = spawn(process.execPath, [BIN, 'serve'], {
+    env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn', ...env, PORT: String(port) },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${out}`);
+    const ok = await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+    if (ok) break;
+    if (Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`fencepost serve not ready after ${timeoutMs} ms:\n${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    url,
+    child,
+    output: () => out,
+    stop: async (signal = 'SIGTERM') => {
+      if (child.exitCode === null) child.kill(signal);
+      return await exited;
+    },
+  };
+}

@@ -1,0 +1,22 @@
+// Public API of the election library.
+export { Election, readLeader } from './election.ts';
+export type {
+  ConnectionState,
+  ElectionEvents,
+  ElectionOptions,
+  ElectionPolicy,
+  ElectionStats,
+  LeaderInfo,
+  RevokeReason,
+} from './election.ts';
+export { ZkSession } from './zk-session.ts';
+export type { SessionLostReason, SessionState, ZkSessionOptions } from './zk-session.ts';
+export {
+  ElectionAbortedError,
+  LeadershipRevokedError,
+  SequenceOverflowError,
+  SessionLostError,
+  ZK_CODES,
+  ZkError,
+  ZkTimeoutError,
+} from './errors.ts';

@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 
 export interface RaceRecord {
   writer: number;
+  url: string;
   objectKey: string;
   token: bigint;
   body: string;
@@ -44,7 +45,7 @@ export async function runRace(opts: RaceOptions): Promise<RaceRecord[]> {
         body,
       });
       const json = (await res.json()) as { version?: number };
-      records.push({ writer: w, objectKey, token, body, sentAt, ackedAt: performance.now(), status: res.status, version: res.status === 200 ? (json.version ?? null) : null });
+      records.push({ writer: w, url, objectKey, token, body, sentAt, ackedAt: performance.now(), status: res.status, version: res.status === 200 ? (json.version ?? null) : null });
     }
   };
   await Promise.all(Array.from({ length: opts.writers }, (_, w) => writer(w)));

@@ -1,0 +1,148 @@
+// A loopback TCP proxy that injects network faults between a client and one server.
+//
+// Modes, switchable at any time:
+// - forward:   bytes flow both ways.
+// - blackhole: open connections stay open but nothing is delivered in either direction, and new
+//              connections are accepted and held silent, like a partition where packets are dropped
+//              (the peers see a half-open connection, no FIN, no RST). Reading is paused rather than
+//              data dropped, so `forward()` heals the partition like TCP retransmission would.
+// - refuse:    new connections are closed at once (the server looks down); open ones are unaffected.
+// `cut()` closes all open connections immediately (both peers see the connection end).
+import { createServer, connect as tcpConnect } from 'node:net';
+import type { Server, Socket } from 'node:net';
+
+export type ProxyMode = 'forward' | 'blackhole' | 'refuse';
+
+export interface TcpProxyOptions {
+  targetHost?: string;
+  targetPort: number;
+  /** Port to listen on (127.0.0.1); 0 or omitted picks a free one. */
+  listenPort?: number;
+}
+
+interface Pair {
+  client: Socket;
+  server: Socket;
+}
+
+export class TcpProxy {
+  private readonly server: Server;
+  private readonly targetHost: string;
+  private readonly targetPort: number;
+  private readonly pairs = new Set<Pair>();
+  private modeValue: ProxyMode = 'forward';
+  private acceptedCount = 0;
+
+  private constructor(server: Server, opts: TcpProxyOptions) {
+    this.server = server;
+    this.targetHost = opts.targetHost ?? '127.0.0.1';
+    this.targetPort = opts.targetPort;
+    server.on('connection', (sock) => this.onConnection(sock));
+  }
+
+  static async start(opts: TcpProxyOptions): Promise<TcpProxy> {
+    const server = createServer();
+    const proxy = new TcpProxy(server, opts);
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(opts.listenPort ?? 0, '127.0.0.1', () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    return proxy;
+  }
+
+  get port(): number {
+    const addr = this.server.address();
+    if (!addr || typeof addr === 'string') throw new Error('proxy not listening');
+    return addr.port;
+  }
+  /** `127.0.0.1:<port>`, usable in a ZooKeeper connect string. */
+  get address(): string {
+    return `127.0.0.1:${this.port}`;
+  }
+  get mode(): ProxyMode {
+    return this.modeValue;
+  }
+  /** Connections currently open through the proxy. */
+  get openConnections(): number {
+    return this.pairs.size;
+  }
+  /** Connections accepted since start. */
+  get accepted(): number {
+    return this.acceptedCount;
+  }
+
+  forward(): void {
+    this.modeValue = 'forward';
+    for (const p of this.pairs) {
+      p.client.resume();
+      p.server.resume();
+    }
+  }
+
+  blackhole(): void {
+    this.modeValue = 'blackhole';
+    for (const p of this.pairs) {
+      p.client.pause();
+      p.server.pause();
+    }
+  }
+
+  refuse(): void {
+    this.modeValue = 'refuse';
+  }
+
+  /** Closes every open connection (with RST where possible). Mode is unchanged. */
+  cut(): void {
+    for (const p of [...this.pairs]) this.destroyPair(p);
+  }
+
+  async close(): Promise<void> {
+    this.cut();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  private onConnection(client: Socket): void {
+    this.acceptedCount++;
+    if (this.modeValue === 'refuse') {
+      client.destroy();
+      return;
+    }
+    const server = tcpConnect({ host: this.targetHost, port: this.targetPort });
+    const pair: Pair = { client, server };
+    this.pairs.add(pair);
+    client.setNoDelay(true);
+    server.setNoDelay(true);
+    this.pipe(client, server);
+    this.pipe(server, client);
+    const end = (): void => this.destroyPair(pair);
+    client.on('close', end);
+    server.on('close', end);
+    client.on('error', end);
+    server.on('error', end);
+    if (this.modeValue === 'blackhole') {
+      client.pause();
+      server.pause();
+    }
+  }
+
+  private pipe(from: Socket, to: Socket): void {
+    from.on('data', (chunk: Buffer) => {
+      if (!to.write(chunk)) {
+        from.pause();
+        to.once('drain', () => {
+          if (this.modeValue !== 'blackhole') from.resume();
+        });
+      }
+    });
+  }
+
+  private destroyPair(p: Pair): void {
+    if (!this.pairs.delete(p)) return;
+    if (typeof p.client.resetAndDestroy === 'function' && !p.client.destroyed) p.client.resetAndDestroy();
+    else p.client.destroy();
+    p.server.destroy();
+  }
+}

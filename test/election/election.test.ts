@@ -8,7 +8,6 @@ import { sortCandidates } from '../../src/election/sequence.ts';
 import type { ZkSession } from '../../src/election/zk-session.ts';
 import { TcpProxy } from '../../src/faults/tcp-proxy.ts';
 import {
-  closeAll,
   killSession,
   leaders,
   nextElected,
@@ -43,7 +42,7 @@ test('ten candidates on separate sessions: exactly one leader at every observed 
   cleanups.push(watch.stop);
 
   const assertLowestLeads = async (): Promise<Election> => {
-    await waitFor(() => leaders(es).length === 1, 5000, 'one leader');
+    await waitFor(() => leaders(es).length === 1 && es.every((e) => e.nodePath !== null), 5000, 'one leader, all joined');
     const [leader] = leaders(es);
     const { children } = await observer.getChildren(path);
     const lowest = sortCandidates(children)[0];

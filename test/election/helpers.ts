@@ -85,21 +85,34 @@ export function nextElected(es: readonly Election[], except?: Election): Promise
 }
 
 /**
- * Ends a live session from outside, as an operator or a network partition beyond the timeout would:
- * attaches a second connection to the same session and closes it (Curator's KillSession technique).
+ * Ends a live session from outside, as an operator or a partition beyond the timeout would: attaches
+ * a second connection to the same session and closes it (Curator's KillSession technique). The victim
+ * may re-attach first (then the close is refused as "session moved"), so this repeats until the victim
+ * reports its session lost.
  */
 export async function killSession(connect: string, session: ZkSession): Promise<void> {
   const { id, password } = session.credentials();
-  const client = zookeeper.createClient(connect, { sessionId: id, sessionPassword: password, sessionTimeout: session.negotiatedTimeoutMs });
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('killSession: could not attach to the session')), 10_000);
-    client.once('connected', () => {
-      clearTimeout(timer);
-      client.close();
-      resolve();
+  const lost = new Promise<void>((resolve) => session.once('lost', () => resolve()));
+  for (let attempt = 0; attempt < 10; attempt++) {
+    if (session.state === 'lost') return;
+    const client = zookeeper.createClient(connect, { sessionId: id, sessionPassword: password, sessionTimeout: session.negotiatedTimeoutMs });
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('killSession: could not attach to the session')), 10_000);
+      client.once('connected', () => {
+        clearTimeout(timer);
+        client.close();
+        resolve();
+      });
+      client.once('expired', () => {
+        clearTimeout(timer);
+        client.close();
+        resolve();
+      });
+      client.connect();
     });
-    client.connect();
-  });
+    if (await Promise.race([lost.then(() => true), sleep(1000).then(() => false)])) return;
+  }
+  throw new Error('killSession: the session survived 10 attempts');
 }
 
 export async function openObserver(connect: string): Promise<ZkSession> {

@@ -1,0 +1,333 @@
+// `fencepost elect`: run a command only while elected leader, with its fencing token in the env.
+//
+//   fencepost elect --zk <connect> --path <election-path> [--id <name>] [--session-timeout-ms <n>]
+//                   [--grace-ms <n>] [--policy suspend-is-lost|wait-for-expiry] [--advise] -- <command> [args…]
+//
+// Contract (scripts depend on it):
+// - waits to be elected, then runs the command with FENCING_TOKEN (decimal), ELECTION_PATH, ELECTION_ID;
+// - on leadership loss: SIGTERM to the child's process group, SIGKILL after the grace period; then waits
+//   to be elected again and reruns it with the new token;
+// - when the child exits on its own: leaves the election and exits with the child's code
+//   (128 + signal number if it was killed by a signal);
+// - SIGTERM/SIGINT: stops the child the same way, leaves the election, exits 128 + signal number;
+// - logs state changes as JSON lines (pino) on stderr.
+// `--advise` measures this cluster and prints a session-timeout recommendation, then exits.
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { constants as osConstants } from 'node:os';
+import { parseArgs } from 'node:util';
+import type { ParseArgsConfig } from 'node:util';
+import { pino } from 'pino';
+import type { Logger } from 'pino';
+import { Election } from '../election/election.ts';
+import type { ElectionPolicy } from '../election/election.ts';
+import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
+import { doctorCommand } from './doctor.ts';
+
+export { doctorCommand };
+
+export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path <election-path> [--id <name>]
+                      [--session-timeout-ms <n>] [--grace-ms <n>] [--policy suspend-is-lost|wait-for-expiry]
+                      [--advise] -- <command> [args…]`;
+
+/** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
+export const ELECT_OPTIONS = {
+  zk: { type: 'string' },
+  path: { type: 'string' },
+  id: { type: 'string' },
+  'session-timeout-ms': { type: 'string' },
+  'grace-ms': { type: 'string' },
+  policy: { type: 'string' },
+  advise: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const satisfies ParseArgsConfig['options'];
+
+export interface ElectConfig {
+  zk: string;
+  path: string;
+  id: string;
+  sessionTimeoutMs: number;
+  graceMs: number;
+  policy: ElectionPolicy;
+  advise: boolean;
+  command: string[];
+  /** All parsed flags, including ones added through `ElectCommandOptions.options`. */
+  values: Record<string, string | boolean | undefined>;
+}
+
+export interface BeforeChildStart {
+  token: bigint;
+  election: Election;
+  config: ElectConfig;
+  logger: Logger;
+  /** Aborts when the term ends. */
+  signal: AbortSignal;
+}
+
+export interface ElectCommandOptions {
+  /** Extra flag definitions, merged into ELECT_OPTIONS. */
+  options?: ParseArgsConfig['options'];
+  /**
+   * Runs once per term before the child starts (e.g. to register the token with a fencing proxy).
+   * May return extra environment variables for the child. If the term ends meanwhile, the child is
+   * not started and the command waits for the next term.
+   */
+  beforeChildStart?: (ctx: BeforeChildStart) => Promise<Record<string, string> | void>;
+  /** Logger (default: pino JSON lines on stderr). */
+  logger?: Logger;
+  /** Window of the start-up advice check (0 disables it). Default 2000 ms. */
+  adviceWindowMs?: number;
+}
+
+class UsageError extends Error {}
+
+export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}): ElectConfig {
+  let parsed;
+  try {
+    parsed = parseArgs({ args: argv, options: { ...ELECT_OPTIONS, ...extra }, allowPositionals: true, strict: true });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const v = parsed.values as Record<string, string | boolean | undefined>;
+  const str = (k: string): string | undefined => (typeof v[k] === 'string' ? (v[k] as string) : undefined);
+  const int = (k: string, def: number, min: number): number => {
+    const raw = str(k);
+    if (raw === undefined) return def;
+    if (!/^\d+$/.test(raw) || Number(raw) < min) throw new UsageError(`--${k} must be an integer ≥ ${min}, got ${JSON.stringify(raw)}`);
+    return Number(raw);
+  };
+  const zk = str('zk');
+  const path = str('path');
+  const advise = v.advise === true;
+  if (!zk) throw new UsageError('--zk <connect-string> is required');
+  if (!advise && !path) throw new UsageError('--path <election-path> is required');
+  if (path !== undefined && (!path.startsWith('/') || path.endsWith('/'))) {
+    throw new UsageError(`--path must be an absolute ZooKeeper path without a trailing slash, got ${JSON.stringify(path)}`);
+  }
+  const policy = str('policy') ?? 'suspend-is-lost';
+  if (policy !== 'suspend-is-lost' && policy !== 'wait-for-expiry') {
+    throw new UsageError(`--policy must be suspend-is-lost or wait-for-expiry, got ${JSON.stringify(policy)}`);
+  }
+  if (!advise && parsed.positionals.length === 0) throw new UsageError('a command to run is required after --');
+  return {
+    zk,
+    path: path ?? '/',
+    id: str('id') ?? `${process.env.HOSTNAME ?? 'host'}-${process.pid}`,
+    sessionTimeoutMs: int('session-timeout-ms', 10_000, 1),
+    graceMs: int('grace-ms', 10_000, 0),
+    policy,
+    advise,
+    command: parsed.positionals,
+    values: v,
+  };
+}
+
+export async function electCommand(argv: string[], opts: ElectCommandOptions = {}): Promise<number> {
+  let config: ElectConfig;
+  try {
+    if (argv.includes('--help') || argv.includes('-h')) {
+      process.stdout.write(ELECT_USAGE + '\n');
+      return 0;
+    }
+    config = parseElectArgs(argv, opts.options);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    process.stderr.write(`fencepost elect: ${err.message}\n${ELECT_USAGE}\n`);
+    return 2;
+  }
+  if (config.advise) {
+    const advice = await measureSessionTimeoutAdvice({ connect: config.zk, windowMs: 5000 });
+    process.stdout.write(formatAdvice(advice, config.sessionTimeoutMs) + '\n');
+    return 0;
+  }
+  const baseLog = opts.logger ?? pino({ base: { pid: process.pid } }, pino.destination({ fd: 2, sync: true }));
+  return await new ElectRunner(config, opts, baseLog).run();
+}
+
+/** One `fencepost elect` run: the election, the child of the current term, signal handling. */
+class ElectRunner {
+  private readonly election: Election;
+  private readonly stop = new AbortController();
+  private stopSignalName: NodeJS.Signals | null = null;
+
+  private readonly log: Logger;
+
+  constructor(
+    private readonly config: ElectConfig,
+    private readonly opts: ElectCommandOptions,
+    baseLog: Logger,
+  ) {
+    // The Election adds electionPath and candidateId to its own log lines; ours get them here.
+    this.log = baseLog.child({ electionPath: config.path, candidateId: config.id });
+    this.election = new Election({
+      connect: config.zk,
+      path: config.path,
+      id: config.id,
+      sessionTimeoutMs: config.sessionTimeoutMs,
+      policy: config.policy,
+      logger: baseLog,
+    });
+  }
+
+  async run(): Promise<number> {
+    const onSignal = (sig: NodeJS.Signals): void => {
+      if (this.stopSignalName) return;
+      this.stopSignalName = sig;
+      this.log.info({ signal: sig }, 'stopping');
+      this.stop.abort();
+    };
+    process.on('SIGTERM', onSignal);
+    process.on('SIGINT', onSignal);
+    this.election.on('connection', ({ state, sessionId, reason }) => this.log.info({ state, zkSession: sessionId, reason }, 'connection state'));
+    try {
+      try {
+        await this.election.start();
+      } catch (err) {
+        if (this.stopSignalName) return this.signalExitCode();
+        this.log.error({ err }, 'could not join the election');
+        return 1;
+      }
+      void this.checkAdvice();
+      return await this.loop();
+    } finally {
+      process.off('SIGTERM', onSignal);
+      process.off('SIGINT', onSignal);
+      await this.election.close();
+    }
+  }
+
+  private async loop(): Promise<number> {
+    for (;;) {
+      let token: bigint;
+      try {
+        token = await this.election.waitForLeadership(this.stop.signal);
+      } catch (err) {
+        if (this.stopSignalName) return this.signalExitCode();
+        this.log.error({ err }, 'election failed');
+        return 1;
+      }
+      const termSignal = this.election.signal;
+      if (termSignal.aborted || this.election.token !== token) continue;
+      const termLog = this.log.child({ token: token.toString() });
+      let extraEnv: Record<string, string> = {};
+      if (this.opts.beforeChildStart) {
+        try {
+          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal: termSignal })) ?? {};
+        } catch (err) {
+          termLog.error({ err }, 'beforeChildStart failed; resigning this term');
+          await this.election.resign();
+          continue;
+        }
+        if (termSignal.aborted) continue;
+      }
+      if (this.stopSignalName) return this.signalExitCode();
+      const outcome = await this.runChild(token, termSignal, extraEnv, termLog);
+      if (outcome.kind === 'exited') return outcome.code;
+      if (outcome.kind === 'stopped') return this.signalExitCode();
+      // revoked: the child has been stopped; wait for the next term
+    }
+  }
+
+  private async runChild(
+    token: bigint,
+    termSignal: AbortSignal,
+    extraEnv: Record<string, string>,
+    log: Logger,
+  ): Promise<{ kind: 'exited'; code: number } | { kind: 'revoked' } | { kind: 'stopped' }> {
+    const [cmd, ...args] = this.config.command as [string, ...string[]];
+    const child = spawn(cmd, args, {
+      stdio: 'inherit',
+      detached: true, // own process group, so a shell's children are stopped with it
+      env: {
+        ...process.env,
+        ...extraEnv,
+        FENCING_TOKEN: token.toString(),
+        ELECTION_PATH: this.config.path,
+        ELECTION_ID: this.config.id,
+      },
+    });
+    const exited = new Promise<{ code: number; how: string }>((resolve) => {
+      child.once('error', (err) => {
+        log.error({ err }, 'could not start the command');
+        resolve({ code: 127, how: 'spawn-error' });
+      });
+      child.once('exit', (code, signal) => {
+        resolve({ code: code ?? 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0), how: signal ? `signal ${signal}` : `code ${code}` });
+      });
+    });
+    log.info({ command: this.config.command, childPid: child.pid }, 'elected: started the command');
+    let onRevoked = (): void => {};
+    let onStopped = (): void => {};
+    const interrupted = new Promise<'revoked' | 'stopped'>((resolve) => {
+      onRevoked = () => resolve('revoked');
+      onStopped = () => resolve('stopped');
+      if (termSignal.aborted) return onRevoked();
+      if (this.stop.signal.aborted) return onStopped();
+      termSignal.addEventListener('abort', onRevoked, { once: true });
+      this.stop.signal.addEventListener('abort', onStopped, { once: true });
+    });
+    const first = await Promise.race([exited.then((r) => ({ exit: r })), interrupted.then((why) => ({ why }))]);
+    termSignal.removeEventListener('abort', onRevoked);
+    this.stop.signal.removeEventListener('abort', onStopped);
+    if ('exit' in first) {
+      log.info({ exit: first.exit.how }, 'the command exited on its own: leaving the election');
+      return { kind: 'exited', code: first.exit.code };
+    }
+    log.warn({ why: first.why, childPid: child.pid }, first.why === 'revoked' ? 'leadership lost: stopping the command' : 'stopping the command');
+    const r = await terminate(child, exited, this.config.graceMs, log);
+    log.info({ exit: r.how }, 'the command stopped');
+    return { kind: first.why };
+  }
+
+  private signalExitCode(): number {
+    const sig = this.stopSignalName;
+    return sig ? 128 + (osConstants.signals[sig] ?? 0) : 1;
+  }
+
+  /** Warns when the configured session timeout is below what this cluster and process need. */
+  private async checkAdvice(): Promise<void> {
+    const windowMs = this.opts.adviceWindowMs ?? 2000;
+    const session = this.election.currentSession;
+    if (windowMs <= 0 || !session) return;
+    try {
+      const advice = await measureSessionTimeoutAdvice({ session, windowMs, probeIntervalMs: 100, signal: this.stop.signal });
+      const configured = session.negotiatedTimeoutMs;
+      if (configured < advice.recommendedSessionTimeoutMs) {
+        this.log.warn(
+          { negotiatedTimeoutMs: configured, recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs, rttMaxMs: advice.rttMs.max, stallMaxMs: advice.eventLoopStallMs.max },
+          'session timeout below the measured recommendation: expect false failovers (see fencepost doctor)',
+        );
+      } else {
+        this.log.debug({ negotiatedTimeoutMs: configured, recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs }, 'session timeout check passed');
+      }
+    } catch (err) {
+      this.log.debug({ err }, 'session timeout check skipped');
+    }
+  }
+}
+
+/** SIGTERM to the child's process group, SIGKILL after `graceMs`; resolves when it has exited. */
+async function terminate<T>(child: ChildProcess, exited: Promise<T>, graceMs: number, log: Logger): Promise<T> {
+  const signalGroup = (sig: NodeJS.Signals): void => {
+    if (child.pid === undefined) return;
+    try {
+      process.kill(-child.pid, sig);
+    } catch {
+      try {
+        child.kill(sig);
+      } catch {
+        // already gone
+      }
+    }
+  };
+  signalGroup('SIGTERM');
+  const timer = setTimeout(() => {
+    log.warn({ childPid: child.pid, graceMs }, 'grace period over: SIGKILL');
+    signalGroup('SIGKILL');
+  }, graceMs);
+  try {
+    return await exited;
+  } finally {
+    clearTimeout(timer);
+  }
+}

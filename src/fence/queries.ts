@@ -24,9 +24,10 @@ export interface WriteRow {
  * changes nothing. Rows are locked in key order so concurrent batches cannot deadlock on fences.
  * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
  */
-export function fencedWrite(rows: readonly WriteRow[]): Query {
+export function fencedWrite(rows: readonly WriteRow[], opts: { unguarded?: boolean } = {}): Query {
   return {
-    name: 'fencepost_fenced_write',
+    // `unguarded` drops the token check (FENCEPOST_UNSAFE_FENCE_MODE=two-step): never in production.
+    name: opts.unguarded ? 'fencepost_fenced_write_unguarded' : 'fencepost_fenced_write',
     text: `
 WITH input AS (
   SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
@@ -37,7 +38,7 @@ fence AS (
   SELECT fence_key, token, 1 FROM input ORDER BY fence_key
   ON CONFLICT (fence_key) DO UPDATE
     SET highest_token = EXCLUDED.highest_token, accepted = f.accepted + 1, updated_at = now()
-    WHERE f.highest_token <= EXCLUDED.highest_token
+    WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
   RETURNING f.fence_key, f.highest_token
 ),
 put AS (
@@ -61,15 +62,58 @@ FROM input i
 LEFT JOIN fence USING (fence_key)
 LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
 ORDER BY i.ord`,
-    values: [
-      rows.map((_, i) => i),
-      rows.map((r) => r.kind),
-      rows.map((r) => r.fenceKey),
-      rows.map((r) => r.key),
-      rows.map((r) => r.token.toString()),
-      rows.map((r) => r.contentType),
-      rows.map((r) => r.body),
-    ],
+    values: writeValues(rows),
+  };
+}
+
+function writeValues(rows: readonly WriteRow[]): unknown[] {
+  return [
+    rows.map((_, i) => i),
+    rows.map((r) => r.kind),
+    rows.map((r) => r.fenceKey),
+    rows.map((r) => r.key),
+    rows.map((r) => r.token.toString()),
+    rows.map((r) => r.contentType),
+    rows.map((r) => r.body),
+  ];
+}
+
+/**
+ * The same object upsert/delete with no fence at all: the benchmark's unfenced baseline and the
+ * checker's "fence off" mode (FENCEPOST_UNSAFE_FENCE_MODE=off). Same result shape as fencedWrite.
+ */
+export function unfencedWrite(rows: readonly WriteRow[]): Query {
+  return {
+    name: 'fencepost_unfenced_write',
+    text: `
+WITH input AS (
+  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
+    AS t(ord, kind, fence_key, key, token, content_type, body)
+),
+put AS (
+  INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
+  SELECT key, fence_key, token, 1, content_type, body FROM input WHERE kind = 'put' ORDER BY key
+  ON CONFLICT (key) DO UPDATE
+    SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
+        content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
+  RETURNING o.key, o.version
+),
+del AS (
+  DELETE FROM fencepost.objects o USING input i WHERE i.kind = 'delete' AND o.key = i.key RETURNING o.key
+)
+SELECT i.ord, i.token AS highest_token, put.version
+FROM input i LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
+ORDER BY i.ord`,
+    values: writeValues(rows),
+  };
+}
+
+/** Highest token of each fence key (the two-step mode's separate check). */
+export function highestTokens(fenceKeys: readonly string[]): Query {
+  return {
+    name: 'fencepost_highest_tokens',
+    text: `SELECT fence_key, highest_token FROM fencepost.fences WHERE fence_key = ANY($1::text[])`,
+    values: [fenceKeys],
   };
 }
 

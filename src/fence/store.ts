@@ -43,7 +43,17 @@ export interface Stats {
   perFence: { fenceKey: string; highestToken: bigint; accepted: bigint; rejected: bigint }[];
 }
 
+/**
+ * `strict` is the product. The others exist to measure and to prove the checker catches bugs:
+ * `off` writes with no fence (benchmark baseline), `two-step` checks in one statement and writes
+ * in another with no lock (the classic read-then-write race).
+ */
+export type FenceMode = 'strict' | 'off' | 'two-step';
+export const FENCE_MODES: readonly FenceMode[] = ['strict', 'off', 'two-step'];
+
 export interface FenceStoreOptions {
+  /** Default `strict`; see FenceMode. */
+  mode?: FenceMode;
   /** Number of write lanes (batches in flight at once). Default 8. */
   lanes?: number;
   /** Most operations in one batch. Default 64; 1 turns coalescing off. */
@@ -74,6 +84,7 @@ export class FenceStore {
   private readonly maxBatchBytes: number;
   private readonly retries: number;
   private readonly onBatch: ((size: number) => void) | undefined;
+  readonly mode: FenceMode;
   private inFlight = 0;
   private idleWaiters: (() => void)[] = [];
 
@@ -84,6 +95,7 @@ export class FenceStore {
     this.maxBatchBytes = opts.maxBatchBytes ?? 4 * 1024 * 1024;
     this.retries = opts.retries ?? 5;
     this.onBatch = opts.onBatch;
+    this.mode = opts.mode ?? 'strict';
   }
 
   /** Applies one fenced operation; resolves once it is committed (or rejected). */
@@ -151,20 +163,34 @@ export class FenceStore {
 
   private async runBatch(ops: FencedOp[]): Promise<FencedResult[]> {
     this.onBatch?.(ops.length);
-    const rows = await this.withRetry(() =>
-      this.pool.query<{ ord: number; highest_token: string | null; version: string | null }>(
-        q.fencedWrite(
-          ops.map((op) => ({
-            kind: op.kind,
-            fenceKey: op.fenceKey,
-            key: op.kind === 'fence' ? null : op.key,
-            token: op.token,
-            contentType: op.kind === 'put' ? op.contentType : null,
-            body: op.kind === 'put' ? op.body : null,
-          })),
-        ),
-      ),
-    );
+    const writeRows = ops.map((op) => ({
+      kind: op.kind,
+      fenceKey: op.fenceKey,
+      key: op.kind === 'fence' ? null : op.key,
+      token: op.token,
+      contentType: op.kind === 'put' ? op.contentType : null,
+      body: op.kind === 'put' ? op.body : null,
+    }));
+    type Row = { ord: number; highest_token: string | null; version: string | null };
+    let rows: { rows: Row[] };
+    if (this.mode === 'strict') {
+      rows = await this.withRetry(() => this.pool.query<Row>(q.fencedWrite(writeRows)));
+    } else if (this.mode === 'off') {
+      rows = await this.withRetry(() => this.pool.query<Row>(q.unfencedWrite(writeRows)));
+    } else {
+      // two-step: check, then write unconditionally in another statement. Deliberately racy.
+      const { rows: found } = await this.pool.query<{ fence_key: string; highest_token: string }>(q.highestTokens(ops.map((o) => o.fenceKey)));
+      const highest = new Map(found.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+      const pass = writeRows.map((r, i) => ({ r, i })).filter(({ r }) => r.token >= (highest.get(r.fenceKey) ?? -1n));
+      const written = pass.length ? await this.pool.query<Row>(q.fencedWrite(pass.map((p) => p.r), { unguarded: true })) : { rows: [] };
+      rows = {
+        rows: writeRows.map((_, i) => {
+          const k = pass.findIndex((p) => p.i === i);
+          const w = k < 0 ? undefined : written.rows.find((x) => x.ord === k);
+          return { ord: i, highest_token: w?.highest_token ?? null, version: w?.version ?? null };
+        }),
+      };
+    }
     const results: (FencedResult | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
     for (const row of rows.rows) {

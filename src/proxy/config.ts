@@ -2,6 +2,7 @@
 // with a message naming the variable.
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { FENCE_MODES, type FenceMode } from '../fence/store.ts';
 
 export interface ProxyConfig {
   /** Postgres to use; null = start an embedded one. */
@@ -21,6 +22,8 @@ export interface ProxyConfig {
   logLevel: string;
   /** Grace for in-flight requests at shutdown. */
   shutdownTimeoutMs: number;
+  /** `strict` unless a benchmark or the checker's self-test asks otherwise. */
+  fenceMode: FenceMode;
 }
 
 export class ConfigError extends Error {
@@ -41,6 +44,13 @@ function int(env: NodeJS.ProcessEnv, name: string, def: number, min: number, max
   const n = Number(raw);
   if (n < min || n > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${n}`);
   return n;
+}
+
+function fenceMode(env: NodeJS.ProcessEnv): FenceMode {
+  const raw = env.FENCEPOST_UNSAFE_FENCE_MODE;
+  if (raw === undefined || raw === '') return 'strict';
+  if (!(FENCE_MODES as readonly string[]).includes(raw)) throw new ConfigError('FENCEPOST_UNSAFE_FENCE_MODE', `must be one of ${FENCE_MODES.join(', ')}`);
+  return raw as FenceMode;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<ProxyConfig> {
@@ -67,5 +77,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
+    fenceMode: fenceMode(env),
   });
 }

@@ -41,7 +41,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     databaseUrl = embedded.url;
   }
   const pool = createPool(databaseUrl, config.poolSize);
-  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch });
+  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch, mode: config.fenceMode });
+  if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
   const app = buildApp({ store, bodyLimitBytes: config.bodyLimitBytes, logger });
   try {
     const applied = await migrate(pool);

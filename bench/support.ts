@@ -1,0 +1,62 @@
+// Shared pieces of the benchmarks: a Postgres to measure against, percentiles, process spawning.
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
+import { freePort } from '../src/zookeeper/local-server.ts';
+
+export interface BenchPostgres {
+  /** URL of a fresh database for this benchmark. */
+  url: string;
+  stop(): Promise<void>;
+}
+
+/** A fresh database on DATABASE_URL's server, or on an embedded Postgres (durable settings). */
+export async function benchPostgres(name: string): Promise<BenchPostgres> {
+  let stopServer = async () => {};
+  let adminUrl = process.env.DATABASE_URL;
+  if (!adminUrl) {
+    const dir = mkdtempSync(join(tmpdir(), 'fencepost-bench-pg-'));
+    chmodSync(dir, 0o755);
+    const server = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_connections=200'] });
+    adminUrl = server.url;
+    stopServer = async () => {
+      await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    };
+  }
+  const db = `${name}_${process.pid}`;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+  await admin.query(`CREATE DATABASE ${db}`);
+  await admin.end();
+  const u = new URL(adminUrl);
+  u.pathname = `/${db}`;
+  return {
+    url: u.toString(),
+    stop: async () => {
+      const a = new pg.Client({ connectionString: adminUrl });
+      await a.connect();
+      await a.query(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+      await a.end();
+      await stopServer();
+    },
+  };
+}
+
+export function percentile(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[i]!;
+}
+
+export function summarize(samples: number[]): { n: number; p50: number; p99: number; max: number } {
+  const s = [...samples].sort((a, b) => a - b);
+  return { n: s.length, p50: percentile(s, 50), p99: percentile(s, 99), max: s.at(-1) ?? NaN };
+}
+
+export function fmt(n: number, digits = 1): string {
+  return Number.isFinite(n) ? n.toFixed(digits) : '–';
+}

@@ -9,11 +9,17 @@ import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
 import { statsRoutes } from './routes/stats.ts';
 import { healthRoutes } from './routes/health.ts';
+import { ProxyMetrics, installMetrics } from './metrics.ts';
+import { metricsRoutes } from './routes/metrics.ts';
+import { rejectionRoutes } from './routes/rejections.ts';
+import { dashboardRoutes } from './routes/dashboard.ts';
 
 export interface AppOptions {
   store: FenceStore;
   bodyLimitBytes: number;
   logger?: Logger | false;
+  /** Prometheus metrics; default: a fresh registry over `store.pool`. */
+  metrics?: ProxyMetrics;
 }
 
 declare module 'fastify' {
@@ -57,6 +63,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   }) as unknown as FastifyInstance;
   app.decorate('store', opts.store);
   app.decorate('closing', false);
+  installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
 
   // Bodies are stored raw, whatever their content type.
   app.removeAllContentTypeParsers();
@@ -79,5 +86,8 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(fenceRoutes);
   app.register(statsRoutes);
   app.register(healthRoutes);
+  app.register(metricsRoutes);
+  app.register(rejectionRoutes);
+  app.register(dashboardRoutes);
   return app;
 }

@@ -24,6 +24,12 @@ export interface ProxyConfig {
   shutdownTimeoutMs: number;
   /** `strict` unless a benchmark or the checker's self-test asks otherwise. */
   fenceMode: FenceMode;
+  /** Rejection log retention: delete rows older than this; 0 = no age limit. */
+  rejectionsMaxAgeMs: number;
+  /** Rejection log retention: keep at most this many rows (the newest); 0 = no row limit. */
+  rejectionsMaxRows: number;
+  /** Time between rejection log prune rounds. */
+  rejectionsPruneIntervalMs: number;
 }
 
 export class ConfigError extends Error {
@@ -65,6 +71,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
   const writeLanes = int(env, 'FENCEPOST_WRITE_LANES', Math.max(1, poolSize - 2), 1, 1000);
   if (writeLanes >= poolSize) throw new ConfigError('FENCEPOST_WRITE_LANES', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
+  const rejectionsMaxAgeMs = int(env, 'FENCEPOST_REJECTIONS_MAX_AGE_MS', 7 * 24 * 3600 * 1000, 0, 3650 * 24 * 3600 * 1000);
+  const rejectionsMaxRows = int(env, 'FENCEPOST_REJECTIONS_MAX_ROWS', 1_000_000, 0, 1_000_000_000_000);
+  if (rejectionsMaxAgeMs === 0 && rejectionsMaxRows === 0) {
+    throw new ConfigError('FENCEPOST_REJECTIONS_MAX_ROWS', 'and FENCEPOST_REJECTIONS_MAX_AGE_MS cannot both be 0: the rejection log must be bounded');
+  }
   return Object.freeze({
     databaseUrl,
     host,
@@ -78,5 +89,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
     fenceMode: fenceMode(env),
+    rejectionsMaxAgeMs,
+    rejectionsMaxRows,
+    rejectionsPruneIntervalMs: int(env, 'FENCEPOST_REJECTIONS_PRUNE_INTERVAL_MS', 60_000, 100, 24 * 3600 * 1000),
   });
 }

@@ -8,6 +8,8 @@ import type { ProxyConfig } from './config.ts';
 import { FenceStore } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
+import { RejectionPruner } from '../fence/retention.ts';
+import { ProxyMetrics } from './metrics.ts';
 
 export interface RunningProxy {
   app: FastifyInstance;
@@ -41,14 +43,24 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     databaseUrl = embedded.url;
   }
   const pool = createPool(databaseUrl, config.poolSize);
-  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch, mode: config.fenceMode });
+  const metrics = new ProxyMetrics(pool);
+  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
   if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
-  const app = buildApp({ store, bodyLimitBytes: config.bodyLimitBytes, logger });
+  const app = buildApp({ store, bodyLimitBytes: config.bodyLimitBytes, logger, metrics });
+  const pruner = new RejectionPruner(pool, {
+    maxAgeMs: config.rejectionsMaxAgeMs,
+    maxRows: config.rejectionsMaxRows,
+    intervalMs: config.rejectionsPruneIntervalMs,
+    logger: logger.child({ component: 'retention' }),
+    onPruned: (n) => metrics.rejectionsPruned.inc(n),
+  });
   try {
     const applied = await migrate(pool);
     if (applied.length > 0) logger.info({ applied }, 'migrations applied');
     await app.listen({ host: config.host, port: config.port });
+    pruner.start(); // after migrate: the table exists
   } catch (err) {
+    await pruner.stop().catch(() => {});
     await app.close().catch(() => {});
     await pool.end().catch(() => {});
     await embedded?.stop().catch(() => {});
@@ -68,6 +80,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await app.close(); // stops accepting, waits for in-flight requests
       clearTimeout(timer);
       await store.idle();
+      await pruner.stop();
       await pool.end();
       await embedded?.stop();
       logger.info('stopped');

@@ -32,7 +32,7 @@ function fenceJson(f: FenceRecord) {
 export async function fenceRoutes(app: FastifyInstance): Promise<void> {
   app.put<FenceParams>(
     '/v1/fences/:fenceKey',
-    { schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
+    { config: { operation: 'fence' }, schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
     async (req) => {
       const fenceKey = checkKey(req.params.fenceKey, 'fence key');
       const token = requireToken(req);

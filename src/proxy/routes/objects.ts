@@ -20,7 +20,7 @@ function contentTypeOf(req: FastifyRequest): string {
 }
 
 export async function objectRoutes(app: FastifyInstance): Promise<void> {
-  app.put<KeyParams>('/v1/objects/:key', { schema: { response: putResponse } }, async (req) => {
+  app.put<KeyParams>('/v1/objects/:key', { config: { operation: 'put' }, schema: { response: putResponse } }, async (req) => {
     const key = checkKey(req.params.key, 'key');
     const fenceKey = fenceKeyFor(req, key);
     const token = requireToken(req);
@@ -42,7 +42,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
       .send(obj.body);
   });
 
-  app.delete<KeyParams>('/v1/objects/:key', async (req, reply) => {
+  app.delete<KeyParams>('/v1/objects/:key', { config: { operation: 'delete' } }, async (req, reply) => {
     const key = checkKey(req.params.key, 'key');
     const fenceKey = fenceKeyFor(req, key);
     const token = requireToken(req);

@@ -1,0 +1,168 @@
+// GET /metrics: write counters and latency move with accepted, rejected, invalid and failed writes;
+// pool gauges and process metrics are exposed; each app has its own registry.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import type { FastifyInstance } from 'fastify';
+import pg from 'pg';
+import { freePort } from '../../src/zookeeper/local-server.ts';
+import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { testApp } from '../support/proxy.ts';
+
+let db: TestDatabase;
+let app: FastifyInstance;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  app = testApp(db.pool);
+  await app.ready();
+});
+afterAll(async () => {
+  await app.close();
+  await db.drop();
+});
+
+/** Parses the exposition text into `name{labels}` → value (labels in the order printed). */
+async function scrape(target: FastifyInstance = app): Promise<Map<string, number>> {
+  const res = await target.inject({ url: '/metrics' });
+  expect(res.statusCode).toBe(200);
+  expect(res.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
+  const out = new Map<string, number>();
+  for (const line of res.body.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const at = line.lastIndexOf(' ');
+    out.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return out;
+}
+
+const writes = (m: Map<string, number>, operation: string, outcome: string) =>
+  m.get(`fencepost_writes_total{operation="${operation}",outcome="${outcome}"}`) ?? 0;
+const latencyCount = (m: Map<string, number>, operation: string, outcome: string) =>
+  m.get(`fencepost_write_duration_seconds_count{operation="${operation}",outcome="${outcome}"}`) ?? 0;
+
+const put = (key: string, token: string, target = app) =>
+  target.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': token }, payload: 'x' });
+
+describe('write counters', () => {
+  test('an accepted put raises accepted and its latency count by one, and nothing else', async () => {
+    const before = await scrape();
+    expect((await put('m-accept', '5')).statusCode).toBe(200);
+    const after = await scrape();
+    expect(writes(after, 'put', 'accepted') - writes(before, 'put', 'accepted')).toBe(1);
+    expect(latencyCount(after, 'put', 'accepted') - latencyCount(before, 'put', 'accepted')).toBe(1);
+    expect(writes(after, 'put', 'rejected')).toBe(writes(before, 'put', 'rejected'));
+    expect(after.get('fencepost_write_duration_seconds_sum{operation="put",outcome="accepted"}')).toBeGreaterThan(0);
+  });
+
+  test('stale-token writes count as rejected per operation (put, delete, fence)', async () => {
+    expect((await put('m-stale', '10')).statusCode).toBe(200);
+    const before = await scrape();
+    expect((await put('m-stale', '9')).statusCode).toBe(409);
+    expect((await put('m-stale', '8')).statusCode).toBe(409);
+    expect((await app.inject({ method: 'DELETE', url: '/v1/objects/m-stale', headers: { 'fencing-token': '3' } })).statusCode).toBe(409);
+    expect((await app.inject({ method: 'PUT', url: '/v1/fences/m-stale', headers: { 'fencing-token': '1' } })).statusCode).toBe(409);
+    const after = await scrape();
+    expect(writes(after, 'put', 'rejected') - writes(before, 'put', 'rejected')).toBe(2);
+    expect(writes(after, 'delete', 'rejected') - writes(before, 'delete', 'rejected')).toBe(1);
+    expect(writes(after, 'fence', 'rejected') - writes(before, 'fence', 'rejected')).toBe(1);
+    expect(latencyCount(after, 'put', 'rejected') - latencyCount(before, 'put', 'rejected')).toBe(2);
+    expect(writes(after, 'put', 'accepted')).toBe(writes(before, 'put', 'accepted'));
+  });
+
+  test('accepted delete and fence advances count under their own operation', async () => {
+    const before = await scrape();
+    expect((await app.inject({ method: 'DELETE', url: '/v1/objects/m-accept', headers: { 'fencing-token': '5' } })).statusCode).toBe(204);
+    expect((await app.inject({ method: 'PUT', url: '/v1/fences/m-fence', headers: { 'fencing-token': '2' } })).statusCode).toBe(200);
+    const after = await scrape();
+    expect(writes(after, 'delete', 'accepted') - writes(before, 'delete', 'accepted')).toBe(1);
+    expect(writes(after, 'fence', 'accepted') - writes(before, 'fence', 'accepted')).toBe(1);
+  });
+
+  test('a write refused for bad input counts as invalid, not rejected', async () => {
+    const before = await scrape();
+    expect((await app.inject({ method: 'PUT', url: '/v1/objects/m-bad', payload: 'x' })).statusCode).toBe(428);
+    expect((await put('m-bad', 'abc')).statusCode).toBe(400);
+    const after = await scrape();
+    expect(writes(after, 'put', 'invalid') - writes(before, 'put', 'invalid')).toBe(2);
+    expect(writes(after, 'put', 'rejected')).toBe(writes(before, 'put', 'rejected'));
+  });
+
+  test('reads are not writes: a GET moves only the HTTP request counter', async () => {
+    const before = await scrape();
+    expect((await app.inject({ url: '/v1/objects/m-stale' })).statusCode).toBe(200);
+    const after = await scrape();
+    for (const [name, value] of after) if (name.startsWith('fencepost_writes_total')) expect(value, name).toBe(before.get(name));
+    const route = 'fencepost_http_requests_total{method="GET",route="/v1/objects/:key",status="200"}';
+    expect((after.get(route) ?? 0) - (before.get(route) ?? 0)).toBe(1);
+  });
+
+  test('labels never carry a key: the HTTP counter uses the route pattern', async () => {
+    await put('m-secret-key-name', '1');
+    const res = await app.inject({ url: '/metrics' });
+    expect(res.body).not.toContain('m-secret-key-name');
+    expect(res.body).toContain('route="/v1/objects/:key"');
+  });
+
+  test('a write the database cannot take counts as error', async () => {
+    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await freePort()}/none`, connectionTimeoutMillis: 2000 });
+    pool.on('error', () => {});
+    const down = testApp(pool);
+    try {
+      expect((await put('k', '1', down)).statusCode).toBe(503);
+      const m = await scrape(down);
+      expect(writes(m, 'put', 'error')).toBe(1);
+      expect(writes(m, 'put', 'accepted')).toBe(0);
+    } finally {
+      await down.close();
+      await pool.end();
+    }
+  });
+});
+
+describe('registries, pool and process', () => {
+  test('each app counts only its own writes', async () => {
+    const other = testApp(db.pool);
+    try {
+      const before = await scrape(other);
+      await put('m-own', '1');
+      const after = await scrape(other);
+      expect(writes(after, 'put', 'accepted')).toBe(writes(before, 'put', 'accepted'));
+      expect(writes(after, 'put', 'accepted')).toBe(0);
+    } finally {
+      await other.close();
+    }
+  });
+
+  test('pool gauges report the pool: connections open after a write, none waiting, the size limit', async () => {
+    await put('m-pool', '1');
+    const m = await scrape();
+    expect(m.get('fencepost_db_pool_connections')).toBeGreaterThanOrEqual(1);
+    expect(m.get('fencepost_db_pool_connections')).toBe(db.pool.totalCount);
+    expect(m.get('fencepost_db_pool_idle_connections')).toBe(db.pool.idleCount);
+    expect(m.get('fencepost_db_pool_waiting_requests')).toBe(0);
+    expect(m.get('fencepost_db_pool_max_connections')).toBe(10);
+  });
+
+  test('pool waiting requests rise while every connection is taken', async () => {
+    const small = new pg.Pool({ connectionString: db.url, max: 1 });
+    const busy = testApp(small);
+    const held = await small.connect();
+    try {
+      const pending = put('m-wait', '1', busy);
+      await expect.poll(async () => (await scrape(busy)).get('fencepost_db_pool_waiting_requests'), { timeout: 5000 }).toBe(1);
+      held.release();
+      expect((await pending).statusCode).toBe(200);
+      expect((await scrape(busy)).get('fencepost_db_pool_waiting_requests')).toBe(0);
+    } finally {
+      await busy.close();
+      await small.end();
+    }
+  });
+
+  test('process metrics are exposed next to the app metrics', async () => {
+    const m = await scrape();
+    expect(m.get('process_cpu_user_seconds_total')).toBeGreaterThan(0);
+    expect(m.get('process_resident_memory_bytes')).toBeGreaterThan(0);
+    expect(m.has('nodejs_eventloop_lag_seconds')).toBe(true);
+    expect([...m.keys()].some((k) => k.startsWith('nodejs_heap_size_used_bytes'))).toBe(true);
+  });
+});

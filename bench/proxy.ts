@@ -74,7 +74,7 @@ export async function loadProxy(name: string, url: string, o: Required<ProxyBenc
     method: 'PUT' as const,
     headers: { 'content-type': 'application/json', 'fencing-token': '1' },
     body,
-    requests: [{ setupRequest: (req: Record<string, unknown>) => ({ ...req, path: `/v1/objects/bench-${Math.floor(Math.random() * o.keySpace)}` }) }],
+    requests: [{ setupRequest: (req: autocannon.Request) => ({ ...req, path: `/v1/objects/bench-${Math.floor(Math.random() * o.keySpace)}` }) }],
   };
   await autocannon({ ...opts, duration: 1 }); // warm-up: JIT, prepared statements, pool
   let peakRss = 0;

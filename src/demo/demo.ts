@@ -1,0 +1,310 @@
+// The forced-pause demo (the lesson's GC-pause scenario), automatic and self-contained:
+// Postgres + proxy + ZooKeeper + N writer processes; the leader is frozen with SIGSTOP for longer
+// than the session timeout, a new leader takes over, the old one is resumed with SIGCONT, and its
+// write is rejected with 409 and it steps down. Then the history is checked against the database.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { createInterface } from 'node:readline';
+import { pino } from 'pino';
+import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
+import { loadConfig } from '../proxy/config.ts';
+import { startProxy, type RunningProxy } from '../proxy/server.ts';
+import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import type { DemoEvent } from './writer.ts';
+
+const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
+
+export interface DemoOptions {
+  replicas?: number;
+  sessionTimeoutMs?: number;
+  /** How long the leader stays frozen; must exceed the session timeout. */
+  pauseMs?: number;
+  intervalMs?: number;
+  databaseUrl?: string | null;
+  zkConnect?: string | null;
+  /** Receives the printable timeline and summary, line by line. */
+  print?: (line: string) => void;
+}
+
+export interface ReplicaSummary {
+  replica: string;
+  accepted: number;
+  rejected: number;
+  tokens: string[];
+}
+
+export interface DemoResult {
+  ok: boolean;
+  failures: string[];
+  events: DemoEvent[];
+  replicas: ReplicaSummary[];
+  highestToken: string | null;
+  zombie: { replica: string; token: string } | null;
+  successor: { replica: string; token: string } | null;
+  durationMs: number;
+}
+
+class Timeout extends Error {}
+
+export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
+  const o = {
+    replicas: options.replicas ?? 3,
+    sessionTimeoutMs: options.sessionTimeoutMs ?? 3000,
+    pauseMs: options.pauseMs ?? (options.sessionTimeoutMs ?? 3000) * 2,
+    intervalMs: options.intervalMs ?? 200,
+    print: options.print ?? ((l: string) => process.stdout.write(l + '\n')),
+  };
+  if (o.pauseMs <= o.sessionTimeoutMs) throw new Error(`--pause-ms (${o.pauseMs}) must exceed --session-timeout-ms (${o.sessionTimeoutMs}) for the leader to lose its session`);
+  if (o.replicas < 2) throw new Error('--replicas must be at least 2: someone has to take over');
+  const started = Date.now();
+  const print = o.print;
+  const run = randomBytes(3).toString('hex');
+  const fenceKey = `demo-${run}`;
+  const objectKey = `demo-${run}/ledger`;
+  const electionPath = `/fencepost/demo/${run}`;
+  const events: DemoEvent[] = [];
+  const failures: string[] = [];
+  const children = new Map<string, ChildProcess>();
+  let pg: RunningPostgres | null = null;
+  let pgDir: string | null = null;
+  let zk: LocalZooKeeper | null = null;
+  let proxy: RunningProxy | null = null;
+  const log = pino({ level: 'warn' }, pino.destination(2));
+
+  const stamp = (t: number) => `+${((t - started) / 1000).toFixed(3).padStart(7)}s`;
+  const line = (t: number, who: string, what: string, token?: string, extra = '') =>
+    print(`${stamp(t)}  ${who.padEnd(10)}  ${what.padEnd(26)}${token === undefined ? '' : `token=${token}`}${extra ? '  ' + extra : ''}`);
+  const acceptedPrinted = new Map<string, number>();
+
+  const waiters: { pred: (e: DemoEvent) => boolean; resolve: (e: DemoEvent) => void }[] = [];
+  const onEvent = (e: DemoEvent) => {
+    events.push(e);
+    switch (e.event) {
+      case 'elected':
+      case 'ready':
+      case 'revoked':
+      case 'stepped-down':
+      case 'write-refused':
+      case 'write-error':
+        line(e.t, e.replica, e.event === 'ready' ? 'fence advanced, writing' : e.event, e.token, [e.reason, e.highestToken && `highest=${e.highestToken}`].filter(Boolean).join(' '));
+        break;
+      case 'write-rejected':
+        line(e.t, e.replica, 'write REJECTED (409)', e.token, `highest=${e.highestToken}`);
+        break;
+      case 'write-accepted': {
+        const k = `${e.replica}/${e.token}`;
+        const n = (acceptedPrinted.get(k) ?? 0) + 1;
+        acceptedPrinted.set(k, n);
+        if (n <= 2) line(e.t, e.replica, 'write accepted (200)', e.token, `version=${e.version}`);
+        else if (n === 3) line(e.t, e.replica, '… writing every ' + o.intervalMs + ' ms', e.token);
+        break;
+      }
+      default:
+    }
+    for (const w of [...waiters]) {
+      if (w.pred(e)) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.resolve(e);
+      }
+    }
+  };
+  const waitFor = (pred: (e: DemoEvent) => boolean, timeoutMs: number, what: string, fromIndex = 0): Promise<DemoEvent> => {
+    const seen = events.slice(fromIndex).find(pred);
+    if (seen) return Promise.resolve(seen);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        waiters.splice(waiters.indexOf(w), 1);
+        reject(new Timeout(`timed out after ${timeoutMs} ms waiting for ${what}`));
+      }, timeoutMs);
+      const w = { pred, resolve: (e: DemoEvent) => (clearTimeout(timer), resolve(e)) };
+      waiters.push(w);
+    });
+  };
+
+  let zombie: DemoResult['zombie'] = null;
+  let successor: DemoResult['successor'] = null;
+  let highestToken: string | null = null;
+  try {
+    // 1. Postgres and the proxy.
+    let databaseUrl = options.databaseUrl ?? process.env.DATABASE_URL ?? null;
+    if (!databaseUrl) {
+      pgDir = mkdtempSync(join(tmpdir(), 'fencepost-demo-'));
+      chmodSync(pgDir, 0o755);
+      pg = await startEmbeddedPostgres({ dataDir: join(pgDir, 'pg'), port: await freePort() });
+      databaseUrl = pg.url;
+    }
+    proxy = await startProxy(loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' }), log);
+    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, pg ? '(embedded Postgres)' : '(DATABASE_URL)');
+
+    // 2. ZooKeeper.
+    let zkConnect = options.zkConnect ?? process.env.ZK_CONNECT ?? null;
+    if (!zkConnect) {
+      zk = await LocalZooKeeper.start({ servers: 1, tickTimeMs: 250 });
+      zkConnect = zk.connectString;
+    }
+    line(Date.now(), 'demo', `ZooKeeper at ${zkConnect}`, undefined, `session timeout ${o.sessionTimeoutMs} ms`);
+
+    // 3. Writers.
+    for (let i = 1; i <= o.replicas; i++) {
+      const id = `replica-${i}`;
+      const child = spawn(
+        process.execPath,
+        [BIN, 'demo-writer', '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
+          '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6))],
+        { stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      children.set(id, child);
+      let stderr = '';
+      child.stderr?.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
+      child.on('exit', (code, signal) => {
+        if (code !== 0 && code !== null) failures.push(`${id} exited with ${code}: ${stderr.trim()}`);
+        else if (signal && signal !== 'SIGKILL') failures.push(`${id} died of ${signal}`);
+      });
+      createInterface({ input: child.stdout! }).on('line', (l) => {
+        try {
+          onEvent(JSON.parse(l) as DemoEvent);
+        } catch {
+          /* not an event line */
+        }
+      });
+    }
+
+    // 4. A leader writes.
+    const first = await waitFor((e) => e.event === 'ready', 30_000, 'a first leader');
+    const leader = first.replica;
+    await waitFor((e) => e.event === 'write-accepted' && e.replica === leader, 10_000, 'the leader to write');
+
+    // 5. Freeze the leader between taking its token and sending its write.
+    const begin = await waitFor((e) => e.event === 'write-begin' && e.replica === leader, 10_000, 'the leader to begin a write', events.length);
+    children.get(leader)!.kill('SIGSTOP');
+    const pausedAt = Date.now();
+    zombie = { replica: leader, token: begin.token! };
+    line(pausedAt, 'demo', `SIGSTOP ${leader} for ${o.pauseMs} ms`, begin.token, 'mid-write, like a GC pause');
+
+    // 6. Someone else is elected with a higher token and writes.
+    const next = await waitFor(
+      (e) => e.event === 'ready' && e.replica !== leader && BigInt(e.token!) > BigInt(begin.token!),
+      o.sessionTimeoutMs + 30_000,
+      'a new leader',
+    );
+    successor = { replica: next.replica, token: next.token! };
+    await waitFor((e) => e.event === 'write-accepted' && e.replica === next.replica, 10_000, 'the new leader to write');
+    const rest = pausedAt + o.pauseMs - Date.now();
+    if (rest > 0) await new Promise((r) => setTimeout(r, rest));
+
+    // 7. Resume the zombie: its in-flight write must be refused and it must step down.
+    const mark = events.length;
+    children.get(leader)!.kill('SIGCONT');
+    line(Date.now(), 'demo', `SIGCONT ${leader}`, begin.token, 'it still believes it leads');
+    await waitFor((e) => e.event === 'write-rejected' && e.replica === leader, 15_000, `${leader}'s stale write to be rejected`, mark);
+    await waitFor((e) => (e.event === 'stepped-down' || e.event === 'revoked') && e.replica === leader, 15_000, `${leader} to step down`, mark);
+    await new Promise((r) => setTimeout(r, 2 * o.intervalMs + 200));
+  } catch (err) {
+    failures.push(err instanceof Error ? err.message : String(err));
+  }
+
+  // 8. Stop the writers, then check the history against the database.
+  await Promise.all(
+    [...children.values()].map(
+      (c) =>
+        new Promise<void>((resolve) => {
+          if (c.exitCode !== null || c.signalCode !== null) return resolve();
+          const timer = setTimeout(() => c.kill('SIGKILL'), 10_000);
+          c.once('exit', () => (clearTimeout(timer), resolve()));
+          c.kill('SIGCONT');
+          c.kill('SIGTERM');
+        }),
+    ),
+  );
+  const replicas = summarise(events, o.replicas);
+  if (proxy) {
+    try {
+      highestToken = await checkAgainstDatabase(proxy, fenceKey, objectKey, events, zombie, failures);
+    } catch (err) {
+      failures.push(`database check failed: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+  await proxy?.close().catch(() => {});
+  await zk?.stop().catch(() => {});
+  await pg?.stop().catch(() => {});
+  if (pgDir) rmSync(pgDir, { recursive: true, force: true });
+
+  printSummary(print, replicas, highestToken, failures);
+  return { ok: failures.length === 0, failures, events, replicas, highestToken, zombie, successor, durationMs: Date.now() - started };
+}
+
+function summarise(events: DemoEvent[], n: number): ReplicaSummary[] {
+  return Array.from({ length: n }, (_, i) => {
+    const replica = `replica-${i + 1}`;
+    const mine = events.filter((e) => e.replica === replica);
+    return {
+      replica,
+      accepted: mine.filter((e) => e.event === 'write-accepted').length,
+      rejected: mine.filter((e) => e.event === 'write-rejected').length,
+      tokens: [...new Set(mine.filter((e) => e.event === 'ready').map((e) => e.token!))],
+    };
+  });
+}
+
+/**
+ * The invariants, read back from Postgres: per-version history of the object has non-decreasing
+ * tokens (no stale write accepted), the stored object is the last accepted write, the fence's
+ * counts equal what the writers saw, and every rejection is logged with a token below the fence.
+ */
+async function checkAgainstDatabase(
+  proxy: RunningProxy,
+  fenceKey: string,
+  objectKey: string,
+  events: DemoEvent[],
+  zombie: DemoResult['zombie'],
+  failures: string[],
+): Promise<string | null> {
+  const pool = proxy.app.store.pool;
+  const accepted = events.filter((e) => e.event === 'write-accepted').sort((a, b) => a.version! - b.version!);
+  const rejected = events.filter((e) => e.event === 'write-rejected');
+  accepted.forEach((e, i) => {
+    if (e.version !== i + 1) failures.push(`accepted write versions are not 1..n: position ${i + 1} has version ${e.version}`);
+    const prev = accepted[i - 1];
+    if (prev && BigInt(e.token!) < BigInt(prev.token!)) failures.push(`stale write accepted: version ${e.version} token ${e.token} after token ${prev.token}`);
+  });
+  const fence = await pool.query<{ highest_token: string; accepted: string; rejected: string }>('SELECT highest_token, accepted, rejected FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const f = fence.rows[0];
+  if (!f) {
+    failures.push('the fence was never written');
+    return null;
+  }
+  const maxAccepted = accepted.reduce((m, e) => (BigInt(e.token!) > m ? BigInt(e.token!) : m), -1n);
+  // Fence advances (PUT /v1/fences) count as accepted too: one per term that became ready.
+  const advances = events.filter((e) => e.event === 'ready').length;
+  if (Number(f.accepted) !== accepted.length + advances) failures.push(`database counts ${f.accepted} accepted, writers saw ${accepted.length} writes + ${advances} fence advances`);
+  if (Number(f.rejected) !== rejected.length) failures.push(`database counts ${f.rejected} rejected, writers saw ${rejected.length}`);
+  if (BigInt(f.highest_token) < maxAccepted) failures.push(`fence ${f.highest_token} is below an accepted token ${maxAccepted}`);
+  const obj = await pool.query<{ token: string; body: Buffer; version: string }>('SELECT token, body, version FROM fencepost.objects WHERE key = $1', [objectKey]);
+  const last = accepted.at(-1);
+  const row = obj.rows[0];
+  if (last && (!row || row.body.toString() !== last.body || Number(row.version) !== last.version)) failures.push('the stored object is not the last accepted write');
+  if (row && BigInt(row.token) !== maxAccepted) failures.push(`stored token ${row.token} is not the highest accepted ${maxAccepted}`);
+  const logged = await pool.query<{ n: number; bad: number }>('SELECT count(*)::int AS n, count(*) FILTER (WHERE token >= highest_token)::int AS bad FROM fencepost.rejections WHERE fence_key = $1', [fenceKey]);
+  if (logged.rows[0]!.n !== rejected.length) failures.push(`rejection log has ${logged.rows[0]!.n} rows, writers saw ${rejected.length}`);
+  if (logged.rows[0]!.bad > 0) failures.push('a logged rejection carries a token that was not below the fence');
+  if (zombie) {
+    if (!rejected.some((e) => e.replica === zombie.replica && e.token === zombie.token)) failures.push(`${zombie.replica}'s stale write (token ${zombie.token}) was not rejected`);
+    if (!events.some((e) => e.replica === zombie.replica && e.event === 'stepped-down')) failures.push(`${zombie.replica} did not step down`);
+    if (accepted.some((e) => e.replica === zombie.replica && e.token === zombie.token && e.t > accepted.find((a) => BigInt(a.token!) > BigInt(zombie.token))!.t)) {
+      failures.push(`${zombie.replica} wrote with token ${zombie.token} after a newer leader had written`);
+    }
+  }
+  return f.highest_token;
+}
+
+function printSummary(print: (l: string) => void, replicas: ReplicaSummary[], highestToken: string | null, failures: string[]): void {
+  print('');
+  print('replica      accepted  rejected  terms (tokens)');
+  for (const r of replicas) print(`${r.replica.padEnd(12)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`);
+  print(`highest token: ${highestToken ?? '–'}`);
+  if (failures.length === 0) print('no stale write accepted: checked against the database ✔');
+  else for (const f of failures) print(`FAILED: ${f}`);
+}

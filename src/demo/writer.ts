@@ -1,0 +1,84 @@
+// One demo replica: elects through ZooKeeper, and while leader writes one object through the proxy
+// every interval. Each write does a little synchronous "work" between taking the token and sending,
+// the window where a GC pause (here: SIGSTOP) turns a leader into a zombie. Events go to stdout as
+// JSON lines for the demo to read.
+import { parseArgs } from 'node:util';
+import { Election } from '../election/index.ts';
+import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../writer/index.ts';
+
+export interface DemoEvent {
+  t: number;
+  replica: string;
+  event: 'started' | 'elected' | 'ready' | 'revoked' | 'write-begin' | 'write-accepted' | 'write-rejected' | 'write-refused' | 'write-error' | 'stepped-down' | 'stopped';
+  token?: string;
+  version?: number;
+  highestToken?: string;
+  reason?: string;
+  body?: string;
+}
+
+export async function demoWriterCommand(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      zk: { type: 'string' },
+      path: { type: 'string' },
+      id: { type: 'string' },
+      proxy: { type: 'string' },
+      'fence-key': { type: 'string' },
+      'object-key': { type: 'string' },
+      'session-timeout-ms': { type: 'string', default: '3000' },
+      'interval-ms': { type: 'string', default: '200' },
+      'work-ms': { type: 'string', default: '120' },
+    },
+    strict: true,
+  });
+  const need = (k: 'zk' | 'path' | 'id' | 'proxy' | 'fence-key' | 'object-key'): string => {
+    const v = values[k];
+    if (!v) throw new Error(`demo writer: --${k} is required`);
+    return v;
+  };
+  const replica = need('id');
+  const emit = (e: Omit<DemoEvent, 't' | 'replica'>) => process.stdout.write(JSON.stringify({ t: Date.now(), replica, ...e }) + '\n');
+  const election = new Election({ connect: need('zk'), path: need('path'), id: replica, sessionTimeoutMs: Number(values['session-timeout-ms']) });
+  const writer = new FencedWriter({ election, proxy: new ProxyClient(need('proxy'), { writerId: replica }), fenceKey: need('fence-key') });
+  election.on('elected', ({ token }) => emit({ event: 'elected', token: token.toString() }));
+  election.on('revoked', ({ token, reason }) => emit({ event: 'revoked', token: token.toString(), reason }));
+  writer.on('ready', ({ token }) => emit({ event: 'ready', token: token.toString() }));
+  writer.on('stepped-down', ({ token, highestToken }) => emit({ event: 'stepped-down', token: token.toString(), highestToken: highestToken.toString() }));
+
+  let stopping = false;
+  const stop = () => {
+    stopping = true;
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+  emit({ event: 'started' });
+  await election.start();
+
+  const objectKey = need('object-key');
+  const intervalMs = Number(values['interval-ms']);
+  const workMs = Number(values['work-ms']);
+  let seq = 0;
+  while (!stopping) {
+    await new Promise((r) => setTimeout(r, intervalMs));
+    const token = writer.token;
+    if (token === null || stopping) continue;
+    const body = JSON.stringify({ replica, seq: ++seq, token: token.toString() });
+    emit({ event: 'write-begin', token: token.toString() });
+    const until = Date.now() + workMs;
+    while (Date.now() < until); // synchronous work: the window a pause can hit
+    try {
+      const r = await writer.put(objectKey, body, { contentType: 'application/json' });
+      emit({ event: 'write-accepted', token: token.toString(), version: r.version, body });
+    } catch (err) {
+      if (err instanceof StaleTokenError) emit({ event: 'write-rejected', token: token.toString(), highestToken: err.highestToken.toString(), body });
+      else if (err instanceof NotLeaderError) emit({ event: 'write-refused', token: token.toString() });
+      else emit({ event: 'write-error', token: token.toString(), reason: err instanceof Error ? err.message : String(err) });
+    }
+  }
+  writer.close();
+  await election.close();
+  emit({ event: 'stopped' });
+  return 0;
+}

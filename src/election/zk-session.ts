@@ -60,6 +60,8 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
   /** Send time of the newest request the server answered: the server heard from us no earlier. */
   private lastAckSentAt = now();
   private lastProbeAt = 0;
+  private lastTickAt = 0;
+  private tickMs = 0;
   private suspendedAt = 0;
   private attemptStartedAt = now();
   private loseReplyOf: string | null = null;
@@ -327,17 +329,21 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
   }
 
   private startTicking(): void {
-    const T = this.negotiatedTimeoutMs;
-    const tickMs = Math.max(20, Math.floor(T / 12));
-    this.tickTimer = setInterval(() => this.tick(), tickMs);
+    this.tickMs = Math.max(20, Math.floor(this.negotiatedTimeoutMs / 12));
+    this.lastTickAt = now();
+    this.tickTimer = setInterval(() => this.tick(), this.tickMs);
     this.tickTimer.unref();
   }
 
   private tick(): void {
     const t = now();
     const T = this.negotiatedTimeoutMs;
+    // After a stall of this process, timers run before pending socket reads: replies may be waiting
+    // unread. Judge liveness on the next tick, after I/O has had its turn.
+    const stalled = t - this.lastTickAt > 2 * this.tickMs;
+    this.lastTickAt = t;
     if (this.stateValue === 'connected') {
-      if (t - this.lastReplyAt > this.livenessTimeoutMs) {
+      if (!stalled && t - this.lastReplyAt > this.livenessTimeoutMs) {
         this.dropConnection(`no reply from server for ${Math.round(t - this.lastReplyAt)} ms`);
         return;
       }

@@ -63,20 +63,35 @@ test('ten candidates on separate sessions: exactly one leader at every observed 
   expect(watch.violations).toEqual([]);
 });
 
-test('tokens strictly rise over 25 consecutive elections on one path (graceful resigns)', async () => {
-  // Invariant: every new term on a path carries a token greater than every earlier term's.
+test('tokens strictly rise over 25 consecutive elections on one path (resigns and crashes)', async () => {
+  // Invariant: every new term on a path carries a token greater than every earlier term's, whether the
+  // previous leader resigned or crashed (session abandoned, handed over only after session expiry).
   const path = uniquePath('monotonic');
-  const es = await startCandidates(3, { connect, path, sessionTimeoutMs: 4000 });
+  const base = { connect, path, sessionTimeoutMs: 2000 };
+  const es = await startCandidates(3, base);
   es.forEach(track);
   const tokens: bigint[] = [];
-  for (const e of es) e.on('elected', ({ token }) => tokens.push(token));
+  const record = (e: Election): void => void e.on('elected', ({ token }) => tokens.push(token));
+  es.forEach(record);
   tokens.push(await es[0]!.waitForLeadership());
-  for (let i = 0; i < 24; i++) {
+  let crashes = 0;
+  for (let round = 1; round <= 24; round++) {
     const leader = leaders(es)[0]!;
     const next = nextElected(es, leader);
-    await leader.resign();
+    if (round % 8 === 0) {
+      leader.currentSession!.abandon(); // like SIGKILL: the node stays until the session expires
+      es.splice(es.indexOf(leader), 1);
+      crashes++;
+      const replacement = track(new Election({ ...base, id: `r${round}` }));
+      record(replacement);
+      await replacement.start();
+      es.push(replacement);
+    } else {
+      await leader.resign();
+    }
     await next;
   }
+  expect(crashes).toBe(3);
   expect(tokens.length).toBe(25);
   for (let i = 1; i < tokens.length; i++) expect(tokens[i]! > tokens[i - 1]!).toBe(true);
 });

@@ -20,3 +20,5 @@ export {
   ZkError,
   ZkTimeoutError,
 } from './errors.ts';
+export { formatAdvice, measureSessionTimeoutAdvice, recommendSessionTimeout } from './advice.ts';
+export type { Distribution, MeasureOptions, SessionTimeoutAdvice } from './advice.ts';

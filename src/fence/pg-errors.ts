@@ -13,6 +13,26 @@ export const UNAVAILABLE_ERROR_CLASSES: ReadonlySet<string> = new Set([
   '57', // operator intervention (admin shutdown, crash shutdown, cannot connect now)
 ]);
 
+/** A statement of a transaction ran past its statement_timeout (class 57, but not "unavailable"). */
+export const QUERY_CANCELED = '57014';
+
+/** Class 08, but raised by a bind with the wrong number of parameters: the statement's fault. */
+export const PROTOCOL_VIOLATION = '08P01';
+
+/** The role the statement runs as lacks a privilege. */
+export const INSUFFICIENT_PRIVILEGE = '42501';
+
+/** A statement conflicts with the data: the request is well-formed but the state refuses it. */
+export const CONFLICT_ERROR_CLASSES: ReadonlySet<string> = new Set([
+  '23', // integrity constraint violation (unique, foreign key, check, not null, exclusion)
+]);
+
+/** The database broke, not the statement: a 500, never the writer's fault. */
+export const INTERNAL_ERROR_CLASSES: ReadonlySet<string> = new Set([
+  '58', // system error (I/O)
+  'XX', // internal error, data corrupted
+]);
+
 export const UNDEFINED_TABLE = '42P01';
 export const UNIQUE_VIOLATION = '23505';
 

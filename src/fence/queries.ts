@@ -35,7 +35,7 @@ WITH input AS (
 ),
 fence AS (
   INSERT INTO fencepost.fences AS f (fence_key, highest_token, accepted)
-  SELECT fence_key, token, 1 FROM input ORDER BY fence_key
+  SELECT fence_key, token, 1 FROM input ORDER BY fence_key COLLATE "C"
   ON CONFLICT (fence_key) DO UPDATE
     SET highest_token = EXCLUDED.highest_token, accepted = f.accepted + 1, updated_at = now()
     WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
@@ -118,7 +118,8 @@ export function highestTokens(fenceKeys: readonly string[]): Query {
 }
 
 export interface RejectionRow {
-  kind: OpKind;
+  /** `transaction` for a refused POST /v1/transactions (one row per stale fence). */
+  kind: OpKind | 'transaction';
   fenceKey: string;
   key: string | null;
   token: bigint;
@@ -207,4 +208,41 @@ ORDER BY rejected DESC, accepted DESC, fence_key COLLATE "C"
 LIMIT $1`,
     values: [limit],
   };
+}
+
+// ---- fenced SQL transactions (src/fence/transaction.ts) ------------------------------------------
+// The fences of a transaction are locked and raised with fencedWrite (kind 'fence', byte order);
+// these are the statements around it.
+
+export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
+
+const BEGIN: Record<Isolation, string> = {
+  'read committed': 'BEGIN ISOLATION LEVEL READ COMMITTED',
+  'repeatable read': 'BEGIN ISOLATION LEVEL REPEATABLE READ',
+  serializable: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
+};
+
+export function beginTransaction(isolation: Isolation): Query {
+  return { text: BEGIN[isolation] };
+}
+
+export function commitTransaction(): Query {
+  return { text: 'COMMIT' };
+}
+
+export function rollbackTransaction(): Query {
+  return { text: 'ROLLBACK' };
+}
+
+/**
+ * `SET LOCAL <name> = <value>` with both as parameters: set_config(…, true) is SET LOCAL, and it
+ * checks role membership like SET ROLE does. Nothing is spliced into SQL text.
+ */
+export function setLocal(name: 'statement_timeout' | 'role', value: string): Query {
+  return { text: 'SELECT set_config($1, $2, true)', values: [name, value] };
+}
+
+/** The role statements run as now (checked after the writer's statements, before COMMIT). */
+export function currentRole(): Query {
+  return { text: 'SELECT current_user AS role' };
 }

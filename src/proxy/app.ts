@@ -1,5 +1,7 @@
 // buildApp(): the fastify instance, with no listening, signals or database lifecycle (server.ts
 // does those). Tests drive it with app.inject().
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { FenceStore } from '../fence/store.ts';
@@ -13,6 +15,9 @@ import { ProxyMetrics, installMetrics } from './metrics.ts';
 import { metricsRoutes } from './routes/metrics.ts';
 import { rejectionRoutes } from './routes/rejections.ts';
 import { dashboardRoutes } from './routes/dashboard.ts';
+import { registerAuth, type AuthConfig } from './auth.ts';
+import { ForgeryGuard, type ForgeryGuardConfig } from './forgery-guard.ts';
+import { transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 
 export interface AppOptions {
   store: FenceStore;
@@ -20,6 +25,14 @@ export interface AppOptions {
   logger?: Logger | false;
   /** Prometheus metrics; default: a fresh registry over `store.pool`. */
   metrics?: ProxyMetrics;
+  /** Bearer keys and read access; default: no keys (open). */
+  auth?: AuthConfig;
+  /** Token forgery guard; default: off. Its ZooKeeper session closes with the app. */
+  forgeryGuard?: ForgeryGuardConfig | null;
+  /** POST /v1/transactions; default: on `store.pool`, 100 statements, 5 s timeout, 3 retries. */
+  transactions?: Partial<TransactionOptions>;
+  /** Headers and body must arrive within this, else 408 request_timeout. Default 30 000. */
+  requestTimeoutMs?: number;
 }
 
 declare module 'fastify' {
@@ -27,7 +40,31 @@ declare module 'fastify' {
     store: FenceStore;
     /** Set once shutdown begins: new requests get 503 unavailable. */
     closing: boolean;
+    /** Null when the forgery guard is off. */
+    forgeryGuard: ForgeryGuard | null;
   }
+}
+
+/**
+ * Errors node's HTTP parser raises before fastify sees a request (oversized headers, a request
+ * that does not arrive within requestTimeout, garbage): answered in the registry's shape, then
+ * the connection is closed.
+ */
+function clientErrorHandler(err: Error & { code?: string }, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const apiErr =
+    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? new ApiError('request_timeout', 'the request did not arrive in time')
+      : err.code === 'HPE_HEADER_OVERFLOW'
+        ? new ApiError('headers_too_large', 'request headers are over 16 KiB')
+        : new ApiError('bad_request', 'malformed HTTP request');
+  const body = JSON.stringify(apiErr.toJSON());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${apiErr.status} ${STATUS_CODES[apiErr.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy();
 }
 
 /** Body for every error: `{"error": code, "message": …, …extra}`. */
@@ -46,10 +83,12 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
 
 function sendError(reply: FastifyReply, err: ApiError): void {
   if (err.code === 'unavailable') void reply.header('retry-after', '1');
+  if (err.code === 'unauthorized') void reply.header('www-authenticate', 'Bearer');
   void reply.code(err.status).type('application/json').send(err.toJSON());
 }
 
 export function buildApp(opts: AppOptions): FastifyInstance {
+  const requestTimeoutMs = opts.requestTimeoutMs ?? 30_000;
   const app = Fastify({
     ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
     // Per-request lines cost throughput; rejections and errors are logged where they happen.
@@ -58,11 +97,21 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     // 1024-byte keys percent-encoded take up to 3072 characters; longer ones get invalid_key.
     routerOptions: { maxParamLength: 16 * 1024 },
     return503OnClosing: false,
+    // A slow (or stalled) body cannot hold a connection longer than requestTimeoutMs; node checks
+    // every connectionsCheckingInterval.
+    requestTimeout: requestTimeoutMs,
+    http: { headersTimeout: Math.min(requestTimeoutMs, 60_000), connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
+    clientErrorHandler,
     // Bad percent-encoding and the like, before routing: answer in the registry's shape.
     frameworkErrors: (err, req, reply) => sendError(reply as unknown as FastifyReply, toApiError(err, req.url)),
   }) as unknown as FastifyInstance;
   app.decorate('store', opts.store);
   app.decorate('closing', false);
+  const guard = opts.forgeryGuard
+    ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: async (k) => (await opts.store.readFence(k))?.highestToken ?? null, ...(opts.logger ? { logger: opts.logger } : {}) })
+    : null;
+  app.decorate('forgeryGuard', guard);
+  if (guard) app.addHook('onClose', async () => await guard.close());
   installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
 
   // Bodies are stored raw, whatever their content type.
@@ -72,6 +121,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.addHook('onRequest', async () => {
     if (app.closing) throw new ApiError('unavailable', 'proxy is shutting down; safe to retry');
   });
+  registerAuth(app, opts.auth ?? { keys: [], readAccess: 'open' });
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const apiErr = toApiError(err, req.url);
@@ -89,5 +139,6 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(metricsRoutes);
   app.register(rejectionRoutes);
   app.register(dashboardRoutes);
+  app.register(transactionRoutes, opts.transactions ?? {});
   return app;
 }

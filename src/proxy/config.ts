@@ -1,7 +1,11 @@
 // Proxy configuration: read once from the environment, validated, frozen. A bad value fails fast
 // with a message naming the variable.
+import { readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { isIP } from 'node:net';
+import { parseKeys, type AccessKey } from './auth.ts';
+import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { FENCE_MODES, type FenceMode } from '../fence/store.ts';
 
 export interface ProxyConfig {
@@ -30,6 +34,21 @@ export interface ProxyConfig {
   rejectionsMaxRows: number;
   /** Time between rejection log prune rounds. */
   rejectionsPruneIntervalMs: number;
+  /** Bearer keys (FENCEPOST_KEYS_FILE or FENCEPOST_KEYS); empty = the proxy runs open. */
+  keys: readonly AccessKey[];
+  /** Reads: open, or any configured key (default when keys are configured). */
+  readAccess: 'open' | 'key';
+  /** FENCEPOST_ALLOW_OPEN=1: no keys, yet bind a non-loopback HOST. */
+  allowOpen: boolean;
+  /** Whole request (headers and body) must arrive within this; else 408 and the connection closes. */
+  requestTimeoutMs: number;
+  /** Token forgery guard; null = off. */
+  forgeryGuard: ForgeryGuardConfig | null;
+  /** POST /v1/transactions: connections of its own pool, statements, timeout, retries. */
+  txPoolSize: number;
+  txMaxStatements: number;
+  txStatementTimeoutMs: number;
+  txRetries: number;
 }
 
 export class ConfigError extends Error {
@@ -59,6 +78,69 @@ function fenceMode(env: NodeJS.ProcessEnv): FenceMode {
   return raw as FenceMode;
 }
 
+/** Loopback addresses: binding one of these without keys is safe. */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '');
+  if (h === 'localhost') return true;
+  if (isIP(h) === 4) return h.startsWith('127.');
+  if (isIP(h) === 6) return h === '::1' || /^::ffff:127\./i.test(h);
+  return false;
+}
+
+/** With no keys the proxy is open to anyone who can reach it: only loopback, unless allowed. */
+export function assertSafeBind(config: Pick<ProxyConfig, 'host' | 'keys' | 'allowOpen'>): void {
+  if (config.keys.length === 0 && !config.allowOpen && !isLoopbackHost(config.host)) {
+    throw new ConfigError(
+      'HOST',
+      `${config.host} is not a loopback address and no keys are configured (FENCEPOST_KEYS_FILE / FENCEPOST_KEYS): anyone could write; configure keys or set FENCEPOST_ALLOW_OPEN=1`,
+    );
+  }
+}
+
+function loadKeys(env: NodeJS.ProcessEnv): AccessKey[] {
+  const file = env.FENCEPOST_KEYS_FILE;
+  const inline = env.FENCEPOST_KEYS;
+  if (file && inline) throw new ConfigError('FENCEPOST_KEYS', 'set FENCEPOST_KEYS or FENCEPOST_KEYS_FILE, not both');
+  const variable = file ? 'FENCEPOST_KEYS_FILE' : 'FENCEPOST_KEYS';
+  let json: string;
+  if (file) {
+    try {
+      json = readFileSync(file, 'utf8');
+    } catch (err) {
+      throw new ConfigError(variable, `cannot read ${file}: ${(err as Error).message}`);
+    }
+  } else if (inline) json = inline;
+  else return [];
+  try {
+    return parseKeys(json);
+  } catch (err) {
+    throw new ConfigError(variable, (err as Error).message);
+  }
+}
+
+function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
+  const raw = env.FENCEPOST_FORGERY_GUARD;
+  if (!raw) return null;
+  let doc: unknown;
+  try {
+    doc = JSON.parse(raw);
+  } catch {
+    throw new ConfigError('FENCEPOST_FORGERY_GUARD', 'must be JSON: {"<fence-key prefix>": "<election path>", …}');
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc) || Object.keys(doc).length === 0) {
+    throw new ConfigError('FENCEPOST_FORGERY_GUARD', 'must be a non-empty JSON object {"<fence-key prefix>": "<election path>", …}');
+  }
+  const mappings = Object.entries(doc).map(([prefix, electionPath]) => {
+    if (typeof electionPath !== 'string' || !electionPath.startsWith('/') || electionPath.endsWith('/') || electionPath.includes('//')) {
+      throw new ConfigError('FENCEPOST_FORGERY_GUARD', `election path for ${JSON.stringify(prefix)} must be an absolute ZooKeeper path without a trailing slash`);
+    }
+    return Object.freeze({ prefix, electionPath });
+  });
+  const zkConnect = env.ZK_CONNECT;
+  if (!zkConnect) throw new ConfigError('ZK_CONNECT', 'is required when FENCEPOST_FORGERY_GUARD is set');
+  return Object.freeze({ zkConnect, mappings: Object.freeze(mappings) });
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<ProxyConfig> {
   const databaseUrl = env.DATABASE_URL ? env.DATABASE_URL : null;
   if (databaseUrl !== null && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
@@ -76,6 +158,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   if (rejectionsMaxAgeMs === 0 && rejectionsMaxRows === 0) {
     throw new ConfigError('FENCEPOST_REJECTIONS_MAX_ROWS', 'and FENCEPOST_REJECTIONS_MAX_AGE_MS cannot both be 0: the rejection log must be bounded');
   }
+  const keys = loadKeys(env);
+  const readAccess = env.FENCEPOST_READ_ACCESS || (keys.length > 0 ? 'key' : 'open');
+  if (readAccess !== 'open' && readAccess !== 'key') throw new ConfigError('FENCEPOST_READ_ACCESS', 'must be open or key');
+  if (readAccess === 'key' && keys.length === 0) throw new ConfigError('FENCEPOST_READ_ACCESS', 'key needs keys (FENCEPOST_KEYS_FILE / FENCEPOST_KEYS)');
+  const allowOpenRaw = env.FENCEPOST_ALLOW_OPEN ?? '';
+  if (!['', '0', '1'].includes(allowOpenRaw)) throw new ConfigError('FENCEPOST_ALLOW_OPEN', 'must be 0 or 1');
+  const allowOpen = allowOpenRaw === '1';
+  assertSafeBind({ host, keys, allowOpen });
   return Object.freeze({
     databaseUrl,
     host,
@@ -92,5 +182,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     rejectionsMaxAgeMs,
     rejectionsMaxRows,
     rejectionsPruneIntervalMs: int(env, 'FENCEPOST_REJECTIONS_PRUNE_INTERVAL_MS', 60_000, 100, 24 * 3600 * 1000),
+    keys: Object.freeze(keys),
+    readAccess,
+    allowOpen,
+    requestTimeoutMs: int(env, 'FENCEPOST_REQUEST_TIMEOUT_MS', 30_000, 100, 3_600_000),
+    forgeryGuard: loadForgeryGuard(env),
+    txPoolSize: int(env, 'FENCEPOST_TX_POOL_SIZE', 4, 1, 1000),
+    txMaxStatements: int(env, 'FENCEPOST_TX_MAX_STATEMENTS', 100, 1, 10_000),
+    txStatementTimeoutMs: int(env, 'FENCEPOST_TX_STATEMENT_TIMEOUT_MS', 5000, 1, 3_600_000),
+    txRetries: int(env, 'FENCEPOST_TX_RETRIES', 3, 0, 100),
   });
 }

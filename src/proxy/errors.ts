@@ -11,6 +11,18 @@ export const ERRORS = {
   payload_too_large: { status: 413, description: 'body over `FENCEPOST_BODY_LIMIT_BYTES`' },
   not_found: { status: 404, description: 'no such object, fence or route' },
   unavailable: { status: 503, description: 'database unreachable or the proxy is shutting down; safe to retry' },
+  unauthorized: { status: 401, description: 'keys are configured and `Authorization: Bearer <key>` is missing or matches no key' },
+  forbidden: { status: 403, description: 'the key may not do this: a read-only key writing, a fence or object key outside its prefixes, a transaction without a Postgres role, or statements that changed the role' },
+  unverified_token: { status: 409, description: 'forgery guard: the token would raise the fence but is not the sequence of the current leader under the mapped election path; body adds `fenceKey`, `token`, `electionPath`' },
+  invalid_transaction: { status: 400, description: 'transaction body is not valid UTF-8 JSON of the documented shape (duplicate fence keys, NUL in SQL, …)' },
+  too_many_statements: { status: 400, description: 'more statements than `FENCEPOST_TX_MAX_STATEMENTS` or more than 100 fences' },
+  statement_not_allowed: { status: 400, description: 'a statement starts with transaction or session control (`BEGIN`, `COMMIT`, `SET`, `RESET`, `DO`, `COPY`, …) or calls `set_config`' },
+  sql_error: { status: 400, description: 'a statement failed: syntax, undefined object, data exception, …; body adds `sqlState` and `statement` (index, or null for COMMIT); nothing applied' },
+  sql_permission_denied: { status: 403, description: 'SQLSTATE 42501: the key\'s Postgres role may not do this; nothing applied' },
+  sql_conflict: { status: 409, description: 'constraint violation (SQLSTATE 23xxx), or serialization failure/deadlock still failing after the retries; nothing applied' },
+  sql_timeout: { status: 504, description: 'a statement ran past `FENCEPOST_TX_STATEMENT_TIMEOUT_MS` (SQLSTATE 57014); nothing applied' },
+  request_timeout: { status: 408, description: 'the request (headers and body) did not arrive within `FENCEPOST_REQUEST_TIMEOUT_MS`; the connection is closed' },
+  headers_too_large: { status: 431, description: 'request headers over 16 KiB; the connection is closed' },
   internal: { status: 500, description: 'a bug: the write did not commit' },
 } as const satisfies Record<string, { status: number; description: string }>;
 

@@ -3,6 +3,7 @@ import type { FastifyRequest } from 'fastify';
 import { parseToken } from '../fence/token.ts';
 import { keyProblem } from '../fence/key.ts';
 import { ApiError } from './errors.ts';
+import { authorizeKeys } from './auth.ts';
 
 /** The `Fencing-Token` header as a bigint; 428 when missing, 400 when malformed. */
 export function requireToken(req: FastifyRequest): bigint {
@@ -30,6 +31,15 @@ function headerUtf8(req: FastifyRequest, name: string): string | undefined {
 export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
   const header = headerUtf8(req, 'fence-key');
   return header === undefined ? objectKey : checkKey(header, 'fence key');
+}
+
+/**
+ * Before a fenced write: the key must cover the fence key and the object key (403 forbidden), and
+ * a token that would raise a guarded fence must be the leader's (409 unverified_token).
+ */
+export async function admitWrite(req: FastifyRequest, fenceKey: string, token: bigint, objectKey?: string): Promise<void> {
+  authorizeKeys(req, objectKey === undefined || objectKey === fenceKey ? [fenceKey] : [objectKey, fenceKey]);
+  await req.server.forgeryGuard?.admit(fenceKey, token);
 }
 
 const MAX_WRITER_ID_CHARS = 200;

@@ -4,7 +4,7 @@ import pg from 'pg';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './app.ts';
-import type { ProxyConfig } from './config.ts';
+import { assertSafeBind, type ProxyConfig } from './config.ts';
 import { FenceStore } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
@@ -20,7 +20,9 @@ export interface RunningProxy {
 }
 
 export function createLogger(level: string): Logger {
-  return pino({ level, base: { service: 'fencepost-proxy' } }, pino.destination(2));
+  // Bearer keys never reach the log, whatever logs a request or its headers.
+  const redact = { paths: ['req.headers.authorization', 'headers.authorization', 'authorization', 'err.headers.authorization'], censor: '[redacted]' };
+  return pino({ level, base: { service: 'fencepost-proxy' }, redact }, pino.destination(2));
 }
 
 export function createPool(databaseUrl: string, max: number): pg.Pool {
@@ -31,6 +33,7 @@ export function createPool(databaseUrl: string, max: number): pg.Pool {
 }
 
 export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel)): Promise<RunningProxy> {
+  assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
   let embedded: RunningPostgres | null = null;
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === null) {
@@ -46,7 +49,18 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
   if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
-  const app = buildApp({ store, bodyLimitBytes: config.bodyLimitBytes, logger, metrics });
+  const txPool = createPool(databaseUrl, config.txPoolSize);
+  const app = buildApp({
+    store,
+    bodyLimitBytes: config.bodyLimitBytes,
+    logger,
+    metrics,
+    auth: { keys: config.keys, readAccess: config.readAccess },
+    forgeryGuard: config.forgeryGuard,
+    transactions: { pool: txPool, maxStatements: config.txMaxStatements, statementTimeoutMs: config.txStatementTimeoutMs, retries: config.txRetries },
+    requestTimeoutMs: config.requestTimeoutMs,
+  });
+  if (config.keys.length === 0) logger.warn({ host: config.host }, 'no keys configured: the proxy is open to anyone who can reach it');
   const pruner = new RejectionPruner(pool, {
     maxAgeMs: config.rejectionsMaxAgeMs,
     maxRows: config.rejectionsMaxRows,
@@ -62,6 +76,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   } catch (err) {
     await pruner.stop().catch(() => {});
     await app.close().catch(() => {});
+    await txPool.end().catch(() => {});
     await pool.end().catch(() => {});
     await embedded?.stop().catch(() => {});
     throw err;
@@ -81,6 +96,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       clearTimeout(timer);
       await store.idle();
       await pruner.stop();
+      await txPool.end();
       await pool.end();
       await embedded?.stop();
       logger.info('stopped');

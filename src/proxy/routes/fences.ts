@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { FenceRecord } from '../../fence/store.ts';
 import { ApiError } from '../errors.ts';
-import { checkKey, requireToken, writerId } from '../request.ts';
+import { admitWrite, checkKey, requireToken, writerId } from '../request.ts';
 import { parseLimit } from './query.ts';
 import { staleToken } from './stale.ts';
 
@@ -32,17 +32,18 @@ function fenceJson(f: FenceRecord) {
 export async function fenceRoutes(app: FastifyInstance): Promise<void> {
   app.put<FenceParams>(
     '/v1/fences/:fenceKey',
-    { config: { operation: 'fence' }, schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
+    { config: { operation: 'fence', access: 'write' }, schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
     async (req) => {
       const fenceKey = checkKey(req.params.fenceKey, 'fence key');
       const token = requireToken(req);
+      await admitWrite(req, fenceKey, token);
       const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
       if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
       return { fenceKey, highestToken: result.highestToken.toString() };
     },
   );
 
-  app.get<FenceParams>('/v1/fences/:fenceKey', { schema: { response: { 200: fenceSchema } } }, async (req) => {
+  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { response: { 200: fenceSchema } } }, async (req) => {
     const fenceKey = checkKey(req.params.fenceKey, 'fence key');
     const fence = await app.store.readFence(fenceKey);
     if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
@@ -51,7 +52,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
 
   app.get<{ Querystring: { after?: string; limit?: string } }>(
     '/v1/fences',
-    { schema: { response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } } } },
+    { config: { access: 'read' }, schema: { response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } } } },
     async (req) => {
       const limit = parseLimit(req.query.limit, 100);
       const after = req.query.after === undefined ? null : checkKey(req.query.after, 'fence key');

@@ -2,7 +2,7 @@
 import { createHash } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ApiError } from '../errors.ts';
-import { checkKey, fenceKeyFor, requireToken, writerId } from '../request.ts';
+import { admitWrite, checkKey, fenceKeyFor, requireToken, writerId } from '../request.ts';
 import { staleToken } from './stale.ts';
 
 type KeyParams = { Params: { key: string } };
@@ -20,17 +20,18 @@ function contentTypeOf(req: FastifyRequest): string {
 }
 
 export async function objectRoutes(app: FastifyInstance): Promise<void> {
-  app.put<KeyParams>('/v1/objects/:key', { config: { operation: 'put' }, schema: { response: putResponse } }, async (req) => {
+  app.put<KeyParams>('/v1/objects/:key', { config: { operation: 'put', access: 'write' }, schema: { response: putResponse } }, async (req) => {
     const key = checkKey(req.params.key, 'key');
     const fenceKey = fenceKeyFor(req, key);
     const token = requireToken(req);
+    await admitWrite(req, fenceKey, token, key);
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
     const result = await app.store.write({ kind: 'put', key, fenceKey, token, contentType: contentTypeOf(req), body, writerId: writerId(req) });
     if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
     return { key, fenceKey, token: token.toString(), version: Number(result.version) };
   });
 
-  app.get<KeyParams>('/v1/objects/:key', async (req, reply) => {
+  app.get<KeyParams>('/v1/objects/:key', { config: { access: 'read' } }, async (req, reply) => {
     const key = checkKey(req.params.key, 'key');
     const obj = await app.store.readObject(key);
     if (!obj) throw new ApiError('not_found', 'no such object');
@@ -42,10 +43,11 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
       .send(obj.body);
   });
 
-  app.delete<KeyParams>('/v1/objects/:key', { config: { operation: 'delete' } }, async (req, reply) => {
+  app.delete<KeyParams>('/v1/objects/:key', { config: { operation: 'delete', access: 'write' } }, async (req, reply) => {
     const key = checkKey(req.params.key, 'key');
     const fenceKey = fenceKeyFor(req, key);
     const token = requireToken(req);
+    await admitWrite(req, fenceKey, token, key);
     const result = await app.store.write({ kind: 'delete', key, fenceKey, token, writerId: writerId(req) });
     if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
     return reply.code(204).send();

@@ -12,6 +12,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
   app.get<{ Querystring: { limit?: string } }>(
     '/v1/stats',
     {
+      config: { access: 'read' },
       schema: {
         response: {
           200: {

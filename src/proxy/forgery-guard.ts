@@ -1,0 +1,182 @@
+// Token forgery guard (Chubby's sequencer check): before a write may RAISE a fence whose key maps
+// to an election path, the proxy asks ZooKeeper whether the token is the sequence number of the
+// current leader's znode there.
+//
+// What is accepted, and why:
+// - A token t may raise a fence only if, in the guard's view of ZooKeeper, the lowest live candidate
+//   under the election path (the leader; names `c_<uuid>_<join>-<%010d seq>`, see
+//   src/election/sequence.ts) has sequence t. A real leader's node exists and is lowest for its whole
+//   term, so its first write always passes. A made-up token, a copy of a queued (not yet leading)
+//   candidate's sequence, or the token of a leader whose term is over does not: a forged huge token
+//   can never raise a fence, so it cannot lock anyone out.
+// - Tokens above 2^31-1 cannot be ZooKeeper sequences (an int32 counter) and are refused without
+//   asking ZooKeeper.
+// - A write that cannot raise the fence (t ≤ the fence's highest token) is not checked at all: the
+//   fenced statement decides it (equal: accepted, below: stale). Fences only rise, so a cached or
+//   just-read highest token that is ≥ t stays ≥ t: skipping the check is safe without locking.
+// - Positive answers are cached per (election path, token) (bounded); negative answers are not (a
+//   lagging ZooKeeper follower may not have seen the new leader yet, so a miss is re-read twice,
+//   50 ms and 150 ms later, before the write is refused).
+// - ZooKeeper unreachable while a raise needs checking: 503 unavailable. The hot path (token ≤
+//   known highest, or a token already verified) never talks to ZooKeeper.
+import type { Logger } from 'pino';
+import { ZkSession } from '../election/zk-session.ts';
+import { ZK_CODES, ZkError } from '../election/errors.ts';
+import { parseCandidate } from '../election/sequence.ts';
+import { ApiError } from './errors.ts';
+
+export interface GuardMapping {
+  /** Fence keys starting with this prefix (longest prefix wins) … */
+  prefix: string;
+  /** … are raised only by the leader elected under this ZooKeeper path. */
+  electionPath: string;
+}
+
+export interface ForgeryGuardConfig {
+  zkConnect: string;
+  mappings: readonly GuardMapping[];
+}
+
+export interface ForgeryGuardOptions extends ForgeryGuardConfig {
+  /** The fence's highest token as stored now; null when the fence does not exist. */
+  readHighest: (fenceKey: string) => Promise<bigint | null>;
+  logger?: Logger;
+  sessionTimeoutMs?: number;
+  /** Delays before re-reading after a miss. Default [50, 150]. */
+  recheckDelaysMs?: readonly number[];
+}
+
+const INT32_MAX = 2n ** 31n - 1n;
+const MAX_VERIFIED = 10_000;
+const MAX_HIGHEST = 100_000;
+
+/** Insertion-ordered map with a size cap (oldest entries go first). */
+function capSet<K, V>(m: Map<K, V>, k: K, v: V, cap: number): void {
+  m.delete(k);
+  m.set(k, v);
+  if (m.size > cap) m.delete(m.keys().next().value as K);
+}
+
+export class ForgeryGuard {
+  private readonly opts: ForgeryGuardOptions;
+  private readonly mappings: GuardMapping[];
+  private readonly verified = new Map<string, true>();
+  private readonly highest = new Map<string, bigint>();
+  private readonly inFlight = new Map<string, Promise<boolean>>();
+  private session: Promise<ZkSession> | null = null;
+  private closed = false;
+  /** ZooKeeper reads made (tests check the hot path makes none). */
+  zkReads = 0;
+
+  constructor(opts: ForgeryGuardOptions) {
+    this.opts = opts;
+    this.mappings = [...opts.mappings].sort((a, b) => b.prefix.length - a.prefix.length);
+  }
+
+  /** The election path guarding `fenceKey`, or null when it is not guarded. */
+  pathFor(fenceKey: string): string | null {
+    return this.mappings.find((m) => fenceKey.startsWith(m.prefix))?.electionPath ?? null;
+  }
+
+  /**
+   * Resolves when the write may go ahead; throws 409 unverified_token when it would raise the fence
+   * with a token that is not the current leader's, 503 unavailable when ZooKeeper cannot answer.
+   */
+  async admit(fenceKey: string, token: bigint): Promise<void> {
+    const path = this.pathFor(fenceKey);
+    if (path === null) return;
+    const id = `${path}\u0000${token}`;
+    if (this.verified.has(id)) return;
+    const known = this.highest.get(fenceKey);
+    if (known !== undefined && token <= known) return;
+    const stored = await this.opts.readHighest(fenceKey);
+    if (stored !== null) capSet(this.highest, fenceKey, stored, MAX_HIGHEST);
+    if (stored !== null && token <= stored) return;
+    if (await this.isLeaderToken(path, token)) {
+      capSet(this.verified, id, true, MAX_VERIFIED);
+      return;
+    }
+    this.opts.logger?.warn({ fenceKey, token: token.toString(), electionPath: path }, 'forgery guard refused a token that is not the leader\'s');
+    throw new ApiError('unverified_token', `token ${token} would raise fence ${JSON.stringify(fenceKey)} but is not the sequence of the current leader under ${path}`, {
+      fenceKey,
+      token: token.toString(),
+      electionPath: path,
+    });
+  }
+
+  /** True if the lowest live candidate under `path` has sequence `token` (re-read on a miss). */
+  private isLeaderToken(path: string, token: bigint): Promise<boolean> {
+    if (token > INT32_MAX) return Promise.resolve(false);
+    const id = `${path}\u0000${token}`;
+    let p = this.inFlight.get(id);
+    if (!p) {
+      p = (async () => {
+        const delays = this.opts.recheckDelaysMs ?? [50, 150];
+        for (let i = 0; ; i++) {
+          if ((await this.leaderSequence(path)) === Number(token)) return true;
+          const d = delays[i];
+          if (d === undefined) return false;
+          await new Promise((r) => setTimeout(r, d));
+        }
+      })().finally(() => this.inFlight.delete(id));
+      this.inFlight.set(id, p);
+    }
+    return p;
+  }
+
+  private async leaderSequence(path: string): Promise<number | null> {
+    let children: string[];
+    try {
+      const s = await this.zk();
+      this.zkReads++;
+      ({ children } = await s.getChildren(path));
+    } catch (err) {
+      if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return null;
+      throw new ApiError('unavailable', 'ZooKeeper unreachable: cannot verify a token that raises a fence; safe to retry', {}, { cause: err });
+    }
+    let lowest: number | null = null;
+    for (const name of children) {
+      let seq: number;
+      try {
+        const c = parseCandidate(name);
+        if (!c) continue;
+        seq = c.seq;
+      } catch {
+        continue; // a wrapped sequence is never a valid token
+      }
+      if (lowest === null || seq < lowest) lowest = seq;
+    }
+    return lowest;
+  }
+
+  private async zk(): Promise<ZkSession> {
+    if (this.closed) throw new Error('forgery guard closed');
+    const current = this.session;
+    if (current) {
+      const s = await current;
+      if (s.state === 'connected' || s.state === 'suspended' || s.state === 'connecting') return s;
+      if (this.session === current) this.session = null;
+    }
+    this.session ??= ZkSession.open({
+      connect: this.opts.zkConnect,
+      sessionTimeoutMs: this.opts.sessionTimeoutMs ?? 10_000,
+      connectTimeoutMs: 5000,
+      requestTimeoutMs: 5000,
+      ...(this.opts.logger ? { logger: this.opts.logger } : {}),
+    });
+    const opening = this.session;
+    try {
+      return await opening;
+    } catch (err) {
+      if (this.session === opening) this.session = null;
+      throw err;
+    }
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    const s = this.session;
+    this.session = null;
+    if (s) await (await s.catch(() => null))?.close();
+  }
+}

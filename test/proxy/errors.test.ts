@@ -8,7 +8,9 @@ import pg from 'pg';
 import { ERRORS, type ErrorCode } from '../../src/proxy/errors.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { REPO, testApp } from '../support/proxy.ts';
+import { REPO, listen, testApp } from '../support/proxy.ts';
+import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../security/helpers.ts';
+import { inject } from 'vitest';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -130,6 +132,68 @@ describe('other errors', () => {
       await down.close();
       await pool.end();
     }
+  });
+});
+
+describe('security errors (keys, transactions, forgery guard, HTTP limits)', () => {
+  let secured: FastifyInstance;
+  let url: string;
+  const role = uniqueRole('err');
+  const tx = (statements: unknown[], fences: unknown[] = [{ key: 'w/tx', token: '1' }], key = SECRET.writer): InjectOptions => ({
+    method: 'POST',
+    url: '/v1/transactions',
+    headers: { ...bearer(key), 'content-type': 'application/json' },
+    payload: JSON.stringify({ fences, statements }),
+  });
+
+  beforeAll(async () => {
+    await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
+    await db.pool.query(`CREATE TABLE public.err_t (id int PRIMARY KEY)`);
+    await db.pool.query(`GRANT SELECT, INSERT ON public.err_t TO ${role}`);
+    secured = securedApp(db.pool, role, {
+      forgeryGuard: { zkConnect: inject('zkConnect'), mappings: [{ prefix: 'w/guarded/', electionPath: `/fencepost-test/err-${role}` }] },
+      requestTimeoutMs: 300,
+    });
+    url = await listen(secured);
+  });
+  afterAll(async () => {
+    await secured.close();
+    await db.pool.query(`DROP TABLE public.err_t; REVOKE ALL ON SCHEMA public FROM ${role}`).catch(() => {});
+    await adminQuery(`DROP OWNED BY ${role}; DROP ROLE ${role}`).catch(() => {});
+  });
+
+  test('a missing or unknown bearer key gets 401 unauthorized; a read-only key writing or a key outside its prefixes 403 forbidden', async () => {
+    const res = await expectError('unauthorized', putWith('1', '/v1/objects/w%2Fa'), secured);
+    expect(res.headers['www-authenticate']).toBe('Bearer');
+    await expectError('unauthorized', putWith('1', '/v1/objects/w%2Fa', { authorization: 'Bearer not-a-configured-key-at-all' }), secured);
+    await expectError('forbidden', putWith('1', '/v1/objects/w%2Fa', bearer(SECRET.reader)), secured);
+    await expectError('forbidden', putWith('1', '/v1/objects/elsewhere', bearer(SECRET.writer)), secured);
+  });
+
+  test('the forgery guard refuses a token that would raise a fence but is no leader\'s: 409 unverified_token', async () => {
+    await expectError('unverified_token', putWith('5', '/v1/fences/w%2Fguarded%2Ff', bearer(SECRET.writer)), secured);
+  });
+
+  test('transaction errors: bad body, too many statements, refused statement, SQL error, permission, conflict, timeout', async () => {
+    await expectError('invalid_transaction', { ...tx([]), payload: '{"fences":' }, secured);
+    await expectError('too_many_statements', tx(Array.from({ length: 9 }, () => ({ sql: 'SELECT 1' }))), secured);
+    await expectError('statement_not_allowed', tx([{ sql: 'COMMIT' }]), secured);
+    const syntax = await expectError('sql_error', tx([{ sql: 'SELEC 1' }]), secured);
+    expect(syntax.json()).toMatchObject({ sqlState: '42601', statement: 0 });
+    await expectError('sql_permission_denied', tx([{ sql: 'SELECT * FROM fencepost.fences' }]), secured);
+    await expectError('sql_conflict', tx([{ sql: 'INSERT INTO public.err_t VALUES (1), (1)' }]), secured);
+    await expectError('sql_timeout', tx([{ sql: 'SELECT pg_sleep(2)' }]), secured);
+  });
+
+  test('oversized headers get 431 headers_too_large and a stalled body 408 request_timeout, in the registry shape', async () => {
+    const big = await rawHttp(url, [`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`]);
+    expect(big).toMatch(/^HTTP\/1\.1 431 /);
+    expect(JSON.parse(big.slice(big.indexOf('\r\n\r\n') + 4)).error).toBe('headers_too_large');
+    produced.add('headers_too_large');
+    const slow = await rawHttp(url, [`PUT /v1/objects/w%2Fslow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${SECRET.writer}\r\nFencing-Token: 1\r\nContent-Length: 10\r\n\r\nab`]);
+    expect(slow).toMatch(/^HTTP\/1\.1 408 /);
+    expect(JSON.parse(slow.slice(slow.indexOf('\r\n\r\n') + 4)).error).toBe('request_timeout');
+    produced.add('request_timeout');
   });
 });
 

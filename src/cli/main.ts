@@ -27,6 +27,14 @@ async function main(argv: string[]): Promise<number> {
       const { doctorCommand } = await import('./elect.ts');
       return await doctorCommand(rest);
     }
+    case 'demo': {
+      const { demoCommand } = await import('./demo.ts');
+      return await demoCommand(rest);
+    }
+    case 'demo-writer': {
+      const { demoWriterCommand } = await import('./demo.ts');
+      return await demoWriterCommand(rest);
+    }
     case undefined:
     case '-h':
     case '--help':

@@ -72,17 +72,18 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   let pgDir: string | null = null;
   let zk: LocalZooKeeper | null = null;
   let proxy: RunningProxy | null = null;
-  const log = pino({ level: 'warn' }, pino.destination(2));
+  const log = pino({ level: 'error' }, pino.destination(2));
 
   const stamp = (t: number) => `+${((t - started) / 1000).toFixed(3).padStart(7)}s`;
   const line = (t: number, who: string, what: string, token?: string, extra = '') =>
-    print(`${stamp(t)}  ${who.padEnd(10)}  ${what.padEnd(26)}${token === undefined ? '' : `token=${token}`}${extra ? '  ' + extra : ''}`);
+    print(`${stamp(t)}  ${who.padEnd(10)}  ${what.padEnd(34)} ${token === undefined ? '' : `token=${token}`}${extra ? '  ' + extra : ''}`);
   const acceptedPrinted = new Map<string, number>();
 
+  let quiet = false; // after the scenario: stopping writers causes handovers not worth printing
   const waiters: { pred: (e: DemoEvent) => boolean; resolve: (e: DemoEvent) => void }[] = [];
   const onEvent = (e: DemoEvent) => {
     events.push(e);
-    switch (e.event) {
+    if (!quiet) switch (e.event) {
       case 'elected':
       case 'ready':
       case 'revoked':
@@ -207,6 +208,8 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   }
 
   // 8. Stop the writers, then check the history against the database.
+  quiet = true;
+  line(Date.now(), 'demo', 'stopping writers; checking the database');
   await Promise.all(
     [...children.values()].map(
       (c) =>

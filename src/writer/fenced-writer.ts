@@ -119,8 +119,8 @@ export class FencedWriter extends EventEmitter<FencedWriterEvents> {
   private async stepDown(token: bigint, highestToken: bigint): Promise<void> {
     this.log?.warn({ token: token.toString(), highestToken: highestToken.toString() }, 'stale token: stepping down');
     if (this.readyToken === token) this.readyToken = null;
-    this.emit('stepped-down', { token, highestToken });
     if (this.election.token === token) await this.election.resign();
+    this.emit('stepped-down', { token, highestToken });
   }
 
   /** The new leader's first act: raise the fence to its token, retrying while the proxy is unreachable. */

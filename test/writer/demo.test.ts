@@ -1,0 +1,42 @@
+// The forced-pause demo, end to end with real processes, ZooKeeper and Postgres (shortened timings).
+// It is also the lesson's GC-pause example as a test: leader A writes X with token t; A is frozen
+// (SIGSTOP) past the session timeout; B is elected with a token > t and writes X; A resumes and its
+// write to X gets 409; X holds B's value; A has stepped down.
+import { expect, inject, test } from 'vitest';
+import { runDemo } from '../../src/demo/demo.ts';
+
+test('the forced-pause demo runs green: the zombie is rejected with 409 and steps down, no stale write accepted', async () => {
+  const lines: string[] = [];
+  const result = await runDemo({
+    replicas: 3,
+    sessionTimeoutMs: 2000,
+    pauseMs: 3500,
+    intervalMs: 150,
+    databaseUrl: inject('databaseUrl'),
+    zkConnect: inject('zkConnect'),
+    print: (l) => lines.push(l),
+  });
+  expect(result.failures).toEqual([]);
+  expect(result.ok).toBe(true);
+  const { zombie, successor } = result;
+  expect(zombie).not.toBeNull();
+  expect(successor).not.toBeNull();
+  expect(successor!.replica).not.toBe(zombie!.replica);
+  expect(BigInt(successor!.token) > BigInt(zombie!.token)).toBe(true);
+  // A wrote with t before the pause; its post-pause write with t was rejected; it stepped down.
+  const mine = result.events.filter((e) => e.replica === zombie!.replica);
+  expect(mine.some((e) => e.event === 'write-accepted' && e.token === zombie!.token)).toBe(true);
+  const rejected = mine.find((e) => e.event === 'write-rejected' && e.token === zombie!.token);
+  expect(rejected?.highestToken).toBeDefined();
+  expect(BigInt(rejected!.highestToken!) > BigInt(zombie!.token)).toBe(true);
+  expect(mine.some((e) => e.event === 'stepped-down' && e.t >= rejected!.t)).toBe(true);
+  // X holds a newer leader's value: the last accepted write is not the zombie's.
+  const last = result.events.filter((e) => e.event === 'write-accepted').sort((a, b) => a.version! - b.version!).at(-1)!;
+  expect(last.replica).not.toBe(zombie!.replica);
+  expect(BigInt(last.token!) > BigInt(zombie!.token)).toBe(true);
+  // The printed timeline tells the story.
+  const text = lines.join('\n');
+  expect(text).toContain(`SIGSTOP ${zombie!.replica}`);
+  expect(text).toContain('write REJECTED (409)');
+  expect(text).toContain('no stale write accepted');
+}, 120_000);

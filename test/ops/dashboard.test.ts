@@ -111,7 +111,7 @@ describe('in headless Chromium', () => {
       await expect.poll(() => row.count(), { timeout: 10_000 }).toBe(1);
       await expect.poll(() => page.locator('#rejections tbody').textContent()).toContain('<b>bold</b>');
       expect(await page.locator('#rejections tbody b, #fences tbody img').count()).toBe(0);
-      expect(await page.evaluate(() => (window as unknown as { __pwned?: number }).__pwned)).toBeUndefined();
+      expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
     } finally {
       await page.close();
     }

@@ -10,12 +10,17 @@
   const SVG = 'http://www.w3.org/2000/svg';
   const fmt = new Intl.NumberFormat('en-US');
   const seen = new Set(); // rejection ids already shown, to highlight new ones
+  const KEY_STORAGE = 'fencepost.readKey';
   let first = true;
 
   const $ = (id) => document.getElementById(id);
 
   async function getJson(path) {
-    const res = await fetch(path, { headers: { accept: 'application/json' }, cache: 'no-store', credentials: 'same-origin' });
+    const headers = { accept: 'application/json' };
+    const key = sessionStorage.getItem(KEY_STORAGE);
+    if (key) headers.authorization = `Bearer ${key}`;
+    const res = await fetch(path, { headers, cache: 'no-store', credentials: 'same-origin' });
+    if (res.status === 401 || (res.status === 403 && key)) $('key-form').hidden = false;
     if (!res.ok) {
       let code = `HTTP ${res.status}`;
       try { code = (await res.json()).error || code; } catch { /* not JSON */ }
@@ -150,6 +155,18 @@
       setStatus('error', `not updating: ${err instanceof Error ? err.message : String(err)} (retrying)`);
     }
   }
+
+  $('key-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const key = $('key-input').value.trim();
+    if (key) sessionStorage.setItem(KEY_STORAGE, key);
+    $('key-input').value = '';
+    $('key-form').hidden = true;
+    if (timer !== null) {
+      clearTimeout(timer); // idle between polls: poll now (a poll in flight picks the key up next time)
+      void loop();
+    }
+  });
 
   let timer = null;
   async function loop() {

@@ -1,7 +1,8 @@
 // GET /dashboard — the live ops page: static files from src/proxy/dashboard/, read once at start-up.
 // The page polls /v1/stats, /v1/rejections and /v1/rejections/histogram (database numbers, the
 // same from every instance). No build step; nothing is loaded from outside this proxy (the CSP
-// below enforces it).
+// below enforces it). The files themselves are 'open': they hold no data. The endpoints they call
+// are 'read'; when those need a key, the page asks for one and sends it as a bearer token.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
@@ -19,7 +20,7 @@ const FILES = [
 export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
   for (const { url, file, type } of FILES) {
     const body = readFileSync(join(DIR, file));
-    app.get(url, { config: { access: 'read' } }, async (_req, reply) =>
+    app.get(url, { config: { access: 'open' } }, async (_req, reply) =>
       reply.header('content-type', type).header('cache-control', 'no-cache').header('content-security-policy', CSP).header('x-content-type-options', 'nosniff').send(body),
     );
   }

@@ -41,7 +41,7 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   const replica = need('id');
   const emit = (e: Omit<DemoEvent, 't' | 'replica'>) => process.stdout.write(JSON.stringify({ t: Date.now(), replica, ...e }) + '\n');
   const election = new Election({ connect: need('zk'), path: need('path'), id: replica, sessionTimeoutMs: Number(values['session-timeout-ms']) });
-  const writer = new FencedWriter({ election, proxy: new ProxyClient(need('proxy'), { writerId: replica }), fenceKey: need('fence-key') });
+  const writer = new FencedWriter({ election, proxy: new ProxyClient(need('proxy'), { writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) }), fenceKey: need('fence-key') });
   election.on('elected', ({ token }) => emit({ event: 'elected', token: token.toString() }));
   election.on('revoked', ({ token, reason }) => emit({ event: 'revoked', token: token.toString(), reason }));
   writer.on('ready', ({ token }) => emit({ event: 'ready', token: token.toString() }));

@@ -4,8 +4,9 @@
 // - forward:   bytes flow both ways.
 // - blackhole: open connections stay open but nothing is delivered in either direction, and new
 //              connections are accepted and held silent, like a partition where packets are dropped
-//              (the peers see a half-open connection, no FIN, no RST). Reading is paused rather than
-//              data dropped, so `forward()` heals the partition like TCP retransmission would.
+//              (the peers see a half-open connection: if one side closes, the other is not told).
+//              Reading is paused rather than data dropped, so `forward()` heals the partition like TCP
+//              retransmission would (a side that closed meanwhile is then reset).
 // - refuse:    new connections are closed at once (the server looks down); open ones are unaffected.
 // `cut()` closes all open connections immediately (both peers see the connection end).
 import { createServer, connect as tcpConnect } from 'node:net';
@@ -23,6 +24,8 @@ export interface TcpProxyOptions {
 interface Pair {
   client: Socket;
   server: Socket;
+  /** One side closed while blackholed: the other side must not hear of it until the network heals. */
+  broken: boolean;
 }
 
 export class TcpProxy {
@@ -76,7 +79,11 @@ export class TcpProxy {
 
   forward(): void {
     this.modeValue = 'forward';
-    for (const p of this.pairs) {
+    for (const p of [...this.pairs]) {
+      if (p.broken) {
+        this.destroyPair(p); // the healed network delivers the close (as an RST)
+        continue;
+      }
       p.client.resume();
       p.server.resume();
     }
@@ -111,13 +118,17 @@ export class TcpProxy {
       return;
     }
     const server = tcpConnect({ host: this.targetHost, port: this.targetPort });
-    const pair: Pair = { client, server };
+    const pair: Pair = { client, server, broken: false };
     this.pairs.add(pair);
     client.setNoDelay(true);
     server.setNoDelay(true);
     this.pipe(client, server);
     this.pipe(server, client);
-    const end = (): void => this.destroyPair(pair);
+    const end = (): void => {
+      // A FIN or RST is a packet too: while blackholed, the peer of a closed side hears nothing.
+      if (this.modeValue === 'blackhole') pair.broken = true;
+      else this.destroyPair(pair);
+    };
     client.on('close', end);
     server.on('close', end);
     client.on('error', end);

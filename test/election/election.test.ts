@@ -168,7 +168,8 @@ test('protected create: a node of ours left by an older, still-live session is d
 
   const restarted = track(new Election({ connect, path, id: 'after-restart', sessionTimeoutMs: 4000, testHooks: { uuid } }));
   await restarted.start();
-  const newToken = await restarted.waitForLeadership();
+  // Well before the old session's 30 s timeout: only deleting the leftover makes this possible.
+  const newToken = await restarted.waitForLeadership(AbortSignal.timeout(10_000));
   const observer = track(await openObserver(connect));
   expect(await observer.exists(oldNode)).toBeNull();
   expect(newToken > oldToken).toBe(true);
@@ -330,4 +331,27 @@ test('close() while leading revokes with reason closed and hands over at once', 
   expect(reasons).toEqual(['closed']);
   expect(now() - t0).toBeLessThan(30_000); // the 30 s session timeout did not have to pass
   await expect(a!.waitForLeadership()).rejects.toThrow(/closed/);
+});
+
+test('policy wait-for-expiry: a partition longer than the session timeout revokes with reason lost, then another candidate leads', async () => {
+  // Invariant: wait-for-expiry keeps the term only while the session may still be alive; once the
+  // client's own clock says it may have expired, the term ends ('lost') and the other candidate leads.
+  const path = uniquePath('wait-lost');
+  const zkPort = Number(connect.split(',')[0]!.split(':')[1]);
+  const proxy = track(await TcpProxy.start({ targetPort: zkPort }));
+  const a = track(new Election({ connect: proxy.address, path, id: 'a', sessionTimeoutMs: 2000, policy: 'wait-for-expiry' }));
+  await a.start();
+  const aToken = await a.waitForLeadership();
+  const b = track(new Election({ connect, path, id: 'b', sessionTimeoutMs: 2000 }));
+  await b.start();
+  const reasons: string[] = [];
+  a.on('revoked', ({ reason }) => reasons.push(reason));
+  const bElected = nextElected([b]);
+  proxy.blackhole();
+  await waitFor(() => a.currentSession?.state !== 'connected', 5000, 'a notices the dead connection');
+  expect(a.isLeader).toBe(true); // suspended, but the session may still be alive: term kept
+  const { token: bToken } = await bElected;
+  await waitFor(() => reasons.length > 0, 5000, 'a revoked');
+  expect(reasons).toEqual(['lost']);
+  expect(bToken > aToken).toBe(true);
 });

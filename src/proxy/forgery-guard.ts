@@ -35,6 +35,8 @@ export interface GuardMapping {
 export interface ForgeryGuardConfig {
   zkConnect: string;
   mappings: readonly GuardMapping[];
+  /** How long a check waits for a ZooKeeper session before answering 503. Default 5000. */
+  connectTimeoutMs?: number;
 }
 
 export interface ForgeryGuardOptions extends ForgeryGuardConfig {
@@ -160,7 +162,7 @@ export class ForgeryGuard {
     this.session ??= ZkSession.open({
       connect: this.opts.zkConnect,
       sessionTimeoutMs: this.opts.sessionTimeoutMs ?? 10_000,
-      connectTimeoutMs: 5000,
+      connectTimeoutMs: this.opts.connectTimeoutMs ?? 5000,
       requestTimeoutMs: 5000,
       ...(this.opts.logger ? { logger: this.opts.logger } : {}),
     });

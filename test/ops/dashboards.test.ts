@@ -1,0 +1,97 @@
+// dashboards/: the Grafana dashboard and Prometheus alert rules only use metrics the proxy really
+// exposes, and docker-compose.yml runs Prometheus and Grafana on those files.
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { REPO, testApp } from '../support/proxy.ts';
+
+let db: TestDatabase;
+let app: FastifyInstance;
+/** Series names the proxy exposes (histograms expanded to _bucket/_sum/_count). */
+let exposed: Set<string>;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  app = testApp(db.pool);
+  // One write of each outcome, so every labelled series exists.
+  await app.inject({ method: 'PUT', url: '/v1/objects/d', headers: { 'fencing-token': '2' }, payload: 'x' });
+  await app.inject({ method: 'PUT', url: '/v1/objects/d', headers: { 'fencing-token': '1' }, payload: 'x' });
+  const text = (await app.inject({ url: '/metrics' })).body;
+  exposed = new Set([...text.matchAll(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )/gm)].map((m) => m[1]!));
+  // Histograms with no observation yet in this app still exist with these suffixes.
+  for (const m of text.matchAll(/^# TYPE (\S+) histogram$/gm)) for (const s of ['_bucket', '_sum', '_count']) exposed.add(m[1]! + s);
+});
+afterAll(async () => {
+  await app.close();
+  await db.drop();
+});
+
+const OUTCOMES = ['accepted', 'rejected', 'invalid', 'error'];
+
+function metricNames(expr: string): string[] {
+  return [...expr.matchAll(/\b((?:fencepost|nodejs|process)_[a-z0-9_]+)\b/g)].map((m) => m[1]!);
+}
+
+function checkExpr(where: string, expr: string): void {
+  const names = metricNames(expr);
+  for (const name of names) expect(exposed, `${where}: ${name}`).toContain(name);
+  for (const m of expr.matchAll(/outcome=~?"([^"]+)"/g)) for (const o of m[1]!.split('|')) expect(OUTCOMES, `${where}: outcome ${o}`).toContain(o);
+}
+
+test('every Grafana panel queries the provisioned Prometheus datasource for metrics the proxy exposes', () => {
+  const dash = JSON.parse(readFileSync(join(REPO, 'dashboards', 'grafana.json'), 'utf8')) as {
+    uid: string;
+    panels: { type: string; title: string; datasource?: { uid: string }; targets?: { expr: string }[] }[];
+  };
+  const datasources = readFileSync(join(REPO, 'dashboards', 'grafana', 'provisioning', 'datasources', 'prometheus.yml'), 'utf8');
+  const uid = /^\s*uid: (\S+)$/m.exec(datasources)?.[1];
+  const graphs = dash.panels.filter((p) => p.type !== 'row');
+  expect(graphs.length).toBeGreaterThanOrEqual(10);
+  for (const p of graphs) {
+    expect(p.datasource?.uid, p.title).toBe(uid);
+    expect(p.targets?.length, p.title).toBeGreaterThan(0);
+    for (const t of p.targets ?? []) {
+      expect(metricNames(t.expr).length, `${p.title}: ${t.expr}`).toBeGreaterThan(0);
+      checkExpr(p.title, t.expr);
+    }
+  }
+  // The signals the README tells operators to watch are all on it.
+  const all = graphs.flatMap((p) => p.targets ?? []).map((t) => t.expr).join('\n');
+  for (const name of ['fencepost_writes_total', 'fencepost_write_duration_seconds_bucket', 'fencepost_db_pool_waiting_requests', 'fencepost_db_pool_connections', 'nodejs_eventloop_lag_p99_seconds']) {
+    expect(all).toContain(name);
+  }
+});
+
+test('the Prometheus alert rules use metrics the proxy exposes', () => {
+  const rules = readFileSync(join(REPO, 'dashboards', 'prometheus-alerts.yml'), 'utf8');
+  const exprs = [...rules.matchAll(/^\s*expr: (.+)$/gm)].map((m) => m[1]!);
+  expect(exprs.length).toBeGreaterThanOrEqual(4);
+  for (const e of exprs) checkExpr('alert rule', e);
+});
+
+test('Prometheus scrapes /metrics of the compose proxy service', () => {
+  const prom = readFileSync(join(REPO, 'dashboards', 'prometheus.yml'), 'utf8');
+  expect(prom).toMatch(/metrics_path: \/metrics/);
+  expect(prom).toContain("targets: ['proxy:8080']");
+  expect(prom).toContain('/etc/prometheus/fencepost-alerts.yml');
+});
+
+test('docker-compose.yml runs prometheus and grafana with those files mounted', () => {
+  const compose = (...args: string[]) => spawnSync('docker-compose', ['-f', join(REPO, 'docker-compose.yml'), ...args], { cwd: REPO, encoding: 'utf8' });
+  const services = compose('config', '--services');
+  expect(services.error, 'docker-compose is not installed: run scripts/test.sh, which installs it').toBeUndefined();
+  expect(services.status, services.stderr).toBe(0);
+  expect(services.stdout.trim().split('\n')).toEqual(expect.arrayContaining(['proxy', 'prometheus', 'grafana']));
+  const full = compose('config').stdout;
+  const mounts = [...full.matchAll(/^\s*- (\/[^:\s]+):(\/[^:\s]+):ro$/gm)].map((m) => ({ host: m[1]!, container: m[2]! }));
+  const byContainer = new Map(mounts.map((m) => [m.container, m.host]));
+  expect(byContainer.get('/etc/prometheus/prometheus.yml')).toBe(join(REPO, 'dashboards', 'prometheus.yml'));
+  expect(byContainer.get('/etc/prometheus/fencepost-alerts.yml')).toBe(join(REPO, 'dashboards', 'prometheus-alerts.yml'));
+  expect(byContainer.get('/var/lib/grafana/dashboards/fencepost.json')).toBe(join(REPO, 'dashboards', 'grafana.json'));
+  expect(byContainer.get('/etc/grafana/provisioning/datasources')).toBe(join(REPO, 'dashboards', 'grafana', 'provisioning', 'datasources'));
+  expect(byContainer.get('/etc/grafana/provisioning/dashboards')).toBe(join(REPO, 'dashboards', 'grafana', 'provisioning', 'dashboards'));
+  for (const { host } of mounts) expect(existsSync(host), host).toBe(true);
+});

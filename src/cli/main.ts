@@ -20,8 +20,8 @@ async function main(argv: string[]): Promise<number> {
       return await migrateCommand();
     }
     case 'elect': {
-      const { electCommand } = await import('./elect.ts');
-      return await electCommand(rest);
+      const { fencedElectCommand } = await import('./fenced-elect.ts');
+      return await fencedElectCommand(rest);
     }
     case 'doctor': {
       const { doctorCommand } = await import('./elect.ts');

@@ -19,10 +19,11 @@ export interface RunningProxy {
   close(): Promise<void>;
 }
 
+/** Bearer keys never reach the log, whatever logs a request or its headers. */
+export const LOG_REDACT = { paths: ['req.headers.authorization', 'headers.authorization', 'authorization', 'err.headers.authorization'], censor: '[redacted]' };
+
 export function createLogger(level: string): Logger {
-  // Bearer keys never reach the log, whatever logs a request or its headers.
-  const redact = { paths: ['req.headers.authorization', 'headers.authorization', 'authorization', 'err.headers.authorization'], censor: '[redacted]' };
-  return pino({ level, base: { service: 'fencepost-proxy' }, redact }, pino.destination(2));
+  return pino({ level, base: { service: 'fencepost-proxy' }, redact: LOG_REDACT }, pino.destination(2));
 }
 
 export function createPool(databaseUrl: string, max: number): pg.Pool {

@@ -5,6 +5,9 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import type { Browser } from 'playwright-core';
+import { buildApp } from '../../src/proxy/app.ts';
+import { parseKeys } from '../../src/proxy/auth.ts';
+import { FenceStore } from '../../src/fence/store.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, REPO, testApp } from '../support/proxy.ts';
 import { launchChromium } from '../support/chromium.ts';
@@ -131,6 +134,41 @@ describe('in headless Chromium', () => {
       await expect.poll(() => page.locator('#status').getAttribute('data-state'), { timeout: 10_000 }).toBe('live');
     } finally {
       await page.close();
+    }
+  });
+});
+
+describe('with bearer keys required for reads', () => {
+  test('the page loads, asks for a key, and goes live once one is given', async () => {
+    const secret = 'ops-read-key-0123456789';
+    const secured = buildApp({
+      store: new FenceStore(db.pool),
+      bodyLimitBytes: 1024,
+      auth: { keys: parseKeys(JSON.stringify([{ name: 'ops', secret, readOnly: true }])), readAccess: 'key' },
+    });
+    const securedUrl = await listen(secured);
+    const page = await browser.newPage();
+    try {
+      expect((await fetch(`${securedUrl}/v1/stats`)).status).toBe(401);
+      expect((await fetch(`${securedUrl}/v1/rejections`)).status).toBe(401);
+      expect((await fetch(`${securedUrl}/metrics`)).status).toBe(200); // open, like /healthz: no keys or data
+      const sent: (string | undefined)[] = [];
+      page.on('request', (r) => r.url().includes('/v1/stats') && sent.push(r.headers().authorization));
+      const res = await page.goto(`${securedUrl}/dashboard?refreshMs=300`);
+      expect(res?.status()).toBe(200);
+      await expect.poll(() => page.locator('#status').getAttribute('data-state'), { timeout: 10_000 }).toBe('error');
+      expect(await page.locator('#status-text').textContent()).toContain('unauthorized');
+      await page.locator('#key-form').waitFor({ state: 'visible' });
+      await page.locator('#key-input').fill(secret);
+      await page.locator('#key-form button').click();
+      await expect.poll(() => page.locator('#status').getAttribute('data-state'), { timeout: 10_000 }).toBe('live');
+      expect(await page.locator('#key-form').isHidden()).toBe(true);
+      const { rejected } = (await (await fetch(`${securedUrl}/v1/stats`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { rejected: number };
+      expect(await page.locator('#total-rejected').getAttribute('data-value')).toBe(String(rejected));
+      expect(sent.at(-1)).toBe(`Bearer ${secret}`);
+    } finally {
+      await page.close();
+      await secured.close();
     }
   });
 });

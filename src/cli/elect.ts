@@ -28,7 +28,7 @@ export { doctorCommand };
 
 export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path <election-path> [--id <name>]
                       [--session-timeout-ms <n>] [--grace-ms <n>] [--policy suspend-is-lost|wait-for-expiry]
-                      [--advise] -- <command> [args…]`;
+                      [--advise] [--proxy <url> --fence-key <key>] -- <command> [args…]`;
 
 /** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
 export const ELECT_OPTIONS = {

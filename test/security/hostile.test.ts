@@ -214,7 +214,8 @@ describe('explicit hostile input', () => {
   });
 
   test('a missing or wrong bearer key gets 401 on every write route, before the body is looked at', async () => {
-    for (const headers of [{}, { authorization: 'Bearer nope-nope-nope-nope' }, { authorization: SECRET.writer }]) {
+    const variants: Record<string, string>[] = [{}, { authorization: 'Bearer nope-nope-nope-nope' }, { authorization: SECRET.writer }];
+    for (const headers of variants) {
       expect((await put('w/a', { ...headers, 'fencing-token': '1' })).statusCode).toBe(401);
       expect((await app.inject({ method: 'PUT', url: '/v1/fences/w%2Fa', headers: { ...headers, 'fencing-token': '1' } })).statusCode).toBe(401);
       expect((await app.inject({ method: 'POST', url: '/v1/transactions', headers, payload: Buffer.alloc(BODY_LIMIT + 10) })).statusCode).toBe(401);
@@ -232,7 +233,7 @@ describe('explicit hostile input', () => {
     const before = await snapshot();
     const res = await fetch(`${url}/v1/objects/w%2Fhuge`, { method: 'PUT', headers: { ...w, 'fencing-token': '1' }, body: Buffer.alloc(BODY_LIMIT + 1) });
     expect(res.status).toBe(413);
-    expect((await res.json()).error).toBe('payload_too_large');
+    expect(((await res.json()) as { error: string }).error).toBe('payload_too_large');
     expect(await snapshot()).toBe(before);
   });
 

@@ -8,7 +8,8 @@ import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { migrate } from '../src/fence/migrate.ts';
 import { spawnServe } from './serve.ts';
-import { benchPostgres, fmt, summarize } from './support.ts';
+import { distribution } from '../src/election/advice.ts';
+import { benchPostgres, fmt } from './support.ts';
 
 export interface ThroughputResult {
   name: string;
@@ -60,8 +61,8 @@ async function directUpsert(url: string, o: Required<ProxyBenchOptions>): Promis
   await Promise.all(Array.from({ length: o.connections }, () => run(start + o.durationS * 1000, true)));
   const elapsed = (performance.now() - start) / 1000;
   await pool.end();
-  const s = summarize(latencies);
-  return { name: '(a) direct pg upsert', rps: n / elapsed, p50Ms: s.p50, p99Ms: s.p99, errors };
+  const d = distribution(latencies);
+  return { name: '(a) direct pg upsert', rps: n / elapsed, p50Ms: d.median, p99Ms: d.p99, errors };
 }
 
 /** autocannon PUTs against a running proxy, random keys from the key space, token 1. */
@@ -107,6 +108,21 @@ export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<Th
         await proxy.stop();
       }
     }
+    // Two proxy instances on one database, the 32 connections split between them.
+    const two = await Promise.all([spawnServe(env), spawnServe(env)]);
+    try {
+      const half = { ...o, connections: Math.ceil(o.connections / 2) };
+      const [r1, r2] = await Promise.all([loadProxy('a', two[0]!.url, half), loadProxy('b', two[1]!.url, half)]);
+      results.push({
+        name: 'fenced PUT, 2 proxy instances',
+        rps: r1.rps + r2.rps,
+        p50Ms: Math.max(r1.p50Ms, r2.p50Ms),
+        p99Ms: Math.max(r1.p99Ms, r2.p99Ms),
+        errors: r1.errors + r2.errors,
+      });
+    } finally {
+      await Promise.all(two.map((p) => p.stop()));
+    }
   } finally {
     await db.stop();
   }
@@ -116,10 +132,10 @@ export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<Th
 export function proxyTable(results: ThroughputResult[]): string {
   const base = results.find((r) => r.name.startsWith('(a)'));
   const unfenced = results.find((r) => r.name.startsWith('(b)'));
-  const lines = ['| path | req/s | p50 ms | p99 ms | errors | vs (a) | vs (b) |', '|---|---:|---:|---:|---:|---:|---:|'];
+  const lines = ['| path (32 connections) | req/s | p50 ms | p99 ms | errors | vs (a) | vs (b) | proxy RSS peak |', '|---|---:|---:|---:|---:|---:|---:|---:|'];
   for (const r of results) {
     lines.push(
-      `| ${r.name} | ${fmt(r.rps, 0)} | ${fmt(r.p50Ms, 2)} | ${fmt(r.p99Ms, 2)} | ${r.errors} | ${base ? fmt(r.rps / base.rps, 2) + '×' : '–'} | ${unfenced ? fmt(r.rps / unfenced.rps, 2) + '×' : '–'} |`,
+      `| ${r.name} | ${fmt(r.rps, 0)} | ${fmt(r.p50Ms, 2)} | ${fmt(r.p99Ms, 2)} | ${r.errors} | ${base ? fmt(r.rps / base.rps, 2) + '×' : '–'} | ${unfenced ? fmt(r.rps / unfenced.rps, 2) + '×' : '–'} | ${r.rssMb === undefined ? '–' : fmt(r.rssMb, 0) + ' MiB'} |`,
     );
   }
   return lines.join('\n');

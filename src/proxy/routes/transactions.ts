@@ -40,6 +40,16 @@ interface TxRequest {
 
 const invalid = (message: string) => new ApiError('invalid_transaction', message);
 
+/** Deeper parameters are refused: node-postgres converts arrays recursively. */
+const MAX_PARAM_DEPTH = 16;
+
+function depthWithin(v: unknown, max: number): boolean {
+  if (max < 0) return false;
+  if (Array.isArray(v)) return v.every((x) => depthWithin(x, max - 1));
+  if (typeof v === 'object' && v !== null) return Object.values(v).every((x) => depthWithin(x, max - 1));
+  return true;
+}
+
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
@@ -88,6 +98,7 @@ function parseBody(body: unknown, maxStatements: number): TxRequest {
     if (s.sql.includes('\u0000')) throw invalid(`statements[${i}].sql contains a NUL character`);
     const params = s.params ?? [];
     if (!Array.isArray(params)) throw invalid(`statements[${i}].params must be an array`);
+    if (!depthWithin(params, MAX_PARAM_DEPTH)) throw invalid(`statements[${i}].params nest deeper than ${MAX_PARAM_DEPTH}`);
     const refused = refusedStatement(s.sql);
     if (refused) throw new ApiError('statement_not_allowed', `statements[${i}] ${refused}: transaction and session control are the proxy's`);
     return { sql: s.sql, params };

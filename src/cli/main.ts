@@ -35,6 +35,11 @@ async function main(argv: string[]): Promise<number> {
       const { demoWriterCommand } = await import('./demo.ts');
       return await demoWriterCommand(rest);
     }
+    case 'chaos-writer': {
+      // Hidden: one writer process of `npm run chaos` (src/chaos/run.ts).
+      const { chaosWriterCommand } = await import('../chaos/writer.ts');
+      return await chaosWriterCommand(rest);
+    }
     case undefined:
     case '-h':
     case '--help':

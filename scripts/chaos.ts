@@ -1,0 +1,56 @@
+// `npm run chaos -- --seed N --duration-s S [--writers 4] [--proxies 2] [--fence-keys 2]
+//   [--fence-mode strict|off|two-step] [--session-timeout-ms 2000] [--faults pause-writer,…]`
+// A seeded fault-injection run against real processes, checked afterwards; exits 1 on any violation.
+import { parseArgs } from 'node:util';
+import { FENCE_MODES, type FenceMode } from '../src/fence/store.ts';
+import { FAULT_KINDS, type FaultKind } from '../src/chaos/nemesis.ts';
+import { runChaos } from '../src/chaos/run.ts';
+
+const { values } = parseArgs({
+  options: {
+    seed: { type: 'string' },
+    'duration-s': { type: 'string', default: '30' },
+    writers: { type: 'string', default: '4' },
+    proxies: { type: 'string', default: '2' },
+    'fence-keys': { type: 'string', default: '2' },
+    'fence-mode': { type: 'string', default: 'strict' },
+    'session-timeout-ms': { type: 'string', default: '2000' },
+    faults: { type: 'string' },
+    dir: { type: 'string' },
+  },
+  strict: true,
+});
+
+function whole(name: string, raw: string | undefined, min: number): number {
+  if (raw === undefined || !/^\d+$/.test(raw) || Number(raw) < min) {
+    process.stderr.write(`chaos: --${name} must be a whole number ≥ ${min}, got ${JSON.stringify(raw)}\n`);
+    process.exit(2);
+  }
+  return Number(raw);
+}
+
+const seed = values.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : whole('seed', values.seed, 0);
+const mode = values['fence-mode'] as FenceMode;
+if (!FENCE_MODES.includes(mode)) {
+  process.stderr.write(`chaos: --fence-mode must be one of ${FENCE_MODES.join(', ')}\n`);
+  process.exit(2);
+}
+const kinds = values.faults?.split(',') as FaultKind[] | undefined;
+if (kinds?.some((k) => !FAULT_KINDS.includes(k))) {
+  process.stderr.write(`chaos: --faults takes a comma-separated subset of ${FAULT_KINDS.join(', ')}\n`);
+  process.exit(2);
+}
+
+const result = await runChaos({
+  seed,
+  durationMs: whole('duration-s', values['duration-s'], 1) * 1000,
+  writers: whole('writers', values.writers, 2),
+  proxies: whole('proxies', values.proxies, 1),
+  fenceKeyCount: whole('fence-keys', values['fence-keys'], 1),
+  fenceMode: mode,
+  sessionTimeoutMs: whole('session-timeout-ms', values['session-timeout-ms'], 400),
+  ...(kinds ? { kinds } : {}),
+  ...(values.dir ? { dir: values.dir } : {}),
+});
+process.stdout.write('\n' + result.report + '\n');
+process.exit(result.ok ? 0 : 1);

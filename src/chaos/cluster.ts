@@ -1,0 +1,307 @@
+// The system under test for a chaos run, all on loopback: an embedded Postgres, a 3-server
+// ZooKeeper ensemble, P `fencepost serve` processes, and N chaos writer processes, each reaching
+// every ZooKeeper server through a TcpProxy of its own (so one writer can be cut off). Every
+// component can be stopped and started again in place (same ports, same data), which is what the
+// nemesis does to it.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { appendFileSync, closeSync, mkdirSync, openSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
+import type { FenceMode } from '../fence/store.ts';
+import { TcpProxy } from '../faults/tcp-proxy.ts';
+import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import type { NemesisTarget } from './nemesis.ts';
+import type { WriterEvent } from './writer.ts';
+
+const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
+
+export interface ClusterOptions {
+  /** Run directory: history, logs, data. Its parent must be traversable by the postgres user. */
+  dir: string;
+  writers: number;
+  proxies: number;
+  fenceKeys: readonly string[];
+  /** Unique ZooKeeper path under which each fence key gets its election. */
+  electionRoot: string;
+  fenceMode: FenceMode;
+  sessionTimeoutMs: number;
+  /** Writers' pause between writes, and the synchronous work before each send. */
+  intervalMs: number;
+  workMs: number;
+  requestTimeoutMs: number;
+  zkTickMs: number;
+  log: (line: string) => void;
+}
+
+interface ProxySlot {
+  port: number;
+  child: ChildProcess | null;
+}
+
+interface WriterSlot {
+  name: string;
+  incarnation: number;
+  child: ChildProcess | null;
+  /** One per ZooKeeper server: the writer's whole view of the ensemble. */
+  zkLinks: TcpProxy[];
+}
+
+export class ChaosCluster implements NemesisTarget {
+  readonly opts: ClusterOptions;
+  readonly historyDir: string;
+  readonly logDir: string;
+  private pg: RunningPostgres | null = null;
+  private pgPort = 0;
+  private zk: LocalZooKeeper | null = null;
+  private readonly proxySlots: ProxySlot[] = [];
+  private readonly writerSlots: WriterSlot[] = [];
+  private readonly leaders = new Map<string, { slot: number; token: string }>();
+  private readonly eventsFile: string;
+  private readonly listeners = new Set<(e: WriterEvent & { slot: number }) => void>();
+
+  private constructor(opts: ClusterOptions) {
+    this.opts = opts;
+    this.historyDir = join(opts.dir, 'writers');
+    this.logDir = join(opts.dir, 'logs');
+    this.eventsFile = join(this.logDir, 'writer-events.log');
+    mkdirSync(this.historyDir, { recursive: true });
+    mkdirSync(this.logDir, { recursive: true });
+  }
+
+  /** Starts everything; on failure stops what did start and rethrows. */
+  static async start(opts: ClusterOptions): Promise<ChaosCluster> {
+    const c = new ChaosCluster(opts);
+    try {
+      c.pgPort = await freePort();
+      const [, zk] = await Promise.all([c.startPostgres(), LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') })]);
+      c.zk = zk;
+      opts.log(`postgres ${c.databaseUrl}; zookeeper ${zk.connectString}`);
+      for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: await freePort(), child: null });
+      await Promise.all(c.proxySlots.map((_, i) => c.startProxy(i)));
+      opts.log(`proxies ${c.proxyUrls.join(', ')} (fence mode ${opts.fenceMode})`);
+      for (let i = 0; i < opts.writers; i++) {
+        const zkLinks = await Promise.all(zk.nodes.map((n) => TcpProxy.start({ targetPort: n.clientPort })));
+        c.writerSlots.push({ name: `w${i + 1}`, incarnation: -1, child: null, zkLinks });
+      }
+      await Promise.all(c.writerSlots.map((_, i) => c.startWriter(i)));
+      return c;
+    } catch (err) {
+      await c.stop();
+      throw err;
+    }
+  }
+
+  get databaseUrl(): string {
+    if (!this.pg) throw new Error('postgres is not running');
+    return this.pg.url;
+  }
+
+  get proxyUrls(): string[] {
+    return this.proxySlots.map((p) => `http://127.0.0.1:${p.port}`);
+  }
+
+  onWriterEvent(fn: (e: WriterEvent & { slot: number }) => void): () => void {
+    this.listeners.add(fn);
+    return () => this.listeners.delete(fn);
+  }
+
+  /** Resolves when every fence key has a writer that advanced its fence. */
+  async waitForLeaders(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.opts.fenceKeys.some((k) => !this.leaders.has(k))) {
+      if (Date.now() > deadline) throw new Error(`no leader within ${timeoutMs} ms for ${this.opts.fenceKeys.filter((k) => !this.leaders.has(k)).join(', ')}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  // ---- NemesisTarget --------------------------------------------------------------------------
+
+  leaderOf(fenceKey: string): number | null {
+    return this.leaders.get(fenceKey)?.slot ?? null;
+  }
+
+  pauseWriter(slot: number): void {
+    this.writer(slot).child?.kill('SIGSTOP');
+  }
+
+  resumeWriter(slot: number): void {
+    this.writer(slot).child?.kill('SIGCONT');
+  }
+
+  async killWriter(slot: number): Promise<void> {
+    const w = this.writer(slot);
+    const child = w.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((r) => child.once('exit', () => r()));
+    child.kill('SIGKILL');
+    await exited;
+  }
+
+  async startWriter(slot: number): Promise<void> {
+    const w = this.writer(slot);
+    w.incarnation++;
+    const id = `${w.name}.${w.incarnation}`;
+    const err = openSync(join(this.logDir, `${id}.log`), 'a');
+    const child = spawn(
+      process.execPath,
+      [
+        BIN, 'chaos-writer',
+        '--id', id,
+        '--zk', w.zkLinks.map((l) => l.address).join(','),
+        '--proxies', this.proxyUrls.join(','),
+        '--fence-keys', this.opts.fenceKeys.join(','),
+        '--election-root', this.opts.electionRoot,
+        '--history', join(this.historyDir, `${id}.jsonl`),
+        '--session-timeout-ms', String(this.opts.sessionTimeoutMs),
+        '--interval-ms', String(this.opts.intervalMs),
+        '--work-ms', String(this.opts.workMs),
+        '--request-timeout-ms', String(this.opts.requestTimeoutMs),
+      ],
+      { stdio: ['ignore', 'pipe', err], env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' } },
+    );
+    closeSync(err);
+    w.child = child;
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      appendFileSync(this.eventsFile, line + '\n');
+      let e: WriterEvent;
+      try {
+        e = JSON.parse(line) as WriterEvent;
+      } catch {
+        return;
+      }
+      this.onEvent(slot, e);
+    });
+    child.once('exit', () => this.forgetLeaderships(slot));
+  }
+
+  partitionWriter(slot: number): void {
+    for (const l of this.writer(slot).zkLinks) l.blackhole();
+  }
+
+  healWriter(slot: number): void {
+    for (const l of this.writer(slot).zkLinks) l.forward();
+  }
+
+  async stopZooKeeper(server: number): Promise<void> {
+    await this.zk?.stopNode(server);
+  }
+
+  async startZooKeeper(server: number): Promise<void> {
+    await this.zk?.startNode(server);
+  }
+
+  async stopProxy(index: number, signal: NodeJS.Signals): Promise<void> {
+    const p = this.proxySlots[index];
+    const child = p?.child;
+    if (!p || !child) return;
+    p.child = null;
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((r) => child.once('exit', () => r()));
+    child.kill(signal);
+    const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  async startProxy(index: number): Promise<void> {
+    const p = this.proxySlots[index];
+    if (!p) throw new Error(`no proxy ${index}`);
+    if (p.child) return;
+    const out = openSync(join(this.logDir, `proxy-${index + 1}.log`), 'a');
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      DATABASE_URL: this.databaseUrl,
+      PORT: String(p.port),
+      HOST: '127.0.0.1',
+      FENCEPOST_UNSAFE_FENCE_MODE: this.opts.fenceMode,
+      FENCEPOST_LOG_LEVEL: 'warn',
+      FENCEPOST_POOL_SIZE: '6',
+      FENCEPOST_SHUTDOWN_TIMEOUT_MS: '2000',
+    };
+    for (const k of ['FENCEPOST_KEYS', 'FENCEPOST_KEYS_FILE', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_WRITE_LANES', 'FENCEPOST_MAX_BATCH']) delete env[k];
+    const child = spawn(process.execPath, [BIN, 'serve'], { stdio: ['ignore', out, out], env });
+    closeSync(out);
+    p.child = child;
+    const url = `http://127.0.0.1:${p.port}`;
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      if (child.exitCode !== null || child.signalCode !== null) {
+        p.child = null;
+        throw new Error(`proxy ${index + 1} exited during start (${child.exitCode ?? child.signalCode}); see ${join(this.logDir, `proxy-${index + 1}.log`)}`);
+      }
+      if (await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false)) return;
+      if (Date.now() > deadline) throw new Error(`proxy ${index + 1} not ready within 60 s`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  async stopPostgres(): Promise<void> {
+    const pg = this.pg;
+    this.pg = null;
+    await pg?.stop();
+  }
+
+  async startPostgres(): Promise<void> {
+    if (this.pg) return;
+    this.pg = await startEmbeddedPostgres({ dataDir: join(this.opts.dir, 'postgres', 'data'), port: this.pgPort });
+  }
+
+  // ---- shutdown -------------------------------------------------------------------------------
+
+  /** Stops the writers gracefully (SIGTERM; SIGKILL after `graceMs`): their in-flight writes finish. */
+  async stopWriters(graceMs = 5000): Promise<void> {
+    for (const w of this.writerSlots) for (const l of w.zkLinks) l.forward();
+    await Promise.all(
+      this.writerSlots.map(async (w) => {
+        const child = w.child;
+        if (!child || child.exitCode !== null || child.signalCode !== null) return;
+        const exited = new Promise<void>((r) => child.once('exit', () => r()));
+        child.kill('SIGCONT');
+        child.kill('SIGTERM');
+        const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+        await exited;
+        clearTimeout(timer);
+      }),
+    );
+  }
+
+  /** Stops everything that runs; safe to call at any point, and more than once. */
+  async stop(): Promise<void> {
+    const attempt = async (what: string, fn: () => Promise<unknown>) => {
+      try {
+        await fn();
+      } catch (err) {
+        this.opts.log(`stopping ${what} failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+    };
+    await attempt('writers', () => this.stopWriters(3000));
+    await attempt('zookeeper links', () => Promise.all(this.writerSlots.flatMap((w) => w.zkLinks.map((l) => l.close()))));
+    await attempt('proxies', () => Promise.all(this.proxySlots.map((_, i) => this.stopProxy(i, 'SIGTERM'))));
+    await attempt('zookeeper', async () => {
+      await this.zk?.stop({ keepData: true });
+      this.zk = null;
+    });
+    await attempt('postgres', () => this.stopPostgres());
+  }
+
+  private writer(slot: number): WriterSlot {
+    const w = this.writerSlots[slot];
+    if (!w) throw new Error(`no writer slot ${slot}`);
+    return w;
+  }
+
+  private onEvent(slot: number, e: WriterEvent): void {
+    if (e.fenceKey !== undefined && e.token !== undefined) {
+      const cur = this.leaders.get(e.fenceKey);
+      if (e.event === 'ready') this.leaders.set(e.fenceKey, { slot, token: e.token });
+      else if ((e.event === 'revoked' || e.event === 'stepped-down') && cur?.slot === slot && cur.token === e.token) this.leaders.delete(e.fenceKey);
+    }
+    for (const fn of this.listeners) fn({ ...e, slot });
+  }
+
+  /** A dead writer leads nothing (its restart is a new candidate with new tokens). */
+  private forgetLeaderships(slot: number): void {
+    for (const [k, v] of [...this.leaders]) if (v.slot === slot) this.leaders.delete(k);
+  }
+}

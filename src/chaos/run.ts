@@ -1,0 +1,142 @@
+// A chaos run: start the cluster, wait for leaders, put it under load while the nemesis injects the
+// seed's fault schedule, let it settle, stop the writers, then check the history against the
+// database. Leaves in the run directory: schedule.txt/json, history.jsonl (paired operations),
+// faults.jsonl, writers/*.jsonl (raw records), logs/.
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import type { FenceMode } from '../fence/store.ts';
+import { check, type CheckResult } from './checker.ts';
+import { ChaosCluster } from './cluster.ts';
+import { readFinalState } from './final-state.ts';
+import { readHistory, writeOperations, type Operation } from './history.ts';
+import { describeFault, planSchedule, runNemesis, type FaultEvent, type FaultKind, type PlannedFault } from './nemesis.ts';
+import { formatReport } from './report.ts';
+
+export interface ChaosOptions {
+  seed: number;
+  /** Length of the load phase, while faults are injected. */
+  durationMs: number;
+  writers?: number;
+  proxies?: number;
+  fenceKeyCount?: number;
+  fenceMode?: FenceMode;
+  sessionTimeoutMs?: number;
+  intervalMs?: number;
+  workMs?: number;
+  requestTimeoutMs?: number;
+  /** Fault kinds to draw from (default all) and quiet time between faults of a lane. */
+  kinds?: readonly FaultKind[];
+  gapMs?: readonly [number, number];
+  /** After the last fault, time for the system to recover before the writers stop. Default 2000 ms. */
+  settleMs?: number;
+  /** Run directory; default a new temp dir, kept (without database and ZooKeeper data) for inspection. */
+  dir?: string;
+  /** Remove the whole run directory at the end. Default false. */
+  cleanup?: boolean;
+  print?: (line: string) => void;
+}
+
+export interface ChaosResult {
+  ok: boolean;
+  seed: number;
+  schedule: PlannedFault[];
+  faults: FaultEvent[];
+  ops: Operation[];
+  check: CheckResult;
+  report: string;
+  loadMs: number;
+  dir: string;
+}
+
+export const fenceKeysFor = (n: number): string[] => Array.from({ length: n }, (_, i) => `chaos/${String.fromCharCode(97 + i)}`);
+
+export function scheduleFor(o: ChaosOptions): PlannedFault[] {
+  return planSchedule({
+    seed: o.seed,
+    durationMs: o.durationMs,
+    writers: o.writers ?? 4,
+    proxies: o.proxies ?? 2,
+    zkServers: 3,
+    fenceKeys: fenceKeysFor(o.fenceKeyCount ?? 2),
+    sessionTimeoutMs: o.sessionTimeoutMs ?? 2000,
+    ...(o.kinds ? { kinds: o.kinds } : {}),
+    ...(o.gapMs ? { gapMs: o.gapMs } : {}),
+  });
+}
+
+export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
+  const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
+  const writers = o.writers ?? 4;
+  const proxies = o.proxies ?? 2;
+  const fenceMode = o.fenceMode ?? 'strict';
+  const fenceKeys = fenceKeysFor(o.fenceKeyCount ?? 2);
+  if (writers < 2) throw new Error('chaos needs at least 2 writers');
+  if (proxies < 1) throw new Error('chaos needs at least 1 proxy');
+  const dir = o.dir ?? mkdtempSync(join(tmpdir(), 'fencepost-chaos-'));
+  mkdirSync(dir, { recursive: true });
+  chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
+  const schedule = scheduleFor(o);
+  writeFileSync(join(dir, 'schedule.json'), JSON.stringify({ seed: o.seed, durationMs: o.durationMs, schedule }, null, 2) + '\n');
+  writeFileSync(join(dir, 'schedule.txt'), schedule.map(describeFault).join('\n') + '\n');
+  print(`seed ${o.seed}: ${schedule.length} faults planned over ${(o.durationMs / 1000).toFixed(1)} s`);
+  for (const f of schedule) print('  ' + describeFault(f));
+
+  let cluster: ChaosCluster | null = null;
+  try {
+    cluster = await ChaosCluster.start({
+      dir,
+      writers,
+      proxies,
+      fenceKeys,
+      electionRoot: `/fencepost/chaos/${randomBytes(4).toString('hex')}`,
+      fenceMode,
+      sessionTimeoutMs: o.sessionTimeoutMs ?? 2000,
+      intervalMs: o.intervalMs ?? 50,
+      workMs: o.workMs ?? 20,
+      requestTimeoutMs: o.requestTimeoutMs ?? 3000,
+      zkTickMs: 200,
+      log: (l) => print(l),
+    });
+    await cluster.waitForLeaders(30_000);
+
+    // Load and faults.
+    const startedAt = Date.now();
+    print(`load started; every fence key has a leader`);
+    const end = new AbortController();
+    const timer = setTimeout(() => end.abort(), o.durationMs);
+    const faultLines: string[] = [];
+    const faults = await runNemesis(schedule, cluster, {
+      startedAt,
+      signal: end.signal,
+      onFault: (e) => {
+        faultLines.push(JSON.stringify(e));
+        print(`  +${((e.startedAt - startedAt) / 1000).toFixed(1)}s fault #${e.n} ${e.kind} ${e.target} (${e.endedAt - e.startedAt} ms)${e.error ? ' FAILED: ' + e.error : ''}`);
+      },
+    });
+    const left = startedAt + o.durationMs - Date.now();
+    if (left > 0) await new Promise((r) => setTimeout(r, left));
+    clearTimeout(timer);
+    const loadMs = Date.now() - startedAt;
+    writeFileSync(join(dir, 'faults.jsonl'), faultLines.join('\n') + '\n');
+
+    // Everything back up, a moment to recover, then the writers stop and the history is closed.
+    for (let i = 0; i < proxies; i++) await cluster.startProxy(i);
+    await cluster.startPostgres();
+    await new Promise((r) => setTimeout(r, o.settleMs ?? 2000));
+    await cluster.stopWriters(5000);
+
+    const ops = readHistory(cluster.historyDir);
+    writeOperations(join(dir, 'history.jsonl'), ops);
+    const keys = [...new Set(ops.map((op) => op.key).filter((k): k is string => k !== null))];
+    const final = await readFinalState(cluster.databaseUrl, cluster.proxyUrls[0]!, keys);
+    const result = check(ops, final);
+    const report = formatReport({ seed: o.seed, loadMs, fenceMode, writers, proxies, ops, faults, check: result, dir });
+    return { ok: result.ok, seed: o.seed, schedule, faults, ops, check: result, report, loadMs, dir };
+  } finally {
+    await cluster?.stop();
+    if (o.cleanup) rmSync(dir, { recursive: true, force: true });
+    else for (const d of ['postgres', 'zookeeper']) rmSync(join(dir, d), { recursive: true, force: true });
+  }
+}

@@ -23,7 +23,7 @@ async function main(): Promise<void> {
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
   const pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port: await freePort() });
   const pool = createPool(pg.url, 10);
-  const app = buildApp({ store: new FenceStore(pool, { lanes: 8 }), bodyLimitBytes: 1 << 20 });
+  const app = buildApp({ store: new FenceStore(pool, { concurrency: 8 }), bodyLimitBytes: 1 << 20 });
   try {
     await migrate(pool);
     const url = await app.listen({ host: '127.0.0.1', port: 0 });

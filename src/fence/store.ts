@@ -1,10 +1,11 @@
 // The fence store: fenced writes, reads, and counts, over a pg pool.
 //
-// Writes are coalesced. Each fence key hashes to one of `lanes` lanes; a lane runs one batch at a
-// time, built from its queue with distinct fence keys and distinct object keys (the conditional
-// upsert can touch a row only once per statement). A request that finds its lane idle goes out at
-// once; requests that arrive while a batch is in flight ride together in the next one. Per fence
-// key, one proxy therefore applies writes in arrival order.
+// Writes are coalesced (group commit). Requests queue; whenever fewer than `concurrency` batches
+// are in flight, one is taken from the queue: every queued write whose fence key and object key
+// are not already in this batch or in a batch in flight (the conditional upsert can touch a row
+// only once per statement, and disjoint batches never wait on each other's row locks). A request
+// that finds a free slot goes out at once; under load, requests ride together and one statement
+// and one commit serve many writes. Per fence key, one proxy applies writes in arrival order.
 import type pg from 'pg';
 import * as q from './queries.ts';
 import type { OpKind } from './queries.ts';
@@ -54,8 +55,8 @@ export const FENCE_MODES: readonly FenceMode[] = ['strict', 'off', 'two-step'];
 export interface FenceStoreOptions {
   /** Default `strict`; see FenceMode. */
   mode?: FenceMode;
-  /** Number of write lanes (batches in flight at once). Default 8. */
-  lanes?: number;
+  /** Most write batches (statements) in flight at once. Default 2. */
+  concurrency?: number;
   /** Most operations in one batch. Default 64; 1 turns coalescing off. */
   maxBatch?: number;
   /** Most body bytes in one batch (a single larger body still goes alone). Default 4 MiB. */
@@ -72,14 +73,14 @@ interface Pending {
   reject: (e: unknown) => void;
 }
 
-class Lane {
-  queue: Pending[] = [];
-  busy = false;
-}
-
 export class FenceStore {
   readonly pool: pg.Pool;
-  private readonly lanes: Lane[];
+  private queue: Pending[] = [];
+  private readonly concurrency: number;
+  private running = 0;
+  /** Fence and object keys of the batches in flight. */
+  private readonly busyFences = new Set<string>();
+  private readonly busyObjects = new Set<string>();
   private readonly maxBatch: number;
   private readonly maxBatchBytes: number;
   private readonly retries: number;
@@ -90,7 +91,7 @@ export class FenceStore {
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions = {}) {
     this.pool = pool;
-    this.lanes = Array.from({ length: Math.max(1, opts.lanes ?? 8) }, () => new Lane());
+    this.concurrency = Math.max(1, opts.concurrency ?? 2);
     this.maxBatch = Math.max(1, opts.maxBatch ?? 64);
     this.maxBatchBytes = opts.maxBatchBytes ?? 4 * 1024 * 1024;
     this.retries = opts.retries ?? 5;
@@ -101,10 +102,9 @@ export class FenceStore {
   /** Applies one fenced operation; resolves once it is committed (or rejected). */
   write(op: FencedOp): Promise<FencedResult> {
     return new Promise((resolve, reject) => {
-      const lane = this.lanes[laneOf(op.fenceKey, this.lanes.length)]!;
-      lane.queue.push({ op, resolve, reject });
+      this.queue.push({ op, resolve, reject });
       this.inFlight++;
-      if (!lane.busy) void this.drain(lane);
+      this.pump();
     });
   }
 
@@ -114,50 +114,60 @@ export class FenceStore {
     await new Promise<void>((r) => this.idleWaiters.push(r));
   }
 
-  private async drain(lane: Lane): Promise<void> {
-    lane.busy = true;
-    try {
-      while (lane.queue.length > 0) {
-        const batch = this.takeBatch(lane);
-        try {
-          const results = await this.runBatch(batch.map((p) => p.op));
-          batch.forEach((p, i) => p.resolve(results[i]!));
-        } catch (err) {
-          for (const p of batch) p.reject(err);
-        }
-        this.inFlight -= batch.length;
+  /** Starts batches while there is a free slot and something that can go. */
+  private pump(): void {
+    while (this.running < this.concurrency && this.queue.length > 0) {
+      const batch = this.takeBatch();
+      if (batch.length === 0) return; // everything queued waits on a key in flight
+      this.running++;
+      const keys = batch.map((p) => [p.op.fenceKey, p.op.kind === 'fence' ? null : p.op.key] as const);
+      for (const [f, o] of keys) {
+        this.busyFences.add(f);
+        if (o !== null) this.busyObjects.add(o);
       }
-    } finally {
-      lane.busy = false;
-      if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+      void this.runBatch(batch.map((p) => p.op)).then(
+        (results) => batch.forEach((p, i) => p.resolve(results[i]!)),
+        (err: unknown) => batch.forEach((p) => p.reject(err)),
+      ).finally(() => {
+        for (const [f, o] of keys) {
+          this.busyFences.delete(f);
+          if (o !== null) this.busyObjects.delete(o);
+        }
+        this.running--;
+        this.inFlight -= batch.length;
+        if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+        this.pump();
+      });
     }
   }
 
   /**
-   * Takes, in queue order, operations whose fence and object keys are all distinct. An operation
-   * left behind reserves its keys, so later operations on the same keys stay behind it (order).
+   * Takes, in queue order, writes whose fence and object keys are free (not in flight, not already
+   * in this batch). A write left behind reserves its keys for this scan, so later writes on the same
+   * keys stay behind it (order per key).
    */
-  private takeBatch(lane: Lane): Pending[] {
+  private takeBatch(): Pending[] {
     const batch: Pending[] = [];
     const rest: Pending[] = [];
     const fenceKeys = new Set<string>();
     const objectKeys = new Set<string>();
     let bytes = 0;
     let i = 0;
-    for (; i < lane.queue.length && batch.length < this.maxBatch; i++) {
-      const p = lane.queue[i]!;
+    for (; i < this.queue.length && batch.length < this.maxBatch; i++) {
+      const p = this.queue[i]!;
       const key = p.op.kind === 'fence' ? null : p.op.key;
       const size = p.op.kind === 'put' ? p.op.body.length : 0;
       const fits =
         !fenceKeys.has(p.op.fenceKey) &&
-        (key === null || !objectKeys.has(key)) &&
+        !this.busyFences.has(p.op.fenceKey) &&
+        (key === null || (!objectKeys.has(key) && !this.busyObjects.has(key))) &&
         (batch.length === 0 || bytes + size <= this.maxBatchBytes);
       (fits ? batch : rest).push(p);
       fenceKeys.add(p.op.fenceKey);
       if (key !== null) objectKeys.add(key);
       if (fits) bytes += size;
     }
-    lane.queue = rest.concat(lane.queue.slice(i));
+    this.queue = rest.concat(this.queue.slice(i));
     return batch;
   }
 
@@ -276,16 +286,6 @@ interface FenceRow {
 
 function toFence(r: FenceRow): FenceRecord {
   return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
-}
-
-/** FNV-1a over the key's UTF-16 units: cheap and stable. */
-function laneOf(key: string, lanes: number): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < key.length; i++) {
-    h ^= key.charCodeAt(i);
-    h = Math.imul(h, 0x01000193);
-  }
-  return (h >>> 0) % lanes;
 }
 
 export type { OpKind };

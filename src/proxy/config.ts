@@ -19,8 +19,8 @@ export interface ProxyConfig {
   embeddedPgPort: number;
   bodyLimitBytes: number;
   poolSize: number;
-  /** Write lanes: fenced batches in flight at once. */
-  writeLanes: number;
+  /** Fenced write batches (statements) in flight at once. */
+  writeConcurrency: number;
   /** Most writes coalesced into one statement; 1 = no coalescing. */
   maxBatch: number;
   logLevel: string;
@@ -151,8 +151,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const host = env.HOST ?? '127.0.0.1';
   if (host.trim() === '') throw new ConfigError('HOST', 'must not be empty');
   const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
-  const writeLanes = int(env, 'FENCEPOST_WRITE_LANES', Math.max(1, poolSize - 2), 1, 1000);
-  if (writeLanes >= poolSize) throw new ConfigError('FENCEPOST_WRITE_LANES', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
+  const writeConcurrency = int(env, 'FENCEPOST_WRITE_CONCURRENCY', Math.min(2, poolSize - 1), 1, 1000);
+  if (writeConcurrency >= poolSize) throw new ConfigError('FENCEPOST_WRITE_CONCURRENCY', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
   const rejectionsMaxAgeMs = int(env, 'FENCEPOST_REJECTIONS_MAX_AGE_MS', 7 * 24 * 3600 * 1000, 0, 3650 * 24 * 3600 * 1000);
   const rejectionsMaxRows = int(env, 'FENCEPOST_REJECTIONS_MAX_ROWS', 1_000_000, 0, 1_000_000_000_000);
   if (rejectionsMaxAgeMs === 0 && rejectionsMaxRows === 0) {
@@ -174,7 +174,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     embeddedPgPort: int(env, 'FENCEPOST_PG_PORT', 54329, 1, 65535),
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
-    writeLanes,
+    writeConcurrency,
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),

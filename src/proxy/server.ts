@@ -48,7 +48,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   }
   const pool = createPool(databaseUrl, config.poolSize);
   const metrics = new ProxyMetrics(pool);
-  const store = new FenceStore(pool, { lanes: config.writeLanes, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
+  const store = new FenceStore(pool, { concurrency: config.writeConcurrency, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
   if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
   const txPool = createPool(databaseUrl, config.txPoolSize);
   const app = buildApp({

@@ -49,7 +49,7 @@ async function checkDatabase(base: string, fenceKey: string, objectKeys: string[
 
 describe('race on one fence key', () => {
   test('32 concurrent writers through one proxy never get a stale write accepted', async () => {
-    const app: FastifyInstance = testApp(db.pool, { lanes: 2 });
+    const app: FastifyInstance = testApp(db.pool, { concurrency: 2 });
     const base = await listen(app);
     try {
       const fenceKey = 'race-one';

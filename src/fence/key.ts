@@ -3,7 +3,6 @@
 export const MAX_KEY_BYTES = 1024;
 
 // C0, DEL and C1 control characters. U+FFFD is refused too: it is what invalid UTF-8 decodes to.
-// eslint-disable-next-line no-control-regex
 const FORBIDDEN = /[\u0000-\u001f\u007f-\u009f\ufffd]/;
 
 /** Returns null when the key is valid, else a reason for the error message. */

@@ -93,9 +93,13 @@ export function refusedStatement(sql: string): string | null {
       let depth = 1;
       i += 2;
       while (i < sql.length && depth > 0) {
-        if (sql.startsWith('/*', i)) (depth++, (i += 2));
-        else if (sql.startsWith('*/', i)) (depth--, (i += 2));
-        else i++;
+        if (sql.startsWith('/*', i)) {
+          depth++;
+          i += 2;
+        } else if (sql.startsWith('*/', i)) {
+          depth--;
+          i += 2;
+        } else i++;
       }
     } else break;
   }

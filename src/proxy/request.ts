@@ -48,6 +48,5 @@ const MAX_WRITER_ID_CHARS = 200;
 export function writerId(req: FastifyRequest): string | null {
   const raw = headerUtf8(req, 'writer-id');
   if (raw === undefined || raw === '') return null;
-  // eslint-disable-next-line no-control-regex
   return raw.replace(/[\u0000-\u001f\u007f-\u009f]/g, '').slice(0, MAX_WRITER_ID_CHARS);
 }

@@ -1,31 +1,44 @@
 #!/usr/bin/env bash
-# Installs what fencepost needs on a fresh Debian machine: npm dependencies, and ZooKeeper from
-# the OS packages when it is absent and ZK_CONNECT is unset, and Chromium for the dashboard's
-# browser tests (unless CHROMIUM_PATH names one). Safe to run again.
+# Installs what fencepost needs on a fresh Debian machine, and says what it is doing:
+#   always        npm dependencies (npm ci), ZooKeeper + a Java runtime from Debian packages when
+#                 absent and ZK_CONNECT is unset
+#   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one) and
+#                 docker-compose (validates docker-compose.yml)
+# Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+updated=0
+apt_install() {
+  if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   say "installing npm dependencies (npm ci)"
   npm ci --no-audit --no-fund
 fi
 
-if [ -z "${ZK_CONNECT:-}" ] && [ ! -f /usr/share/java/zookeeper.jar ]; then
-  say "installing ZooKeeper from Debian packages (apt-get install zookeeper)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq || true
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq zookeeper >/dev/null
+if [ -z "${ZK_CONNECT:-}" ]; then
+  if [ ! -f /usr/share/java/zookeeper.jar ]; then
+    say "installing ZooKeeper from Debian packages (apt-get install zookeeper)"
+    apt_install zookeeper
+  fi
+  if ! command -v java >/dev/null; then
+    say "installing a Java runtime for ZooKeeper"
+    apt_install default-jre-headless
+  fi
 fi
-if [ -z "${ZK_CONNECT:-}" ] && ! command -v java >/dev/null; then
-  say "installing a Java runtime for ZooKeeper"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq default-jre-headless >/dev/null
-fi
-if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ]; then
-  say "installing Chromium for the dashboard's browser tests (apt-get install chromium)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq || true
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+
+if [ "${1:-}" = "--test" ]; then
+  if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ]; then
+    say "installing Chromium for the dashboard's browser tests (apt-get install chromium)"
+    apt_install chromium
+  fi
+  if ! command -v docker-compose >/dev/null; then
+    say "installing docker-compose (the tests validate docker-compose.yml with it)"
+    apt_install docker-compose
+  fi
 fi

@@ -130,13 +130,17 @@ export function check(ops: readonly Operation[], final: FinalState): CheckResult
     for (const [token, ws] of writersOf) {
       if (ws.size > 1) v('single-term', `token ${token} was accepted from ${ws.size} writers: ${[...ws].sort().join(', ')}`, ok.filter((o) => o.token === token));
     }
+    // A term resumed by the highest token so far was interrupted by a lower one: that one is reported.
     const ended = new Map<bigint, Operation>();
+    let highest = ledgerOk[0]?.token ?? 0n;
     for (let k = 1; k < ledgerOk.length; k++) {
       const prev = ledgerOk[k - 1]!;
       const cur = ledgerOk[k]!;
       if (cur.token !== prev.token && !ended.has(prev.token)) ended.set(prev.token, cur);
       const endedBy = ended.get(cur.token);
-      if (cur.token !== prev.token && endedBy) {
+      const interrupted = cur.token >= highest;
+      if (cur.token > highest) highest = cur.token;
+      if (cur.token !== prev.token && endedBy && !interrupted) {
         v('single-term', `term of token ${cur.token} (${cur.writer}) committed ledger v${cur.version} after token ${endedBy.token} (${endedBy.writer}) had committed v${endedBy.version}`, [endedBy, cur]);
       }
     }
@@ -149,13 +153,15 @@ export function check(ops: readonly Operation[], final: FinalState): CheckResult
     indeterminate: fops.filter((o) => o.outcome === 'indeterminate').length,
   });
   const stat = (fenceKey: string | null, c: ReturnType<typeof count>, s: { accepted: number; rejected: number } | undefined) => {
-    const v = (message: string) => violations.push({ invariant: 'stats', fenceKey, message: `${fenceKey ?? 'overall'}: ${message}`, ops: [] });
+    const v = (message: string) => violations.push({ invariant: 'stats', fenceKey, message, ops: [] });
     const accepted = s?.accepted ?? 0;
     const rejected = s?.rejected ?? 0;
     const range = (lo: number, n: number) => (n === 0 ? `${lo}` : `${lo}…${lo + n}`);
-    if (accepted < c.ok || accepted > c.ok + c.indeterminate) v(`/v1/stats says ${accepted} accepted, the history ${range(c.ok, c.indeterminate)}`);
-    if (rejected < c.rejected || rejected > c.rejected + c.indeterminate) v(`/v1/stats says ${rejected} rejected, the history ${range(c.rejected, c.indeterminate)}`);
-    else if (accepted + rejected > c.ok + c.rejected + c.indeterminate) v(`/v1/stats counts ${accepted + rejected} answered writes, more than the ${c.ok + c.rejected + c.indeterminate} the history could explain`);
+    const badAccepted = accepted < c.ok || accepted > c.ok + c.indeterminate;
+    const badRejected = rejected < c.rejected || rejected > c.rejected + c.indeterminate;
+    if (badAccepted) v(`/v1/stats says ${accepted} accepted, the history ${range(c.ok, c.indeterminate)}`);
+    if (badRejected) v(`/v1/stats says ${rejected} rejected, the history ${range(c.rejected, c.indeterminate)}`);
+    if (!badAccepted && !badRejected && accepted + rejected > c.ok + c.rejected + c.indeterminate) v(`/v1/stats counts ${accepted + rejected} answered writes, more than the ${c.ok + c.rejected + c.indeterminate} the history could explain`);
   };
   const statsByKey = new Map(final.stats.byFenceKey.map((f) => [f.fenceKey, f]));
   for (const [fenceKey, fops] of [...groups].sort(([a], [b]) => a.localeCompare(b))) stat(fenceKey, count(fops), statsByKey.get(fenceKey));

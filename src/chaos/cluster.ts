@@ -121,8 +121,28 @@ export class ChaosCluster implements NemesisTarget {
     return this.leaders.get(fenceKey)?.slot ?? null;
   }
 
-  pauseWriter(slot: number): void {
-    this.writer(slot).child?.kill('SIGSTOP');
+  async pauseWriter(slot: number, midWrite: boolean): Promise<void> {
+    const w = this.writer(slot);
+    if (midWrite) {
+      // SIGSTOP from the event handler itself: the writer is then in its pre-send work.
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(timer);
+          off();
+          resolve();
+        };
+        const off = this.onWriterEvent((e) => {
+          if (e.slot === slot && e.event === 'write-begin') {
+            w.child?.kill('SIGSTOP');
+            done();
+          }
+        });
+        const timer = setTimeout(() => {
+          w.child?.kill('SIGSTOP'); // not writing (not a leader): pause it anyway
+          done();
+        }, 1000);
+      });
+    } else w.child?.kill('SIGSTOP');
   }
 
   resumeWriter(slot: number): void {
@@ -163,7 +183,6 @@ export class ChaosCluster implements NemesisTarget {
     closeSync(err);
     w.child = child;
     createInterface({ input: child.stdout! }).on('line', (line) => {
-      appendFileSync(this.eventsFile, line + '\n');
       let e: WriterEvent;
       try {
         e = JSON.parse(line) as WriterEvent;
@@ -171,6 +190,7 @@ export class ChaosCluster implements NemesisTarget {
         return;
       }
       this.onEvent(slot, e);
+      if (e.event !== 'write-begin') appendFileSync(this.eventsFile, line + '\n');
     });
     child.once('exit', () => this.forgetLeaderships(slot));
   }

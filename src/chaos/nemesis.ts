@@ -16,7 +16,7 @@ export type FaultKind = WriterFaultKind | InfraFaultKind;
 export type WriterTarget = { leaderOf: string; slot: number } | { leaderOf?: undefined; slot: number };
 
 export type PlannedFault =
-  | { n: number; atMs: number; kind: 'pause-writer'; target: WriterTarget; durationMs: number }
+  | { n: number; atMs: number; kind: 'pause-writer'; target: WriterTarget; durationMs: number; midWrite: boolean }
   | { n: number; atMs: number; kind: 'partition-writer'; target: WriterTarget; durationMs: number }
   | { n: number; atMs: number; kind: 'kill-writer'; target: WriterTarget; downMs: number }
   | { n: number; atMs: number; kind: 'restart-zookeeper'; server: number; downMs: number }
@@ -41,6 +41,11 @@ export interface ScheduleOptions {
   gapMs?: readonly [number, number];
   /** Chance that a writer fault targets a fence key's current leader (the interesting writer). Default 0.75. */
   leaderBias?: number;
+  /**
+   * Chance that a pause lands mid-write (between taking the token and sending, like a GC pause
+   * while the writer runs) rather than at a random moment (mostly idle). Default 0.75.
+   */
+  midWriteBias?: number;
 }
 
 /** How long a fault is expected to keep its lane busy: used to space the schedule, not to time it. */
@@ -75,7 +80,7 @@ export function planSchedule(o: ScheduleOptions): PlannedFault[] {
     const st = o.sessionTimeoutMs;
     switch (kind) {
       case 'pause-writer':
-        return { n: 0, atMs, kind, target: writerTarget(), durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)) };
+        return { n: 0, atMs, kind, target: writerTarget(), durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)), midWrite: rng.next() < (o.midWriteBias ?? 0.75) };
       case 'partition-writer':
         return { n: 0, atMs, kind, target: writerTarget(), durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)) };
       case 'kill-writer':
@@ -117,7 +122,7 @@ export function describeFault(f: PlannedFault): string {
   const who = (t: WriterTarget) => (t.leaderOf !== undefined ? `leader of ${t.leaderOf} (else writer ${t.slot + 1})` : `writer ${t.slot + 1}`);
   switch (f.kind) {
     case 'pause-writer':
-      return `${at} #${f.n} SIGSTOP ${who(f.target)} for ${f.durationMs} ms`;
+      return `${at} #${f.n} SIGSTOP ${who(f.target)}${f.midWrite ? ' mid-write' : ''} for ${f.durationMs} ms`;
     case 'partition-writer':
       return `${at} #${f.n} cut ZooKeeper from ${who(f.target)} for ${f.durationMs} ms`;
     case 'kill-writer':
@@ -134,7 +139,8 @@ export function describeFault(f: PlannedFault): string {
 /** What the nemesis needs from the cluster. Writer slots are 0-based. */
 export interface NemesisTarget {
   leaderOf(fenceKey: string): number | null;
-  pauseWriter(slot: number): void;
+  /** SIGSTOP; with `midWrite`, at the writer's next write (between taking its token and sending). */
+  pauseWriter(slot: number, midWrite: boolean): Promise<void>;
   resumeWriter(slot: number): void;
   killWriter(slot: number): Promise<void>;
   startWriter(slot: number): Promise<void>;
@@ -199,7 +205,7 @@ async function inject(f: PlannedFault, t: NemesisTarget): Promise<string> {
   switch (f.kind) {
     case 'pause-writer': {
       const slot = slotOf(f.target);
-      t.pauseWriter(slot);
+      await t.pauseWriter(slot, f.midWrite);
       try {
         await sleep(f.durationMs);
       } finally {

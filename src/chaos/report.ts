@@ -49,7 +49,7 @@ export function formatReport(r: ReportInput): string {
     out.push('');
     for (const inv of INVARIANTS) {
       const vs = r.check.violations.filter((v) => v.invariant === inv);
-      for (const v of vs.slice(0, n)) out.push(`  [${inv}] ${v.fenceKey ?? ''} ${v.message}`);
+      for (const v of vs.slice(0, n)) out.push(`  [${inv}] ${v.fenceKey ?? 'overall'}: ${v.message}`);
       if (vs.length > n) out.push(`  [${inv}] … and ${vs.length - n} more`);
     }
   }

@@ -14,7 +14,7 @@ import { RecordingProxyClient } from './recording-client.ts';
 export interface WriterEvent {
   t: number;
   writer: string;
-  event: 'started' | 'ready' | 'revoked' | 'stepped-down' | 'stopped';
+  event: 'started' | 'ready' | 'revoked' | 'stepped-down' | 'write-begin' | 'stopped';
   fenceKey?: string;
   token?: string;
 }
@@ -92,10 +92,12 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
     let n = 0;
     while (!stopping) {
       await sleep(intervalMs);
-      if (writer.token === null || stopping) continue;
+      const token = writer.token;
+      if (token === null || stopping) continue;
       n++;
       const key = n % 2 === 1 ? `${fenceKey}/${id}/${n}` : ledgerKey(fenceKey);
       const body = JSON.stringify({ writer: id, fenceKey, n });
+      emit({ event: 'write-begin', fenceKey, token: token.toString() }); // lets the nemesis pause us mid-write
       const until = Date.now() + workMs;
       while (Date.now() < until); // synchronous work between taking the token and sending
       try {

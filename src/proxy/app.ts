@@ -82,6 +82,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
 }
 
 function sendError(reply: FastifyReply, err: ApiError): void {
+  reply.errorCode = err.code;
   if (err.code === 'unavailable') void reply.header('retry-after', '1');
   if (err.code === 'unauthorized') void reply.header('www-authenticate', 'Bearer');
   void reply.code(err.status).type('application/json').send(err.toJSON());
@@ -107,6 +108,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   }) as unknown as FastifyInstance;
   app.decorate('store', opts.store);
   app.decorate('closing', false);
+  app.decorateReply('errorCode', null);
   const guard = opts.forgeryGuard
     ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: async (k) => (await opts.store.readFence(k))?.highestToken ?? null, ...(opts.logger ? { logger: opts.logger } : {}) })
     : null;

@@ -38,7 +38,7 @@ export class ProxyMetrics {
 
   readonly writes = new Counter({
     name: 'fencepost_writes_total',
-    help: 'Fenced writes answered, by operation (put, delete, fence) and outcome: accepted (2xx), rejected (409 stale token), invalid (other 4xx), error (5xx).',
+    help: 'Fenced writes answered, by operation (put, delete, fence, transaction) and outcome: accepted (2xx), rejected (stale_token or unverified_token), invalid (other 4xx), error (5xx).',
     labelNames: ['operation', 'outcome'] as const,
     registers: [this.registry],
   });
@@ -95,7 +95,8 @@ export class ProxyMetrics {
     this.httpRequests.inc({ method: req.method, route, status: String(status) });
     const operation = req.routeOptions.config.operation;
     if (operation === undefined) return;
-    const outcome: WriteOutcome = status < 400 ? 'accepted' : status === 409 ? 'rejected' : status < 500 ? 'invalid' : 'error';
+    const code = reply.errorCode;
+    const outcome: WriteOutcome = status < 400 ? 'accepted' : code === 'stale_token' || code === 'unverified_token' ? 'rejected' : status < 500 ? 'invalid' : 'error';
     this.writes.inc({ operation, outcome });
     this.writeDuration.observe({ operation, outcome }, reply.elapsedTime / 1000);
   }

@@ -43,6 +43,22 @@ const put = (key: string, token: string, target = app) =>
   target.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': token }, payload: 'x' });
 
 describe('write counters', () => {
+  test('transactions count under operation "transaction": stale fences as rejected, SQL conflicts as invalid', async () => {
+    await db.pool.query('CREATE TABLE IF NOT EXISTS public.metric_tx (id int PRIMARY KEY)');
+    const tx = (token: string, sql: string) =>
+      app.inject({ method: 'POST', url: '/v1/transactions', payload: { fences: [{ key: 'm-tx', token }], statements: [{ sql, params: [] }] } });
+    const before = await scrape();
+    expect((await tx('5', 'INSERT INTO public.metric_tx VALUES (1)')).statusCode).toBe(200);
+    expect((await tx('4', 'INSERT INTO public.metric_tx VALUES (2)')).json().error).toBe('stale_token');
+    const conflict = await tx('5', 'INSERT INTO public.metric_tx VALUES (1)');
+    expect(conflict.statusCode).toBe(409);
+    expect(conflict.json().error).not.toBe('stale_token');
+    const after = await scrape();
+    expect(writes(after, 'transaction', 'accepted') - writes(before, 'transaction', 'accepted')).toBe(1);
+    expect(writes(after, 'transaction', 'rejected') - writes(before, 'transaction', 'rejected')).toBe(1);
+    expect(writes(after, 'transaction', 'invalid') - writes(before, 'transaction', 'invalid')).toBe(1);
+  });
+
   test('an accepted put raises accepted and its latency count by one, and nothing else', async () => {
     const before = await scrape();
     expect((await put('m-accept', '5')).statusCode).toBe(200);

@@ -138,7 +138,7 @@ export async function transactionRoutes(app: FastifyInstance, opts: FastifyPlugi
     statementTimeoutMs: opts.statementTimeoutMs ?? 5000,
     retries: opts.retries ?? 3,
   };
-  app.post('/v1/transactions', { config: { access: 'write' } }, async (req) => {
+  app.post('/v1/transactions', { config: { access: 'write', operation: 'transaction' } }, async (req) => {
     const tx = parseBody(req.body, options.maxStatements);
     const role = roleFor(req);
     authorizeKeys(req, tx.fences.map((f) => f.fenceKey));

@@ -27,7 +27,14 @@ export function createLogger(level: string): Logger {
 }
 
 export function createPool(databaseUrl: string, max: number): pg.Pool {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max, connectionTimeoutMillis: 5000, idleTimeoutMillis: 30_000 });
+  const pool = new pg.Pool({
+    connectionString: databaseUrl,
+    max,
+    connectionTimeoutMillis: 5000,
+    idleTimeoutMillis: 30_000,
+    // Every 200 means durably committed, whatever the database's default says.
+    options: '-c synchronous_commit=on',
+  });
   // An idle client losing its connection must not crash the process; the next query reports it.
   pool.on('error', () => {});
   return pool;

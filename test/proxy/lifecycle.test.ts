@@ -10,6 +10,7 @@ import { loadMigrations, migrate } from '../../src/fence/migrate.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
 import { createTestDatabase } from '../support/db.ts';
 import { BIN, spawnProxy } from '../support/proxy.ts';
+import { createPool } from '../../src/proxy/server.ts';
 
 describe('durability and graceful shutdown', () => {
   test('every write answered 200 before and during SIGTERM is still there after a restart of proxy and embedded Postgres', async () => {
@@ -107,5 +108,24 @@ describe('configuration', () => {
   test('defaults are documented values', () => {
     const c = loadConfig({});
     expect(c).toMatchObject({ port: 8080, host: '127.0.0.1', bodyLimitBytes: 1048576, databaseUrl: null });
+  });
+});
+
+describe('durability settings', () => {
+  test('proxy connections commit synchronously even when the database default is off', async () => {
+    const db = await createTestDatabase();
+    const name = new URL(db.url).pathname.slice(1);
+    try {
+      await db.pool.query(`ALTER DATABASE ${name} SET synchronous_commit = off`);
+      const pool = createPool(db.url, 2);
+      try {
+        const { rows } = await pool.query<{ synchronous_commit: string }>('SHOW synchronous_commit');
+        expect(rows[0]!.synchronous_commit).toBe('on');
+      } finally {
+        await pool.end();
+      }
+    } finally {
+      await db.drop();
+    }
   });
 });

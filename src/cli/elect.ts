@@ -60,7 +60,7 @@ export interface BeforeChildStart {
   election: Election;
   config: ElectConfig;
   logger: Logger;
-  /** Aborts when the term ends. */
+  /** Aborts when the term ends or `fencepost elect` is told to stop (SIGTERM/SIGINT). */
   signal: AbortSignal;
 }
 
@@ -212,7 +212,9 @@ class ElectRunner {
       let extraEnv: Record<string, string> = {};
       if (this.opts.beforeChildStart) {
         try {
-          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal: termSignal })) ?? {};
+          // Also aborted by SIGTERM/SIGINT: a hook that retries (proxy unreachable) must not outlive a stop.
+          const signal = AbortSignal.any([termSignal, this.stop.signal]);
+          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal })) ?? {};
         } catch (err) {
           termLog.error({ err }, 'beforeChildStart failed; resigning this term');
           await this.election.resign();

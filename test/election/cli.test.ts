@@ -156,3 +156,16 @@ test('fencepost elect rejects a missing command and a bad flag with usage errors
   expect((await a.exited).code).toBe(2);
   expect((await b.exited).code).toBe(2);
 });
+
+test('fencepost elect --proxy --fence-key: SIGTERM while the proxy is unreachable stops it (exit 143) without starting the command', async () => {
+  // Invariant: the fence advance retries while the proxy is down, but never past a stop signal.
+  const path = uniquePath('cli-proxy-down');
+  const out = join(dir, 'proxy-down.log');
+  const p = elect(['--zk', connect, '--path', path, '--id', 'pd', '--proxy', 'http://127.0.0.1:9', '--fence-key', 'k', '--', process.execPath, '-e', CHILD], { OUT: out });
+  await waitFor(() => hasLog(p, 'fence advance failed; retrying'), 20_000, 'the advance is being retried');
+  p.child.kill('SIGTERM');
+  const exit = await Promise.race([p.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
+  expect(exit).not.toBe('hung');
+  expect((exit as { code: number | null }).code).toBe(143);
+  expect(starts(out)).toEqual([]);
+});

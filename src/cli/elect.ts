@@ -67,6 +67,8 @@ export interface BeforeChildStart {
 export interface ElectCommandOptions {
   /** Extra flag definitions, merged into ELECT_OPTIONS. */
   options?: ParseArgsConfig['options'];
+  /** Checks the parsed flags (e.g. ones added through `options`); a returned message is a usage error (exit 2). */
+  validate?: (config: ElectConfig) => string | null;
   /**
    * Runs once per term before the child starts (e.g. to register the token with a fencing proxy).
    * May return extra environment variables for the child. If the term ends meanwhile, the child is
@@ -130,6 +132,8 @@ export async function electCommand(argv: string[], opts: ElectCommandOptions = {
       return 0;
     }
     config = parseElectArgs(argv, opts.options);
+    const problem = opts.validate?.(config) ?? null;
+    if (problem !== null) throw new UsageError(problem);
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
     process.stderr.write(`fencepost elect: ${err.message}\n${ELECT_USAGE}\n`);

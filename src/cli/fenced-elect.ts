@@ -1,7 +1,7 @@
 // `fencepost elect … --proxy <url> --fence-key <key>`: before each term's command starts, advance the
 // fence at the proxy to the new token (locking a zombie predecessor out of every key of that fence),
 // and pass FENCEPOST_URL and FENCE_KEY to the command. A 409 means a newer leader exists: resign.
-import { electCommand, type BeforeChildStart } from './elect.ts';
+import { electCommand, type BeforeChildStart, type ElectConfig } from './elect.ts';
 import { ProxyClient, ProxyError, StaleTokenError } from '../writer/index.ts';
 
 const RETRY_MS = 250;
@@ -9,8 +9,17 @@ const RETRY_MS = 250;
 export async function fencedElectCommand(argv: string[]): Promise<number> {
   return await electCommand(argv, {
     options: { proxy: { type: 'string' }, 'fence-key': { type: 'string' } },
+    validate: checkProxyFlags,
     beforeChildStart: advanceFence,
   });
+}
+
+/** `--proxy` and `--fence-key` go together: a usage error at start, not a failure every term. */
+function checkProxyFlags(config: ElectConfig): string | null {
+  const { proxy, 'fence-key': fenceKey } = config.values;
+  if (proxy === undefined && fenceKey === undefined) return null;
+  if (typeof proxy !== 'string' || typeof fenceKey !== 'string' || proxy === '' || fenceKey === '') return '--proxy <url> and --fence-key <key> go together';
+  return null;
 }
 
 async function advanceFence(ctx: BeforeChildStart): Promise<Record<string, string> | void> {

@@ -169,3 +169,11 @@ test('fencepost elect --proxy --fence-key: SIGTERM while the proxy is unreachabl
   expect((exit as { code: number | null }).code).toBe(143);
   expect(starts(out)).toEqual([]);
 });
+
+test('fencepost elect: --proxy without --fence-key (and the reverse) is a usage error (exit 2), not a resign loop', async () => {
+  const a = elect(['--zk', connect, '--path', uniquePath('cli-proxy-usage'), '--proxy', 'http://127.0.0.1:9', '--', 'true']);
+  const b = elect(['--zk', connect, '--path', uniquePath('cli-proxy-usage'), '--fence-key', 'k', '--', 'true']);
+  const bounded = (q: Proc) => Promise.race([q.exited.then((e) => e.code), new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
+  expect(await bounded(a)).toBe(2);
+  expect(await bounded(b)).toBe(2);
+});

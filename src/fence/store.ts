@@ -126,7 +126,12 @@ export class FenceStore {
         if (o !== null) this.busyObjects.add(o);
       }
       void this.runBatch(batch.map((p) => p.op)).then(
-        (results) => batch.forEach((p, i) => p.resolve(results[i]!)),
+        (results) =>
+          batch.forEach((p, i) => {
+            const r = results[i]!;
+            if ('failed' in r) p.reject(r.failed);
+            else p.resolve(r);
+          }),
         (err: unknown) => batch.forEach((p) => p.reject(err)),
       ).finally(() => {
         for (const [f, o] of keys) {
@@ -171,7 +176,12 @@ export class FenceStore {
     return batch;
   }
 
-  private async runBatch(ops: FencedOp[]): Promise<FencedResult[]> {
+  /**
+   * Runs one batch. An operation whose outcome could not be completed comes back as `{ failed }`:
+   * when recording the rejections fails, the writes the fenced statement committed are still
+   * answered as accepted, and only the rejected ones get the error.
+   */
+  private async runBatch(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
     this.onBatch?.(ops.length);
     const writeRows = ops.map((op) => ({
       kind: op.kind,
@@ -201,33 +211,33 @@ export class FenceStore {
         }),
       };
     }
-    const results: (FencedResult | undefined)[] = new Array(ops.length);
+    const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
     for (const row of rows.rows) {
       if (row.highest_token === null) rejected.push(row.ord);
       else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version) };
     }
     if (rejected.length > 0) {
-      const rej = await this.withRetry(() =>
-        this.pool.query<{ fence_key: string; highest_token: string }>(
-          q.recordRejections(
-            rejected.map((i) => {
-              const op = ops[i]!;
-              return { kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId };
-            }),
-          ),
-        ),
-      );
-      const highest = new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
-      for (const i of rejected) {
-        const op = ops[i]!;
-        results[i] = { accepted: false, highestToken: highest.get(op.fenceKey) ?? op.token };
+      // The accepted writes have committed: if recording the rejections fails, only the rejected
+      // operations get the error.
+      try {
+        const highest = await this.recordRejections(rejected.map((i) => ops[i]!));
+        for (const i of rejected) results[i] = { accepted: false, highestToken: highest.get(ops[i]!.fenceKey) ?? ops[i]!.token };
+      } catch (err) {
+        for (const i of rejected) results[i] = { failed: err };
       }
     }
     return results.map((r, i) => {
       if (!r) throw new Error(`fenced write returned no row for operation ${i}`);
       return r;
     });
+  }
+
+  /** Counts and logs rejected operations; returns each fence's highest token, read after the rejection. */
+  private async recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
+    const rows = ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId }));
+    const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
+    return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   }
 
   private async withRetry<T>(fn: () => Promise<T>): Promise<T> {

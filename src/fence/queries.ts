@@ -37,7 +37,7 @@ fence AS (
   INSERT INTO fencepost.fences AS f (fence_key, highest_token, accepted)
   SELECT fence_key, token, 1 FROM input ORDER BY fence_key COLLATE "C"
   ON CONFLICT (fence_key) DO UPDATE
-    SET highest_token = EXCLUDED.highest_token, accepted = f.accepted + 1, updated_at = now()
+    SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), accepted = f.accepted + 1, updated_at = now()
     WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
   RETURNING f.fence_key, f.highest_token
 ),

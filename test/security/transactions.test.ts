@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { SECRET, adminQuery, bearer, securedApp, uniqueRole } from './helpers.ts';
+import { testApp } from '../support/proxy.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -208,5 +209,32 @@ describe('concurrency', () => {
     await app.inject({ method: 'PUT', url: '/v1/fences/w%2Fs', headers: { ...bearer(SECRET.writer), 'fencing-token': '11' } });
     const stats = (await app.inject({ url: '/v1/stats', headers: bearer(SECRET.reader) })).json();
     expect(stats.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === 'w/s')).toEqual({ fenceKey: 'w/s', highestToken: '11', accepted: 2, rejected: 1 });
+  });
+});
+
+describe('fence rows are protected by the database itself', () => {
+  // Open mode: statements run as the proxy's login role, which owns fencepost.fences.
+  test('a transaction run as the table owner can neither lower, delete nor truncate a fence', async () => {
+    const open = testApp(db.pool);
+    try {
+      const send = (sql: string) =>
+        open.inject({ method: 'POST', url: '/v1/transactions', payload: { fences: [{ key: 'tx-owner', token: '1' }], statements: [{ sql, params: [] }] } });
+      expect((await open.inject({ method: 'PUT', url: '/v1/fences/guarded', headers: { 'fencing-token': '10' } })).statusCode).toBe(200);
+      for (const sql of [
+        `UPDATE fencepost.fences SET highest_token = 0 WHERE fence_key = 'guarded'`,
+        `DELETE FROM fencepost.fences WHERE fence_key = 'guarded'`,
+        'TRUNCATE fencepost.fences',
+        `UPDATE fencepost.fences SET fence_key = 'renamed' WHERE fence_key = 'guarded'`,
+      ]) {
+        const res = await send(sql);
+        expect(res.statusCode, sql).toBeGreaterThanOrEqual(400);
+        expect(res.statusCode, sql).toBeLessThan(500);
+        expect(res.json().error, sql).toMatch(/^sql_/);
+      }
+      expect((await fence('guarded'))?.highest_token).toBe('10');
+      expect((await open.inject({ method: 'PUT', url: '/v1/fences/guarded', headers: { 'fencing-token': '1' } })).statusCode).toBe(409);
+    } finally {
+      await open.close();
+    }
   });
 });

@@ -34,6 +34,8 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
   const client = await pool.connect();
   const applied: string[] = [];
   try {
+    // Migrations (and waiting for another instance's) may take long: no statement timeout here.
+    await client.query('SET statement_timeout = 0');
     await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK_KEY.toString()]);
     try {
       await client.query(`CREATE TABLE IF NOT EXISTS public.fencepost_migrations (
@@ -55,6 +57,7 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
       }
     } finally {
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]);
+      await client.query('RESET statement_timeout');
     }
   } finally {
     client.release();

@@ -59,7 +59,7 @@ export function isUnavailable(err: unknown): boolean {
   if (typeof e.code === 'string' && NODE_NET_ERRORS.has(e.code)) return true;
   // node-postgres reports a dropped connection or pool wait without a code.
   const msg = typeof e.message === 'string' ? e.message : '';
-  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end/.test(msg);
+  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end|Query read timeout/.test(msg);
 }
 
 export function coerceError(err: unknown): Error {

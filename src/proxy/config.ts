@@ -19,6 +19,8 @@ export interface ProxyConfig {
   embeddedPgPort: number;
   bodyLimitBytes: number;
   poolSize: number;
+  /** Bound on each statement of the fenced write path and reads (0 = none). */
+  statementTimeoutMs: number;
   /** Fenced write batches (statements) in flight at once. */
   writeConcurrency: number;
   /** Most writes coalesced into one statement; 1 = no coalescing. */
@@ -175,6 +177,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
     writeConcurrency,
+    statementTimeoutMs: int(env, 'FENCEPOST_STATEMENT_TIMEOUT_MS', 10_000, 0, 3_600_000),
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),

@@ -26,14 +26,20 @@ export function createLogger(level: string): Logger {
   return pino({ level, base: { service: 'fencepost-proxy' }, redact: LOG_REDACT }, pino.destination(2));
 }
 
-export function createPool(databaseUrl: string, max: number): pg.Pool {
+/**
+ * `statementTimeoutMs` bounds every statement server-side (a cancelled statement did not commit:
+ * 503, safe to retry), and, 5 s later, client-side too, for a database that stopped answering.
+ */
+export function createPool(databaseUrl: string, max: number, opts: { statementTimeoutMs?: number } = {}): pg.Pool {
+  const timeout = opts.statementTimeoutMs ?? 0;
   const pool = new pg.Pool({
     connectionString: databaseUrl,
     max,
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30_000,
     // Every 200 means durably committed, whatever the database's default says.
-    options: '-c synchronous_commit=on',
+    options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}`,
+    ...(timeout > 0 ? { query_timeout: timeout + 5000 } : {}),
   });
   // An idle client losing its connection must not crash the process; the next query reports it.
   pool.on('error', () => {});
@@ -53,7 +59,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     });
     databaseUrl = embedded.url;
   }
-  const pool = createPool(databaseUrl, config.poolSize);
+  const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs });
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, { concurrency: config.writeConcurrency, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
   if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');

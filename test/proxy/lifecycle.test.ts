@@ -9,7 +9,7 @@ import { loadConfig, ConfigError } from '../../src/proxy/config.ts';
 import { loadMigrations, migrate } from '../../src/fence/migrate.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
 import { createTestDatabase } from '../support/db.ts';
-import { BIN, spawnProxy } from '../support/proxy.ts';
+import { BIN, spawnProxy, testApp } from '../support/proxy.ts';
 import { createPool } from '../../src/proxy/server.ts';
 
 describe('durability and graceful shutdown', () => {
@@ -125,6 +125,33 @@ describe('durability settings', () => {
         await pool.end();
       }
     } finally {
+      await db.drop();
+    }
+  });
+});
+
+describe('bounded waits', () => {
+  test('a write stuck behind a fence row lock past FENCEPOST_STATEMENT_TIMEOUT_MS gets 503 unavailable and writes nothing', async () => {
+    const db = await createTestDatabase();
+    const pool = createPool(db.url, 4, { statementTimeoutMs: 300 });
+    const app = testApp(pool);
+    const holder = await db.pool.connect();
+    try {
+      expect((await app.inject({ method: 'PUT', url: '/v1/fences/locked', headers: { 'fencing-token': '5' } })).statusCode).toBe(200);
+      await holder.query('BEGIN');
+      await holder.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'locked' FOR UPDATE`);
+      const res = await app.inject({ method: 'PUT', url: '/v1/objects/stuck', headers: { 'fencing-token': '6', 'fence-key': 'locked' }, payload: 'x' });
+      expect(res.statusCode).toBe(503);
+      expect(res.json().error).toBe('unavailable');
+      await holder.query('ROLLBACK');
+      expect((await app.inject({ url: '/v1/objects/stuck' })).statusCode).toBe(404);
+      expect((await app.inject({ url: '/v1/fences/locked' })).json().highestToken).toBe('5');
+      // Once the lock is gone the same write goes through.
+      expect((await app.inject({ method: 'PUT', url: '/v1/objects/stuck', headers: { 'fencing-token': '6', 'fence-key': 'locked' }, payload: 'x' })).statusCode).toBe(200);
+    } finally {
+      holder.release();
+      await app.close();
+      await pool.end();
       await db.drop();
     }
   });

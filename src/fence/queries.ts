@@ -22,6 +22,11 @@ export interface WriteRow {
  * the token is ≥ the recorded one (ON CONFLICT locks the row and re-checks the WHERE against the
  * latest committed version), and the object write/delete joins on that row. A rejected operation
  * changes nothing. Rows are locked in key order so concurrent batches cannot deadlock on fences.
+ *
+ * An object also keeps the token and fence key of its last write: a write naming another fence key
+ * must carry a token ≥ the object's (checked on the locked row), so a writer cannot step around an
+ * object's fence by naming a fence it holds. Such a write is `object_refused`: its fence key was
+ * rightly raised (the caller holds that token) but the object is untouched.
  * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
  */
 export function fencedWrite(rows: readonly WriteRow[], opts: { unguarded?: boolean } = {}): Query {
@@ -49,20 +54,36 @@ put AS (
   ON CONFLICT (key) DO UPDATE
     SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
         content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
+    WHERE o.fence_key = EXCLUDED.fence_key OR o.token <= EXCLUDED.token
   RETURNING o.key, o.version
 ),
 del AS (
   DELETE FROM fencepost.objects o
   USING input i JOIN fence USING (fence_key)
-  WHERE i.kind = 'delete' AND o.key = i.key
+  WHERE i.kind = 'delete' AND o.key = i.key AND (o.fence_key = i.fence_key OR o.token <= i.token)
   RETURNING o.key
 )
-SELECT i.ord, fence.highest_token, put.version
+SELECT i.ord, fence.highest_token, put.version,
+  fence.fence_key IS NOT NULL AND CASE i.kind
+    WHEN 'put' THEN put.key IS NULL
+    WHEN 'delete' THEN del.key IS NULL AND EXISTS (
+      SELECT 1 FROM fencepost.objects c WHERE c.key = i.key AND c.fence_key <> i.fence_key AND c.token > i.token)
+    ELSE false END AS object_refused
 FROM input i
 LEFT JOIN fence USING (fence_key)
 LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
+LEFT JOIN del ON i.kind = 'delete' AND del.key = i.key
 ORDER BY i.ord`,
     values: writeValues(rows),
+  };
+}
+
+/** The fence key and token of each object's last write (to explain an object_refused write). */
+export function objectFences(keys: readonly string[]): Query {
+  return {
+    name: 'fencepost_object_fences',
+    text: `SELECT key, fence_key, token FROM fencepost.objects WHERE key = ANY($1::text[])`,
+    values: [keys],
   };
 }
 
@@ -124,6 +145,8 @@ export interface RejectionRow {
   key: string | null;
   token: bigint;
   writerId: string | null;
+  /** The fenced write counted it as accepted (object_refused): move that count to rejected. */
+  undoAccept?: boolean;
 }
 
 /**
@@ -135,14 +158,14 @@ export function recordRejections(rows: readonly RejectionRow[]): Query {
     name: 'fencepost_record_rejections',
     text: `
 WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
-    AS t(operation, fence_key, key, token, writer_id)
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
+    AS t(operation, fence_key, key, token, writer_id, undo_accept)
 ),
 counts AS (
-  SELECT fence_key, count(*) AS n FROM input GROUP BY fence_key
+  SELECT fence_key, count(*) AS n, count(*) FILTER (WHERE undo_accept) AS undo FROM input GROUP BY fence_key
 ),
 bump AS (
-  UPDATE fencepost.fences f SET rejected = f.rejected + c.n
+  UPDATE fencepost.fences f SET rejected = f.rejected + c.n, accepted = f.accepted - c.undo
   FROM counts c WHERE f.fence_key = c.fence_key
   RETURNING f.fence_key, f.highest_token
 ),
@@ -158,6 +181,7 @@ SELECT fence_key, highest_token FROM bump`,
       rows.map((r) => r.key),
       rows.map((r) => r.token.toString()),
       rows.map((r) => r.writerId),
+      rows.map((r) => r.undoAccept === true),
     ],
   };
 }

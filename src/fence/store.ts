@@ -18,7 +18,8 @@ export type FencedOp =
 
 export type FencedResult =
   | { accepted: true; highestToken: bigint; version: bigint | null }
-  | { accepted: false; highestToken: bigint };
+  /** `fenceKey`: the fence the token lost against, when not the request's own (object_refused). */
+  | { accepted: false; highestToken: bigint; fenceKey?: string };
 
 export interface StoredObject {
   fenceKey: string;
@@ -191,7 +192,7 @@ export class FenceStore {
       contentType: op.kind === 'put' ? op.contentType : null,
       body: op.kind === 'put' ? op.body : null,
     }));
-    type Row = { ord: number; highest_token: string | null; version: string | null };
+    type Row = { ord: number; highest_token: string | null; version: string | null; object_refused?: boolean | null };
     let rows: { rows: Row[] };
     if (this.mode === 'strict') {
       rows = await this.withRetry(() => this.pool.query<Row>(q.fencedWrite(writeRows)));
@@ -213,16 +214,25 @@ export class FenceStore {
     }
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
+    const refused = new Set<number>(); // passed the fence, refused by the object's own token
     for (const row of rows.rows) {
-      if (row.highest_token === null) rejected.push(row.ord);
+      if (row.object_refused === true) refused.add(row.ord);
+      if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
       else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version) };
     }
     if (rejected.length > 0) {
       // The accepted writes have committed: if recording the rejections fails, only the rejected
       // operations get the error.
       try {
-        const highest = await this.recordRejections(rejected.map((i) => ops[i]!));
-        for (const i of rejected) results[i] = { accepted: false, highestToken: highest.get(ops[i]!.fenceKey) ?? ops[i]!.token };
+        const highest = await this.recordRejections(rejected.map((i) => ops[i]!), refused.size > 0 ? rejected.map((i) => refused.has(i)) : []);
+        const objects = refused.size > 0 ? await this.objectFences([...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; token: bigint }>();
+        for (const i of rejected) {
+          const op = ops[i]!;
+          const obj = refused.has(i) && op.kind !== 'fence' ? objects.get(op.key) : undefined;
+          results[i] = obj
+            ? { accepted: false, highestToken: obj.token, fenceKey: obj.fenceKey }
+            : { accepted: false, highestToken: highest.get(op.fenceKey) ?? op.token };
+        }
       } catch (err) {
         for (const i of rejected) results[i] = { failed: err };
       }
@@ -234,8 +244,8 @@ export class FenceStore {
   }
 
   /** Counts and logs rejected operations; returns each fence's highest token, read after the rejection. */
-  private async recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
-    const rows = ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId }));
+  private async recordRejections(ops: FencedOp[], undoAccept: boolean[] = []): Promise<Map<string, bigint>> {
+    const rows = ops.map((op, i) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId, undoAccept: undoAccept[i] === true }));
     const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
     return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   }
@@ -250,6 +260,11 @@ export class FenceStore {
         await new Promise((r) => setTimeout(r, Math.random() * 5 * (attempt + 1)));
       }
     }
+  }
+
+  private async objectFences(keys: string[]): Promise<Map<string, { fenceKey: string; token: bigint }>> {
+    const { rows } = await this.pool.query<{ key: string; fence_key: string; token: string }>(q.objectFences(keys));
+    return new Map(rows.map((r) => [r.key, { fenceKey: r.fence_key, token: BigInt(r.token) }]));
   }
 
   async readObject(key: string): Promise<StoredObject | null> {

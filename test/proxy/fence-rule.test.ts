@@ -239,3 +239,34 @@ describe('health', () => {
     }
   });
 });
+
+describe("an object's own token", () => {
+  test('a write naming another fence key cannot overwrite an object with a lower token', async () => {
+    const key = uniq('guarded-object');
+    const fence = uniq('owner-fence');
+    expect((await put(key, '10', 'owner', { 'fence-key': fence })).statusCode).toBe(200);
+    // A zombie of the owner's election, sending no Fence-Key (so its fence key is the object key,
+    // never raised) or naming a fence it holds, with a token below the object's.
+    for (const headers of [{}, { 'fence-key': uniq('other-fence') }]) {
+      const res = await put(key, '1', 'zombie', headers);
+      expect(res.statusCode).toBe(409);
+      expect(res.json()).toMatchObject({ error: 'stale_token', fenceKey: fence, token: '1', highestToken: '10' });
+    }
+    const del = await app.inject({ method: 'DELETE', url: `/v1/objects/${key}`, headers: { 'fencing-token': '2' } });
+    expect(del.statusCode).toBe(409);
+    const read = await get(key);
+    expect(read.body).toBe('owner');
+    expect(read.headers['fencing-token']).toBe('10');
+    // Refusals are counted as rejections, not acceptances, on the fence they named.
+    expect((await app.inject({ url: `/v1/fences/${encodeURIComponent(key)}` })).json()).toMatchObject({ accepted: 0, rejected: 2 });
+  });
+
+  test('moving an object to another fence key works with a token at least the object’s', async () => {
+    const key = uniq('moving-object');
+    expect((await put(key, '10', 'a', { 'fence-key': uniq('fence-a') })).statusCode).toBe(200);
+    const b = uniq('fence-b');
+    expect((await put(key, '10', 'b', { 'fence-key': b })).json()).toMatchObject({ fenceKey: b, version: 2 });
+    expect((await put(key, '11', 'b2', { 'fence-key': b })).json()).toMatchObject({ fenceKey: b, version: 3 });
+    expect((await get(key)).body).toBe('b2');
+  });
+});

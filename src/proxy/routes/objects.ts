@@ -27,7 +27,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
     await admitWrite(req, fenceKey, token, key);
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
     const result = await app.store.write({ kind: 'put', key, fenceKey, token, contentType: contentTypeOf(req), body, writerId: writerId(req) });
-    if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
+    if (!result.accepted) throw staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     return { key, fenceKey, token: token.toString(), version: Number(result.version) };
   });
 
@@ -49,7 +49,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
     const token = requireToken(req);
     await admitWrite(req, fenceKey, token, key);
     const result = await app.store.write({ kind: 'delete', key, fenceKey, token, writerId: writerId(req) });
-    if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
+    if (!result.accepted) throw staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     return reply.code(204).send();
   });
 

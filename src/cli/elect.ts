@@ -83,6 +83,14 @@ export interface ElectCommandOptions {
 
 class UsageError extends Error {}
 
+/** Thrown by a `beforeChildStart` hook for a condition no new term will fix: the command exits 1. */
+export class FatalHookError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'FatalHookError';
+  }
+}
+
 export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}): ElectConfig {
   let parsed;
   try {
@@ -220,6 +228,10 @@ class ElectRunner {
           const signal = AbortSignal.any([termSignal, this.stop.signal]);
           extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal })) ?? {};
         } catch (err) {
+          if (err instanceof FatalHookError) {
+            termLog.error({ err }, 'cannot lead: leaving the election');
+            return 1;
+          }
           termLog.error({ err }, 'beforeChildStart failed; resigning this term');
           await this.election.resign();
           continue;

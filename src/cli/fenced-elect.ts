@@ -1,16 +1,16 @@
 // `fencepost elect … --proxy <url> --fence-key <key>`: before each term's command starts, advance the
 // fence at the proxy to the new token (locking a zombie predecessor out of every key of that fence),
 // and pass FENCEPOST_URL and FENCE_KEY to the command. A 409 means a newer leader exists: resign.
-import { electCommand, type BeforeChildStart, type ElectConfig } from './elect.ts';
-import { ProxyClient, ProxyError, StaleTokenError } from '../writer/index.ts';
-
-const RETRY_MS = 250;
+// Another 4xx (bad key, forbidden fence) is a setup error: exit 1.
+import { electCommand, FatalHookError, type BeforeChildStart, type ElectConfig } from './elect.ts';
+import { ProxyClient } from '../writer/index.ts';
+import { advanceFence } from '../writer/advance.ts';
 
 export async function fencedElectCommand(argv: string[]): Promise<number> {
   return await electCommand(argv, {
     options: { proxy: { type: 'string' }, 'fence-key': { type: 'string' } },
     validate: checkProxyFlags,
-    beforeChildStart: advanceFence,
+    beforeChildStart: advanceBeforeChild,
   });
 }
 
@@ -22,28 +22,25 @@ function checkProxyFlags(config: ElectConfig): string | null {
   return null;
 }
 
-async function advanceFence(ctx: BeforeChildStart): Promise<Record<string, string> | void> {
-  const url = ctx.config.values.proxy;
-  const fenceKey = ctx.config.values['fence-key'];
-  if (url === undefined && fenceKey === undefined) return;
-  if (typeof url !== 'string' || typeof fenceKey !== 'string' || url === '' || fenceKey === '') {
-    throw new Error('--proxy and --fence-key go together');
-  }
+async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string, string> | void> {
+  const { proxy: url, 'fence-key': fenceKey } = ctx.config.values;
+  if (typeof url !== 'string' || typeof fenceKey !== 'string') return; // checked at start: both or neither
   const client = new ProxyClient(url, { writerId: ctx.config.id, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) });
-  // Retry while the proxy is unreachable and the term lasts; a 4xx other than 409 is a setup error.
-  while (!ctx.signal.aborted) {
-    try {
-      const highest = await client.advanceFence(fenceKey, ctx.token);
-      ctx.logger.info({ fenceKey, highestToken: highest.toString() }, 'fence advanced');
+  const outcome = await advanceFence(client, fenceKey, ctx.token, {
+    signal: ctx.signal,
+    onRetry: (err) => ctx.logger.warn({ err, fenceKey }, 'fence advance failed; retrying'),
+  });
+  switch (outcome.kind) {
+    case 'advanced':
+      ctx.logger.info({ fenceKey, highestToken: outcome.highestToken.toString() }, 'fence advanced');
       return { FENCEPOST_URL: client.baseUrl, FENCE_KEY: fenceKey };
-    } catch (err) {
-      if (err instanceof StaleTokenError) {
-        ctx.logger.warn({ fenceKey, highestToken: err.highestToken.toString() }, 'a newer token holds the fence');
-        throw err;
-      }
-      if (err instanceof ProxyError && err.status < 500) throw err;
-      ctx.logger.warn({ err, fenceKey }, 'fence advance failed; retrying');
-      await new Promise((r) => setTimeout(r, RETRY_MS));
-    }
+    case 'stale':
+      ctx.logger.warn({ fenceKey, highestToken: outcome.error.highestToken.toString() }, 'a newer token holds the fence');
+      throw outcome.error; // resigns this term
+    case 'refused':
+      // 401/403/400 will not go away by retrying: stop instead of resigning forever.
+      throw new FatalHookError(`the proxy refused the fence advance: ${outcome.error.message}`, { cause: outcome.error });
+    case 'aborted':
+      return;
   }
 }

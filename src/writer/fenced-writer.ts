@@ -4,7 +4,8 @@
 import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import type { Election } from '../election/index.ts';
-import { ProxyClient, ProxyError, StaleTokenError, type PutResult } from './proxy-client.ts';
+import { ProxyClient, StaleTokenError, type ProxyError, type PutResult } from './proxy-client.ts';
+import { advanceFence } from './advance.ts';
 
 /** A write was attempted while this writer is not a leader with an advanced fence; no request was sent. */
 export class NotLeaderError extends Error {
@@ -28,6 +29,8 @@ export interface FencedWriterEvents {
   ready: [{ token: bigint }];
   /** A 409 showed a newer token; this writer resigned. */
   'stepped-down': [{ token: bigint; highestToken: bigint }];
+  /** The proxy refused the fence advance with a 4xx other than 409 (401, 403…); this writer resigned. */
+  refused: [{ token: bigint; error: ProxyError }];
 }
 
 export class FencedWriter extends EventEmitter<FencedWriterEvents> {
@@ -65,20 +68,21 @@ export class FencedWriter extends EventEmitter<FencedWriterEvents> {
     return this.token !== null;
   }
 
-  /** Resolves with the token once leader with the fence advanced. */
+  /** Resolves with the token once leader with the fence advanced; rejects if the proxy refuses the advance. */
   waitUntilReady(signal?: AbortSignal): Promise<bigint> {
     const t = this.token;
     if (t !== null) return Promise.resolve(t);
     return new Promise((resolve, reject) => {
-      const onReady = ({ token }: { token: bigint }) => {
-        signal?.removeEventListener('abort', onAbort);
-        resolve(token);
-      };
-      const onAbort = () => {
+      const cleanup = () => {
         this.off('ready', onReady);
-        reject(signal?.reason ?? new Error('aborted'));
+        this.off('refused', onRefused);
+        signal?.removeEventListener('abort', onAbort);
       };
-      this.once('ready', onReady);
+      const onReady = ({ token }: { token: bigint }) => (cleanup(), resolve(token));
+      const onRefused = ({ error }: { error: ProxyError }) => (cleanup(), reject(error));
+      const onAbort = () => (cleanup(), reject(signal?.reason ?? new Error('aborted')));
+      this.on('ready', onReady);
+      this.on('refused', onRefused);
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
@@ -123,26 +127,33 @@ export class FencedWriter extends EventEmitter<FencedWriterEvents> {
     this.emit('stepped-down', { token, highestToken });
   }
 
-  /** The new leader's first act: raise the fence to its token, retrying while the proxy is unreachable. */
+  /** The new leader's first act: raise the fence to its token (see advance.ts). */
   private async advance(token: bigint): Promise<void> {
-    while (this.election.isLeader && this.election.token === token) {
-      try {
-        await this.proxy.advanceFence(this.fenceKey, token);
+    const outcome = await advanceFence(this.proxy, this.fenceKey, token, {
+      signal: this.election.signal, // the term's: aborts when leadership ends
+      retryDelayMs: this.retryDelayMs,
+      onRetry: (err) => this.log?.warn({ err, token: token.toString() }, 'fence advance failed; retrying'),
+    });
+    switch (outcome.kind) {
+      case 'advanced':
         if (this.election.token !== token) return;
         this.readyToken = token;
         this.log?.info({ token: token.toString() }, 'fence advanced: ready to write');
         this.emit('ready', { token });
         return;
-      } catch (err) {
-        if (err instanceof StaleTokenError) {
-          await this.stepDown(token, err.highestToken);
-          return;
-        }
-        const retryable = !(err instanceof ProxyError) || err.status >= 500;
-        this.log?.warn({ err, token: token.toString(), retryable }, 'fence advance failed');
-        if (!retryable) return;
-        await new Promise((r) => setTimeout(r, this.retryDelayMs));
-      }
+      case 'stale':
+        await this.stepDown(token, outcome.error.highestToken);
+        return;
+      case 'refused':
+        // A setup error (bad key, forbidden fence): leading without being able to write would
+        // block every other replica, so hand over, and tell the application.
+        this.log?.error({ err: outcome.error, token: token.toString() }, 'the proxy refused the fence advance: resigning');
+        if (this.election.token === token) await this.election.resign();
+        this.emit('refused', { token, error: outcome.error });
+        return;
+      case 'aborted':
+        return;
     }
   }
+
 }

@@ -247,7 +247,7 @@ describe("an object's own token", () => {
     expect((await put(key, '10', 'owner', { 'fence-key': fence })).statusCode).toBe(200);
     // A zombie of the owner's election, sending no Fence-Key (so its fence key is the object key,
     // never raised) or naming a fence it holds, with a token below the object's.
-    for (const headers of [{}, { 'fence-key': uniq('other-fence') }]) {
+    for (const headers of [{}, { 'fence-key': uniq('other-fence') }] as Record<string, string>[]) {
       const res = await put(key, '1', 'zombie', headers);
       expect(res.statusCode).toBe(409);
       expect(res.json()).toMatchObject({ error: 'stale_token', fenceKey: fence, token: '1', highestToken: '10' });

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { inject } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { Election } from '../../src/election/index.ts';
-import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
+import { FencedWriter, NotLeaderError, ProxyClient, ProxyError, StaleTokenError } from '../../src/writer/index.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, testApp } from '../support/proxy.ts';
 import { uniquePath, waitFor } from '../election/helpers.ts';
@@ -90,6 +90,20 @@ describe('FencedWriter', () => {
     expect((await new ProxyClient(url).get('k'))).toBeNull();
     wa.close();
     wb.close();
+  });
+
+  test('a fence advance the proxy refuses (4xx) makes the writer resign and waitUntilReady reject, so another replica can lead', async () => {
+    const path = uniquePath('writer-refused');
+    const a = await candidate(path, 'a');
+    const b = await candidate(path, 'b');
+    const bad = 'x'.repeat(1025); // over the key limit: 400 invalid_key, which no retry will fix
+    const wa = new FencedWriter({ election: a, proxy: url, fenceKey: bad });
+    const err = await wa.waitUntilReady().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ProxyError);
+    expect((err as ProxyError).code).toBe('invalid_key');
+    await waitFor(() => b.isLeader, 10_000, 'b to lead after a resigned');
+    expect(a.isLeader).toBe(false);
+    wa.close();
   });
 
   test("a new leader's fence advance locks a zombie out of a key the new leader has not written yet", async () => {

@@ -11,7 +11,7 @@ export interface Rejection {
   fenceKey: string;
   /** Null for a fence-only advance. */
   objectKey: string | null;
-  operation: OpKind;
+  operation: OpKind | 'transaction';
   token: bigint;
   /** The fence's highest token when the write was refused. */
   highestToken: bigint;
@@ -122,7 +122,7 @@ interface RejectionRow {
   id: string;
   fence_key: string;
   object_key: string | null;
-  operation: OpKind;
+  operation: OpKind | 'transaction';
   token: string;
   highest_token: string;
   writer_id: string | null;

@@ -78,7 +78,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   const status = (err as FastifyError).statusCode;
   if (status !== undefined && status >= 400 && status < 500) return new ApiError('bad_request', err.message);
-  return new ApiError('internal', 'internal error; the write did not commit', {}, { cause: err });
+  return new ApiError('internal', 'internal error; the write may not have committed: read it back or retry', {}, { cause: err });
 }
 
 function sendError(reply: FastifyReply, err: ApiError): void {

@@ -23,7 +23,7 @@ export const ERRORS = {
   sql_timeout: { status: 504, description: 'a statement ran past `FENCEPOST_TX_STATEMENT_TIMEOUT_MS` (SQLSTATE 57014); nothing applied' },
   request_timeout: { status: 408, description: 'the request (headers and body) did not arrive within `FENCEPOST_REQUEST_TIMEOUT_MS`; the connection is closed' },
   headers_too_large: { status: 431, description: 'request headers over 16 KiB; the connection is closed' },
-  internal: { status: 500, description: 'a bug: the write did not commit' },
+  internal: { status: 500, description: 'a bug; the write may not have committed: read it back or retry' },
 } as const satisfies Record<string, { status: number; description: string }>;
 
 export type ErrorCode = keyof typeof ERRORS;

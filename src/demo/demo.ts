@@ -209,7 +209,8 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
 
   // 8. Stop the writers, then check the history against the database.
   quiet = true;
-  line(Date.now(), 'demo', 'stopping writers; checking the database');
+  const stoppedAt = Date.now();
+  line(stoppedAt, 'demo', 'stopping writers; checking the database');
   await Promise.all(
     [...children.values()].map(
       (c) =>
@@ -222,7 +223,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
         }),
     ),
   );
-  const replicas = summarise(events, o.replicas);
+  const replicas = summarise(events.filter((e) => e.t < stoppedAt), o.replicas); // not the handovers of stopping
   if (proxy) {
     try {
       highestToken = await checkAgainstDatabase(proxy, fenceKey, objectKey, events, zombie, failures);

@@ -151,7 +151,8 @@ describe('with bearer keys required for reads', () => {
     try {
       expect((await fetch(`${securedUrl}/v1/stats`)).status).toBe(401);
       expect((await fetch(`${securedUrl}/v1/rejections`)).status).toBe(401);
-      expect((await fetch(`${securedUrl}/metrics`)).status).toBe(200); // open, like /healthz: no keys or data
+      expect((await fetch(`${securedUrl}/metrics`)).status).toBe(401); // metrics follow FENCEPOST_READ_ACCESS
+      expect((await fetch(`${securedUrl}/metrics`, { headers: { authorization: `Bearer ${secret}` } })).status).toBe(200);
       const sent: (string | undefined)[] = [];
       page.on('request', (r) => r.url().includes('/v1/stats') && sent.push(r.headers().authorization));
       const res = await page.goto(`${securedUrl}/dashboard?refreshMs=300`);

@@ -343,6 +343,13 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     const stalled = t - this.lastTickAt > 2 * this.tickMs;
     this.lastTickAt = t;
     if (this.stateValue === 'connected') {
+      if (stalled && t - this.lastAckSentAt > T) {
+        // This process slept through its whole lease: the server may have expired the session and
+        // someone else may lead. Leadership is in doubt now, before any other timer of ours runs.
+        this.dropConnection(`stalled past the session timeout (${Math.round(t - this.lastAckSentAt)} ms since the last acknowledged request)`);
+        this.onDisconnected();
+        return;
+      }
       if (!stalled && t - this.lastReplyAt > this.livenessTimeoutMs) {
         this.dropConnection(`no reply from server for ${Math.round(t - this.lastReplyAt)} ms`);
         return;

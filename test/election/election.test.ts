@@ -111,6 +111,20 @@ test('a single candidate that resigns is re-elected at once with a greater token
   expect(t2 > t1).toBe(true);
 });
 
+test('a leader whose process stalls past the session timeout has its signal aborted before any timer of its own runs', async () => {
+  // Invariant: after a pause longer than the lease (a GC pause, SIGSTOP), leadership is in doubt at
+  // once: the first thing the process can observe is an aborted signal, not a live term.
+  const e = track(new Election({ connect, path: uniquePath('stall'), sessionTimeoutMs: 2000 }));
+  await e.start();
+  await e.waitForLeadership();
+  const signal = e.signal;
+  const until = Date.now() + 2600;
+  while (Date.now() < until); // a synchronous stall: no timer, no I/O
+  // Timers that expired during the stall run first; this one was scheduled after them.
+  const seen = await new Promise<boolean>((r) => setTimeout(() => r(signal.aborted), 0));
+  expect(seen).toBe(true);
+});
+
 test('herd: when the leader leaves, only its immediate successor is woken', async () => {
   // Invariant: each candidate watches only its predecessor, so one departure = one watch notification.
   const path = uniquePath('herd');

@@ -78,6 +78,18 @@ describe('race on one fence key', () => {
     }
   });
 
+  test('the same race catches the classic bug: check and write in two statements (two-step mode)', async () => {
+    // Guards the guard on real servers: with the check outside the write, stale writes get in.
+    const env = { DATABASE_URL: db.url, FENCEPOST_POOL_SIZE: '4', FENCEPOST_UNSAFE_FENCE_MODE: 'two-step' };
+    const proxies: ProxyProcess[] = await Promise.all([spawnProxy(env), spawnProxy(env)]);
+    try {
+      const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey: 'race-broken', objectKeys: ['race-broken/a'], writers: 32, writesPerWriter: 25 });
+      expect(checkRace(records).length).toBeGreaterThan(0); // typically a dozen per run here
+    } finally {
+      await Promise.all(proxies.map((p) => p.stop()));
+    }
+  });
+
   test('the checker catches a history where a stale write was accepted', () => {
     // Guards the guard: a write sent after token 7 was acknowledged, accepted with token 6.
     const base = { writer: 0, url: '', objectKey: 'k', body: '', status: 200 };

@@ -1,0 +1,11 @@
+// The package's public API: the election library, the writer client, and the proxy for embedding.
+export * from './election/index.ts';
+export * from './writer/index.ts';
+export { advanceFence, type AdvanceOutcome } from './writer/advance.ts';
+export { buildApp, type AppOptions } from './proxy/app.ts';
+export { startProxy, createPool, type RunningProxy } from './proxy/server.ts';
+export { loadConfig, ConfigError, type ProxyConfig } from './proxy/config.ts';
+export { ERRORS, ApiError, type ErrorCode } from './proxy/errors.ts';
+export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult } from './fence/store.ts';
+export { migrate } from './fence/migrate.ts';
+export { parseToken, MAX_TOKEN } from './fence/token.ts';

@@ -256,10 +256,11 @@ export class ChaosCluster implements NemesisTarget {
     }
   }
 
-  async stopPostgres(): Promise<void> {
+  /** `crash`: immediate shutdown (no checkpoint), so the restart runs WAL recovery. */
+  async stopPostgres(crash = false): Promise<void> {
     const pg = this.pg;
     this.pg = null;
-    await pg?.stop();
+    await (crash ? pg?.crash() : pg?.stop());
   }
 
   async startPostgres(): Promise<void> {

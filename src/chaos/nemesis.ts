@@ -21,7 +21,7 @@ export type PlannedFault =
   | { n: number; atMs: number; kind: 'kill-writer'; target: WriterTarget; downMs: number }
   | { n: number; atMs: number; kind: 'restart-zookeeper'; server: number; downMs: number }
   | { n: number; atMs: number; kind: 'restart-proxy'; proxy: number; signal: 'SIGTERM' | 'SIGKILL'; downMs: number }
-  | { n: number; atMs: number; kind: 'restart-postgres'; downMs: number };
+  | { n: number; atMs: number; kind: 'restart-postgres'; crash: boolean; downMs: number };
 
 export interface ScheduleOptions {
   seed: number;
@@ -90,7 +90,7 @@ export function planSchedule(o: ScheduleOptions): PlannedFault[] {
       case 'restart-proxy':
         return { n: 0, atMs, kind, proxy: rng.int(0, o.proxies - 1), signal: rng.next() < 0.5 ? 'SIGTERM' : 'SIGKILL', downMs: rng.int(200, 1500) };
       case 'restart-postgres':
-        return { n: 0, atMs, kind, downMs: rng.int(200, 1500) };
+        return { n: 0, atMs, kind, crash: rng.next() < 0.5, downMs: rng.int(200, 1500) };
     }
   };
   // Each lane cycles through its kinds in a fresh seeded order, so a short run still sees every kind.
@@ -132,7 +132,7 @@ export function describeFault(f: PlannedFault): string {
     case 'restart-proxy':
       return `${at} #${f.n} ${f.signal} proxy ${f.proxy + 1}, restart after ${f.downMs} ms`;
     case 'restart-postgres':
-      return `${at} #${f.n} restart Postgres (down ${f.downMs} ms)`;
+      return `${at} #${f.n} ${f.crash ? 'crash Postgres (SIGQUIT: no checkpoint, WAL recovery on restart)' : 'restart Postgres'} (down ${f.downMs} ms)`;
   }
 }
 
@@ -150,7 +150,7 @@ export interface NemesisTarget {
   startZooKeeper(server: number): Promise<void>;
   stopProxy(index: number, signal: NodeJS.Signals): Promise<void>;
   startProxy(index: number): Promise<void>;
-  stopPostgres(): Promise<void>;
+  stopPostgres(crash?: boolean): Promise<void>;
   startPostgres(): Promise<void>;
 }
 
@@ -241,7 +241,7 @@ async function inject(f: PlannedFault, t: NemesisTarget): Promise<string> {
       await t.startProxy(f.proxy);
       return `proxy ${f.proxy + 1}`;
     case 'restart-postgres':
-      await t.stopPostgres();
+      await t.stopPostgres(f.crash);
       await sleep(f.downMs);
       await t.startPostgres();
       return 'postgres';

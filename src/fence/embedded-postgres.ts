@@ -27,6 +27,11 @@ export interface RunningPostgres {
   url: string;
   port: number;
   stop(): Promise<void>;
+  /**
+   * Immediate shutdown (SIGQUIT to the postmaster): no checkpoint, no flush, like a crash. The next
+   * start on the same data dir runs WAL recovery. For fault injection.
+   */
+  crash(): Promise<void>;
 }
 
 const USER = 'fencepost';
@@ -74,7 +79,29 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
     url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${opts.port}/postgres`,
     port: opts.port,
     stop: () => pg.stop(),
+    crash: () => crashPostmaster(dataDir),
   };
+}
+
+async function crashPostmaster(dataDir: string): Promise<void> {
+  const pidFile = join(dataDir, 'postmaster.pid');
+  if (!existsSync(pidFile)) return;
+  const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
+  if (!Number.isInteger(pid) || pid <= 0) return;
+  try {
+    process.kill(pid, 'SIGQUIT');
+  } catch {
+    return; // already gone
+  }
+  for (let i = 0; i < 200; i++) {
+    try {
+      process.kill(pid, 0);
+    } catch {
+      return;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`Postgres (pid ${pid}) did not exit after SIGQUIT`);
 }
 
 /** A SIGKILLed server leaves postmaster.pid behind; Postgres itself checks the pid, but only if it is not reused. */

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { loadConfig, ConfigError } from '../../src/proxy/config.ts';
 import { loadMigrations, migrate } from '../../src/fence/migrate.ts';
+import { startEmbeddedPostgres } from '../../src/fence/embedded-postgres.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
 import { createTestDatabase } from '../support/db.ts';
 import { BIN, spawnProxy, testApp } from '../support/proxy.ts';
@@ -52,6 +53,45 @@ describe('durability and graceful shutdown', () => {
         expect(await second.stop('SIGINT')).toBe(0);
       }
     } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('durability across a Postgres crash', () => {
+  test('every write answered 200 survives an immediate shutdown (no checkpoint) and WAL recovery', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencepost-crash-'));
+    chmodSync(dir, 0o755);
+    const port = await freePort();
+    let pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port });
+    try {
+      const pool = createPool(pg.url, 4);
+      await migrate(pool);
+      const app = testApp(pool);
+      const acked: string[] = [];
+      await Promise.all(
+        Array.from({ length: 8 }, async (_, c) => {
+          for (let i = c; i < 200; i += 8) {
+            const res = await app.inject({ method: 'PUT', url: `/v1/objects/crash-${i}`, headers: { 'fencing-token': '1' }, payload: `v${i}` });
+            if (res.statusCode === 200) acked.push(`crash-${i}`);
+          }
+        }),
+      );
+      expect(acked).toHaveLength(200);
+      await app.close();
+      await pool.end();
+      await pg.crash();
+      pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port });
+      const after = createPool(pg.url, 2);
+      try {
+        const { rows } = await after.query<{ key: string; body: Buffer }>('SELECT key, body FROM fencepost.objects');
+        const stored = new Map(rows.map((r) => [r.key, r.body.toString()]));
+        for (const key of acked) expect(stored.get(key), key).toBe(`v${key.slice('crash-'.length)}`);
+      } finally {
+        await after.end();
+      }
+    } finally {
+      await pg.stop();
       rmSync(dir, { recursive: true, force: true });
     }
   });

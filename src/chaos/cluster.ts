@@ -74,8 +74,13 @@ export class ChaosCluster implements NemesisTarget {
     const c = new ChaosCluster(opts);
     try {
       c.pgPort = await freePort();
-      const [, zk] = await Promise.all([c.startPostgres(), LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') })]);
-      c.zk = zk;
+      // allSettled, not all: when one fails, the other must still be known to stop() (a ZooKeeper
+      // ensemble left running is three JVMs nobody stops).
+      const [pgStart, zkStart] = await Promise.allSettled([c.startPostgres(), LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') })]);
+      if (zkStart.status === 'fulfilled') c.zk = zkStart.value;
+      if (pgStart.status === 'rejected') throw pgStart.reason;
+      if (zkStart.status === 'rejected') throw zkStart.reason;
+      const zk = zkStart.value;
       opts.log(`postgres ${c.databaseUrl}; zookeeper ${zk.connectString}`);
       for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: await freePort(), child: null });
       await Promise.all(c.proxySlots.map((_, i) => c.startProxy(i)));

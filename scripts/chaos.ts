@@ -4,6 +4,7 @@
 import { parseArgs } from 'node:util';
 import { FENCE_MODES, type FenceMode } from '../src/fence/store.ts';
 import { FAULT_KINDS, type FaultKind } from '../src/chaos/nemesis.ts';
+import { MAX_SEED } from '../src/chaos/prng.ts';
 import { runChaos } from '../src/chaos/run.ts';
 
 const { values } = parseArgs({
@@ -21,15 +22,15 @@ const { values } = parseArgs({
   strict: true,
 });
 
-function whole(name: string, raw: string | undefined, min: number): number {
-  if (raw === undefined || !/^\d+$/.test(raw) || Number(raw) < min) {
-    process.stderr.write(`chaos: --${name} must be a whole number ≥ ${min}, got ${JSON.stringify(raw)}\n`);
+function whole(name: string, raw: string | undefined, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  if (raw === undefined || !/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    process.stderr.write(`chaos: --${name} must be a whole number in ${min}…${max}, got ${JSON.stringify(raw)}\n`);
     process.exit(2);
   }
   return Number(raw);
 }
 
-const seed = values.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : whole('seed', values.seed, 0);
+const seed = values.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : whole('seed', values.seed, 0, MAX_SEED);
 const mode = values['fence-mode'] as FenceMode;
 if (!FENCE_MODES.includes(mode)) {
   process.stderr.write(`chaos: --fence-mode must be one of ${FENCE_MODES.join(', ')}\n`);

@@ -1,11 +1,15 @@
 // A small seeded PRNG (mulberry32): the same seed gives the same sequence on every machine, so a
 // chaos run's fault schedule can be replayed from its seed alone.
 
+export const MAX_SEED = 0xffff_ffff;
+
 export class Prng {
   private state: number;
 
+  /** `seed`: a whole number in 0…2^32−1 (the state is 32 bits: a larger seed would alias a smaller one). */
   constructor(seed: number) {
-    this.state = seed >>> 0;
+    if (!Number.isInteger(seed) || seed < 0 || seed > MAX_SEED) throw new RangeError(`seed must be a whole number in 0…${MAX_SEED}, got ${seed}`);
+    this.state = seed;
   }
 
   /** Uniform in [0, 1). */

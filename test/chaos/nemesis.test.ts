@@ -51,3 +51,9 @@ test('the PRNG is mulberry32: fixed output for a fixed seed', () => {
   const r = new Prng(1);
   expect([r.next(), r.next(), r.next()].map((x) => x.toFixed(8))).toEqual(['0.62707394', '0.00273572', '0.52744704']);
 });
+
+test('a seed outside 0…2^32−1 is refused, not aliased to another seed\'s schedule', () => {
+  expect(() => planSchedule({ ...base, seed: 2 ** 32 + 1 })).toThrow(RangeError);
+  for (const seed of [-1, 1.5, Number.NaN]) expect(() => new Prng(seed)).toThrow(RangeError);
+  expect(new Prng(2 ** 32 - 1).next()).toBeTypeOf('number');
+});

@@ -81,6 +81,21 @@ export class ForgeryGuard {
   }
 
   /**
+   * An object under a guarded prefix may only be written under a fence key guarded by the same
+   * election: otherwise a forger could name an unguarded fence key with a huge token, and the
+   * object's own token (see queries.ts) would then lock the real leader out of it.
+   */
+  admitObject(objectKey: string, fenceKey: string, token: bigint): void {
+    const path = this.pathFor(objectKey);
+    if (path === null || this.pathFor(fenceKey) === path) return;
+    throw new ApiError('unverified_token', `object ${JSON.stringify(objectKey)} is guarded by the election under ${path}; its fence key must be guarded by the same election`, {
+      fenceKey,
+      token: token.toString(),
+      electionPath: path,
+    });
+  }
+
+  /**
    * Resolves when the write may go ahead; throws 409 unverified_token when it would raise the fence
    * with a token that is not the current leader's, 503 unavailable when ZooKeeper cannot answer.
    */

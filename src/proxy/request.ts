@@ -39,6 +39,7 @@ export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
  */
 export async function admitWrite(req: FastifyRequest, fenceKey: string, token: bigint, objectKey?: string): Promise<void> {
   authorizeKeys(req, objectKey === undefined || objectKey === fenceKey ? [fenceKey] : [objectKey, fenceKey]);
+  if (objectKey !== undefined) req.server.forgeryGuard?.admitObject(objectKey, fenceKey, token);
   await req.server.forgeryGuard?.admit(fenceKey, token);
 }
 

@@ -73,6 +73,25 @@ describe('forgery guard with a real election', () => {
     expect(await highest('orders/fresh')).toBeNull();
   });
 
+  test('a guarded object cannot be written under an unguarded fence key, so a forged huge token cannot lock the leader out of it', async () => {
+    for (const object of ['orders/1', 'orders/not-yet-written']) {
+      const res = await app.inject({
+        method: 'PUT',
+        url: `/v1/objects/${encodeURIComponent(object)}`,
+        headers: { 'fencing-token': '9223372036854775807', 'fence-key': 'elsewhere/x' },
+        payload: 'forged',
+      });
+      expect(res.statusCode).toBe(409);
+      expect(res.json()).toMatchObject({ error: 'unverified_token', electionPath });
+    }
+    const del = await app.inject({ method: 'DELETE', url: '/v1/objects/orders%2F1', headers: { 'fencing-token': '9223372036854775807', 'fence-key': 'elsewhere/x' } });
+    expect(del.json().error).toBe('unverified_token');
+    expect(await highest('elsewhere/x')).toBeNull();
+    // The leader still writes both.
+    expect((await put('orders/1', tokenA)).statusCode).toBe(200);
+    expect((await put('orders/not-yet-written', tokenA)).statusCode).toBe(200);
+  });
+
   test('a queued candidate\'s sequence is not the leader\'s token: refused, and the leader keeps writing', async () => {
     b = await candidate('b');
     const seqB = BigInt(b.nodePath!.slice(-10));

@@ -4,7 +4,7 @@
 // component can be stopped and started again in place (same ports, same data), which is what the
 // nemesis does to it.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { appendFileSync, closeSync, mkdirSync, openSync } from 'node:fs';
+import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
@@ -12,7 +12,7 @@ import type { FenceMode } from '../fence/store.ts';
 import { TcpProxy } from '../faults/tcp-proxy.ts';
 import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
 import type { NemesisTarget } from './nemesis.ts';
-import type { WriterEvent } from './writer.ts';
+import { PAUSE_REQUEST_MS, type WriterEvent } from './writer.ts';
 
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
 
@@ -58,7 +58,6 @@ export class ChaosCluster implements NemesisTarget {
   private readonly writerSlots: WriterSlot[] = [];
   private readonly leaders = new Map<string, { slot: number; token: string }>();
   private readonly eventsFile: string;
-  private readonly listeners = new Set<(e: WriterEvent & { slot: number }) => void>();
 
   private constructor(opts: ClusterOptions) {
     this.opts = opts;
@@ -106,11 +105,6 @@ export class ChaosCluster implements NemesisTarget {
     return this.proxySlots.map((p) => `http://127.0.0.1:${p.port}`);
   }
 
-  onWriterEvent(fn: (e: WriterEvent & { slot: number }) => void): () => void {
-    this.listeners.add(fn);
-    return () => this.listeners.delete(fn);
-  }
-
   /** Resolves when every fence key has a writer that advanced its fence. */
   async waitForLeaders(timeoutMs: number): Promise<void> {
     const deadline = Date.now() + timeoutMs;
@@ -127,27 +121,20 @@ export class ChaosCluster implements NemesisTarget {
   }
 
   async pauseWriter(slot: number, midWrite: boolean): Promise<void> {
-    const w = this.writer(slot);
+    const child = this.writer(slot).child;
+    const pid = child?.pid;
+    if (!child || pid === undefined) return;
     if (midWrite) {
-      // SIGSTOP from the event handler itself: the writer is then in its pre-send work.
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          clearTimeout(timer);
-          off();
-          resolve();
-        };
-        const off = this.onWriterEvent((e) => {
-          if (e.slot === slot && e.event === 'write-begin') {
-            w.child?.kill('SIGSTOP');
-            done();
-          }
-        });
-        const timer = setTimeout(() => {
-          w.child?.kill('SIGSTOP'); // not writing (not a leader): pause it anyway
-          done();
-        }, 1000);
-      });
-    } else w.child?.kill('SIGSTOP');
+      // The writer freezes itself between taking its token and sending (see writer.ts); if it is
+      // not writing (not a leader), stop it where it is once its request has lapsed.
+      child.kill('SIGUSR2');
+      const deadline = Date.now() + PAUSE_REQUEST_MS + 200;
+      while (Date.now() < deadline) {
+        if (isStopped(pid)) return;
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    }
+    child.kill('SIGSTOP');
   }
 
   resumeWriter(slot: number): void {
@@ -323,11 +310,20 @@ export class ChaosCluster implements NemesisTarget {
       if (e.event === 'ready') this.leaders.set(e.fenceKey, { slot, token: e.token });
       else if ((e.event === 'revoked' || e.event === 'stepped-down') && cur?.slot === slot && cur.token === e.token) this.leaders.delete(e.fenceKey);
     }
-    for (const fn of this.listeners) fn({ ...e, slot });
   }
 
   /** A dead writer leads nothing (its restart is a new candidate with new tokens). */
   private forgetLeaderships(slot: number): void {
     for (const [k, v] of [...this.leaders]) if (v.slot === slot) this.leaders.delete(k);
+  }
+}
+
+/** Linux: is the process stopped (state T in /proc/<pid>/stat)? */
+function isStopped(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) === 'T';
+  } catch {
+    return false;
   }
 }

@@ -21,6 +21,9 @@ export interface WriterEvent {
 
 export const ledgerKey = (fenceKey: string): string => `${fenceKey}/ledger`;
 
+/** How long a writer honours a mid-write pause request (the nemesis waits a little longer). */
+export const PAUSE_REQUEST_MS = 800;
+
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export async function chaosWriterCommand(argv: string[]): Promise<number> {
@@ -63,6 +66,11 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
+  // SIGUSR2 from the nemesis: freeze yourself (SIGSTOP) at the next write, after taking the token
+  // and before sending, like a GC pause. A request not acted on within PAUSE_REQUEST_MS lapses (the
+  // nemesis then stops the process itself), so a late one cannot freeze a resumed writer again.
+  let pauseRequestedAt = -Infinity;
+  process.on('SIGUSR2', () => (pauseRequestedAt = Date.now()));
   emit({ event: 'started' });
 
   const elections: Election[] = [];
@@ -97,7 +105,11 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
       n++;
       const key = n % 2 === 1 ? `${fenceKey}/${id}/${n}` : ledgerKey(fenceKey);
       const body = JSON.stringify({ writer: id, fenceKey, n });
-      emit({ event: 'write-begin', fenceKey, token: token.toString() }); // lets the nemesis pause us mid-write
+      emit({ event: 'write-begin', fenceKey, token: token.toString() });
+      if (Date.now() - pauseRequestedAt < PAUSE_REQUEST_MS) {
+        pauseRequestedAt = -Infinity;
+        process.kill(process.pid, 'SIGSTOP'); // stops here; SIGCONT resumes on the next line
+      }
       const until = Date.now() + workMs;
       while (Date.now() < until); // synchronous work between taking the token and sending
       try {

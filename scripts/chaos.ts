@@ -42,7 +42,12 @@ if (kinds?.some((k) => !FAULT_KINDS.includes(k))) {
   process.exit(2);
 }
 
+// Ctrl-C or SIGTERM: stop every process the run started (ZooKeeper, Postgres, proxies, writers).
+const interrupt = new AbortController();
+for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => interrupt.abort(new Error(`chaos run interrupted (${sig})`)));
+
 const result = await runChaos({
+  signal: interrupt.signal,
   seed,
   durationMs: whole('duration-s', values['duration-s'], 1) * 1000,
   writers: whole('writers', values.writers, 2),
@@ -52,6 +57,10 @@ const result = await runChaos({
   sessionTimeoutMs: whole('session-timeout-ms', values['session-timeout-ms'], 400),
   ...(kinds ? { kinds } : {}),
   ...(values.dir ? { dir: values.dir } : {}),
+}).catch((err: unknown) => {
+  if (!interrupt.signal.aborted) throw err;
+  process.stderr.write(`${(err as Error).message}; every process stopped\n`);
+  process.exit(130);
 });
 process.stdout.write('\n' + result.report + '\n');
 process.exit(result.ok ? 0 : 1);

@@ -36,6 +36,8 @@ export interface ChaosOptions {
   /** Remove the whole run directory at the end. Default false. */
   cleanup?: boolean;
   print?: (line: string) => void;
+  /** Aborting ends the run early: every process is stopped and runChaos rejects. */
+  signal?: AbortSignal;
 }
 
 export interface ChaosResult {
@@ -100,12 +102,15 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       log: (l) => print(l),
     });
     await cluster.waitForLeaders(30_000);
+    o.signal?.throwIfAborted();
 
     // Load and faults.
     const startedAt = Date.now();
     print(`load started; every fence key has a leader`);
     const end = new AbortController();
     const timer = setTimeout(() => end.abort(), o.durationMs);
+    const onAbort = () => end.abort();
+    o.signal?.addEventListener('abort', onAbort, { once: true });
     const faultLines: string[] = [];
     const faults = await runNemesis(schedule, cluster, {
       startedAt,
@@ -116,8 +121,10 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       },
     });
     const left = startedAt + o.durationMs - Date.now();
-    if (left > 0) await new Promise((r) => setTimeout(r, left));
+    if (left > 0 && !end.signal.aborted) await new Promise((r) => end.signal.addEventListener('abort', r, { once: true }));
     clearTimeout(timer);
+    o.signal?.removeEventListener('abort', onAbort);
+    o.signal?.throwIfAborted();
     const loadMs = Date.now() - startedAt;
     writeFileSync(join(dir, 'faults.jsonl'), faultLines.join('\n') + '\n');
 

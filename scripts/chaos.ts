@@ -63,4 +63,12 @@ const result = await runChaos({
   process.exit(130);
 });
 process.stdout.write('\n' + result.report + '\n');
-process.exit(result.ok ? 0 : 1);
+if (!result.ok) process.exit(1);
+// No violation is only evidence if something was written and something was broken.
+const acknowledged = result.ops.filter((op) => op.outcome === 'ok').length;
+const injected = result.faults.filter((f) => f.error === undefined).length;
+if (acknowledged === 0 || (result.schedule.length > 0 && injected === 0)) {
+  process.stderr.write(`INCONCLUSIVE: ${acknowledged} writes acknowledged, ${injected} of ${result.schedule.length} faults injected\n`);
+  process.exit(3);
+}
+process.exit(0);

@@ -69,6 +69,9 @@ export class RejectionPruner {
     const { maxAgeMs, maxRows, batchSize } = this.opts;
     if (maxAgeMs === 0 && maxRows === 0) return { ran: false, reason: 'disabled' };
     const client = await this.pool.connect();
+    // On any failure the connection is closed rather than pooled: a session advisory lock that
+    // could not be released would otherwise stay held, and every later round would skip.
+    let failed = false;
     try {
       const { rows } = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1) AS locked', [RETENTION_LOCK_KEY.toString()]);
       if (!rows[0]?.locked) return { ran: false, reason: 'locked' };
@@ -88,8 +91,11 @@ export class RejectionPruner {
         this.opts.onPruned?.(deleted);
       }
       return { ran: true, deleted };
+    } catch (err) {
+      failed = true;
+      throw err;
     } finally {
-      client.release();
+      client.release(failed);
     }
   }
 

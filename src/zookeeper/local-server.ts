@@ -95,7 +95,12 @@ export class LocalZooKeeper {
       writeFileSync(n.cfgPath, lines.join('\n') + '\n');
     }
     const zk = new LocalZooKeeper(nodes, tick, baseDir, opts.log ?? (() => {}));
-    await Promise.all(nodes.map((n) => zk.startNode(n.id)));
+    const started = await Promise.allSettled(nodes.map((n) => zk.startNode(n.id)));
+    const failure = started.find((r) => r.status === 'rejected');
+    if (failure) {
+      await zk.stop({ keepData: opts.baseDir !== undefined }); // no JVM outlives a failed start
+      throw failure.reason;
+    }
     return zk;
   }
 

@@ -211,18 +211,18 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   quiet = true;
   const stoppedAt = Date.now();
   line(stoppedAt, 'demo', 'stopping writers; checking the database');
-  await Promise.all(
-    [...children.values()].map(
-      (c) =>
-        new Promise<void>((resolve) => {
-          if (c.exitCode !== null || c.signalCode !== null) return resolve();
-          const timer = setTimeout(() => c.kill('SIGKILL'), 10_000);
-          c.once('exit', () => (clearTimeout(timer), resolve()));
-          c.kill('SIGCONT');
-          c.kill('SIGTERM');
-        }),
-    ),
-  );
+  const stop = (c: ChildProcess) =>
+    new Promise<void>((resolve) => {
+      if (c.exitCode !== null || c.signalCode !== null) return resolve();
+      const timer = setTimeout(() => c.kill('SIGKILL'), 10_000);
+      c.once('exit', () => (clearTimeout(timer), resolve()));
+      c.kill('SIGCONT');
+      c.kill('SIGTERM');
+    });
+  // Followers first, the leader last: no handover (and no new token) while the demo winds down.
+  const leader = currentLeader(events);
+  await Promise.all([...children].filter(([id]) => id !== leader).map(([, c]) => stop(c)));
+  await Promise.all([...children].filter(([id]) => id === leader).map(([, c]) => stop(c)));
   const replicas = summarise(events.filter((e) => e.t < stoppedAt), o.replicas); // not the handovers of stopping
   if (proxy) {
     try {
@@ -238,6 +238,16 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
 
   printSummary(print, replicas, highestToken, failures);
   return { ok: failures.length === 0, failures, events, replicas, highestToken, zombie, successor, durationMs: Date.now() - started };
+}
+
+/** The replica whose latest term is still on: last 'ready' not followed by its end. */
+function currentLeader(events: DemoEvent[]): string | null {
+  let leader: string | null = null;
+  for (const e of events) {
+    if (e.event === 'ready') leader = e.replica;
+    else if ((e.event === 'revoked' || e.event === 'stepped-down') && e.replica === leader) leader = null;
+  }
+  return leader;
 }
 
 function summarise(events: DemoEvent[], n: number): ReplicaSummary[] {

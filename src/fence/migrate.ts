@@ -34,8 +34,10 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
   const client = await pool.connect();
   const applied: string[] = [];
   try {
-    // Migrations (and waiting for another instance's) may take long: no statement timeout here.
+    // Migrations (and waiting for another instance's) may take long: no statement or lock timeout
+    // here (the proxy's pool sets both; pg_advisory_lock waits are lock waits).
     await client.query('SET statement_timeout = 0');
+    await client.query('SET lock_timeout = 0');
     await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK_KEY.toString()]);
     try {
       await client.query(`CREATE TABLE IF NOT EXISTS public.fencepost_migrations (
@@ -58,6 +60,7 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
     } finally {
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]);
       await client.query('RESET statement_timeout');
+      await client.query('RESET lock_timeout');
     }
   } finally {
     client.release();

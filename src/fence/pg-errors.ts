@@ -33,6 +33,9 @@ export const INTERNAL_ERROR_CLASSES: ReadonlySet<string> = new Set([
   'XX', // internal error, data corrupted
 ]);
 
+/** lock_timeout expired waiting for a row lock (class 55): nothing of the statement applied. */
+export const LOCK_NOT_AVAILABLE = '55P03';
+
 export const UNDEFINED_TABLE = '42P01';
 export const UNIQUE_VIOLATION = '23505';
 

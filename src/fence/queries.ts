@@ -23,10 +23,19 @@ export interface WriteRow {
  * latest committed version), and the object write/delete joins on that row. A rejected operation
  * changes nothing. Rows are locked in key order so concurrent batches cannot deadlock on fences.
  *
- * An object also keeps the token and fence key of its last write: a write naming another fence key
- * must carry a token ≥ the object's (checked on the locked row), so a writer cannot step around an
- * object's fence by naming a fence it holds. Such a write is `object_refused`: its fence key was
- * rightly raised (the caller holds that token) but the object is untouched.
+ * An object also keeps the fence key (and token) of its last write: a write or delete naming another
+ * fence key must also carry a token ≥ the CURRENT highest token of the object's fence, so a writer
+ * cannot step around an object's fence by naming a fence it holds. `owner` locks such objects (and
+ * every object a delete targets) FOR UPDATE, so it sees their latest fence key; `owner_fence` reads
+ * those fences FOR SHARE, which waits for a concurrent raise and sees its latest committed version,
+ * and holds them until commit. The row lock order stays fence (own) → object → fence (object's).
+ * An object that moved to yet another fence meanwhile (its locked row names a fence `guard` has no
+ * threshold for) is refused, never accepted. `guard.need` is that threshold: a fence this very
+ * statement raised is skipped by `owner_fence` (a row this command updated), so its new highest
+ * comes from `fence`; the object's own token covers a fence row that was never written (unfenced).
+ * Such a write is `object_refused`: its own fence key was rightly raised (the caller holds that
+ * token) but the object is untouched; for a delete, any object `owner` locked and the delete did
+ * not remove counts as refused (never a 204 that left the object in place).
  * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
  */
 export function fencedWrite(rows: readonly WriteRow[], opts: { unguarded?: boolean } = {}): Query {
@@ -46,6 +55,25 @@ fence AS (
     WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
   RETURNING f.fence_key, f.highest_token
 ),
+owner AS (
+  SELECT o.key, o.fence_key, o.token, i.fence_key AS named_fence_key
+  FROM input i JOIN fence USING (fence_key) JOIN fencepost.objects o ON o.key = i.key
+  WHERE i.kind = 'delete' OR (i.kind = 'put' AND o.fence_key <> i.fence_key)
+  ORDER BY o.key
+  FOR UPDATE OF o
+),
+owner_fence AS (
+  SELECT f.fence_key, f.highest_token FROM fencepost.fences f
+  WHERE f.fence_key IN (SELECT fence_key FROM owner WHERE fence_key <> named_fence_key)
+  ORDER BY f.fence_key COLLATE "C"
+  FOR SHARE OF f
+),
+guard AS (
+  SELECT w.key, w.fence_key,
+    GREATEST(w.token, s.highest_token, (SELECT n.highest_token FROM fence n WHERE n.fence_key = w.fence_key)) AS need
+  FROM owner w LEFT JOIN owner_fence s USING (fence_key)
+  WHERE w.fence_key <> w.named_fence_key
+),
 put AS (
   INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
   SELECT i.key, i.fence_key, i.token, 1, i.content_type, i.body
@@ -54,20 +82,21 @@ put AS (
   ON CONFLICT (key) DO UPDATE
     SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
         content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
-    WHERE o.fence_key = EXCLUDED.fence_key OR o.token <= EXCLUDED.token
+    WHERE o.fence_key = EXCLUDED.fence_key
+      OR EXISTS (SELECT 1 FROM guard g WHERE g.key = o.key AND g.fence_key = o.fence_key AND g.need <= EXCLUDED.token)
   RETURNING o.key, o.version
 ),
 del AS (
   DELETE FROM fencepost.objects o
-  USING input i JOIN fence USING (fence_key)
-  WHERE i.kind = 'delete' AND o.key = i.key AND (o.fence_key = i.fence_key OR o.token <= i.token)
+  USING input i JOIN fence USING (fence_key) LEFT JOIN guard g ON g.key = i.key
+  WHERE i.kind = 'delete' AND o.key = i.key
+    AND (o.fence_key = i.fence_key OR (g.fence_key = o.fence_key AND g.need <= i.token))
   RETURNING o.key
 )
 SELECT i.ord, fence.highest_token, put.version,
   fence.fence_key IS NOT NULL AND CASE i.kind
     WHEN 'put' THEN put.key IS NULL
-    WHEN 'delete' THEN del.key IS NULL AND EXISTS (
-      SELECT 1 FROM fencepost.objects c WHERE c.key = i.key AND c.fence_key <> i.fence_key AND c.token > i.token)
+    WHEN 'delete' THEN del.key IS NULL AND EXISTS (SELECT 1 FROM owner w WHERE w.key = i.key)
     ELSE false END AS object_refused
 FROM input i
 LEFT JOIN fence USING (fence_key)
@@ -78,11 +107,17 @@ ORDER BY i.ord`,
   };
 }
 
-/** The fence key and token of each object's last write (to explain an object_refused write). */
+/**
+ * Each object's fence key and that fence's highest token now (to explain an object_refused write);
+ * the object's own token stands in for a fence row that was never written.
+ */
 export function objectFences(keys: readonly string[]): Query {
   return {
     name: 'fencepost_object_fences',
-    text: `SELECT key, fence_key, token FROM fencepost.objects WHERE key = ANY($1::text[])`,
+    text: `
+SELECT o.key, o.fence_key, GREATEST(o.token, f.highest_token) AS highest_token
+FROM fencepost.objects o LEFT JOIN fencepost.fences f USING (fence_key)
+WHERE o.key = ANY($1::text[])`,
     values: [keys],
   };
 }
@@ -246,8 +281,38 @@ const BEGIN: Record<Isolation, string> = {
   serializable: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
 };
 
-export function beginTransaction(isolation: Isolation): Query {
-  return { text: BEGIN[isolation] };
+/**
+ * BEGIN with the transaction's statement and lock timeouts, in one round trip. Everything spliced
+ * is the proxy's own: the isolation from a fixed table, the timeouts validated integers.
+ */
+export function beginClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number): Query {
+  if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
+  return { text: `${BEGIN[isolation]}; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}` };
+}
+
+/**
+ * The fence check and raise of a transaction (migration 0004), on the client login's connection.
+ * Unnamed on purpose: the connection is DISCARDed between transactions.
+ */
+export function fenceTransaction(capability: string, fences: readonly { fenceKey: string; token: bigint }[]): Query {
+  return {
+    text: 'SELECT ord, highest_token::text AS highest_token, xact::text AS xact FROM fencepost.fence_transaction($1, $2::text[], $3::bigint[])',
+    values: [capability, fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString())],
+  };
+}
+
+/** Right before COMMIT: the transaction id (must still be the fenced one), and durability forced on. */
+export function sealTransaction(): Query {
+  return { text: `SELECT txid_current()::text AS xact, set_config('synchronous_commit', 'on', true)` };
+}
+
+/** Between transactions on a pooled client connection: nothing of one session reaches the next. */
+export function discardAll(): Query {
+  return { text: 'DISCARD ALL' };
+}
+
+export function terminateBackend(pid: number): Query {
+  return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };
 }
 
 export function commitTransaction(): Query {
@@ -266,7 +331,28 @@ export function setLocal(name: 'statement_timeout' | 'role', value: string): Que
   return { text: 'SELECT set_config($1, $2, true)', values: [name, value] };
 }
 
-/** The role statements run as now (checked after the writer's statements, before COMMIT). */
-export function currentRole(): Query {
-  return { text: 'SELECT current_user AS role' };
+/**
+ * The settings a Postgres failover's safety depends on, as a new session of this role in this
+ * database gets them: run on a connection opened without the proxy's forced options (durability.ts).
+ */
+export function durabilitySettings(): Query {
+  return {
+    text: `SELECT current_setting('synchronous_commit') AS synchronous_commit,
+  current_setting('synchronous_standby_names') AS synchronous_standby_names,
+  current_database() AS database, current_user AS role`,
+  };
+}
+
+/**
+ * Physical standbys streaming from this server, the possible failover targets (a logical walsender
+ * is connected to a database; a physical one is not). Without pg_read_all_stats, every column but
+ * pid reads null.
+ */
+export function replicationStandbys(): Query {
+  return {
+    text: `SELECT r.application_name, r.state, r.sync_state
+FROM pg_stat_replication r LEFT JOIN pg_stat_activity a ON a.pid = r.pid
+WHERE a.datname IS NULL
+ORDER BY r.application_name, r.pid`,
+  };
 }

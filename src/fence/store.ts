@@ -6,10 +6,23 @@
 // only once per statement, and disjoint batches never wait on each other's row locks). A request
 // that finds a free slot goes out at once; under load, requests ride together and one statement
 // and one commit serve many writes. Per fence key, one proxy applies writes in arrival order.
+//
+// A fence row held by another session (a long transaction) must not stall the other fences' writes
+// that share its batch or wait for a write slot: the pool's lock_timeout fails such a batch (55P03,
+// nothing committed), its operations run again one by one so only the locked fence's writes fail,
+// and that fence key then goes in batches of its own, in at most all but one slot, for a while.
 import type pg from 'pg';
 import * as q from './queries.ts';
 import type { OpKind } from './queries.ts';
-import { isRetryable } from './pg-errors.ts';
+import { isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+
+/**
+ * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless
+ * one of its writes completes first; each write that hits the lock again starts it anew. It only
+ * bounds how long a key nobody writes any more is remembered, and how often a fence locked for
+ * good can cost one shared batch a lock timeout and a split.
+ */
+const LOCKED_FENCE_ALONE_MS = 10_000;
 
 export type FencedOp =
   | { kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null }
@@ -18,7 +31,7 @@ export type FencedOp =
 
 export type FencedResult =
   | { accepted: true; highestToken: bigint; version: bigint | null }
-  /** `fenceKey`: the fence the token lost against, when not the request's own (object_refused). */
+  /** `fenceKey`: the object's fence the token lost against, when not the request's own (object_refused). */
   | { accepted: false; highestToken: bigint; fenceKey?: string };
 
 export interface StoredObject {
@@ -82,6 +95,10 @@ export class FenceStore {
   /** Fence and object keys of the batches in flight. */
   private readonly busyFences = new Set<string>();
   private readonly busyObjects = new Set<string>();
+  /** Fence keys whose lone write hit the lock timeout, and until when they go only alone. */
+  private readonly lockedFences = new Map<string, number>();
+  /** Batches in flight that hold a key of lockedFences. */
+  private runningAlone = 0;
   private readonly maxBatch: number;
   private readonly maxBatchBytes: number;
   private readonly retries: number;
@@ -118,15 +135,16 @@ export class FenceStore {
   /** Starts batches while there is a free slot and something that can go. */
   private pump(): void {
     while (this.running < this.concurrency && this.queue.length > 0) {
-      const batch = this.takeBatch();
+      const { batch, alone } = this.takeBatch();
       if (batch.length === 0) return; // everything queued waits on a key in flight
       this.running++;
+      if (alone) this.runningAlone++;
       const keys = batch.map((p) => [p.op.fenceKey, p.op.kind === 'fence' ? null : p.op.key] as const);
       for (const [f, o] of keys) {
         this.busyFences.add(f);
         if (o !== null) this.busyObjects.add(o);
       }
-      void this.runBatch(batch.map((p) => p.op)).then(
+      void this.runSplitting(batch.map((p) => p.op)).then(
         (results) =>
           batch.forEach((p, i) => {
             const r = results[i]!;
@@ -140,6 +158,7 @@ export class FenceStore {
           if (o !== null) this.busyObjects.delete(o);
         }
         this.running--;
+        if (alone) this.runningAlone--;
         this.inFlight -= batch.length;
         if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
         this.pump();
@@ -150,31 +169,78 @@ export class FenceStore {
   /**
    * Takes, in queue order, writes whose fence and object keys are free (not in flight, not already
    * in this batch). A write left behind reserves its keys for this scan, so later writes on the same
-   * keys stay behind it (order per key).
+   * keys stay behind it (order per key). A write on a recently locked fence key (lockedFences) goes
+   * only alone (`alone`), and such batches leave one slot to the others when there are two or more.
    */
-  private takeBatch(): Pending[] {
+  private takeBatch(): { batch: Pending[]; alone: boolean } {
     const batch: Pending[] = [];
     const rest: Pending[] = [];
     const fenceKeys = new Set<string>();
     const objectKeys = new Set<string>();
+    const now = Date.now();
+    const aloneSlotFree = this.runningAlone < Math.max(1, this.concurrency - 1);
+    let alone = false;
     let bytes = 0;
     let i = 0;
-    for (; i < this.queue.length && batch.length < this.maxBatch; i++) {
+    for (; i < this.queue.length && batch.length < this.maxBatch && !alone; i++) {
       const p = this.queue[i]!;
       const key = p.op.kind === 'fence' ? null : p.op.key;
       const size = p.op.kind === 'put' ? p.op.body.length : 0;
+      const locked = this.isLocked(p.op.fenceKey, now);
       const fits =
         !fenceKeys.has(p.op.fenceKey) &&
         !this.busyFences.has(p.op.fenceKey) &&
         (key === null || (!objectKeys.has(key) && !this.busyObjects.has(key))) &&
-        (batch.length === 0 || bytes + size <= this.maxBatchBytes);
+        (batch.length === 0 || bytes + size <= this.maxBatchBytes) &&
+        (locked ? batch.length === 0 && aloneSlotFree : true);
       (fits ? batch : rest).push(p);
       fenceKeys.add(p.op.fenceKey);
       if (key !== null) objectKeys.add(key);
       if (fits) bytes += size;
+      if (fits && locked) alone = true;
     }
     this.queue = rest.concat(this.queue.slice(i));
-    return batch;
+    return { batch, alone };
+  }
+
+  private isLocked(fenceKey: string, now: number): boolean {
+    if (this.lockedFences.size === 0) return false;
+    const until = this.lockedFences.get(fenceKey);
+    if (until === undefined) return false;
+    if (until > now) return true;
+    this.lockedFences.delete(fenceKey);
+    return false;
+  }
+
+  /**
+   * Runs a batch. One that waited past the lock timeout (55P03) rolled back whole, so its
+   * operations run again one at a time: only those on a locked row fail (with the 55P03 error,
+   * answered 503 unavailable), and their fence keys go alone for a while.
+   */
+  private async runSplitting(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
+    try {
+      const results = await this.runBatch(ops);
+      if (this.lockedFences.size > 0) for (const op of ops) this.lockedFences.delete(op.fenceKey);
+      return results;
+    } catch (err) {
+      if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
+      if (ops.length === 1) {
+        const now = Date.now();
+        for (const [k, until] of this.lockedFences) if (until <= now) this.lockedFences.delete(k);
+        this.lockedFences.set(ops[0]!.fenceKey, now + LOCKED_FENCE_ALONE_MS);
+        throw err;
+      }
+      // One at a time: the connection count stays that of one batch, and order per key holds.
+      const results: (FencedResult | { failed: unknown })[] = [];
+      for (const op of ops) {
+        try {
+          results.push(...(await this.runSplitting([op])));
+        } catch (e) {
+          results.push({ failed: e });
+        }
+      }
+      return results;
+    }
   }
 
   /**
@@ -214,7 +280,7 @@ export class FenceStore {
     }
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
-    const refused = new Set<number>(); // passed the fence, refused by the object's own token
+    const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence
     for (const row of rows.rows) {
       if (row.object_refused === true) refused.add(row.ord);
       if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
@@ -225,12 +291,12 @@ export class FenceStore {
       // operations get the error.
       try {
         const highest = await this.recordRejections(rejected.map((i) => ops[i]!), refused.size > 0 ? rejected.map((i) => refused.has(i)) : []);
-        const objects = refused.size > 0 ? await this.objectFences([...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; token: bigint }>();
+        const objects = refused.size > 0 ? await this.objectFences([...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; highestToken: bigint }>();
         for (const i of rejected) {
           const op = ops[i]!;
           const obj = refused.has(i) && op.kind !== 'fence' ? objects.get(op.key) : undefined;
           results[i] = obj
-            ? { accepted: false, highestToken: obj.token, fenceKey: obj.fenceKey }
+            ? { accepted: false, highestToken: obj.highestToken, fenceKey: obj.fenceKey }
             : { accepted: false, highestToken: highest.get(op.fenceKey) ?? op.token };
         }
       } catch (err) {
@@ -262,9 +328,10 @@ export class FenceStore {
     }
   }
 
-  private async objectFences(keys: string[]): Promise<Map<string, { fenceKey: string; token: bigint }>> {
-    const { rows } = await this.pool.query<{ key: string; fence_key: string; token: string }>(q.objectFences(keys));
-    return new Map(rows.map((r) => [r.key, { fenceKey: r.fence_key, token: BigInt(r.token) }]));
+  /** Each object's fence key and that fence's highest token, read after the refusal (the 409 reports them). */
+  private async objectFences(keys: string[]): Promise<Map<string, { fenceKey: string; highestToken: bigint }>> {
+    const { rows } = await this.pool.query<{ key: string; fence_key: string; highest_token: string }>(q.objectFences(keys));
+    return new Map(rows.map((r) => [r.key, { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token) }]));
   }
 
   async readObject(key: string): Promise<StoredObject | null> {

@@ -1,19 +1,26 @@
-// Fenced SQL transactions: the fence checks and a writer's statements in one database transaction.
+// Fenced SQL transactions: the fence check and a writer's statements in one database transaction,
+// run on a client login that can harm nothing (src/fence/client-logins.ts), never as the owner.
 //
-// BEGIN; SET LOCAL statement_timeout; the fenced write for every fence (kind 'fence': the same
-// conditional upsert as object writes, rows locked in byte order, so two transactions cannot
-// deadlock on fences); if any token is below its fence, ROLLBACK and record the rejection; else
-// SET LOCAL ROLE, run the statements (extended protocol: one statement per entry), check the role
-// is unchanged, COMMIT. Any error rolls everything back, fence counts included. A serialization
-// failure or deadlock runs the whole transaction again, a bounded number of times.
+// On a connection of the key's login: BEGIN with statement and lock timeouts; the fence check and
+// raise through fence_transaction() (SECURITY DEFINER, called with the proxy's capability as a bind
+// parameter); if any token is below its fence, ROLLBACK and record the rejection; else SET LOCAL
+// ROLE to the key's pgRole and run the statements (extended protocol: one statement per entry).
+// Before COMMIT the transaction id must still be the fenced one and synchronous_commit is forced
+// on, so a statement can neither end the fenced transaction and go on unfenced nor weaken the
+// durability of a fence raise. A serialization failure or deadlock runs everything again, a
+// bounded number of times.
 //
-// Each transaction's connection is closed afterwards (release(true)): whatever the statements did
-// to their session (settings, temp tables, advisory locks, prepared statements) reaches no other
-// request.
+// Nothing a statement does can take the process down or hold shared resources past its limits:
+// every checked-out connection has an error listener; result bytes are counted as they arrive and
+// the connection is dropped past the cap (nothing buffered beyond it); a whole-transaction deadline
+// terminates the backend; at most `maxConcurrent` transactions run at once, on connections of
+// their own (never the object-write pool). A backend that dies mid-transaction is a 503 (not
+// committed), but an SQLSTATE raised by a statement on a live connection is the statement's error.
 import pg from 'pg';
 import * as q from './queries.ts';
 import type { Isolation } from './queries.ts';
-import { coerceError, isRetryable } from './pg-errors.ts';
+import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
 
 export type { Isolation };
 
@@ -27,16 +34,6 @@ export interface TxStatement {
   params: unknown[];
 }
 
-export interface TxOptions {
-  /** Postgres role the statements run as (SET LOCAL ROLE); null = the proxy's login role. */
-  role: string | null;
-  statementTimeoutMs: number;
-  /** Extra attempts after a serialization failure or deadlock. */
-  retries: number;
-  isolation: Isolation;
-  writerId: string | null;
-}
-
 export interface StatementResult {
   rowCount: number | null;
   rows: Record<string, unknown>[];
@@ -46,7 +43,7 @@ export type TxResult =
   | { committed: true; results: StatementResult[] }
   | { committed: false; stale: { fenceKey: string; token: bigint; highestToken: bigint }[] };
 
-/** A statement (index; null for COMMIT) failed; `cause` is the pg error. Nothing was applied. */
+/** A statement (index; null for COMMIT) failed on a live connection; `cause` is the pg error. Rolled back. */
 export class StatementError extends Error {
   readonly index: number | null;
   constructor(index: number | null, cause: unknown) {
@@ -56,30 +53,73 @@ export class StatementError extends Error {
   }
 }
 
-/** The statements left the role they were given (e.g. RESET ROLE); rolled back. */
-export class RoleChangedError extends Error {
-  constructor(expected: string, actual: string) {
-    super(`statements changed the role from ${expected} to ${actual}; rolled back`);
-    this.name = 'RoleChangedError';
+/** Statement `index` ended the transaction (COMMIT, ROLLBACK, … AND CHAIN): what it committed stands, nothing after it did. */
+export class TransactionEndedError extends Error {
+  readonly index: number;
+  constructor(index: number) {
+    super(`statements[${index}] ended the transaction: the fence and the statements before it are as that statement left them; nothing after it was applied`);
+    this.name = 'TransactionEndedError';
+    this.index = index;
   }
 }
 
-/** Postgres role names we accept in configuration (also passed as a parameter, never spliced). */
-export const ROLE_NAME = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
+/** The results passed `maxResultBytes`; the connection was dropped; nothing applied. */
+export class ResultTooLargeError extends Error {
+  constructor(readonly limit: number) {
+    super(`the results passed ${limit} bytes; nothing applied`);
+    this.name = 'ResultTooLargeError';
+  }
+}
+
+/** The whole transaction ran past its deadline; the backend was terminated; nothing applied. */
+export class TransactionTimeoutError extends Error {
+  constructor(readonly limitMs: number) {
+    super(`the transaction ran past ${limitMs} ms; nothing applied`);
+    this.name = 'TransactionTimeoutError';
+  }
+}
+
+/** The connection was lost before COMMIT was sent (e.g. the backend died): nothing applied. */
+export class ConnectionLostError extends Error {
+  constructor(cause: unknown) {
+    super('the database connection was lost before COMMIT; nothing applied', { cause });
+    this.name = 'ConnectionLostError';
+  }
+}
+
+/** The connection was lost after COMMIT was sent: the outcome is unknown. */
+export class CommitUnknownError extends Error {
+  constructor(cause: unknown) {
+    super('the database connection was lost during COMMIT; the transaction may or may not have committed', { cause });
+    this.name = 'CommitUnknownError';
+  }
+}
+
+/** A fence of the transaction is locked by another transaction past the lock timeout: nothing applied. */
+export class FenceBusyError extends Error {
+  constructor(cause: unknown) {
+    super('a fence of the transaction is locked by another transaction; nothing applied, safe to retry', { cause });
+    this.name = 'FenceBusyError';
+  }
+}
+
+/** The key's client login does not exist or is unsafe (see the proxy log for the SQL that fixes it). */
+export class LoginUnavailableError extends Error {
+  constructor(readonly problem: LoginProblem) {
+    super(problem.message);
+    this.name = 'LoginUnavailableError';
+  }
+}
 
 // First words that would end, split or escape the transaction, or change the session or role:
-// COMMIT in the middle would make the rest autocommit; SET ROLE / RESET ROLE would leave the
-// writer's role; SET statement_timeout would lift the timeout; COPY FROM STDIN would hang.
+// refused before anything is sent, as a friendly early error. Safety does not rest on this: the
+// login's privileges and the checks in runAttempt hold whatever the text says.
 const REFUSED_FIRST_WORDS = new Set([
   'begin', 'start', 'commit', 'end', 'rollback', 'abort', 'savepoint', 'release', 'prepare',
   'set', 'reset', 'do', 'copy', 'listen', 'discard',
 ]);
 
-/**
- * Why a statement is refused before it is sent, or null. Looks at the first word after comments
- * and whitespace, and refuses `set_config` anywhere (it is SET in function form). A guard against
- * mistakes and the obvious escapes, not a SQL sandbox: see README "Security".
- */
+/** Why a statement is refused before it is sent, or null. A convenience, not a boundary. */
 export function refusedStatement(sql: string): string | null {
   if (sql.includes('\u0000')) return 'contains a NUL character';
   if (/set_config/i.test(sql)) return 'calls set_config';
@@ -87,8 +127,8 @@ export function refusedStatement(sql: string): string | null {
   for (;;) {
     while (i < sql.length && /\s/.test(sql[i]!)) i++;
     if (sql.startsWith('--', i)) {
-      const nl = sql.indexOf('\n', i);
-      i = nl < 0 ? sql.length : nl + 1;
+      const nl = sql.slice(i).search(/[\n\r]/);
+      i = nl < 0 ? sql.length : i + nl + 1;
     } else if (sql.startsWith('/*', i)) {
       let depth = 1;
       i += 2;
@@ -124,87 +164,300 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/**
- * Runs one fenced transaction on a connection of `pool`. Fences must have distinct keys. Throws
- * StatementError / RoleChangedError (rolled back) or a pg/network error.
- */
-export async function runTransaction(pool: pg.Pool, fences: readonly TxFence[], statements: readonly TxStatement[], opts: TxOptions): Promise<TxResult> {
-  const sorted = [...fences].sort((a, b) => Buffer.compare(Buffer.from(a.fenceKey), Buffer.from(b.fenceKey)));
-  for (let attempt = 0; ; attempt++) {
-    try {
-      const outcome = await attemptTransaction(pool, sorted, statements, opts);
-      if (outcome.committed) return outcome;
-      await recordStale(pool, outcome.stale, opts.writerId);
-      return outcome;
-    } catch (err) {
-      const pgErr = err instanceof StatementError ? err.cause : err;
-      if (!isRetryable(pgErr) || attempt >= opts.retries) throw err;
-      await sleep(Math.random() * 10 * (attempt + 1));
-    }
-  }
-}
+const PASSWORD_FAILED = '28P01';
 
-async function attemptTransaction(pool: pg.Pool, fences: readonly TxFence[], statements: readonly TxStatement[], opts: TxOptions): Promise<TxResult> {
-  const client = await pool.connect();
-  let open = false;
-  try {
-    await client.query(q.beginTransaction(opts.isolation));
-    open = true;
-    await client.query(q.setLocal('statement_timeout', String(opts.statementTimeoutMs)));
-    const fenced = await client.query<{ ord: number; highest_token: string | null }>(
-      q.fencedWrite(fences.map((f) => ({ kind: 'fence', fenceKey: f.fenceKey, key: null, token: f.token, contentType: null, body: null }))),
-    );
-    const staleOrds = fenced.rows.filter((r) => r.highest_token === null).map((r) => r.ord);
-    if (staleOrds.length > 0) {
-      await client.query(q.rollbackTransaction());
-      open = false;
-      return { committed: false, stale: staleOrds.map((i) => ({ fenceKey: fences[i]!.fenceKey, token: fences[i]!.token, highestToken: fences[i]!.token })) };
-    }
-    if (opts.role !== null) await client.query(q.setLocal('role', opts.role));
-    const results: StatementResult[] = [];
-    for (const [i, st] of statements.entries()) {
-      let r: pg.QueryArrayResult;
-      try {
-        // Extended protocol (queryMode, missing from @types/pg): Postgres refuses several
-        // statements in one entry.
-        const config: pg.QueryArrayConfig = { text: st.sql, values: st.params, rowMode: 'array', types: resultTypes };
-        r = await client.query(Object.assign(config, { queryMode: 'extended' as const }));
-      } catch (err) {
-        throw new StatementError(i, err);
-      }
-      results.push({ rowCount: r.rowCount ?? null, rows: toRows(r) });
-    }
-    if (opts.role !== null) {
-      const { rows } = await client.query<{ role: string }>(q.currentRole());
-      const actual = rows[0]?.role ?? '';
-      if (actual !== opts.role) throw new RoleChangedError(opts.role, actual);
-    }
-    try {
-      await client.query(q.commitTransaction());
-      open = false;
-    } catch (err) {
-      open = false; // a failed COMMIT ends the transaction
-      throw new StatementError(null, err);
-    }
-    return { committed: true, results };
-  } finally {
-    if (open) await client.query(q.rollbackTransaction()).catch(() => {});
-    client.release(true);
+/** At most `n` holders at once; the rest wait in arrival order. */
+class Slots {
+  private free: number;
+  private readonly waiters: (() => void)[] = [];
+  constructor(n: number) {
+    this.free = n;
   }
-}
-
-/** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
-async function recordStale(pool: pg.Pool, stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      const { rows } = await pool.query<{ fence_key: string; highest_token: string }>(
-        q.recordRejections(stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }))),
-      );
-      const highest = new Map(rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
-      for (const s of stale) s.highestToken = highest.get(s.fenceKey) ?? s.token;
+  async take(signal: AbortSignal): Promise<void> {
+    if (this.free > 0) {
+      this.free--;
       return;
+    }
+    await new Promise<void>((resolve, reject) => {
+      const grant = () => {
+        signal.removeEventListener('abort', abort);
+        resolve();
+      };
+      const abort = () => {
+        const i = this.waiters.indexOf(grant);
+        if (i >= 0) this.waiters.splice(i, 1);
+        reject(signal.reason);
+      };
+      this.waiters.push(grant);
+      signal.addEventListener('abort', abort, { once: true });
+    });
+  }
+  give(): void {
+    const next = this.waiters.shift();
+    if (next) next();
+    else this.free++;
+  }
+}
+
+export interface TransactionRunnerOptions {
+  /** The proxy's own pool (DATABASE_URL's role): provisioning, rejections, terminating backends. */
+  owner: pg.Pool;
+  /** DATABASE_URL: client logins connect to the same server and database. */
+  databaseUrl: string;
+  /** Login name in open mode, and prefix of the per-key logins. */
+  clientRole: string;
+  /** Keys that may run transactions (`keyName: null` for open mode). */
+  logins: readonly LoginSpec[];
+  /** Transactions running at once, over all keys. */
+  maxConcurrent: number;
+  statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  /** Deadline of a whole transaction, from the request's turn in the queue to COMMIT. */
+  transactionTimeoutMs: number;
+  /** Most bytes of results (as Postgres sends them) per transaction. */
+  maxResultBytes: number;
+  /** Extra attempts after a serialization failure or deadlock. */
+  retries: number;
+  /** How long an incomplete provisioning stands before the next transaction tries again. */
+  provisionRetryMs?: number;
+  /** Login problems found at provisioning (once per problem). */
+  onProblem?: (keyName: string | null, problem: LoginProblem) => void;
+}
+
+export interface RunOptions {
+  isolation: Isolation;
+  writerId: string | null;
+}
+
+export class TransactionRunner {
+  private readonly opts: TransactionRunnerOptions;
+  private readonly slots: Slots;
+  private readonly pools = new Map<string, pg.Pool>();
+  private provisioned: { at: number; result: Promise<ProvisionResult> } | null = null;
+  private closed = false;
+
+  constructor(opts: TransactionRunnerOptions) {
+    this.opts = opts;
+    this.slots = new Slots(opts.maxConcurrent);
+  }
+
+  /** Creates or checks the client logins (memoised; an incomplete result is retried after a while). */
+  provision(): Promise<ProvisionResult> {
+    const p = this.provisioned;
+    if (p && Date.now() - p.at < (this.opts.provisionRetryMs ?? 5000)) return p.result;
+    const result = provisionClientLogins(this.opts.owner, this.opts.clientRole, this.opts.logins);
+    this.provisioned = { at: Date.now(), result };
+    void result.then(
+      (r) => {
+        if (r.problems.size === 0) this.provisioned = { at: Infinity, result };
+        for (const [key, problem] of r.problems) this.opts.onProblem?.(key, problem);
+      },
+      () => {},
+    );
+    return result;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all([...this.pools.values()].map((p) => p.end().catch(() => {})));
+    this.pools.clear();
+  }
+
+  /** Runs one fenced transaction as `keyName`'s login (null: open mode). Fences must have distinct keys. */
+  async run(keyName: string | null, fences: readonly TxFence[], statements: readonly TxStatement[], opts: RunOptions): Promise<TxResult> {
+    if (this.closed) throw new ConnectionLostError(new Error('the transaction runner is closed'));
+    const sorted = [...fences].sort((a, b) => Buffer.compare(Buffer.from(a.fenceKey), Buffer.from(b.fenceKey)));
+    const deadline = AbortSignal.timeout(this.opts.transactionTimeoutMs);
+    const { logins, problems, capability } = await this.provision();
+    const login = logins.get(keyName);
+    if (!login) {
+      throw new LoginUnavailableError(problems.get(keyName) ?? { login: '', message: `no client login for ${keyName === null ? 'open mode' : `key ${keyName}`}`, sql: [] });
+    }
+    try {
+      await this.slots.take(deadline);
+    } catch {
+      throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
+    }
+    try {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
+          if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
+          return outcome;
+        } catch (err) {
+          const pgErr = err instanceof StatementError ? err.cause : err;
+          if (!isRetryable(pgErr) || attempt >= this.opts.retries || deadline.aborted) throw err;
+          await sleep(Math.random() * 10 * (attempt + 1));
+        }
+      }
+    } finally {
+      this.slots.give();
+    }
+  }
+
+  private poolFor(login: ClientLogin): pg.Pool {
+    let pool = this.pools.get(login.login);
+    if (!pool) {
+      const url = new URL(this.opts.databaseUrl);
+      url.username = encodeURIComponent(login.login);
+      url.password = encodeURIComponent(login.password);
+      pool = new pg.Pool({
+        connectionString: url.toString(),
+        max: this.opts.maxConcurrent,
+        connectionTimeoutMillis: 5000,
+        idleTimeoutMillis: 10_000,
+        application_name: 'fencepost-client-sql',
+        options: `-c synchronous_commit=on -c statement_timeout=${this.opts.statementTimeoutMs}`,
+      });
+      pool.on('error', () => {}); // an idle connection that dies is dropped; the next checkout reports
+      this.pools.set(login.login, pool);
+    }
+    return pool;
+  }
+
+  private async connect(login: ClientLogin): Promise<pg.PoolClient> {
+    try {
+      return await this.poolFor(login).connect();
     } catch (err) {
-      if (!isRetryable(err) || attempt >= 5) throw err;
+      // A statement of this login may have changed its own password: set it back once.
+      if (sqlState(err) !== PASSWORD_FAILED) throw new ConnectionLostError(err);
+      await resetClientPassword(this.opts.owner, login);
+      try {
+        return await this.poolFor(login).connect();
+      } catch (again) {
+        throw new ConnectionLostError(again);
+      }
+    }
+  }
+
+  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal): Promise<TxResult> {
+    const client = await this.connect(login);
+    const conn = (client as unknown as { connection: { stream: NodeJS.EventEmitter & { destroy(): void }; on(e: 'readyForQuery', f: (m: { status: string }) => void): void; off(e: 'readyForQuery', f: (m: { status: string }) => void): void } }).connection;
+    let status = 'I';
+    let resultBytes = 0;
+    let counting = false;
+    let tooLarge = false;
+    let lost = false;
+    const onReady = (m: { status: string }) => (status = m.status);
+    const onData = (chunk: Buffer) => {
+      if (!counting) return;
+      resultBytes += chunk.length;
+      if (resultBytes > this.opts.maxResultBytes && !tooLarge) {
+        tooLarge = true;
+        conn.stream.destroy();
+      }
+    };
+    const onError = () => (lost = true);
+    const onDeadline = () => {
+      lost = true;
+      // Terminate the backend (a statement may have lifted its own timeouts), then drop the socket.
+      const pid = (client as unknown as { processID: number | null }).processID;
+      if (pid !== null) void this.opts.owner.query(q.terminateBackend(pid)).catch(() => {});
+      conn.stream.destroy();
+    };
+    client.on('error', onError);
+    client.on('end', onError);
+    conn.on('readyForQuery', onReady);
+    conn.stream.on('data', onData);
+    deadline.addEventListener('abort', onDeadline, { once: true });
+    let reusable = false;
+    let commitSent = false;
+    /** Maps a failure: our own limits first, then a lost connection, then the statement's error. */
+    const fail = async (err: unknown, index: number | null): Promise<never> => {
+      if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
+      if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
+      // Whether the connection is alive decides: an error on a live connection is the statement's
+      // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
+      const alive = !lost && (await client.query('ROLLBACK').then(() => true, () => false));
+      if (!alive) throw commitSent ? new CommitUnknownError(err) : new ConnectionLostError(err);
+      reusable = true;
+      if (index === -1) throw sqlState(err) === LOCK_NOT_AVAILABLE ? new FenceBusyError(err) : err;
+      throw new StatementError(index, err);
+    };
+    try {
+      if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
+      let xact: string;
+      try {
+        await client.query(q.beginClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs));
+        const { rows } = await client.query<{ ord: number; highest_token: string | null; xact: string }>(q.fenceTransaction(capability, fences));
+        const stale = rows.filter((r) => r.highest_token === null).map((r) => fences[r.ord]!);
+        if (stale.length > 0) {
+          await client.query(q.rollbackTransaction());
+          reusable = true;
+          return { committed: false, stale: stale.map((f) => ({ fenceKey: f.fenceKey, token: f.token, highestToken: f.token })) };
+        }
+        xact = rows[0]!.xact;
+        if (login.pgRole !== null) await client.query(q.setLocal('role', login.pgRole));
+      } catch (err) {
+        return await fail(err, -1);
+      }
+      const results: StatementResult[] = [];
+      for (const [i, st] of statements.entries()) {
+        let r: pg.QueryArrayResult;
+        counting = true;
+        try {
+          // Extended protocol (queryMode, missing from @types/pg): Postgres refuses several
+          // statements in one entry.
+          const config: pg.QueryArrayConfig = { text: st.sql, values: st.params, rowMode: 'array', types: resultTypes };
+          r = await client.query(Object.assign(config, { queryMode: 'extended' as const }));
+        } catch (err) {
+          return await fail(err, i);
+        } finally {
+          counting = false;
+        }
+        if (status !== 'T') {
+          // COMMIT or ROLLBACK ended the fenced transaction: send nothing more in it.
+          reusable = true;
+          throw new TransactionEndedError(i);
+        }
+        results.push({ rowCount: r.rowCount ?? null, rows: toRows(r) });
+      }
+      let sealed: { xact: string };
+      try {
+        sealed = (await client.query<{ xact: string }>(q.sealTransaction())).rows[0]!;
+      } catch (err) {
+        return await fail(err, null);
+      }
+      if (sealed.xact !== xact) {
+        // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
+        reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
+        throw new TransactionEndedError(statements.length - 1);
+      }
+      try {
+        commitSent = true;
+        await client.query(q.commitTransaction());
+      } catch (err) {
+        return await fail(err, null);
+      }
+      reusable = true;
+      return { committed: true, results };
+    } finally {
+      deadline.removeEventListener('abort', onDeadline);
+      conn.stream.off('data', onData);
+      conn.off('readyForQuery', onReady);
+      client.off('error', onError);
+      client.off('end', onError);
+      // Whatever the statements did to their session (settings, role, temp tables, advisory locks,
+      // prepared statements) reaches no later transaction: DISCARD ALL, or close the connection.
+      let release = reusable && !lost && !tooLarge && !deadline.aborted && status === 'I';
+      if (release) release = await client.query(q.discardAll()).then(() => true, () => false);
+      client.release(!release);
+    }
+  }
+
+  /** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
+  private async recordStale(stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const { rows } = await this.opts.owner.query<{ fence_key: string; highest_token: string }>(
+          q.recordRejections(stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }))),
+        );
+        const highest = new Map(rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+        for (const s of stale) s.highestToken = highest.get(s.fenceKey) ?? s.token;
+        return;
+      } catch (err) {
+        if (!isRetryable(err) || attempt >= 5) throw err;
+      }
     }
   }
 }

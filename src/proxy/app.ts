@@ -5,7 +5,7 @@ import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { FenceStore } from '../fence/store.ts';
-import { isUnavailable } from '../fence/pg-errors.ts';
+import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from '../fence/pg-errors.ts';
 import { ApiError } from './errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
@@ -16,8 +16,10 @@ import { metricsRoutes } from './routes/metrics.ts';
 import { rejectionRoutes } from './routes/rejections.ts';
 import { dashboardRoutes } from './routes/dashboard.ts';
 import { registerAuth, type AuthConfig } from './auth.ts';
+import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from './forgery-guard.ts';
-import { transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
+import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
+import { TX_DEFAULTS } from './config.ts';
 
 export interface AppOptions {
   store: FenceStore;
@@ -29,10 +31,12 @@ export interface AppOptions {
   auth?: AuthConfig;
   /** Token forgery guard; default: off. Its ZooKeeper session closes with the app. */
   forgeryGuard?: ForgeryGuardConfig | null;
-  /** POST /v1/transactions; default: on `store.pool`, 100 statements, 5 s timeout, 3 retries. */
-  transactions?: Partial<TransactionOptions>;
+  /** POST /v1/transactions; defaults: TX_DEFAULTS, client logins on the database of `store.pool`. */
+  transactions?: Partial<Omit<TransactionOptions, 'keys'>>;
   /** Headers and body must arrive within this, else 408 request_timeout. Default 30 000. */
   requestTimeoutMs?: number;
+  /** Pages that may call the proxy, and host names it answers to in open mode; default: none. */
+  browser?: BrowserConfig;
 }
 
 declare module 'fastify' {
@@ -75,6 +79,8 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   if (code === 'FST_ERR_BAD_URL' && /^\/v1\/(objects|fences)\//.test(url)) {
     return new ApiError('invalid_key', 'key is not valid percent-encoded UTF-8');
   }
+  // A row (a fence) locked by another session past FENCEPOST_LOCK_TIMEOUT_MS: the statement rolled back.
+  if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   const status = (err as FastifyError).statusCode;
   if (status !== undefined && status >= 400 && status < 500) return new ApiError('bad_request', err.message);
@@ -123,6 +129,8 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.addHook('onRequest', async () => {
     if (app.closing) throw new ApiError('unavailable', 'proxy is shutting down; safe to retry');
   });
+  // Before auth and before any route: foreign pages are refused first; POST routes take JSON only.
+  registerBrowserGuard(app, opts.browser ?? { allowedOrigins: [], allowedHosts: [] }, { open: (opts.auth?.keys.length ?? 0) === 0 });
   registerAuth(app, opts.auth ?? { keys: [], readAccess: 'open' });
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
@@ -141,6 +149,15 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(metricsRoutes);
   app.register(rejectionRoutes);
   app.register(dashboardRoutes);
-  app.register(transactionRoutes, opts.transactions ?? {});
+  const tx = {
+    ...TX_DEFAULTS,
+    databaseUrl: (opts.store.pool as unknown as { options: { connectionString: string } }).options.connectionString,
+    ...opts.transactions,
+    keys: opts.auth?.keys ?? [],
+  };
+  const runner = createTransactionRunner(app, tx);
+  app.decorate('transactionRunner', runner);
+  app.addHook('onClose', async () => await runner.close());
+  app.register(transactionRoutes, { maxStatements: tx.maxStatements });
   return app;
 }

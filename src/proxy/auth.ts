@@ -7,7 +7,7 @@
 // it before the body is read.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { ROLE_NAME } from '../fence/transaction.ts';
+import { ROLE_NAME } from '../fence/client-logins.ts';
 import { ApiError } from './errors.ts';
 import type { RouteAccess } from './route-config.ts';
 

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './auth.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
+import { parseHostName, parseOrigin } from './browser-guard.ts';
 import { FENCE_MODES, type FenceMode } from '../fence/store.ts';
 
 export interface ProxyConfig {
@@ -21,6 +22,8 @@ export interface ProxyConfig {
   poolSize: number;
   /** Bound on each statement of the fenced write path and reads (0 = none). */
   statementTimeoutMs: number;
+  /** Postgres lock_timeout of the main pool: a write waiting this long on a locked fence row fails (503). */
+  lockTimeoutMs: number;
   /** Fenced write batches (statements) in flight at once. */
   writeConcurrency: number;
   /** Most writes coalesced into one statement; 1 = no coalescing. */
@@ -44,6 +47,10 @@ export interface ProxyConfig {
   allowOpen: boolean;
   /** Whole request (headers and body) must arrive within this; else 408 and the connection closes. */
   requestTimeoutMs: number;
+  /** Origins whose pages may call the proxy (FENCEPOST_ALLOWED_ORIGINS); default none. */
+  allowedOrigins: readonly string[];
+  /** Host names an open-mode proxy answers to besides IP addresses and localhost (FENCEPOST_ALLOWED_HOSTS). */
+  allowedHosts: readonly string[];
   /** Token forgery guard; null = off. */
   forgeryGuard: ForgeryGuardConfig | null;
   /** POST /v1/transactions: connections of its own pool, statements, timeout, retries. */
@@ -51,7 +58,26 @@ export interface ProxyConfig {
   txMaxStatements: number;
   txStatementTimeoutMs: number;
   txRetries: number;
+  /** Deadline of a whole transaction (queue wait included); past it the backend is terminated. */
+  txTimeoutMs: number;
+  /** Most result bytes per transaction, counted as they stream in. */
+  txMaxResultBytes: number;
+  /** Login of client SQL in open mode, and prefix of the per-key logins. */
+  clientRole: string;
 }
+
+/** Defaults of POST /v1/transactions (also buildApp's, for tests and embedding). */
+export const TX_DEFAULTS = Object.freeze({
+  clientRole: 'fencepost_client',
+  maxConcurrent: 4,
+  maxStatements: 100,
+  statementTimeoutMs: 5000,
+  // FENCEPOST_LOCK_TIMEOUT_MS, for the write path and transactions alike (see loadConfig).
+  lockTimeoutMs: 1000,
+  transactionTimeoutMs: 30_000,
+  maxResultBytes: 4 * 1024 * 1024,
+  retries: 3,
+});
 
 export class ConfigError extends Error {
   constructor(variable: string, message: string) {
@@ -71,6 +97,14 @@ function int(env: NodeJS.ProcessEnv, name: string, def: number, min: number, max
   const n = Number(raw);
   if (n < min || n > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${n}`);
   return n;
+}
+
+/** The client login's name: a plain identifier short enough to take a key name after it. */
+function clientRole(env: NodeJS.ProcessEnv): string {
+  const raw = env.FENCEPOST_CLIENT_ROLE;
+  if (raw === undefined || raw === '') return TX_DEFAULTS.clientRole;
+  if (!/^[a-z_][a-z0-9_]{0,39}$/.test(raw)) throw new ConfigError('FENCEPOST_CLIENT_ROLE', 'must be 1–40 of a-z 0-9 _ (not starting with a digit)');
+  return raw;
 }
 
 function fenceMode(env: NodeJS.ProcessEnv): FenceMode {
@@ -120,6 +154,19 @@ function loadKeys(env: NodeJS.ProcessEnv): AccessKey[] {
   }
 }
 
+/** A comma-separated list (blanks around entries ignored), each entry checked by `parse`; frozen. */
+function list(env: NodeJS.ProcessEnv, name: string, parse: (raw: string) => string): readonly string[] {
+  const raw = env[name];
+  if (raw === undefined || raw.trim() === '') return Object.freeze([]);
+  const entries = raw.split(',').map((e) => e.trim());
+  if (entries.some((e) => e === '')) throw new ConfigError(name, 'has an empty entry (stray comma)');
+  try {
+    return Object.freeze([...new Set(entries.map(parse))]);
+  } catch (err) {
+    throw new ConfigError(name, (err as Error).message);
+  }
+}
+
 function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
   const raw = env.FENCEPOST_FORGERY_GUARD;
   if (!raw) return null;
@@ -155,6 +202,17 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
   const writeConcurrency = int(env, 'FENCEPOST_WRITE_CONCURRENCY', Math.min(2, poolSize - 1), 1, 1000);
   if (writeConcurrency >= poolSize) throw new ConfigError('FENCEPOST_WRITE_CONCURRENCY', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
+  const statementTimeoutMs = int(env, 'FENCEPOST_STATEMENT_TIMEOUT_MS', 10_000, 0, 3_600_000);
+  // A healthy writer holds a fence row only for its own statement or its transaction's commit
+  // (milliseconds even under load: p99 16 ms in the README's benchmark). A wait of a second means
+  // something holds the row far longer (a slow or hostile transaction): fail that fence's writes
+  // with 503 (nothing committed, safe to retry) instead of letting them fill the write slots that
+  // every other fence's writes need. 1 s leaves two orders of magnitude over a commit, and stays
+  // well below the statement timeout.
+  const lockTimeoutMs = int(env, 'FENCEPOST_LOCK_TIMEOUT_MS', TX_DEFAULTS.lockTimeoutMs, 1, 3_600_000);
+  if (statementTimeoutMs > 0 && lockTimeoutMs >= statementTimeoutMs) {
+    throw new ConfigError('FENCEPOST_LOCK_TIMEOUT_MS', `must be below FENCEPOST_STATEMENT_TIMEOUT_MS (${statementTimeoutMs}), or a locked fence would still hold its writes until the statement timeout`);
+  }
   const rejectionsMaxAgeMs = int(env, 'FENCEPOST_REJECTIONS_MAX_AGE_MS', 7 * 24 * 3600 * 1000, 0, 3650 * 24 * 3600 * 1000);
   const rejectionsMaxRows = int(env, 'FENCEPOST_REJECTIONS_MAX_ROWS', 1_000_000, 0, 1_000_000_000_000);
   if (rejectionsMaxAgeMs === 0 && rejectionsMaxRows === 0) {
@@ -177,7 +235,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
     writeConcurrency,
-    statementTimeoutMs: int(env, 'FENCEPOST_STATEMENT_TIMEOUT_MS', 10_000, 0, 3_600_000),
+    statementTimeoutMs,
+    lockTimeoutMs,
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
@@ -189,10 +248,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     readAccess,
     allowOpen,
     requestTimeoutMs: int(env, 'FENCEPOST_REQUEST_TIMEOUT_MS', 30_000, 100, 3_600_000),
+    allowedOrigins: list(env, 'FENCEPOST_ALLOWED_ORIGINS', parseOrigin),
+    allowedHosts: list(env, 'FENCEPOST_ALLOWED_HOSTS', parseHostName),
     forgeryGuard: loadForgeryGuard(env),
-    txPoolSize: int(env, 'FENCEPOST_TX_POOL_SIZE', 4, 1, 1000),
-    txMaxStatements: int(env, 'FENCEPOST_TX_MAX_STATEMENTS', 100, 1, 10_000),
-    txStatementTimeoutMs: int(env, 'FENCEPOST_TX_STATEMENT_TIMEOUT_MS', 5000, 1, 3_600_000),
-    txRetries: int(env, 'FENCEPOST_TX_RETRIES', 3, 0, 100),
+    txPoolSize: int(env, 'FENCEPOST_TX_POOL_SIZE', TX_DEFAULTS.maxConcurrent, 1, 1000),
+    txMaxStatements: int(env, 'FENCEPOST_TX_MAX_STATEMENTS', TX_DEFAULTS.maxStatements, 1, 10_000),
+    txStatementTimeoutMs: int(env, 'FENCEPOST_TX_STATEMENT_TIMEOUT_MS', TX_DEFAULTS.statementTimeoutMs, 1, 3_600_000),
+    txRetries: int(env, 'FENCEPOST_TX_RETRIES', TX_DEFAULTS.retries, 0, 100),
+    txTimeoutMs: int(env, 'FENCEPOST_TX_TIMEOUT_MS', TX_DEFAULTS.transactionTimeoutMs, 100, 3_600_000),
+    txMaxResultBytes: int(env, 'FENCEPOST_TX_MAX_RESULT_BYTES', TX_DEFAULTS.maxResultBytes, 1024, 1024 * 1024 * 1024),
+    clientRole: clientRole(env),
   });
 }

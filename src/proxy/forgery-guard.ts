@@ -82,8 +82,9 @@ export class ForgeryGuard {
 
   /**
    * An object under a guarded prefix may only be written under a fence key guarded by the same
-   * election: otherwise a forger could name an unguarded fence key with a huge token, and the
-   * object's own token (see queries.ts) would then lock the real leader out of it.
+   * election: otherwise a forger could name an unguarded fence key with a huge token, moving the
+   * object to that fence, whose highest token (the object rule, see queries.ts) would then lock the
+   * real leader out of it.
    */
   admitObject(objectKey: string, fenceKey: string, token: bigint): void {
     const path = this.pathFor(objectKey);

@@ -9,6 +9,7 @@ import { FenceStore } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
+import { checkDurability, unknownDurability } from '../fence/durability.ts';
 import { ProxyMetrics } from './metrics.ts';
 
 export interface RunningProxy {
@@ -29,16 +30,21 @@ export function createLogger(level: string): Logger {
 /**
  * `statementTimeoutMs` bounds every statement server-side (a cancelled statement did not commit:
  * 503, safe to retry), and, 5 s later, client-side too, for a database that stopped answering.
+ * `lockTimeoutMs` bounds every wait for a lock (55P03, nothing of the statement committed): the
+ * proxy's main pool, so a fence row held by a long transaction fails only that fence's writes
+ * (FenceStore splits the batch) instead of stalling the write slots. Set on the connection, not
+ * per statement: one round trip per fenced write, not BEGIN, SET LOCAL, write and COMMIT.
  */
-export function createPool(databaseUrl: string, max: number, opts: { statementTimeoutMs?: number } = {}): pg.Pool {
+export function createPool(databaseUrl: string, max: number, opts: { statementTimeoutMs?: number; lockTimeoutMs?: number } = {}): pg.Pool {
   const timeout = opts.statementTimeoutMs ?? 0;
+  const lockTimeout = opts.lockTimeoutMs ?? 0;
   const pool = new pg.Pool({
     connectionString: databaseUrl,
     max,
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30_000,
     // Every 200 means durably committed, whatever the database's default says.
-    options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}`,
+    options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}`,
     ...(timeout > 0 ? { query_timeout: timeout + 5000 } : {}),
   });
   // An idle client losing its connection must not crash the process; the next query reports it.
@@ -59,11 +65,10 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     });
     databaseUrl = embedded.url;
   }
-  const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs });
+  const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, { concurrency: config.writeConcurrency, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
   if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
-  const txPool = createPool(databaseUrl, config.txPoolSize);
   const app = buildApp({
     store,
     bodyLimitBytes: config.bodyLimitBytes,
@@ -71,7 +76,18 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     metrics,
     auth: { keys: config.keys, readAccess: config.readAccess },
     forgeryGuard: config.forgeryGuard,
-    transactions: { pool: txPool, maxStatements: config.txMaxStatements, statementTimeoutMs: config.txStatementTimeoutMs, retries: config.txRetries },
+    browser: { allowedOrigins: config.allowedOrigins, allowedHosts: config.allowedHosts },
+    transactions: {
+      databaseUrl,
+      clientRole: config.clientRole,
+      maxConcurrent: config.txPoolSize,
+      maxStatements: config.txMaxStatements,
+      statementTimeoutMs: config.txStatementTimeoutMs,
+      lockTimeoutMs: config.lockTimeoutMs,
+      transactionTimeoutMs: config.txTimeoutMs,
+      maxResultBytes: config.txMaxResultBytes,
+      retries: config.txRetries,
+    },
     requestTimeoutMs: config.requestTimeoutMs,
   });
   if (config.keys.length === 0) logger.warn({ host: config.host }, 'no keys configured: the proxy is open to anyone who can reach it');
@@ -85,12 +101,18 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   try {
     const applied = await migrate(pool);
     if (applied.length > 0) logger.info({ applied }, 'migrations applied');
+    const durability = await checkDurability(pool).catch((err: unknown) => {
+      logger.warn({ err }, 'durability check failed');
+      return unknownDurability();
+    });
+    for (const warning of durability.warnings) logger.warn({ component: 'durability' }, warning);
+    // Client logins for SQL transactions: created now, or the log says what to run (see Security).
+    await app.transactionRunner.provision();
     await app.listen({ host: config.host, port: config.port });
     pruner.start(); // after migrate: the table exists
   } catch (err) {
     await pruner.stop().catch(() => {});
     await app.close().catch(() => {});
-    await txPool.end().catch(() => {});
     await pool.end().catch(() => {});
     await embedded?.stop().catch(() => {});
     throw err;
@@ -110,7 +132,6 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       clearTimeout(timer);
       await store.idle();
       await pruner.stop();
-      await txPool.end();
       await pool.end();
       await embedded?.stop();
       logger.info('stopped');

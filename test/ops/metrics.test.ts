@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
 import { freePort } from '../../src/zookeeper/local-server.ts';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { testApp } from '../support/proxy.ts';
 
 let db: TestDatabase;
@@ -45,6 +45,9 @@ const put = (key: string, token: string, target = app) =>
 describe('write counters', () => {
   test('transactions count under operation "transaction": stale fences as rejected, SQL conflicts as invalid', async () => {
     await db.pool.query('CREATE TABLE IF NOT EXISTS public.metric_tx (id int PRIMARY KEY)');
+    // Open mode: client SQL runs as the client login, with what the operator granted it.
+    await app.transactionRunner.provision();
+    await db.pool.query(`GRANT SELECT, INSERT ON public.metric_tx TO ${clientRoleFor(db.pool)}`);
     const tx = (token: string, sql: string) =>
       app.inject({ method: 'POST', url: '/v1/transactions', payload: { fences: [{ key: 'm-tx', token }], statements: [{ sql, params: [] }] } });
     const before = await scrape();

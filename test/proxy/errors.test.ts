@@ -7,7 +7,7 @@ import type { FastifyInstance, InjectOptions } from 'fastify';
 import pg from 'pg';
 import { ERRORS, type ErrorCode } from '../../src/proxy/errors.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
 import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../security/helpers.ts';
 import { inject } from 'vitest';
@@ -185,6 +185,34 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     await expectError('sql_timeout', tx([{ sql: 'SELECT pg_sleep(2)' }]), secured);
   });
 
+  test('transaction failures of the proxy\'s own: result_too_large, transactions_unavailable, commit_unknown', async () => {
+    const small = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), maxResultBytes: 4096 } });
+    const noRole = securedApp(db.pool, uniqueRole('missing'), { transactions: { clientRole: clientRoleFor(db.pool) } });
+    // A COMMIT that takes a while (a deferred trigger), so the backend can die during it.
+    await db.pool.query(`
+      CREATE TABLE public.err_slow (id int);
+      CREATE FUNCTION public.err_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(20); RETURN NULL; END $$;
+      CREATE CONSTRAINT TRIGGER err_slow AFTER INSERT ON public.err_slow DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.err_slow_commit();
+      GRANT INSERT ON public.err_slow TO ${role};
+    `);
+    const patient = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), statementTimeoutMs: 60_000 } });
+    try {
+      await expectError('result_too_large', tx([{ sql: `SELECT repeat('x', 100000) AS big` }]), small);
+      await expectError('transactions_unavailable', tx([{ sql: 'SELECT 1' }]), noRole);
+      const killer = (async () => {
+        for (let i = 0; i < 200; i++) {
+          const { rows } = await db.pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active' AND wait_event = 'PgSleep'`);
+          if (rows.length > 0) return;
+          await new Promise((r) => setTimeout(r, 25));
+        }
+      })();
+      await expectError('commit_unknown', tx([{ sql: 'INSERT INTO public.err_slow VALUES (1)' }]), patient);
+      await killer;
+    } finally {
+      await Promise.all([small.close(), noRole.close(), patient.close()]);
+    }
+  });
+
   test('oversized headers get 431 headers_too_large and a stalled body 408 request_timeout, in the registry shape', async () => {
     const big = await rawHttp(url, [`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`]);
     expect(big).toMatch(/^HTTP\/1\.1 431 /);
@@ -194,6 +222,14 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     expect(slow).toMatch(/^HTTP\/1\.1 408 /);
     expect(JSON.parse(slow.slice(slow.indexOf('\r\n\r\n') + 4)).error).toBe('request_timeout');
     produced.add('request_timeout');
+  });
+});
+
+describe('browser errors (test/security/browser.test.ts has the rest)', () => {
+  test('a transaction not sent as JSON gets 415, a foreign Origin 403 forbidden_origin, an open proxy under a foreign name 403 forbidden_host', async () => {
+    await expectError('unsupported_media_type', { method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'text/plain' }, payload: '{}' });
+    await expectError('forbidden_origin', { ...putWith('1'), headers: { 'fencing-token': '1', origin: 'https://evil.example' } });
+    await expectError('forbidden_host', { ...putWith('1'), headers: { 'fencing-token': '1', host: 'evil.example:8080' } });
   });
 });
 

@@ -7,6 +7,7 @@ import { inject } from 'vitest';
 import { buildApp, type AppOptions } from '../../src/proxy/app.ts';
 import { parseKeys } from '../../src/proxy/auth.ts';
 import { FenceStore } from '../../src/fence/store.ts';
+import { clientRoleFor } from '../support/db.ts';
 
 export const SECRET = {
   writer: 'writer-secret-7f3a9c1e5b',
@@ -41,7 +42,7 @@ export function securedApp(pool: pg.Pool, role: string, opts: Partial<AppOptions
     store: new FenceStore(pool),
     bodyLimitBytes: 64 * 1024,
     auth: { keys: testKeys(role), readAccess: 'key' },
-    transactions: { pool, maxStatements: 8, statementTimeoutMs: 300, retries: 3 },
+    transactions: { clientRole: clientRoleFor(pool), maxStatements: 8, statementTimeoutMs: 300, retries: 3 },
     ...opts,
   });
 }

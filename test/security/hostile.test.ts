@@ -183,14 +183,14 @@ describe('explicit hostile input', () => {
   test.each(['-1', '1e3', '0x10', '+5', '99999999999999999999', '18446744073709551616', ' 7'])('token %j gets 400 invalid_token, in a header or a transaction', async (t) => {
     const before = await snapshot();
     expect((await put('w/tok', { ...w, 'fencing-token': t })).json().error).toBe('invalid_token');
-    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: w, payload: JSON.stringify({ fences: [{ key: 'w/tok', token: t }], statements: [{ sql: 'SELECT 1' }] }) });
+    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: { ...w, 'content-type': 'application/json' }, payload: JSON.stringify({ fences: [{ key: 'w/tok', token: t }], statements: [{ sql: 'SELECT 1' }] }) });
     expect(tx.json().error).toBe('invalid_token');
     expect(await snapshot()).toBe(before);
   });
 
   test('deeply nested parameters are refused, not a stack overflow', async () => {
     const deep = '['.repeat(900) + ']'.repeat(900);
-    const res = await app.inject({ method: 'POST', url: '/v1/transactions', headers: w, payload: `{"fences":[{"key":"w/deep","token":"1"}],"statements":[{"sql":"SELECT $1::text","params":[${deep}]}]}` });
+    const res = await app.inject({ method: 'POST', url: '/v1/transactions', headers: { ...w, 'content-type': 'application/json' }, payload: `{"fences":[{"key":"w/deep","token":"1"}],"statements":[{"sql":"SELECT $1::text","params":[${deep}]}]}` });
     expect(res.json().error).toBe('invalid_transaction');
   });
 
@@ -202,7 +202,7 @@ describe('explicit hostile input', () => {
     expect(got.body).toBe('payload');
     const { rows } = await db.pool.query('SELECT key, fence_key FROM fencepost.objects WHERE key = $1', [key]);
     expect(rows).toEqual([{ key, fence_key: `w/"); DELETE FROM fencepost.objects; --` }]);
-    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: w, payload: JSON.stringify({ fences: [{ key: `w/'); DROP TABLE app.items;--`, token: '1' }], statements: [{ sql: 'SELECT count(*)::int AS n FROM app.items' }] }) });
+    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: { ...w, 'content-type': 'application/json' }, payload: JSON.stringify({ fences: [{ key: `w/'); DROP TABLE app.items;--`, token: '1' }], statements: [{ sql: 'SELECT count(*)::int AS n FROM app.items' }] }) });
     expect(tx.statusCode, tx.body).toBe(200);
     expect((await db.pool.query(`SELECT to_regclass('fencepost.fences') IS NOT NULL AS f, to_regclass('app.items') IS NOT NULL AS i`)).rows[0]).toEqual({ f: true, i: true });
   });
@@ -214,7 +214,7 @@ describe('explicit hostile input', () => {
     const raw = await rawHttp(url, [Buffer.concat([Buffer.from(`PUT /v1/objects/w%2Futf HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${SECRET.writer}\r\nFencing-Token: 1\r\nFence-Key: w/`), Buffer.from([0xc3, 0x28]), Buffer.from('\r\nContent-Length: 1\r\nConnection: close\r\n\r\nv')])]);
     expect(raw).toMatch(/^HTTP\/1\.1 400 /);
     expect(raw).toContain('"invalid_key"');
-    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: w, payload: Buffer.concat([Buffer.from('{"fences":[{"key":"w/'), Buffer.from([0xff]), Buffer.from('","token":"1"}],"statements":[{"sql":"SELECT 1"}]}')]) });
+    const tx = await app.inject({ method: 'POST', url: '/v1/transactions', headers: { ...w, 'content-type': 'application/json' }, payload: Buffer.concat([Buffer.from('{"fences":[{"key":"w/'), Buffer.from([0xff]), Buffer.from('","token":"1"}],"statements":[{"sql":"SELECT 1"}]}')]) });
     expect(tx.json().error).toBe('invalid_transaction');
     expect(await snapshot()).toBe(before);
   });

@@ -10,6 +10,16 @@ export interface TestDatabase {
   drop(): Promise<void>;
 }
 
+/**
+ * The client-login name (FENCEPOST_CLIENT_ROLE) for a test database: roles are cluster-wide, so
+ * each test database gets logins of its own, dropped with it.
+ */
+export function clientRoleFor(databaseUrlOrPool: string | pg.Pool): string {
+  const url = typeof databaseUrlOrPool === 'string' ? databaseUrlOrPool : (databaseUrlOrPool as unknown as { options: { connectionString: string } }).options.connectionString;
+  const name = new URL(url).pathname.slice(1);
+  return `fpc_${name.replace(/^fp_test_/, '').replace(/[^a-z0-9_]/g, '_')}`.slice(0, 40);
+}
+
 export function withDatabase(url: string, database: string): string {
   const u = new URL(url);
   u.pathname = `/${database}`;
@@ -35,6 +45,8 @@ export async function createTestDatabase(opts: { migrate?: boolean; poolSize?: n
       const a = new pg.Client({ connectionString: adminUrl });
       await a.connect();
       await a.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      const { rows } = await a.query<{ rolname: string }>(`SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1)`, [clientRoleFor(url)]);
+      for (const r of rows) await a.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(r.rolname)}`);
       await a.end();
     },
   };

@@ -6,12 +6,13 @@ import type pg from 'pg';
 import { buildApp } from '../../src/proxy/app.ts';
 import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
 import { freePort } from '../../src/zookeeper/local-server.ts';
+import { clientRoleFor } from './db.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
 
 export function testApp(pool: pg.Pool, opts: FenceStoreOptions & { bodyLimitBytes?: number } = {}): FastifyInstance {
-  return buildApp({ store: new FenceStore(pool, opts), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024 });
+  return buildApp({ store: new FenceStore(pool, opts), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, transactions: { clientRole: clientRoleFor(pool) } });
 }
 
 /** Listens on a free loopback port; returns the base URL. */
@@ -31,7 +32,13 @@ export interface ProxyProcess {
 export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000): Promise<ProxyProcess> {
   const port = env.PORT ? Number(env.PORT) : await freePort();
   const child = spawn(process.execPath, [BIN, 'serve'], {
-    env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn', ...env, PORT: String(port) },
+    env: {
+      ...process.env,
+      FENCEPOST_LOG_LEVEL: 'warn',
+      ...(env.DATABASE_URL ? { FENCEPOST_CLIENT_ROLE: clientRoleFor(env.DATABASE_URL) } : {}),
+      ...env,
+      PORT: String(port),
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';

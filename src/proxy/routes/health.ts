@@ -1,11 +1,13 @@
-// GET /healthz (the process answers) and GET /readyz (database reachable, migrations applied).
+// GET /healthz (the process answers) and GET /readyz (database reachable, migrations applied; with
+// `durability`, the failover warnings of src/fence/durability.ts, which do not make it unready).
 import type { FastifyInstance } from 'fastify';
 import { migrationsApplied } from '../../fence/migrate.ts';
+import { checkDurability, unknownDurability } from '../../fence/durability.ts';
 import { ApiError } from '../errors.ts';
 
 export async function healthRoutes(app: FastifyInstance): Promise<void> {
   app.get('/healthz', { config: { access: 'open' } }, async () => ({ status: 'ok' }));
-  app.get('/readyz', { config: { access: 'open' } }, async () => {
+  app.get('/readyz', { config: { access: 'open' } }, async (req) => {
     let ready: boolean;
     try {
       ready = await migrationsApplied(app.store.pool);
@@ -13,6 +15,10 @@ export async function healthRoutes(app: FastifyInstance): Promise<void> {
       throw new ApiError('unavailable', 'database unreachable', {}, { cause: err });
     }
     if (!ready) throw new ApiError('unavailable', 'migrations not applied');
-    return { status: 'ready' };
+    const durability = await checkDurability(app.store.pool).catch((err: unknown) => {
+      req.log.warn({ err }, 'durability check failed');
+      return unknownDurability();
+    });
+    return { status: 'ready', durability };
   });
 }

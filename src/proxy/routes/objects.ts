@@ -36,8 +36,12 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
     const obj = await app.store.readObject(key);
     if (!obj) throw new ApiError('not_found', 'no such object');
     const etag = createHash('sha256').update(obj.body).digest('base64url').slice(0, 27);
+    // A body is the writer's, Content-Type included: opened in a browser it must not run as a page
+    // of the proxy's origin (sandbox: an opaque origin, no scripts) nor be sniffed into one.
     return reply
       .header('content-type', obj.contentType)
+      .header('x-content-type-options', 'nosniff')
+      .header('content-security-policy', 'sandbox')
       .header('fencing-token', obj.token.toString())
       .header('etag', `"${etag}"`)
       .send(obj.body);

@@ -1,31 +1,50 @@
 // POST /v1/transactions — fenced SQL: the fence checks and the writer's statements in one
 // database transaction (src/fence/transaction.ts). All or nothing.
 import type { FastifyInstance, FastifyPluginOptions, FastifyRequest } from 'fastify';
-import type pg from 'pg';
 import { parseToken } from '../../fence/token.ts';
-import { RoleChangedError, StatementError, refusedStatement, runTransaction, type Isolation, type TxFence, type TxStatement } from '../../fence/transaction.ts';
 import {
-  CONFLICT_ERROR_CLASSES,
-  INSUFFICIENT_PRIVILEGE,
-  INTERNAL_ERROR_CLASSES,
-  PROTOCOL_VIOLATION,
-  QUERY_CANCELED,
-  RETRYABLE_ERROR_CODES,
-  isUnavailable,
-  sqlState,
-} from '../../fence/pg-errors.ts';
+  CommitUnknownError,
+  ConnectionLostError,
+  FenceBusyError,
+  LoginUnavailableError,
+  ResultTooLargeError,
+  StatementError,
+  TransactionEndedError,
+  TransactionRunner,
+  TransactionTimeoutError,
+  refusedStatement,
+  type Isolation,
+  type TxFence,
+  type TxStatement,
+} from '../../fence/transaction.ts';
+import { CONFLICT_ERROR_CLASSES, INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, RETRYABLE_ERROR_CODES, sqlState } from '../../fence/pg-errors.ts';
 import { ApiError } from '../errors.ts';
-import { authorizeKeys } from '../auth.ts';
+import { authorizeKeys, type AccessKey } from '../auth.ts';
 import { checkKey, writerId } from '../request.ts';
 import { staleToken } from './stale.ts';
 
 export interface TransactionOptions {
-  /** Pool the transactions run on (default: the store's). Each connection is closed after use. */
-  pool: pg.Pool;
+  /** DATABASE_URL: client logins connect to the same server and database. */
+  databaseUrl: string;
+  /** Open-mode login, and prefix of the per-key logins (FENCEPOST_CLIENT_ROLE). */
+  clientRole: string;
+  /** The configured keys: each with a pgRole gets a login of its own. */
+  keys: readonly AccessKey[];
   maxStatements: number;
   statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  transactionTimeoutMs: number;
+  maxResultBytes: number;
+  /** Transactions running at once (FENCEPOST_TX_POOL_SIZE). */
+  maxConcurrent: number;
   /** Extra attempts after 40001/40P01. */
   retries: number;
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    transactionRunner: TransactionRunner;
+  }
 }
 
 export const MAX_TX_FENCES = 100;
@@ -106,57 +125,75 @@ function parseBody(body: unknown, maxStatements: number): TxRequest {
   return { fences: txFences, statements: txStatements, isolation: isolation as Isolation };
 }
 
-/** A pg error from the transaction as a registry error, or null to let the app-wide handler map it. */
-function sqlApiError(err: unknown, index: number | null): ApiError | null {
-  const state = sqlState(err);
-  if (state === undefined) return null;
+/** A statement's error (on a live connection, rolled back) as a registry error: always a 4xx or the timeout. */
+function sqlApiError(err: unknown, index: number | null): ApiError {
+  const state = sqlState(err) ?? 'XX000';
   const extra = { sqlState: state, statement: index };
   const msg = (err as Error).message;
   const where = index === null ? 'the transaction' : `statements[${index}]`;
   if (state === QUERY_CANCELED) return new ApiError('sql_timeout', `${where} ran past the statement timeout; nothing applied`, extra, { cause: err });
-  // A bind with the wrong number of parameters is a protocol violation, not a lost connection.
-  if (state === PROTOCOL_VIOLATION && index !== null) return new ApiError('sql_error', `${where}: ${msg}; nothing applied`, extra, { cause: err });
-  if (isUnavailable(err) || INTERNAL_ERROR_CLASSES.has(state.slice(0, 2))) return null;
   if (state === INSUFFICIENT_PRIVILEGE) return new ApiError('sql_permission_denied', `${where}: ${msg}; nothing applied`, extra, { cause: err });
-  if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state)) {
+  if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state) || state === LOCK_NOT_AVAILABLE) {
     return new ApiError('sql_conflict', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   }
+  // Whatever else a statement raised (XX000, 08006, 57P01 from a RAISE …) is the statement's error:
+  // the connection answered, so the database did not fail.
   return new ApiError('sql_error', `${where}: ${msg}; nothing applied`, extra, { cause: err });
 }
 
-function roleFor(req: FastifyRequest): string | null {
-  const key = req.accessKey;
-  if (key === null) return null; // open mode: the proxy's login role
-  if (key.pgRole === null) throw new ApiError('forbidden', `key ${key.name} has no pgRole: it may not run SQL transactions`);
-  return key.pgRole;
+/** The runner's typed failures as registry errors; anything else goes to the app-wide handler. */
+function runnerApiError(err: unknown): unknown {
+  if (err instanceof StatementError) return sqlApiError(err.cause, err.index);
+  if (err instanceof TransactionEndedError) {
+    return new ApiError('statement_not_allowed', `${err.message}: transaction control is the proxy's`, { statement: err.index }, { cause: err });
+  }
+  if (err instanceof ResultTooLargeError) return new ApiError('result_too_large', `${err.message} (FENCEPOST_TX_MAX_RESULT_BYTES)`, { limit: err.limit }, { cause: err });
+  if (err instanceof TransactionTimeoutError) return new ApiError('sql_timeout', `${err.message} (FENCEPOST_TX_TIMEOUT_MS)`, { sqlState: null, statement: null }, { cause: err });
+  if (err instanceof ConnectionLostError || err instanceof FenceBusyError) return new ApiError('unavailable', `${err.message}; safe to retry`, {}, { cause: err });
+  if (err instanceof CommitUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
+  if (err instanceof LoginUnavailableError) {
+    return new ApiError('transactions_unavailable', `SQL transactions are not available for this key: ${err.message}`, {}, { cause: err });
+  }
+  return err;
 }
 
-export async function transactionRoutes(app: FastifyInstance, opts: FastifyPluginOptions & Partial<TransactionOptions>): Promise<void> {
-  const options: TransactionOptions = {
-    pool: opts.pool ?? app.store.pool,
-    maxStatements: opts.maxStatements ?? 100,
-    statementTimeoutMs: opts.statementTimeoutMs ?? 5000,
-    retries: opts.retries ?? 3,
-  };
+function keyNameFor(req: FastifyRequest): string | null {
+  const key = req.accessKey;
+  if (key === null) return null; // open mode: the fencepost_client login
+  if (key.pgRole === null) throw new ApiError('forbidden', `key ${key.name} has no pgRole: it may not run SQL transactions`);
+  return key.name;
+}
+
+/** The runner of an app's transactions (buildApp creates it; the route uses it). */
+export function createTransactionRunner(app: FastifyInstance, opts: Omit<TransactionOptions, 'maxStatements'>): TransactionRunner {
+  return new TransactionRunner({
+    owner: app.store.pool,
+    databaseUrl: opts.databaseUrl,
+    clientRole: opts.clientRole,
+    logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
+    maxConcurrent: opts.maxConcurrent,
+    statementTimeoutMs: opts.statementTimeoutMs,
+    lockTimeoutMs: opts.lockTimeoutMs,
+    transactionTimeoutMs: opts.transactionTimeoutMs,
+    maxResultBytes: opts.maxResultBytes,
+    retries: opts.retries,
+    onProblem: (keyName, problem) =>
+      app.log.warn({ keyName, login: problem.login, sql: problem.sql }, `SQL transactions refused until fixed: ${problem.message}${problem.sql.length > 0 ? ` ${problem.sql.join('; ')};` : ''}`),
+  });
+}
+
+export async function transactionRoutes(app: FastifyInstance, opts: FastifyPluginOptions & { maxStatements: number }): Promise<void> {
+  const runner = app.transactionRunner;
   app.post('/v1/transactions', { config: { access: 'write', operation: 'transaction' } }, async (req) => {
-    const tx = parseBody(req.body, options.maxStatements);
-    const role = roleFor(req);
+    const tx = parseBody(req.body, opts.maxStatements);
+    const keyName = keyNameFor(req);
     authorizeKeys(req, tx.fences.map((f) => f.fenceKey));
     for (const f of tx.fences) await app.forgeryGuard?.admit(f.fenceKey, f.token);
     let result;
     try {
-      result = await runTransaction(options.pool, tx.fences, tx.statements, {
-        role,
-        statementTimeoutMs: options.statementTimeoutMs,
-        retries: options.retries,
-        isolation: tx.isolation,
-        writerId: writerId(req),
-      });
+      result = await runner.run(keyName, tx.fences, tx.statements, { isolation: tx.isolation, writerId: writerId(req) });
     } catch (err) {
-      if (err instanceof RoleChangedError) throw new ApiError('forbidden', err.message, {}, { cause: err });
-      const index = err instanceof StatementError ? err.index : null;
-      const cause = err instanceof StatementError ? err.cause : err;
-      throw sqlApiError(cause, index) ?? cause;
+      throw runnerApiError(err);
     }
     if (!result.committed) {
       const first = result.stale[0]!;

@@ -1,0 +1,520 @@
+// Issue 11, "a leader's writes under one fence key at database speed": the pattern users follow
+// (one leader, one fence key, many objects), measured with C load generators (bench/loadgen.ts):
+// wrk against a `fencepost serve` process, pgbench -M prepared sending the same statement straight
+// to the same Postgres. Each scenario gets a fresh Postgres, migrated, and a proxy of its own.
+//
+//   one-fence        PUT of 5,000 objects under one fence key and token, 32 in flight, vs the upsert
+//   distinct-fences  PUT of 10,000 objects, each its own fence key, 32 in flight, vs the upsert
+//   transactions     POST /v1/transactions (one fence, one UPDATE), 16 in flight, vs BEGIN/UPDATE/COMMIT
+//   raise            a fence raise (token 2) while token-1 writes run: its latency, and any token-1
+//                    write accepted though sent after the raise was acknowledged (must be none)
+//   reads            the read API with 1,000,000 fences and 1,000,000 rejections in the tables
+//
+// `node --import tsx bench/fence-key.ts [scenario…]` runs some (default all) and prints their tables.
+import http from 'node:http';
+import { performance } from 'node:perf_hooks';
+import { pathToFileURL } from 'node:url';
+import pg from 'pg';
+import { migrate } from '../src/fence/migrate.ts';
+import { distribution, type Distribution } from '../src/election/advice.ts';
+import { spawnServe, type ServeProcess } from './serve.ts';
+import { benchPostgres, fmt, machine } from './support.ts';
+import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
+
+export const SCENARIOS = ['one-fence', 'distinct-fences', 'transactions', 'raise', 'reads'] as const;
+export type Scenario = (typeof SCENARIOS)[number];
+
+export interface FenceKeyBenchOptions {
+  /** Seconds of measured load per path (wrk and pgbench each). */
+  durationS: number;
+  /** Seconds of unmeasured load before each measured run (JIT, pools, prepared statements). */
+  warmupS?: number;
+  scenarios?: readonly Scenario[];
+  /** Rows of fences and of rejections for `reads` (1,000,000). */
+  tableRows?: number;
+  log?: (line: string) => void;
+}
+
+/** The proxy against direct Postgres, same statement, same concurrency, same database. */
+export interface Comparison {
+  name: string;
+  inFlight: number;
+  proxy: WrkResult;
+  direct: PgbenchResult;
+  /** proxy req/s ÷ direct tx/s at least this. */
+  goalRatio: number;
+  /** proxy p99 ÷ direct p99 at most this (when the scenario sets one). */
+  goalP99Ratio?: number;
+}
+
+export interface RaiseResult {
+  writers: number;
+  raiseStatus: number;
+  raiseMs: number;
+  /** Token-1 writes acknowledged before the raise was sent: their latency. */
+  before: Distribution;
+  writes: number;
+  accepted: number;
+  rejected: number;
+  /** Neither 200 nor 409 (0 = no answer). */
+  other: Record<string, number>;
+  /** 200s for token-1 writes sent after the raise's 200 arrived: stale writes accepted. Must be 0. */
+  staleAccepted: number;
+  /** 200s for token-1 writes sent before the raise's 200 arrived but answered after it (committed first: fine). */
+  overlapping: number;
+  /** Token-1 writes sent after the raise's 200 arrived, and of them the 409s. */
+  sentAfter: number;
+  rejectedAfter: number;
+}
+
+export interface ReadTiming {
+  path: string;
+  ms: Distribution;
+  /** Any status other than 200 seen. */
+  badStatus: number | null;
+}
+
+export interface ReadsResult {
+  rows: number;
+  loadS: number;
+  reads: ReadTiming[];
+}
+
+export interface FenceKeyReport {
+  comparisons: Comparison[];
+  raise: RaiseResult | null;
+  reads: ReadsResult | null;
+}
+
+const READ_GOAL_MS = 20;
+const CLIENT_ROLE_PREFIX = 'fpbench';
+
+/** A JSON body of exactly `bytes` bytes. */
+function jsonBody(bytes: number): string {
+  return `{"payload":"${'x'.repeat(Math.max(0, bytes - 14))}"}`;
+}
+
+/** The direct upsert: the statement of a fenced PUT minus the fence, as pgbench sends it. */
+function upsertScript(keyPrefix: string, keySpace: number, fenceKey: string | null): string {
+  const key = `'${keyPrefix}' || :n`;
+  return `\\set n random(0, ${keySpace - 1})
+INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
+  VALUES (${key}, ${fenceKey === null ? key : `'${fenceKey}'`}, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8'))
+  ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, version = o.version + 1, body = EXCLUDED.body, updated_at = now();
+`;
+}
+
+// ---- one scenario's world: a Postgres, migrated, seeded, and a proxy ------------------------------
+
+interface World {
+  dbUrl: string;
+  sql: pg.Pool;
+  proxy: ServeProcess;
+  /** The open-mode login client SQL runs as (FENCEPOST_CLIENT_ROLE). */
+  clientRole: string;
+}
+
+/**
+ * A fresh database for `name`, migrated and seeded by `seed` (before the proxy starts), and a
+ * `fencepost serve` on it. The client login gets a name of the bench's own: roles are cluster-wide,
+ * and on a shared DATABASE_URL server a login made for another database would be refused.
+ */
+async function withWorld<T>(name: Scenario, seed: (sql: pg.Pool) => Promise<void>, body: (w: World) => Promise<T>): Promise<T> {
+  const db = await benchPostgres(`fencepost_bench_${name.replace(/-/g, '_')}`);
+  const clientRole = `${CLIENT_ROLE_PREFIX}_${name.replace(/-/g, '_')}_${process.pid}`;
+  const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+  let proxy: ServeProcess | null = null;
+  try {
+    await migrate(sql);
+    await seed(sql);
+    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole });
+    return await body({ dbUrl: db.url, sql, proxy, clientRole });
+  } finally {
+    await proxy?.stop();
+    await sql.end();
+    await db.stop();
+    await dropRole(clientRole);
+  }
+}
+
+/** On a DATABASE_URL server the login outlives the dropped database: remove it (best effort). */
+async function dropRole(role: string): Promise<void> {
+  const admin = process.env.DATABASE_URL;
+  if (!admin) return; // the embedded server, and its roles, are gone
+  const c = new pg.Client({ connectionString: admin });
+  try {
+    await c.connect();
+    await c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(role)}`);
+  } catch {
+    /* left for the operator: harmless, and named after this bench */
+  } finally {
+    await c.end().catch(() => {});
+  }
+}
+
+/** One request that must succeed before load is put on a path (a broken path would measure errors). */
+async function probe(url: string, init: RequestInit): Promise<void> {
+  const r = await fetch(url, init);
+  const text = await r.text();
+  if (!r.ok) throw new Error(`${init.method ?? 'GET'} ${url} answered ${r.status}: ${text}`);
+}
+
+async function compare(
+  w: World,
+  o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
+  spec: Omit<Comparison, 'proxy' | 'direct'> & { wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>; pgbench: string },
+  log: (line: string) => void,
+): Promise<Comparison> {
+  const pgb = { url: w.dbUrl, scriptSql: spec.pgbench, clients: spec.inFlight, mode: 'prepared' as const };
+  const wrk = { ...spec.wrk, url: w.proxy.url, connections: spec.inFlight };
+  log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s`);
+  if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+  const direct = await runPgbench({ ...pgb, durationS: o.durationS });
+  log(`${spec.name}: wrk, ${spec.inFlight} connections, ${o.durationS} s`);
+  if (o.warmupS > 0) await runWrk({ ...wrk, durationS: o.warmupS });
+  const proxy = await runWrk({ ...wrk, durationS: o.durationS });
+  const { wrk: _w, pgbench: _p, ...rest } = spec;
+  return { ...rest, proxy, direct };
+}
+
+// ---- 1. one fence key, one token, 5,000 objects --------------------------------------------------
+
+async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+  const keySpace = 5000;
+  const fenceKey = 'bench-leader';
+  const seed = async (sql: pg.Pool) => {
+    // Both sides then measure the update of an existing object, as a leader rewriting its state does.
+    await sql.query(
+      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
+       SELECT 'bench/' || n, $1, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $2 - 1) n`,
+      [fenceKey, keySpace],
+    );
+  };
+  return withWorld('one-fence', seed, async (w) => {
+    await probe(`${w.proxy.url}/v1/fences/${fenceKey}`, { method: 'PUT', headers: { 'fencing-token': '1' } }); // the leader's fence advance
+    return compare(
+      w,
+      o,
+      {
+        name: `one fence key, one token, ${keySpace.toLocaleString('en')} objects`,
+        inFlight: 32,
+        goalRatio: 0.6,
+        goalP99Ratio: 3,
+        wrk: {
+          method: 'PUT',
+          path: { lua: `"/v1/objects/bench%2F" .. math.random(0, ${keySpace - 1})` },
+          headers: { 'Content-Type': 'application/json', 'Fence-Key': fenceKey, 'Fencing-Token': '1' },
+          body: jsonBody(256),
+        },
+        pgbench: upsertScript('bench/', keySpace, fenceKey),
+      },
+      log,
+    );
+  });
+}
+
+// ---- 2. distinct fence keys ----------------------------------------------------------------------
+
+async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+  const keySpace = 10_000;
+  const seed = async (sql: pg.Pool) => {
+    // Every object and its fence (fence key = object key) already written once.
+    await sql.query(`INSERT INTO fencepost.fences (fence_key, highest_token) SELECT 'bench-d/' || n, 1 FROM generate_series(0, $1 - 1) n`, [keySpace]);
+    await sql.query(
+      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
+       SELECT 'bench-d/' || n, 'bench-d/' || n, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $1 - 1) n`,
+      [keySpace],
+    );
+  };
+  return withWorld('distinct-fences', seed, (w) =>
+    compare(
+      w,
+      o,
+      {
+        name: `distinct fence keys (fence key = object key), ${keySpace.toLocaleString('en')} objects`,
+        inFlight: 32,
+        goalRatio: 0.8,
+        wrk: {
+          method: 'PUT',
+          path: { lua: `"/v1/objects/bench-d%2F" .. math.random(0, ${keySpace - 1})` },
+          headers: { 'Content-Type': 'application/json', 'Fencing-Token': '1' },
+          body: jsonBody(256),
+        },
+        pgbench: upsertScript('bench-d/', keySpace, null),
+      },
+      log,
+    ),
+  );
+}
+
+// ---- 3. /v1/transactions, one fence, one UPDATE --------------------------------------------------
+
+async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+  const rows = 5000;
+  const seed = async (sql: pg.Pool) => {
+    await sql.query('CREATE SCHEMA app');
+    await sql.query('CREATE TABLE app.counters (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)');
+    await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [rows]);
+  };
+  const [head, tail] = ['{"fences":[{"key":"bench-tx","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[', ']}]}'];
+  return withWorld('transactions', seed, async (w) => {
+    // The proxy created its client login at start; client SQL may do what the operator grants it.
+    const role = pg.escapeIdentifier(w.clientRole);
+    await w.sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
+    await w.sql.query(`GRANT SELECT, UPDATE ON app.counters TO ${role}`);
+    await probe(`${w.proxy.url}/v1/transactions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `${head}1${tail}` });
+    return compare(
+      w,
+      o,
+      {
+        name: '/v1/transactions: one fence, one UPDATE',
+        inFlight: 16,
+        goalRatio: 0.4,
+        wrk: {
+          method: 'POST',
+          path: '/v1/transactions',
+          headers: { 'Content-Type': 'application/json' },
+          body: { lua: `${luaString(head)} .. math.random(1, ${rows}) .. ${luaString(tail)}` },
+        },
+        pgbench: `\\set id random(1, ${rows})\nBEGIN;\nUPDATE app.counters SET n = n + 1 WHERE id = :id;\nCOMMIT;\n`,
+      },
+      log,
+    );
+  });
+}
+
+// ---- 4. a raise under load -----------------------------------------------------------------------
+
+interface Sent {
+  sentMs: number;
+  ackMs: number;
+  status: number;
+}
+
+/** One HTTP request on a keep-alive agent: its send and answer times (performance.now()) and status (0 = none). */
+function timedRequest(agent: http.Agent, url: string, method: string, headers: Record<string, string>, body?: string): Promise<Sent> {
+  return new Promise((resolve) => {
+    const sentMs = performance.now();
+    const req = http.request(url, { method, headers, agent }, (res) => {
+      res.resume();
+      res.once('end', () => resolve({ sentMs, ackMs: performance.now(), status: res.statusCode ?? 0 }));
+      res.once('error', () => resolve({ sentMs, ackMs: performance.now(), status: 0 }));
+    });
+    req.once('error', () => resolve({ sentMs, ackMs: performance.now(), status: 0 }));
+    req.end(body);
+  });
+}
+
+/**
+ * Token-1 writes from `writers` loops in this process for `durationS` (each request's send and
+ * answer time kept: wrk cannot give them), a raise to token 2 halfway, then the check: no token-1
+ * write sent after the raise's 200 arrived may have been accepted.
+ */
+async function raise(o: { durationS: number }, log: (line: string) => void): Promise<RaiseResult> {
+  const keySpace = 5000;
+  const writers = 32;
+  const fenceKey = 'bench-leader';
+  const seed = async (sql: pg.Pool) => {
+    await sql.query(
+      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
+       SELECT 'bench/' || n, $1, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $2 - 1) n`,
+      [fenceKey, keySpace],
+    );
+  };
+  return withWorld('raise', seed, async (w) => {
+    await probe(`${w.proxy.url}/v1/fences/${fenceKey}`, { method: 'PUT', headers: { 'fencing-token': '1' } });
+    log(`a raise under load: ${writers} token-1 writers for ${o.durationS} s, a raise to token 2 after ${o.durationS / 2} s`);
+    const writeAgent = new http.Agent({ keepAlive: true, maxSockets: writers });
+    const raiseAgent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const body = jsonBody(256);
+    const headers = { 'content-type': 'application/json', 'fence-key': fenceKey, 'fencing-token': '1', 'content-length': String(Buffer.byteLength(body)) };
+    try {
+      await timedRequest(raiseAgent, `${w.proxy.url}/readyz`, 'GET', {}); // the new leader's connection, open already
+      const start = performance.now();
+      const until = start + o.durationS * 1000;
+      const sent: Sent[] = [];
+      const loop = async () => {
+        while (performance.now() < until) {
+          sent.push(await timedRequest(writeAgent, `${w.proxy.url}/v1/objects/bench%2F${Math.floor(Math.random() * keySpace)}`, 'PUT', headers, body));
+        }
+      };
+      const raising = (async () => {
+        await new Promise((r) => setTimeout(r, (o.durationS * 1000) / 2));
+        return timedRequest(raiseAgent, `${w.proxy.url}/v1/fences/${fenceKey}`, 'PUT', { 'fencing-token': '2' });
+      })();
+      const [raised] = await Promise.all([raising, ...Array.from({ length: writers }, loop)]);
+      const after = sent.filter((s) => s.sentMs > raised.ackMs);
+      const other: Record<string, number> = {};
+      for (const s of sent) if (s.status !== 200 && s.status !== 409) other[s.status] = (other[s.status] ?? 0) + 1;
+      return {
+        writers,
+        raiseStatus: raised.status,
+        raiseMs: raised.ackMs - raised.sentMs,
+        before: distribution(sent.filter((s) => s.ackMs < raised.sentMs).map((s) => s.ackMs - s.sentMs)),
+        writes: sent.length,
+        accepted: sent.filter((s) => s.status === 200).length,
+        rejected: sent.filter((s) => s.status === 409).length,
+        other,
+        staleAccepted: after.filter((s) => s.status === 200).length,
+        overlapping: sent.filter((s) => s.status === 200 && s.sentMs <= raised.ackMs && s.ackMs > raised.ackMs).length,
+        sentAfter: after.length,
+        rejectedAfter: after.filter((s) => s.status === 409).length,
+      };
+    } finally {
+      writeAgent.destroy();
+      raiseAgent.destroy();
+    }
+  });
+}
+
+// ---- 5. reads as the tables grow -----------------------------------------------------------------
+
+/**
+ * Fill the tables the read API scans, straight in SQL. Only columns of migrations/0001 are named
+ * (fences: fence_key, highest_token; rejections: fence_key, object_key, operation, token,
+ * highest_token, writer_id, rejected_at): when a migration moves data elsewhere (counters, say),
+ * add its statement here. $1 = rows of each.
+ *
+ * Rejections: over the last 7 days (just inside the default retention, so the pruner leaves them),
+ * one in 20 within the last hour (a failover's burst), ids in time order as a live log has them,
+ * fence keys skewed (a few fences see most rejections).
+ */
+const BULK_LOAD: readonly string[] = [
+  `INSERT INTO fencepost.fences (fence_key, highest_token)
+   SELECT 'bulk/' || lpad(i::text, 7, '0'), 2 + i % 97 FROM generate_series(0, $1 - 1) i`,
+  `INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token, writer_id, rejected_at)
+   SELECT 'bulk/' || lpad(k::text, 7, '0'),
+          CASE WHEN op = 'fence' THEN NULL ELSE 'bulk/' || lpad(k::text, 7, '0') || '/obj-' || i % 1000 END,
+          op, 1 + k % 97, 2 + k % 97, 'writer-' || i % 50, at
+   FROM (
+     SELECT i, least(floor(power(random(), 3) * $1)::bigint, $1 - 1) AS k,
+            (ARRAY['put', 'put', 'put', 'put', 'put', 'put', 'put', 'delete', 'fence', 'transaction'])[1 + i % 10] AS op,
+            CASE WHEN i % 20 = 0 THEN now() - random() * interval '60 minutes'
+                 ELSE now() - random() * (interval '7 days' - interval '10 minutes') END AS at
+     FROM generate_series(1, $1) i
+   ) s
+   ORDER BY at`,
+];
+
+async function reads(o: { tableRows: number }, log: (line: string) => void): Promise<ReadsResult> {
+  let loadS = 0;
+  const seed = async (sql: pg.Pool) => {
+    log(`reads: loading ${o.tableRows.toLocaleString('en')} fences and as many rejections`);
+    const t = performance.now();
+    for (const text of BULK_LOAD) await sql.query(text, [o.tableRows]);
+    // As autovacuum would have by the time the tables are this big: statistics and visibility map.
+    await sql.query('VACUUM ANALYZE fencepost.fences');
+    await sql.query('VACUUM ANALYZE fencepost.rejections');
+    loadS = (performance.now() - t) / 1000;
+  };
+  const someFence = `bulk%2F${String(Math.floor(o.tableRows / 2)).padStart(7, '0')}`;
+  const paths = ['/v1/stats', '/v1/rejections/histogram?minutes=60', '/v1/fences?limit=100', `/v1/fences/${someFence}`, '/v1/rejections?limit=100'];
+  return withWorld('reads', seed, async (w) => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    try {
+      const results: ReadTiming[] = [];
+      for (const path of paths) {
+        log(`reads: GET ${path}`);
+        const ms: number[] = [];
+        let badStatus: number | null = null;
+        for (let i = 0; i < 22; i++) {
+          const r = await timedRequest(agent, `${w.proxy.url}${path}`, 'GET', {});
+          if (r.status !== 200) badStatus = r.status;
+          if (i >= 2) ms.push(r.ackMs - r.sentMs); // two warm-ups
+        }
+        results.push({ path, ms: distribution(ms), badStatus });
+      }
+      return { rows: o.tableRows, loadS, reads: results };
+    } finally {
+      agent.destroy();
+    }
+  });
+}
+
+// ---- the report ----------------------------------------------------------------------------------
+
+export async function runFenceKeyBench(options: FenceKeyBenchOptions): Promise<FenceKeyReport> {
+  const o = { warmupS: 1, scenarios: SCENARIOS, tableRows: 1_000_000, log: () => {}, ...options };
+  const want = (s: Scenario) => o.scenarios.includes(s);
+  const report: FenceKeyReport = { comparisons: [], raise: null, reads: null };
+  if (want('one-fence')) report.comparisons.push(await oneFence(o, o.log));
+  if (want('distinct-fences')) report.comparisons.push(await distinctFences(o, o.log));
+  if (want('transactions')) report.comparisons.push(await transactions(o, o.log));
+  if (want('raise')) report.raise = await raise({ durationS: Math.max(2, Math.min(o.durationS, 6)) }, o.log);
+  if (want('reads')) report.reads = await reads(o, o.log);
+  return report;
+}
+
+const met = (ok: boolean) => (ok ? 'yes' : '**no**');
+
+function non2xx(r: WrkResult): string {
+  const by = Object.entries(r.statuses).map(([s, n]) => `${n}×${s}`);
+  return `${r.non2xx}${by.length > 0 ? ` (${by.join(', ')})` : ''}${r.errors > 0 ? `, ${r.errors} socket errors` : ''}`;
+}
+
+export function fenceKeyTables(r: FenceKeyReport, durationS: number): string {
+  const out: string[] = [];
+  const v = loadGeneratorVersions();
+  out.push(
+    `Load from C programs, not the bench process: wrk ${v.wrk} (2 threads) against a \`fencepost serve\` process with default settings, pgbench ${v.pgbench} (\`-M prepared\`, 2 threads) sending the same statement straight to the same database; ${durationS} s each after 1 s of warm-up; a fresh Postgres per scenario.`,
+  );
+  if (r.comparisons.length > 0) {
+    out.push(
+      '',
+      '| scenario | in flight | proxy req/s | direct tx/s | ratio | goal | p50 ms proxy / direct | p99 ms proxy / direct | p99 ratio | goal | proxy non-2xx | direct failed |',
+      '|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|',
+    );
+    for (const c of r.comparisons) {
+      const ratio = c.proxy.rps / c.direct.tps;
+      const p99 = c.proxy.p99Ms / c.direct.p99Ms;
+      out.push(
+        `| ${c.name} | ${c.inFlight} | ${fmt(c.proxy.rps, 0)} | ${fmt(c.direct.tps, 0)} | ${fmt(ratio, 2)}× | ≥ ${c.goalRatio}×: ${met(ratio >= c.goalRatio)} | ${fmt(c.proxy.p50Ms, 2)} / ${fmt(c.direct.p50Ms, 2)} | ${fmt(c.proxy.p99Ms, 2)} / ${fmt(c.direct.p99Ms, 2)} | ${fmt(p99, 1)}× | ${c.goalP99Ratio === undefined ? '' : `≤ ${c.goalP99Ratio}×: ${met(p99 <= c.goalP99Ratio)}`} | ${non2xx(c.proxy)} | ${c.direct.failed} |`,
+      );
+    }
+  }
+  if (r.raise) {
+    const x = r.raise;
+    const other = Object.entries(x.other).map(([s, n]) => `${n}×${s === '0' ? 'no answer' : s}`);
+    out.push(
+      '',
+      `| a raise under load (${x.writers} token-1 writers in the bench process, one fence key) | value | goal |`,
+      '|---|---:|---|',
+      `| raise to token 2 (PUT /v1/fences), latency | ${fmt(x.raiseMs, 1)} ms (status ${x.raiseStatus}) | |`,
+      `| token-1 writes before the raise: p50 / p99 | ${fmt(x.before.median, 1)} / ${fmt(x.before.p99, 1)} ms | |`,
+      `| token-1 writes: all / 200 / 409 / other | ${x.writes} / ${x.accepted} / ${x.rejected} / ${other.length > 0 ? other.join(', ') : 0} | |`,
+      `| token-1 writes sent before the raise's 200, answered 200 after it (committed first) | ${x.overlapping} | |`,
+      `| token-1 writes sent after the raise's 200: all / 409 | ${x.sentAfter} / ${x.rejectedAfter} | all 409: ${met(x.sentAfter === x.rejectedAfter)} |`,
+      `| **token-1 writes accepted though sent after the raise's 200** | ${x.staleAccepted} | 0: ${met(x.staleAccepted === 0)} |`,
+    );
+  }
+  if (r.reads) {
+    const n = r.reads.rows.toLocaleString('en');
+    out.push(
+      '',
+      `| read, ${n} fences and ${n} rejections (loaded in ${fmt(r.reads.loadS, 0)} s) | median ms | max ms | n | goal |`,
+      '|---|---:|---:|---:|---|',
+      ...r.reads.reads.map(
+        (t) => `| GET ${t.path}${t.badStatus === null ? '' : ` (status ${t.badStatus}!)`} | ${fmt(t.ms.median, 1)} | ${fmt(t.ms.max, 1)} | ${t.ms.samples} | ≤ ${READ_GOAL_MS}: ${met(t.ms.median <= READ_GOAL_MS)} |`,
+      ),
+    );
+  }
+  return out.join('\n');
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const asked = process.argv.slice(2);
+  const unknown = asked.filter((a) => !(SCENARIOS as readonly string[]).includes(a));
+  if (unknown.length > 0) {
+    process.stderr.write(`unknown scenario ${unknown.join(', ')}; choose from ${SCENARIOS.join(', ')}\n`);
+    process.exit(2);
+  }
+  const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+  const tableRows = Number(process.env.BENCH_TABLE_ROWS ?? 1_000_000);
+  const report = await runFenceKeyBench({
+    durationS,
+    tableRows,
+    scenarios: asked.length > 0 ? (asked as Scenario[]) : SCENARIOS,
+    log: (line) => process.stderr.write(`[bench] ${line}\n`),
+  });
+  process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${fenceKeyTables(report, durationS)}\n`);
+}

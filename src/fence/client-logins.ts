@@ -1,0 +1,196 @@
+// Logins for client SQL (POST /v1/transactions): the privilege boundary of fenced transactions.
+//
+// Client SQL never runs as the role that owns the fencepost schema. Each key with a pgRole gets a
+// login of its own, `<clientRole>_<key name>`, member of that pgRole and of no other role; in open
+// mode there is one login, `<clientRole>` (default `fencepost_client`), with whatever the operator
+// granted it. The logins are NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS
+// NOINHERIT, own nothing, and may only use the fencepost schema to call fence_transaction()
+// (migration 0004). Whatever a statement does — RESET ROLE, set_config('role', …), SET SESSION
+// AUTHORIZATION, DO/EXECUTE, functions — it ends as the login or the key's role: nothing there can
+// lower a fence, disable a trigger or reach another key's role.
+//
+// The proxy (as DATABASE_URL's role) creates them when it may (superuser, or CREATEROLE with ADMIN
+// on the pgRoles); otherwise it reports the exact SQL for an operator to run and transactions are
+// refused until the logins exist. Passwords are random, kept in fencepost.client_logins (owner
+// only), and sent to Postgres as SCRAM verifiers, never in clear.
+import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
+import pg from 'pg';
+import type { Query } from './queries.ts';
+import { sqlState, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './pg-errors.ts';
+
+const DUPLICATE_OBJECT = '42710';
+
+/** Postgres role names we accept in configuration (also passed as a parameter, never spliced). */
+export const ROLE_NAME = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
+
+/** A key that may run transactions, or `null` for open mode. */
+export interface LoginSpec {
+  keyName: string | null;
+  /** The key's pgRole (required for keys; null in open mode). */
+  pgRole: string | null;
+}
+
+export interface ClientLogin {
+  login: string;
+  password: string;
+  pgRole: string | null;
+}
+
+/** Why a login cannot be used, and the SQL an operator may run to fix it (empty when none helps). */
+export interface LoginProblem {
+  login: string;
+  message: string;
+  sql: string[];
+}
+
+export interface ProvisionResult {
+  /** By key name (`null` = open mode). */
+  logins: Map<string | null, ClientLogin>;
+  problems: Map<string | null, LoginProblem>;
+  /** fence_transaction()'s capability (migration 0004). */
+  capability: string;
+}
+
+// Predefined roles that reach the server itself or other sessions: a pgRole must not lead to them.
+const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend'];
+
+/** The login for a key (`null`: open mode). At most 63 bytes: long names end in a hash. */
+export function loginName(clientRole: string, keyName: string | null): string {
+  if (keyName === null) return clientRole;
+  const name = `${clientRole}_${keyName}`;
+  if (Buffer.byteLength(name) <= 63) return name;
+  return `${clientRole}_${createHash('sha256').update(keyName).digest('hex').slice(0, 16)}`;
+}
+
+/** A SCRAM-SHA-256 verifier for `password`, as Postgres stores it (RFC 5803 form). */
+export function scramVerifier(password: string, iterations = 4096): string {
+  const salt = randomBytes(16);
+  const salted = pbkdf2Sync(password, salt, iterations, 32, 'sha256');
+  const clientKey = createHmac('sha256', salted).update('Client Key').digest();
+  const storedKey = createHash('sha256').update(clientKey).digest();
+  const serverKey = createHmac('sha256', salted).update('Server Key').digest();
+  return `SCRAM-SHA-256$${iterations}:${salt.toString('base64')}$${storedKey.toString('base64')}:${serverKey.toString('base64')}`;
+}
+
+// ---- SQL ---------------------------------------------------------------------------------------
+// Role DDL takes no parameters: names are quoted with escapeIdentifier, verifiers with escapeLiteral.
+
+const q = {
+  lock: (): Query => ({ text: 'SELECT pg_advisory_xact_lock(4669143214093122)' }),
+  storedPassword: (login: string): Query => ({ name: 'fencepost_client_password', text: 'SELECT password FROM fencepost.client_logins WHERE login = $1', values: [login] }),
+  storePassword: (login: string, password: string): Query => ({
+    text: 'INSERT INTO fencepost.client_logins (login, password) VALUES ($1, $2) ON CONFLICT (login) DO NOTHING',
+    values: [login, password],
+  }),
+  capability: (): Query => ({ text: 'SELECT secret FROM fencepost.fence_capability' }),
+  role: (name: string): Query => ({
+    text: `SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls OR rolinherit OR NOT rolcanlogin AS unsafe
+           FROM pg_roles WHERE rolname = $1`,
+    values: [name],
+  }),
+  memberships: (login: string): Query => ({
+    text: `SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles l ON l.oid = m.member WHERE l.rolname = $1`,
+    values: [login],
+  }),
+  /** Roles reachable from `pgRole` (SET ROLE through memberships) that would escape the box. */
+  dangerousReach: (pgRole: string): Query => ({
+    text: `SELECT r.rolname FROM pg_roles r
+           WHERE pg_has_role($1, r.oid, 'MEMBER')
+             AND (r.rolsuper OR r.rolcreaterole OR r.rolbypassrls OR r.rolreplication OR r.rolname = ANY($2::text[])
+                  OR r.oid = (SELECT relowner FROM pg_class WHERE oid = 'fencepost.fences'::regclass)
+                  OR r.oid = (SELECT nspowner FROM pg_namespace WHERE nspname = 'fencepost'))`,
+    values: [pgRole, DANGEROUS_BUILTIN_ROLES],
+  }),
+  roleExists: (name: string): Query => ({ text: 'SELECT 1 FROM pg_roles WHERE rolname = $1', values: [name] }),
+  createLogin: (login: string, verifier: string): string =>
+    `CREATE ROLE ${pg.escapeIdentifier(login)} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD ${pg.escapeLiteral(verifier)}`,
+  setPassword: (login: string, verifier: string): string => `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
+  grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
+  revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
+  grantFence: (login: string): string[] => [
+    `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[]) TO ${pg.escapeIdentifier(login)}`,
+  ],
+};
+
+/**
+ * Creates (or checks) the login of every spec, in its own transaction each, under an advisory lock.
+ * Never throws for a login that cannot be made: it lands in `problems` with the SQL that fixes it.
+ */
+export async function provisionClientLogins(owner: pg.Pool, clientRole: string, specs: readonly LoginSpec[]): Promise<ProvisionResult> {
+  const logins = new Map<string | null, ClientLogin>();
+  const problems = new Map<string | null, LoginProblem>();
+  const { rows } = await owner.query<{ secret: string }>(q.capability());
+  const capability = rows[0]?.secret;
+  if (capability === undefined) throw new Error('fencepost.fence_capability is empty: migration 0004 did not run');
+  for (const spec of specs) {
+    const login = loginName(clientRole, spec.keyName);
+    const outcome = await provisionOne(owner, login, spec.pgRole);
+    if ('problem' in outcome) problems.set(spec.keyName, outcome.problem);
+    else logins.set(spec.keyName, { login, password: outcome.password, pgRole: spec.pgRole });
+  }
+  return { logins, problems, capability };
+}
+
+async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
+  const client = await owner.connect();
+  const problem = (message: string, sql: string[] = []) => ({ problem: { login, message, sql } });
+  let open = false;
+  try {
+    await client.query('BEGIN');
+    open = true;
+    // Proxies of this database provisioning at once take turns; `created` is decided under the lock.
+    await client.query(q.lock());
+    const created = (await client.query(q.storePassword(login, randomBytes(24).toString('base64url')))).rowCount === 1;
+    const password = (await client.query<{ password: string }>(q.storedPassword(login))).rows[0]!.password;
+    const todo: string[] = [];
+    const existing = (await client.query<{ unsafe: boolean }>(q.role(login))).rows[0];
+    if (existing === undefined) todo.push(q.createLogin(login, scramVerifier(password)));
+    else if (created) {
+      // Roles are cluster-wide: this one was made by hand or for another database.
+      return problem(`role ${login} exists but was not created for this database (roles are cluster-wide): drop it, or set FENCEPOST_CLIENT_ROLE to another name`);
+    } else if (existing.unsafe) {
+      return problem(`role ${login} exists with privileges a client login must not have (superuser, createrole, createdb, replication, bypassrls, inherit, or no login): drop it or set FENCEPOST_CLIENT_ROLE to another name`);
+    }
+    const member = existing === undefined ? [] : (await client.query<{ rolname: string }>(q.memberships(login))).rows.map((r) => r.rolname);
+    for (const role of member) if (role !== pgRole) todo.push(q.revokeRole(role, login));
+    if (pgRole !== null) {
+      if ((await client.query(q.roleExists(pgRole))).rowCount === 0) return problem(`pgRole ${pgRole} does not exist: create it and grant it what the key's transactions may do`);
+      const reach = (await client.query<{ rolname: string }>(q.dangerousReach(pgRole))).rows.map((r) => r.rolname);
+      if (reach.length > 0) {
+        return problem(`pgRole ${pgRole} reaches ${reach.join(', ')} (superuser, createrole, bypassrls, replication, server files or programs, signalling backends, or the owner of the fencepost schema): client SQL would escape the fence; give the key a role without them`);
+      }
+      if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
+    }
+    todo.push(...q.grantFence(login));
+    await client.query('SAVEPOINT ddl');
+    try {
+      for (const sql of todo) await client.query(sql);
+    } catch (err) {
+      const state = sqlState(err);
+      if (state === DUPLICATE_OBJECT || state === UNIQUE_VIOLATION) {
+        return problem(`role ${login} was created at the same time for another database (roles are cluster-wide): set FENCEPOST_CLIENT_ROLE to another name`);
+      }
+      if (state !== INSUFFICIENT_PRIVILEGE) throw err;
+      // Keep the password row, so the SQL below sets the verifier of this very password.
+      await client.query('ROLLBACK TO SAVEPOINT ddl');
+      await client.query('COMMIT');
+      open = false;
+      return problem(`DATABASE_URL's role may not create login ${login} (${(err as Error).message}); run as a superuser:`, todo);
+    }
+    await client.query('COMMIT');
+    open = false;
+    return { password };
+  } finally {
+    if (open) await client.query('ROLLBACK').catch(() => {});
+    client.release();
+  }
+}
+
+/**
+ * Sets the login's password back to the stored one (a statement of the login itself may have
+ * changed it: ALTER ROLE … PASSWORD is allowed on oneself). Throws when that is not allowed either.
+ */
+export async function resetClientPassword(owner: pg.Pool, login: ClientLogin): Promise<void> {
+  await owner.query(q.setPassword(login.login, scramVerifier(login.password)));
+}

@@ -1,0 +1,168 @@
+// Postgres failover warnings: asynchronous standbys and a server or database default of
+// synchronous_commit below `on` can lose an acknowledged fence raise in a failover. They are
+// reported at start and in GET /readyz, which stays ready.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import pg from 'pg';
+import { createTestDatabase, withDatabase, type TestDatabase } from '../support/db.ts';
+import { testApp } from '../support/proxy.ts';
+import { startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
+import pino from 'pino';
+import { Writable } from 'node:stream';
+import { createPool, startProxy } from '../../src/proxy/server.ts';
+import { loadConfig } from '../../src/proxy/config.ts';
+import { checkDurability } from '../../src/fence/durability.ts';
+
+describe('on the test Postgres (no standbys)', () => {
+  let db: TestDatabase;
+  let pool: pg.Pool;
+  const database = () => new URL(db.url).pathname.slice(1);
+  beforeAll(async () => {
+    db = await createTestDatabase({ poolSize: 2 });
+    pool = createPool(db.url, 2); // the proxy's pool: forces synchronous_commit=on on its sessions
+  });
+  afterAll(async () => {
+    await pool.end();
+    await db.drop();
+  });
+
+  test('with the default synchronous_commit, the check warns of nothing', async () => {
+    expect(await checkDurability(pool)).toEqual({ warnings: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '' });
+  });
+
+  test('GET /readyz answers 200 ready with the durability detail', async () => {
+    const app = testApp(pool);
+    try {
+      const res = await app.inject({ method: 'GET', url: '/readyz' });
+      expect(res.statusCode).toBe(200);
+      expect(res.json()).toEqual({ status: 'ready', durability: { warnings: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '' } });
+    } finally {
+      await app.close();
+    }
+  });
+
+  test('a database default of synchronous_commit below on is warned about, though the proxy forces on for its own sessions', async () => {
+    // Invariant: the check reads what other sessions get, not the value this proxy's pool forces.
+    try {
+      for (const value of ['off', 'local', 'remote_write']) {
+        await db.pool.query(`ALTER DATABASE ${database()} SET synchronous_commit = ${value}`);
+        const { rows } = await pool.query<{ synchronous_commit: string }>('SHOW synchronous_commit');
+        expect(rows[0]!.synchronous_commit).toBe('on');
+        const report = await checkDurability(pool);
+        expect(report.synchronousCommit).toBe(value);
+        expect(report.warnings).toHaveLength(1);
+        expect(report.warnings[0]).toContain(`synchronous_commit is ${value}`);
+        expect(report.warnings[0]).toContain(`database "${database()}"`);
+      }
+      const app = testApp(pool);
+      try {
+        const res = await app.inject({ method: 'GET', url: '/readyz' });
+        expect(res.statusCode).toBe(200); // a warning, not unreadiness
+        const body = res.json<{ status: string; durability: { warnings: string[]; synchronousCommit: string } }>();
+        expect(body.status).toBe('ready');
+        expect(body.durability.synchronousCommit).toBe('remote_write');
+        expect(body.durability.warnings[0]).toMatch(/^synchronous_commit is remote_write/);
+      } finally {
+        await app.close();
+      }
+    } finally {
+      await db.pool.query(`ALTER DATABASE ${database()} RESET synchronous_commit`);
+    }
+  });
+
+  test('startProxy logs one warning per unsafe setting at start', async () => {
+    const lines: { level: number; msg: string; component?: string }[] = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        for (const line of chunk.toString().split('\n').filter(Boolean)) lines.push(JSON.parse(line) as (typeof lines)[number]);
+        done();
+      },
+    });
+    try {
+      await db.pool.query(`ALTER DATABASE ${database()} SET synchronous_commit = off`);
+      const proxy = await startProxy(loadConfig({ DATABASE_URL: db.url, PORT: '0' }), pino({ level: 'warn' }, sink));
+      await proxy.close();
+    } finally {
+      await db.pool.query(`ALTER DATABASE ${database()} RESET synchronous_commit`);
+    }
+    const warnings = lines.filter((l) => l.component === 'durability');
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatchObject({ level: 40, msg: expect.stringMatching(/^synchronous_commit is off/) as unknown });
+  });
+
+  test('remote_apply, stronger than on, is not warned about', async () => {
+    try {
+      await db.pool.query(`ALTER DATABASE ${database()} SET synchronous_commit = remote_apply`);
+      expect((await checkDurability(pool)).warnings).toEqual([]);
+    } finally {
+      await db.pool.query(`ALTER DATABASE ${database()} RESET synchronous_commit`);
+    }
+  });
+});
+
+describe('with a real streaming standby', () => {
+  let repl: ReplicatedPostgres;
+  let admin: pg.Client;
+  let pool: pg.Pool;
+  beforeAll(async () => {
+    repl = await startReplicatedPostgres('fp_standby');
+    admin = new pg.Client({ connectionString: repl.url });
+    await admin.connect();
+    pool = createPool(repl.url, 2);
+  });
+  afterAll(async () => {
+    await pool?.end();
+    await admin?.end();
+    await repl?.stop();
+  });
+
+  /** Sets synchronous_standby_names and waits until the standby's sync_state is `state`. */
+  async function syncNames(names: string, state: string): Promise<void> {
+    await admin.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(names)}`);
+    await admin.query('SELECT pg_reload_conf()');
+    for (let i = 0; ; i++) {
+      const { rows } = await admin.query<{ sync_state: string }>('SELECT sync_state FROM pg_stat_replication WHERE application_name = $1', [repl.standbyName]);
+      if (rows[0]?.sync_state === state) return;
+      if (i > 100) throw new Error(`sync_state stayed ${rows[0]?.sync_state}, expected ${state}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  test('an asynchronous standby (synchronous_standby_names empty) is warned about by name', async () => {
+    const report = await checkDurability(pool);
+    expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
+    expect(report.synchronousStandbyNames).toBe('');
+    expect(report.warnings).toHaveLength(1);
+    expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby" \(synchronous_standby_names is empty\)/);
+  });
+
+  test('a role that may not read pg_stat_replication in detail still gets the warning, with the sync state unknown', async () => {
+    await admin.query(`CREATE ROLE fp_plain LOGIN PASSWORD 'fp_plain_password'`);
+    const url = new URL(withDatabase(repl.url, 'postgres'));
+    url.username = 'fp_plain';
+    url.password = 'fp_plain_password';
+    const plain = createPool(url.toString(), 1);
+    try {
+      const report = await checkDurability(plain);
+      expect(report.standbys).toEqual([{ name: 'fp_standby', state: null, syncState: 'unknown' }]);
+      expect(report.warnings).toHaveLength(1);
+      expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby" \(synchronous_standby_names is empty\)/);
+    } finally {
+      await plain.end();
+    }
+  });
+
+  test('a standby that synchronous_standby_names covers (sync_state sync) is not warned about', async () => {
+    await syncNames(repl.standbyName, 'sync');
+    const report = await checkDurability(pool);
+    expect(report).toEqual({ warnings: [], standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }], synchronousCommit: 'on', synchronousStandbyNames: 'fp_standby' });
+  });
+
+  test('a standby that synchronous_standby_names leaves out is warned about as asynchronous', async () => {
+    // Reads only: with no standby named here connected, commits would wait; this test commits nothing.
+    await syncNames('some_other_standby', 'async');
+    const report = await checkDurability(pool);
+    expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
+    expect(report.warnings).toHaveLength(1);
+    expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby": /);
+  });
+});

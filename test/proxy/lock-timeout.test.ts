@@ -1,0 +1,171 @@
+// A fence row held by another session (a long or hostile transaction) fails only that fence's
+// writes, after the pool's lock_timeout, with 503 unavailable and nothing committed; writes on
+// every other fence commit as usual, also when they shared a batch with the locked fence.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import pg from 'pg';
+import type { FastifyInstance } from 'fastify';
+import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { testApp } from '../support/proxy.ts';
+import { createPool } from '../../src/proxy/server.ts';
+import { ConfigError, loadConfig } from '../../src/proxy/config.ts';
+import { FenceStore, type FencedOp } from '../../src/fence/store.ts';
+import { LOCK_NOT_AVAILABLE, sqlState } from '../../src/fence/pg-errors.ts';
+
+/** Small, so the locked fence's writes fail quickly; the product default is in config.ts. */
+const LOCK_TIMEOUT_MS = 100;
+
+let db: TestDatabase;
+let pool: pg.Pool;
+beforeAll(async () => {
+  db = await createTestDatabase({ poolSize: 4 });
+  pool = createPool(db.url, 6, { lockTimeoutMs: LOCK_TIMEOUT_MS });
+});
+afterAll(async () => {
+  await pool.end();
+  await db.drop();
+});
+
+/** A session holding the fence row locked, as a transaction that touched it would, until release(). */
+async function holdFence(fenceKey: string): Promise<{ release(): Promise<void> }> {
+  const holder = new pg.Client({ connectionString: db.url });
+  await holder.connect();
+  await holder.query('BEGIN');
+  const { rowCount } = await holder.query('SELECT fence_key FROM fencepost.fences WHERE fence_key = $1 FOR UPDATE', [fenceKey]);
+  expect(rowCount).toBe(1);
+  return {
+    release: async () => {
+      await holder.query('COMMIT');
+      await holder.end();
+    },
+  };
+}
+
+function put(app: FastifyInstance, key: string, fenceKey: string, token: number) {
+  return app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': String(token), 'fence-key': fenceKey, 'content-type': 'text/plain' }, payload: key });
+}
+
+async function storedKeys(prefix: string): Promise<string[]> {
+  const { rows } = await db.pool.query<{ key: string }>('SELECT key FROM fencepost.objects WHERE starts_with(key, $1) ORDER BY key', [prefix]);
+  return rows.map((r) => r.key);
+}
+
+// Default concurrency (2): the locked fence's writes hold at most one slot. Concurrency 1: every
+// write on the free fence queues behind them, and would share batches with them.
+describe.each([
+  { concurrency: 2, a: 'lt-A', b: 'lt-B' },
+  { concurrency: 1, a: 'lt1-A', b: 'lt1-B' },
+])('one fence locked by another session, write concurrency $concurrency', ({ concurrency, a, b }) => {
+  let app: FastifyInstance;
+  let lock: { release(): Promise<void> };
+  beforeAll(async () => {
+    app = testApp(pool, { concurrency });
+    expect((await put(app, `${a}/seed`, a, 5)).statusCode).toBe(200);
+    expect((await put(app, `${b}/seed`, b, 5)).statusCode).toBe(200);
+    lock = await holdFence(a);
+  });
+  afterAll(async () => {
+    await app.close();
+  });
+
+  test('of 60 concurrent writes, every one on the free fence commits and every one on the locked fence gets 503 unavailable and commits nothing', async () => {
+    const writes = Array.from({ length: 30 }, (_, i) => [
+      { fence: a, key: `${a}/${String(i).padStart(2, '0')}` },
+      { fence: b, key: `${b}/${String(i).padStart(2, '0')}` },
+    ]).flat();
+    const replies = await Promise.all(writes.map((w) => put(app, w.key, w.fence, 5)));
+    const answers = writes.map((w, i) => ({ ...w, status: replies[i]!.statusCode, body: replies[i]!.json<{ error?: string; message?: string }>() }));
+    const onA = answers.filter((x) => x.fence === a);
+    const onB = answers.filter((x) => x.fence === b);
+    expect(onB.filter((x) => x.status !== 200)).toEqual([]);
+    expect(onA.filter((x) => x.status !== 503 || x.body.error !== 'unavailable')).toEqual([]);
+    expect(onA[0]!.body.message).toMatch(/fence busy/);
+    expect(replies[0]!.headers['retry-after']).toBe('1');
+    expect(await storedKeys(`${b}/`)).toEqual([`${b}/seed`, ...onB.map((x) => x.key)].sort());
+    expect(await storedKeys(`${a}/`)).toEqual([`${a}/seed`]);
+    const { rows } = await db.pool.query('SELECT fence_key, accepted::int FROM fencepost.fences WHERE fence_key = ANY($1) ORDER BY fence_key', [[a, b]]);
+    expect(rows).toEqual([
+      { fence_key: a, accepted: 1 },
+      { fence_key: b, accepted: 31 },
+    ]);
+  });
+
+  test('once the holder commits, writes on that fence succeed again', async () => {
+    await lock.release();
+    const replies = await Promise.all([put(app, `${a}/after-1`, a, 6), put(app, `${a}/after-2`, a, 6), put(app, `${b}/after`, b, 6)]);
+    expect(replies.map((r) => r.statusCode)).toEqual([200, 200, 200]);
+    expect(await storedKeys(`${a}/`)).toEqual([`${a}/after-1`, `${a}/after-2`, `${a}/seed`]);
+  });
+});
+
+describe('FenceStore batches around a locked fence', () => {
+  const putOp = (key: string, fenceKey: string): FencedOp => ({ kind: 'put', key, fenceKey, token: 1n, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+
+  test('a batch that mixes a locked fence with free ones commits the free writes; only the locked one fails with 55P03', async () => {
+    const sizes: number[] = [];
+    const store = new FenceStore(pool, { concurrency: 1, onBatch: (n) => sizes.push(n) });
+    await store.write(putOp('mix/seed', 'mix-A'));
+    sizes.length = 0;
+    const lock = await holdFence('mix-A');
+    try {
+      // The first write takes the only slot; the next two queue and go out together in one statement.
+      const first = store.write(putOp('mix/first', 'mix-X'));
+      const locked = store.write(putOp('mix/a', 'mix-A'));
+      const free = store.write(putOp('mix/b', 'mix-B'));
+      await expect(first).resolves.toMatchObject({ accepted: true });
+      await expect(free).resolves.toMatchObject({ accepted: true });
+      const err = await locked.then(() => null, (e: unknown) => e);
+      expect(sqlState(err)).toBe(LOCK_NOT_AVAILABLE);
+      await store.idle();
+      expect(sizes).toEqual([1, 2, 1, 1]); // the batch of two failed whole, then each ran alone
+      expect(await storedKeys('mix/')).toEqual(['mix/b', 'mix/first', 'mix/seed']);
+    } finally {
+      await lock.release();
+    }
+  });
+
+  test('a fence key whose lone write hit the lock timeout is not batched with other keys while it stays locked', async () => {
+    const sizes: number[] = [];
+    const store = new FenceStore(pool, { concurrency: 1, onBatch: (n) => sizes.push(n) });
+    await store.write(putOp('alone/seed', 'alone-A'));
+    const lock = await holdFence('alone-A');
+    try {
+      await expect(store.write(putOp('alone/a1', 'alone-A'))).rejects.toMatchObject({ code: LOCK_NOT_AVAILABLE });
+      sizes.length = 0;
+      const first = store.write(putOp('alone/first', 'alone-X'));
+      const locked = store.write(putOp('alone/a2', 'alone-A'));
+      const free = store.write(putOp('alone/b', 'alone-B'));
+      await expect(first).resolves.toMatchObject({ accepted: true });
+      await expect(locked).rejects.toMatchObject({ code: LOCK_NOT_AVAILABLE });
+      await expect(free).resolves.toMatchObject({ accepted: true });
+      await store.idle();
+      expect(sizes).toEqual([1, 1, 1]); // never a batch of alone-A with alone-B, so no split
+    } finally {
+      await lock.release();
+    }
+    // Released: its next write succeeds, and the key is batched with others again.
+    await expect(store.write(putOp('alone/a3', 'alone-A'))).resolves.toMatchObject({ accepted: true });
+    expect(await storedKeys('alone/')).toEqual(['alone/a3', 'alone/b', 'alone/first', 'alone/seed']);
+  });
+});
+
+describe('FENCEPOST_LOCK_TIMEOUT_MS', () => {
+  test('defaults to 1000 ms', () => {
+    expect(loadConfig({}).lockTimeoutMs).toBe(1000);
+  });
+
+  test.each([
+    [{ FENCEPOST_LOCK_TIMEOUT_MS: '0' }],
+    [{ FENCEPOST_LOCK_TIMEOUT_MS: '1.5' }],
+    [{ FENCEPOST_LOCK_TIMEOUT_MS: 'soon' }],
+    // At or above the statement timeout, a locked fence would hold its writes until that fires.
+    [{ FENCEPOST_LOCK_TIMEOUT_MS: '2000', FENCEPOST_STATEMENT_TIMEOUT_MS: '2000' }],
+  ])('a bad value (%j) fails fast naming the variable', (env) => {
+    expect(() => loadConfig(env)).toThrow(ConfigError);
+    expect(() => loadConfig(env)).toThrow('FENCEPOST_LOCK_TIMEOUT_MS');
+  });
+
+  test('may be anything below the statement timeout, or anything when the statement timeout is off', () => {
+    expect(loadConfig({ FENCEPOST_LOCK_TIMEOUT_MS: '1999', FENCEPOST_STATEMENT_TIMEOUT_MS: '2000' }).lockTimeoutMs).toBe(1999);
+    expect(loadConfig({ FENCEPOST_LOCK_TIMEOUT_MS: '60000', FENCEPOST_STATEMENT_TIMEOUT_MS: '0' }).lockTimeoutMs).toBe(60000);
+  });
+});

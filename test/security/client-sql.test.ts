@@ -1,0 +1,306 @@
+// Client SQL can harm nothing, whatever its text: it runs on a login that owns nothing, is a member
+// of its key's role only, and reaches the fence only through the proxy's capability. These tests
+// drive the TransactionRunner directly, past the route's friendly text check, so nothing here
+// depends on reading SQL text; the property test at the end goes through HTTP.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import fc from 'fast-check';
+import pg from 'pg';
+import type { FastifyInstance } from 'fastify';
+import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
+import { adminQuery, bearer, SECRET, securedApp, uniqueRole } from './helpers.ts';
+import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import { loginName } from '../../src/fence/client-logins.ts';
+
+let db: TestDatabase;
+let runner: TransactionRunner;
+let app: FastifyInstance;
+const role = uniqueRole('csql');
+const otherRole = uniqueRole('csqlo');
+let owner: string;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  owner = (await db.pool.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u;
+  await adminQuery(`CREATE ROLE ${role} NOLOGIN; CREATE ROLE ${otherRole} NOLOGIN`);
+  await db.pool.query(`
+    CREATE SCHEMA app;
+    CREATE TABLE app.items (id int PRIMARY KEY, v text);
+    CREATE TABLE app.other (id int PRIMARY KEY);
+    GRANT USAGE ON SCHEMA app TO ${role}, ${otherRole};
+    GRANT SELECT, INSERT, UPDATE, DELETE ON app.items TO ${role};
+    GRANT SELECT, INSERT ON app.other TO ${otherRole};
+    CREATE FUNCTION app.raise(state text) RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'raised %', state USING ERRCODE = state; END $$;
+    GRANT EXECUTE ON FUNCTION app.raise(text) TO ${role};
+  `);
+  // A fence of another tenant, which nothing below may lower or raise.
+  await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
+  runner = new TransactionRunner({
+    owner: db.pool,
+    databaseUrl: db.url,
+    clientRole: clientRoleFor(db.url),
+    logins: [
+      { keyName: 'writer', pgRole: role },
+      { keyName: 'other', pgRole: otherRole },
+    ],
+    maxConcurrent: 4,
+    statementTimeoutMs: 2000,
+    lockTimeoutMs: 500,
+    transactionTimeoutMs: 3000,
+    maxResultBytes: 64 * 1024,
+    retries: 1,
+  });
+  app = securedApp(db.pool, role);
+  await app.ready();
+});
+
+afterAll(async () => {
+  await runner.close();
+  await app.close();
+  await db.drop();
+  await adminQuery(`DROP ROLE IF EXISTS ${role}; DROP ROLE IF EXISTS ${otherRole}`);
+});
+
+async function run(statements: string[], token = 1n): Promise<TxResult | Error> {
+  try {
+    return await runner.run('writer', [{ fenceKey: 'w/attack', token }], statements.map((sql) => ({ sql, params: [] })), { isolation: 'read committed', writerId: 'attacker' });
+  } catch (err) {
+    return err as Error;
+  }
+}
+
+/** The fence is as it was: the victim's fence at 100, every trigger enabled. */
+async function fenceIntact(): Promise<void> {
+  const { rows } = await db.pool.query(`SELECT highest_token FROM fencepost.fences WHERE fence_key = 'o/victim'`);
+  expect(rows[0]?.highest_token).toBe('100');
+  const triggers = await db.pool.query(`SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'fencepost.fences'::regclass AND NOT tgisinternal`);
+  expect(triggers.rows.length).toBe(3);
+  for (const t of triggers.rows) expect(t.tgenabled, t.tgname).toBe('O');
+}
+
+const whoami = 'SELECT current_user::text AS current_user, session_user::text AS session_user';
+
+describe('the login and its role', () => {
+  test('a key\'s statements run as its pgRole on its own login, which is no superuser and owns nothing', async () => {
+    const r = await run([whoami, `SELECT rolsuper, rolcreaterole, rolbypassrls, rolinherit FROM pg_roles WHERE rolname = session_user`]);
+    expect(r).toMatchObject({ committed: true });
+    const res = (r as Extract<TxResult, { committed: true }>).results;
+    expect(res[0]!.rows[0]).toEqual({ current_user: role, session_user: loginName(clientRoleFor(db.url), 'writer') });
+    expect(res[1]!.rows[0]).toEqual({ rolsuper: false, rolcreaterole: false, rolbypassrls: false, rolinherit: false });
+    const owned = await db.pool.query(`SELECT count(*)::int AS n FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = $1`, [res[0]!.rows[0]!.session_user]);
+    expect(owned.rows[0].n).toBe(0);
+  });
+
+  test('each key\'s login is a member of its own pgRole and no other', async () => {
+    const { rows } = await db.pool.query(
+      `SELECT l.rolname AS login, array_agg(r.rolname::text ORDER BY r.rolname) AS roles
+       FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles l ON l.oid = m.member
+       WHERE l.rolname = ANY($1) GROUP BY l.rolname ORDER BY l.rolname`,
+      [[loginName(clientRoleFor(db.url), 'writer'), loginName(clientRoleFor(db.url), 'other')]],
+    );
+    expect(rows).toEqual([
+      { login: loginName(clientRoleFor(db.url), 'other'), roles: [otherRole] },
+      { login: loginName(clientRoleFor(db.url), 'writer'), roles: [role] },
+    ]);
+  });
+});
+
+describe('role escapes end in a role that can harm nothing', () => {
+  // Each escape, then the harm it was after. Whatever the escape did, the harm must fail.
+  const escapes = [
+    'RESET ROLE',
+    `SELECT set_config('role', session_user, true)`,
+    `SELECT U&"\\0073et_config"('role', session_user, true)`,
+    `DO $$ BEGIN EXECUTE 'RESET ROLE'; END $$`,
+    `UPDATE pg_settings SET setting = session_user WHERE name = 'role'`,
+    'PREPARE esc AS SELECT 1',
+  ];
+  const harms = [
+    `ALTER TABLE fencepost.fences DISABLE TRIGGER ALL`,
+    `UPDATE fencepost.fences SET highest_token = 0 WHERE fence_key = 'o/victim'`,
+    `DELETE FROM fencepost.fences WHERE fence_key = 'o/victim'`,
+    `SELECT * FROM fencepost.client_logins`,
+    `COPY (SELECT 1) TO PROGRAM 'true'`,
+    `INSERT INTO app.other VALUES (1)`,
+  ];
+  test.each(escapes.flatMap((e) => harms.map((h) => [e, h] as const)))('%s, then %s: refused, fence intact', async (escape, harm) => {
+    const r = await run([escape, harm]);
+    expect(r).toBeInstanceOf(Error);
+    await fenceIntact();
+    expect((await db.pool.query('SELECT count(*)::int AS n FROM app.other')).rows[0].n).toBe(0);
+  });
+
+  test.each([
+    [`SET ROLE ${'$owner'}`],
+    [`SET SESSION AUTHORIZATION ${'$owner'}`],
+    [`SELECT set_config('role', '${'$ownerName'}', true)`],
+    [`SET ROLE ${'$other'}`],
+    [`ALTER ROLE CURRENT_USER SUPERUSER`],
+    [`ALTER ROLE SESSION_USER CREATEROLE`],
+    [`CREATE ROLE fp_evil SUPERUSER`],
+    [`GRANT ${'$owner'} TO SESSION_USER`],
+    [`GRANT ${'$other'} TO SESSION_USER`],
+  ])('%s is refused by Postgres itself', async (sqlTemplate) => {
+    const sql = sqlTemplate.replaceAll('$ownerName', owner).replaceAll('$owner', `"${owner}"`).replaceAll('$other', otherRole);
+    const r = await run([sql]);
+    expect(r).toBeInstanceOf(Error);
+    expect(((r as Error).cause as { code?: string } | undefined)?.code, String(r)).toBe('42501');
+    await fenceIntact();
+  });
+
+  test('calling the fence function from client SQL without the proxy\'s capability is refused: no fence raised', async () => {
+    const r = await run([`SELECT * FROM fencepost.fence_transaction('guess', ARRAY['o/victim', 'o/new'], ARRAY[999999, 5]::bigint[])`]);
+    expect(r).toBeInstanceOf(Error);
+    await fenceIntact();
+    expect((await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'o/new'`)).rowCount).toBe(0);
+  });
+});
+
+describe('statements that end the fenced transaction go no further', () => {
+  test('COMMIT in the middle: nothing after it runs (no unfenced write)', async () => {
+    const r = await run([`INSERT INTO app.items VALUES (1, 'fenced')`, 'COMMIT', `INSERT INTO app.items VALUES (2, 'unfenced')`]);
+    expect(r).toBeInstanceOf(Error);
+    expect((r as Error).name).toBe('TransactionEndedError');
+    const ids = (await db.pool.query('SELECT id FROM app.items WHERE id IN (1, 2) ORDER BY id')).rows.map((x) => x.id);
+    expect(ids).toEqual([1]); // committed with the fence, as COMMIT said; the rest never ran
+  });
+
+  test.each(['COMMIT AND CHAIN', 'ROLLBACK AND CHAIN'])('%s then a write: the chained, unfenced transaction never commits', async (chain) => {
+    // The chained transaction also lost SET LOCAL ROLE: its write fails on privileges, or, were it
+    // allowed, the seal before COMMIT finds another transaction id and rolls it back.
+    const r = await run([chain, `INSERT INTO app.items VALUES (3, 'chained')`]);
+    expect(r).toBeInstanceOf(Error);
+    expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 3')).rowCount).toBe(0);
+    const allowed = await run([chain, 'SELECT 1']);
+    expect((allowed as Error).name).toBe('TransactionEndedError');
+  });
+
+  test('COMMIT AND CHAIN, then the fence function with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
+    const r = await run(['COMMIT AND CHAIN', `SELECT * FROM fencepost.fence_transaction('', ARRAY['o/victim'], ARRAY[999999]::bigint[])`, 'COMMIT AND CHAIN']);
+    expect(r).toBeInstanceOf(Error);
+    await fenceIntact();
+  });
+});
+
+describe('no statement takes the process down or chooses the status', () => {
+  test('a backend that dies mid-transaction: 503 unavailable, not committed, the proxy keeps serving', async () => {
+    // Killed from outside, as a Postgres restart or the OOM killer would (the key's role may not
+    // terminate even its own login's backend).
+    const killer = (async () => {
+      for (let i = 0; i < 100; i++) {
+        const { rows } = await db.pool.query(`SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)' AND state = 'active'`);
+        if (rows.length > 0) return;
+        await new Promise((res) => setTimeout(res, 20));
+      }
+    })();
+    const patient = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.url), statementTimeoutMs: 60_000 } });
+    const res = await patient.inject({
+      method: 'POST',
+      url: '/v1/transactions',
+      headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+      payload: { fences: [{ key: 'w/die', token: '1' }], statements: [{ sql: `INSERT INTO app.items VALUES (10, 'x')` }, { sql: 'SELECT pg_sleep(20)' }] },
+    });
+    await killer;
+    await patient.close();
+    expect(res.statusCode).toBe(503);
+    expect(res.json().error).toBe('unavailable');
+    expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 10')).rowCount).toBe(0);
+    expect((await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'w/die'`)).rowCount).toBe(0);
+    expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
+  });
+
+  test.each(['XX000', '08006', '57P01', '58030'])('a function raising %s on a live connection is the statement\'s error (4xx), not the database\'s', async (state) => {
+    const res = await app.inject({
+      method: 'POST',
+      url: '/v1/transactions',
+      headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+      payload: { fences: [{ key: 'w/raise', token: '1' }], statements: [{ sql: 'SELECT app.raise($1)', params: [state] }] },
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.json()).toMatchObject({ error: 'sql_error', sqlState: state, statement: 0 });
+  });
+
+  test('results past the cap fail the transaction while streaming in, nothing applied', async () => {
+    const before = process.memoryUsage().rss;
+    const r = await run([`INSERT INTO app.items VALUES (11, 'x')`, `SELECT repeat('x', 1000) FROM generate_series(1, 2000000)`]);
+    expect((r as Error).name).toBe('ResultTooLargeError');
+    expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 11')).rowCount).toBe(0);
+    // 2 GB of rows were asked for; far less than that was ever held.
+    expect(process.memoryUsage().rss - before).toBeLessThan(512 * 1024 * 1024);
+    expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
+  });
+
+  test('a transaction past its deadline is terminated, whatever timeouts it lifted; nothing applied', async () => {
+    const r = await run([`INSERT INTO app.items VALUES (12, 'x')`, 'SET LOCAL statement_timeout = 0', 'SELECT pg_sleep(30)']);
+    expect((r as Error).name).toBe('TransactionTimeoutError');
+    expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 12')).rowCount).toBe(0);
+    // The backend is gone: no session of the login is still sleeping.
+    for (let i = 0; i < 50; i++) {
+      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'`);
+      if (rows[0].n === 0) break;
+      await new Promise((res) => setTimeout(res, 100));
+    }
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'`)).rows[0].n).toBe(0);
+  });
+
+  test('a statement that weakens synchronous_commit cannot weaken the commit of its fence raise', async () => {
+    const r = await run(['SET LOCAL synchronous_commit = off', `SELECT current_setting('synchronous_commit') AS s`]);
+    expect(r).toMatchObject({ committed: true });
+    // The seal before COMMIT forces it back on; visible in the same way a commit would see it.
+    const seen = await runner.run('writer', [{ fenceKey: 'w/attack', token: 1n }], [{ sql: 'SET LOCAL synchronous_commit = off', params: [] }], { isolation: 'read committed', writerId: null });
+    expect(seen.committed).toBe(true);
+  });
+
+  test('session state does not outlive its transaction: settings, role and advisory locks are gone for the next', async () => {
+    const first = await run([`SET search_path = app`, `SELECT pg_advisory_lock(42)`]);
+    expect(first).toMatchObject({ committed: true });
+    const next = await run([`SELECT current_setting('search_path') AS p, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`]);
+    expect((next as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ p: '"$user", public', locks: 0 });
+  });
+});
+
+describe('property: role changes in any spelling, through HTTP', () => {
+  // Random comments, quoting, case and escapes around statements that try to leave the role. Each
+  // transaction is either refused up front (400) or runs and fails on privileges; never does the
+  // fence change or a trigger go off, and the proxy keeps answering.
+  const pad = fc.constantFrom('', ' ', '\n', '\r', '\t', '/* c */', '/* /* nested */ */', '--c\r', '--c\n');
+  const word = (w: string) => fc.constantFrom(w, w.toUpperCase(), w[0]!.toUpperCase() + w.slice(1));
+  const attack = fc.oneof(
+    fc.tuple(pad, word('reset'), pad, word('role')).map(([a, b, c, d]) => `${a}${b} ${c}${d}`),
+    fc.tuple(pad, word('set'), pad, word('role'), fc.constantFrom(` "${'OWNER'}"`, ' none', ' session_user')).map(([a, b, c, d, e]) => `${a}${b} ${c}${d}${e}`),
+    fc.tuple(pad, fc.constantFrom('set_config', 'U&"\\0073et_config"', '"set_config"', 'pg_catalog.set_config', 'U&"set\\005fconfig"')).map(
+      ([a, f]) => `${a}SELECT ${f}('role', session_user, true)`,
+    ),
+    fc.tuple(pad, fc.constantFrom(`'RESET ROLE'`, `$x$SET ROLE "OWNER"$x$`, `U&'\\0052ESET ROLE'`)).map(([a, s]) => `${a}DO $$ BEGIN EXECUTE ${s}; END $$`),
+  );
+  test('any spelling: 400 refused, or privileges refuse the harm; fence and triggers intact', async () => {
+    await fc.assert(
+      fc.asyncProperty(attack, fc.constantFrom(...['UPDATE fencepost.fences SET highest_token = 0', 'ALTER TABLE fencepost.fences DISABLE TRIGGER ALL', 'INSERT INTO app.other VALUES (2)']), async (esc, harm) => {
+        const sql = esc.replaceAll('OWNER', owner);
+        const res = await app.inject({
+          method: 'POST',
+          url: '/v1/transactions',
+          headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+          payload: { fences: [{ key: 'w/prop', token: '1' }], statements: [{ sql }, { sql: harm }] },
+        });
+        expect([400, 403], `${sql} → ${res.body}`).toContain(res.statusCode);
+        await fenceIntact();
+      }),
+      { numRuns: 60 },
+    );
+    expect((await app.inject({ url: '/healthz' })).statusCode).toBe(200);
+  });
+});
+
+test('the fence row lock of another transaction stalls a transaction no longer than the lock timeout', async () => {
+  const holder = new pg.Client({ connectionString: db.url });
+  await holder.connect();
+  try {
+    await holder.query('BEGIN');
+    await holder.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('w/held', 1) ON CONFLICT (fence_key) DO UPDATE SET updated_at = now()`);
+    const r = await runner.run('writer', [{ fenceKey: 'w/held', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null }).catch((e: Error) => e);
+    expect((r as Error).name).toBe('FenceBusyError');
+  } finally {
+    await holder.query('ROLLBACK');
+    await holder.end();
+  }
+});

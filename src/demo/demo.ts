@@ -284,7 +284,7 @@ async function checkAgainstDatabase(
     const prev = accepted[i - 1];
     if (prev && BigInt(e.token!) < BigInt(prev.token!)) failures.push(`stale write accepted: version ${e.version} token ${e.token} after token ${prev.token}`);
   });
-  const fence = await pool.query<{ highest_token: string; accepted: string; rejected: string }>('SELECT highest_token, accepted, rejected FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const fence = await pool.query<{ highest_token: string; accepted: string; rejected: string }>('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [fenceKey]);
   const f = fence.rows[0];
   if (!f) {
     failures.push('the fence was never written');

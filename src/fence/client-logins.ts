@@ -107,9 +107,14 @@ const q = {
   setPassword: (login: string, verifier: string): string => `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
   grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
+  grantSeal: (role: string): string[] => [
+    `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(role)}`,
+  ],
   grantFence: (login: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[]) TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(login)}`,
   ],
 };
 
@@ -163,6 +168,8 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
     todo.push(...q.grantFence(login));
+    // The seal runs after SET LOCAL ROLE: the key's role may call it too (it demands the capability).
+    if (pgRole !== null) todo.push(...q.grantSeal(pgRole));
     await client.query('SAVEPOINT ddl');
     try {
       for (const sql of todo) await client.query(sql);

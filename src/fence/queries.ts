@@ -16,12 +16,24 @@ export interface WriteRow {
   body: Buffer | null;
 }
 
+/** Counter rows are striped by backend, so concurrent statements rarely share one (migration 0005). */
+const SHARD = '(pg_backend_pid() % 32)::smallint';
+
 /**
- * The fenced write, for a batch of operations with distinct fence keys and distinct object keys.
- * Check and write are one statement: the conditional upsert on `fences` returns a row only when
- * the token is ≥ the recorded one (ON CONFLICT locks the row and re-checks the WHERE against the
- * latest committed version), and the object write/delete joins on that row. A rejected operation
- * changes nothing. Rows are locked in key order so concurrent batches cannot deadlock on fences.
+ * The fenced write, for a batch of operations with distinct object keys and ONE token per fence
+ * key (a batch may carry many writes of a fence key; the store keeps tokens apart). Check and write
+ * are one statement:
+ * - `held`: fences whose highest token is ≥ the batch's token are locked FOR SHARE (waiting for a
+ *   raise in flight and re-reading its committed value). Writes with the fence's own token take
+ *   only this shared lock, so a leader's concurrent writes under one fence key never wait for one
+ *   another; a lower token is stale.
+ * - `raised`: the other fences (absent, or below the token) are inserted or raised by a
+ *   conditional upsert, which locks the row exclusively and re-checks against its latest version:
+ *   a raise waits for every statement holding the fence in share mode (writes of the older token
+ *   in flight), and once it has committed no statement can take the old token again.
+ * - `fence`: the fences this batch passed (highest = its token); the object writes join on it.
+ * Fence rows are locked in byte order, shared before exclusive. Counts go to fence_counts and
+ * totals (one counter row per fence and backend), never to the fence row.
  *
  * An object also keeps the fence key (and token) of its last write: a write or delete naming another
  * fence key must also carry a token ≥ the CURRENT highest token of the object's fence, so a writer
@@ -39,6 +51,9 @@ export interface WriteRow {
  * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
  */
 export function fencedWrite(rows: readonly WriteRow[], opts: { unguarded?: boolean } = {}): Query {
+  // An operation passes only with the token its fence now holds: in a batch that raises a fence, a
+  // lower token of the same fence is stale (the raise is ordered first; the requests were concurrent).
+  const passes = (i: string) => `fence.fence_key = ${i}.fence_key${opts.unguarded ? '' : ` AND fence.highest_token = ${i}.token`}`;
   return {
     // `unguarded` drops the token check (FENCEPOST_UNSAFE_FENCE_MODE=two-step): never in production.
     name: opts.unguarded ? 'fencepost_fenced_write_unguarded' : 'fencepost_fenced_write',
@@ -47,17 +62,31 @@ WITH input AS (
   SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
     AS t(ord, kind, fence_key, key, token, content_type, body)
 ),
-fence AS (
-  INSERT INTO fencepost.fences AS f (fence_key, highest_token, accepted)
-  SELECT fence_key, token, 1 FROM input ORDER BY fence_key COLLATE "C"
-  ON CONFLICT (fence_key) DO UPDATE
-    SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), accepted = f.accepted + 1, updated_at = now()
+keys AS (
+  SELECT fence_key, max(token) AS token FROM input GROUP BY fence_key
+),
+held AS (
+  SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN keys k ON k.fence_key = f.fence_key
+  WHERE ${opts.unguarded ? 'false' : 'f.highest_token >= k.token'}
+  ORDER BY f.fence_key COLLATE "C"
+  FOR SHARE OF f
+),
+raised AS (
+  INSERT INTO fencepost.fences AS f (fence_key, highest_token)
+  SELECT k.fence_key, k.token FROM keys k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
+  ORDER BY k.fence_key COLLATE "C"
+  ON CONFLICT (fence_key) DO UPDATE SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), updated_at = now()
     WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
-  RETURNING f.fence_key, f.highest_token
+  RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
+),
+fence AS (
+  SELECT h.fence_key, h.highest_token FROM held h
+  UNION ALL
+  SELECT r.fence_key, r.highest_token FROM raised r
 ),
 owner AS (
   SELECT o.key, o.fence_key, o.token, i.fence_key AS named_fence_key
-  FROM input i JOIN fence USING (fence_key) JOIN fencepost.objects o ON o.key = i.key
+  FROM input i JOIN fence ON ${passes('i')} JOIN fencepost.objects o ON o.key = i.key
   WHERE i.kind = 'delete' OR (i.kind = 'put' AND o.fence_key <> i.fence_key)
   ORDER BY o.key
   FOR UPDATE OF o
@@ -77,7 +106,7 @@ guard AS (
 put AS (
   INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
   SELECT i.key, i.fence_key, i.token, 1, i.content_type, i.body
-  FROM input i JOIN fence USING (fence_key)
+  FROM input i JOIN fence ON ${passes('i')}
   WHERE i.kind = 'put' ORDER BY i.key
   ON CONFLICT (key) DO UPDATE
     SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
@@ -88,21 +117,34 @@ put AS (
 ),
 del AS (
   DELETE FROM fencepost.objects o
-  USING input i JOIN fence USING (fence_key) LEFT JOIN guard g ON g.key = i.key
+  USING input i JOIN fence ON ${passes('i')} LEFT JOIN guard g ON g.key = i.key
   WHERE i.kind = 'delete' AND o.key = i.key
     AND (o.fence_key = i.fence_key OR (g.fence_key = o.fence_key AND g.need <= i.token))
   RETURNING o.key
+),
+result AS (
+  SELECT i.ord, i.fence_key, fence.highest_token, put.version,
+    fence.fence_key IS NOT NULL AND CASE i.kind
+      WHEN 'put' THEN put.key IS NULL
+      WHEN 'delete' THEN del.key IS NULL AND EXISTS (SELECT 1 FROM owner w WHERE w.key = i.key)
+      ELSE false END AS object_refused
+  FROM input i
+  LEFT JOIN fence ON ${passes('i')}
+  LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
+  LEFT JOIN del ON i.kind = 'delete' AND del.key = i.key
+),
+counted AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, ${SHARD}, count(*) FROM result WHERE highest_token IS NOT NULL AND NOT object_refused
+  GROUP BY fence_key ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
+),
+totalled AS (
+  INSERT INTO fencepost.totals AS t (shard, fences, accepted)
+  SELECT ${SHARD}, (SELECT count(*) FROM raised WHERE created), count(*) FROM result WHERE highest_token IS NOT NULL AND NOT object_refused
+  ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences, accepted = t.accepted + EXCLUDED.accepted
 )
-SELECT i.ord, fence.highest_token, put.version,
-  fence.fence_key IS NOT NULL AND CASE i.kind
-    WHEN 'put' THEN put.key IS NULL
-    WHEN 'delete' THEN del.key IS NULL AND EXISTS (SELECT 1 FROM owner w WHERE w.key = i.key)
-    ELSE false END AS object_refused
-FROM input i
-LEFT JOIN fence USING (fence_key)
-LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
-LEFT JOIN del ON i.kind = 'delete' AND del.key = i.key
-ORDER BY i.ord`,
+SELECT ord, highest_token, version, object_refused FROM result ORDER BY ord`,
     values: writeValues(rows),
   };
 }
@@ -180,44 +222,46 @@ export interface RejectionRow {
   key: string | null;
   token: bigint;
   writerId: string | null;
-  /** The fenced write counted it as accepted (object_refused): move that count to rejected. */
-  undoAccept?: boolean;
 }
 
 /**
- * Records rejected operations: bumps each fence's `rejected` count, logs each rejection, and
- * returns each fence's highest token as it is now (read after the rejection, as the 409 reports).
+ * Records rejected operations: counts them (per fence, in the totals, per minute), logs each one,
+ * and returns each fence's highest token as it is now (read after the rejection, as the 409 reports).
  */
 export function recordRejections(rows: readonly RejectionRow[]): Query {
   return {
     name: 'fencepost_record_rejections',
     text: `
 WITH input AS (
-  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
-    AS t(operation, fence_key, key, token, writer_id, undo_accept)
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+    AS t(operation, fence_key, key, token, writer_id)
 ),
 counts AS (
-  SELECT fence_key, count(*) AS n, count(*) FILTER (WHERE undo_accept) AS undo FROM input GROUP BY fence_key
+  SELECT fence_key, count(*) AS n FROM input GROUP BY fence_key
 ),
 bump AS (
-  UPDATE fencepost.fences f SET rejected = f.rejected + c.n, accepted = f.accepted - c.undo
-  FROM counts c WHERE f.fence_key = c.fence_key
-  RETURNING f.fence_key, f.highest_token
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, rejected)
+  SELECT fence_key, ${SHARD}, n FROM counts ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET rejected = c.rejected + EXCLUDED.rejected
+),
+total AS (
+  INSERT INTO fencepost.totals AS t (shard, rejected) SELECT ${SHARD}, sum(n) FROM counts
+  ON CONFLICT (shard) DO UPDATE SET rejected = t.rejected + EXCLUDED.rejected
+),
+per_minute AS (
+  INSERT INTO fencepost.rejection_minutes AS m (minute, shard, count) SELECT date_trunc('minute', now()), ${SHARD}, sum(n) FROM counts
+  ON CONFLICT (minute, shard) DO UPDATE SET count = m.count + EXCLUDED.count
+),
+cur AS (
+  SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN counts c USING (fence_key)
 ),
 log AS (
   INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token, writer_id)
-  SELECT i.fence_key, i.key, i.operation, i.token, b.highest_token, i.writer_id
-  FROM input i JOIN bump b USING (fence_key)
+  SELECT i.fence_key, i.key, i.operation, i.token, cur.highest_token, i.writer_id
+  FROM input i JOIN cur USING (fence_key)
 )
-SELECT fence_key, highest_token FROM bump`,
-    values: [
-      rows.map((r) => r.kind),
-      rows.map((r) => r.fenceKey),
-      rows.map((r) => r.key),
-      rows.map((r) => r.token.toString()),
-      rows.map((r) => r.writerId),
-      rows.map((r) => r.undoAccept === true),
-    ],
+SELECT fence_key, highest_token FROM cur`,
+    values: [rows.map((r) => r.kind), rows.map((r) => r.fenceKey), rows.map((r) => r.key), rows.map((r) => r.token.toString()), rows.map((r) => r.writerId)],
   };
 }
 
@@ -229,42 +273,80 @@ export function readObject(key: string): Query {
   };
 }
 
+/** A fence's counts: the sum of its counter rows (one per backend that wrote it, at most 32). */
+const COUNTS = `coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS accepted,
+  coalesce((SELECT sum(c.rejected) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS rejected`;
+
 export function readFence(fenceKey: string): Query {
   return {
     name: 'fencepost_read_fence',
-    text: `SELECT fence_key, highest_token, updated_at, accepted, rejected FROM fencepost.fences WHERE fence_key = $1`,
+    text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM fencepost.fences f WHERE f.fence_key = $1`,
     values: [fenceKey],
   };
 }
 
-/** Keyset paging in fence-key order (byte order, so it is stable whatever the collation). */
+/**
+ * Keyset paging in fence-key order (byte order, so it is stable whatever the collation), walking
+ * the index fences_key_bytes from the cursor. Two statements rather than `$1 IS NULL OR …`, so
+ * each keeps a plan that starts at its cursor.
+ */
 export function listFences(after: string | null, limit: number): Query {
+  if (after === null) {
+    return {
+      name: 'fencepost_list_fences_first',
+      text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM (
+  SELECT * FROM fencepost.fences ORDER BY fence_key COLLATE "C" LIMIT $1) f ORDER BY f.fence_key COLLATE "C"`,
+      values: [limit],
+    };
+  }
   return {
-    name: 'fencepost_list_fences',
-    text: `
-SELECT fence_key, highest_token, updated_at, accepted, rejected FROM fencepost.fences
-WHERE $1::text IS NULL OR fence_key COLLATE "C" > $1::text COLLATE "C"
-ORDER BY fence_key COLLATE "C"
-LIMIT $2`,
+    name: 'fencepost_list_fences_after',
+    text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM (
+  SELECT * FROM fencepost.fences WHERE fence_key COLLATE "C" > $1::text COLLATE "C" ORDER BY fence_key COLLATE "C" LIMIT $2) f
+ORDER BY f.fence_key COLLATE "C"`,
     values: [after, limit],
   };
 }
 
+/** Totals kept as writes commit (migration 0005): 32 rows, whatever the number of fences. */
 export function statsTotals(): Query {
   return {
     name: 'fencepost_stats_totals',
-    text: `SELECT count(*) AS fences, coalesce(sum(accepted), 0)::bigint AS accepted, coalesce(sum(rejected), 0)::bigint AS rejected FROM fencepost.fences`,
+    text: `SELECT coalesce(sum(fences), 0)::bigint AS fences, coalesce(sum(accepted), 0)::bigint AS accepted, coalesce(sum(rejected), 0)::bigint AS rejected FROM fencepost.totals`,
   };
 }
 
-/** Per-fence counts, the fences with the most rejections first. */
+/**
+ * Per-fence counts for the ops view: the fences with rejections first (most rejected, then most
+ * accepted), then the most recently raised, up to `limit`. Both lists come from indexes
+ * (fence_counts_rejected, fences_updated_at), so the cost does not grow with the number of fences.
+ */
 export function statsPerFence(limit: number): Query {
   return {
     name: 'fencepost_stats_per_fence',
     text: `
-SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fences
-ORDER BY rejected DESC, accepted DESC, fence_key COLLATE "C"
-LIMIT $1`,
+WITH rejected AS (
+  SELECT c.fence_key, sum(c.accepted)::bigint AS accepted, sum(c.rejected)::bigint AS rejected
+  FROM fencepost.fence_counts c
+  WHERE c.fence_key IN (SELECT fence_key FROM fencepost.fence_counts WHERE rejected > 0)
+  GROUP BY c.fence_key
+  ORDER BY rejected DESC, accepted DESC, c.fence_key COLLATE "C"
+  LIMIT $1
+),
+recent AS (
+  SELECT f.fence_key FROM fencepost.fences f
+  WHERE NOT EXISTS (SELECT 1 FROM rejected r WHERE r.fence_key = f.fence_key)
+  ORDER BY f.updated_at DESC, f.fence_key COLLATE "C"
+  LIMIT greatest($1 - (SELECT count(*) FROM rejected), 0)
+)
+SELECT fence_key, highest_token, accepted, rejected FROM (
+  SELECT r.fence_key, f.highest_token, r.accepted, r.rejected, 0 AS part
+  FROM rejected r JOIN fencepost.fences f USING (fence_key)
+  UNION ALL
+  SELECT f.fence_key, f.highest_token, ${COUNTS}, 1 AS part
+  FROM recent r JOIN fencepost.fences f USING (fence_key)
+) u
+ORDER BY part, rejected DESC, accepted DESC, fence_key COLLATE "C"`,
     values: [limit],
   };
 }
@@ -301,9 +383,15 @@ export function fenceTransaction(capability: string, fences: readonly { fenceKey
   };
 }
 
-/** Right before COMMIT: the transaction id (must still be the fenced one), and durability forced on. */
-export function sealTransaction(): Query {
-  return { text: `SELECT txid_current()::text AS xact, set_config('synchronous_commit', 'on', true)` };
+/**
+ * Right before COMMIT: counts the transaction on its fences (seal_transaction, migration 0005),
+ * returns the transaction id (must still be the fenced one), and forces durability on.
+ */
+export function sealTransaction(capability: string, fenceKeys: readonly string[]): Query {
+  return {
+    text: `SELECT fencepost.seal_transaction($1, $2::text[])::text AS xact, set_config('synchronous_commit', 'on', true)`,
+    values: [capability, fenceKeys],
+  };
 }
 
 /** Between transactions on a pooled client connection: nothing of one session reaches the next. */

@@ -54,26 +54,40 @@ export function listRejections(fenceKey: string | null, before: bigint | null, l
 
 /**
  * Rejections per minute for the last `minutes` minutes (the current, partial minute last), with
- * empty minutes as zero. Times are the database's, so every proxy instance answers the same.
+ * empty minutes as zero. Times are the database's, so every proxy instance answers the same. Over
+ * all fences the counts come from rejection_minutes (kept as rejections are recorded: a minute is a
+ * few rows, however many rejections); for one fence, from the index (fence_key, rejected_at).
  */
 export function rejectionHistogram(minutes: number, fenceKey: string | null): Query {
+  const counts =
+    fenceKey === null
+      ? `SELECT m.minute, sum(m.count)::int AS n FROM fencepost.rejection_minutes m, span WHERE m.minute >= span.first GROUP BY 1`
+      : `SELECT date_trunc('minute', r.rejected_at) AS minute, count(*)::int AS n
+  FROM fencepost.rejections r, span
+  WHERE r.fence_key = $2::text AND r.rejected_at >= span.first
+  GROUP BY 1`;
   return {
-    name: 'fencepost_rejection_histogram',
+    name: fenceKey === null ? 'fencepost_rejection_histogram' : 'fencepost_rejection_histogram_by_fence',
     text: `
 WITH span AS (
   SELECT date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute' AS first, date_trunc('minute', now()) AS last
 ),
 counts AS (
-  SELECT date_trunc('minute', r.rejected_at) AS minute, count(*)::int AS n
-  FROM fencepost.rejections r, span
-  WHERE r.rejected_at >= span.first AND ($2::text IS NULL OR r.fence_key = $2::text)
-  GROUP BY 1
+  ${counts}
 )
 SELECT m.minute AS start, coalesce(c.n, 0) AS count
 FROM span, generate_series(span.first, span.last, interval '1 minute') AS m(minute)
 LEFT JOIN counts c ON c.minute = m.minute
 ORDER BY m.minute`,
-    values: [minutes, fenceKey],
+    values: fenceKey === null ? [minutes] : [minutes, fenceKey],
+  };
+}
+
+/** Per-minute counts older than the histogram's longest window (a day) are never read again. */
+export function pruneRejectionMinutes(): Query {
+  return {
+    name: 'fencepost_prune_rejection_minutes',
+    text: `DELETE FROM fencepost.rejection_minutes WHERE minute < now() - interval '25 hours'`,
   };
 }
 

@@ -5,7 +5,7 @@
 import type pg from 'pg';
 import type { Logger } from 'pino';
 import { coerceError } from './pg-errors.ts';
-import { pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff } from './rejections.ts';
+import { pruneRejectionMinutes, pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff } from './rejections.ts';
 
 // Arbitrary constant, distinct from the migration lock: "fencepost retention".
 export const RETENTION_LOCK_KEY = 4_669_143_214_093_121n;
@@ -83,6 +83,7 @@ export class RejectionPruner {
           const cutoff = cut.rows[0]?.cutoff;
           if (cutoff != null && BigInt(cutoff) > 0n) deleted += await this.batches(client, () => pruneRejectionsUpTo(BigInt(cutoff), batchSize));
         }
+        await client.query(pruneRejectionMinutes());
       } finally {
         await client.query('SELECT pg_advisory_unlock($1)', [RETENTION_LOCK_KEY.toString()]);
       }

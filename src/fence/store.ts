@@ -1,11 +1,12 @@
 // The fence store: fenced writes, reads, and counts, over a pg pool.
 //
 // Writes are coalesced (group commit). Requests queue; whenever fewer than `concurrency` batches
-// are in flight, one is taken from the queue: every queued write whose fence key and object key
-// are not already in this batch or in a batch in flight (the conditional upsert can touch a row
-// only once per statement, and disjoint batches never wait on each other's row locks). A request
-// that finds a free slot goes out at once; under load, requests ride together and one statement
-// and one commit serve many writes. Per fence key, one proxy applies writes in arrival order.
+// are in flight, one is taken from the queue: every queued write whose object key is not already in
+// this batch or in a batch in flight (an upsert can touch a row only once per statement). Writes of
+// one fence key ride together and beside other batches of that fence: a write with the fence's
+// token locks the fence row in share mode, so a leader's writes never wait for one another; only a
+// raise takes the row exclusively (src/fence/queries.ts fencedWrite). A request that finds a free
+// slot goes out at once; under load, one statement and one commit serve many writes.
 //
 // A fence row held by another session (a long transaction) must not stall the other fences' writes
 // that share its batch or wait for a write slot: the pool's lock_timeout fails such a batch (55P03,
@@ -92,8 +93,7 @@ export class FenceStore {
   private queue: Pending[] = [];
   private readonly concurrency: number;
   private running = 0;
-  /** Fence and object keys of the batches in flight. */
-  private readonly busyFences = new Set<string>();
+  /** Object keys of the batches in flight. */
   private readonly busyObjects = new Set<string>();
   /** Fence keys whose lone write hit the lock timeout, and until when they go only alone. */
   private readonly lockedFences = new Map<string, number>();
@@ -139,11 +139,8 @@ export class FenceStore {
       if (batch.length === 0) return; // everything queued waits on a key in flight
       this.running++;
       if (alone) this.runningAlone++;
-      const keys = batch.map((p) => [p.op.fenceKey, p.op.kind === 'fence' ? null : p.op.key] as const);
-      for (const [f, o] of keys) {
-        this.busyFences.add(f);
-        if (o !== null) this.busyObjects.add(o);
-      }
+      const objects = batch.flatMap((p) => (p.op.kind === 'fence' ? [] : [p.op.key]));
+      for (const o of objects) this.busyObjects.add(o);
       void this.runSplitting(batch.map((p) => p.op)).then(
         (results) =>
           batch.forEach((p, i) => {
@@ -153,10 +150,7 @@ export class FenceStore {
           }),
         (err: unknown) => batch.forEach((p) => p.reject(err)),
       ).finally(() => {
-        for (const [f, o] of keys) {
-          this.busyFences.delete(f);
-          if (o !== null) this.busyObjects.delete(o);
-        }
+        for (const o of objects) this.busyObjects.delete(o);
         this.running--;
         if (alone) this.runningAlone--;
         this.inFlight -= batch.length;
@@ -175,7 +169,6 @@ export class FenceStore {
   private takeBatch(): { batch: Pending[]; alone: boolean } {
     const batch: Pending[] = [];
     const rest: Pending[] = [];
-    const fenceKeys = new Set<string>();
     const objectKeys = new Set<string>();
     const now = Date.now();
     const aloneSlotFree = this.runningAlone < Math.max(1, this.concurrency - 1);
@@ -187,14 +180,13 @@ export class FenceStore {
       const key = p.op.kind === 'fence' ? null : p.op.key;
       const size = p.op.kind === 'put' ? p.op.body.length : 0;
       const locked = this.isLocked(p.op.fenceKey, now);
+      // Many writes of one fence key may share a batch and run beside batches holding the same
+      // fence: writes of the fence's token lock it in share mode (see fencedWrite).
       const fits =
-        !fenceKeys.has(p.op.fenceKey) &&
-        !this.busyFences.has(p.op.fenceKey) &&
         (key === null || (!objectKeys.has(key) && !this.busyObjects.has(key))) &&
         (batch.length === 0 || bytes + size <= this.maxBatchBytes) &&
         (locked ? batch.length === 0 && aloneSlotFree : true);
       (fits ? batch : rest).push(p);
-      fenceKeys.add(p.op.fenceKey);
       if (key !== null) objectKeys.add(key);
       if (fits) bytes += size;
       if (fits && locked) alone = true;
@@ -290,7 +282,7 @@ export class FenceStore {
       // The accepted writes have committed: if recording the rejections fails, only the rejected
       // operations get the error.
       try {
-        const highest = await this.recordRejections(rejected.map((i) => ops[i]!), refused.size > 0 ? rejected.map((i) => refused.has(i)) : []);
+        const highest = await this.recordRejections(rejected.map((i) => ops[i]!));
         const objects = refused.size > 0 ? await this.objectFences([...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; highestToken: bigint }>();
         for (const i of rejected) {
           const op = ops[i]!;
@@ -310,8 +302,8 @@ export class FenceStore {
   }
 
   /** Counts and logs rejected operations; returns each fence's highest token, read after the rejection. */
-  private async recordRejections(ops: FencedOp[], undoAccept: boolean[] = []): Promise<Map<string, bigint>> {
-    const rows = ops.map((op, i) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId, undoAccept: undoAccept[i] === true }));
+  private async recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
+    const rows = ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId }));
     const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
     return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   }

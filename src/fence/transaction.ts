@@ -414,7 +414,7 @@ export class TransactionRunner {
       }
       let sealed: { xact: string };
       try {
-        sealed = (await client.query<{ xact: string }>(q.sealTransaction())).rows[0]!;
+        sealed = (await client.query<{ xact: string }>(q.sealTransaction(capability, fences.map((f) => f.fenceKey)))).rows[0]!;
       } catch (err) {
         return await fail(err, null);
       }

@@ -173,7 +173,7 @@ describe('GET /v1/rejections/histogram', () => {
 
 describe('retention', () => {
   async function fenceRows(): Promise<string> {
-    const { rows } = await db.pool.query('SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fences ORDER BY fence_key');
+    const { rows } = await db.pool.query('SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fence_stats ORDER BY fence_key');
     return JSON.stringify(rows);
   }
 

@@ -29,7 +29,7 @@ afterAll(async () => {
 async function counts(): Promise<string> {
   const { rows } = await db.pool.query(
     `SELECT (SELECT count(*) FROM fencepost.objects) o, (SELECT count(*) FROM fencepost.fences) f,
-            (SELECT coalesce(sum(accepted),0) FROM fencepost.fences) a`,
+            (SELECT coalesce(sum(accepted),0) FROM fencepost.fence_counts) a`,
   );
   return JSON.stringify(rows[0]);
 }

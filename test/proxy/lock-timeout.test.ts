@@ -82,7 +82,7 @@ describe.each([
     expect(replies[0]!.headers['retry-after']).toBe('1');
     expect(await storedKeys(`${b}/`)).toEqual([`${b}/seed`, ...onB.map((x) => x.key)].sort());
     expect(await storedKeys(`${a}/`)).toEqual([`${a}/seed`]);
-    const { rows } = await db.pool.query('SELECT fence_key, accepted::int FROM fencepost.fences WHERE fence_key = ANY($1) ORDER BY fence_key', [[a, b]]);
+    const { rows } = await db.pool.query('SELECT fence_key, accepted::int FROM fencepost.fence_stats WHERE fence_key = ANY($1) ORDER BY fence_key', [[a, b]]);
     expect(rows).toEqual([
       { fence_key: a, accepted: 1 },
       { fence_key: b, accepted: 31 },

@@ -37,7 +37,7 @@ afterAll(async () => {
 /** Everything a write could change (rejection counts aside: a refused write is counted). */
 async function snapshot(): Promise<string> {
   const { rows } = await db.pool.query(`SELECT
-    (SELECT string_agg(fence_key || '|' || highest_token || '|' || accepted, ',' ORDER BY fence_key) FROM fencepost.fences) AS f,
+    (SELECT string_agg(fence_key || '|' || highest_token || '|' || accepted, ',' ORDER BY fence_key) FROM fencepost.fence_stats) AS f,
     (SELECT string_agg(key || '|' || fence_key || '|' || token || '|' || version || '|' || md5(body), ',' ORDER BY key) FROM fencepost.objects) AS o,
     (SELECT string_agg(id || '|' || v, ',' ORDER BY id) FROM app.items) AS i`);
   return JSON.stringify(rows[0]);

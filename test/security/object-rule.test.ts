@@ -49,7 +49,7 @@ async function storedObject(key: string) {
   return rows[0] ?? null;
 }
 async function fenceCounts(fenceKey: string) {
-  const { rows } = await db.pool.query('SELECT highest_token, accepted, rejected FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const { rows } = await db.pool.query('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [fenceKey]);
   return rows[0] ?? null;
 }
 async function rejectionsOf(key: string) {

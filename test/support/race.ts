@@ -20,6 +20,8 @@ export interface RaceOptions {
   objectKeys: string[];
   writers: number;
   writesPerWriter: number;
+  /** How far behind the current token a write may be: 0…maxLag (default 2). */
+  maxLag?: number;
 }
 
 /**
@@ -33,7 +35,7 @@ export async function runRace(opts: RaceOptions): Promise<RaceRecord[]> {
   const writer = async (w: number) => {
     for (let i = 0; i < opts.writesPerWriter; i++) {
       if (++issued % 7 === 0) current += 1n;
-      const lag = BigInt(Math.floor(Math.random() * 3)); // 0, 1 or 2 behind
+      const lag = BigInt(Math.floor(Math.random() * ((opts.maxLag ?? 2) + 1))); // 0…maxLag behind
       const token = current - lag;
       const objectKey = opts.objectKeys[(w + i) % opts.objectKeys.length]!;
       const body = `${w}:${i}:${randomUUID()}`;

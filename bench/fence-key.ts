@@ -8,7 +8,8 @@
 //   transactions     POST /v1/transactions (one fence, one UPDATE), 16 in flight, vs BEGIN/UPDATE/COMMIT
 //   raise            a fence raise (token 2) while token-1 writes run: its latency, and any token-1
 //                    write accepted though sent after the raise was acknowledged (must be none)
-//   reads            the read API with 1,000,000 fences and 1,000,000 rejections in the tables
+//   reads            the read API with 1,000,000 fences and 1,000,000 rejections in the tables,
+//                    loaded on migration 0001's schema and carried forward by the later migrations
 //
 // `node --import tsx bench/fence-key.ts [scenario…]` runs some (default all) and prints their tables.
 import http from 'node:http';
@@ -211,18 +212,26 @@ async function compare(
 
 // ---- 1. one fence key, one token, 5,000 objects --------------------------------------------------
 
+/**
+ * Objects bench/0 … bench/<keySpace − 1> under one fence key, written once with token 1: the load
+ * then updates existing objects, as a leader rewriting its state does (on both sides).
+ */
+function leaderObjects(fenceKey: string, keySpace: number): Seed {
+  return {
+    run: async (sql) => {
+      await sql.query(
+        `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
+         SELECT 'bench/' || n, $1, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $2 - 1) n`,
+        [fenceKey, keySpace],
+      );
+    },
+  };
+}
+
 async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
   const keySpace = 5000;
   const fenceKey = 'bench-leader';
-  const seed = async (sql: pg.Pool) => {
-    // Both sides then measure the update of an existing object, as a leader rewriting its state does.
-    await sql.query(
-      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
-       SELECT 'bench/' || n, $1, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $2 - 1) n`,
-      [fenceKey, keySpace],
-    );
-  };
-  return withWorld('one-fence', { run: seed }, async (w) => {
+  return withWorld('one-fence', leaderObjects(fenceKey, keySpace), async (w) => {
     await probe(`${w.proxy.url}/v1/fences/${fenceKey}`, { method: 'PUT', headers: { 'fencing-token': '1' } }); // the leader's fence advance
     return compare(
       w,
@@ -346,14 +355,7 @@ async function raise(o: { durationS: number }, log: (line: string) => void): Pro
   const keySpace = 5000;
   const writers = 32;
   const fenceKey = 'bench-leader';
-  const seed = async (sql: pg.Pool) => {
-    await sql.query(
-      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
-       SELECT 'bench/' || n, $1, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $2 - 1) n`,
-      [fenceKey, keySpace],
-    );
-  };
-  return withWorld('raise', { run: seed }, async (w) => {
+  return withWorld('raise', leaderObjects(fenceKey, keySpace), async (w) => {
     await probe(`${w.proxy.url}/v1/fences/${fenceKey}`, { method: 'PUT', headers: { 'fencing-token': '1' } });
     log(`a raise under load: ${writers} token-1 writers for ${o.durationS} s, a raise to token 2 after ${o.durationS / 2} s`);
     const writeAgent = new http.Agent({ keepAlive: true, maxSockets: writers });

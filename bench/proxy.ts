@@ -96,12 +96,12 @@ export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<Th
     await pool.end();
     results.push(await directUpsert(db.url, o));
     const env = { DATABASE_URL: db.url, FENCEPOST_POOL_SIZE: String(o.poolSize) };
-    for (const [name, extra] of [
-      ['fenced PUT (proxy)', {}],
-      ['(b) unfenced PUT (same HTTP path, fence off)', { FENCEPOST_UNSAFE_FENCE_MODE: 'off' }],
-      ['fenced PUT, coalescing off (FENCEPOST_MAX_BATCH=1)', { FENCEPOST_MAX_BATCH: '1' }],
+    for (const [name, extra, mode] of [
+      ['fenced PUT (proxy)', {}, 'strict'],
+      ['(b) unfenced PUT (same HTTP path, fence off)', {}, 'off'],
+      ['fenced PUT, coalescing off (FENCEPOST_MAX_BATCH=1)', { FENCEPOST_MAX_BATCH: '1' }, 'strict'],
     ] as const) {
-      const proxy = await spawnServe({ ...env, ...extra });
+      const proxy = await spawnServe({ ...env, ...extra }, mode);
       try {
         results.push(await loadProxy(name, proxy.url, o, proxy.rss));
       } finally {

@@ -7,7 +7,7 @@ import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
-import { LocalZooKeeper } from '../src/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
 

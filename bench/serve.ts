@@ -2,7 +2,7 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort } from '../src/zookeeper/local-server.ts';
+import { freePort } from '../tools/zookeeper/local-server.ts';
 
 const BIN = join(import.meta.dirname, '..', 'bin', 'fencepost.js');
 
@@ -13,9 +13,11 @@ export interface ServeProcess {
   stop(): Promise<void>;
 }
 
-export async function spawnServe(env: Record<string, string>): Promise<ServeProcess> {
+/** `fenceMode: 'off'` runs the harness's serve with no fence (the unfenced baseline). */
+export async function spawnServe(env: Record<string, string>, fenceMode: 'strict' | 'off' = 'strict'): Promise<ServeProcess> {
   const port = await freePort();
-  const child = spawn(process.execPath, [BIN, 'serve'], {
+  const args = fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(import.meta.dirname, '..', 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
+  const child = spawn(process.execPath, args, {
     env: { ...process.env, FENCEPOST_LOG_LEVEL: 'error', ...env, PORT: String(port) },
     stdio: ['ignore', 'ignore', 'pipe'],
   });

@@ -5,7 +5,7 @@ import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
-import { freePort } from '../src/zookeeper/local-server.ts';
+import { freePort } from '../tools/zookeeper/local-server.ts';
 
 export interface BenchPostgres {
   /** URL of a fresh database for this benchmark. */

@@ -2,10 +2,10 @@
 //   [--fence-mode strict|off|two-step] [--session-timeout-ms 2000] [--faults pause-writer,…]`
 // A seeded fault-injection run against real processes, checked afterwards; exits 1 on any violation.
 import { parseArgs } from 'node:util';
-import { FENCE_MODES, type FenceMode } from '../src/fence/store.ts';
-import { FAULT_KINDS, type FaultKind } from '../src/chaos/nemesis.ts';
-import { MAX_SEED } from '../src/chaos/prng.ts';
-import { runChaos } from '../src/chaos/run.ts';
+import { FENCE_MODES, type FenceMode } from '../tools/unsafe-fence.ts';
+import { FAULT_KINDS, type FaultKind } from '../tools/chaos/nemesis.ts';
+import { MAX_SEED } from '../tools/chaos/prng.ts';
+import { runChaos } from '../tools/chaos/run.ts';
 
 const { values } = parseArgs({
   options: {

@@ -9,7 +9,7 @@ import { migrate } from '../src/fence/migrate.ts';
 import { FenceStore } from '../src/fence/store.ts';
 import { buildApp } from '../src/proxy/app.ts';
 import { createPool } from '../src/proxy/server.ts';
-import { freePort } from '../src/zookeeper/local-server.ts';
+import { freePort } from '../tools/zookeeper/local-server.ts';
 import { launchChromium } from '../test/support/chromium.ts';
 
 const REPO = join(import.meta.dirname, '..');

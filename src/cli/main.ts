@@ -1,12 +1,11 @@
-// `fencepost <command>`: serve | migrate | elect | doctor | demo.
+// `fencepost <command>`: serve | migrate | elect | doctor. (The demo and chaos harness: tools/cli.ts.)
 import { ConfigError } from '../proxy/config.ts';
 
 const USAGE = `usage: fencepost <command>
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
   migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
   elect     run a command only while elected leader through ZooKeeper
-  doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout
-  demo      the forced-pause scenario: a zombie leader's write rejected`;
+  doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout`;
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
@@ -26,19 +25,6 @@ async function main(argv: string[]): Promise<number> {
     case 'doctor': {
       const { doctorCommand } = await import('./elect.ts');
       return await doctorCommand(rest);
-    }
-    case 'demo': {
-      const { demoCommand } = await import('./demo.ts');
-      return await demoCommand(rest);
-    }
-    case 'demo-writer': {
-      const { demoWriterCommand } = await import('./demo.ts');
-      return await demoWriterCommand(rest);
-    }
-    case 'chaos-writer': {
-      // Hidden: one writer process of `npm run chaos` (src/chaos/run.ts).
-      const { chaosWriterCommand } = await import('../chaos/writer.ts');
-      return await chaosWriterCommand(rest);
     }
     case undefined:
     case '-h':

@@ -56,15 +56,8 @@ export interface ElectionOptions {
   policy?: ElectionPolicy;
   /** pino logger; silent when omitted. */
   logger?: Logger;
-  /** For tests only. */
-  testHooks?: ElectionTestHooks;
-}
-
-export interface ElectionTestHooks {
-  /** Fixes the candidate uuid (to play a restarted candidate that finds its old node). */
-  uuid?: string;
-  /** Called with each new session before it is used. */
-  onSession?: (session: ZkSession) => void;
+  /** Test seam: fixes the candidate uuid (to play a restarted candidate that finds its old node). */
+  __test__uuid?: string;
 }
 
 export interface LeaderInfo {
@@ -112,7 +105,6 @@ export class Election extends EventEmitter<ElectionEvents> {
   readonly uuid: string;
   private readonly connect: string;
   private readonly log: Logger;
-  private readonly hooks: ElectionTestHooks;
   private session: ZkSession | null = null;
   private node: CandidateNode | null = null;
   /** Join number of a create that was sent but not confirmed (its node may exist). */
@@ -147,8 +139,7 @@ export class Election extends EventEmitter<ElectionEvents> {
     this.id = opts.id ?? `${hostname()}-${process.pid}`;
     this.policy = opts.policy ?? 'suspend-is-lost';
     this.sessionTimeoutMs = opts.sessionTimeoutMs ?? DEFAULT_SESSION_TIMEOUT_MS;
-    this.hooks = opts.testHooks ?? {};
-    this.uuid = this.hooks.uuid ?? randomUUID();
+    this.uuid = opts.__test__uuid ?? randomUUID();
     this.log = (opts.logger ?? pino({ level: 'silent' })).child({ electionPath: this.path, candidateId: this.id });
   }
 
@@ -330,7 +321,6 @@ export class Election extends EventEmitter<ElectionEvents> {
     s.on('suspended', () => this.onSuspended(s));
     s.on('reconnected', () => this.onReconnected(s));
     s.on('lost', (reason) => this.onLost(s, reason));
-    this.hooks.onSession?.(s);
     this.log.info({ zkSession: s.sessionId, negotiatedTimeoutMs: s.negotiatedTimeoutMs }, 'connected to ZooKeeper');
     this.emit('connection', { state: 'connected', sessionId: s.sessionId });
     await s.mkdirp(this.path);

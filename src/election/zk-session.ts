@@ -64,7 +64,6 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
   private tickMs = 0;
   private suspendedAt = 0;
   private attemptStartedAt = now();
-  private loseReplyOf: string | null = null;
   private idHex = '';
 
   private constructor(opts: ZkSessionOptions) {
@@ -242,11 +241,6 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     this.client.connectionManager.socket?.destroy();
   }
 
-  /** Test hook: the next successful reply to `op` is discarded and the connection dropped. */
-  loseNextReply(op: 'create' | 'remove'): void {
-    this.loseReplyOf = op;
-  }
-
   private request<T>(
     op: string,
     path: string,
@@ -272,12 +266,6 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
         const code = err ? err.getCode() : 0;
         // CONNECTION_LOSS and SESSION_EXPIRED are produced locally by the client; anything else is a server reply.
         if (code !== ZK_CODES.CONNECTION_LOSS && code !== ZK_CODES.SESSION_EXPIRED) this.noteReply(sentAt);
-        if (!err && this.loseReplyOf === op) {
-          this.loseReplyOf = null;
-          this.dropConnection(`test hook: losing the reply to ${op}`);
-          reject(new ZkError(op, path, ZK_CODES.CONNECTION_LOSS, 'CONNECTION_LOSS (reply discarded by test hook)'));
-          return;
-        }
         if (err) reject(new ZkError(op, path, code, err.getName(), { cause: err }));
         else resolve(value);
       });

@@ -50,13 +50,12 @@ const SHARD = '(pg_backend_pid() % 32)::smallint';
  * not remove counts as refused (never a 204 that left the object in place).
  * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
  */
-export function fencedWrite(rows: readonly WriteRow[], opts: { unguarded?: boolean } = {}): Query {
+export function fencedWrite(rows: readonly WriteRow[]): Query {
   // An operation passes only with the token its fence now holds: in a batch that raises a fence, a
   // lower token of the same fence is stale (the raise is ordered first; the requests were concurrent).
-  const passes = (i: string) => `fence.fence_key = ${i}.fence_key${opts.unguarded ? '' : ` AND fence.highest_token = ${i}.token`}`;
+  const passes = (i: string) => `fence.fence_key = ${i}.fence_key AND fence.highest_token = ${i}.token`;
   return {
-    // `unguarded` drops the token check (FENCEPOST_UNSAFE_FENCE_MODE=two-step): never in production.
-    name: opts.unguarded ? 'fencepost_fenced_write_unguarded' : 'fencepost_fenced_write',
+    name: 'fencepost_fenced_write',
     text: `
 WITH input AS (
   SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
@@ -67,7 +66,7 @@ keys AS (
 ),
 held AS (
   SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN keys k ON k.fence_key = f.fence_key
-  WHERE ${opts.unguarded ? 'false' : 'f.highest_token >= k.token'}
+  WHERE f.highest_token >= k.token
   ORDER BY f.fence_key COLLATE "C"
   FOR SHARE OF f
 ),
@@ -76,7 +75,7 @@ raised AS (
   SELECT k.fence_key, k.token FROM keys k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
   ORDER BY k.fence_key COLLATE "C"
   ON CONFLICT (fence_key) DO UPDATE SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), updated_at = now()
-    WHERE ${opts.unguarded ? 'true' : 'f.highest_token <= EXCLUDED.highest_token'}
+    WHERE f.highest_token <= EXCLUDED.highest_token
   RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
 ),
 fence AS (
@@ -164,7 +163,8 @@ WHERE o.key = ANY($1::text[])`,
   };
 }
 
-function writeValues(rows: readonly WriteRow[]): unknown[] {
+/** The parameters of a batch, in fencedWrite's order ($1…$7). */
+export function writeValues(rows: readonly WriteRow[]): unknown[] {
   return [
     rows.map((_, i) => i),
     rows.map((r) => r.kind),
@@ -174,45 +174,6 @@ function writeValues(rows: readonly WriteRow[]): unknown[] {
     rows.map((r) => r.contentType),
     rows.map((r) => r.body),
   ];
-}
-
-/**
- * The same object upsert/delete with no fence at all: the benchmark's unfenced baseline and the
- * checker's "fence off" mode (FENCEPOST_UNSAFE_FENCE_MODE=off). Same result shape as fencedWrite.
- */
-export function unfencedWrite(rows: readonly WriteRow[]): Query {
-  return {
-    name: 'fencepost_unfenced_write',
-    text: `
-WITH input AS (
-  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
-    AS t(ord, kind, fence_key, key, token, content_type, body)
-),
-put AS (
-  INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
-  SELECT key, fence_key, token, 1, content_type, body FROM input WHERE kind = 'put' ORDER BY key
-  ON CONFLICT (key) DO UPDATE
-    SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
-        content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
-  RETURNING o.key, o.version
-),
-del AS (
-  DELETE FROM fencepost.objects o USING input i WHERE i.kind = 'delete' AND o.key = i.key RETURNING o.key
-)
-SELECT i.ord, i.token AS highest_token, put.version
-FROM input i LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
-ORDER BY i.ord`,
-    values: writeValues(rows),
-  };
-}
-
-/** Highest token of each fence key (the two-step mode's separate check). */
-export function highestTokens(fenceKeys: readonly string[]): Query {
-  return {
-    name: 'fencepost_highest_tokens',
-    text: `SELECT fence_key, highest_token FROM fencepost.fences WHERE fence_key = ANY($1::text[])`,
-    values: [fenceKeys],
-  };
 }
 
 export interface RejectionRow {

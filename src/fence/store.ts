@@ -14,7 +14,7 @@
 // and that fence key then goes in batches of its own, in at most all but one slot, for a while.
 import type pg from 'pg';
 import * as q from './queries.ts';
-import type { OpKind } from './queries.ts';
+import type { OpKind, WriteRow } from './queries.ts';
 import { isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 
 /**
@@ -59,17 +59,25 @@ export interface Stats {
   perFence: { fenceKey: string; highestToken: bigint; accepted: bigint; rejected: bigint }[];
 }
 
-/**
- * `strict` is the product. The others exist to measure and to prove the checker catches bugs:
- * `off` writes with no fence (benchmark baseline), `two-step` checks in one statement and writes
- * in another with no lock (the classic read-then-write race).
- */
-export type FenceMode = 'strict' | 'off' | 'two-step';
-export const FENCE_MODES: readonly FenceMode[] = ['strict', 'off', 'two-step'];
+/** One row per operation of a batch: `highest_token` null when rejected, `version` set for puts. */
+export interface WriteOutcome {
+  ord: number;
+  highest_token: string | null;
+  version: string | null;
+  object_refused?: boolean | null;
+}
+
+/** How a batch reaches the database. The product has one: fencedWrite, check and write in one statement. */
+export type WriteStrategy = (pool: pg.Pool, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
+
+const fencedStrategy: WriteStrategy = async (pool, rows) => (await pool.query<WriteOutcome>(q.fencedWrite(rows))).rows;
 
 export interface FenceStoreOptions {
-  /** Default `strict`; see FenceMode. */
-  mode?: FenceMode;
+  /**
+   * Test seam: another way to write a batch, handed in by the checker's self-tests and the
+   * benchmark's unfenced baseline (tools/unsafe-fence.ts). Nothing in the product sets it.
+   */
+  __test__writeStrategy?: WriteStrategy;
   /** Most write batches (statements) in flight at once. Default 2. */
   concurrency?: number;
   /** Most operations in one batch. Default 64; 1 turns coalescing off. */
@@ -103,7 +111,7 @@ export class FenceStore {
   private readonly maxBatchBytes: number;
   private readonly retries: number;
   private readonly onBatch: ((size: number) => void) | undefined;
-  readonly mode: FenceMode;
+  private readonly writeStrategy: WriteStrategy;
   private inFlight = 0;
   private idleWaiters: (() => void)[] = [];
 
@@ -114,7 +122,7 @@ export class FenceStore {
     this.maxBatchBytes = opts.maxBatchBytes ?? 4 * 1024 * 1024;
     this.retries = opts.retries ?? 5;
     this.onBatch = opts.onBatch;
-    this.mode = opts.mode ?? 'strict';
+    this.writeStrategy = opts.__test__writeStrategy ?? fencedStrategy;
   }
 
   /** Applies one fenced operation; resolves once it is committed (or rejected). */
@@ -250,26 +258,7 @@ export class FenceStore {
       contentType: op.kind === 'put' ? op.contentType : null,
       body: op.kind === 'put' ? op.body : null,
     }));
-    type Row = { ord: number; highest_token: string | null; version: string | null; object_refused?: boolean | null };
-    let rows: { rows: Row[] };
-    if (this.mode === 'strict') {
-      rows = await this.withRetry(() => this.pool.query<Row>(q.fencedWrite(writeRows)));
-    } else if (this.mode === 'off') {
-      rows = await this.withRetry(() => this.pool.query<Row>(q.unfencedWrite(writeRows)));
-    } else {
-      // two-step: check, then write unconditionally in another statement. Deliberately racy.
-      const { rows: found } = await this.pool.query<{ fence_key: string; highest_token: string }>(q.highestTokens(ops.map((o) => o.fenceKey)));
-      const highest = new Map(found.map((r) => [r.fence_key, BigInt(r.highest_token)]));
-      const pass = writeRows.map((r, i) => ({ r, i })).filter(({ r }) => r.token >= (highest.get(r.fenceKey) ?? -1n));
-      const written = pass.length ? await this.pool.query<Row>(q.fencedWrite(pass.map((p) => p.r), { unguarded: true })) : { rows: [] };
-      rows = {
-        rows: writeRows.map((_, i) => {
-          const k = pass.findIndex((p) => p.i === i);
-          const w = k < 0 ? undefined : written.rows.find((x) => x.ord === k);
-          return { ord: i, highest_token: w?.highest_token ?? null, version: w?.version ?? null };
-        }),
-      };
-    }
+    const rows = { rows: await this.withRetry(() => this.writeStrategy(this.pool, writeRows)) };
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
     const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence

@@ -7,7 +7,6 @@ import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './auth.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseHostName, parseOrigin } from './browser-guard.ts';
-import { FENCE_MODES, type FenceMode } from '../fence/store.ts';
 
 export interface ProxyConfig {
   /** Postgres to use; null = start an embedded one. */
@@ -31,8 +30,6 @@ export interface ProxyConfig {
   logLevel: string;
   /** Grace for in-flight requests at shutdown. */
   shutdownTimeoutMs: number;
-  /** `strict` unless a benchmark or the checker's self-test asks otherwise. */
-  fenceMode: FenceMode;
   /** Rejection log retention: delete rows older than this; 0 = no age limit. */
   rejectionsMaxAgeMs: number;
   /** Rejection log retention: keep at most this many rows (the newest); 0 = no row limit. */
@@ -107,12 +104,6 @@ function clientRole(env: NodeJS.ProcessEnv): string {
   return raw;
 }
 
-function fenceMode(env: NodeJS.ProcessEnv): FenceMode {
-  const raw = env.FENCEPOST_UNSAFE_FENCE_MODE;
-  if (raw === undefined || raw === '') return 'strict';
-  if (!(FENCE_MODES as readonly string[]).includes(raw)) throw new ConfigError('FENCEPOST_UNSAFE_FENCE_MODE', `must be one of ${FENCE_MODES.join(', ')}`);
-  return raw as FenceMode;
-}
 
 /** Loopback addresses: binding one of these without keys is safe. */
 export function isLoopbackHost(host: string): boolean {
@@ -240,7 +231,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
-    fenceMode: fenceMode(env),
     rejectionsMaxAgeMs,
     rejectionsMaxRows,
     rejectionsPruneIntervalMs: int(env, 'FENCEPOST_REJECTIONS_PRUNE_INTERVAL_MS', 60_000, 100, 24 * 3600 * 1000),

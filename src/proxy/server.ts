@@ -5,7 +5,7 @@ import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './app.ts';
 import { assertSafeBind, type ProxyConfig } from './config.ts';
-import { FenceStore } from '../fence/store.ts';
+import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
@@ -52,7 +52,12 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
   return pool;
 }
 
-export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel)): Promise<RunningProxy> {
+/** Test seams, handed in only by tools/ (never from configuration). */
+export interface ProxySeams {
+  __test__writeStrategy?: WriteStrategy;
+}
+
+export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel), seams: ProxySeams = {}): Promise<RunningProxy> {
   assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
   let embedded: RunningPostgres | null = null;
   let databaseUrl = config.databaseUrl;
@@ -67,8 +72,12 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   }
   const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
   const metrics = new ProxyMetrics(pool);
-  const store = new FenceStore(pool, { concurrency: config.writeConcurrency, maxBatch: config.maxBatch, mode: config.fenceMode, onBatch: (n) => metrics.writeBatchSize.observe(n) });
-  if (config.fenceMode !== 'strict') logger.warn({ fenceMode: config.fenceMode }, 'UNSAFE: the fence is weakened (FENCEPOST_UNSAFE_FENCE_MODE); stale writes can be accepted');
+  const store = new FenceStore(pool, {
+    concurrency: config.writeConcurrency,
+    maxBatch: config.maxBatch,
+    onBatch: (n) => metrics.writeBatchSize.observe(n),
+    ...(seams.__test__writeStrategy ? { __test__writeStrategy: seams.__test__writeStrategy } : {}),
+  });
   const app = buildApp({
     store,
     bodyLimitBytes: config.bodyLimitBytes,

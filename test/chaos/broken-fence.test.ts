@@ -1,11 +1,11 @@
-// The checker catches a broken fence: with FENCEPOST_UNSAFE_FENCE_MODE=off the proxies write without
+// The checker catches a broken fence: with the fence off (tools serve --fence-mode off) the proxies write without
 // any fence, and a nemesis that only freezes leaders (SIGSTOP past the session timeout) makes
 // zombies whose writes, sent after a newer leader's were acknowledged, are accepted.
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, test } from 'vitest';
-import { runChaos } from '../../src/chaos/run.ts';
+import { runChaos } from '../../tools/chaos/run.ts';
 
 test('with the fence off, the checker reports stale writes accepted (and exits non-zero)', async () => {
   const lines: string[] = [];

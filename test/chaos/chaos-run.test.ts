@@ -5,7 +5,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, test } from 'vitest';
-import { runChaos } from '../../src/chaos/run.ts';
+import { runChaos } from '../../tools/chaos/run.ts';
 
 // Seed 10's schedule pauses the leader of each fence key once (the zombie whose writes get 409).
 const SEED = 10;

@@ -4,8 +4,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { check, type FinalState, type Invariant, type StoredObject } from '../../src/chaos/checker.ts';
-import { readHistory, type Operation } from '../../src/chaos/history.ts';
+import { check, type FinalState, type Invariant, type StoredObject } from '../../tools/chaos/checker.ts';
+import { readHistory, type Operation } from '../../tools/chaos/history.ts';
 
 const FK = 'chaos/a';
 const LEDGER = `${FK}/ledger`;

@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, test } from 'vitest';
-import { ChaosCluster } from '../../src/chaos/cluster.ts';
+import { ChaosCluster } from '../../tools/chaos/cluster.ts';
 
 /** Pids of processes whose command line mentions `dir`. */
 function processesUnder(dir: string): number[] {

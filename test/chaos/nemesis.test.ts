@@ -1,7 +1,7 @@
 // The fault schedule is a pure function of the seed: the same seed replays the same faults.
 import { describe, expect, test } from 'vitest';
-import { FAULT_KINDS, laneOf, planSchedule, type ScheduleOptions } from '../../src/chaos/nemesis.ts';
-import { Prng } from '../../src/chaos/prng.ts';
+import { FAULT_KINDS, laneOf, planSchedule, type ScheduleOptions } from '../../tools/chaos/nemesis.ts';
+import { Prng } from '../../tools/chaos/prng.ts';
 
 const base: ScheduleOptions = { seed: 1, durationMs: 30_000, writers: 4, proxies: 2, zkServers: 3, fenceKeys: ['chaos/a', 'chaos/b'], sessionTimeoutMs: 2000 };
 

@@ -5,7 +5,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, afterEach, expect, inject, test } from 'vitest';
-import { TcpProxy } from '../../src/faults/tcp-proxy.ts';
+import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { uniquePath, waitFor } from './helpers.ts';
 
 const connect = inject('zkConnect');

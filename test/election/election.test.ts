@@ -6,7 +6,7 @@ import { Election } from '../../src/election/election.ts';
 import { SequenceOverflowError } from '../../src/election/errors.ts';
 import { sortCandidates } from '../../src/election/sequence.ts';
 import type { ZkSession } from '../../src/election/zk-session.ts';
-import { TcpProxy } from '../../src/faults/tcp-proxy.ts';
+import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import {
   killSession,
   leaders,
@@ -145,28 +145,31 @@ test('herd: when the leader leaves, only its immediate successor is woken', asyn
 
 test('protected create: a create whose reply was lost is found again, not duplicated', async () => {
   // Invariant: after a dropped create reply the candidate owns exactly one node, created by that
-  // create on the server, and leads with that node's sequence as its token.
+  // create on the server, and leads with that node's sequence as its token. The reply is lost on
+  // the wire: the create reaches ZooKeeper, the connection is cut before its answer comes back.
   const path = uniquePath('lost-reply');
+  const [host, port] = connect.split(',')[0]!.split(':');
+  const net = await TcpProxy.start({ targetHost: host, targetPort: Number(port) });
+  const candidatePrefix = Buffer.from(`${path}/c_`);
+  net.loseReplyAfter((chunk) => chunk.includes(candidatePrefix));
   const states: string[] = [];
-  const e = track(
-    new Election({
-      connect,
-      path,
-      sessionTimeoutMs: 4000,
-      testHooks: { onSession: (s) => s.loseNextReply('create') },
-    }),
-  );
-  e.on('connection', ({ state }) => states.push(state));
-  await e.start();
-  const token = await e.waitForLeadership();
-  const observer = track(await openObserver(connect));
-  const { children } = await observer.getChildren(path);
-  expect(children).toHaveLength(1);
-  expect(children[0]).toContain(e.uuid);
-  expect(token).toBe(BigInt(sortCandidates(children)[0]!.seq));
-  expect(token).toBe(0n); // the first and only create under this path
-  expect(states).toEqual(['connected', 'suspended', 'reconnected']); // the reply really was lost
-  expect(e.stats.sessions).toBe(1);
+  const e = track(new Election({ connect: net.address, path, sessionTimeoutMs: 4000 }));
+  try {
+    e.on('connection', ({ state }) => states.push(state));
+    await e.start();
+    const token = await e.waitForLeadership();
+    const observer = track(await openObserver(connect));
+    const { children } = await observer.getChildren(path);
+    expect(children).toHaveLength(1);
+    expect(children[0]).toContain(e.uuid);
+    expect(token).toBe(BigInt(sortCandidates(children)[0]!.seq));
+    expect(token).toBe(0n); // the first and only create under this path
+    expect(states).toEqual(['connected', 'suspended', 'reconnected']); // the reply really was lost
+    expect(e.stats.sessions).toBe(1);
+  } finally {
+    await e.close();
+    await net.close();
+  }
 });
 
 test('protected create: a node of ours left by an older, still-live session is deleted, not adopted', async () => {
@@ -174,13 +177,13 @@ test('protected create: a node of ours left by an older, still-live session is d
   // not own; it deletes the leftover and so takes over without waiting for the old session to expire.
   const path = uniquePath('stale-node');
   const uuid = randomUUID();
-  const crashed = track(new Election({ connect, path, id: 'before-crash', sessionTimeoutMs: 30_000, testHooks: { uuid } }));
+  const crashed = track(new Election({ connect, path, id: 'before-crash', sessionTimeoutMs: 30_000, __test__uuid: uuid }));
   await crashed.start();
   const oldToken = await crashed.waitForLeadership();
   const oldNode = crashed.nodePath!;
   crashed.currentSession!.abandon(); // like SIGKILL: the server keeps the session for 30 s
 
-  const restarted = track(new Election({ connect, path, id: 'after-restart', sessionTimeoutMs: 4000, testHooks: { uuid } }));
+  const restarted = track(new Election({ connect, path, id: 'after-restart', sessionTimeoutMs: 4000, __test__uuid: uuid }));
   await restarted.start();
   // Well before the old session's 30 s timeout: only deleting the leftover makes this possible.
   const newToken = await restarted.waitForLeadership(AbortSignal.timeout(10_000));

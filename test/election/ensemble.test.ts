@@ -1,6 +1,6 @@
 // Election over a real 3-server ZooKeeper ensemble that loses servers.
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { LocalZooKeeper } from '../../src/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
 import type { Election } from '../../src/election/election.ts';
 import { closeAll, leaders, startCandidates, uniquePath, waitFor, watchSingleLeader } from './helpers.ts';
 

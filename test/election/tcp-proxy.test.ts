@@ -2,7 +2,7 @@
 import { createServer, connect as tcpConnect } from 'node:net';
 import type { Server, Socket } from 'node:net';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { TcpProxy } from '../../src/faults/tcp-proxy.ts';
+import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { sleep, waitFor } from './helpers.ts';
 
 let echo: Server;

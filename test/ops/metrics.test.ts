@@ -3,7 +3,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { testApp } from '../support/proxy.ts';
 

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import type { FastifyInstance, InjectOptions } from 'fastify';
 import pg from 'pg';
 import { ERRORS, type ErrorCode } from '../../src/proxy/errors.ts';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
 import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../security/helpers.ts';
@@ -233,10 +233,10 @@ describe('browser errors (test/security/browser.test.ts has the rest)', () => {
   });
 });
 
-test('every registry code except internal is produced above, and the README error table matches the registry', () => {
+test('every registry code except internal is produced above, and the HTTP API doc\'s error table matches the registry', () => {
   const codes = Object.keys(ERRORS) as ErrorCode[];
   expect(codes.filter((c) => c !== 'internal' && !produced.has(c))).toEqual([]);
-  const readme = readFileSync(join(REPO, 'README.md'), 'utf8');
-  const rows = [...readme.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1], Number(m[2])]);
+  const doc = readFileSync(join(REPO, 'docs', 'http-api.md'), 'utf8');
+  const rows = [...doc.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1], Number(m[2])]);
   expect(Object.fromEntries(rows)).toEqual(Object.fromEntries(codes.map((c) => [c, ERRORS[c].status])));
 });

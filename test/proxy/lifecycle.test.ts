@@ -8,7 +8,7 @@ import pg from 'pg';
 import { loadConfig, ConfigError } from '../../src/proxy/config.ts';
 import { loadMigrations, migrate } from '../../src/fence/migrate.ts';
 import { startEmbeddedPostgres } from '../../src/fence/embedded-postgres.ts';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { createTestDatabase } from '../support/db.ts';
 import { BIN, spawnProxy, testApp } from '../support/proxy.ts';
 import { createPool } from '../../src/proxy/server.ts';

@@ -9,7 +9,7 @@ import pino from 'pino';
 import { ConfigError, loadConfig } from '../../src/proxy/config.ts';
 import { digestOf, findKey, parseKeys } from '../../src/proxy/auth.ts';
 import { LOG_REDACT, startProxy } from '../../src/proxy/server.ts';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { SECRET, bearer, securedApp, testKeys } from './helpers.ts';
 

@@ -7,7 +7,7 @@ import type { FastifyInstance } from 'fastify';
 import { Election } from '../../src/election/election.ts';
 import { buildApp } from '../../src/proxy/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 
 let db: TestDatabase;

@@ -4,7 +4,7 @@ import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { LocalZooKeeper, freePort } from '../../src/zookeeper/local-server.ts';
+import { LocalZooKeeper, freePort } from '../../tools/zookeeper/local-server.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {

@@ -5,8 +5,9 @@ import type { FastifyInstance } from 'fastify';
 import type pg from 'pg';
 import { buildApp } from '../../src/proxy/app.ts';
 import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
-import { freePort } from '../../src/zookeeper/local-server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from './db.ts';
+import type { FenceMode } from '../../tools/unsafe-fence.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
@@ -28,10 +29,14 @@ export interface ProxyProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** Runs `fencepost serve` as a real process and waits until /readyz answers 200. */
-export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000): Promise<ProxyProcess> {
+/**
+ * Runs `fencepost serve` as a real process and waits until /readyz answers 200. `fenceMode` other
+ * than strict runs the harness's serve with a broken fence instead (tools/unsafe-fence.ts).
+ */
+export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000, fenceMode: FenceMode = 'strict'): Promise<ProxyProcess> {
   const port = env.PORT ? Number(env.PORT) : await freePort();
-  const child = spawn(process.execPath, [BIN, 'serve'], {
+  const args = fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
+  const child = spawn(process.execPath, args, {
     env: {
       ...process.env,
       FENCEPOST_LOG_LEVEL: 'warn',

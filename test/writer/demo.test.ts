@@ -3,7 +3,7 @@
 // (SIGSTOP) past the session timeout; B is elected with a token > t and writes X; A resumes and its
 // write to X gets 409; X holds B's value; A has stepped down.
 import { expect, inject, test } from 'vitest';
-import { runDemo } from '../../src/demo/demo.ts';
+import { runDemo } from '../../tools/demo/demo.ts';
 
 test('the forced-pause demo runs green: the zombie is rejected with 409 and steps down, no stale write accepted', async () => {
   const lines: string[] = [];

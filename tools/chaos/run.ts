@@ -6,7 +6,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import type { FenceMode } from '../fence/store.ts';
+import type { FenceMode } from '../unsafe-fence.ts';
 import { check, type CheckResult } from './checker.ts';
 import { ChaosCluster } from './cluster.ts';
 import { readFinalState } from './final-state.ts';

@@ -1,7 +1,7 @@
 // A ProxyClient for chaos writers: spreads requests over several proxy instances (round-robin) and
 // records every fenced request and its answer in the history, including the fence advances that
 // FencedWriter sends on its own.
-import { ProxyClient, ProxyError, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
+import { ProxyClient, ProxyError, StaleTokenError, type ProxyClientOptions, type PutResult } from '../../src/writer/index.ts';
 import type { HistoryRecorder, OpKind, Outcome } from './history.ts';
 
 export class RecordingProxyClient extends ProxyClient {

@@ -9,6 +9,8 @@
 //              retransmission would (a side that closed meanwhile is then reset).
 // - refuse:    new connections are closed at once (the server looks down); open ones are unaffected.
 // `cut()` closes all open connections immediately (both peers see the connection end).
+// `loseReplyAfter(match)`: the next client chunk that `match`es is delivered to the server, but the
+// server's reply to it is not: the connection is cut first (a request that ran, whose reply was lost).
 import { createServer, connect as tcpConnect } from 'node:net';
 import type { Server, Socket } from 'node:net';
 
@@ -24,6 +26,8 @@ export interface TcpProxyOptions {
 interface Pair {
   client: Socket;
   server: Socket;
+  /** A request went through; its reply must be lost (loseReplyAfter). */
+  loseNextReply: boolean;
   /** One side closed while blackholed: the other side must not hear of it until the network heals. */
   broken: boolean;
 }
@@ -35,6 +39,7 @@ export class TcpProxy {
   private readonly pairs = new Set<Pair>();
   private modeValue: ProxyMode = 'forward';
   private acceptedCount = 0;
+  private replyLoss: ((clientChunk: Buffer) => boolean) | null = null;
 
   private constructor(server: Server, opts: TcpProxyOptions) {
     this.server = server;
@@ -101,6 +106,11 @@ export class TcpProxy {
     this.modeValue = 'refuse';
   }
 
+  /** Arms a one-shot reply loss: see the header. */
+  loseReplyAfter(match: (clientChunk: Buffer) => boolean): void {
+    this.replyLoss = match;
+  }
+
   /** Closes every open connection (with RST where possible). Mode is unchanged. */
   cut(): void {
     for (const p of [...this.pairs]) this.destroyPair(p);
@@ -118,12 +128,21 @@ export class TcpProxy {
       return;
     }
     const server = tcpConnect({ host: this.targetHost, port: this.targetPort });
-    const pair: Pair = { client, server, broken: false };
+    const pair: Pair = { client, server, broken: false, loseNextReply: false };
     this.pairs.add(pair);
     client.setNoDelay(true);
     server.setNoDelay(true);
+    client.on('data', (chunk: Buffer) => {
+      if (this.replyLoss?.(chunk)) {
+        this.replyLoss = null;
+        pair.loseNextReply = true;
+      }
+    });
+    server.prependListener('data', () => {
+      if (pair.loseNextReply) this.destroyPair(pair);
+    });
     this.pipe(client, server);
-    this.pipe(server, client);
+    this.pipe(server, client, pair);
     const end = (): void => {
       // A FIN or RST is a packet too: while blackholed, the peer of a closed side hears nothing.
       if (this.modeValue === 'blackhole') pair.broken = true;
@@ -139,8 +158,9 @@ export class TcpProxy {
     }
   }
 
-  private pipe(from: Socket, to: Socket): void {
+  private pipe(from: Socket, to: Socket, replies?: Pair): void {
     from.on('data', (chunk: Buffer) => {
+      if (replies?.loseNextReply || to.destroyed) return;
       if (!to.write(chunk)) {
         from.pause();
         to.once('drain', () => {

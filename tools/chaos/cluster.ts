@@ -7,14 +7,15 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
-import type { FenceMode } from '../fence/store.ts';
+import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import type { FenceMode } from '../unsafe-fence.ts';
 import { TcpProxy } from '../faults/tcp-proxy.ts';
 import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
 import type { NemesisTarget } from './nemesis.ts';
 import { PAUSE_REQUEST_MS, type WriterEvent } from './writer.ts';
 
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
+const TOOLS = ['--import', 'tsx', join(import.meta.dirname, '..', 'cli.ts')];
 
 export interface ClusterOptions {
   /** Run directory: history, logs, data. Its parent must be traversable by the postgres user. */
@@ -158,7 +159,7 @@ export class ChaosCluster implements NemesisTarget {
     const child = spawn(
       process.execPath,
       [
-        BIN, 'chaos-writer',
+        ...TOOLS, 'chaos-writer',
         '--id', id,
         '--zk', w.zkLinks.map((l) => l.address).join(','),
         '--proxies', this.proxyUrls.join(','),
@@ -226,13 +227,14 @@ export class ChaosCluster implements NemesisTarget {
       DATABASE_URL: this.databaseUrl,
       PORT: String(p.port),
       HOST: '127.0.0.1',
-      FENCEPOST_UNSAFE_FENCE_MODE: this.opts.fenceMode,
       FENCEPOST_LOG_LEVEL: 'warn',
       FENCEPOST_POOL_SIZE: '6',
       FENCEPOST_SHUTDOWN_TIMEOUT_MS: '2000',
     };
     for (const k of ['FENCEPOST_KEYS', 'FENCEPOST_KEYS_FILE', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_WRITE_LANES', 'FENCEPOST_MAX_BATCH']) delete env[k];
-    const child = spawn(process.execPath, [BIN, 'serve'], { stdio: ['ignore', out, out], env });
+    // The product's own `fencepost serve`, or the harness's with a broken fence (the checker's self-test).
+    const args = this.opts.fenceMode === 'strict' ? [BIN, 'serve'] : [...TOOLS, 'serve', '--fence-mode', this.opts.fenceMode];
+    const child = spawn(process.execPath, args, { stdio: ['ignore', out, out], env });
     closeSync(out);
     p.child = child;
     const url = `http://127.0.0.1:${p.port}`;

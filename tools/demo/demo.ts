@@ -9,13 +9,13 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 import { pino } from 'pino';
-import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
-import { loadConfig } from '../proxy/config.ts';
-import { startProxy, type RunningProxy } from '../proxy/server.ts';
+import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import { loadConfig } from '../../src/proxy/config.ts';
+import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
 import type { DemoEvent } from './writer.ts';
 
-const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
+const TOOLS = ['--import', 'tsx', join(import.meta.dirname, '..', 'cli.ts')];
 
 export interface DemoOptions {
   replicas?: number;
@@ -153,7 +153,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       const id = `replica-${i}`;
       const child = spawn(
         process.execPath,
-        [BIN, 'demo-writer', '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
+        [...TOOLS, 'demo-writer', '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
           '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6))],
         { stdio: ['ignore', 'pipe', 'pipe'] },
       );

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
-import { runDemo } from '../demo/demo.ts';
+import { runDemo } from './demo.ts';
 
-export { demoWriterCommand } from '../demo/writer.ts';
+export { demoWriterCommand } from './writer.ts';
 
 const num = (v: string | undefined, name: string): number | undefined => {
   if (v === undefined) return undefined;

@@ -3,8 +3,8 @@
 // the window where a GC pause (here: SIGSTOP) turns a leader into a zombie. Events go to stdout as
 // JSON lines for the demo to read.
 import { parseArgs } from 'node:util';
-import { Election } from '../election/index.ts';
-import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../writer/index.ts';
+import { Election } from '../../src/election/index.ts';
+import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
 
 export interface DemoEvent {
   t: number;

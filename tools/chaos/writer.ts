@@ -6,8 +6,8 @@
 // leader into a zombie. Every request goes into the history; leadership changes go to stdout as
 // JSON lines for the nemesis, which aims at leaders.
 import { parseArgs } from 'node:util';
-import { Election } from '../election/index.ts';
-import { FencedWriter } from '../writer/index.ts';
+import { Election } from '../../src/election/index.ts';
+import { FencedWriter } from '../../src/writer/index.ts';
 import { HistoryRecorder } from './history.ts';
 import { RecordingProxyClient } from './recording-client.ts';
 

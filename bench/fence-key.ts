@@ -160,7 +160,7 @@ async function withWorld<T>(name: Scenario, seed: Seed, body: (w: World) => Prom
     const t = performance.now();
     const migrations = await migrate(sql);
     const upgrade = { migrations, seconds: (performance.now() - t) / 1000 };
-    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole });
+    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, ...extraEnv() });
     return await body({ dbUrl: db.url, sql, proxy, clientRole, upgrade });
   } finally {
     await proxy?.stop();
@@ -571,4 +571,9 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     log: (line) => process.stderr.write(`[bench] ${line}\n`),
   });
   process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${fenceKeyTables(report, durationS)}\n`);
+}
+
+/** BENCH_PROXY_ENV='{"FENCEPOST_WRITE_CONCURRENCY":"4"}' tries settings without editing code. */
+function extraEnv(): Record<string, string> {
+  return process.env.BENCH_PROXY_ENV ? (JSON.parse(process.env.BENCH_PROXY_ENV) as Record<string, string>) : {};
 }

@@ -107,8 +107,9 @@ const q = {
   setPassword: (login: string, verifier: string): string => `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
   grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
-  grantSeal: (role: string): string[] => [
+  grantFenceToRole: (role: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[]) TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(role)}`,
   ],
   grantFence: (login: string): string[] => [
@@ -168,8 +169,9 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
     todo.push(...q.grantFence(login));
-    // The seal runs after SET LOCAL ROLE: the key's role may call it too (it demands the capability).
-    if (pgRole !== null) todo.push(...q.grantSeal(pgRole));
+    // The fence and the seal run after SET LOCAL ROLE: the key's role may call them too (both
+    // demand the capability, so no other member of the role can use them).
+    if (pgRole !== null) todo.push(...q.grantFenceToRole(pgRole));
     await client.query('SAVEPOINT ddl');
     try {
       for (const sql of todo) await client.query(sql);

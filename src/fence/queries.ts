@@ -278,36 +278,31 @@ export function statsTotals(): Query {
 }
 
 /**
- * Per-fence counts for the ops view: the fences with rejections first (most rejected, then most
- * accepted), then the most recently raised, up to `limit`. Both lists come from indexes
- * (fence_counts_rejected, fences_updated_at), so the cost does not grow with the number of fences.
+ * Per-fence counts for the ops view: the fences rejected most recently (up to `limit` of them,
+ * found by walking the rejection log backwards), most rejected first; then the most recently
+ * raised fences, up to `limit` in all. Both lists come from indexes (rejections' primary key,
+ * fences_updated_at) and count at most `limit` fences, so the cost does not grow with the tables.
  */
 export function statsPerFence(limit: number): Query {
   return {
     name: 'fencepost_stats_per_fence',
     text: `
-WITH rejected AS (
-  SELECT c.fence_key, sum(c.accepted)::bigint AS accepted, sum(c.rejected)::bigint AS rejected
-  FROM fencepost.fence_counts c
-  WHERE c.fence_key IN (SELECT fence_key FROM fencepost.fence_counts WHERE rejected > 0)
-  GROUP BY c.fence_key
-  ORDER BY rejected DESC, accepted DESC, c.fence_key COLLATE "C"
-  LIMIT $1
+WITH rejected_keys AS (
+  SELECT fence_key FROM (SELECT fence_key, id FROM fencepost.rejections ORDER BY id DESC LIMIT 20 * $1) r
+  GROUP BY fence_key ORDER BY max(id) DESC LIMIT $1
 ),
-recent AS (
+raised_keys AS (
   SELECT f.fence_key FROM fencepost.fences f
-  WHERE NOT EXISTS (SELECT 1 FROM rejected r WHERE r.fence_key = f.fence_key)
-  ORDER BY f.updated_at DESC, f.fence_key COLLATE "C"
-  LIMIT greatest($1 - (SELECT count(*) FROM rejected), 0)
+  WHERE NOT EXISTS (SELECT 1 FROM rejected_keys r WHERE r.fence_key = f.fence_key)
+  ORDER BY f.updated_at DESC
+  LIMIT greatest($1 - (SELECT count(*) FROM rejected_keys), 0)
+),
+picked AS (
+  SELECT fence_key, 0 AS part FROM rejected_keys UNION ALL SELECT fence_key, 1 FROM raised_keys
 )
-SELECT fence_key, highest_token, accepted, rejected FROM (
-  SELECT r.fence_key, f.highest_token, r.accepted, r.rejected, 0 AS part
-  FROM rejected r JOIN fencepost.fences f USING (fence_key)
-  UNION ALL
-  SELECT f.fence_key, f.highest_token, ${COUNTS}, 1 AS part
-  FROM recent r JOIN fencepost.fences f USING (fence_key)
-) u
-ORDER BY part, rejected DESC, accepted DESC, fence_key COLLATE "C"`,
+SELECT f.fence_key, f.highest_token, ${COUNTS}
+FROM picked p JOIN fencepost.fences f USING (fence_key)
+ORDER BY p.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"`,
     values: [limit],
   };
 }
@@ -325,12 +320,15 @@ const BEGIN: Record<Isolation, string> = {
 };
 
 /**
- * BEGIN with the transaction's statement and lock timeouts, in one round trip. Everything spliced
- * is the proxy's own: the isolation from a fixed table, the timeouts validated integers.
+ * BEGIN with the transaction's statement and lock timeouts and its role, in one round trip.
+ * Everything spliced is the proxy's own: the isolation from a fixed table, the timeouts validated
+ * integers, the role a configured key's pgRole (a plain identifier, quoted).
  */
-export function beginClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number): Query {
+export function beginClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
-  return { text: `${BEGIN[isolation]}; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}` };
+  if (role !== null && !/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(role)) throw new Error('role must be a plain identifier');
+  const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
+  return { text: `${BEGIN[isolation]}; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}${setRole}` };
 }
 
 /**
@@ -372,13 +370,6 @@ export function rollbackTransaction(): Query {
   return { text: 'ROLLBACK' };
 }
 
-/**
- * `SET LOCAL <name> = <value>` with both as parameters: set_config(…, true) is SET LOCAL, and it
- * checks role membership like SET ROLE does. Nothing is spliced into SQL text.
- */
-export function setLocal(name: 'statement_timeout' | 'role', value: string): Query {
-  return { text: 'SELECT set_config($1, $2, true)', values: [name, value] };
-}
 
 /**
  * The settings a Postgres failover's safety depends on, as a new session of this role in this

@@ -378,7 +378,7 @@ export class TransactionRunner {
       if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
       let xact: string;
       try {
-        await client.query(q.beginClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs));
+        await client.query(q.beginClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole));
         const { rows } = await client.query<{ ord: number; highest_token: string | null; xact: string }>(q.fenceTransaction(capability, fences));
         const stale = rows.filter((r) => r.highest_token === null).map((r) => fences[r.ord]!);
         if (stale.length > 0) {
@@ -387,7 +387,6 @@ export class TransactionRunner {
           return { committed: false, stale: stale.map((f) => ({ fenceKey: f.fenceKey, token: f.token, highestToken: f.token })) };
         }
         xact = rows[0]!.xact;
-        if (login.pgRole !== null) await client.query(q.setLocal('role', login.pgRole));
       } catch (err) {
         return await fail(err, -1);
       }
@@ -439,9 +438,21 @@ export class TransactionRunner {
       client.off('end', onError);
       // Whatever the statements did to their session (settings, role, temp tables, advisory locks,
       // prepared statements) reaches no later transaction: DISCARD ALL, or close the connection.
-      let release = reusable && !lost && !tooLarge && !deadline.aborted && status === 'I';
-      if (release) release = await client.query(q.discardAll()).then(() => true, () => false);
-      client.release(!release);
+      // The answer does not wait for it; the connection goes back to the pool once it is done.
+      if (reusable && !lost && !tooLarge && !deadline.aborted && status === 'I') {
+        const ignore = () => {};
+        client.on('error', ignore);
+        void client.query(q.discardAll()).then(
+          () => {
+            client.off('error', ignore);
+            client.release();
+          },
+          () => {
+            client.off('error', ignore);
+            client.release(true);
+          },
+        );
+      } else client.release(true);
     }
   }
 

@@ -20,6 +20,7 @@ import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from './forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 import { TX_DEFAULTS } from './config.ts';
+import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 
 export interface AppOptions {
   store: FenceStore;
@@ -111,6 +112,9 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     clientErrorHandler,
     // Bad percent-encoding and the like, before routing: answer in the registry's shape.
     frameworkErrors: (err, req, reply) => sendError(reply as unknown as FastifyReply, toApiError(err, req.url)),
+    // Route schemas validate bodies, querystrings, params and headers; failures are registry errors.
+    ajv: AJV_OPTIONS,
+    schemaErrorFormatter,
   }) as unknown as FastifyInstance;
   app.decorate('store', opts.store);
   app.decorate('closing', false);
@@ -122,7 +126,8 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   if (guard) app.addHook('onClose', async () => await guard.close());
   installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
 
-  // Bodies are stored raw, whatever their content type.
+  // Object bodies are stored raw, whatever their content type. POST /v1/transactions parses its
+  // JSON body with a parser of its own (routes/transactions.ts).
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
 

@@ -66,7 +66,8 @@ export interface ProxyConfig {
 /** Defaults of POST /v1/transactions (also buildApp's, for tests and embedding). */
 export const TX_DEFAULTS = Object.freeze({
   clientRole: 'fencepost_client',
-  maxConcurrent: 4,
+  // Transactions in flight at once, over all keys (each on a connection of its key's login).
+  maxConcurrent: 16,
   maxStatements: 100,
   statementTimeoutMs: 5000,
   // FENCEPOST_LOCK_TIMEOUT_MS, for the write path and transactions alike (see loadConfig).

@@ -8,7 +8,7 @@ import { parseToken } from '../fence/token.ts';
 import { ApiError, type ErrorCode } from './errors.ts';
 
 /** fastify's name for the part of the request a schema failed on. */
-type RequestPart = 'body' | 'headers' | 'params' | 'querystring';
+export type RequestPart = 'body' | 'headers' | 'params' | 'querystring';
 
 const MAX_BIGSERIAL = 9223372036854775807n;
 
@@ -36,8 +36,11 @@ export const AJV_OPTIONS = {
   },
 };
 
-/** Keys in paths, headers, query parameters and transaction bodies. */
-export const KEY = { type: 'string', format: 'fencepost-key' } as const;
+/**
+ * Keys in paths, query parameters and transaction bodies. (The Fence-Key header arrives as raw
+ * bytes: request.ts decodes and checks it.)
+ */
+export const KEY = { type: 'string', format: 'fencepost-key', description: 'a key: 1 to 1024 bytes of UTF-8 without control characters' } as const;
 
 /** Tokens, in the Fencing-Token header and in transaction bodies (JSON strings, never numbers). */
 export const TOKEN = { type: 'string', pattern: '^[0-9]+$', format: 'fencing-token', description: 'decimal digits in 0…9223372036854775807' } as const;
@@ -63,14 +66,15 @@ type AjvError = FastifySchemaValidationError & { parentSchema?: SchemaNode; data
 
 const isToken = (s: SchemaNode | undefined) => s?.format === TOKEN.format;
 
-/** `fenceKey` → `fence key`, `fencing-token` → `Fencing-Token header`, `/fences/0/key` → `fences[0].key`. */
+/** Where a failure is, in words: `Fencing-Token header`, `query parameter limit`, `fence key`, `fences[0].token`. */
 function label(part: RequestPart, path: string): string {
   const steps = path.split('/').slice(1);
-  if (steps.length === 0) return part === 'body' ? 'the body' : `the ${part}`;
-  if (part === 'headers') return `${steps.join('.').replace(/(^|-)([a-z])/g, (_m, dash: string, c: string) => dash + c.toUpperCase())} header`;
-  if (part === 'body') return steps.map((s, i) => (/^[0-9]+$/.test(s) ? `[${s}]` : i === 0 ? s : `.${s}`)).join('');
-  const name = steps.join('.').replace(/[A-Z]/g, (c) => ` ${c.toLowerCase()}`);
-  return part === 'querystring' ? `query parameter ${steps.join('.')}` : name;
+  const first = steps[0];
+  if (first === undefined) return part === 'querystring' ? 'the query' : `the ${part}`;
+  if (part === 'headers') return `${first.replace(/(^|-)([a-z])/g, (_m, dash: string, c: string) => dash + c.toUpperCase())} header`;
+  if (part === 'querystring') return `query parameter ${first}`;
+  if (part === 'params') return first.replace(/[A-Z]/g, (c) => ` ${c.toLowerCase()}`);
+  return steps.map((s, i) => (/^[0-9]+$/.test(s) ? `[${s}]` : i === 0 ? s : `.${s}`)).join('');
 }
 
 /**
@@ -87,7 +91,7 @@ export function registryError(errors: FastifySchemaValidationError[], part: Requ
     return new ApiError(isToken(e.parentSchema?.properties?.[field]) ? 'token_required' : fallback, `${where} is missing`);
   }
   if (e.keyword === 'additionalProperties') {
-    const field = JSON.stringify(e.params.additionalProperty);
+    const field = JSON.stringify(String(e.params.additionalProperty).slice(0, 100));
     return new ApiError(fallback, part === 'querystring' ? `unknown query parameter ${field}` : `${label(part, e.instancePath)} has an unknown field ${field}`);
   }
   const where = label(part, e.instancePath);

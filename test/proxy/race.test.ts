@@ -75,8 +75,8 @@ describe('race on one fence key', () => {
       const objectKeys = ['race-two/a', 'race-two/b'];
       const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey, objectKeys, writers: 32, writesPerWriter: 25 });
       expect(checkRace(records)).toEqual([]);
-      // Both instances served writes, and each answers the stats from the database.
-      for (const p of proxies) expect(records.some((r) => r.url === p.url && r.status === 200)).toBe(true);
+      // Both instances answered from the fence, and each answers the stats from the database.
+      for (const p of proxies) expect(records.some((r) => r.url === p.url && (r.status === 200 || r.status === 409))).toBe(true);
       for (const p of proxies) await checkDatabase(p.url, fenceKey, objectKeys, records);
     } finally {
       await Promise.all(proxies.map((p) => p.stop()));
@@ -88,8 +88,13 @@ describe('race on one fence key', () => {
     const env = { DATABASE_URL: db.url, FENCEPOST_POOL_SIZE: '4' };
     const proxies: ProxyProcess[] = await Promise.all([spawnProxy(env, 60_000, 'two-step'), spawnProxy(env, 60_000, 'two-step')]);
     try {
-      const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey: 'race-broken', objectKeys: ['race-broken/a'], writers: 32, writesPerWriter: 25 });
-      expect(checkRace(records).length).toBeGreaterThan(0); // typically a dozen per run here
+      // Stale writes get through only when a check and a raise interleave; up to three races.
+      let violations = 0;
+      for (let round = 0; round < 3 && violations === 0; round++) {
+        const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey: `race-broken-${round}`, objectKeys: ['race-broken/a'], writers: 32, writesPerWriter: 25 });
+        violations = checkRace(records).length;
+      }
+      expect(violations).toBeGreaterThan(0);
     } finally {
       await Promise.all(proxies.map((p) => p.stop()));
     }

@@ -2,8 +2,9 @@
 import type { FastifyInstance } from 'fastify';
 import type { FenceRecord } from '../../fence/store.ts';
 import { ApiError } from '../errors.ts';
-import { admitWrite, checkKey, requireToken, writerId } from '../request.ts';
-import { parseLimit } from './query.ts';
+import { admitWrite, tokenHeader, writerId } from '../request.ts';
+import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
+import { LIMIT, pageLimit } from './query.ts';
 import { staleToken } from './stale.ts';
 
 type FenceParams = { Params: { fenceKey: string } };
@@ -32,10 +33,18 @@ function fenceJson(f: FenceRecord) {
 export async function fenceRoutes(app: FastifyInstance): Promise<void> {
   app.put<FenceParams>(
     '/v1/fences/:fenceKey',
-    { config: { operation: 'fence', access: 'write' }, schema: { response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } } } },
+    {
+      config: { operation: 'fence', access: 'write' },
+      schema: {
+        params: keyParams('fenceKey'),
+        querystring: NO_QUERY,
+        headers: FENCED_HEADERS,
+        response: { 200: { type: 'object', properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' } } } },
+      },
+    },
     async (req) => {
-      const fenceKey = checkKey(req.params.fenceKey, 'fence key');
-      const token = requireToken(req);
+      const fenceKey = req.params.fenceKey;
+      const token = tokenHeader(req);
       await admitWrite(req, fenceKey, token);
       const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
       if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
@@ -43,8 +52,8 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     },
   );
 
-  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { response: { 200: fenceSchema } } }, async (req) => {
-    const fenceKey = checkKey(req.params.fenceKey, 'fence key');
+  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { params: keyParams('fenceKey'), querystring: NO_QUERY, response: { 200: fenceSchema } } }, async (req) => {
+    const fenceKey = req.params.fenceKey;
     const fence = await app.store.readFence(fenceKey);
     if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
     return fenceJson(fence);
@@ -52,10 +61,16 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
 
   app.get<{ Querystring: { after?: string; limit?: string } }>(
     '/v1/fences',
-    { config: { access: 'read' }, schema: { response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } } } },
+    {
+      config: { access: 'read' },
+      schema: {
+        querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, after: KEY } },
+        response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } },
+      },
+    },
     async (req) => {
-      const limit = parseLimit(req.query.limit, 100);
-      const after = req.query.after === undefined ? null : checkKey(req.query.after, 'fence key');
+      const limit = pageLimit(req.query.limit);
+      const after = req.query.after ?? null;
       const page = await app.store.listFences(after, limit);
       return { fences: page.fences.map(fenceJson), next: page.next };
     },
@@ -64,6 +79,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
   app.route({
     method: ['GET', 'PUT'],
     url: '/v1/fences/',
+    schema: { querystring: NO_QUERY },
     handler: async () => {
       throw new ApiError('invalid_key', 'fence key is empty');
     },

@@ -2,10 +2,14 @@
 import { createHash } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ApiError } from '../errors.ts';
-import { admitWrite, checkKey, fenceKeyFor, requireToken, writerId } from '../request.ts';
+import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
+import { FENCED_HEADERS, NO_QUERY, keyParams } from '../validation.ts';
 import { staleToken } from './stale.ts';
 
 type KeyParams = { Params: { key: string } };
+
+// No body schema: an object body is raw bytes (any content type), stored as sent.
+const params = keyParams('key');
 
 const putResponse = {
   200: {
@@ -20,10 +24,10 @@ function contentTypeOf(req: FastifyRequest): string {
 }
 
 export async function objectRoutes(app: FastifyInstance): Promise<void> {
-  app.put<KeyParams>('/v1/objects/:key', { config: { operation: 'put', access: 'write' }, schema: { response: putResponse } }, async (req) => {
-    const key = checkKey(req.params.key, 'key');
+  app.put<KeyParams>('/v1/objects/:key', { config: { operation: 'put', access: 'write' }, schema: { params, querystring: NO_QUERY, headers: FENCED_HEADERS, response: putResponse } }, async (req) => {
+    const key = req.params.key;
     const fenceKey = fenceKeyFor(req, key);
-    const token = requireToken(req);
+    const token = tokenHeader(req);
     await admitWrite(req, fenceKey, token, key);
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
     const result = await app.store.write({ kind: 'put', key, fenceKey, token, contentType: contentTypeOf(req), body, writerId: writerId(req) });
@@ -31,8 +35,8 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
     return { key, fenceKey, token: token.toString(), version: Number(result.version) };
   });
 
-  app.get<KeyParams>('/v1/objects/:key', { config: { access: 'read' } }, async (req, reply) => {
-    const key = checkKey(req.params.key, 'key');
+  app.get<KeyParams>('/v1/objects/:key', { config: { access: 'read' }, schema: { params, querystring: NO_QUERY } }, async (req, reply) => {
+    const key = req.params.key;
     const obj = await app.store.readObject(key);
     if (!obj) throw new ApiError('not_found', 'no such object');
     const etag = createHash('sha256').update(obj.body).digest('base64url').slice(0, 27);
@@ -47,10 +51,10 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
       .send(obj.body);
   });
 
-  app.delete<KeyParams>('/v1/objects/:key', { config: { operation: 'delete', access: 'write' } }, async (req, reply) => {
-    const key = checkKey(req.params.key, 'key');
+  app.delete<KeyParams>('/v1/objects/:key', { config: { operation: 'delete', access: 'write' }, schema: { params, querystring: NO_QUERY, headers: FENCED_HEADERS } }, async (req, reply) => {
+    const key = req.params.key;
     const fenceKey = fenceKeyFor(req, key);
-    const token = requireToken(req);
+    const token = tokenHeader(req);
     await admitWrite(req, fenceKey, token, key);
     const result = await app.store.write({ kind: 'delete', key, fenceKey, token, writerId: writerId(req) });
     if (!result.accepted) throw staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
@@ -61,6 +65,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
   app.route({
     method: ['GET', 'PUT', 'DELETE'],
     url: '/v1/objects/',
+    schema: { querystring: NO_QUERY },
     handler: async () => {
       throw new ApiError('invalid_key', 'key is empty');
     },

@@ -2,36 +2,20 @@
 // (rejections per minute). Both read the database, so every proxy instance answers the same.
 import type { FastifyInstance } from 'fastify';
 import { readRejectionHistogram, readRejections } from '../../fence/rejections.ts';
-import { ApiError } from '../errors.ts';
-import { checkKey } from '../request.ts';
-import { parseLimit } from './query.ts';
+import { KEY } from '../validation.ts';
+import { LIMIT, pageLimit } from './query.ts';
 
-const MAX_ID = 9223372036854775807n;
 export const MAX_HISTOGRAM_MINUTES = 1440;
 
-/** `?before=`: a rejection id (decimal digits, 1…2^63−1) from a previous page's `next`. */
-function parseBefore(raw: unknown): bigint | null {
-  if (raw === undefined) return null;
-  if (typeof raw !== 'string' || !/^\d{1,19}$/.test(raw) || BigInt(raw) < 1n || BigInt(raw) > MAX_ID) {
-    throw new ApiError('invalid_query', 'before must be a rejection id: decimal digits from 1 to 9223372036854775807');
-  }
-  return BigInt(raw);
-}
+/** `?before=`: a rejection id from a previous page's `next`. */
+const BEFORE = { type: 'string', format: 'rejection-id', description: 'a rejection id: decimal digits from 1 to 9223372036854775807' } as const;
 
-/** `?minutes=`: 1…1440, default 60. */
-function parseMinutes(raw: unknown): number {
-  if (raw === undefined) return 60;
-  if (typeof raw !== 'string' || !/^\d{1,4}$/.test(raw) || Number(raw) < 1 || Number(raw) > MAX_HISTOGRAM_MINUTES) {
-    throw new ApiError('invalid_query', `minutes must be a whole number from 1 to ${MAX_HISTOGRAM_MINUTES}`);
-  }
-  return Number(raw);
-}
-
-function parseFenceKey(raw: unknown): string | null {
-  if (raw === undefined) return null;
-  if (typeof raw !== 'string') throw new ApiError('invalid_query', 'fenceKey must be given once');
-  return checkKey(raw, 'fence key');
-}
+/** `?minutes=`: 1…1440 in at most four digits, leading zeros allowed; default 60. */
+const MINUTES = {
+  type: 'string',
+  pattern: '^(?:0{0,3}[1-9]|0{0,2}[1-9][0-9]|0?[1-9][0-9]{2}|1[0-3][0-9]{2}|14[0-3][0-9]|1440)$',
+  description: `a whole number from 1 to ${MAX_HISTOGRAM_MINUTES}`,
+} as const;
 
 const rejectionSchema = {
   type: 'object',
@@ -47,19 +31,22 @@ const rejectionSchema = {
   },
 };
 
-type Query = { Querystring: Record<string, unknown> };
+type Query = { Querystring: { limit?: string; before?: string; minutes?: string; fenceKey?: string } };
 
 export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
   app.get<Query>(
     '/v1/rejections',
     {
       config: { access: 'read' },
-      schema: { response: { 200: { type: 'object', properties: { rejections: { type: 'array', items: rejectionSchema }, next: { type: ['string', 'null'] } } } } },
+      schema: {
+        querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, before: BEFORE, fenceKey: KEY } },
+        response: { 200: { type: 'object', properties: { rejections: { type: 'array', items: rejectionSchema }, next: { type: ['string', 'null'] } } } },
+      },
     },
     async (req) => {
-      const limit = parseLimit(req.query.limit, 100);
-      const before = parseBefore(req.query.before);
-      const fenceKey = parseFenceKey(req.query.fenceKey);
+      const limit = pageLimit(req.query.limit);
+      const before = req.query.before === undefined ? null : BigInt(req.query.before);
+      const fenceKey = req.query.fenceKey ?? null;
       const page = await readRejections(app.store.pool, { fenceKey, before, limit });
       return {
         rejections: page.rejections.map((r) => ({
@@ -82,6 +69,7 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        querystring: { type: 'object', additionalProperties: false, properties: { minutes: MINUTES, fenceKey: KEY } },
         response: {
           200: {
             type: 'object',
@@ -95,8 +83,8 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
       },
     },
     async (req) => {
-      const minutes = parseMinutes(req.query.minutes);
-      const fenceKey = parseFenceKey(req.query.fenceKey);
+      const minutes = req.query.minutes === undefined ? 60 : Number(req.query.minutes);
+      const fenceKey = req.query.fenceKey ?? null;
       const buckets = await readRejectionHistogram(app.store.pool, minutes, fenceKey);
       return { bucketSeconds: 60, fenceKey, buckets: buckets.map((b) => ({ start: b.start.toISOString(), count: b.count })) };
     },

@@ -1,7 +1,7 @@
 // GET /v1/stats — accepted and rejected write counts from the database, so every proxy instance
 // gives the same answer.
 import type { FastifyInstance } from 'fastify';
-import { parseLimit } from './query.ts';
+import { LIMIT, pageLimit } from './query.ts';
 
 const countSchema = {
   type: 'object',
@@ -14,6 +14,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT } },
         response: {
           200: {
             type: 'object',
@@ -28,7 +29,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
       },
     },
     async (req) => {
-      const limit = parseLimit(req.query.limit, 100);
+      const limit = pageLimit(req.query.limit);
       const s = await app.store.stats(limit);
       return {
         accepted: Number(s.accepted),

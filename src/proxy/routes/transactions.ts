@@ -1,7 +1,6 @@
 // POST /v1/transactions — fenced SQL: the fence checks and the writer's statements in one
 // database transaction (src/fence/transaction.ts). All or nothing.
-import type { FastifyInstance, FastifyPluginOptions, FastifyRequest } from 'fastify';
-import { parseToken } from '../../fence/token.ts';
+import type { FastifyInstance, FastifyPluginOptions, FastifyRequest, FastifySchemaValidationError } from 'fastify';
 import {
   CommitUnknownError,
   ConnectionLostError,
@@ -20,7 +19,8 @@ import {
 import { CONFLICT_ERROR_CLASSES, INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, RETRYABLE_ERROR_CODES, sqlState } from '../../fence/pg-errors.ts';
 import { ApiError } from '../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
-import { checkKey, writerId } from '../request.ts';
+import { writerId } from '../request.ts';
+import { KEY, NO_QUERY, TOKEN, registryError, type RequestPart } from '../validation.ts';
 import { staleToken } from './stale.ts';
 
 export interface TransactionOptions {
@@ -49,15 +49,88 @@ declare module 'fastify' {
 
 export const MAX_TX_FENCES = 100;
 const ISOLATIONS: readonly Isolation[] = ['read committed', 'repeatable read', 'serializable'];
-const BODY_FIELDS = new Set(['fences', 'statements', 'isolation']);
+/** Bind parameters per statement: the protocol counts them in 16 bits. */
+const MAX_PARAMS = 65535;
 
-interface TxRequest {
-  fences: TxFence[];
-  statements: TxStatement[];
-  isolation: Isolation;
+/** The body as the schema admits it. */
+interface TxBody {
+  fences: { key: string; token: string }[];
+  statements: { sql: string; params?: unknown[] | null }[];
+  isolation?: Isolation | null;
+}
+
+/**
+ * POST /v1/transactions: `{"fences":[{"key","token"}…], "statements":[{"sql","params"}…], "isolation"}`.
+ * Properties in the order they are checked: isolation, then fences, then statements. SQL is
+ * non-blank and has no NUL (Postgres cannot take one); the pattern runs in linear time.
+ */
+function transactionSchema(maxStatements: number) {
+  return {
+    type: 'object',
+    required: ['fences', 'statements'],
+    additionalProperties: false,
+    description: 'a JSON object {"fences":[…],"statements":[…]}',
+    properties: {
+      isolation: { type: 'string', nullable: true, enum: [...ISOLATIONS, null], description: `one of ${ISOLATIONS.join(', ')} (default read committed)` },
+      fences: {
+        type: 'array',
+        minItems: 1,
+        maxItems: MAX_TX_FENCES,
+        description: `an array of 1 to ${MAX_TX_FENCES} {"key","token"}`,
+        items: { type: 'object', required: ['key', 'token'], additionalProperties: false, description: '{"key","token"}', properties: { key: KEY, token: TOKEN } },
+      },
+      statements: {
+        type: 'array',
+        minItems: 1,
+        maxItems: maxStatements,
+        description: `an array of 1 to ${maxStatements} {"sql","params"}`,
+        items: {
+          type: 'object',
+          required: ['sql'],
+          additionalProperties: false,
+          description: '{"sql","params"}',
+          properties: {
+            sql: { type: 'string', pattern: '^\\s*[^\\s\\u0000][^\\u0000]*$', description: 'non-blank SQL without NUL characters' },
+            params: { type: 'array', nullable: true, maxItems: MAX_PARAMS, description: `an array of at most ${MAX_PARAMS} JSON values` },
+          },
+        },
+      },
+    },
+  } as const;
+}
+
+/** Schema failures: too many fences or statements are too_many_statements, the rest invalid_transaction. */
+function transactionSchemaError(errors: FastifySchemaValidationError[], part: RequestPart): Error {
+  const e = errors[0];
+  if (part === 'body' && e?.keyword === 'maxItems' && e.instancePath === '/fences') return new ApiError('too_many_statements', `at most ${MAX_TX_FENCES} fences per transaction`);
+  if (part === 'body' && e?.keyword === 'maxItems' && e.instancePath === '/statements') {
+    return new ApiError('too_many_statements', `at most ${String(e.params.limit)} statements per transaction (FENCEPOST_TX_MAX_STATEMENTS)`);
+  }
+  return registryError(errors, part, part === 'body' ? 'invalid_transaction' : 'bad_request');
 }
 
 const invalid = (message: string) => new ApiError('invalid_transaction', message);
+
+/**
+ * The JSON parser of this route only (the rest of the app reads bodies as raw bytes): strict UTF-8
+ * (invalid bytes are refused, never replaced by U+FFFD) and plain JSON.parse.
+ */
+function parseJsonBody(_req: FastifyRequest, body: Buffer, done: (err: Error | null, body?: unknown) => void): void {
+  if (body.length === 0) return done(invalid('body must be JSON {"fences":[…],"statements":[…]}'));
+  let text: string;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+  } catch {
+    return done(invalid('body is not valid UTF-8'));
+  }
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    return done(invalid('body is not valid JSON'));
+  }
+  done(null, doc);
+}
 
 /** Deeper parameters are refused: node-postgres converts arrays recursively. */
 const MAX_PARAM_DEPTH = 16;
@@ -69,60 +142,28 @@ function depthWithin(v: unknown, max: number): boolean {
   return true;
 }
 
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
+interface TxRequest {
+  fences: TxFence[];
+  statements: TxStatement[];
+  isolation: Isolation;
 }
 
-/** Parses and validates the body; registry errors for anything off. */
-function parseBody(body: unknown, maxStatements: number): TxRequest {
-  if (!Buffer.isBuffer(body) || body.length === 0) throw invalid('body must be JSON {"fences":[…],"statements":[…]}');
-  let text: string;
-  try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(body);
-  } catch {
-    throw invalid('body is not valid UTF-8');
-  }
-  let doc: unknown;
-  try {
-    doc = JSON.parse(text);
-  } catch {
-    throw invalid('body is not valid JSON');
-  }
-  if (!isObject(doc)) throw invalid('body must be a JSON object');
-  for (const f of Object.keys(doc)) if (!BODY_FIELDS.has(f)) throw invalid(`unknown field ${JSON.stringify(f)}`);
-  const { fences, statements } = doc;
-  const isolation = doc.isolation ?? 'read committed';
-  if (typeof isolation !== 'string' || !(ISOLATIONS as readonly string[]).includes(isolation)) throw invalid(`isolation must be one of ${ISOLATIONS.join(', ')}`);
-  if (!Array.isArray(fences) || fences.length === 0) throw invalid('fences must be a non-empty array of {"key","token"}');
-  if (fences.length > MAX_TX_FENCES) throw new ApiError('too_many_statements', `at most ${MAX_TX_FENCES} fences per transaction`);
-  if (!Array.isArray(statements) || statements.length === 0) throw invalid('statements must be a non-empty array of {"sql","params"}');
-  if (statements.length > maxStatements) throw new ApiError('too_many_statements', `at most ${maxStatements} statements per transaction (FENCEPOST_TX_MAX_STATEMENTS)`);
+/** What the schema cannot say: fence keys are distinct, parameters nest at most 16 deep, no session control. */
+function toTransaction(body: TxBody): TxRequest {
   const seen = new Set<string>();
-  const txFences = fences.map((f, i): TxFence => {
-    if (!isObject(f) || Object.keys(f).some((k) => k !== 'key' && k !== 'token')) throw invalid(`fences[${i}] must be {"key","token"}`);
-    if (typeof f.key !== 'string') throw invalid(`fences[${i}].key must be a string`);
-    const fenceKey = checkKey(f.key, 'fence key');
-    if (seen.has(fenceKey)) throw invalid(`fence key ${JSON.stringify(fenceKey)} appears twice`);
-    seen.add(fenceKey);
-    const parsed = typeof f.token === 'string' ? parseToken(f.token) : ({ ok: false, reason: f.token === undefined ? 'missing' : 'invalid' } as const);
-    if (!parsed.ok) {
-      if (parsed.reason === 'missing') throw new ApiError('token_required', `fences[${i}] has no token`);
-      throw new ApiError('invalid_token', `fences[${i}].token must be a decimal string in 0…9223372036854775807`);
-    }
-    return { fenceKey, token: parsed.token };
+  const fences = body.fences.map((f): TxFence => {
+    if (seen.has(f.key)) throw invalid(`fence key ${JSON.stringify(f.key)} appears twice`);
+    seen.add(f.key);
+    return { fenceKey: f.key, token: BigInt(f.token) };
   });
-  const txStatements = statements.map((s, i): TxStatement => {
-    if (!isObject(s) || Object.keys(s).some((k) => k !== 'sql' && k !== 'params')) throw invalid(`statements[${i}] must be {"sql","params"}`);
-    if (typeof s.sql !== 'string' || s.sql.trim() === '') throw invalid(`statements[${i}].sql must be a non-empty string`);
-    if (s.sql.includes('\u0000')) throw invalid(`statements[${i}].sql contains a NUL character`);
+  const statements = body.statements.map((s, i): TxStatement => {
     const params = s.params ?? [];
-    if (!Array.isArray(params)) throw invalid(`statements[${i}].params must be an array`);
     if (!depthWithin(params, MAX_PARAM_DEPTH)) throw invalid(`statements[${i}].params nest deeper than ${MAX_PARAM_DEPTH}`);
     const refused = refusedStatement(s.sql);
     if (refused) throw new ApiError('statement_not_allowed', `statements[${i}] ${refused}: transaction and session control are the proxy's`);
     return { sql: s.sql, params };
   });
-  return { fences: txFences, statements: txStatements, isolation: isolation as Isolation };
+  return { fences, statements, isolation: body.isolation ?? 'read committed' };
 }
 
 /** A statement's error (on a live connection, rolled back) as a registry error: always a 4xx or the timeout. */
@@ -184,8 +225,14 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
 
 export async function transactionRoutes(app: FastifyInstance, opts: FastifyPluginOptions & { maxStatements: number }): Promise<void> {
   const runner = app.transactionRunner;
-  app.post('/v1/transactions', { config: { access: 'write', operation: 'transaction' } }, async (req) => {
-    const tx = parseBody(req.body, opts.maxStatements);
+  // This plugin's context holds this route only. The browser guard has refused every Content-Type
+  // but application/json before the body is read, so one parser for all types: fastify's own
+  // reading of the media type can never disagree with the guard's.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (req, body, done) => parseJsonBody(req, body as Buffer, done));
+  const schema = { body: transactionSchema(opts.maxStatements), querystring: NO_QUERY };
+  app.post<{ Body: TxBody }>('/v1/transactions', { config: { access: 'write', operation: 'transaction' }, schema, schemaErrorFormatter: transactionSchemaError }, async (req) => {
+    const tx = toTransaction(req.body);
     const keyName = keyNameFor(req);
     authorizeKeys(req, tx.fences.map((f) => f.fenceKey));
     for (const f of tx.fences) await app.forgeryGuard?.admit(f.fenceKey, f.token);

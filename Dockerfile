@@ -1,15 +1,30 @@
-# The fencepost image: the proxy (`serve`, the default), `elect`, `migrate` and the demo writers.
+# The fencepost image: the proxy (`serve`, the default), `elect`, `migrate`, `doctor`. The last
+# stage is the product; `--target demo` builds the demo writers docker-compose.yml runs.
+# Build stage: compile src/ to dist/ (TypeScript is a dev dependency).
+FROM node:20-bookworm-slim AS build
+WORKDIR /app
+COPY package.json package-lock.json tsconfig.json tsconfig.build.json ./
+COPY scripts/copy-assets.mjs ./scripts/
+COPY src ./src
+COPY types ./types
+RUN npm ci --no-audit --no-fund
+
+# The demo writers of docker-compose.yml: the harness (tools/, run with tsx), not the product.
+FROM build AS demo
+COPY tools ./tools
+ENTRYPOINT ["node", "--import", "tsx", "tools/cli.ts"]
+
+# Runtime: production dependencies and the built JavaScript only; no TypeScript loader.
 FROM node:20-bookworm-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --omit=dev --no-audit --no-fund
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 COPY bin ./bin
-COPY src ./src
 COPY migrations ./migrations
-COPY types ./types
-COPY tsconfig.json ./
+COPY --from=build /app/dist ./dist
 USER node
 ENV HOST=0.0.0.0 PORT=8080
 EXPOSE 8080
+# Exec form: node itself is PID 1 (no shell between), so SIGTERM reaches fencepost, which handles it.
 ENTRYPOINT ["node", "bin/fencepost.js"]
 CMD ["serve"]

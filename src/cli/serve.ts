@@ -1,7 +1,6 @@
 import { loadConfig } from '../proxy/config.ts';
 import { createLogger, createPool, startProxy } from '../proxy/server.ts';
 import { migrate } from '../fence/migrate.ts';
-import { startEmbeddedPostgres } from '../fence/embedded-postgres.ts';
 
 export async function serveCommand(): Promise<number> {
   const config = loadConfig();
@@ -22,7 +21,8 @@ export async function serveCommand(): Promise<number> {
 export async function migrateCommand(): Promise<number> {
   const config = loadConfig();
   const logger = createLogger(config.logLevel);
-  const embedded = config.databaseUrl === null ? await startEmbeddedPostgres({ dataDir: config.dataDir, port: config.embeddedPgPort }) : null;
+  const embedded =
+    config.databaseUrl === null ? await (await import('../fence/embedded-postgres.ts')).startEmbeddedPostgres({ dataDir: config.dataDir, port: config.embeddedPgPort }) : null;
   const pool = createPool(config.databaseUrl ?? embedded!.url, 2);
   try {
     const applied = await migrate(pool);

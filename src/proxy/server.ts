@@ -7,7 +7,7 @@ import { buildApp } from './app.ts';
 import { assertSafeBind, type ProxyConfig } from './config.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
-import { startEmbeddedPostgres, type RunningPostgres } from '../fence/embedded-postgres.ts';
+import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
 import { ProxyMetrics } from './metrics.ts';
@@ -63,6 +63,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === null) {
     logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort }, 'starting embedded Postgres');
+    // Loaded only here: with DATABASE_URL set, embedded-postgres (and its binaries) never load.
+    const { startEmbeddedPostgres } = await import('../fence/embedded-postgres.ts');
     embedded = await startEmbeddedPostgres({
       dataDir: config.dataDir,
       port: config.embeddedPgPort,

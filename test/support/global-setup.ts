@@ -3,6 +3,7 @@ import type { TestProject } from 'vitest/node';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
 import { LocalZooKeeper, freePort } from '../../tools/zookeeper/local-server.ts';
 
@@ -14,6 +15,8 @@ declare module 'vitest' {
 }
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test.
+  execFileSync('npm', ['run', 'build', '--silent'], { cwd: join(import.meta.dirname, '..', '..'), stdio: 'inherit' });
   let pg: RunningPostgres | undefined;
   let zk: LocalZooKeeper | undefined;
   let pgDir: string | undefined;

@@ -1,0 +1,8 @@
+// `fencepost/proxy`: the fencing proxy for embedding (build it, run it, its store and errors).
+export { buildApp, type AppOptions } from './app.ts';
+export { startProxy, createPool, type RunningProxy } from './server.ts';
+export { loadConfig, ConfigError, type ProxyConfig } from './config.ts';
+export { ERRORS, ApiError, type ErrorCode } from './errors.ts';
+export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult } from '../fence/store.ts';
+export { migrate } from '../fence/migrate.ts';
+export { parseToken, MAX_TOKEN } from '../fence/token.ts';

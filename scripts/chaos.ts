@@ -5,17 +5,17 @@ import { parseArgs } from 'node:util';
 import { FENCE_MODES, type FenceMode } from '../tools/unsafe-fence.ts';
 import { FAULT_KINDS, type FaultKind } from '../tools/chaos/nemesis.ts';
 import { MAX_SEED } from '../tools/chaos/prng.ts';
-import { runChaos } from '../tools/chaos/run.ts';
+import { CHAOS_DEFAULTS, runChaos } from '../tools/chaos/run.ts';
 
 const { values } = parseArgs({
   options: {
     seed: { type: 'string' },
-    'duration-s': { type: 'string', default: '30' },
-    writers: { type: 'string', default: '4' },
-    proxies: { type: 'string', default: '2' },
-    'fence-keys': { type: 'string', default: '2' },
-    'fence-mode': { type: 'string', default: 'strict' },
-    'session-timeout-ms': { type: 'string', default: '2000' },
+    'duration-s': { type: 'string', default: String(CHAOS_DEFAULTS.durationS) },
+    writers: { type: 'string', default: String(CHAOS_DEFAULTS.writers) },
+    proxies: { type: 'string', default: String(CHAOS_DEFAULTS.proxies) },
+    'fence-keys': { type: 'string', default: String(CHAOS_DEFAULTS.fenceKeyCount) },
+    'fence-mode': { type: 'string', default: CHAOS_DEFAULTS.fenceMode },
+    'session-timeout-ms': { type: 'string', default: String(CHAOS_DEFAULTS.sessionTimeoutMs) },
     faults: { type: 'string' },
     dir: { type: 'string' },
   },

@@ -1,6 +1,7 @@
 // Regenerates docs/dashboard.png: a throwaway embedded Postgres, a proxy, an hour of realistic
 // traffic (leaders writing, a zombie ex-leader and a flapping election being refused), then the
 // dashboard in headless Chromium. Usage: npx tsx scripts/screenshot-dashboard.ts [out.png]
+import { STORE_DEFAULTS } from '../src/proxy/config.ts';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,7 +24,7 @@ async function main(): Promise<void> {
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
   const pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port: await freePort() });
   const pool = createPool(pg.url, 10);
-  const app = buildApp({ store: new FenceStore(pool, { concurrency: 8 }), bodyLimitBytes: 1 << 20 });
+  const app = buildApp({ store: new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 8 }), bodyLimitBytes: 1 << 20 });
   try {
     await migrate(pool);
     const url = await app.listen({ host: '127.0.0.1', port: 0 });

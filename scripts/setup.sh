@@ -2,8 +2,9 @@
 # Installs what fencepost needs on a fresh Debian machine, and says what it is doing:
 #   always        npm dependencies (npm ci), ZooKeeper + a Java runtime from Debian packages when
 #                 absent and ZK_CONNECT is unset
-#   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one) and
-#                 docker-compose (validates docker-compose.yml)
+#   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
+#                 docker-compose (validates docker-compose.yml) and Prometheus (its promtool checks
+#                 dashboards/: the scrape config, the alert rules and their unit tests)
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres)
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
@@ -41,6 +42,16 @@ if [ "${1:-}" = "--test" ]; then
   if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (the tests validate docker-compose.yml with it)"
     apt_install docker-compose
+  fi
+  # Debian ships promtool only with the server. Where an init system runs, the package also starts
+  # a Prometheus on :9090 that nothing here uses: stop the one installed just now.
+  if ! command -v promtool >/dev/null; then
+    say "installing Prometheus for promtool (the tests check dashboards/prometheus*.yml with it)"
+    apt_install prometheus
+    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+      say "stopping the Prometheus service the package just started (unused)"
+      $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
   fi
 fi
 

@@ -10,6 +10,12 @@
 // - when the child exits on its own: leaves the election and exits with the child's code
 //   (128 + signal number if it was killed by a signal);
 // - SIGTERM/SIGINT: stops the child the same way, leaves the election, exits 128 + signal number;
+//   started by npm (`npx fencepost elect`, an npm script), the death of the launcher counts as
+//   SIGTERM: npm forwards SIGTERM to the shell it runs us under, which dies of it without passing it on;
+// - if this process dies without stopping the child (SIGKILL, OOM killer), the child's process group
+//   is killed by its guardian (guardian.ts) within ~500 ms, long before a standby can be elected;
+// - with --zk-auth / ZK_AUTH, election nodes get ACLs nobody else can write (src/election/acl.ts);
+// - with --status-port, serves /healthz and /leader (status-server.ts);
 // - logs state changes as JSON lines (pino) on stderr.
 // `--advise` measures this cluster and prints a session-timeout recommendation, then exits.
 import { spawn } from 'node:child_process';
@@ -22,13 +28,23 @@ import type { Logger } from 'pino';
 import { Election } from '../election/election.ts';
 import type { ElectionPolicy } from '../election/election.ts';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
+import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { doctorCommand } from './doctor.ts';
+import { Guardian } from './guardian.ts';
+import { startStatusServer, type StatusServer } from './status-server.ts';
 
 export { doctorCommand };
 
 export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path <election-path> [--id <name>]
                       [--session-timeout-ms <n>] [--grace-ms <n>] [--policy suspend-is-lost|wait-for-expiry]
-                      [--advise] [--proxy <url> --fence-key <key>] -- <command> [args…]`;
+                      [--zk-auth <user:password>] [--status-port <n> [--status-host <addr>]]
+                      [--advise] [--proxy <url> --fence-key <key>] -- <command> [args…]
+  ZK_AUTH=<user:password> in the environment stands for --zk-auth (and keeps it out of ps).`;
+
+/** Longest wait of the guardian between SIGTERM and SIGKILL of an orphaned command (see guardian.ts). */
+const GUARDIAN_KILL_AFTER_MAX_MS = 500;
+/** How often a process started by npm checks that its launcher is still there. */
+const LAUNCHER_CHECK_MS = 100;
 
 /** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
 export const ELECT_OPTIONS = {
@@ -38,6 +54,9 @@ export const ELECT_OPTIONS = {
   'session-timeout-ms': { type: 'string' },
   'grace-ms': { type: 'string' },
   policy: { type: 'string' },
+  'zk-auth': { type: 'string' },
+  'status-port': { type: 'string' },
+  'status-host': { type: 'string' },
   advise: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 } as const satisfies ParseArgsConfig['options'];
@@ -49,6 +68,11 @@ export interface ElectConfig {
   sessionTimeoutMs: number;
   graceMs: number;
   policy: ElectionPolicy;
+  /** Digest credentials for ZooKeeper (--zk-auth, else ZK_AUTH); null: election nodes are open to anyone. */
+  auth: DigestAuth | null;
+  /** Port of the status server (/healthz, /leader); null: none. 0 picks a free port (logged). */
+  statusPort: number | null;
+  statusHost: string;
   advise: boolean;
   command: string[];
   /** All parsed flags, including ones added through `ElectCommandOptions.options`. */
@@ -91,7 +115,7 @@ export class FatalHookError extends Error {
   }
 }
 
-export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}): ElectConfig {
+export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}, env: NodeJS.ProcessEnv = process.env): ElectConfig {
   let parsed;
   try {
     parsed = parseArgs({ args: argv, options: { ...ELECT_OPTIONS, ...extra }, allowPositionals: true, strict: true });
@@ -119,6 +143,18 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
     throw new UsageError(`--policy must be suspend-is-lost or wait-for-expiry, got ${JSON.stringify(policy)}`);
   }
   if (!advise && parsed.positionals.length === 0) throw new UsageError('a command to run is required after --');
+  const rawAuth = str('zk-auth') ?? (env.ZK_AUTH || undefined);
+  let auth: DigestAuth | null = null;
+  if (rawAuth !== undefined) {
+    try {
+      auth = parseDigestAuth(rawAuth);
+    } catch (err) {
+      throw new UsageError(`${str('zk-auth') !== undefined ? '--zk-auth' : 'ZK_AUTH'} ${(err as Error).message}`);
+    }
+  }
+  const statusPort = str('status-port') === undefined ? null : int('status-port', 0, 0);
+  if (statusPort !== null && statusPort > 65535) throw new UsageError(`--status-port must be a port number, got ${statusPort}`);
+  if (statusPort === null && str('status-host') !== undefined) throw new UsageError('--status-host needs --status-port');
   return {
     zk,
     path: path ?? '/',
@@ -126,6 +162,9 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
     sessionTimeoutMs: int('session-timeout-ms', 10_000, 1),
     graceMs: int('grace-ms', 10_000, 0),
     policy,
+    auth,
+    statusPort,
+    statusHost: str('status-host') ?? '0.0.0.0',
     advise,
     command: parsed.positionals,
     values: v,
@@ -161,6 +200,8 @@ class ElectRunner {
   private readonly election: Election;
   private readonly stop = new AbortController();
   private stopSignalName: NodeJS.Signals | null = null;
+  /** Token of the term whose command is running (for /leader). */
+  private runningToken: bigint | null = null;
 
   private readonly log: Logger;
 
@@ -178,6 +219,7 @@ class ElectRunner {
       sessionTimeoutMs: config.sessionTimeoutMs,
       policy: config.policy,
       logger: baseLog,
+      ...(config.auth ? { auth: config.auth } : {}),
     });
   }
 
@@ -190,8 +232,25 @@ class ElectRunner {
     };
     process.on('SIGTERM', onSignal);
     process.on('SIGINT', onSignal);
+    const launcherWatch = this.watchLauncher(onSignal);
     this.election.on('connection', ({ state, sessionId, reason }) => this.log.info({ state, zkSession: sessionId, reason }, 'connection state'));
+    let status: StatusServer | null = null;
     try {
+      if (this.config.statusPort !== null) {
+        try {
+          status = await startStatusServer(this.config.statusHost, this.config.statusPort, {
+            electionPath: this.config.path,
+            id: this.config.id,
+            leadingToken: () => (this.runningToken !== null && this.election.token === this.runningToken ? this.runningToken : null),
+            zookeeper: () => this.election.currentSession?.state ?? 'connecting',
+            stopping: () => this.stopSignalName !== null,
+          });
+        } catch (err) {
+          this.log.error({ err, host: this.config.statusHost, port: this.config.statusPort }, 'could not start the status server');
+          return 1;
+        }
+        this.log.info({ host: this.config.statusHost, port: status.port }, 'status server listening (/healthz, /leader)');
+      }
       try {
         await this.election.start();
       } catch (err) {
@@ -204,8 +263,29 @@ class ElectRunner {
     } finally {
       process.off('SIGTERM', onSignal);
       process.off('SIGINT', onSignal);
+      clearInterval(launcherWatch);
       await this.election.close();
+      await status?.close();
     }
+  }
+
+  /**
+   * Started by npm (npx, npm exec, npm run), we run under `sh -c`: npm forwards SIGTERM to that
+   * shell, which dies of it without passing it on, and we would lead on, orphaned. So when the
+   * process that started us goes away, we stop as on SIGTERM. (Elsewhere a parent may exit on
+   * purpose, e.g. nohup or a daemonizing wrapper, so this applies only under npm.)
+   */
+  private watchLauncher(onSignal: (sig: NodeJS.Signals) => void): NodeJS.Timeout | undefined {
+    if (process.env.npm_lifecycle_event === undefined || process.platform === 'win32') return undefined;
+    const launcher = process.ppid;
+    const timer = setInterval(() => {
+      if (process.ppid === launcher) return;
+      clearInterval(timer);
+      this.log.warn({ launcherPid: launcher }, 'the process that started fencepost elect (npm) is gone: stopping as on SIGTERM');
+      onSignal('SIGTERM');
+    }, LAUNCHER_CHECK_MS);
+    timer.unref();
+    return timer;
   }
 
   private async loop(): Promise<number> {
@@ -253,17 +333,23 @@ class ElectRunner {
     log: Logger,
   ): Promise<{ kind: 'exited'; code: number } | { kind: 'revoked' } | { kind: 'stopped' }> {
     const [cmd, ...args] = this.config.command as [string, ...string[]];
+    // Started first, so that the command is guarded from its first instant (see guardian.ts). It
+    // must act well before a standby can be elected (no sooner than about 2/3 of the session
+    // timeout after this process dies), so its SIGKILL comes within a quarter of the timeout.
+    const negotiatedMs = this.election.currentSession?.negotiatedTimeoutMs ?? this.config.sessionTimeoutMs;
+    const guardian = Guardian.start(Math.min(this.config.graceMs, GUARDIAN_KILL_AFTER_MAX_MS, Math.floor(negotiatedMs / 4)), log);
     const child = spawn(cmd, args, {
       stdio: 'inherit',
       detached: true, // own process group, so a shell's children are stopped with it
       env: {
-        ...process.env,
+        ...withoutZkAuth(process.env), // the election's credentials are elect's, not the command's
         ...extraEnv,
         FENCING_TOKEN: token.toString(),
         ELECTION_PATH: this.config.path,
         ELECTION_ID: this.config.id,
       },
     });
+    if (child.pid !== undefined) guardian?.guard(child.pid); // detached: its pid is its process group id
     const exited = new Promise<{ code: number; how: string }>((resolve) => {
       child.once('error', (err) => {
         log.error({ err }, 'could not start the command');
@@ -273,7 +359,11 @@ class ElectRunner {
         resolve({ code: code ?? 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0), how: signal ? `signal ${signal}` : `code ${code}` });
       });
     });
-    log.info({ command: this.config.command, childPid: child.pid }, 'elected: started the command');
+    void exited.then(() => {
+      if (this.runningToken === token) this.runningToken = null;
+    });
+    if (child.pid !== undefined) this.runningToken = token;
+    log.info({ command: this.config.command, childPid: child.pid, guardianPid: guardian?.pid }, 'elected: started the command');
     let onRevoked = (): void => {};
     let onStopped = (): void => {};
     const interrupted = new Promise<'revoked' | 'stopped'>((resolve) => {
@@ -289,11 +379,13 @@ class ElectRunner {
     this.stop.signal.removeEventListener('abort', onStopped);
     if ('exit' in first) {
       log.info({ exit: first.exit.how }, 'the command exited on its own: leaving the election');
+      await guardian?.release();
       return { kind: 'exited', code: first.exit.code };
     }
     log.warn({ why: first.why, childPid: child.pid }, first.why === 'revoked' ? 'leadership lost: stopping the command' : 'stopping the command');
     const r = await terminate(child, exited, this.config.graceMs, log);
     log.info({ exit: r.how }, 'the command stopped');
+    await guardian?.release();
     return { kind: first.why };
   }
 
@@ -322,6 +414,12 @@ class ElectRunner {
       this.log.debug({ err }, 'session timeout check skipped');
     }
   }
+}
+
+function withoutZkAuth(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const rest = { ...env };
+  delete rest.ZK_AUTH;
+  return rest;
 }
 
 /** SIGTERM to the child's process group, SIGKILL after `graceMs`; resolves when it has exited. */

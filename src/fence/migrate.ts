@@ -4,7 +4,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
+import type { Query } from './queries.ts';
 import { sqlState, UNDEFINED_TABLE } from './pg-errors.ts';
+
+const INVALID_SCHEMA_NAME = '3F000';
 
 export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
 
@@ -28,6 +31,31 @@ export function loadMigrations(dir = MIGRATIONS_DIR): Migration[] {
   return migrations;
 }
 
+// The statements of migrating, as named builders. Bookkeeping lives in the fencepost schema
+// (fencepost.migrations), beside what it describes.
+const q = {
+  noTimeouts: (): Query => ({ text: 'SET statement_timeout = 0; SET lock_timeout = 0' }),
+  resetTimeouts: (): Query => ({ text: 'RESET statement_timeout; RESET lock_timeout' }),
+  lock: (): Query => ({ text: 'SELECT pg_advisory_lock($1)', values: [MIGRATION_LOCK_KEY.toString()] }),
+  unlock: (): Query => ({ text: 'SELECT pg_advisory_unlock($1)', values: [MIGRATION_LOCK_KEY.toString()] }),
+  /** Creates the bookkeeping table, moving the one older versions kept in public. */
+  bookkeeping: (): Query => ({
+    text: `
+CREATE SCHEMA IF NOT EXISTS fencepost;
+DO $$ BEGIN
+  IF to_regclass('public.fencepost_migrations') IS NOT NULL AND to_regclass('fencepost.migrations') IS NULL THEN
+    ALTER TABLE public.fencepost_migrations SET SCHEMA fencepost;
+    ALTER TABLE fencepost.fencepost_migrations RENAME TO migrations;
+  END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS fencepost.migrations (
+  id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+  }),
+  applied: (): Query => ({ text: 'SELECT id FROM fencepost.migrations' }),
+  record: (m: Migration): Query => ({ text: 'INSERT INTO fencepost.migrations (id, name) VALUES ($1, $2)', values: [m.id, m.name] }),
+  latestApplied: (): Query => ({ text: 'SELECT max(id) AS max FROM fencepost.migrations' }),
+};
+
 /** Applies pending migrations; returns the names applied now. */
 export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<string[]> {
   const migrations = loadMigrations(dir);
@@ -36,20 +64,18 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
   try {
     // Migrations (and waiting for another instance's) may take long: no statement or lock timeout
     // here (the proxy's pool sets both; pg_advisory_lock waits are lock waits).
-    await client.query('SET statement_timeout = 0');
-    await client.query('SET lock_timeout = 0');
-    await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK_KEY.toString()]);
+    await client.query(q.noTimeouts());
+    await client.query(q.lock());
     try {
-      await client.query(`CREATE TABLE IF NOT EXISTS public.fencepost_migrations (
-        id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
-      const { rows } = await client.query<{ id: number }>('SELECT id FROM public.fencepost_migrations');
+      await client.query(q.bookkeeping());
+      const { rows } = await client.query<{ id: number }>(q.applied());
       const done = new Set(rows.map((r) => r.id));
       for (const m of migrations) {
         if (done.has(m.id)) continue;
         await client.query('BEGIN');
         try {
           await client.query(m.sql);
-          await client.query('INSERT INTO public.fencepost_migrations (id, name) VALUES ($1, $2)', [m.id, m.name]);
+          await client.query(q.record(m));
           await client.query('COMMIT');
         } catch (err) {
           await client.query('ROLLBACK');
@@ -58,9 +84,8 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
         applied.push(m.name);
       }
     } finally {
-      await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK_KEY.toString()]);
-      await client.query('RESET statement_timeout');
-      await client.query('RESET lock_timeout');
+      await client.query(q.unlock());
+      await client.query(q.resetTimeouts());
     }
   } finally {
     client.release();
@@ -72,10 +97,10 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
 export async function migrationsApplied(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<boolean> {
   const latest = loadMigrations(dir).at(-1)?.id ?? 0;
   try {
-    const { rows } = await pool.query<{ max: number | null }>('SELECT max(id) AS max FROM public.fencepost_migrations');
+    const { rows } = await pool.query<{ max: number | null }>(q.latestApplied());
     return (rows[0]?.max ?? 0) >= latest;
   } catch (err) {
-    if (sqlState(err) === UNDEFINED_TABLE) return false;
+    if (sqlState(err) === UNDEFINED_TABLE || sqlState(err) === INVALID_SCHEMA_NAME) return false;
     throw err;
   }
 }

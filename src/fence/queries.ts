@@ -14,7 +14,25 @@ export interface WriteRow {
   token: bigint;
   contentType: string | null;
   body: Buffer | null;
+  /**
+   * If-Match of a put or delete: `*` (the object exists) or ETags (as ETAG_SQL spells them, without
+   * quotes), one of which the object must have; null for none.
+   */
+  ifMatch?: '*' | readonly string[] | null;
+  /** If-None-Match: * of a put or delete: the object must not exist. */
+  ifNoneMatch?: boolean;
+  /** Writer-Id of the request: a fence this write raises records it (`raised_by`, migration 0007). */
+  writerId?: string | null;
 }
+
+/**
+ * An object's ETag, without its quotes: `<incarnation>.<version>` (migration 0006). The version
+ * counts writes to the key; the incarnation tells apart a key written again after a delete.
+ */
+const ETAG_SQL = (o: string) => `(${o}.incarnation::text || '.' || ${o}.version::text)`;
+
+/** What an ETag of ETAG_SQL looks like; any other tag can never match. */
+export const ETAG_FORM = /^[0-9]+\.[0-9]+$/;
 
 /** Counter rows are striped by backend, so concurrent statements rarely share one (migration 0005). */
 const SHARD = '(pg_backend_pid() % 32)::smallint';
@@ -30,7 +48,8 @@ const SHARD = '(pg_backend_pid() % 32)::smallint';
  * - `raised`: the other fences (absent, or below the token) are inserted or raised by a
  *   conditional upsert, which locks the row exclusively and re-checks against its latest version:
  *   a raise waits for every statement holding the fence in share mode (writes of the older token
- *   in flight), and once it has committed no statement can take the old token again.
+ *   in flight), and once it has committed no statement can take the old token again. A raise
+ *   records the Writer-Id of a write with the new token ($10) as `raised_by`.
  * - `fence`: the fences this batch passed (highest = its token); the object writes join on it.
  * Fence rows are locked in byte order, shared before exclusive. Counts go to fence_counts and
  * totals (one counter row per fence and backend), never to the fence row.
@@ -48,7 +67,20 @@ const SHARD = '(pg_backend_pid() % 32)::smallint';
  * Such a write is `object_refused`: its own fence key was rightly raised (the caller holds that
  * token) but the object is untouched; for a delete, any object `owner` locked and the delete did
  * not remove counts as refused (never a 204 that left the object in place).
- * Result: one row per input with `highest_token` null when rejected, `version` set for puts.
+ *
+ * Conditional writes (`if_match`, `if_none_match`: If-Match and If-None-Match: *) are checked in
+ * the same statement, on the object as `owner` locked it (so its latest version, held until
+ * commit): `owner` also locks the object of every put or delete with a precondition, and `unmet`
+ * lists those whose precondition fails on it (If-Match on an absent object fails). An unmet write
+ * is left out of `put` and `del`. One race is caught by the write itself: an object created after
+ * the statement's snapshot is invisible to `owner`, so a put with If-None-Match: * finds it only
+ * on conflict, and its DO UPDATE refuses. The fence comes first: a write below its own fence is
+ * stale whatever its precondition, and one the object's fence refuses (`guard`) is
+ * `object_refused`; otherwise an unapplied conditional write is `precondition_failed`. Like a
+ * delete of a missing key, it has still raised its own fence (the caller holds that token). It
+ * counts neither as accepted nor as rejected (nothing was written, and no fence refused it).
+ * Result: one row per input with `highest_token` null when rejected, `version` and `etag` set for
+ * puts.
  */
 export function fencedWrite(rows: readonly WriteRow[]): Query {
   // An operation passes only with the token its fence now holds: in a batch that raises a fence, a
@@ -58,11 +90,13 @@ export function fencedWrite(rows: readonly WriteRow[]): Query {
     name: 'fencepost_fenced_write',
     text: `
 WITH input AS (
-  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
-    AS t(ord, kind, fence_key, key, token, content_type, body)
+  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::boolean[])
+    AS t(ord, kind, fence_key, key, token, content_type, body, if_match, if_none_match)
 ),
 keys AS (
-  SELECT fence_key, max(token) AS token FROM input GROUP BY fence_key
+  SELECT i.fence_key, max(i.token) AS token, (array_agg(w.writer_id ORDER BY i.token DESC, i.ord))[1] AS writer_id
+  FROM input i LEFT JOIN unnest($10::text[]) WITH ORDINALITY AS w(writer_id, n) ON w.n = i.ord + 1
+  GROUP BY i.fence_key
 ),
 held AS (
   SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN keys k ON k.fence_key = f.fence_key
@@ -71,10 +105,10 @@ held AS (
   FOR SHARE OF f
 ),
 raised AS (
-  INSERT INTO fencepost.fences AS f (fence_key, highest_token)
-  SELECT k.fence_key, k.token FROM keys k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
+  INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
+  SELECT k.fence_key, k.token, k.writer_id FROM keys k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
   ORDER BY k.fence_key COLLATE "C"
-  ON CONFLICT (fence_key) DO UPDATE SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), updated_at = now()
+  ON CONFLICT (fence_key) DO UPDATE SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), raised_by = EXCLUDED.raised_by, updated_at = now()
     WHERE f.highest_token <= EXCLUDED.highest_token
   RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
 ),
@@ -84,9 +118,9 @@ fence AS (
   SELECT r.fence_key, r.highest_token FROM raised r
 ),
 owner AS (
-  SELECT o.key, o.fence_key, o.token, i.fence_key AS named_fence_key
+  SELECT o.key, o.fence_key, o.token, ${ETAG_SQL('o')} AS etag, i.fence_key AS named_fence_key
   FROM input i JOIN fence ON ${passes('i')} JOIN fencepost.objects o ON o.key = i.key
-  WHERE i.kind = 'delete' OR (i.kind = 'put' AND o.fence_key <> i.fence_key)
+  WHERE i.kind = 'delete' OR (i.kind = 'put' AND (o.fence_key <> i.fence_key OR i.if_match IS NOT NULL OR i.if_none_match))
   ORDER BY o.key
   FOR UPDATE OF o
 ),
@@ -102,49 +136,64 @@ guard AS (
   FROM owner w LEFT JOIN owner_fence s USING (fence_key)
   WHERE w.fence_key <> w.named_fence_key
 ),
+unmet AS (
+  SELECT i.ord FROM input i LEFT JOIN owner w ON w.key = i.key
+  WHERE (i.if_match IS NOT NULL AND (w.key IS NULL OR (i.if_match <> '*' AND w.etag <> ALL (string_to_array(i.if_match, ' ')))))
+    OR (i.if_none_match AND w.key IS NOT NULL)
+),
 put AS (
   INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
   SELECT i.key, i.fence_key, i.token, 1, i.content_type, i.body
   FROM input i JOIN fence ON ${passes('i')}
-  WHERE i.kind = 'put' ORDER BY i.key
+  WHERE i.kind = 'put' AND NOT EXISTS (SELECT 1 FROM unmet u WHERE u.ord = i.ord) ORDER BY i.key
   ON CONFLICT (key) DO UPDATE
     SET fence_key = EXCLUDED.fence_key, token = EXCLUDED.token, version = o.version + 1,
         content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
-    WHERE o.fence_key = EXCLUDED.fence_key
-      OR EXISTS (SELECT 1 FROM guard g WHERE g.key = o.key AND g.fence_key = o.fence_key AND g.need <= EXCLUDED.token)
-  RETURNING o.key, o.version
+    WHERE (o.fence_key = EXCLUDED.fence_key
+        OR EXISTS (SELECT 1 FROM guard g WHERE g.key = o.key AND g.fence_key = o.fence_key AND g.need <= EXCLUDED.token))
+      AND NOT EXISTS (SELECT 1 FROM input x WHERE x.key = o.key AND x.kind = 'put' AND x.if_none_match)
+  RETURNING o.key, o.version, ${ETAG_SQL('o')} AS etag
 ),
 del AS (
   DELETE FROM fencepost.objects o
   USING input i JOIN fence ON ${passes('i')} LEFT JOIN guard g ON g.key = i.key
   WHERE i.kind = 'delete' AND o.key = i.key
     AND (o.fence_key = i.fence_key OR (g.fence_key = o.fence_key AND g.need <= i.token))
+    AND NOT EXISTS (SELECT 1 FROM unmet u WHERE u.ord = i.ord)
   RETURNING o.key
 ),
-result AS (
-  SELECT i.ord, i.fence_key, fence.highest_token, put.version,
+applied AS (
+  SELECT i.ord, i.kind, i.key, i.token, i.if_none_match, i.fence_key, fence.highest_token, put.version, put.etag,
     fence.fence_key IS NOT NULL AND CASE i.kind
       WHEN 'put' THEN put.key IS NULL
-      WHEN 'delete' THEN del.key IS NULL AND EXISTS (SELECT 1 FROM owner w WHERE w.key = i.key)
-      ELSE false END AS object_refused
+      WHEN 'delete' THEN del.key IS NULL
+        AND (EXISTS (SELECT 1 FROM owner w WHERE w.key = i.key) OR EXISTS (SELECT 1 FROM unmet u WHERE u.ord = i.ord))
+      ELSE false END AS unapplied
   FROM input i
   LEFT JOIN fence ON ${passes('i')}
   LEFT JOIN put ON i.kind = 'put' AND put.key = i.key
   LEFT JOIN del ON i.kind = 'delete' AND del.key = i.key
 ),
+result AS (
+  SELECT a.*, a.unapplied
+    AND NOT EXISTS (SELECT 1 FROM guard g WHERE g.key = a.key AND g.need > a.token)
+    AND (EXISTS (SELECT 1 FROM unmet u WHERE u.ord = a.ord) OR (a.kind = 'put' AND a.if_none_match)) AS precondition_failed
+  FROM applied a
+),
 counted AS (
   INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, ${SHARD}, count(*) FROM result WHERE highest_token IS NOT NULL AND NOT object_refused
+  SELECT fence_key, ${SHARD}, count(*) FROM result WHERE highest_token IS NOT NULL AND NOT unapplied
   GROUP BY fence_key ORDER BY fence_key COLLATE "C"
   ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
 ),
 totalled AS (
   INSERT INTO fencepost.totals AS t (shard, fences, accepted)
-  SELECT ${SHARD}, (SELECT count(*) FROM raised WHERE created), count(*) FROM result WHERE highest_token IS NOT NULL AND NOT object_refused
+  SELECT ${SHARD}, (SELECT count(*) FROM raised WHERE created), count(*) FROM result WHERE highest_token IS NOT NULL AND NOT unapplied
   ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences, accepted = t.accepted + EXCLUDED.accepted
 )
-SELECT ord, highest_token, version, object_refused FROM result ORDER BY ord`,
-    values: writeValues(rows),
+SELECT ord, highest_token, version, etag, unapplied AND NOT precondition_failed AS object_refused, precondition_failed
+FROM result ORDER BY ord`,
+    values: [...writeValues(rows), ...preconditionValues(rows), rows.map((r) => r.writerId ?? null)],
   };
 }
 
@@ -163,7 +212,10 @@ WHERE o.key = ANY($1::text[])`,
   };
 }
 
-/** The parameters of a batch, in fencedWrite's order ($1…$7). */
+/**
+ * The parameters of a batch, in fencedWrite's order ($1…$7); its preconditions follow
+ * (preconditionValues, $8 and $9), then the writer ids ($10).
+ */
 export function writeValues(rows: readonly WriteRow[]): unknown[] {
   return [
     rows.map((_, i) => i),
@@ -173,6 +225,17 @@ export function writeValues(rows: readonly WriteRow[]): unknown[] {
     rows.map((r) => r.token.toString()),
     rows.map((r) => r.contentType),
     rows.map((r) => r.body),
+  ];
+}
+
+/**
+ * fencedWrite's $8 (If-Match: null, `*`, or the ETags one of which must match, space-separated;
+ * tags not of ETAG_FORM can never match and are left out) and $9 (If-None-Match: *).
+ */
+export function preconditionValues(rows: readonly WriteRow[]): unknown[] {
+  return [
+    rows.map((r) => (r.ifMatch === undefined || r.ifMatch === null ? null : r.ifMatch === '*' ? '*' : r.ifMatch.filter((t) => ETAG_FORM.test(t)).join(' '))),
+    rows.map((r) => r.ifNoneMatch === true),
   ];
 }
 
@@ -229,8 +292,50 @@ SELECT fence_key, highest_token FROM cur`,
 export function readObject(key: string): Query {
   return {
     name: 'fencepost_read_object',
-    text: `SELECT fence_key, token, version, content_type, body, updated_at FROM fencepost.objects WHERE key = $1`,
+    text: `SELECT fence_key, token, version, ${ETAG_SQL('o')} AS etag, content_type, body, updated_at FROM fencepost.objects o WHERE key = $1`,
     values: [key],
+  };
+}
+
+/**
+ * The smallest string above every string that starts with `prefix`, in byte order (UTF-8 byte
+ * order is code point order): the prefix with its last code point raised by one, dropping
+ * trailing U+10FFFF; null when there is none (every string from the prefix on qualifies).
+ */
+export function prefixEnd(prefix: string): string | null {
+  const points = Array.from(prefix, (c) => c.codePointAt(0)!);
+  while (points.length > 0) {
+    const last = points.pop()!;
+    if (last < 0x10ffff) {
+      points.push(last + 1 === 0xd800 ? 0xe000 : last + 1); // no surrogates in UTF-8
+      return String.fromCodePoint(...points);
+    }
+  }
+  return null;
+}
+
+const byteOrder = (a: string, b: string) => Buffer.compare(Buffer.from(a, 'utf8'), Buffer.from(b, 'utf8'));
+
+/**
+ * One page of objects in key order (byte order, whatever the database's collation), walking the
+ * index objects_key_bytes (migration 0006) from the cursor: keys after `after` that start with
+ * `prefix`, as a range [start, end) of that index so the scan stops at the prefix's end. One named
+ * statement per shape of range (from or after a key, with or without an end), so each keeps a
+ * plan that starts at its cursor. The body is not read: its size comes from the row.
+ */
+export function listObjects(prefix: string, after: string | null, limit: number): Query {
+  // Past the cursor and at or past the prefix: whichever comes later in byte order.
+  const exclusive = after !== null && byteOrder(after, prefix) >= 0;
+  const start = exclusive ? after : prefix;
+  const end = prefix === '' ? null : prefixEnd(prefix);
+  const from = exclusive ? '>' : '>=';
+  const below = end === null ? '' : ' AND key COLLATE "C" < $3::text COLLATE "C"';
+  return {
+    name: `fencepost_list_objects_${exclusive ? 'after' : 'from'}${end === null ? '' : '_below'}`,
+    text: `SELECT key, fence_key, token, version, ${ETAG_SQL('o')} AS etag, content_type, octet_length(body) AS size, updated_at
+FROM fencepost.objects o WHERE key COLLATE "C" ${from} $1::text COLLATE "C"${below}
+ORDER BY key COLLATE "C" LIMIT $2`,
+    values: end === null ? [start, limit] : [start, limit, end],
   };
 }
 
@@ -241,7 +346,7 @@ const COUNTS = `coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c W
 export function readFence(fenceKey: string): Query {
   return {
     name: 'fencepost_read_fence',
-    text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM fencepost.fences f WHERE f.fence_key = $1`,
+    text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM fencepost.fences f WHERE f.fence_key = $1`,
     values: [fenceKey],
   };
 }
@@ -255,14 +360,14 @@ export function listFences(after: string | null, limit: number): Query {
   if (after === null) {
     return {
       name: 'fencepost_list_fences_first',
-      text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM (
+      text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM (
   SELECT * FROM fencepost.fences ORDER BY fence_key COLLATE "C" LIMIT $1) f ORDER BY f.fence_key COLLATE "C"`,
       values: [limit],
     };
   }
   return {
     name: 'fencepost_list_fences_after',
-    text: `SELECT f.fence_key, f.highest_token, f.updated_at, ${COUNTS} FROM (
+    text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM (
   SELECT * FROM fencepost.fences WHERE fence_key COLLATE "C" > $1::text COLLATE "C" ORDER BY fence_key COLLATE "C" LIMIT $2) f
 ORDER BY f.fence_key COLLATE "C"`,
     values: [after, limit],
@@ -300,7 +405,7 @@ raised_keys AS (
 picked AS (
   SELECT fence_key, 0 AS part FROM rejected_keys UNION ALL SELECT fence_key, 1 FROM raised_keys
 )
-SELECT f.fence_key, f.highest_token, ${COUNTS}
+SELECT f.fence_key, f.highest_token, f.raised_by, ${COUNTS}
 FROM picked p JOIN fencepost.fences f USING (fence_key)
 ORDER BY p.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"`,
     values: [limit],
@@ -332,13 +437,14 @@ export function beginClientTransaction(isolation: Isolation, statementTimeoutMs:
 }
 
 /**
- * The fence check and raise of a transaction (migration 0004), on the client login's connection.
- * Unnamed on purpose: the connection is DISCARDed between transactions.
+ * The fence check and raise of a transaction (migrations 0004, 0007: a raise records `writerId`),
+ * on the client login's connection. Unnamed on purpose: the connection is DISCARDed between
+ * transactions.
  */
-export function fenceTransaction(capability: string, fences: readonly { fenceKey: string; token: bigint }[]): Query {
+export function fenceTransaction(capability: string, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
   return {
-    text: 'SELECT ord, highest_token::text AS highest_token, xact::text AS xact FROM fencepost.fence_transaction($1, $2::text[], $3::bigint[])',
-    values: [capability, fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString())],
+    text: 'SELECT ord, highest_token::text AS highest_token, xact::text AS xact FROM fencepost.fence_transaction($1, $2::text[], $3::bigint[], $4::text)',
+    values: [capability, fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString()), writerId],
   };
 }
 

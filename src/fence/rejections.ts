@@ -83,6 +83,15 @@ ORDER BY m.minute`,
   };
 }
 
+/** One proxy instance prunes at a time: the others skip the round (session advisory lock). */
+export function tryRetentionLock(key: bigint): Query {
+  return { text: 'SELECT pg_try_advisory_lock($1) AS locked', values: [key.toString()] };
+}
+
+export function retentionUnlock(key: bigint): Query {
+  return { text: 'SELECT pg_advisory_unlock($1)', values: [key.toString()] };
+}
+
 /** Per-minute counts older than the histogram's longest window (a day) are never read again. */
 export function pruneRejectionMinutes(): Query {
   return {

@@ -5,7 +5,7 @@
 import type pg from 'pg';
 import type { Logger } from 'pino';
 import { coerceError } from './pg-errors.ts';
-import { pruneRejectionMinutes, pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff } from './rejections.ts';
+import { pruneRejectionMinutes, pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff, retentionUnlock, tryRetentionLock } from './rejections.ts';
 
 // Arbitrary constant, distinct from the migration lock: "fencepost retention".
 export const RETENTION_LOCK_KEY = 4_669_143_214_093_121n;
@@ -73,7 +73,7 @@ export class RejectionPruner {
     // could not be released would otherwise stay held, and every later round would skip.
     let failed = false;
     try {
-      const { rows } = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1) AS locked', [RETENTION_LOCK_KEY.toString()]);
+      const { rows } = await client.query<{ locked: boolean }>(tryRetentionLock(RETENTION_LOCK_KEY));
       if (!rows[0]?.locked) return { ran: false, reason: 'locked' };
       let deleted = 0;
       try {
@@ -85,7 +85,7 @@ export class RejectionPruner {
         }
         await client.query(pruneRejectionMinutes());
       } finally {
-        await client.query('SELECT pg_advisory_unlock($1)', [RETENTION_LOCK_KEY.toString()]);
+        await client.query(retentionUnlock(RETENTION_LOCK_KEY));
       }
       if (deleted > 0) {
         this.opts.logger?.info({ deleted, maxAgeMs, maxRows }, 'rejection log pruned');

@@ -15,7 +15,8 @@
 import type pg from 'pg';
 import * as q from './queries.ts';
 import type { OpKind, WriteRow } from './queries.ts';
-import { isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { retryOnConflict } from './retry.ts';
 
 /**
  * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless
@@ -25,22 +26,52 @@ import { isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
  */
 const LOCKED_FENCE_ALONE_MS = 10_000;
 
+/**
+ * A conditional write's precondition on its object, checked in the fenced write statement (see
+ * fencedWrite): `ifMatch` is `*` (the object exists) or ETags without their quotes, one of which
+ * the object must have; `ifNoneMatch` (If-None-Match: *) that it does not exist.
+ */
+export interface Precondition {
+  ifMatch?: '*' | readonly string[] | null;
+  ifNoneMatch?: boolean;
+}
+
 export type FencedOp =
-  | { kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null }
-  | { kind: 'delete'; key: string; fenceKey: string; token: bigint; writerId: string | null }
+  | ({ kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null } & Precondition)
+  | ({ kind: 'delete'; key: string; fenceKey: string; token: bigint; writerId: string | null } & Precondition)
   | { kind: 'fence'; fenceKey: string; token: bigint; writerId: string | null };
 
 export type FencedResult =
-  | { accepted: true; highestToken: bigint; version: bigint | null }
-  /** `fenceKey`: the object's fence the token lost against, when not the request's own (object_refused). */
-  | { accepted: false; highestToken: bigint; fenceKey?: string };
+  /** `etag` (without quotes) and `version`: the object as this put left it; null for deletes and fences. */
+  | { accepted: true; highestToken: bigint; version: bigint | null; etag: string | null }
+  /** Rejected by a fence. `fenceKey`: the object's fence the token lost against, when not the request's own (object_refused). */
+  | { accepted: false; highestToken: bigint; fenceKey?: string; preconditionFailed?: false }
+  /**
+   * The token passed the fences (and raised its own), but the object failed the precondition:
+   * nothing written, counted neither as accepted nor as rejected.
+   */
+  | { accepted: false; highestToken: bigint; preconditionFailed: true };
 
 export interface StoredObject {
   fenceKey: string;
   token: bigint;
   version: bigint;
+  /** Without quotes; changes with every write and never repeats for a key (queries.ts ETAG_SQL). */
+  etag: string;
   contentType: string;
   body: Buffer;
+  updatedAt: Date;
+}
+
+/** An object in a listing: what GET answers, without the body. */
+export interface ObjectInfo {
+  key: string;
+  fenceKey: string;
+  token: bigint;
+  version: bigint;
+  etag: string;
+  contentType: string;
+  size: number;
   updatedAt: Date;
 }
 
@@ -48,6 +79,8 @@ export interface FenceRecord {
   fenceKey: string;
   highestToken: bigint;
   updatedAt: Date;
+  /** Writer-Id of the write that raised the fence to `highestToken`; null if it sent none. */
+  raisedBy: string | null;
   accepted: bigint;
   rejected: bigint;
 }
@@ -56,15 +89,17 @@ export interface Stats {
   fences: number;
   accepted: bigint;
   rejected: bigint;
-  perFence: { fenceKey: string; highestToken: bigint; accepted: bigint; rejected: bigint }[];
+  perFence: { fenceKey: string; highestToken: bigint; raisedBy: string | null; accepted: bigint; rejected: bigint }[];
 }
 
-/** One row per operation of a batch: `highest_token` null when rejected, `version` set for puts. */
+/** One row per operation of a batch: `highest_token` null when rejected, `version` and `etag` set for puts. */
 export interface WriteOutcome {
   ord: number;
   highest_token: string | null;
   version: string | null;
+  etag?: string | null;
   object_refused?: boolean | null;
+  precondition_failed?: boolean | null;
 }
 
 /** How a batch reaches the database. The product has one: fencedWrite, check and write in one statement. */
@@ -72,22 +107,23 @@ export type WriteStrategy = (pool: pg.Pool, rows: readonly WriteRow[]) => Promis
 
 const fencedStrategy: WriteStrategy = async (pool, rows) => (await pool.query<WriteOutcome>(q.fencedWrite(rows))).rows;
 
+/** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */
 export interface FenceStoreOptions {
+  /** Most write batches (statements) in flight at once. */
+  concurrency: number;
+  /** Most operations in one batch; 1 turns coalescing off. */
+  maxBatch: number;
+  /** Most body bytes in one batch (a single larger body still goes alone). */
+  maxBatchBytes: number;
+  /** Retries of a batch that hit a deadlock or serialization failure. */
+  retries: number;
+  /** Called once per executed batch, for metrics. */
+  onBatch?: (size: number) => void;
   /**
    * Test seam: another way to write a batch, handed in by the checker's self-tests and the
    * benchmark's unfenced baseline (tools/unsafe-fence.ts). Nothing in the product sets it.
    */
   __test__writeStrategy?: WriteStrategy;
-  /** Most write batches (statements) in flight at once. Default 2. */
-  concurrency?: number;
-  /** Most operations in one batch. Default 64; 1 turns coalescing off. */
-  maxBatch?: number;
-  /** Most body bytes in one batch (a single larger body still goes alone). Default 4 MiB. */
-  maxBatchBytes?: number;
-  /** Retries of a batch that hit a deadlock or serialization failure. Default 5. */
-  retries?: number;
-  /** Called once per executed batch, for metrics. */
-  onBatch?: (size: number) => void;
 }
 
 interface Pending {
@@ -115,12 +151,12 @@ export class FenceStore {
   private inFlight = 0;
   private idleWaiters: (() => void)[] = [];
 
-  constructor(pool: pg.Pool, opts: FenceStoreOptions = {}) {
+  constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
-    this.concurrency = Math.max(1, opts.concurrency ?? 2);
-    this.maxBatch = Math.max(1, opts.maxBatch ?? 64);
-    this.maxBatchBytes = opts.maxBatchBytes ?? 4 * 1024 * 1024;
-    this.retries = opts.retries ?? 5;
+    this.concurrency = Math.max(1, opts.concurrency);
+    this.maxBatch = Math.max(1, opts.maxBatch);
+    this.maxBatchBytes = opts.maxBatchBytes;
+    this.retries = opts.retries;
     this.onBatch = opts.onBatch;
     this.writeStrategy = opts.__test__writeStrategy ?? fencedStrategy;
   }
@@ -250,13 +286,16 @@ export class FenceStore {
    */
   private async runBatch(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
     this.onBatch?.(ops.length);
-    const writeRows = ops.map((op) => ({
+    const writeRows = ops.map((op): WriteRow => ({
       kind: op.kind,
       fenceKey: op.fenceKey,
       key: op.kind === 'fence' ? null : op.key,
       token: op.token,
       contentType: op.kind === 'put' ? op.contentType : null,
       body: op.kind === 'put' ? op.body : null,
+      ifMatch: op.kind === 'fence' ? null : (op.ifMatch ?? null),
+      ifNoneMatch: op.kind !== 'fence' && op.ifNoneMatch === true,
+      writerId: op.writerId,
     }));
     const rows = { rows: await this.withRetry(() => this.writeStrategy(this.pool, writeRows)) };
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
@@ -265,7 +304,8 @@ export class FenceStore {
     for (const row of rows.rows) {
       if (row.object_refused === true) refused.add(row.ord);
       if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
-      else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version) };
+      else if (row.precondition_failed === true) results[row.ord] = { accepted: false, highestToken: BigInt(row.highest_token), preconditionFailed: true };
+      else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version), etag: row.etag ?? null };
     }
     if (rejected.length > 0) {
       // The accepted writes have committed: if recording the rejections fails, only the rejected
@@ -297,16 +337,8 @@ export class FenceStore {
     return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   }
 
-  private async withRetry<T>(fn: () => Promise<T>): Promise<T> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await fn();
-      } catch (err) {
-        // A deadlock or serialization failure rolled the whole statement back: safe to run again.
-        if (!isRetryable(err) || attempt >= this.retries) throw err;
-        await new Promise((r) => setTimeout(r, Math.random() * 5 * (attempt + 1)));
-      }
-    }
+  private withRetry<T>(fn: () => Promise<T>): Promise<T> {
+    return retryOnConflict(fn, { retries: this.retries, backoffMs: 5 });
   }
 
   /** Each object's fence key and that fence's highest token, read after the refusal (the 409 reports them). */
@@ -316,10 +348,31 @@ export class FenceStore {
   }
 
   async readObject(key: string): Promise<StoredObject | null> {
-    const { rows } = await this.pool.query<{ fence_key: string; token: string; version: string; content_type: string; body: Buffer; updated_at: Date }>(q.readObject(key));
+    const { rows } = await this.pool.query<{ fence_key: string; token: string; version: string; etag: string; content_type: string; body: Buffer; updated_at: Date }>(q.readObject(key));
     const r = rows[0];
     if (!r) return null;
-    return { fenceKey: r.fence_key, token: BigInt(r.token), version: BigInt(r.version), contentType: r.content_type, body: r.body, updatedAt: r.updated_at };
+    return { fenceKey: r.fence_key, token: BigInt(r.token), version: BigInt(r.version), etag: r.etag, contentType: r.content_type, body: r.body, updatedAt: r.updated_at };
+  }
+
+  /**
+   * One page of objects in key order (byte order) whose keys start with `prefix` ('' for all),
+   * after `after`; `next` is the cursor of the next page (null at the end).
+   */
+  async listObjects(prefix: string, after: string | null, limit: number): Promise<{ objects: ObjectInfo[]; next: string | null }> {
+    const { rows } = await this.pool.query<{ key: string; fence_key: string; token: string; version: string; etag: string; content_type: string; size: number; updated_at: Date }>(
+      q.listObjects(prefix, after, limit + 1),
+    );
+    const page = rows.slice(0, limit).map((r) => ({
+      key: r.key,
+      fenceKey: r.fence_key,
+      token: BigInt(r.token),
+      version: BigInt(r.version),
+      etag: r.etag,
+      contentType: r.content_type,
+      size: r.size,
+      updatedAt: r.updated_at,
+    }));
+    return { objects: page, next: rows.length > limit ? (page.at(-1)?.key ?? null) : null };
   }
 
   async readFence(fenceKey: string): Promise<FenceRecord | null> {
@@ -337,14 +390,14 @@ export class FenceStore {
   async stats(perFenceLimit: number): Promise<Stats> {
     const [totals, per] = await Promise.all([
       this.pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
-      this.pool.query<{ fence_key: string; highest_token: string; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
+      this.pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
     ]);
     const t = totals.rows[0]!;
     return {
       fences: Number(t.fences),
       accepted: BigInt(t.accepted),
       rejected: BigInt(t.rejected),
-      perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
+      perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
     };
   }
 }
@@ -353,12 +406,13 @@ interface FenceRow {
   fence_key: string;
   highest_token: string;
   updated_at: Date;
+  raised_by: string | null;
   accepted: string;
   rejected: string;
 }
 
 function toFence(r: FenceRow): FenceRecord {
-  return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
+  return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
 }
 
 export type { OpKind };

@@ -20,6 +20,7 @@ import pg from 'pg';
 import * as q from './queries.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { retryOnConflict } from './retry.ts';
 import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
 
 export type { Isolation };
@@ -162,7 +163,6 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
   return r.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, row[i]])));
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const PASSWORD_FAILED = '28P01';
 
@@ -219,7 +219,7 @@ export interface TransactionRunnerOptions {
   /** Extra attempts after a serialization failure or deadlock. */
   retries: number;
   /** How long an incomplete provisioning stands before the next transaction tries again. */
-  provisionRetryMs?: number;
+  provisionRetryMs: number;
   /** Login problems found at provisioning (once per problem). */
   onProblem?: (keyName: string | null, problem: LoginProblem) => void;
 }
@@ -244,7 +244,7 @@ export class TransactionRunner {
   /** Creates or checks the client logins (memoised; an incomplete result is retried after a while). */
   provision(): Promise<ProvisionResult> {
     const p = this.provisioned;
-    if (p && Date.now() - p.at < (this.opts.provisionRetryMs ?? 5000)) return p.result;
+    if (p && Date.now() - p.at < this.opts.provisionRetryMs) return p.result;
     const result = provisionClientLogins(this.opts.owner, this.opts.clientRole, this.opts.logins);
     this.provisioned = { at: Date.now(), result };
     void result.then(
@@ -279,17 +279,14 @@ export class TransactionRunner {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
     try {
-      for (let attempt = 0; ; attempt++) {
-        try {
-          const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
+      return await retryOnConflict(
+        async () => {
+          const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
           if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
           return outcome;
-        } catch (err) {
-          const pgErr = err instanceof StatementError ? err.cause : err;
-          if (!isRetryable(pgErr) || attempt >= this.opts.retries || deadline.aborted) throw err;
-          await sleep(Math.random() * 10 * (attempt + 1));
-        }
-      }
+        },
+        { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },
+      );
     } finally {
       this.slots.give();
     }
@@ -330,7 +327,7 @@ export class TransactionRunner {
     }
   }
 
-  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal): Promise<TxResult> {
+  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal, writerId: string | null): Promise<TxResult> {
     const client = await this.connect(login);
     const conn = (client as unknown as { connection: { stream: NodeJS.EventEmitter & { destroy(): void }; on(e: 'readyForQuery', f: (m: { status: string }) => void): void; off(e: 'readyForQuery', f: (m: { status: string }) => void): void } }).connection;
     let status = 'I';
@@ -379,7 +376,7 @@ export class TransactionRunner {
       let xact: string;
       try {
         await client.query(q.beginClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole));
-        const { rows } = await client.query<{ ord: number; highest_token: string | null; xact: string }>(q.fenceTransaction(capability, fences));
+        const { rows } = await client.query<{ ord: number; highest_token: string | null; xact: string }>(q.fenceTransaction(capability, fences, writerId));
         const stale = rows.filter((r) => r.highest_token === null).map((r) => fences[r.ord]!);
         if (stale.length > 0) {
           await client.query(q.rollbackTransaction());
@@ -458,17 +455,14 @@ export class TransactionRunner {
 
   /** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
   private async recordStale(stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const { rows } = await this.opts.owner.query<{ fence_key: string; highest_token: string }>(
+    const { rows } = await retryOnConflict(
+      () =>
+        this.opts.owner.query<{ fence_key: string; highest_token: string }>(
           q.recordRejections(stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }))),
-        );
-        const highest = new Map(rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
-        for (const s of stale) s.highestToken = highest.get(s.fenceKey) ?? s.token;
-        return;
-      } catch (err) {
-        if (!isRetryable(err) || attempt >= 5) throw err;
-      }
-    }
+        ),
+      { retries: 5, backoffMs: 5 },
+    );
+    const highest = new Map(rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+    for (const s of stale) s.highestToken = highest.get(s.fenceKey) ?? s.token;
   }
 }

@@ -21,6 +21,9 @@ import { ForgeryGuard, type ForgeryGuardConfig } from './forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 import { TX_DEFAULTS } from './config.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
+import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
+import { registerOpenApi } from './openapi.ts';
+import { docsRoutes } from './routes/docs.ts';
 
 export interface AppOptions {
   store: FenceStore;
@@ -111,7 +114,9 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     http: { headersTimeout: Math.min(requestTimeoutMs, 60_000), connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
     clientErrorHandler,
     // Bad percent-encoding and the like, before routing: answer in the registry's shape.
-    frameworkErrors: (err, req, reply) => sendError(reply as unknown as FastifyReply, toApiError(err, req.url)),
+    frameworkErrors: (err, req, reply) => sendError((reply as unknown as FastifyReply).header(REQUEST_ID_HEADER, req.id), toApiError(err, req.url)),
+    // Every request's id (request-id.ts): the client's X-Request-Id when sane, else generated.
+    genReqId: requestId,
     // Route schemas validate bodies, querystrings, params and headers; failures are registry errors.
     ajv: AJV_OPTIONS,
     schemaErrorFormatter,
@@ -124,6 +129,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     : null;
   app.decorate('forgeryGuard', guard);
   if (guard) app.addHook('onClose', async () => await guard.close());
+  registerRequestId(app);
   installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
 
   // Object bodies are stored raw, whatever their content type. POST /v1/transactions parses its
@@ -147,6 +153,9 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     sendError(reply, new ApiError('not_found', `no route ${req.method} ${req.url.split('?')[0]}`));
   });
 
+  // Before the routes: @fastify/swagger documents each route as it is added.
+  registerOpenApi(app, opts.auth ?? { keys: [], readAccess: 'open' });
+  app.register(docsRoutes);
   app.register(objectRoutes);
   app.register(fenceRoutes);
   app.register(statsRoutes);

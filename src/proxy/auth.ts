@@ -8,6 +8,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ROLE_NAME } from '../fence/client-logins.ts';
+import { scramSecret, type ScramSecret } from './pgwire/scram.ts';
 import { ApiError } from './errors.ts';
 import type { RouteAccess } from './route-config.ts';
 
@@ -20,6 +21,8 @@ export interface AccessKey {
   /** Role for POST /v1/transactions; a key without one may not run transactions. */
   pgRole: string | null;
   readOnly: boolean;
+  /** SCRAM-SHA-256 keys of the secret, for the SQL endpoint's login; absent for `secretSha256` keys. */
+  scram?: ScramSecret;
 }
 
 export interface AuthConfig {
@@ -71,11 +74,13 @@ export function parseKeys(json: string): AccessKey[] {
     if (names.has(k.name)) throw new Error(`${where}: duplicate name ${k.name}`);
     names.add(k.name);
     let digest: Buffer;
+    let scram: ScramSecret | undefined;
     if (k.secret !== undefined && k.secretSha256 === undefined) {
       if (typeof k.secret !== 'string' || k.secret.length < MIN_SECRET_CHARS || k.secret.length > MAX_BEARER_CHARS || /[\s\u0000-\u001f]/.test(k.secret)) {
         throw new Error(`key ${k.name}: secret must be ${MIN_SECRET_CHARS}–${MAX_BEARER_CHARS} characters without whitespace`);
       }
       digest = digestOf(k.secret);
+      scram = scramSecret(k.secret);
     } else if (k.secretSha256 !== undefined && k.secret === undefined) {
       if (typeof k.secretSha256 !== 'string' || !/^[0-9a-fA-F]{64}$/.test(k.secretSha256)) throw new Error(`key ${k.name}: secretSha256 must be 64 hex digits`);
       digest = Buffer.from(k.secretSha256, 'hex');
@@ -94,7 +99,7 @@ export function parseKeys(json: string): AccessKey[] {
     if (pgRole !== null && (typeof pgRole !== 'string' || !ROLE_NAME.test(pgRole))) {
       throw new Error(`key ${k.name}: pgRole must be a plain Postgres identifier (letters, digits, _ and $, at most 63)`);
     }
-    return Object.freeze({ name: k.name, digest, fenceKeyPrefixes: Object.freeze([...(prefixes as string[])]), pgRole, readOnly });
+    return Object.freeze({ name: k.name, digest, fenceKeyPrefixes: Object.freeze([...(prefixes as string[])]), pgRole, readOnly, ...(scram ? { scram } : {}) });
   });
 }
 

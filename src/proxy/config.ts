@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './auth.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
+import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { parseHostName, parseOrigin } from './browser-guard.ts';
 
 export interface ProxyConfig {
@@ -15,8 +16,12 @@ export interface ProxyConfig {
   port: number;
   /** Embedded Postgres data folder (only without DATABASE_URL). */
   dataDir: string;
-  /** Embedded Postgres port (only without DATABASE_URL). */
+  /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT. */
   embeddedPgPort: number;
+  /** The SQL endpoint's port (PostgreSQL protocol, FENCEPOST_PGWIRE_PORT); null = off. */
+  pgwirePort: number | null;
+  /** SQL endpoint sessions at once; each holds a backend connection. */
+  pgwireMaxConnections: number;
   bodyLimitBytes: number;
   poolSize: number;
   /** Bound on each statement of the fenced write path and reads (0 = none). */
@@ -63,6 +68,14 @@ export interface ProxyConfig {
   clientRole: string;
 }
 
+/** Defaults of the fenced write path (FenceStore); writeConcurrency is capped below the pool size. */
+export const STORE_DEFAULTS = Object.freeze({
+  concurrency: 2,
+  maxBatch: 64,
+  maxBatchBytes: 4 * 1024 * 1024,
+  retries: 5,
+});
+
 /** Defaults of POST /v1/transactions (also buildApp's, for tests and embedding). */
 export const TX_DEFAULTS = Object.freeze({
   clientRole: 'fencepost_client',
@@ -73,8 +86,17 @@ export const TX_DEFAULTS = Object.freeze({
   // FENCEPOST_LOCK_TIMEOUT_MS, for the write path and transactions alike (see loadConfig).
   lockTimeoutMs: 1000,
   transactionTimeoutMs: 30_000,
+  // A key whose login could not be provisioned is checked again after this (the operator may have run the SQL).
+  provisionRetryMs: 5000,
   maxResultBytes: 4 * 1024 * 1024,
   retries: 3,
+});
+
+/** Defaults of the SQL endpoint (FENCEPOST_PGWIRE_PORT). */
+export const PGWIRE_DEFAULTS = Object.freeze({
+  // Each session holds a backend connection of its own: stay well below Postgres's max_connections.
+  maxConnections: 100,
+  startupTimeoutMs: 10_000,
 });
 
 export class ConfigError extends Error {
@@ -179,7 +201,27 @@ function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
   });
   const zkConnect = env.ZK_CONNECT;
   if (!zkConnect) throw new ConfigError('ZK_CONNECT', 'is required when FENCEPOST_FORGERY_GUARD is set');
-  return Object.freeze({ zkConnect, mappings: Object.freeze(mappings) });
+  // The elections' credentials: the guard trusts only election paths reserved to their identity
+  // (and reads with them, to see ACLs in full; it writes nothing).
+  const zkAuth = env.ZK_AUTH;
+  if (!zkAuth) throw new ConfigError('ZK_AUTH', 'is required when FENCEPOST_FORGERY_GUARD is set: the user:password the elections run with (fencepost elect --zk-auth); the guard trusts only election nodes made under it');
+  let electionAuth: DigestAuth;
+  try {
+    electionAuth = Object.freeze(parseDigestAuth(zkAuth));
+  } catch (err) {
+    throw new ConfigError('ZK_AUTH', (err as Error).message);
+  }
+  return Object.freeze({ zkConnect, mappings: Object.freeze(mappings), electionAuth });
+}
+
+/**
+ * The SQL endpoint's port: off unless set. (The embedded Postgres's port was FENCEPOST_PG_PORT,
+ * a name too easily taken for this one: it is refused, naming its new name.)
+ */
+function pgwirePort(env: NodeJS.ProcessEnv): number | null {
+  const raw = env.FENCEPOST_PGWIRE_PORT;
+  if (raw === undefined || raw === '') return null;
+  return int(env, 'FENCEPOST_PGWIRE_PORT', 0, 0, 65535);
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<ProxyConfig> {
@@ -192,7 +234,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const host = env.HOST ?? '127.0.0.1';
   if (host.trim() === '') throw new ConfigError('HOST', 'must not be empty');
   const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
-  const writeConcurrency = int(env, 'FENCEPOST_WRITE_CONCURRENCY', Math.min(2, poolSize - 1), 1, 1000);
+  const writeConcurrency = int(env, 'FENCEPOST_WRITE_CONCURRENCY', Math.min(STORE_DEFAULTS.concurrency, poolSize - 1), 1, 1000);
   if (writeConcurrency >= poolSize) throw new ConfigError('FENCEPOST_WRITE_CONCURRENCY', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
   const statementTimeoutMs = int(env, 'FENCEPOST_STATEMENT_TIMEOUT_MS', 10_000, 0, 3_600_000);
   // A healthy writer holds a fence row only for its own statement or its transaction's commit
@@ -218,18 +260,29 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   if (!['', '0', '1'].includes(allowOpenRaw)) throw new ConfigError('FENCEPOST_ALLOW_OPEN', 'must be 0 or 1');
   const allowOpen = allowOpenRaw === '1';
   assertSafeBind({ host, keys, allowOpen });
+  if (env.FENCEPOST_PG_PORT !== undefined && env.FENCEPOST_PG_PORT !== '') {
+    throw new ConfigError('FENCEPOST_PG_PORT', 'was renamed FENCEPOST_EMBEDDED_PG_PORT (the embedded Postgres\'s port; the SQL endpoint\'s is FENCEPOST_PGWIRE_PORT)');
+  }
+  const forgeryGuard = loadForgeryGuard(env);
+  const sqlPort = pgwirePort(env);
+  if (sqlPort !== null && forgeryGuard !== null) {
+    // The guard checks tokens before a write; SQL sessions carry theirs inside the database.
+    throw new ConfigError('FENCEPOST_PGWIRE_PORT', 'cannot be used with FENCEPOST_FORGERY_GUARD yet: the SQL endpoint does not run the guard, so it would be a way around it');
+  }
   return Object.freeze({
     databaseUrl,
     host,
     port: int(env, 'PORT', 8080, 0, 65535),
     dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
-    embeddedPgPort: int(env, 'FENCEPOST_PG_PORT', 54329, 1, 65535),
+    embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 54329, 1, 65535),
+    pgwirePort: sqlPort,
+    pgwireMaxConnections: int(env, 'FENCEPOST_PGWIRE_MAX_CONNECTIONS', PGWIRE_DEFAULTS.maxConnections, 1, 10_000),
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
     writeConcurrency,
     statementTimeoutMs,
     lockTimeoutMs,
-    maxBatch: int(env, 'FENCEPOST_MAX_BATCH', 64, 1, 10_000),
+    maxBatch: int(env, 'FENCEPOST_MAX_BATCH', STORE_DEFAULTS.maxBatch, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
     rejectionsMaxAgeMs,
@@ -241,7 +294,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     requestTimeoutMs: int(env, 'FENCEPOST_REQUEST_TIMEOUT_MS', 30_000, 100, 3_600_000),
     allowedOrigins: list(env, 'FENCEPOST_ALLOWED_ORIGINS', parseOrigin),
     allowedHosts: list(env, 'FENCEPOST_ALLOWED_HOSTS', parseHostName),
-    forgeryGuard: loadForgeryGuard(env),
+    forgeryGuard,
     txPoolSize: int(env, 'FENCEPOST_TX_POOL_SIZE', TX_DEFAULTS.maxConcurrent, 1, 1000),
     txMaxStatements: int(env, 'FENCEPOST_TX_MAX_STATEMENTS', TX_DEFAULTS.maxStatements, 1, 10_000),
     txStatementTimeoutMs: int(env, 'FENCEPOST_TX_STATEMENT_TIMEOUT_MS', TX_DEFAULTS.statementTimeoutMs, 1, 3_600_000),

@@ -19,10 +19,20 @@
 //   50 ms and 150 ms later, before the write is refused).
 // - ZooKeeper unreachable while a raise needs checking: 503 unavailable. The hot path (token ≤
 //   known highest, or a token already verified) never talks to ZooKeeper.
+// - Only nodes created under the elections' identity count (src/election/acl.ts). Creating or
+//   deleting a child needs CREATE or DELETE on the parent, so an election path whose ACL grants more
+//   than READ to that digest identity alone, and that was created so (ACL version 0), has only ever
+//   had children created by that identity. Such a path's lowest node, if ephemeral, is trusted; on
+//   any other path nothing raises a fence: a planted node is never a leader. The guard's session
+//   authenticates with the elections' credentials (`electionAuth`, ZK_AUTH) only so that ZooKeeper
+//   shows it the ACL's digest in full (it shows `user:x` to a session that may not administer the
+//   node, which would not tell the real identity from another password for the same user name);
+//   it creates, deletes and changes nothing. Without `electionAuth`, nothing is trusted.
 import type { Logger } from 'pino';
 import { ZkSession } from '../election/zk-session.ts';
 import { ZK_CODES, ZkError } from '../election/errors.ts';
 import { parseCandidate } from '../election/sequence.ts';
+import { digestId, formatAcl, isElectionAcl, type DigestAuth } from '../election/acl.ts';
 import { ApiError } from './errors.ts';
 
 export interface GuardMapping {
@@ -37,6 +47,12 @@ export interface ForgeryGuardConfig {
   mappings: readonly GuardMapping[];
   /** How long a check waits for a ZooKeeper session before answering 503. Default 5000. */
   connectTimeoutMs?: number;
+  /**
+   * The credentials the elections run with (`ZK_AUTH`, `fencepost elect --zk-auth`). Only election
+   * paths whose ACL reserves creating and deleting nodes to their digest identity are trusted;
+   * without them, no token raises a guarded fence.
+   */
+  electionAuth?: DigestAuth;
 }
 
 export interface ForgeryGuardOptions extends ForgeryGuardConfig {
@@ -65,13 +81,19 @@ export class ForgeryGuard {
   private readonly verified = new Map<string, true>();
   private readonly highest = new Map<string, bigint>();
   private readonly inFlight = new Map<string, Promise<boolean>>();
+  /** Election paths already logged as untrusted (once each). */
+  private readonly untrustedLogged = new Set<string>();
   private session: Promise<ZkSession> | null = null;
   private closed = false;
   /** ZooKeeper reads made (tests check the hot path makes none). */
   zkReads = 0;
 
+  /** Digest ACL id of `electionAuth`; null when none is configured. */
+  private readonly identity: string | null;
+
   constructor(opts: ForgeryGuardOptions) {
     this.opts = opts;
+    this.identity = opts.electionAuth ? digestId(opts.electionAuth) : null;
     this.mappings = [...opts.mappings].sort((a, b) => b.prefix.length - a.prefix.length);
   }
 
@@ -142,29 +164,51 @@ export class ForgeryGuard {
     return p;
   }
 
+  /** The sequence of the lowest candidate under `path`, if it is a node the election identity made. */
   private async leaderSequence(path: string): Promise<number | null> {
-    let children: string[];
+    const identity = this.identity;
+    if (identity === null) {
+      this.untrusted(path, 'no election identity is configured (ZK_AUTH): no election node is trusted');
+      return null;
+    }
     try {
       const s = await this.zk();
       this.zkReads++;
-      ({ children } = await s.getChildren(path));
+      const { children } = await s.getChildren(path);
+      let lowest: { name: string; seq: number } | null = null;
+      for (const name of children) {
+        let seq: number;
+        try {
+          const c = parseCandidate(name);
+          if (!c) continue;
+          seq = c.seq;
+        } catch {
+          continue; // a wrapped sequence is never a valid token
+        }
+        if (lowest === null || seq < lowest.seq) lowest = { name, seq };
+      }
+      if (lowest === null) return null;
+      // Who could have made that node: only the identity, if the path's ACL says so and always has.
+      const { acl, stat } = await s.getAcl(path);
+      if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
+        this.untrusted(path, stat.aversion !== 0
+          ? `its ACL was changed after it was created (ACL version ${stat.aversion}): nodes planted before the change may remain`
+          : `its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`);
+        return null;
+      }
+      const node = await s.exists(`${path}/${lowest.name}`);
+      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return null; // gone meanwhile, or not a candidate's
+      return lowest.seq;
     } catch (err) {
       if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return null;
       throw new ApiError('unavailable', 'ZooKeeper unreachable: cannot verify a token that raises a fence; safe to retry', {}, { cause: err });
     }
-    let lowest: number | null = null;
-    for (const name of children) {
-      let seq: number;
-      try {
-        const c = parseCandidate(name);
-        if (!c) continue;
-        seq = c.seq;
-      } catch {
-        continue; // a wrapped sequence is never a valid token
-      }
-      if (lowest === null || seq < lowest) lowest = seq;
-    }
-    return lowest;
+  }
+
+  private untrusted(path: string, why: string): void {
+    if (this.untrustedLogged.has(path)) return;
+    this.untrustedLogged.add(path);
+    this.opts.logger?.error({ electionPath: path }, `forgery guard: election path not trusted, no token from it raises a fence: ${why}`);
   }
 
   private async zk(): Promise<ZkSession> {
@@ -181,6 +225,7 @@ export class ForgeryGuard {
       connectTimeoutMs: this.opts.connectTimeoutMs ?? 5000,
       requestTimeoutMs: 5000,
       ...(this.opts.logger ? { logger: this.opts.logger } : {}),
+      ...(this.opts.electionAuth ? { auth: this.opts.electionAuth } : {}),
     });
     const opening = this.session;
     try {

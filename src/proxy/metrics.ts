@@ -8,9 +8,14 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { OpKind } from '../fence/queries.ts';
 import './route-config.ts'; // config.operation
 
-export type WriteOutcome = 'accepted' | 'rejected' | 'invalid' | 'error';
+export type WriteOutcome = 'accepted' | 'rejected' | 'precondition_failed' | 'invalid' | 'error';
+
+/** Every label value of fencepost_writes_total: each combination exists (at 0) from the start. */
+export const WRITE_OPERATIONS = ['put', 'delete', 'fence', 'transaction'] as const satisfies readonly (OpKind | 'transaction')[];
+export const WRITE_OUTCOMES = ['accepted', 'rejected', 'precondition_failed', 'invalid', 'error'] as const satisfies readonly WriteOutcome[];
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -38,7 +43,7 @@ export class ProxyMetrics {
 
   readonly writes = new Counter({
     name: 'fencepost_writes_total',
-    help: 'Fenced writes answered, by operation (put, delete, fence, transaction) and outcome: accepted (2xx), rejected (stale_token or unverified_token), invalid (other 4xx), error (5xx).',
+    help: 'Fenced writes answered, by operation (put, delete, fence, transaction) and outcome: accepted (2xx), rejected (stale_token or unverified_token), precondition_failed (412), invalid (other 4xx), error (5xx).',
     labelNames: ['operation', 'outcome'] as const,
     registers: [this.registry],
   });
@@ -73,6 +78,9 @@ export class ProxyMetrics {
 
   constructor(pool: pg.Pool, opts: { processMetrics?: boolean } = {}) {
     this.includeProcess = opts.processMetrics ?? true;
+    // A series that first appears at 1 is invisible to increase() and rate(): the first rejection
+    // after a start would fire no alert. So every operation × outcome starts at 0.
+    for (const operation of WRITE_OPERATIONS) for (const outcome of WRITE_OUTCOMES) this.writes.inc({ operation, outcome }, 0);
     const gauge = (name: string, help: string, read: () => number) =>
       new Gauge({
         name,
@@ -96,7 +104,8 @@ export class ProxyMetrics {
     const operation = req.routeOptions.config.operation;
     if (operation === undefined) return;
     const code = reply.errorCode;
-    const outcome: WriteOutcome = status < 400 ? 'accepted' : code === 'stale_token' || code === 'unverified_token' ? 'rejected' : status < 500 ? 'invalid' : 'error';
+    const outcome: WriteOutcome =
+      status < 400 ? 'accepted' : code === 'stale_token' || code === 'unverified_token' ? 'rejected' : code === 'precondition_failed' ? 'precondition_failed' : status < 500 ? 'invalid' : 'error';
     this.writes.inc({ operation, outcome });
     this.writeDuration.observe({ operation, outcome }, reply.elapsedTime / 1000);
   }

@@ -4,7 +4,8 @@ import pg from 'pg';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './app.ts';
-import { assertSafeBind, type ProxyConfig } from './config.ts';
+import { PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
+import { PgwireServer } from './pgwire/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
@@ -16,6 +17,8 @@ export interface RunningProxy {
   app: FastifyInstance;
   url: string;
   databaseUrl: string;
+  /** The SQL endpoint's port, when FENCEPOST_PGWIRE_PORT is set (else null: off). */
+  pgwirePort: number | null;
   /** Idempotent. */
   close(): Promise<void>;
 }
@@ -75,6 +78,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, {
+    ...STORE_DEFAULTS,
     concurrency: config.writeConcurrency,
     maxBatch: config.maxBatch,
     onBatch: (n) => metrics.writeBatchSize.observe(n),
@@ -109,6 +113,23 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     logger: logger.child({ component: 'retention' }),
     onPruned: (n) => metrics.rejectionsPruned.inc(n),
   });
+  const pgwire =
+    config.pgwirePort === null
+      ? null
+      : new PgwireServer({
+          host: config.host,
+          port: config.pgwirePort,
+          databaseUrl,
+          keys: config.keys,
+          provision: () => app.transactionRunner.provision(),
+          owner: pool,
+          statementTimeoutMs: config.txStatementTimeoutMs,
+          lockTimeoutMs: config.lockTimeoutMs,
+          maxConnections: config.pgwireMaxConnections,
+          startupTimeoutMs: PGWIRE_DEFAULTS.startupTimeoutMs,
+          logger: logger.child({ component: 'pgwire' }),
+        });
+  let pgwirePort: number | null = null;
   try {
     const applied = await migrate(pool);
     if (applied.length > 0) logger.info({ applied }, 'migrations applied');
@@ -120,8 +141,10 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     // Client logins for SQL transactions: created now, or the log says what to run (see Security).
     await app.transactionRunner.provision();
     await app.listen({ host: config.host, port: config.port });
+    if (pgwire) pgwirePort = await pgwire.listen();
     pruner.start(); // after migrate: the table exists
   } catch (err) {
+    await pgwire?.close().catch(() => {});
     await pruner.stop().catch(() => {});
     await app.close().catch(() => {});
     await pool.end().catch(() => {});
@@ -132,6 +155,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   const port = typeof address === 'object' && address ? address.port : config.port;
   const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
   logger.info({ url, embeddedPostgres: embedded !== null }, 'fencepost proxy listening');
+  if (pgwirePort !== null) logger.info({ host: config.host, port: pgwirePort }, 'fencepost SQL endpoint listening (PostgreSQL protocol)');
 
   let closing: Promise<void> | null = null;
   const close = () =>
@@ -141,11 +165,13 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       const timer = setTimeout(() => app.server.closeAllConnections(), config.shutdownTimeoutMs);
       await app.close(); // stops accepting, waits for in-flight requests
       clearTimeout(timer);
+      // SQL sessions end with the proxy: their open transactions roll back.
+      await pgwire?.close();
       await store.idle();
       await pruner.stop();
       await pool.end();
       await embedded?.stop();
       logger.info('stopped');
     })());
-  return { app, url, databaseUrl, close };
+  return { app, url, databaseUrl, pgwirePort, close };
 }

@@ -30,6 +30,8 @@ export const AJV_OPTIONS = {
       'fencepost-key': (s: string) => keyProblem(s) === null,
       /** A fencing token: src/fence/token.ts (digits, 0…2^63−1, leading zeros allowed). */
       'fencing-token': (s: string) => parseToken(s).ok,
+      /** A key prefix (GET /v1/objects?prefix=): empty, or what a key may be. */
+      'fencepost-key-prefix': (s: string) => s === '' || keyProblem(s) === null,
       /** A rejection id (bigserial): 1…2^63−1 in at most 19 digits. */
       'rejection-id': (s: string) => /^[0-9]{1,19}$/.test(s) && BigInt(s) >= 1n && BigInt(s) <= MAX_BIGSERIAL,
     },
@@ -45,11 +47,14 @@ export const KEY = { type: 'string', format: 'fencepost-key', description: 'a ke
 /** Tokens, in the Fencing-Token header and in transaction bodies (JSON strings, never numbers). */
 export const TOKEN = { type: 'string', pattern: '^[0-9]+$', format: 'fencing-token', description: 'decimal digits in 0…9223372036854775807' } as const;
 
-/** Routes that take no query parameters still refuse unknown ones. */
-export const NO_QUERY = { type: 'object', additionalProperties: false } as const;
+/** Routes that take no query parameters still refuse unknown ones. (`properties: {}`: OpenAPI lists none.) */
+export const NO_QUERY = { type: 'object', additionalProperties: false, properties: {} } as const;
+
+/** `Writer-Id`, kept in the rejection log (request.ts strips control characters and caps it). */
+export const WRITER_ID = { type: 'string', description: 'who sent the write, kept in the rejection log (at most 200 characters are kept)' } as const;
 
 /** The headers of a fenced write. Other headers pass: a request carries many. */
-export const FENCED_HEADERS = { type: 'object', required: ['fencing-token'], properties: { 'fencing-token': TOKEN } } as const;
+export const FENCED_HEADERS = { type: 'object', required: ['fencing-token'], properties: { 'fencing-token': TOKEN, 'writer-id': WRITER_ID } } as const;
 
 /** Params of `/…/:name` routes whose parameter is a key. */
 export function keyParams(name: string) {
@@ -73,7 +78,8 @@ function label(part: RequestPart, path: string): string {
   if (first === undefined) return part === 'querystring' ? 'the query' : `the ${part}`;
   if (part === 'headers') return `${first.replace(/(^|-)([a-z])/g, (_m, dash: string, c: string) => dash + c.toUpperCase())} header`;
   if (part === 'querystring') return `query parameter ${first}`;
-  if (part === 'params') return first.replace(/[A-Z]/g, (c) => ` ${c.toLowerCase()}`);
+  // `*`: the object key of /v1/objects/*, which may hold `/`.
+  if (part === 'params') return first === '*' ? 'key' : first.replace(/[A-Z]/g, (c) => ` ${c.toLowerCase()}`);
   return steps.map((s, i) => (/^[0-9]+$/.test(s) ? `[${s}]` : i === 0 ? s : `.${s}`)).join('');
 }
 

@@ -30,6 +30,8 @@ export interface FenceInfo {
   updatedAt: string;
   accepted: number;
   rejected: number;
+  /** The writer id of the request that last raised the fence (null when none was sent). */
+  raisedBy: string | null;
 }
 
 /** An error answer from the proxy, with its registry code. */

@@ -4,14 +4,17 @@ import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { afterAll, afterEach, expect, inject, test } from 'vitest';
+import { afterAll, afterEach, beforeAll, expect, inject, test } from 'vitest';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
-import { uniquePath, waitFor } from './helpers.ts';
+import { ZkSession } from '../../src/election/zk-session.ts';
+import { digestId, electionAcl } from '../../src/election/acl.ts';
+import { now, openObserver, openTestRoot, processAlive, sleep, uniquePath, waitFor } from './helpers.ts';
 
 const connect = inject('zkConnect');
 const BIN = resolve(import.meta.dirname, '../../bin/fencepost.js');
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-elect-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
+beforeAll(() => openTestRoot(connect)); // before any election here runs with credentials
 
 // The command run under election: records start/stop with its token in $OUT; exits when orphaned.
 const CHILD = `
@@ -176,4 +179,154 @@ test('fencepost elect: --proxy without --fence-key (and the reverse) is a usage 
   const bounded = (q: Proc) => Promise.race([q.exited.then((e) => e.code), new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
   expect(await bounded(a)).toBe(2);
   expect(await bounded(b)).toBe(2);
+});
+
+/** Runs `fencepost <args>` to its end. */
+function run(args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  return new Promise((r) => child.once('exit', (code) => r({ code, stdout, stderr })));
+}
+
+async function childCount(observer: ZkSession, path: string): Promise<number> {
+  try {
+    return (await observer.getChildren(path)).children.length;
+  } catch {
+    return 0;
+  }
+}
+
+// Holds on like a command that ignores SIGTERM (so the guardian's SIGKILL is needed as well) and
+// never notices that it was orphaned.
+const HOLD = `
+require('fs').appendFileSync(process.env.OUT, 'hold ' + process.pid + '\\n');
+process.on('SIGTERM', () => {});
+setInterval(() => {}, 1000);
+`;
+// The standby's command, at its start: how many processes of the old leader's command still run.
+const STANDBY = `
+const fs = require('fs'); const out = process.env.OUT;
+const alive = (pid) => { try { return !/^\\d+ \\(.*\\) [ZX]/s.test(fs.readFileSync('/proc/' + pid + '/stat', 'utf8')); } catch { return false; } };
+const held = fs.readFileSync(out, 'utf8').split('\\n').filter((l) => l.startsWith('hold ')).map((l) => Number(l.split(' ')[1]));
+fs.appendFileSync(out, 'standby ' + process.env.FENCING_TOKEN + ' ' + held.filter(alive).length + '\\n');
+setInterval(() => {}, 1000);
+`;
+
+test('SIGKILL of fencepost elect alone (not its group): its command\'s whole process group is gone before the standby starts', async () => {
+  // Invariant: however elect dies, its command never runs beside the next leader's. The kill hits
+  // only the elect process, as the OOM killer would; the command (a shell and two children that
+  // ignore SIGTERM) is in a process group of its own, which its guardian kills.
+  const path = uniquePath('cli-orphan');
+  const out = join(dir, 'orphan.log');
+  const held = (): number[] => lines(out).filter((l) => l[0] === 'hold').map((l) => Number(l[1]));
+  const a = elect(['--id', 'a', '--zk', connect, '--path', path, '--session-timeout-ms', '2000', '--', 'sh', '-c', 'node -e "$HOLD" & node -e "$HOLD" & wait'], { OUT: out, HOLD });
+  await waitFor(() => held().length === 2, 20_000, "the leader's command and its children hold on");
+  const shellPid = Number(a.logs.find((l) => l.msg === 'elected: started the command')?.childPid);
+  for (const pid of [shellPid, ...held()]) pidsToReap.add(pid);
+  const b = elect(['--id', 'b', '--zk', connect, '--path', path, '--session-timeout-ms', '2000', '--', process.execPath, '-e', STANDBY], { OUT: out });
+  const observer = await openObserver(connect);
+  try {
+    const deadline = now() + 20_000;
+    while ((await childCount(observer, path)) < 2) {
+      if (now() > deadline) throw new Error('the standby did not join');
+      await sleep(20);
+    }
+  } finally {
+    await observer.close();
+  }
+
+  const killedAt = now();
+  process.kill(a.child.pid!, 'SIGKILL');
+  let goneAfterMs: number | null = null;
+  const group = [shellPid, ...held()];
+  while (goneAfterMs === null && lines(out).every((l) => l[0] !== 'standby')) {
+    if (group.every((pid) => !processAlive(pid))) goneAfterMs = now() - killedAt;
+    else await sleep(5);
+  }
+  await waitFor(() => lines(out).some((l) => l[0] === 'standby'), 20_000, 'the standby starts its command');
+  const standby = lines(out).find((l) => l[0] === 'standby')!;
+  expect(standby[2], 'processes of the old command still running when the standby started').toBe('0');
+  expect(goneAfterMs, 'the old command was gone before the standby started').not.toBeNull();
+  expect(a.logs.some((l) => String(l.msg).startsWith('fencepost elect is gone without stopping its command'))).toBe(true);
+  expect(b.child.exitCode).toBeNull();
+  console.info(`orphaned command group gone ${goneAfterMs!.toFixed(0)} ms after SIGKILL of fencepost elect (SIGTERM ignored: SIGKILL after the guardian's wait)`);
+});
+
+test('fencepost leader prints who leads and with which token, as text or --json; exit 3 when nobody leads, 2 on bad usage', async () => {
+  const path = uniquePath('cli-leader');
+  const none = await run(['leader', '--zk', connect, '--path', path, '--json']);
+  expect(none.code).toBe(3);
+  expect(JSON.parse(none.stdout)).toEqual({ electionPath: path, id: null, token: null });
+  const out = join(dir, 'leader.log');
+  elect(['--id', 'lead-1', '--zk', connect, '--path', path, '--', process.execPath, '-e', CHILD], { OUT: out });
+  await waitFor(() => starts(out).length === 1, 20_000, 'the leader runs its command');
+  const { token, pid } = starts(out)[0]!;
+  pidsToReap.add(pid);
+  const text = await run(['leader', '--zk', connect, '--path', path]);
+  expect(text).toMatchObject({ code: 0, stdout: `lead-1 token ${token}\n` });
+  const json = await run(['leader', '--zk', connect, '--path', path, '--json']);
+  expect(json.code).toBe(0);
+  expect(JSON.parse(json.stdout)).toEqual({ electionPath: path, id: 'lead-1', token: token.toString() });
+  expect((await run(['leader', '--zk', connect])).code).toBe(2);
+  expect((await run(['leader', '--zk', connect, '--path', 'relative'])).code).toBe(2);
+});
+
+test('--status-port: /leader is 200 with id and token on the leader only and 503 elsewhere, follows a handover; /healthz is 200 on both', async () => {
+  const path = uniquePath('cli-status');
+  const out = join(dir, 'status.log');
+  const common = ['--zk', connect, '--path', path, '--status-port', '0', '--status-host', '127.0.0.1', '--', process.execPath, '-e', CHILD];
+  const statusUrl = (p: Proc): string | null => {
+    const port = p.logs.find((l) => l.msg === 'status server listening (/healthz, /leader)')?.port;
+    return port === undefined ? null : `http://127.0.0.1:${String(port)}`;
+  };
+  const get = async (url: string) => {
+    const res = await fetch(url);
+    return { status: res.status, body: (await res.json()) as Record<string, unknown> };
+  };
+  const a = elect(['--id', 's-a', ...common], { OUT: out });
+  await waitFor(() => starts(out).length === 1, 20_000, 'a leads');
+  const first = starts(out)[0]!;
+  pidsToReap.add(first.pid);
+  const b = elect(['--id', 's-b', ...common], { OUT: out });
+  await waitFor(() => statusUrl(b) !== null && hasLog(b, 'connection state'), 20_000, 'b serves its status');
+  const [urlA, urlB] = [statusUrl(a)!, statusUrl(b)!];
+
+  expect(await get(`${urlA}/leader`)).toEqual({ status: 200, body: { leader: true, id: 's-a', electionPath: path, token: first.token.toString() } });
+  expect(await get(`${urlB}/leader`)).toEqual({ status: 503, body: { leader: false, id: 's-b', electionPath: path } });
+  expect(await get(`${urlA}/healthz`)).toMatchObject({ status: 200, body: { status: 'ok', leader: true, zookeeper: 'connected' } });
+  expect(await get(`${urlB}/healthz`)).toMatchObject({ status: 200, body: { status: 'ok', leader: false, zookeeper: 'connected' } });
+  expect((await fetch(`${urlA}/nothing`)).status).toBe(404);
+
+  a.child.kill('SIGTERM');
+  expect((await a.exited).code).toBe(143);
+  await waitFor(() => starts(out).length === 2, 20_000, 'b takes over');
+  const second = starts(out)[1]!;
+  pidsToReap.add(second.pid);
+  expect(await get(`${urlB}/leader`)).toEqual({ status: 200, body: { leader: true, id: 's-b', electionPath: path, token: second.token.toString() } });
+});
+
+test('ZK_AUTH (or --zk-auth): fencepost elect creates its election nodes with the election ACL, keeps the credentials from its command; a malformed value is a usage error (exit 2)', async () => {
+  const path = uniquePath('cli-auth');
+  const out = join(dir, 'auth.log');
+  const auth = { user: 'elector', password: 'cli-secret' };
+  const command = ['sh', '-c', 'echo "zk_auth ${ZK_AUTH-unset}" >> "$OUT"; exec "$0" -e "$CHILD"', process.execPath];
+  elect(['--id', 'au', '--zk', connect, '--path', path, '--', ...command], { OUT: out, CHILD, ZK_AUTH: `${auth.user}:${auth.password}` });
+  await waitFor(() => starts(out).length === 1, 20_000, 'the leader runs its command');
+  pidsToReap.add(starts(out)[0]!.pid);
+  expect(lines(out)[0]).toEqual(['zk_auth', 'unset']);
+  const owner = await ZkSession.open({ connect, sessionTimeoutMs: 4000, auth });
+  try {
+    const { children } = await owner.getChildren(path);
+    expect(children).toHaveLength(1);
+    for (const p of [path, `${path}/${children[0]}`]) expect((await owner.getAcl(p)).acl, p).toEqual(electionAcl(digestId(auth)));
+  } finally {
+    await owner.close();
+  }
+  const bad = elect(['--zk', connect, '--path', uniquePath('cli-auth-bad'), '--zk-auth', 'no-password', '--', 'true']);
+  expect((await bad.exited).code).toBe(2);
+  const badEnv = elect(['--zk', connect, '--path', uniquePath('cli-auth-bad'), '--', 'true'], { ZK_AUTH: ':pw' });
+  expect((await badEnv.exited).code).toBe(2);
 });

@@ -1,5 +1,6 @@
 // Shared helpers for the election tests: unique paths, polling, event capture, session killing.
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import zookeeper from 'node-zookeeper-client';
 import { Election } from '../../src/election/election.ts';
@@ -113,6 +114,29 @@ export async function killSession(connect: string, session: ZkSession): Promise<
     if (await Promise.race([lost.then(() => true), sleep(1000).then(() => false)])) return;
   }
   throw new Error('killSession: the session survived 10 attempts');
+}
+
+/**
+ * Creates /fencepost-test open to everyone, if it is not there yet. A test whose elections run with
+ * credentials calls this first: the parents such an election creates get its ACL, which would shut
+ * every other test (other credentials, or none) out of the common parent.
+ */
+export async function openTestRoot(connect: string): Promise<void> {
+  const s = await ZkSession.open({ connect, sessionTimeoutMs: 4000 });
+  try {
+    await s.mkdirp('/fencepost-test');
+  } finally {
+    await s.close();
+  }
+}
+
+/** True while process `pid` runs (a zombie, dead but not yet reaped by its new parent, is not). */
+export function processAlive(pid: number): boolean {
+  try {
+    return !/^\d+ \(.*\) [ZX]/s.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return false;
+  }
 }
 
 export async function openObserver(connect: string): Promise<ZkSession> {

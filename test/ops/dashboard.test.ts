@@ -1,5 +1,6 @@
 // GET /dashboard: served self-contained, and live in a real headless Chromium: a rejected write
 // made over HTTP shows up on the open page without a reload.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -103,9 +104,46 @@ describe('in headless Chromium', () => {
     }
   });
 
+  test('each fence shows its highest token and the writer that raised it, from object writes and transactions, and follows a new leader\'s raise', async () => {
+    // Invariant: the writer shown is the one whose write raised the fence to the token shown.
+    expect((await write('/v1/objects/ledger%2F1', '3', { 'fence-key': 'ledger', 'writer-id': 'replica-a' })).status).toBe(200);
+    expect((await write('/v1/objects/ledger%2F2', '3', { 'fence-key': 'ledger' })).status).toBe(200); // same token, no id: still replica-a's
+    const tx = await fetch(`${url}/v1/transactions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'writer-id': 'replica-tx' },
+      body: JSON.stringify({ fences: [{ key: 'ledger-tx', token: '5' }], statements: [{ sql: 'SELECT 1' }] }),
+    });
+    expect(tx.status, await tx.clone().text()).toBe(200);
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${url}/dashboard?refreshMs=300`);
+      const row = (key: string) => page.locator(`#fences tbody tr[data-fence-key="${key}"]`);
+      await expect.poll(() => row('ledger').locator('.raised-by').textContent(), { timeout: 10_000 }).toBe('replica-a');
+      expect(await row('ledger').locator('.highest-token').textContent()).toBe('3');
+      expect(await row('ledger-tx').locator('.raised-by').textContent()).toBe('replica-tx');
+      expect(await row('orders').locator('.raised-by').textContent()).toBe('—'); // raised without a Writer-Id
+
+      // A new leader raises the fence while the page is open.
+      expect((await write('/v1/objects/ledger%2F1', '4', { 'fence-key': 'ledger', 'writer-id': 'replica-b' })).status).toBe(200);
+      await expect.poll(() => row('ledger').locator('.highest-token').textContent(), { timeout: 10_000 }).toBe('4');
+      expect(await row('ledger').locator('.raised-by').textContent()).toBe('replica-b');
+    } finally {
+      await page.close();
+    }
+    // The same in the API and the view operators query.
+    expect(await (await fetch(`${url}/v1/fences/ledger`)).json()).toMatchObject({ fenceKey: 'ledger', highestToken: '4', raisedBy: 'replica-b' });
+    const list = (await (await fetch(`${url}/v1/fences?limit=1000`)).json()) as { fences: Array<{ fenceKey: string; raisedBy: string | null }> };
+    expect(list.fences.find((f) => f.fenceKey === 'ledger-tx')?.raisedBy).toBe('replica-tx');
+    const { rows } = await db.pool.query(`SELECT fence_key, highest_token::text, raised_by FROM fencepost.fence_stats WHERE fence_key LIKE 'ledger%' ORDER BY fence_key`);
+    expect(rows).toEqual([
+      { fence_key: 'ledger', highest_token: '4', raised_by: 'replica-b' },
+      { fence_key: 'ledger-tx', highest_token: '5', raised_by: 'replica-tx' },
+    ]);
+  });
+
   test('keys and writer ids are shown as text, never run as HTML', async () => {
     const evil = '<img src=x onerror="window.__pwned=1">';
-    expect((await write(`/v1/objects/${encodeURIComponent(evil)}`, '9')).status).toBe(200);
+    expect((await write(`/v1/objects/${encodeURIComponent(evil)}`, '9', { 'writer-id': '<i>raiser</i>' })).status).toBe(200);
     expect((await write(`/v1/objects/${encodeURIComponent(evil)}`, '8', { 'writer-id': '<b>bold</b>' })).status).toBe(409);
     const page = await browser.newPage();
     try {
@@ -113,7 +151,8 @@ describe('in headless Chromium', () => {
       const row = page.locator('#fences tbody tr').filter({ hasText: evil });
       await expect.poll(() => row.count(), { timeout: 10_000 }).toBe(1);
       await expect.poll(() => page.locator('#rejections tbody').textContent()).toContain('<b>bold</b>');
-      expect(await page.locator('#rejections tbody b, #fences tbody img').count()).toBe(0);
+      expect(await row.locator('.raised-by').textContent()).toBe('<i>raiser</i>');
+      expect(await page.locator('#rejections tbody b, #fences tbody img, #fences tbody i').count()).toBe(0);
       expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
     } finally {
       await page.close();
@@ -142,7 +181,7 @@ describe('with bearer keys required for reads', () => {
   test('the page loads, asks for a key, and goes live once one is given', async () => {
     const secret = 'ops-read-key-0123456789';
     const secured = buildApp({
-      store: new FenceStore(db.pool),
+      store: new FenceStore(db.pool, STORE_DEFAULTS),
       bodyLimitBytes: 1024,
       auth: { keys: parseKeys(JSON.stringify([{ name: 'ops', secret, readOnly: true }])), readAccess: 'key' },
     });

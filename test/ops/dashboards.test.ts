@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, testApp } from '../support/proxy.ts';
+import { WRITE_OUTCOMES } from '../../src/proxy/metrics.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -29,7 +30,7 @@ afterAll(async () => {
   await db.drop();
 });
 
-const OUTCOMES = ['accepted', 'rejected', 'invalid', 'error'];
+const OUTCOMES: readonly string[] = WRITE_OUTCOMES;
 
 function metricNames(expr: string): string[] {
   return [...expr.matchAll(/\b((?:fencepost|nodejs|process)_[a-z0-9_]+)\b/g)].map((m) => m[1]!);
@@ -41,17 +42,15 @@ function checkExpr(where: string, expr: string): void {
   for (const m of expr.matchAll(/outcome=~?"([^"]+)"/g)) for (const o of m[1]!.split('|')) expect(OUTCOMES, `${where}: outcome ${o}`).toContain(o);
 }
 
-test('every Grafana panel queries the provisioned Prometheus datasource for metrics the proxy exposes', () => {
+test('every Grafana panel queries the dashboard\'s Prometheus datasource for metrics the proxy exposes', () => {
   const dash = JSON.parse(readFileSync(join(REPO, 'dashboards', 'grafana.json'), 'utf8')) as {
     uid: string;
     panels: { type: string; title: string; datasource?: { uid: string }; targets?: { expr: string }[] }[];
   };
-  const datasources = readFileSync(join(REPO, 'dashboards', 'grafana', 'provisioning', 'datasources', 'prometheus.yml'), 'utf8');
-  const uid = /^\s*uid: (\S+)$/m.exec(datasources)?.[1];
   const graphs = dash.panels.filter((p) => p.type !== 'row');
   expect(graphs.length).toBeGreaterThanOrEqual(10);
   for (const p of graphs) {
-    expect(p.datasource?.uid, p.title).toBe(uid);
+    expect(p.datasource?.uid, p.title).toBe('${DS_PROMETHEUS}');
     expect(p.targets?.length, p.title).toBeGreaterThan(0);
     for (const t of p.targets ?? []) {
       expect(metricNames(t.expr).length, `${p.title}: ${t.expr}`).toBeGreaterThan(0);
@@ -65,6 +64,26 @@ test('every Grafana panel queries the provisioned Prometheus datasource for metr
   }
 });
 
+// Imported through Grafana's UI, `__inputs` asks for a Prometheus datasource and replaces
+// ${DS_PROMETHEUS}; provisioned as a file (docker-compose.yml), nothing replaces it, and the
+// datasource variable of that name resolves it to the default Prometheus datasource.
+test('the Grafana dashboard imports into any Grafana: one datasource input, referenced everywhere, and a variable of the same name', () => {
+  const text = readFileSync(join(REPO, 'dashboards', 'grafana.json'), 'utf8');
+  const dash = JSON.parse(text) as {
+    __inputs: { name: string; type: string; pluginId: string }[];
+    templating: { list: { name: string; type: string; query: unknown }[] };
+  };
+  expect(dash.__inputs).toEqual([expect.objectContaining({ name: 'DS_PROMETHEUS', type: 'datasource', pluginId: 'prometheus' })]);
+  expect(dash.templating.list).toContainEqual(expect.objectContaining({ name: 'DS_PROMETHEUS', type: 'datasource', query: 'prometheus' }));
+  const uids = [...text.matchAll(/"datasource": \{\s*"type": "([^"]+)",\s*"uid": "([^"]+)"/g)].map((m) => `${m[1]} ${m[2]}`);
+  expect(uids.length).toBeGreaterThanOrEqual(10);
+  expect(new Set(uids)).toEqual(new Set(['prometheus ${DS_PROMETHEUS}']));
+  expect(text.match(/"datasource":/g)?.length).toBe(uids.length);
+  const provisioned = readFileSync(join(REPO, 'dashboards', 'grafana', 'provisioning', 'datasources', 'prometheus.yml'), 'utf8');
+  expect(provisioned).toMatch(/^\s*type: prometheus$/m);
+  expect(provisioned).toMatch(/^\s*isDefault: true$/m);
+});
+
 test('the Prometheus alert rules use metrics the proxy exposes', () => {
   const rules = readFileSync(join(REPO, 'dashboards', 'prometheus-alerts.yml'), 'utf8');
   const exprs = [...rules.matchAll(/^\s*expr: (.+)$/gm)].map((m) => m[1]!);
@@ -76,7 +95,8 @@ test('Prometheus scrapes /metrics of the compose proxy service', () => {
   const prom = readFileSync(join(REPO, 'dashboards', 'prometheus.yml'), 'utf8');
   expect(prom).toMatch(/metrics_path: \/metrics/);
   expect(prom).toContain("targets: ['proxy:8080']");
-  expect(prom).toContain('/etc/prometheus/fencepost-alerts.yml');
+  // Relative to prometheus.yml, so promtool and docker-compose.yml find it beside it (test/ops/promtool.test.ts).
+  expect(prom).toMatch(/^rule_files:\n {2}- prometheus-alerts\.yml$/m);
 });
 
 test('docker-compose.yml runs prometheus and grafana with those files mounted', () => {
@@ -89,7 +109,7 @@ test('docker-compose.yml runs prometheus and grafana with those files mounted', 
   const mounts = [...full.matchAll(/^\s*- (\/[^:\s]+):(\/[^:\s]+):ro$/gm)].map((m) => ({ host: m[1]!, container: m[2]! }));
   const byContainer = new Map(mounts.map((m) => [m.container, m.host]));
   expect(byContainer.get('/etc/prometheus/prometheus.yml')).toBe(join(REPO, 'dashboards', 'prometheus.yml'));
-  expect(byContainer.get('/etc/prometheus/fencepost-alerts.yml')).toBe(join(REPO, 'dashboards', 'prometheus-alerts.yml'));
+  expect(byContainer.get('/etc/prometheus/prometheus-alerts.yml')).toBe(join(REPO, 'dashboards', 'prometheus-alerts.yml'));
   expect(byContainer.get('/var/lib/grafana/dashboards/fencepost.json')).toBe(join(REPO, 'dashboards', 'grafana.json'));
   expect(byContainer.get('/etc/grafana/provisioning/datasources')).toBe(join(REPO, 'dashboards', 'grafana', 'provisioning', 'datasources'));
   expect(byContainer.get('/etc/grafana/provisioning/dashboards')).toBe(join(REPO, 'dashboards', 'grafana', 'provisioning', 'dashboards'));

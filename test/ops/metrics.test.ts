@@ -6,6 +6,7 @@ import pg from 'pg';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { testApp } from '../support/proxy.ts';
+import { WRITE_OPERATIONS, WRITE_OUTCOMES } from '../../src/proxy/metrics.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -43,6 +44,32 @@ const put = (key: string, token: string, target = app) =>
   target.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': token }, payload: 'x' });
 
 describe('write counters', () => {
+  // A counter that first appears at 1 is invisible to increase(): the first rejection after a
+  // start (a lone zombie) would fire no alert. So every combination exists at 0 from the start.
+  test('every operation × outcome is exposed at 0 before any write', async () => {
+    const fresh = testApp(db.pool);
+    try {
+      const m = await scrape(fresh);
+      for (const operation of WRITE_OPERATIONS) {
+        for (const outcome of WRITE_OUTCOMES) expect(m.get(`fencepost_writes_total{operation="${operation}",outcome="${outcome}"}`), `${operation} ${outcome}`).toBe(0);
+      }
+      expect(WRITE_OPERATIONS).toEqual(['put', 'delete', 'fence', 'transaction']);
+      expect(WRITE_OUTCOMES).toEqual(['accepted', 'rejected', 'precondition_failed', 'invalid', 'error']);
+    } finally {
+      await fresh.close();
+    }
+  });
+
+  test('a write whose If-Match or If-None-Match fails counts as precondition_failed, neither accepted nor rejected', async () => {
+    expect((await put('m-cond', '1')).statusCode).toBe(200);
+    const before = await scrape();
+    const res = await app.inject({ method: 'PUT', url: '/v1/objects/m-cond', headers: { 'fencing-token': '1', 'if-none-match': '*' }, payload: 'x' });
+    expect(res.statusCode).toBe(412);
+    const after = await scrape();
+    expect(writes(after, 'put', 'precondition_failed') - writes(before, 'put', 'precondition_failed')).toBe(1);
+    for (const outcome of ['accepted', 'rejected', 'invalid']) expect(writes(after, 'put', outcome), outcome).toBe(writes(before, 'put', outcome));
+  });
+
   test('transactions count under operation "transaction": stale fences as rejected, SQL conflicts as invalid', async () => {
     await db.pool.query('CREATE TABLE IF NOT EXISTS public.metric_tx (id int PRIMARY KEY)');
     // Open mode: client SQL runs as the client login, with what the operator granted it.
@@ -110,7 +137,7 @@ describe('write counters', () => {
     expect((await app.inject({ url: '/v1/objects/m-stale' })).statusCode).toBe(200);
     const after = await scrape();
     for (const [name, value] of after) if (name.startsWith('fencepost_writes_total')) expect(value, name).toBe(before.get(name));
-    const route = 'fencepost_http_requests_total{method="GET",route="/v1/objects/:key",status="200"}';
+    const route = 'fencepost_http_requests_total{method="GET",route="/v1/objects/*",status="200"}';
     expect((after.get(route) ?? 0) - (before.get(route) ?? 0)).toBe(1);
   });
 
@@ -118,7 +145,7 @@ describe('write counters', () => {
     await put('m-secret-key-name', '1');
     const res = await app.inject({ url: '/metrics' });
     expect(res.body).not.toContain('m-secret-key-name');
-    expect(res.body).toContain('route="/v1/objects/:key"');
+    expect(res.body).toContain('route="/v1/objects/*"');
   });
 
   test('a write the database cannot take counts as error', async () => {

@@ -110,6 +110,13 @@ describe('other errors', () => {
     await expectError('not_found', { url: '/v1/objects/never-written' });
   });
 
+  test('a conditional write whose If-Match or If-None-Match: * does not hold gets 412 precondition_failed', async () => {
+    await app.inject(putWith('3', '/v1/objects/cond'));
+    await expectError('precondition_failed', putWith('3', '/v1/objects/cond', { 'if-none-match': '*' }));
+    await expectError('precondition_failed', putWith('3', '/v1/objects/cond', { 'if-match': '"0.0"' }));
+    await expectError('precondition_failed', { method: 'DELETE', url: '/v1/objects/cond', headers: { 'fencing-token': '3', 'if-match': '"0.0"' } });
+  });
+
   test('a malformed limit gets 400 invalid_query', async () => {
     await expectError('invalid_query', { url: '/v1/fences?limit=0' });
     await expectError('invalid_query', { url: '/v1/stats?limit=abc' });

@@ -37,7 +37,8 @@ describe('PUT /v1/objects/:key', () => {
     const key = uniq('first');
     const res = await put(key, '5', 'hello');
     expect(res.statusCode).toBe(200);
-    expect(res.json()).toEqual({ key, fenceKey: key, token: '5', version: 1 });
+    expect(res.json()).toEqual({ key, fenceKey: key, token: '5', version: 1, etag: expect.stringMatching(/^"[0-9]+\.1"$/) });
+    expect(res.headers.etag).toBe(res.json().etag);
   });
 
   test('accepts an equal token again and counts versions', async () => {
@@ -208,7 +209,7 @@ describe('GET /v1/stats', () => {
     const after = (await app.inject({ url: '/v1/stats?limit=1000' })).json();
     expect(after.accepted - before.accepted).toBe(2);
     expect(after.rejected - before.rejected).toBe(2);
-    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({ fenceKey: fence, highestToken: '3', accepted: 2, rejected: 2 });
+    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({ fenceKey: fence, highestToken: '3', raisedBy: null, accepted: 2, rejected: 2 });
   });
 
   test('logs each rejection with fence key, object key, tokens and writer id', async () => {

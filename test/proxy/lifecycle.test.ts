@@ -17,7 +17,7 @@ describe('durability and graceful shutdown', () => {
   test('every write answered 200 before and during SIGTERM is still there after a restart of proxy and embedded Postgres', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-durable-'));
     chmodSync(dir, 0o755); // embedded Postgres runs as the postgres user under root
-    const env = { FENCEPOST_DATA_DIR: join(dir, 'pg'), FENCEPOST_PG_PORT: String(await freePort()) };
+    const env = { FENCEPOST_DATA_DIR: join(dir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: String(await freePort()) };
     try {
       const first = await spawnProxy(env);
       const acked = new Map<string, string>();
@@ -104,7 +104,7 @@ describe('migrations', () => {
     try {
       const applied = await Promise.all(pools.map((p) => migrate(p)));
       expect(applied.flat().sort()).toEqual(loadMigrations().map((m) => m.name).sort());
-      const { rows } = await db.pool.query('SELECT id FROM public.fencepost_migrations ORDER BY id');
+      const { rows } = await db.pool.query('SELECT id FROM fencepost.migrations ORDER BY id');
       expect(rows.map((r) => r.id)).toEqual(loadMigrations().map((m) => m.id));
       expect(await migrate(db.pool)).toEqual([]);
     } finally {
@@ -113,12 +113,24 @@ describe('migrations', () => {
     }
   });
 
+  test('a database migrated by an older version (bookkeeping in public) is taken over, nothing applied twice', async () => {
+    const old = await createTestDatabase();
+    try {
+      await old.pool.query('ALTER TABLE fencepost.migrations SET SCHEMA public; ALTER TABLE public.migrations RENAME TO fencepost_migrations');
+      expect(await migrate(old.pool)).toEqual([]);
+      const { rows } = await old.pool.query(`SELECT to_regclass('public.fencepost_migrations') IS NOT NULL AS old, to_regclass('fencepost.migrations') IS NOT NULL AS new`);
+      expect(rows[0]).toEqual({ old: false, new: true });
+    } finally {
+      await old.drop();
+    }
+  });
+
   test('fencepost migrate applies migrations to DATABASE_URL', async () => {
     const db = await createTestDatabase({ migrate: false });
     try {
       const r = spawnSync(process.execPath, [BIN, 'migrate'], { env: { ...process.env, DATABASE_URL: db.url }, encoding: 'utf8' });
       expect(r.status, r.stderr).toBe(0);
-      const { rows } = await db.pool.query('SELECT count(*)::int AS n FROM public.fencepost_migrations');
+      const { rows } = await db.pool.query('SELECT count(*)::int AS n FROM fencepost.migrations');
       expect(rows[0].n).toBe(loadMigrations().length);
     } finally {
       await db.drop();

@@ -1,6 +1,7 @@
 // A fence row held by another session (a long or hostile transaction) fails only that fence's
 // writes, after the pool's lock_timeout, with 503 unavailable and nothing committed; writes on
 // every other fence commit as usual, also when they shared a batch with the locked fence.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import type { FastifyInstance } from 'fastify';
@@ -102,7 +103,7 @@ describe('FenceStore batches around a locked fence', () => {
 
   test('a batch that mixes a locked fence with free ones commits the free writes; only the locked one fails with 55P03', async () => {
     const sizes: number[] = [];
-    const store = new FenceStore(pool, { concurrency: 1, onBatch: (n) => sizes.push(n) });
+    const store = new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 1, onBatch: (n) => sizes.push(n) });
     await store.write(putOp('mix/seed', 'mix-A'));
     sizes.length = 0;
     const lock = await holdFence('mix-A');
@@ -125,7 +126,7 @@ describe('FenceStore batches around a locked fence', () => {
 
   test('a fence key whose lone write hit the lock timeout is not batched with other keys while it stays locked', async () => {
     const sizes: number[] = [];
-    const store = new FenceStore(pool, { concurrency: 1, onBatch: (n) => sizes.push(n) });
+    const store = new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 1, onBatch: (n) => sizes.push(n) });
     await store.write(putOp('alone/seed', 'alone-A'));
     const lock = await holdFence('alone-A');
     try {

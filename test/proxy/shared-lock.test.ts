@@ -3,6 +3,7 @@
 // leader run at once), and only a raise takes it exclusively (it waits for every holder of the
 // older token and commits after them). Each test proves who waited on whom from pg_stat_activity
 // and promise states, never from durations.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
@@ -18,7 +19,7 @@ let app: FastifyInstance;
 beforeAll(async () => {
   db = await createTestDatabase();
   app = buildApp({
-    store: new FenceStore(db.pool),
+    store: new FenceStore(db.pool, STORE_DEFAULTS),
     bodyLimitBytes: 1024 * 1024,
     // Long lock waits are the point here: the test decides when holders let go.
     transactions: { clientRole: clientRoleFor(db.pool), lockTimeoutMs: 60_000, statementTimeoutMs: 60_000, transactionTimeoutMs: 60_000 },
@@ -141,7 +142,7 @@ describe('race: one fence key, many objects, two interleaved tokens and raises',
   // Invariants (checkRace): every accepted write's token is ≥ every token acknowledged before it
   // was sent; per object, accepted writes in version order have gapless versions and rising tokens.
   test('32 writers over one in-process proxy', async () => {
-    const one = buildApp({ store: new FenceStore(db.pool, { concurrency: 2 }), bodyLimitBytes: 1024 * 1024 });
+    const one = buildApp({ store: new FenceStore(db.pool, { ...STORE_DEFAULTS, concurrency: 2 }), bodyLimitBytes: 1024 * 1024 });
     const base = await listen(one);
     const objectKeys = Array.from({ length: 40 }, (_, i) => `ilv-one/${i}`);
     const records = await runRace({ urls: [base], fenceKey: 'ilv-one', objectKeys, writers: 32, writesPerWriter: 25, maxLag: 1 }).finally(() => one.close());

@@ -1,4 +1,5 @@
 // FenceStore batching: what each write in a coalesced batch is told when part of the batch fails.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
@@ -29,7 +30,7 @@ describe('a batch whose rejection log write fails', () => {
   test('a write that committed in the batch is still answered accepted; only the stale one gets the error', async () => {
     // Invariant: a committed write is never reported as failed (a 5xx says "did not commit").
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('batch/stale', 100)`);
-    const store = new FenceStore(poolFailingRejectionLog(db.pool), { concurrency: 1 });
+    const store = new FenceStore(poolFailingRejectionLog(db.pool), { ...STORE_DEFAULTS, concurrency: 1 });
     const put = (key: string, token: bigint) => store.write({ kind: 'put', key, fenceKey: key, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
     // The first write takes the only slot; the next two queue and go out together in one statement.
     const first = put('batch/first', 1n);

@@ -1,6 +1,7 @@
 // Requests are validated by fastify route schemas (src/proxy/validation.ts): every route declares
 // what it reads, objects refuse unknown fields, arrays are bounded, and each schema failure answers
 // with its registry code.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance, InjectOptions, RouteOptions } from 'fastify';
 import { buildApp } from '../../src/proxy/app.ts';
@@ -15,7 +16,7 @@ const routes: RouteOptions[] = [];
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  app = buildApp({ store: new FenceStore(db.pool), bodyLimitBytes: 1024 * 1024, transactions: { clientRole: clientRoleFor(db.pool), maxStatements: MAX_STATEMENTS } });
+  app = buildApp({ store: new FenceStore(db.pool, STORE_DEFAULTS), bodyLimitBytes: 1024 * 1024, transactions: { clientRole: clientRoleFor(db.pool), maxStatements: MAX_STATEMENTS } });
   // Route plugins load at ready(), after this hook is in place: it sees every route.
   app.addHook('onRoute', (route) => {
     routes.push(route);
@@ -44,12 +45,12 @@ const methodsOf = (r: RouteOptions) => (Array.isArray(r.method) ? r.method : [r.
 const schemaOf = (r: RouteOptions) => (r.schema ?? {}) as { body?: Schema; querystring?: Schema; params?: Schema; headers?: Schema };
 
 // Not the API: probes, scrapers and browsers may add query parameters these routes never read.
-const OPS_ROUTES = ['/healthz', '/readyz', '/metrics', '/dashboard', '/dashboard/dashboard.js', '/dashboard/dashboard.css'];
+const OPS_ROUTES = ['/healthz', '/readyz', '/metrics', '/dashboard', '/dashboard/dashboard.js', '/dashboard/dashboard.css', '/', '/openapi.json', '/docs'];
 
 describe('every route declares what it reads', () => {
   test('the route list is complete', () => {
     const urls = new Set(routes.map((r) => r.url));
-    for (const u of ['/v1/objects/:key', '/v1/fences/:fenceKey', '/v1/fences', '/v1/stats', '/v1/rejections', '/v1/rejections/histogram', '/v1/transactions', ...OPS_ROUTES]) expect(urls).toContain(u);
+    for (const u of ['/v1/objects/*', '/v1/objects', '/v1/fences/:fenceKey', '/v1/fences', '/v1/stats', '/v1/rejections', '/v1/rejections/histogram', '/v1/transactions', ...OPS_ROUTES]) expect(urls).toContain(u);
   });
 
   test('every API route has a querystring schema, every route with a body or a path parameter a schema for it; all refuse unknown fields and bound their arrays', () => {
@@ -64,7 +65,8 @@ describe('every route declares what it reads', () => {
       if (schema.querystring === undefined) problems.push(`${name}: no querystring schema`);
       // Object bodies (PUT /v1/objects/:key) are raw bytes; every JSON body is a POST.
       if (methodsOf(r).includes('POST') && schema.body === undefined) problems.push(`${name}: no body schema`);
-      const params = [...r.url.matchAll(/:([A-Za-z]+)/g)].map((m) => m[1]!);
+      // `:name` parameters, and `*`: the object key of /v1/objects/*.
+      const params = [...r.url.matchAll(/:([A-Za-z]+)|(\*)$/g)].map((m) => m[1] ?? m[2]!);
       if (params.length > 0) {
         if (schema.params === undefined) problems.push(`${name}: no params schema`);
         else for (const p of params) if (!schema.params.required?.includes(p)) problems.push(`${name}: params schema does not require ${p}`);

@@ -71,7 +71,13 @@ describe('configuration', () => {
     expect(loadConfig({}).forgeryGuard).toBeNull();
     expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e"}' })).toThrow(/^ZK_CONNECT: /);
     expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"e/"}', ZK_CONNECT: 'z:2181' })).toThrow(/^FENCEPOST_FORGERY_GUARD: /);
-    expect(loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181' }).forgeryGuard).toEqual({ zkConnect: 'z:2181', mappings: [{ prefix: 'a/', electionPath: '/e/a' }] });
+    expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181' })).toThrow(/^ZK_AUTH: /);
+    expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'no-password' })).toThrow(/^ZK_AUTH: /);
+    expect(loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'elector:s3:cret' }).forgeryGuard).toEqual({
+      zkConnect: 'z:2181',
+      mappings: [{ prefix: 'a/', electionPath: '/e/a' }],
+      electionAuth: { user: 'elector', password: 's3:cret' },
+    });
     expect(() => loadConfig({ FENCEPOST_TX_MAX_STATEMENTS: '0' })).toThrow(/^FENCEPOST_TX_MAX_STATEMENTS: /);
     expect(() => loadConfig({ FENCEPOST_REQUEST_TIMEOUT_MS: 'soon' })).toThrow(/^FENCEPOST_REQUEST_TIMEOUT_MS: /);
   });

@@ -1,5 +1,6 @@
 // Pages cannot drive the proxy: a cross-site form post, a cross-origin fetch or a DNS-rebinding page
 // gets refused before anything runs, and objects served back cannot run as pages of the proxy.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { request } from 'node:http';
 import type { FastifyInstance, InjectOptions } from 'fastify';
@@ -26,7 +27,7 @@ beforeAll(async () => {
   await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
   open = testApp(db.pool);
   allowing = buildApp({
-    store: new FenceStore(db.pool),
+    store: new FenceStore(db.pool, STORE_DEFAULTS),
     bodyLimitBytes: 1024 * 1024,
     transactions: { clientRole: clientRoleFor(db.pool) },
     browser: { allowedOrigins: ['https://ops.example.com'], allowedHosts: ['proxy'] },

@@ -48,6 +48,7 @@ beforeAll(async () => {
     transactionTimeoutMs: 3000,
     maxResultBytes: 64 * 1024,
     retries: 1,
+    provisionRetryMs: 5000,
   });
   app = securedApp(db.pool, role);
   await app.ready();

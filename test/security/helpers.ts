@@ -1,4 +1,5 @@
 // Shared by the security tests: an app with bearer keys, Postgres roles for them, raw HTTP.
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { randomBytes } from 'node:crypto';
 import { connect } from 'node:net';
 import type { FastifyInstance } from 'fastify';
@@ -39,7 +40,7 @@ export function testKeys(role: string) {
 
 export function securedApp(pool: pg.Pool, role: string, opts: Partial<AppOptions> = {}): FastifyInstance {
   return buildApp({
-    store: new FenceStore(pool),
+    store: new FenceStore(pool, STORE_DEFAULTS),
     bodyLimitBytes: 64 * 1024,
     auth: { keys: testKeys(role), readAccess: 'key' },
     transactions: { clientRole: clientRoleFor(pool), maxStatements: 8, statementTimeoutMs: 300, retries: 3 },

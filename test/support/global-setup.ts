@@ -15,8 +15,9 @@ declare module 'vitest' {
 }
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
-  // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test.
-  execFileSync('npm', ['run', 'build', '--silent'], { cwd: join(import.meta.dirname, '..', '..'), stdio: 'inherit' });
+  // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test
+  // (FENCEPOST_TEST_SKIP_BUILD=1 when you know dist/ is fresh).
+  if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1') execFileSync('npm', ['run', 'build', '--silent'], { cwd: join(import.meta.dirname, '..', '..'), stdio: 'inherit' });
   let pg: RunningPostgres | undefined;
   let zk: LocalZooKeeper | undefined;
   let pgDir: string | undefined;

@@ -7,13 +7,14 @@ import { buildApp } from '../../src/proxy/app.ts';
 import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from './db.ts';
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import type { FenceMode } from '../../tools/unsafe-fence.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
 
-export function testApp(pool: pg.Pool, opts: FenceStoreOptions & { bodyLimitBytes?: number } = {}): FastifyInstance {
-  return buildApp({ store: new FenceStore(pool, opts), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, transactions: { clientRole: clientRoleFor(pool) } });
+export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number } = {}): FastifyInstance {
+  return buildApp({ store: new FenceStore(pool, { ...STORE_DEFAULTS, ...opts }), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, transactions: { clientRole: clientRoleFor(pool) } });
 }
 
 /** Listens on a free loopback port; returns the base URL. */

@@ -14,6 +14,20 @@ import { readHistory, writeOperations, type Operation } from './history.ts';
 import { describeFault, planSchedule, runNemesis, type FaultEvent, type FaultKind, type PlannedFault } from './nemesis.ts';
 import { formatReport } from './report.ts';
 
+/** The defaults of a chaos run, in one place (npm run chaos's flags show the same). */
+export const CHAOS_DEFAULTS = Object.freeze({
+  durationS: 30,
+  writers: 4,
+  proxies: 2,
+  fenceKeyCount: 2,
+  fenceMode: 'strict' as FenceMode,
+  sessionTimeoutMs: 2000,
+  intervalMs: 50,
+  workMs: 20,
+  requestTimeoutMs: 3000,
+  settleMs: 2000,
+});
+
 export interface ChaosOptions {
   seed: number;
   /** Length of the load phase, while faults are injected. */
@@ -58,11 +72,11 @@ export function scheduleFor(o: ChaosOptions): PlannedFault[] {
   return planSchedule({
     seed: o.seed,
     durationMs: o.durationMs,
-    writers: o.writers ?? 4,
-    proxies: o.proxies ?? 2,
+    writers: o.writers ?? CHAOS_DEFAULTS.writers,
+    proxies: o.proxies ?? CHAOS_DEFAULTS.proxies,
     zkServers: 3,
-    fenceKeys: fenceKeysFor(o.fenceKeyCount ?? 2),
-    sessionTimeoutMs: o.sessionTimeoutMs ?? 2000,
+    fenceKeys: fenceKeysFor(o.fenceKeyCount ?? CHAOS_DEFAULTS.fenceKeyCount),
+    sessionTimeoutMs: o.sessionTimeoutMs ?? CHAOS_DEFAULTS.sessionTimeoutMs,
     ...(o.kinds ? { kinds: o.kinds } : {}),
     ...(o.gapMs ? { gapMs: o.gapMs } : {}),
   });
@@ -70,10 +84,10 @@ export function scheduleFor(o: ChaosOptions): PlannedFault[] {
 
 export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
   const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
-  const writers = o.writers ?? 4;
-  const proxies = o.proxies ?? 2;
-  const fenceMode = o.fenceMode ?? 'strict';
-  const fenceKeys = fenceKeysFor(o.fenceKeyCount ?? 2);
+  const writers = o.writers ?? CHAOS_DEFAULTS.writers;
+  const proxies = o.proxies ?? CHAOS_DEFAULTS.proxies;
+  const fenceMode = o.fenceMode ?? CHAOS_DEFAULTS.fenceMode;
+  const fenceKeys = fenceKeysFor(o.fenceKeyCount ?? CHAOS_DEFAULTS.fenceKeyCount);
   if (writers < 2) throw new Error('chaos needs at least 2 writers');
   if (proxies < 1) throw new Error('chaos needs at least 1 proxy');
   const dir = o.dir ?? mkdtempSync(join(tmpdir(), 'fencepost-chaos-'));
@@ -94,10 +108,10 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       fenceKeys,
       electionRoot: `/fencepost/chaos/${randomBytes(4).toString('hex')}`,
       fenceMode,
-      sessionTimeoutMs: o.sessionTimeoutMs ?? 2000,
-      intervalMs: o.intervalMs ?? 50,
-      workMs: o.workMs ?? 20,
-      requestTimeoutMs: o.requestTimeoutMs ?? 3000,
+      sessionTimeoutMs: o.sessionTimeoutMs ?? CHAOS_DEFAULTS.sessionTimeoutMs,
+      intervalMs: o.intervalMs ?? CHAOS_DEFAULTS.intervalMs,
+      workMs: o.workMs ?? CHAOS_DEFAULTS.workMs,
+      requestTimeoutMs: o.requestTimeoutMs ?? CHAOS_DEFAULTS.requestTimeoutMs,
       zkTickMs: 200,
       log: (l) => print(l),
     });
@@ -131,7 +145,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     // Everything back up, a moment to recover, then the writers stop and the history is closed.
     for (let i = 0; i < proxies; i++) await cluster.startProxy(i);
     await cluster.startPostgres();
-    await new Promise((r) => setTimeout(r, o.settleMs ?? 2000));
+    await new Promise((r) => setTimeout(r, o.settleMs ?? CHAOS_DEFAULTS.settleMs));
     await cluster.stopWriters(5000);
 
     const ops = readHistory(cluster.historyDir);

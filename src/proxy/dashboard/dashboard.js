@@ -62,6 +62,8 @@
       const key = cell(tr, f.fenceKey, 'key');
       key.title = f.fenceKey;
       cell(tr, f.highestToken, 'num highest-token');
+      // The writer that raised the fence to its highest token: who holds the fence now.
+      cell(tr, f.raisedBy ?? '—', f.raisedBy ? 'raised-by' : 'raised-by muted').title = f.raisedBy ?? 'no Writer-Id sent';
       cell(tr, fmt.format(f.accepted), 'num accepted');
       cell(tr, fmt.format(f.rejected), f.rejected > 0 ? 'num rejected bad' : 'num rejected muted');
       tbody.appendChild(tr);

@@ -20,7 +20,7 @@ const FILES = [
 export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
   for (const { url, file, type } of FILES) {
     const body = readFileSync(join(DIR, file));
-    app.get(url, { config: { access: 'open' } }, async (_req, reply) =>
+    app.get(url, { config: { access: 'open' }, schema: { summary: file === 'index.html' ? 'The live ops page (polls the JSON endpoints)' : `The live page's ${file}`, produces: [type.split(';')[0]!] } }, async (_req, reply) =>
       reply.header('content-type', type).header('cache-control', 'no-cache').header('content-security-policy', CSP).header('x-content-type-options', 'nosniff').send(body),
     );
   }

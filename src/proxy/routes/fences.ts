@@ -15,6 +15,7 @@ const fenceSchema = {
     fenceKey: { type: 'string' },
     highestToken: { type: 'string' },
     updatedAt: { type: 'string' },
+    raisedBy: { type: ['string', 'null'], description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none' },
     accepted: { type: 'integer' },
     rejected: { type: 'integer' },
   },
@@ -25,6 +26,7 @@ function fenceJson(f: FenceRecord) {
     fenceKey: f.fenceKey,
     highestToken: f.highestToken.toString(),
     updatedAt: f.updatedAt.toISOString(),
+    raisedBy: f.raisedBy,
     accepted: Number(f.accepted),
     rejected: Number(f.rejected),
   };
@@ -36,6 +38,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { operation: 'fence', access: 'write' },
       schema: {
+        summary: 'Advance a fence without writing data (fenced)',
         params: keyParams('fenceKey'),
         querystring: NO_QUERY,
         headers: FENCED_HEADERS,
@@ -52,7 +55,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     },
   );
 
-  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { params: keyParams('fenceKey'), querystring: NO_QUERY, response: { 200: fenceSchema } } }, async (req) => {
+  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { summary: 'Read a fence: its highest token and counts; 404 if never seen', params: keyParams('fenceKey'), querystring: NO_QUERY, response: { 200: fenceSchema } } }, async (req) => {
     const fenceKey = req.params.fenceKey;
     const fence = await app.store.readFence(fenceKey);
     if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
@@ -64,6 +67,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        summary: 'List fences in key order (byte order), paged: pass `next` as `after`',
         querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, after: KEY } },
         response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } },
       },

@@ -6,8 +6,8 @@ import { checkDurability, unknownDurability } from '../../fence/durability.ts';
 import { ApiError } from '../errors.ts';
 
 export async function healthRoutes(app: FastifyInstance): Promise<void> {
-  app.get('/healthz', { config: { access: 'open' } }, async () => ({ status: 'ok' }));
-  app.get('/readyz', { config: { access: 'open' } }, async (req) => {
+  app.get('/healthz', { config: { access: 'open' }, schema: { summary: 'Liveness: the process answers' } }, async () => ({ status: 'ok' }));
+  app.get('/readyz', { config: { access: 'open' }, schema: { summary: 'Readiness: database reachable, migrations applied; `durability` lists failover warnings (which do not make it unready)' } }, async (req) => {
     let ready: boolean;
     try {
       ready = await migrationsApplied(app.store.pool);

@@ -39,6 +39,7 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        summary: 'The rejection log, newest first, paged: pass `next` as `before`',
         querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, before: BEFORE, fenceKey: KEY } },
         response: { 200: { type: 'object', properties: { rejections: { type: 'array', items: rejectionSchema }, next: { type: ['string', 'null'] } } } },
       },
@@ -69,6 +70,7 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        summary: 'Rejections per minute over the last `minutes`, oldest first, empty minutes as 0',
         querystring: { type: 'object', additionalProperties: false, properties: { minutes: MINUTES, fenceKey: KEY } },
         response: {
           200: {

@@ -5,7 +5,13 @@ import { LIMIT, pageLimit } from './query.ts';
 
 const countSchema = {
   type: 'object',
-  properties: { fenceKey: { type: 'string' }, highestToken: { type: 'string' }, accepted: { type: 'integer' }, rejected: { type: 'integer' } },
+  properties: {
+    fenceKey: { type: 'string' },
+    highestToken: { type: 'string' },
+    raisedBy: { type: ['string', 'null'], description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none' },
+    accepted: { type: 'integer' },
+    rejected: { type: 'integer' },
+  },
 };
 
 export async function statsRoutes(app: FastifyInstance): Promise<void> {
@@ -14,6 +20,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
     {
       config: { access: 'read' },
       schema: {
+        summary: 'Accepted and rejected counts, overall and per fence key (most recently rejected first), from the database',
         querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT } },
         response: {
           200: {
@@ -35,7 +42,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
         accepted: Number(s.accepted),
         rejected: Number(s.rejected),
         fenceCount: s.fences,
-        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), accepted: Number(f.accepted), rejected: Number(f.rejected) })),
+        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), raisedBy: f.raisedBy, accepted: Number(f.accepted), rejected: Number(f.rejected) })),
       };
     },
   );

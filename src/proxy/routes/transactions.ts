@@ -39,6 +39,8 @@ export interface TransactionOptions {
   maxConcurrent: number;
   /** Extra attempts after 40001/40P01. */
   retries: number;
+  /** A key whose login could not be provisioned is checked again after this. */
+  provisionRetryMs: number;
 }
 
 declare module 'fastify' {
@@ -218,6 +220,7 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     transactionTimeoutMs: opts.transactionTimeoutMs,
     maxResultBytes: opts.maxResultBytes,
     retries: opts.retries,
+    provisionRetryMs: opts.provisionRetryMs,
     onProblem: (keyName, problem) =>
       app.log.warn({ keyName, login: problem.login, sql: problem.sql }, `SQL transactions refused until fixed: ${problem.message}${problem.sql.length > 0 ? ` ${problem.sql.join('; ')};` : ''}`),
   });
@@ -230,7 +233,11 @@ export async function transactionRoutes(app: FastifyInstance, opts: FastifyPlugi
   // reading of the media type can never disagree with the guard's.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (req, body, done) => parseJsonBody(req, body as Buffer, done));
-  const schema = { body: transactionSchema(opts.maxStatements), querystring: NO_QUERY };
+  const schema = {
+    summary: 'Fenced SQL: the fence checks and your statements in one database transaction, all or nothing',
+    body: transactionSchema(opts.maxStatements),
+    querystring: NO_QUERY,
+  };
   app.post<{ Body: TxBody }>('/v1/transactions', { config: { access: 'write', operation: 'transaction' }, schema, schemaErrorFormatter: transactionSchemaError }, async (req) => {
     const tx = toTransaction(req.body);
     const keyName = keyNameFor(req);

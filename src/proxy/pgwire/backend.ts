@@ -1,0 +1,167 @@
+// The backend connection of a session: a socket to Postgres, logged in as the key's client login
+// (src/fence/client-logins.ts), started read-only with the statement and lock timeouts and the
+// key's pgRole, carrying the writer's fencepost settings.
+import { connect, type Socket } from 'node:net';
+import { createHash } from 'node:crypto';
+import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
+import { PROTOCOL_3_0, optionArg } from './startup.ts';
+import { ScramClient, MECHANISM } from './scram.ts';
+
+export interface BackendTarget {
+  host: string;
+  port: number;
+  database: string;
+}
+
+/** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder). */
+export function backendTarget(databaseUrl: string): BackendTarget {
+  const u = new URL(databaseUrl);
+  const sslmode = u.searchParams.get('sslmode');
+  if (sslmode !== null && !['disable', 'allow', 'prefer'].includes(sslmode)) {
+    throw new Error(`the SQL endpoint cannot reach a backend with sslmode=${sslmode} yet (it speaks plain TCP to Postgres)`);
+  }
+  const socketDir = u.searchParams.get('host');
+  return {
+    host: socketDir ?? (decodeURIComponent(u.hostname.replace(/^\[|\]$/g, '')) || 'localhost'),
+    port: Number(u.port || 5432),
+    database: decodeURIComponent(u.pathname.slice(1)) || decodeURIComponent(u.username),
+  };
+}
+
+export function dial(target: BackendTarget): Socket {
+  return target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
+}
+
+export interface BackendLogin {
+  user: string;
+  password: string;
+  /** Startup parameters (application_name, client_encoding, …). */
+  parameters: Map<string, string>;
+  /** `-c` settings for `options`. */
+  settings: Map<string, string>;
+}
+
+export interface Backend {
+  socket: Socket;
+  pid: number;
+  secret: Buffer;
+  /** The backend's ParameterStatus messages, as sent. */
+  parameterStatus: Buffer[];
+  /** Framing of what the backend sends next (bytes after ReadyForQuery may already be in it). */
+  reader: MessageReader;
+}
+
+/** A backend's ErrorResponse during startup, with its SQLSTATE. */
+export class BackendStartupError extends Error {
+  constructor(readonly code: string, message: string) {
+    super(message);
+    this.name = 'BackendStartupError';
+  }
+}
+
+/** Opens and logs in a backend connection; resolves at its first ReadyForQuery. */
+export function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
+  return new Promise((resolve, reject) => {
+    const socket = dial(target);
+    const reader = new MessageReader();
+    const parameterStatus: Buffer[] = [];
+    let pid = 0;
+    let secret = Buffer.alloc(0);
+    let scram: ScramClient | null = null;
+    let settled = false;
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      cleanup();
+      socket.destroy();
+      reject(err);
+    };
+    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const cleanup = () => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('error', fail);
+      socket.off('close', onClose);
+    };
+    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection during startup'));
+    const onFrame = (f: Frame) => {
+      switch (f.type) {
+        case 'R': {
+          const r = new BodyReader(f.body);
+          const kind = r.int32();
+          if (kind === 0) return;
+          if (kind === 3) socket.write(message('p', login.password));
+          else if (kind === 5) {
+            const salt = r.bytes(4);
+            const inner = createHash('md5').update(login.password + login.user).digest('hex');
+            socket.write(message('p', `md5${createHash('md5').update(Buffer.concat([Buffer.from(inner), salt])).digest('hex')}`));
+          } else if (kind === 10) {
+            const mechanisms: string[] = [];
+            for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
+            if (!mechanisms.includes(MECHANISM)) throw new BackendStartupError('28000', `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`);
+            scram = new ScramClient(login.password);
+            const first = Buffer.from(scram.first());
+            const body = Buffer.concat([Buffer.from(`${MECHANISM}\u0000`), Buffer.alloc(4), first]);
+            body.writeInt32BE(first.length, MECHANISM.length + 1);
+            socket.write(message('p', body));
+          } else if (kind === 11) {
+            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL continue');
+            socket.write(message('p', Buffer.from(scram.final(r.rest().toString('utf8')))));
+          } else if (kind === 12) {
+            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL final');
+            scram.verify(r.rest().toString('utf8'));
+          } else throw new BackendStartupError('28000', `the database asks for an authentication method the proxy does not speak (${kind})`);
+          return;
+        }
+        case 'S':
+          parameterStatus.push(Buffer.from(f.bytes));
+          return;
+        case 'K': {
+          const r = new BodyReader(f.body);
+          pid = r.int32();
+          secret = Buffer.from(r.rest());
+          return;
+        }
+        case 'N':
+        case 'v':
+          return;
+        case 'E': {
+          const fields = parseErrorFields(f.body);
+          throw new BackendStartupError(fields.get('C') ?? '08006', fields.get('M') ?? 'the database refused the connection');
+        }
+        case 'Z':
+          settled = true;
+          cleanup();
+          resolve({ socket, pid, secret, parameterStatus, reader });
+          return;
+        default:
+          throw new BackendStartupError('08P01', `unexpected message ${JSON.stringify(f.type)} during startup`);
+      }
+    };
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+        for (let f = reader.next(); f !== null && !settled; f = reader.next()) onFrame(f);
+      } catch (err) {
+        fail(err instanceof Error ? err : new Error(String(err)));
+      }
+    };
+    socket.on('data', onData);
+    socket.on('error', fail);
+    socket.on('close', onClose);
+    socket.setNoDelay(true);
+    const options = [...login.settings].map(([k, v]) => optionArg(k, v)).join(' ');
+    const params: (string | number)[] = [PROTOCOL_3_0, 'user', login.user, 'database', target.database];
+    for (const [k, v] of login.parameters) params.push(k, v);
+    if (options !== '') params.push('options', options);
+    socket.write(message('', ...params, Buffer.from([0])));
+  });
+}
+
+/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own). */
+export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
+  const s = dial(target);
+  s.on('error', () => {});
+  s.on('connect', () => s.end(message('', 80877102, pid, secret)));
+  s.setTimeout(5000, () => s.destroy());
+}

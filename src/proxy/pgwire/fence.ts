@@ -1,0 +1,112 @@
+// The fence injected into every transaction of a session (migration 0008's fence_session): two
+// statements the proxy prepares once per backend connection under reserved names and runs with
+// Bind/Execute before the writer's first statement of each transaction.
+//
+//   1. SET LOCAL transaction_read_only = off — sessions start read-only; this must run before the
+//      transaction's first snapshot (a SET takes none), so it comes first.
+//   2. fence_session(capability, prefixes, writer): check and raise the fence; when the session has
+//      no token it returns false and the same statement makes the transaction read-only again.
+//
+// The capability travels only as a bind parameter: pg_stat_activity shows query text (ours is
+// fixed) to sessions of the same role, never parameters.
+import { createHash } from 'node:crypto';
+import pg from 'pg';
+import { cstr, int16, int32, message } from './framing.ts';
+
+export const RW_STATEMENT = '__fencepost_rw';
+export const FENCE_STATEMENT = '__fencepost_fence';
+const RW_SQL = 'SET LOCAL transaction_read_only = off';
+const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session($1, $2, $3)";
+
+const TEXT_OID = 25;
+const TEXT_ARRAY_OID = 1009;
+
+/** SQLSTATE of a stale token (raised by fence_session). */
+export const STALE_TOKEN = 'FP409';
+/** SQLSTATE of a malformed token or fence key (raised by fence_session). */
+export const INVALID_FENCE_SETTING = 'FP400';
+/** SQLSTATE a tokenless write meets: the transaction is read-only. */
+export const READ_ONLY_TRANSACTION = '25006';
+
+/** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse both statements. */
+export function prepareFence(): Buffer {
+  return Buffer.concat([
+    message('C', Buffer.from('S'), RW_STATEMENT),
+    message('C', Buffer.from('S'), FENCE_STATEMENT),
+    message('P', RW_STATEMENT, RW_SQL, int16(0)),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(3), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID)),
+  ]);
+}
+
+/** A text value of Postgres's array input syntax. */
+export function textArrayLiteral(items: readonly string[]): string {
+  return `{${items.map((s) => `"${s.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`;
+}
+
+function bindParam(value: string | null): Buffer {
+  if (value === null) return int32(-1);
+  const b = Buffer.from(value, 'utf8');
+  return Buffer.concat([int32(b.length), b]);
+}
+
+/** Bind/Execute of both statements for one transaction (built once per session). */
+export function runFence(capability: string, prefixes: readonly string[] | null, writerId: string): Buffer {
+  const execute = message('E', cstr(''), int32(0));
+  return Buffer.concat([
+    message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)),
+    execute,
+    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(3), bindParam(capability), bindParam(prefixes === null ? null : textArrayLiteral(prefixes)), bindParam(writerId), int16(0)),
+    execute,
+  ]);
+}
+
+/** The fence key, token and highest token of an FP409's detail (fence_session's own format). */
+export function staleDetail(detail: string | undefined): { fenceKey: string; token: bigint; highestToken: bigint | null } | null {
+  const m = /^fence key ("(?:[^"\\]|\\.)*"), token (\d+), highest token (\d*)$/.exec(detail ?? '');
+  if (!m) return null;
+  return { fenceKey: JSON.parse(m[1]!) as string, token: BigInt(m[2]!), highestToken: m[3] ? BigInt(m[3]) : null };
+}
+
+/**
+ * A friendly guess, not a boundary: does this statement text start a transaction block (BEGIN,
+ * START TRANSACTION)? Then the fence goes right after it, so `BEGIN ISOLATION LEVEL …` still comes
+ * first. A wrong guess costs an error (25001), never an unfenced write: an unfenced transaction
+ * is read-only.
+ */
+export function startsTransactionBlock(sql: string): boolean {
+  const m = /^(?:\s|--[^\n]*\n|\/\*[^]*?\*\/)*(begin|start)\b/i.exec(sql);
+  return m !== null;
+}
+
+// ---- simple protocol ----------------------------------------------------------------------------
+// A Query can only carry text, and a Query sent after Bind/Execute without a Sync leaves the
+// backend's transaction state confused, so the fence is prepended as SQL: SET LOCAL, then
+// fence_session_bound() with a session capability (see migration 0008) — a hash of the
+// capability, the backend's pid, the prefixes and the writer, useless to anyone but this backend
+// doing what the proxy does for it anyway. The capability itself never appears in text.
+
+/** The session capability fence_session_bound() checks. */
+export function sessionCapability(capability: string, backendPid: number, prefixes: string | null, writerId: string): string {
+  return createHash('sha256').update(`${capability}|${backendPid}|${prefixes ?? 'NULL'}|${writerId}|${capability}`, 'utf8').digest('hex');
+}
+
+/** The SQL prepended to a writer's Query (two statements, each ending in `;`). */
+export function fencePrefix(sessionCap: string, prefixes: string | null, writerId: string): string {
+  return `${RW_SQL};SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session_bound(${pg.escapeLiteral(sessionCap)}, ${prefixes === null ? 'NULL' : pg.escapeLiteral(prefixes)}, ${pg.escapeLiteral(writerId)});`;
+}
+
+/** True when a Query holds no statement (only blanks and comments): it must keep its EmptyQueryResponse. */
+export function isEmptyQuery(sql: string): boolean {
+  return /^(?:\s|;|--[^\n]*(?:\n|$)|\/\*[^]*?\*\/)*$/.test(sql);
+}
+
+/**
+ * A friendly guess, not a boundary: a lone statement that cannot run inside a transaction block
+ * (DISCARD ALL, VACUUM, … CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM, CHECKPOINT) is sent without
+ * the fence. It then runs unfenced and so read-only: whatever of it would write is refused (25006).
+ */
+export function runsOutsideTransactionBlock(sql: string): boolean {
+  if (/;\s*\S/.test(sql)) return false;
+  const body = sql.replace(/^(?:\s|--[^\n]*\n|\/\*[^]*?\*\/)*/, '');
+  return /^(discard|vacuum|checkpoint|reindex|cluster)\b/i.test(body) || /^(create|drop|alter)\s+(database|tablespace|system|subscription)\b/i.test(body) || /^(create|drop)\s+(unique\s+)?index\s+concurrently\b/i.test(body);
+}

@@ -1,0 +1,287 @@
+// The SQL endpoint's listener: accepts PostgreSQL protocol connections, runs the startup phase
+// (SSLRequest, CancelRequest, StartupMessage, authentication), opens the session's backend
+// connection as the key's client login, and hands over to PgwireSession.
+//
+// Authentication: in open mode any user name is accepted (it is the writer id). With keys, the
+// user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
+// key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
+// `secretSha256` cannot log in here). Cleartext passwords are never asked for: the endpoint has
+// no TLS yet (SSLRequest is answered 'N'; `tls` is the hook for it).
+import { createServer, type Server, type Socket } from 'node:net';
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Logger } from 'pino';
+import type pg from 'pg';
+import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
+import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
+import { MECHANISM, ScramError, ScramServer } from './scram.ts';
+import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
+import { PgwireSession, type StaleRefusal } from './session.ts';
+import type { AccessKey } from '../auth.ts';
+import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
+import * as q from '../../fence/queries.ts';
+
+const PASSWORD_FAILED = '28P01';
+
+export interface PgwireOptions {
+  host: string;
+  /** 0: any free port (tests). */
+  port: number;
+  /** DATABASE_URL: the backend server and the one database the endpoint serves. */
+  databaseUrl: string;
+  /** Empty: open mode. */
+  keys: readonly AccessKey[];
+  /** The client logins and the fence capability (TransactionRunner.provision, memoised). */
+  provision: () => Promise<ProvisionResult>;
+  /** The proxy's own pool: rejections, resetting a client login's password. */
+  owner: pg.Pool;
+  statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  maxConnections: number;
+  /** Startup (packet, authentication, backend login) must finish within this. */
+  startupTimeoutMs: number;
+  logger: Logger;
+  /** Hook for TLS (another item): answers an SSLRequest; null = 'N', plain TCP. */
+  tls?: null;
+}
+
+class Refusal extends Error {
+  constructor(readonly fields: ErrorFields) {
+    super(fields.message);
+  }
+}
+
+const refuse = (code: string, msg: string, detail?: string): Refusal => new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
+
+interface Registered {
+  secret: Buffer;
+  backend: Backend;
+}
+
+export class PgwireServer {
+  private readonly server: Server;
+  private readonly target: BackendTarget;
+  private readonly sockets = new Set<Socket>();
+  private readonly sessions = new Map<number, Registered>();
+  private nextPid = 1;
+
+  constructor(private readonly opts: PgwireOptions) {
+    this.target = backendTarget(opts.databaseUrl);
+    this.server = createServer((socket) => this.accept(socket));
+    this.server.maxConnections = opts.maxConnections * 2; // hard cap; the polite refusal is below
+  }
+
+  async listen(): Promise<number> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(this.opts.port, this.opts.host, () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
+    const address = this.server.address();
+    return typeof address === 'object' && address ? address.port : this.opts.port;
+  }
+
+  /** Stops accepting and closes every session (their open transactions roll back). */
+  async close(): Promise<void> {
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const s of this.sockets) s.destroy();
+    await closed;
+  }
+
+  get connections(): number {
+    return this.sockets.size;
+  }
+
+  private accept(socket: Socket): void {
+    socket.setNoDelay(true);
+    socket.on('error', () => {});
+    const full = this.sockets.size >= this.opts.maxConnections;
+    this.sockets.add(socket);
+    socket.on('close', () => this.sockets.delete(socket));
+    if (full) {
+      // Counted until closed (so a flood of refusals is bounded too), and closed within a second.
+      socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` }));
+      setTimeout(() => socket.destroy(), 1000).unref();
+      return;
+    }
+    void this.startup(socket).catch((err: unknown) => {
+      if (err instanceof Refusal) {
+        this.opts.logger.info({ code: err.fields.code }, `SQL connection refused: ${err.fields.message}`);
+        if (!socket.destroyed) socket.end(errorResponse(err.fields));
+      } else {
+        this.opts.logger.warn({ err }, 'SQL connection failed during startup');
+        if (!socket.destroyed) socket.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
+      }
+    });
+  }
+
+  private async startup(socket: Socket): Promise<void> {
+    const reader = new MessageReader(true);
+    const frames: Frame[] = [];
+    let wake: (() => void) | null = null;
+    let ended = false;
+    let problem: unknown = null;
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+        for (let f = reader.next(); f !== null; f = reader.next()) frames.push(f);
+      } catch (err) {
+        problem = err;
+      }
+      wake?.();
+    };
+    const onEnd = () => {
+      ended = true;
+      wake?.();
+    };
+    socket.on('data', onData);
+    socket.on('close', onEnd);
+    const deadline = Date.now() + this.opts.startupTimeoutMs;
+    const timer = setTimeout(onEnd, this.opts.startupTimeoutMs);
+    const nextFrame = async (): Promise<Frame> => {
+      for (;;) {
+        if (problem !== null) throw refuse('08P01', 'invalid startup packet layout');
+        const f = frames.shift();
+        if (f) return f;
+        if (ended || Date.now() >= deadline) throw refuse('08006', 'startup did not finish in time or the client went away');
+        await new Promise<void>((resolve) => (wake = resolve));
+        wake = null;
+      }
+    };
+    try {
+      let packet;
+      for (;;) {
+        packet = parseStartupPacket((await nextFrame()).body);
+        if (packet.kind === 'ssl' || packet.kind === 'gssenc') {
+          socket.write('N'); // TLS: another item; this is where it would start
+          continue;
+        }
+        break;
+      }
+      if (packet.kind === 'cancel') {
+        this.cancel(packet.pid, packet.secret);
+        socket.end();
+        return;
+      }
+      // Everything after the StartupMessage is typed (clients wait for our answer before sending more).
+      reader.startup = false;
+      const params = packet.params;
+      const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
+      if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
+      const user = params.get('user');
+      if (!user) throw refuse('28000', 'no user name in the startup packet');
+      if (params.has('replication') && params.get('replication') !== 'false') throw refuse('08P01', 'replication connections are not served by the fencepost SQL endpoint');
+      const database = params.get('database') || user;
+      if (database !== this.target.database) {
+        throw refuse('3D000', `database ${JSON.stringify(database)} does not exist`, `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`);
+      }
+      // ---- authentication
+      let key: AccessKey | null = null;
+      if (this.opts.keys.length > 0) {
+        key = this.opts.keys.find((k) => k.name === user) ?? null;
+        const server = new ScramServer(key?.scram ?? null);
+        socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
+        try {
+          const first = await nextFrame();
+          if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+          const r = new BodyReader(first.body);
+          const mechanism = r.cstring();
+          if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+          const len = r.int32();
+          const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
+          socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
+          const fin = await nextFrame();
+          if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+          const serverFinal = server.final(fin.body.toString('utf8'));
+          socket.write(message('R', 12, Buffer.from(serverFinal)));
+        } catch (err) {
+          if (err instanceof Refusal) throw err;
+          if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
+          throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+        }
+        if (key === null) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+      }
+      // ---- the backend, as the key's client login
+      const { logins, problems, capability } = await this.opts.provision();
+      const login = logins.get(key?.name ?? null);
+      if (!login) {
+        const problem = problems.get(key?.name ?? null);
+        throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
+      }
+      const settings = new Map<string, string>([
+        ['default_transaction_read_only', 'on'],
+        ['statement_timeout', String(this.opts.statementTimeoutMs)],
+        ['lock_timeout', String(this.opts.lockTimeoutMs)],
+      ]);
+      if (login.pgRole !== null) settings.set('role', login.pgRole);
+      const forwarded = new Map<string, string>([['application_name', 'fencepost-sql']]);
+      for (const [k, v] of params) if (FORWARDED_PARAMETERS.has(k.toLowerCase())) forwarded.set(k.toLowerCase(), v);
+      for (const [k, v] of parseOptions(params.get('options') ?? '')) {
+        if (FENCE_SETTINGS.has(k)) settings.set(k, v);
+        else if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      }
+      const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
+      const remaining = () => Math.max(1, deadline - Date.now());
+      let backend: Backend;
+      try {
+        backend = await openBackend(this.target, backendLogin, remaining());
+      } catch (err) {
+        if (!(err instanceof BackendStartupError) || err.code !== PASSWORD_FAILED) throw this.backendRefusal(err);
+        // A statement of this login may have changed its own password: set it back once.
+        await resetClientPassword(this.opts.owner, login);
+        try {
+          backend = await openBackend(this.target, backendLogin, remaining());
+        } catch (again) {
+          throw this.backendRefusal(again);
+        }
+      }
+      if (socket.destroyed) {
+        backend.socket.destroy();
+        return;
+      }
+      // ---- ready
+      const pid = this.nextPid++ & 0x7fffffff || this.nextPid++;
+      const secret = randomBytes(4);
+      this.sessions.set(pid, { secret, backend });
+      const writerId = user;
+      const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
+      socket.write(Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
+      socket.off('data', onData);
+      socket.off('close', onEnd);
+      clearTimeout(timer);
+      const session = new PgwireSession(socket, reader, backend, {
+        logger,
+        capability,
+        prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
+        writerId,
+        onStale: (s) => this.recordStale(s, writerId, logger),
+        onClose: () => this.sessions.delete(pid),
+      });
+      session.start();
+      logger.debug('SQL session started');
+    } finally {
+      socket.off('data', onData);
+      socket.off('close', onEnd);
+      clearTimeout(timer);
+    }
+  }
+
+  private backendRefusal(err: unknown): Refusal {
+    if (err instanceof BackendStartupError) return refuse(err.code === PASSWORD_FAILED ? '28000' : err.code, `the database refused the session's login: ${err.message}`);
+    return refuse('08006', `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
+  }
+
+  private cancel(pid: number, secret: Buffer): void {
+    const s = this.sessions.get(pid);
+    if (!s || s.secret.length !== secret.length || !timingSafeEqual(s.secret, secret)) return;
+    cancelBackend(this.target, s.backend.pid, s.backend.secret);
+  }
+
+  private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
+    logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
+    void this.opts.owner
+      .query(q.recordRejections([{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]))
+      .catch((err: unknown) => logger.warn({ err }, 'could not record a rejection'));
+  }
+}

@@ -39,6 +39,20 @@ if [ "${1:-}" = "--test" ]; then
     say "installing Chromium for the dashboard's browser tests (apt-get install chromium)"
     apt_install chromium
   fi
+  # The SQL endpoint's tests drive it with clients nobody here wrote: psql, pgbench (Debian ships it
+  # with the server package, see --bench) and Python's psycopg2 (run as /usr/bin/python3).
+  if ! command -v psql >/dev/null; then
+    say "installing psql for the SQL endpoint's tests (apt-get install postgresql-client)"
+    apt_install postgresql-client
+  fi
+  if ! pgbench --version >/dev/null 2>&1; then
+    say "installing pgbench for the SQL endpoint's tests (apt-get install postgresql; see --bench)"
+    apt_install postgresql
+  fi
+  if ! /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1; then
+    say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"
+    apt_install python3-psycopg2
+  fi
   if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (the tests validate docker-compose.yml with it)"
     apt_install docker-compose

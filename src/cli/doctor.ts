@@ -37,7 +37,18 @@ export async function doctorCommand(argv: string[]): Promise<number> {
     if (!values.zk) process.stderr.write(`fencepost doctor: --zk is required\n${DOCTOR_USAGE}\n`);
     return 2;
   }
-  const advice = await measureSessionTimeoutAdvice({ connect: values.zk, windowMs: windowMs ?? 5000 });
+  // Progress on stderr (stdout carries the result, e.g. --json for scripts).
+  let advice;
+  try {
+    advice = await measureSessionTimeoutAdvice({
+      connect: values.zk,
+      windowMs: windowMs ?? 5000,
+      onProgress: (step) => process.stderr.write(`fencepost doctor: ${step}…\n`),
+    });
+  } catch (err) {
+    process.stderr.write(`fencepost doctor: --zk ${values.zk}: ${(err as Error).message.split('\n')[0]}\n`);
+    return 1;
+  }
   if (values.json) {
     process.stdout.write(JSON.stringify({ ...advice, configuredSessionTimeoutMs: configured ?? null }) + '\n');
   } else {

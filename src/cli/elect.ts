@@ -31,6 +31,7 @@ import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { doctorCommand } from './doctor.ts';
 import { Guardian } from './guardian.ts';
+import { defaultCandidateId, electionPathProblem } from '../election/sequence.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
 
 export { doctorCommand };
@@ -135,9 +136,8 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
   const advise = v.advise === true;
   if (!zk) throw new UsageError('--zk <connect-string> is required');
   if (!advise && !path) throw new UsageError('--path <election-path> is required');
-  if (path !== undefined && (!path.startsWith('/') || path.endsWith('/'))) {
-    throw new UsageError(`--path must be an absolute ZooKeeper path without a trailing slash, got ${JSON.stringify(path)}`);
-  }
+  const pathProblem = path === undefined ? null : electionPathProblem(path);
+  if (pathProblem !== null) throw new UsageError(`--path ${pathProblem}, got ${JSON.stringify(path)}`);
   const policy = str('policy') ?? 'suspend-is-lost';
   if (policy !== 'suspend-is-lost' && policy !== 'wait-for-expiry') {
     throw new UsageError(`--policy must be suspend-is-lost or wait-for-expiry, got ${JSON.stringify(policy)}`);
@@ -158,7 +158,7 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
   return {
     zk,
     path: path ?? '/',
-    id: str('id') ?? `${process.env.HOSTNAME ?? 'host'}-${process.pid}`,
+    id: str('id') ?? defaultCandidateId(),
     sessionTimeoutMs: int('session-timeout-ms', 10_000, 1),
     graceMs: int('grace-ms', 10_000, 0),
     policy,

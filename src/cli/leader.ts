@@ -7,6 +7,7 @@
 import { parseArgs } from 'node:util';
 import { readLeader } from '../election/election.ts';
 import { ZkSession } from '../election/zk-session.ts';
+import { electionPathProblem } from '../election/sequence.ts';
 
 export const LEADER_USAGE = 'usage: fencepost leader --zk <connect-string> --path <election-path> [--json]';
 
@@ -27,7 +28,7 @@ export async function leaderCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const { zk, path } = values;
-  if (!zk || !path || !path.startsWith('/') || path.endsWith('/') || path.includes('//')) {
+  if (!zk || !path || electionPathProblem(path) !== null) {
     process.stderr.write(`fencepost leader: --zk and --path (an absolute ZooKeeper path without a trailing slash) are required\n${LEADER_USAGE}\n`);
     return 2;
   }

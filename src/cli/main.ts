@@ -1,23 +1,31 @@
 // `fencepost <command>`: serve | migrate | elect | doctor. (The demo and chaos harness: tools/cli.ts.)
+import { readFileSync } from 'node:fs';
 import { ConfigError } from '../proxy/config.ts';
+import { StartupError } from '../proxy/startup-errors.ts';
 
-const USAGE = `usage: fencepost <command>
+const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
   migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
   elect     run a command only while elected leader through ZooKeeper
   doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout
   leader    print the current leader of an election path and its token`;
 
+/** This package's version (src/cli/ and dist/cli/ are both two levels below package.json). */
+function version(): string {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
+  return pkg.version;
+}
+
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
   switch (command) {
     case 'serve': {
       const { serveCommand } = await import('./serve.ts');
-      return await serveCommand();
+      return await serveCommand(rest);
     }
     case 'migrate': {
       const { migrateCommand } = await import('./serve.ts');
-      return await migrateCommand();
+      return await migrateCommand(rest);
     }
     case 'elect': {
       const { fencedElectCommand } = await import('./fenced-elect.ts');
@@ -31,6 +39,10 @@ async function main(argv: string[]): Promise<number> {
       const { leaderCommand } = await import('./leader.ts');
       return await leaderCommand(rest);
     }
+    case '--version':
+    case '-v':
+      process.stdout.write(`fencepost ${version()}\n`);
+      return 0;
     case undefined:
     case '-h':
     case '--help':
@@ -46,7 +58,9 @@ async function main(argv: string[]): Promise<number> {
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
+    // Settings that are wrong or cannot be used: one line naming the setting, no stack.
     if (err instanceof ConfigError) process.stderr.write(`fencepost: invalid configuration: ${err.message}\n`);
+    else if (err instanceof StartupError) process.stderr.write(`fencepost: cannot start: ${err.message}\n`);
     else process.stderr.write(`fencepost: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exit(1);
   },

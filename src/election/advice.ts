@@ -7,6 +7,7 @@
 // measurement window under-samples tails (GC pauses, noisy neighbours). Floors: 2000 ms and the server's
 // minimum (2 × tickTime by default). A crash then costs about T + one tick + a few RTTs of failover.
 import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { ZkSession } from './zk-session.ts';
 
 export const ADVICE_HEADROOM = 5;
@@ -42,6 +43,8 @@ export interface MeasureOptions {
   windowMs?: number;
   probeIntervalMs?: number;
   signal?: AbortSignal;
+  /** Told each step as it begins (connected, server bounds, each second of the window), for a progress display. */
+  onProgress?: (step: string) => void;
 }
 
 export function distribution(values: readonly number[]): Distribution {
@@ -70,10 +73,16 @@ export async function measureSessionTimeoutAdvice(opts: MeasureOptions): Promise
   const windowMs = opts.windowMs ?? 5000;
   const probeIntervalMs = opts.probeIntervalMs ?? 50;
   if (!opts.session && !opts.connect) throw new Error('measureSessionTimeoutAdvice needs connect or session');
+  const progress = opts.onProgress ?? (() => {});
+  if (!opts.session) progress(`connecting to ZooKeeper at ${opts.connect}`);
   const own = opts.session ? null : await ZkSession.open({ connect: opts.connect!, sessionTimeoutMs: 10_000 });
   const session = opts.session ?? own!;
   try {
+    if (own) progress('connected; asking the server for its session timeout bounds');
     const serverBoundsMs = opts.connect && !opts.session ? await measureServerBounds(opts.connect) : null;
+    progress(`measuring round trips and event-loop stalls for ${windowMs} ms`);
+    const started = performance.now();
+    let reported = 0;
     const stalls: number[] = [];
     const tickMs = 10;
     let expected = performance.now() + tickMs;
@@ -92,7 +101,9 @@ export async function measureSessionTimeoutAdvice(opts: MeasureOptions): Promise
           // a failed probe counts as a round trip as long as its deadline (shows up as a large max)
           rtts.push(session.requestTimeoutMs);
         }
-        await new Promise((r) => setTimeout(r, probeIntervalMs));
+        await sleep(probeIntervalMs);
+        const seconds = Math.floor((performance.now() - started) / 1000);
+        if (seconds > reported && performance.now() < end) progress(`${(reported = seconds)} s of ${Math.ceil(windowMs / 1000)} s`);
       }
     } finally {
       clearInterval(timer);

@@ -14,7 +14,6 @@
 //   events, though: a term's AbortSignal fires the moment leadership is in doubt.
 import { EventEmitter } from 'node:events';
 import { randomUUID } from 'node:crypto';
-import { hostname } from 'node:os';
 import zookeeper from 'node-zookeeper-client';
 import type { Logger } from 'pino';
 import { pino } from 'pino';
@@ -27,7 +26,7 @@ import {
   ZkError,
   coerceError,
 } from './errors.ts';
-import { SEQUENCE_WARN_REMAINING, candidatePrefix, checkParentCversion, parseCandidate, sortCandidates } from './sequence.ts';
+import { SEQUENCE_WARN_REMAINING, candidatePrefix, checkParentCversion, defaultCandidateId, electionPathProblem, parseCandidate, sortCandidates } from './sequence.ts';
 import type { CandidateNode } from './sequence.ts';
 import { ZkSession } from './zk-session.ts';
 import type { SessionLostReason } from './zk-session.ts';
@@ -145,12 +144,11 @@ export class Election extends EventEmitter<ElectionEvents> {
 
   constructor(opts: ElectionOptions) {
     super();
-    if (!opts.path.startsWith('/') || opts.path.endsWith('/') || opts.path.includes('//')) {
-      throw new Error(`election path must be an absolute ZooKeeper path without a trailing slash, got ${JSON.stringify(opts.path)}`);
-    }
+    const pathProblem = electionPathProblem(opts.path);
+    if (pathProblem !== null) throw new Error(`election path ${pathProblem}, got ${JSON.stringify(opts.path)}`);
     this.connect = opts.connect;
     this.path = opts.path;
-    this.id = opts.id ?? `${hostname()}-${process.pid}`;
+    this.id = opts.id ?? defaultCandidateId();
     this.policy = opts.policy ?? 'suspend-is-lost';
     this.sessionTimeoutMs = opts.sessionTimeoutMs ?? DEFAULT_SESSION_TIMEOUT_MS;
     this.uuid = opts.__test__uuid ?? randomUUID();

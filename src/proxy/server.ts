@@ -1,10 +1,14 @@
 // Running the proxy: embedded Postgres (when DATABASE_URL is unset), migrations, listen, and an
 // orderly stop (stop accepting, finish in-flight writes, close the pool, stop Postgres).
 import pg from 'pg';
+import type { Server as TlsServer } from 'node:tls';
+import { statSync } from 'node:fs';
+import { userInfo } from 'node:os';
+import { dirname } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './app.ts';
-import { PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
+import { DEFAULT_DATA_DIR, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
 import { PgwireServer } from './pgwire/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
@@ -12,6 +16,8 @@ import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
 import { ProxyMetrics } from './metrics.ts';
+import { TlsMaterial } from './tls.ts';
+import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
 
 export interface RunningProxy {
   app: FastifyInstance;
@@ -19,6 +25,13 @@ export interface RunningProxy {
   databaseUrl: string;
   /** The SQL endpoint's port, when FENCEPOST_PGWIRE_PORT is set (else null: off). */
   pgwirePort: number | null;
+  /** The certificate and key in use (FENCEPOST_TLS_CERT / _KEY); null: plain HTTP. */
+  tls: TlsMaterial | null;
+  /**
+   * Reads the TLS files again (SIGHUP): new connections get the new certificate. A pair that does
+   * not load keeps the old one and is logged as an error. False when nothing was reloaded.
+   */
+  reloadTls(): boolean;
   /** Idempotent. */
   close(): Promise<void>;
 }
@@ -55,6 +68,22 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
   return pool;
 }
 
+/**
+ * The default data folder's parent sits in the shared temp folder under a predictable name: if
+ * another user made it first, their folder would hold our database. Refuse it.
+ */
+function checkOwnFolder(dir: string): void {
+  let owner: number;
+  try {
+    owner = statSync(dir).uid;
+  } catch {
+    return; // not there yet: created (by us) when Postgres is initialised
+  }
+  if (owner !== userInfo().uid) {
+    throw new StartupError('FENCEPOST_DATA_DIR', `${dir} (the default data folder's parent) belongs to another user (uid ${owner}): set FENCEPOST_DATA_DIR to a folder of yours`);
+  }
+}
+
 /** Test seams, handed in only by tools/ (never from configuration). */
 export interface ProxySeams {
   __test__writeStrategy?: WriteStrategy;
@@ -62,19 +91,38 @@ export interface ProxySeams {
 
 export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel), seams: ProxySeams = {}): Promise<RunningProxy> {
   assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
+  // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP port,
+  // the forgery guard's ZooKeeper. Each failure is a ConfigError or StartupError naming the setting.
+  const tls = config.tls ? TlsMaterial.load(config.tls) : null;
+  await checkListenAddress(config.host, config.port);
+  if (config.forgeryGuard) await checkZooKeeper(config.forgeryGuard);
   let embedded: RunningPostgres | null = null;
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === null) {
-    logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort }, 'starting embedded Postgres');
+    logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort || 'free' }, 'starting embedded Postgres');
     // Loaded only here: with DATABASE_URL set, embedded-postgres (and its binaries) never load.
-    const { startEmbeddedPostgres } = await import('../fence/embedded-postgres.ts');
-    embedded = await startEmbeddedPostgres({
-      dataDir: config.dataDir,
-      port: config.embeddedPgPort,
-      log: (line) => logger.debug({ postgres: line }),
-    });
+    const { startEmbeddedPostgres, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
+    if (config.dataDir === DEFAULT_DATA_DIR) checkOwnFolder(dirname(config.dataDir));
+    try {
+      embedded = await startEmbeddedPostgres({
+        dataDir: config.dataDir,
+        port: config.embeddedPgPort,
+        log: (line) => logger.debug({ postgres: line }),
+      });
+    } catch (err) {
+      if (err instanceof PostgresAlreadyRunningError) {
+        throw new StartupError(
+          'FENCEPOST_DATA_DIR',
+          `${err.dataDir} is in use by a running Postgres (pid ${err.pid}), most likely another fencepost serve from this checkout: stop it, or give this one its own FENCEPOST_DATA_DIR (and PORT)`,
+          { cause: err },
+        );
+      }
+      const why = err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
+      throw new StartupError('FENCEPOST_DATA_DIR', why.split('\n')[0]!, { cause: err });
+    }
     databaseUrl = embedded.url;
   }
+  const databaseSetting = embedded ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL';
   const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, {
@@ -104,8 +152,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       retries: config.txRetries,
     },
     requestTimeoutMs: config.requestTimeoutMs,
+    ...(tls ? { https: tls.pem() } : {}),
   });
-  if (config.keys.length === 0) logger.warn({ host: config.host }, 'no keys configured: the proxy is open to anyone who can reach it');
   const pruner = new RejectionPruner(pool, {
     maxAgeMs: config.rejectionsMaxAgeMs,
     maxRows: config.rejectionsMaxRows,
@@ -131,7 +179,10 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
         });
   let pgwirePort: number | null = null;
   try {
-    const applied = await migrate(pool);
+    // The first use of the database: a wrong password or nothing listening shows up here.
+    const applied = await migrate(pool).catch((err: unknown) => {
+      throw databaseError(err, databaseSetting, databaseUrl);
+    });
     if (applied.length > 0) logger.info({ applied }, 'migrations applied');
     const durability = await checkDurability(pool).catch((err: unknown) => {
       logger.warn({ err }, 'durability check failed');
@@ -140,7 +191,9 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     for (const warning of durability.warnings) logger.warn({ component: 'durability' }, warning);
     // Client logins for SQL transactions: created now, or the log says what to run (see Security).
     await app.transactionRunner.provision();
-    await app.listen({ host: config.host, port: config.port });
+    await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
+      throw listenError(err, config.host, config.port); // taken since the bind test
+    });
     if (pgwire) pgwirePort = await pgwire.listen();
     pruner.start(); // after migrate: the table exists
   } catch (err) {
@@ -153,8 +206,9 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   }
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : config.port;
-  const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
-  logger.info({ url, embeddedPostgres: embedded !== null }, 'fencepost proxy listening');
+  const url = `${tls ? 'https' : 'http'}://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+  if (config.keys.length === 0) logger.warn({ host: config.host }, 'no keys configured: the proxy is open to anyone who can reach it');
+  logger.info({ url, embeddedPostgres: embedded !== null, ...(tls ? { certificate: tls.fingerprint() } : {}) }, 'fencepost proxy listening');
   if (pgwirePort !== null) logger.info({ host: config.host, port: pgwirePort }, 'fencepost SQL endpoint listening (PostgreSQL protocol)');
 
   let closing: Promise<void> | null = null;
@@ -173,5 +227,18 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await embedded?.stop();
       logger.info('stopped');
     })());
-  return { app, url, databaseUrl, pgwirePort, close };
+  const reloadTls = (): boolean => {
+    if (!tls) return false;
+    try {
+      tls.reload();
+    } catch (err) {
+      logger.error({ err: err instanceof Error ? err.message : String(err), certificate: tls.fingerprint() }, 'TLS reload failed: still serving the previous certificate');
+      return false;
+    }
+    // Node's TLS server: connections accepted from now on use the new context.
+    (app.server as unknown as TlsServer).setSecureContext(tls.pem());
+    logger.info({ certificate: tls.fingerprint() }, 'TLS certificate reloaded');
+    return true;
+  };
+  return { app, url, databaseUrl, pgwirePort, tls, reloadTls, close };
 }

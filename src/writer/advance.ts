@@ -1,6 +1,7 @@
 // A new leader's first act, shared by FencedWriter and `fencepost elect --proxy`: raise the fence
 // to the term's token, retrying while the proxy is unreachable or answers 5xx, until done or the
 // signal (term over, or stop) aborts.
+import { setTimeout as delay } from 'node:timers/promises';
 import { ProxyError, StaleTokenError, type ProxyClient } from './proxy-client.ts';
 
 export type AdvanceOutcome =
@@ -30,14 +31,7 @@ export async function advanceFence(
   return { kind: 'aborted' };
 }
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener('abort', done, { once: true });
-  });
+/** Waits `ms`, or less when `signal` aborts (the caller checks it). */
+async function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  await delay(ms, undefined, { signal }).catch(() => {});
 }

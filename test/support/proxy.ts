@@ -1,6 +1,8 @@
 // Proxy instances for tests: in-process (buildApp over a test database) or as real processes.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
+import { request as httpsRequest } from 'node:https';
+import type { TLSSocket } from 'node:tls';
 import type { FastifyInstance } from 'fastify';
 import type pg from 'pg';
 import { buildApp } from '../../src/proxy/app.ts';
@@ -30,13 +32,36 @@ export interface ProxyProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
+export interface SpawnProxyOptions {
+  /** The proxy serves HTTPS (FENCEPOST_TLS_CERT / _KEY in env): readiness is checked trusting `ca`. */
+  https?: { ca: string | Buffer | Array<string | Buffer> };
+  /** Another checkout's bin/fencepost.js (default: this one's). */
+  bin?: string;
+}
+
+/** GET over HTTPS trusting `ca`; also reports the certificate the server presented. */
+export function httpsGet(url: string, ca: string | Buffer | Array<string | Buffer>): Promise<{ status: number; body: string; fingerprint256: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest(url, { ca, agent: false }, (res) => {
+      const fingerprint256 = (res.socket as TLSSocket).getPeerCertificate().fingerprint256;
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body, fingerprint256 }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
 /**
  * Runs `fencepost serve` as a real process and waits until /readyz answers 200. `fenceMode` other
  * than strict runs the harness's serve with a broken fence instead (tools/unsafe-fence.ts).
  */
-export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000, fenceMode: FenceMode = 'strict'): Promise<ProxyProcess> {
+export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000, fenceMode: FenceMode = 'strict', opts: SpawnProxyOptions = {}): Promise<ProxyProcess> {
   const port = env.PORT ? Number(env.PORT) : await freePort();
-  const args = fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
+  const args = fenceMode === 'strict' ? [opts.bin ?? BIN, 'serve'] : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
   const child = spawn(process.execPath, args, {
     env: {
       ...process.env,
@@ -51,11 +76,13 @@ export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000
   child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const url = `http://127.0.0.1:${port}`;
+  const url = `${opts.https ? 'https' : 'http'}://127.0.0.1:${port}`;
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${out}`);
-    const ok = await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+    const ok = opts.https
+      ? await httpsGet(`${url}/readyz`, opts.https.ca).then((r) => r.status === 200, () => false)
+      : await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
     if (ok) break;
     if (Date.now() > deadline) {
       child.kill('SIGKILL');

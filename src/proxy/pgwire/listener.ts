@@ -100,9 +100,11 @@ export class PgwireServer {
     this.sockets.add(socket);
     socket.on('close', () => this.sockets.delete(socket));
     if (full) {
-      // Counted until closed (so a flood of refusals is bounded too), and closed within a second.
-      socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` }));
-      setTimeout(() => socket.destroy(), 1000).unref();
+      // Answered after the client's first packet, as Postgres does (closing before it arrives
+      // makes the client's write fail with a reset instead of showing 53300). Counted until
+      // closed, so a flood of refusals is bounded too, and closed within two seconds.
+      socket.once('data', () => socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` })));
+      setTimeout(() => socket.destroy(), 2000).unref();
       return;
     }
     void this.startup(socket).catch((err: unknown) => {

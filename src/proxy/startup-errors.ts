@@ -1,0 +1,132 @@
+// Why the proxy could not start, in one line naming the setting to look at: the HTTP port taken,
+// a database refusing the password or not there, ZooKeeper out of reach. The CLI prints the
+// message alone (no stack: the cause is the message); the original error stays as `cause`.
+import { createServer } from 'node:net';
+import { lookup } from 'node:dns/promises';
+import pg from 'pg';
+import { ZkSession } from '../election/zk-session.ts';
+import type { ForgeryGuardConfig } from './forgery-guard.ts';
+
+export class StartupError extends Error {
+  constructor(
+    /** The setting to look at (an environment variable's name). */
+    readonly setting: string,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`${setting}: ${message}`, options);
+    this.name = 'StartupError';
+  }
+}
+
+/** Node's system errors carry `code`; a connect to several addresses fails with an AggregateError of them. */
+function systemCode(err: unknown): string | undefined {
+  if (err instanceof AggregateError) return systemCode(err.errors[0]);
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+function firstLine(err: unknown): string {
+  const message = err instanceof Error ? err.message || (err instanceof AggregateError ? String(err.errors[0]) : err.name) : String(err);
+  return message.split('\n')[0]!;
+}
+
+function hostPort(host: string, port: number): string {
+  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
+}
+
+/**
+ * A bind test of the HTTP address, before Postgres starts: the port in use (or a HOST that is not
+ * this machine's) fails in a moment, not after a cluster start.
+ */
+export async function checkListenAddress(host: string, port: number): Promise<void> {
+  await new Promise<void>((resolve, reject) => {
+    const server = createServer();
+    server.once('error', (err) => reject(listenError(err, host, port)));
+    server.listen({ host, port, exclusive: true }, () => server.close(() => resolve()));
+  });
+}
+
+/** A failed listen on the HTTP address, described. */
+export function listenError(err: unknown, host: string, port: number): StartupError {
+  const at = hostPort(host, port);
+  switch (systemCode(err)) {
+    case 'EADDRINUSE':
+      return new StartupError('PORT', `${at} is already in use (another fencepost serve? set PORT or --port)`, { cause: err });
+    case 'EACCES':
+      return new StartupError('PORT', `not allowed to listen on ${at} (ports below 1024 need privileges)`, { cause: err });
+    case 'EADDRNOTAVAIL':
+      return new StartupError('HOST', `${host} is not an address of this machine`, { cause: err });
+    case 'ENOTFOUND':
+    case 'EAI_AGAIN':
+      return new StartupError('HOST', `cannot resolve ${host}`, { cause: err });
+    default:
+      return new StartupError('PORT', `cannot listen on ${at}: ${firstLine(err)}`, { cause: err });
+  }
+}
+
+/**
+ * The first use of the database failed: say where and why, without the URL's password.
+ * `setting` is DATABASE_URL, or FENCEPOST_DATA_DIR for the embedded Postgres.
+ */
+export function databaseError(err: unknown, setting: string, databaseUrl: string): StartupError {
+  let where = 'the database';
+  let database = '';
+  try {
+    const u = new URL(databaseUrl);
+    where = `${u.hostname || 'localhost'}:${u.port || 5432}`;
+    database = decodeURIComponent(u.pathname.slice(1));
+  } catch {
+    // a malformed URL was refused by loadConfig; keep the generic name
+  }
+  if (err instanceof pg.DatabaseError) {
+    return new StartupError(setting, `${where}${database ? ` (database ${database})` : ''}: ${firstLine(err)} (SQLSTATE ${err.code ?? '?'})`, { cause: err });
+  }
+  switch (systemCode(err)) {
+    case 'ECONNREFUSED':
+      return new StartupError(setting, `nothing is listening at ${where} (connection refused)`, { cause: err });
+    case 'ENOTFOUND':
+    case 'EAI_AGAIN':
+      return new StartupError(setting, `cannot resolve the host of ${where}`, { cause: err });
+    case 'ETIMEDOUT':
+    case 'EHOSTUNREACH':
+    case 'ENETUNREACH':
+      return new StartupError(setting, `cannot reach ${where} (${systemCode(err)})`, { cause: err });
+  }
+  if (/timeout/i.test(firstLine(err))) return new StartupError(setting, `no answer from ${where} (${firstLine(err)})`, { cause: err });
+  return new StartupError(setting, `${where}: ${firstLine(err)}`, { cause: err });
+}
+
+/** Hosts of a ZooKeeper connect string (`h1:2181,h2:2181/chroot`). */
+function zkHosts(connect: string): string[] {
+  const servers = connect.split('/')[0]!.split(',');
+  return servers.map((s) => s.trim().replace(/:\d+$/, '')).filter((h) => h !== '');
+}
+
+/**
+ * The forgery guard's ZooKeeper, checked at start: its names resolve and a session opens (with the
+ * elections' credentials). Afterwards an outage only answers 503 to the writes that need a check.
+ */
+export async function checkZooKeeper(guard: ForgeryGuardConfig, connectTimeoutMs = 5000): Promise<void> {
+  const hosts = zkHosts(guard.zkConnect);
+  const resolved = await Promise.all(hosts.map((h) => lookup(h).then(() => null, (err: unknown) => ({ host: h, err }))));
+  const failures = resolved.filter((r) => r !== null);
+  if (hosts.length === 0 || failures.length === hosts.length) {
+    const first = failures[0];
+    throw new StartupError('ZK_CONNECT', first ? `cannot resolve ${failures.map((f) => f.host).join(', ')} (${systemCode(first.err) ?? firstLine(first.err)})` : `no server in ${JSON.stringify(guard.zkConnect)}`, {
+      cause: first?.err,
+    });
+  }
+  let session: ZkSession;
+  try {
+    session = await ZkSession.open({
+      connect: guard.zkConnect,
+      sessionTimeoutMs: 10_000,
+      connectTimeoutMs,
+      ...(guard.electionAuth ? { auth: guard.electionAuth } : {}),
+    });
+  } catch (err) {
+    throw new StartupError('ZK_CONNECT', `ZooKeeper at ${guard.zkConnect} unreachable: ${firstLine(err)}`, { cause: err });
+  }
+  await session.close();
+}

@@ -1,0 +1,163 @@
+// The `fencepost` command as users run it (bin/fencepost.js over dist/): flags of every subcommand,
+// and start-up failures told in one line naming the setting.
+import { describe, expect, inject, test } from 'vitest';
+import { spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { clientRoleFor, createTestDatabase } from '../support/db.ts';
+import { BIN, REPO } from '../support/proxy.ts';
+
+/** Runs `fencepost …args` to the end; DATABASE_URL and the like come only from `env`. */
+function run(args: string[], env: Record<string, string> = {}, timeout = 60_000): SpawnSyncReturns<string> {
+  const base = { ...process.env };
+  for (const name of ['DATABASE_URL', 'PORT', 'HOST', 'ZK_CONNECT', 'ZK_AUTH', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_DATA_DIR']) delete base[name];
+  return spawnSync(process.execPath, [BIN, ...args], { env: { ...base, FENCEPOST_LOG_LEVEL: 'warn', ...env }, encoding: 'utf8', timeout });
+}
+
+/** Exit 1 and one line that is not a JSON log line: `fencepost: …`, with no stack trace. */
+function oneLineFailure(r: SpawnSyncReturns<string>): string {
+  expect(r.status, r.stderr).toBe(1);
+  const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
+  expect(lines, r.stderr).toHaveLength(1);
+  expect(r.stderr).not.toMatch(/^\s+at /m);
+  return lines[0]!;
+}
+
+function occupy(port: number): Promise<Server> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen({ host: '127.0.0.1', port }, () => resolve(s));
+  });
+}
+
+describe('flags', () => {
+  test('--version prints the version from package.json', () => {
+    const { version } = JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as { version: string };
+    const r = run(['--version']);
+    expect(r.status).toBe(0);
+    expect(r.stdout.trim()).toBe(`fencepost ${version}`);
+  });
+
+  test('serve --help prints usage and exits 0 without starting anything', () => {
+    // Nothing listens at this DATABASE_URL: starting would fail with 1.
+    const r = run(['serve', '--help'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^usage: fencepost serve /);
+    expect(r.stdout).toContain('--port');
+  });
+
+  test('migrate --help prints usage and exits 0 without migrating', async () => {
+    const db = await createTestDatabase({ migrate: false });
+    try {
+      const r = run(['migrate', '--help'], { DATABASE_URL: db.url });
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stdout).toMatch(/^usage: fencepost migrate/);
+      const { rows } = await db.pool.query(`SELECT to_regclass('fencepost.migrations') IS NULL AS untouched`);
+      expect(rows[0].untouched).toBe(true);
+    } finally {
+      await db.drop();
+    }
+  });
+
+  test.each(['serve', 'migrate', 'elect', 'doctor', 'leader'])('%s with an unknown flag exits 2 with its usage', (command) => {
+    const r = run([command, '--no-such-flag'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
+    expect(r.status, r.stderr).toBe(2);
+    expect(r.stderr).toContain('--no-such-flag');
+    expect(r.stderr).toContain(`usage: fencepost ${command}`);
+  });
+
+  test('serve --port and --host win over PORT and HOST', async () => {
+    const db = await createTestDatabase();
+    const port = await freePort();
+    const child = spawn(process.execPath, [BIN, 'serve', '--port', String(port), '--host', '127.0.0.1'], {
+      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: '1', HOST: '0.0.0.0', FENCEPOST_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    try {
+      let ready = false;
+      for (let i = 0; i < 600 && !ready && child.exitCode === null; i++) {
+        ready = await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.ok, () => false);
+        if (!ready) await sleep(100);
+      }
+      expect(ready, err).toBe(true);
+    } finally {
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+      await db.drop();
+    }
+  });
+
+  test('a bad --port is refused naming the flag', () => {
+    expect(oneLineFailure(run(['serve', '--port', '70000']))).toMatch(/^fencepost: invalid configuration: --port: must be between 0 and 65535, got 70000$/);
+  });
+});
+
+describe('start-up failures: one line naming the setting and the cause', () => {
+  test('a wrong password in DATABASE_URL', async () => {
+    const db = await createTestDatabase();
+    try {
+      const url = new URL(db.url);
+      url.password = 'wrong-password';
+      const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: url.href, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url) }));
+      expect(line).toMatch(/^fencepost: cannot start: DATABASE_URL: .*password authentication failed/);
+      expect(line).not.toContain('wrong-password');
+    } finally {
+      await db.drop();
+    }
+  });
+
+  test('nothing listening at DATABASE_URL', async () => {
+    const port = await freePort();
+    const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: `postgres://u:secret@127.0.0.1:${port}/x` }));
+    expect(line).toBe(`fencepost: cannot start: DATABASE_URL: nothing is listening at 127.0.0.1:${port} (connection refused)`);
+  });
+
+  test('the HTTP port in use, found before an embedded Postgres starts', async () => {
+    const port = await freePort();
+    const server = await occupy(port);
+    const dir = mkdtempSync(join(tmpdir(), 'fencepost-cli-'));
+    try {
+      const line = oneLineFailure(run(['serve'], { PORT: String(port), FENCEPOST_DATA_DIR: join(dir, 'pgdata') }));
+      expect(line).toBe(`fencepost: cannot start: PORT: 127.0.0.1:${port} is already in use (another fencepost serve? set PORT or --port)`);
+      expect(existsSync(join(dir, 'pgdata'))).toBe(false); // no Postgres was started (or initialised)
+    } finally {
+      server.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('the forgery guard\'s ZooKeeper unresolvable', () => {
+    const guard = { FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}', ZK_AUTH: 'writer:secret', DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' };
+    const line = oneLineFailure(run(['serve', '--port', '0'], { ...guard, ZK_CONNECT: 'zk.invalid:2181' }));
+    expect(line).toMatch(/^fencepost: cannot start: ZK_CONNECT: cannot resolve zk\.invalid \(\w+\)$/);
+  });
+
+  test('the forgery guard\'s ZooKeeper unreachable', async () => {
+    const guard = { FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}', ZK_AUTH: 'writer:secret', DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' };
+    const zk = `127.0.0.1:${await freePort()}`;
+    const line = oneLineFailure(run(['serve', '--port', '0'], { ...guard, ZK_CONNECT: zk }));
+    expect(line).toMatch(new RegExp(`^fencepost: cannot start: ZK_CONNECT: ZooKeeper at ${zk} unreachable: `));
+  });
+
+  test('FENCEPOST_POOL_SIZE=-1 is out of range (not "not a whole number")', () => {
+    expect(oneLineFailure(run(['serve'], { FENCEPOST_POOL_SIZE: '-1' }))).toBe('fencepost: invalid configuration: FENCEPOST_POOL_SIZE: must be between 2 and 1000, got -1');
+  });
+});
+
+describe('doctor', () => {
+  test('shows progress on stderr while it measures, then the advice on stdout', () => {
+    const r = run(['doctor', '--zk', inject('zkConnect'), '--window-ms', '1500']);
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).toContain('fencepost doctor: connecting to ZooKeeper at');
+    expect(r.stderr).toContain('fencepost doctor: measuring round trips and event-loop stalls for 1500 ms');
+    expect(r.stderr).toContain('fencepost doctor: 1 s of 2 s');
+    expect(r.stdout).toMatch(/session timeout/i);
+  });
+});

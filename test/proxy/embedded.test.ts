@@ -1,0 +1,72 @@
+// The embedded Postgres (no DATABASE_URL): two proxies on one machine, each with its own cluster on
+// a free port; a second proxy on the same data folder is refused in one line.
+import { afterAll, describe, expect, test } from 'vitest';
+import { spawnSync } from 'node:child_process';
+import { chmodSync, cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { defaultDataDir } from '../../src/proxy/config.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { REPO, spawnProxy, type ProxyProcess } from '../support/proxy.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'fencepost-two-'));
+chmodSync(dir, 0o755); // embedded Postgres runs as the postgres user under root
+const running: ProxyProcess[] = [];
+const checkouts: string[] = [];
+
+afterAll(async () => {
+  await Promise.all(running.map((p) => p.stop()));
+  for (const root of checkouts) rmSync(dirname(defaultDataDir(root)), { recursive: true, force: true });
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** No DATABASE_URL, no embedded port: the defaults under test. */
+const EMBEDDED = { DATABASE_URL: '', FENCEPOST_EMBEDDED_PG_PORT: '' };
+
+async function start(env: Record<string, string>, bin?: string): Promise<ProxyProcess> {
+  const p = await spawnProxy({ ...EMBEDDED, ...env }, 120_000, 'strict', bin ? { bin } : {});
+  running.push(p);
+  return p;
+}
+
+/** Another checkout of this package, as `npm ci && npm run build` would leave it (node_modules shared). */
+function copyCheckout(name: string): string {
+  const root = join(dir, name);
+  mkdirSync(root);
+  for (const entry of ['bin', 'dist', 'migrations', 'package.json']) cpSync(join(REPO, entry), join(root, entry), { recursive: true });
+  symlinkSync(join(REPO, 'node_modules'), join(root, 'node_modules'));
+  checkouts.push(root);
+  return root;
+}
+
+async function put(url: string, key: string, body: string): Promise<number> {
+  return (await fetch(`${url}/v1/objects/${key}`, { method: 'PUT', headers: { 'fencing-token': '1' }, body })).status;
+}
+
+describe('two proxies on one machine', () => {
+  test('with different FENCEPOST_DATA_DIR both start, each on its own cluster (embedded port picked free)', async () => {
+    const [a, b] = await Promise.all([start({ FENCEPOST_DATA_DIR: join(dir, 'a', 'pgdata') }), start({ FENCEPOST_DATA_DIR: join(dir, 'b', 'pgdata') })]);
+    expect(await put(a.url, 'only-in-a', 'x')).toBe(200);
+    expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
+    expect((await fetch(`${b.url}/v1/objects/only-in-a`)).status).toBe(404);
+  });
+
+  test('from two checkouts with the default data folder both start; a second in the same checkout is refused in one line', async () => {
+    const one = copyCheckout('checkout-one');
+    const two = copyCheckout('checkout-two');
+    expect(defaultDataDir(one)).not.toBe(defaultDataDir(two));
+    const defaults = { FENCEPOST_DATA_DIR: '' };
+    const [a, b] = await Promise.all([start(defaults, join(one, 'bin', 'fencepost.js')), start(defaults, join(two, 'bin', 'fencepost.js'))]);
+    expect(await put(a.url, 'checkout-one', 'x')).toBe(200);
+    expect((await fetch(`${b.url}/v1/objects/checkout-one`)).status).toBe(404);
+
+    // Same checkout, another HTTP port: the data folder is taken.
+    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: '', PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' };
+    const r = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'serve'], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(r.status, r.stderr).toBe(1);
+    const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
+    expect(lines).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres \(pid \d+\)/)]);
+    // The first proxy is untouched.
+    expect((await fetch(`${a.url}/v1/objects/checkout-one`)).status).toBe(200);
+  });
+});

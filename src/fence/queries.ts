@@ -459,9 +459,16 @@ export function sealTransaction(capability: string, fenceKeys: readonly string[]
   };
 }
 
-/** Between transactions on a pooled client connection: nothing of one session reaches the next. */
-export function discardAll(): Query {
-  return { text: 'DISCARD ALL' };
+/**
+ * Between transactions on a pooled client connection: nothing of one session reaches the next
+ * (settings, role, prepared statements, cursors, listens, advisory locks, temp tables,
+ * sequences). DISCARD ALL without DISCARD PLANS: the plans the fence and seal functions cached
+ * stay, so the next transaction does not plan them again.
+ */
+export function resetSession(): Query {
+  return {
+    text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES',
+  };
 }
 
 export function terminateBackend(pid: number): Query {

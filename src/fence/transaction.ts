@@ -434,12 +434,12 @@ export class TransactionRunner {
       client.off('error', onError);
       client.off('end', onError);
       // Whatever the statements did to their session (settings, role, temp tables, advisory locks,
-      // prepared statements) reaches no later transaction: DISCARD ALL, or close the connection.
+      // prepared statements) reaches no later transaction: reset the session, or close the connection.
       // The answer does not wait for it; the connection goes back to the pool once it is done.
       if (reusable && !lost && !tooLarge && !deadline.aborted && status === 'I') {
         const ignore = () => {};
         client.on('error', ignore);
-        void client.query(q.discardAll()).then(
+        void client.query(q.resetSession()).then(
           () => {
             client.off('error', ignore);
             client.release();

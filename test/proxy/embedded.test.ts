@@ -66,6 +66,10 @@ describe('two proxies on one machine', () => {
     expect(r.status, r.stderr).toBe(1);
     const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
     expect(lines).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres \(pid \d+\)/)]);
+    // fencepost migrate on that folder says the same, in one line.
+    const m = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(m.status, m.stderr).toBe(1);
+    expect(m.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'))).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres/)]);
     // The first proxy is untouched.
     expect((await fetch(`${a.url}/v1/objects/checkout-one`)).status).toBe(200);
   });

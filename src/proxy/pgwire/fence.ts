@@ -15,8 +15,17 @@ import { cstr, int16, int32, message } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
+export const REFUSE_ROUTINE_STATEMENT = '__fencepost_refuse_routine';
 const RW_SQL = 'SET LOCAL transaction_read_only = off';
 const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session($1, $2, $3)";
+
+// Sent in place of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
+// block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
+// skips the writer's Execute and the rest of its pipeline up to Sync, and the group commits nothing.
+const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost SQL endpoint runs CALL and DO only inside a transaction block'
+  USING ERRCODE = '0A000',
+        DETAIL = 'A procedure or DO block run on its own may COMMIT and go on in a transaction the fence does not cover.',
+        HINT = 'Send BEGIN first (or use the simple protocol, where it runs in the fenced implicit transaction).'; END$fencepost$`;
 
 const TEXT_OID = 25;
 const TEXT_ARRAY_OID = 1009;
@@ -28,15 +37,48 @@ export const INVALID_FENCE_SETTING = 'FP400';
 /** SQLSTATE a tokenless write meets: the transaction is read-only. */
 export const READ_ONLY_TRANSACTION = '25006';
 
-/** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse both statements. */
+/** How many Close and Parse messages prepareFence() sends (one each per statement). */
+export const PREPARED_STATEMENTS = 3;
+
+/**
+ * The fence for a transaction that starts in the middle of a pipeline whose statements are not
+ * prepared yet (the group began in a failed transaction, where Parse is refused): Close and Parse
+ * each statement right before its Bind/Execute, the SET LOCAL before the SELECT's snapshot.
+ */
+export function prepareAndRunFence(capability: string, prefixes: readonly string[] | null, writerId: string): Buffer {
+  const run = runFence(capability, prefixes, writerId);
+  const rwRun = runRw().length;
+  return Buffer.concat([
+    message('C', Buffer.from('S'), RW_STATEMENT),
+    message('P', RW_STATEMENT, RW_SQL, int16(0)),
+    run.subarray(0, rwRun),
+    message('C', Buffer.from('S'), FENCE_STATEMENT),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(3), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID)),
+    run.subarray(rwRun),
+    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
+    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
+  ]);
+}
+
+/** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse the statements. */
 export function prepareFence(): Buffer {
   return Buffer.concat([
     message('C', Buffer.from('S'), RW_STATEMENT),
     message('C', Buffer.from('S'), FENCE_STATEMENT),
+    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
     message('P', RW_STATEMENT, RW_SQL, int16(0)),
     message('P', FENCE_STATEMENT, FENCE_SQL, int16(3), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID)),
+    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
   ]);
 }
+
+/** Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
+export function runRoutineRefusal(): Buffer {
+  return Buffer.concat([message('B', cstr(''), REFUSE_ROUTINE_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+}
+
+/** A Query that makes the session's transactions read-only by default again (see session.ts). */
+export const RESET_READ_ONLY_SQL = 'SET default_transaction_read_only = on';
 
 /** A text value of Postgres's array input syntax. */
 export function textArrayLiteral(items: readonly string[]): string {
@@ -50,11 +92,14 @@ function bindParam(value: string | null): Buffer {
 }
 
 /** Bind/Execute of both statements for one transaction (built once per session). */
+function runRw(): Buffer {
+  return Buffer.concat([message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+}
+
 export function runFence(capability: string, prefixes: readonly string[] | null, writerId: string): Buffer {
   const execute = message('E', cstr(''), int32(0));
   return Buffer.concat([
-    message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)),
-    execute,
+    runRw(),
     message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(3), bindParam(capability), bindParam(prefixes === null ? null : textArrayLiteral(prefixes)), bindParam(writerId), int16(0)),
     execute,
   ]);

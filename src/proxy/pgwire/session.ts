@@ -16,14 +16,32 @@
 // Sync of the proxy's, whose ReadyForQuery becomes the Query's). A new group is held until the
 // previous one's ReadyForQuery says whether the session is idle.
 //
-// Escapes: a transaction that starts without the proxy seeing it (COMMIT in the middle of a
-// multi-statement Query, COMMIT AND CHAIN, a procedure or DO block that commits) is unfenced and
-// read-only (the session default), so its writes fail with 25006. See docs/sql-endpoint.md for
-// what a writer that lifts that default itself can still do.
+// Transactions that start in the middle of what the writer sent (libpg-query classifies the
+// statements, see statements.ts; the read-only session default stays as a backstop):
+// - Simple protocol: a Query with a `;` before its end and a transaction word in it is split by
+//   the parser; the fence goes in front of the first statement of every transaction in it (after
+//   each COMMIT / END / ROLLBACK / ABORT / PREPARE TRANSACTION, with or without AND CHAIN, that
+//   is not the last statement; after a BEGIN that opens one), in the same Query string, so each
+//   implicit transaction is fenced inside itself. The fence's own responses are swallowed by
+//   position (one CommandComplete per statement). Text the parser refuses, or a session whose
+//   lexing could differ from the parser's (standard_conforming_strings off, SJIS-like client
+//   encodings) gets its multi-statement Query refused (42601 / 0A000), nothing run. A CALL or DO
+//   in a Query always runs in a transaction block (the fence makes even a lone one a
+//   multi-statement Query, an implicit block): Postgres itself refuses their COMMIT there.
+// - COMMIT / ROLLBACK AND CHAIN open the next transaction themselves: the fence goes right after
+//   them, in either protocol, even as the last statement.
+// - Extended protocol: each Parse's statement kind is kept (per statement name, then per portal at
+//   Bind). After an Execute of a statement that ends the transaction, the fence is injected before
+//   the next Execute of the pipeline (after it, when that one is a BEGIN). A CALL or DO executed
+//   outside a transaction block (where it could COMMIT itself) is refused: an injected statement
+//   fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
+// - A lone statement that cannot run in a transaction block goes unfenced; a Query of the
+//   proxy's resets default_transaction_read_only first, so whatever of it writes meets 25006.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, errorResponse, message, parseErrorFields, type Frame } from './framing.ts';
-import { fencePrefix, isEmptyQuery, runsOutsideTransactionBlock, prepareFence, runFence, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, STALE_TOKEN } from './fence.ts';
+import { fencePrefix, isEmptyQuery, prepareAndRunFence, runsOutsideTransactionBlock, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, STALE_TOKEN } from './fence.ts';
+import { hasSeveralStatements, lexingIsSafe, needsSplitting, splitStatements, statementKind, type StatementKind } from './statements.ts';
 import type { Backend } from './backend.ts';
 
 type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -35,12 +53,14 @@ interface Expect {
   fence?: boolean;
   /** sync/query: forward the ReadyForQuery to the writer. */
   forwardReady?: boolean;
-  /** query with the fence prepended: CommandCompletes of the prefix still to swallow. */
-  swallowLeading?: number;
-  /** query with the fence prepended: its length in characters (error positions move back by it). */
-  shift?: number;
-  /** query with the fence appended (after a lone BEGIN): the writer's completions still to forward; the rest is swallowed. */
-  passCompletes?: number;
+  /** query: per statement of the text sent, true for the fence's (their responses are swallowed); later statements are the writer's. */
+  plan?: boolean[];
+  /** query: the statement of `plan` whose responses come now (one CommandComplete each). */
+  at?: number;
+  /** query: where the fence was inserted, in characters of the text sent (error positions move back). */
+  insertions?: { start: number; length: number }[];
+  /** An injected empty Query standing in for a refused one: the refusal to send at its ReadyForQuery. */
+  refusal?: Buffer[];
 }
 
 export interface StaleRefusal {
@@ -79,8 +99,17 @@ export class PgwireSession {
   private readonly fenceRun: Buffer;
   private readonly fenceText: string;
   private readonly fenceChars: number;
-  /** Named statements whose text starts a transaction block (and the unnamed one). */
-  private readonly beginStatements = new Set<string>();
+  /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one). */
+  private readonly statementKinds = new Map<string, StatementKind>();
+  /** The kind of each portal's statement (by portal name). */
+  private readonly portalKinds = new Map<string, StatementKind>();
+  /** Extended group: a statement ended the transaction; fence before the next Execute. */
+  private fenceBeforeExecute = false;
+  /** Extended group: the backend is (predicted to be) inside a transaction block. */
+  private inBlock = false;
+  /** ParameterStatus, for lexingIsSafe. */
+  private standardConformingStrings = 'on';
+  private clientEncoding = 'UTF8';
   private readonly clientFrames: Frame[] = [];
   private toBackend: Buffer[] = [];
   private toClient: Buffer[] = [];
@@ -99,6 +128,14 @@ export class PgwireSession {
     const prefixes = opts.prefixes === null ? null : textArrayLiteral(opts.prefixes);
     this.fenceText = fencePrefix(sessionCapability(opts.capability, backend.pid, prefixes, opts.writerId), prefixes, opts.writerId);
     this.fenceChars = [...this.fenceText].length;
+    for (const b of backend.parameterStatus) this.noteParameter(b.subarray(5));
+  }
+
+  private noteParameter(body: Buffer): void {
+    const name = cstringAt(body, 0);
+    const value = cstringAt(body, name.end).value;
+    if (name.value === 'standard_conforming_strings') this.standardConformingStrings = value;
+    else if (name.value === 'client_encoding') this.clientEncoding = value;
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */
@@ -194,17 +231,111 @@ export class PgwireSession {
   private ensurePrepared(): void {
     if (this.prepared) return;
     this.toBackend.push(prepareFence(), SYNC);
-    for (const kind of ['close', 'close', 'parse', 'parse'] as const) this.expect({ kind, injected: true });
+    for (let i = 0; i < PREPARED_STATEMENTS; i++) this.expect({ kind: 'close', injected: true });
+    for (let i = 0; i < PREPARED_STATEMENTS; i++) this.expect({ kind: 'parse', injected: true });
     this.expect({ kind: 'sync', injected: true, forwardReady: false });
     this.prepared = true;
   }
 
   private inject(): void {
+    if (!this.prepared) {
+      // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
+      this.toBackend.push(prepareAndRunFence(this.opts.capability, this.opts.prefixes, this.opts.writerId));
+      for (const kind of ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const) this.expect({ kind, injected: true, fence: kind === 'execute' });
+      this.prepared = true;
+      return;
+    }
     this.toBackend.push(this.fenceRun);
     this.expect({ kind: 'bind', injected: true });
     this.expect({ kind: 'execute', injected: true });
     this.expect({ kind: 'bind', injected: true });
     this.expect({ kind: 'execute', injected: true, fence: true });
+  }
+
+  private refuseRoutine(): void {
+    this.toBackend.push(runRoutineRefusal());
+    this.expect({ kind: 'bind', injected: true });
+    this.expect({ kind: 'execute', injected: true });
+  }
+
+  /** An ErrorResponse and ReadyForQuery of the proxy's for a Query it does not send. */
+  private refuseQuery(code: string, msg: string, detail: string): void {
+    const reply = [errorResponse({ severity: 'ERROR', code, message: msg, detail }), message('Z', Buffer.from(this.status, 'latin1'))];
+    if (this.queue.length === 0) {
+      this.toClient.push(...reply);
+      this.flushClient();
+    } else {
+      // Behind responses still to come: a Query of the proxy's that does nothing keeps the order.
+      this.toBackend.push(message('Q', ''));
+      this.expect({ kind: 'query', injected: true, forwardReady: false, refusal: reply });
+    }
+  }
+
+  /**
+   * A writer's Query: the text to send with the fence in front of every transaction that starts
+   * in it, or a refusal. `idle`: the Query starts a transaction (else it continues one).
+   */
+  private planQuery(text: string, idle: boolean): { text: string; expect: Expect } | { refuse: [string, string, string] } {
+    const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
+    if (!needsSplitting(text)) {
+      // One statement, or several without a word that could start or end a transaction.
+      if (!idle) return { text, expect: { ...base } };
+      if (startsTransactionBlock(text) && !hasSeveralStatements(text)) {
+        // A lone BEGIN …: first, so its isolation level applies; the fence right after it.
+        return { text: `${text}\n;${this.fenceText}`, expect: { ...base, plan: [false, true, true] } };
+      }
+      return { text: `${this.fenceText}${text}`, expect: { ...base, plan: [true, true], insertions: [{ start: 0, length: this.fenceChars }] } };
+    }
+    if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
+      return { refuse: ['0A000', 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
+    }
+    const stmts = splitStatements(text);
+    if (stmts === null) {
+      return { refuse: ['42601', 'syntax error: the fencepost SQL endpoint could not split this Query into statements', 'PostgreSQL\'s parser refused the text; nothing of it was run.'] };
+    }
+    const bytes = Buffer.from(text, 'utf8');
+    const parts: string[] = [];
+    const plan: boolean[] = [];
+    const insertions: { start: number; length: number }[] = [];
+    let chars = 0; // characters sent so far
+    let from = 0; // bytes of the writer's text copied so far
+    const copyTo = (end: number) => {
+      const piece = bytes.toString('utf8', from, end);
+      parts.push(piece);
+      chars += [...piece].length;
+      from = end;
+    };
+    const fence = (piece: string) => {
+      parts.push(piece);
+      insertions.push({ start: chars, length: [...piece].length });
+      chars += [...piece].length;
+      plan.push(true, true);
+    };
+    let needFence = idle;
+    stmts.forEach((st, i) => {
+      const next = stmts[i + 1];
+      if (needFence && st.kind !== 'begin') {
+        copyTo(st.start);
+        fence(this.fenceText);
+        needFence = false;
+      }
+      plan.push(false);
+      if (needFence) {
+        // A BEGIN opens this transaction: the fence right after it, so its isolation level applies.
+        copyTo(next !== undefined ? next.start : bytes.length);
+        fence(next !== undefined ? this.fenceText : `\n;${this.fenceText}`);
+        needFence = false;
+      }
+      if (st.kind === 'chain') {
+        // The next transaction opens right away (in a block, already read-write): fence it now.
+        copyTo(next !== undefined ? next.start : bytes.length);
+        fence(next !== undefined ? this.fenceText : `\n;${this.fenceText}`);
+      }
+      // What follows a transaction's end runs in a new transaction: fence it too.
+      if (st.kind === 'end' && next !== undefined) needFence = true;
+    });
+    copyTo(bytes.length);
+    return { text: parts.join(''), expect: { ...base, plan, insertions } };
   }
 
   private onClientFrame(f: Frame): void {
@@ -219,35 +350,59 @@ export class PgwireSession {
     }
     if (t === 'Q') {
       const text = cstringAt(f.body, 0).value;
-      if (this.status !== 'I' || isEmptyQuery(text) || runsOutsideTransactionBlock(text)) {
+      // Inside an open extended group the last ReadyForQuery is old news: predict from the group.
+      const idle = this.groupOpen ? this.fenceBeforeExecute : this.status === 'I';
+      if (this.groupOpen) this.fenceBeforeExecute = false;
+      if (isEmptyQuery(text)) {
         this.toBackend.push(f.bytes);
         this.expect({ kind: 'query', injected: false, forwardReady: true });
         return;
       }
-      if (startsTransactionBlock(text) && !/;\s*\S/.test(text)) {
-        // A lone BEGIN …: first, so its isolation level applies; the fence right after it.
-        this.toBackend.push(message('Q', `${text}\n;${this.fenceText}`));
-        this.expect({ kind: 'query', injected: false, forwardReady: true, passCompletes: 1 });
-      } else {
-        this.toBackend.push(message('Q', `${this.fenceText}${text}`));
-        this.expect({ kind: 'query', injected: false, forwardReady: true, swallowLeading: 2, shift: this.fenceChars });
+      if (idle && runsOutsideTransactionBlock(text)) {
+        // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
+        this.toBackend.push(message('Q', RESET_READ_ONLY_SQL), f.bytes);
+        this.expect({ kind: 'query', injected: true, forwardReady: false });
+        this.expect({ kind: 'query', injected: false, forwardReady: true });
+        return;
       }
+      const planned = this.planQuery(text, idle);
+      if ('refuse' in planned) {
+        this.refuseQuery(...planned.refuse);
+        return;
+      }
+      this.toBackend.push(planned.text === text ? f.bytes : message('Q', planned.text));
+      this.expect(planned.expect);
       return;
     }
     if (CLIENT_EXTENDED.has(t)) {
       if (!this.groupOpen && t !== 'S' && t !== 'H') {
         this.groupOpen = true;
+        this.fenceBeforeExecute = false;
+        this.inBlock = this.status !== 'I';
+        // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
+        // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
+        if (this.status !== 'E') this.ensurePrepared();
         if (this.status === 'I') {
-          this.ensurePrepared();
           if (this.opensWithBegin(f)) this.fenceAfterExecute = true;
           else this.inject();
         }
       }
+      // After a COMMIT of the group, the fence must come before the next message that could take
+      // a snapshot (Parse, Bind, Describe, Execute), unless that is a BEGIN: then right after it.
       if (t === 'P') {
         const name = cstringAt(f.body, 0);
-        const text = cstringAt(f.body, name.end).value;
-        if (startsTransactionBlock(text)) this.beginStatements.add(name.value);
-        else this.beginStatements.delete(name.value);
+        const kind = statementKind(cstringAt(f.body, name.end).value);
+        this.statementKinds.set(name.value, kind);
+        if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending();
+      } else if (t === 'B') {
+        const portal = cstringAt(f.body, 0);
+        const kind = this.statementKinds.get(cstringAt(f.body, portal.end).value) ?? 'unknown';
+        this.portalKinds.set(portal.value, kind);
+        if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending();
+      } else if (t === 'D') {
+        if (this.fenceBeforeExecute) this.fencePending();
+      } else if (t === 'E') {
+        this.beforeExecute(this.portalKinds.get(cstringAt(f.body, 0).value) ?? 'unknown');
       }
       this.toBackend.push(f.bytes);
       switch (t) {
@@ -273,6 +428,7 @@ export class PgwireSession {
         case 'S':
           this.groupOpen = false;
           this.fenceAfterExecute = false;
+          this.fenceBeforeExecute = false;
           this.expect({ kind: 'sync', injected: false, forwardReady: true });
           return;
         default: // 'H' Flush: no response of its own
@@ -293,9 +449,35 @@ export class PgwireSession {
 
   /** Does this extended group start with a statement that begins a transaction block? */
   private opensWithBegin(f: Frame): boolean {
-    if (f.type === 'P') return startsTransactionBlock(cstringAt(f.body, cstringAt(f.body, 0).end).value);
-    if (f.type === 'B') return this.beginStatements.has(cstringAt(f.body, cstringAt(f.body, 0).end).value);
+    if (f.type === 'P') return statementKind(cstringAt(f.body, cstringAt(f.body, 0).end).value) === 'begin';
+    if (f.type === 'B') return this.statementKinds.get(cstringAt(f.body, cstringAt(f.body, 0).end).value) === 'begin';
     return false;
+  }
+
+  /**
+   * Before a writer's Execute in an extended group: fence the transaction a COMMIT earlier in the
+   * group left behind, refuse a CALL or DO outside a block, and predict the block state after it.
+   * A prediction that an error makes wrong does not matter: the backend skips the rest to Sync.
+   */
+  private fencePending(): void {
+    this.fenceBeforeExecute = false;
+    this.inject();
+  }
+
+  private beforeExecute(kind: StatementKind): void {
+    if (this.fenceBeforeExecute) {
+      this.fenceBeforeExecute = false;
+      if (kind === 'begin') this.fenceAfterExecute = true;
+      else this.inject();
+    }
+    if ((kind === 'routine' || kind === 'unknown') && !this.inBlock) this.refuseRoutine();
+    if (kind === 'begin') this.inBlock = true;
+    // The next transaction opens right away, in a block: fence it right after this Execute.
+    if (kind === 'chain') this.fenceAfterExecute = true;
+    if (kind === 'end') {
+      this.inBlock = false;
+      this.fenceBeforeExecute = true;
+    }
   }
 
   private flushBackend(): void {
@@ -352,6 +534,9 @@ export class PgwireSession {
         this.forward(f, head);
         return;
       case 'S':
+        this.noteParameter(f.body);
+        this.toClient.push(f.bytes);
+        return;
       case 'A':
         this.toClient.push(f.bytes);
         return;
@@ -391,16 +576,12 @@ export class PgwireSession {
     }
   }
 
-  /** A response to a writer's Query, minus what answers the fence around it. */
+  /** A response to a writer's Query, minus what answers the fence inside it (by statement). */
   private onQueryMessage(f: Frame, e: Expect): void {
-    if (e.swallowLeading !== undefined && e.swallowLeading > 0) {
-      if (f.type === 'C') e.swallowLeading--;
-      return;
-    }
-    if (e.passCompletes !== undefined) {
-      if (e.passCompletes === 0) return;
-      if (f.type === 'C' || f.type === 'I') e.passCompletes--;
-    }
+    if (e.injected) return;
+    const ours = e.plan?.[e.at ?? 0] ?? false;
+    if (f.type === 'C' || f.type === 'I') e.at = (e.at ?? 0) + 1;
+    if (ours) return;
     this.noteCommand(f);
     this.toClient.push(f.bytes);
   }
@@ -408,17 +589,16 @@ export class PgwireSession {
   /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
   private queryError(f: Frame, e: Expect): Buffer {
     const fields = parseErrorFields(f.body);
-    if ((e.swallowLeading ?? 0) > 0 || e.passCompletes === 0) {
-      e.swallowLeading = 0;
-      if (fields.get('C') === STALE_TOKEN) {
-        const stale = staleDetail(fields.get('D'));
-        if (stale) this.opts.onStale(stale);
-      }
-      return f.bytes;
+    if (fields.get('C') === STALE_TOKEN && (e.plan?.[e.at ?? 0] ?? false)) {
+      const stale = staleDetail(fields.get('D'));
+      if (stale) this.opts.onStale(stale);
     }
     const position = Number(fields.get('P'));
-    if (e.shift === undefined || !Number.isInteger(position)) return f.bytes;
-    fields.set('P', String(Math.max(1, position - e.shift)));
+    if (e.insertions === undefined || e.insertions.length === 0 || !Number.isInteger(position)) return f.bytes;
+    // 1-based, in the text sent: back to the writer's text, minus the fence inserted before it.
+    let moved = position;
+    for (const ins of e.insertions) if (ins.start < position - 1) moved -= Math.min(ins.length, position - 1 - ins.start);
+    fields.set('P', String(Math.max(1, moved)));
     const parts: Buffer[] = [];
     for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), Buffer.from(`${value}\u0000`, 'utf8'));
     parts.push(Buffer.from([0]));
@@ -434,6 +614,7 @@ export class PgwireSession {
 
   private onError(f: Frame, head: Expect | undefined): void {
     if (head?.kind === 'query') {
+      if (head.injected) return;
       this.toClient.push(this.queryError(f, head));
       return; // a simple Query ends with its ReadyForQuery
     }
@@ -441,7 +622,7 @@ export class PgwireSession {
     if (head === undefined) return; // e.g. FATAL at shutdown: the socket closes next
     if (head.injected) {
       const fields = parseErrorFields(f.body);
-      if (head.kind === 'parse' || head.kind === 'close') this.prepared = false;
+      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.prepared = false;
       if (head.fence && fields.get('C') === STALE_TOKEN) {
         const stale = staleDetail(fields.get('D'));
         if (stale) this.opts.onStale(stale);
@@ -468,5 +649,6 @@ export class PgwireSession {
     this.pendingReady--;
     this.status = String.fromCharCode(f.body[0] ?? 73);
     if (e.forwardReady) this.toClient.push(f.bytes);
+    if (e.refusal) this.toClient.push(...e.refusal);
   }
 }

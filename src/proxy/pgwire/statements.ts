@@ -1,0 +1,103 @@
+// What kind of statement a writer sends, by the real PostgreSQL parser (libpg-query: the server's
+// own grammar, PostgreSQL 18, compiled to WASM): enough to see where a transaction ends inside a
+// multi-statement Query or an extended-protocol pipeline, so the proxy can fence the transaction
+// that starts there (see session.ts). Dollar quotes, nested comments, E'' strings and `BEGIN
+// ATOMIC` bodies are the parser's business, not a regular expression's.
+//
+// The parser lexes as a session with standard_conforming_strings = on in a client encoding whose
+// bytes never hide an ASCII quote (UTF8, the single-byte encodings, EUC_*). A session that turns
+// the first off or picks SJIS, BIG5, GBK, UHC or GB18030 could make the server split its text
+// elsewhere; the session refuses its multi-statement Queries instead (lexingIsSafe).
+import { loadModule, parseSync } from 'libpg-query';
+
+await loadModule();
+
+/**
+ * - `begin`: BEGIN / START TRANSACTION (opens a block inside the current transaction).
+ * - `end`: COMMIT / END / ROLLBACK / ABORT (with or without AND CHAIN), PREPARE TRANSACTION: what
+ *   follows runs in another transaction.
+ * - `chain`: COMMIT / ROLLBACK … AND CHAIN: the next transaction opens right away, in a block.
+ * - `routine`: CALL and DO: a procedure or DO block may COMMIT inside itself unless it runs in a
+ *   transaction block (then Postgres refuses: `invalid transaction termination`).
+ * - `unknown`: the parser refused the text.
+ */
+export type StatementKind = 'begin' | 'end' | 'chain' | 'routine' | 'other' | 'unknown';
+
+export interface Statement {
+  kind: StatementKind;
+  /** Byte offset of the statement in the UTF-8 text (after the previous `;`). */
+  start: number;
+}
+
+/** Any statement of these kinds contains one of these words: text without them needs no parser. */
+const TRANSACTION_WORDS = /\b(?:begin|start|commit|end|rollback|abort|prepare|call|do)\b/i;
+/** A lone statement needs the parser only if it could chain a transaction. */
+const CHAIN_WORD = /\bchain\b/i;
+
+interface RawStmt {
+  stmt?: Record<string, { kind?: string } | undefined>;
+  stmt_location?: number;
+}
+
+function kindOf(node: RawStmt['stmt']): StatementKind {
+  if (node === undefined) return 'other';
+  if ('CallStmt' in node || 'DoStmt' in node) return 'routine';
+  const tx = node.TransactionStmt;
+  if (tx === undefined) return 'other';
+  if ((tx as { chain?: boolean }).chain === true) return 'chain';
+  switch (tx.kind) {
+    case 'TRANS_STMT_BEGIN':
+    case 'TRANS_STMT_START':
+      return 'begin';
+    case 'TRANS_STMT_COMMIT':
+    case 'TRANS_STMT_ROLLBACK':
+    case 'TRANS_STMT_PREPARE':
+      return 'end';
+    default: // SAVEPOINT, RELEASE, ROLLBACK TO, COMMIT/ROLLBACK PREPARED (never in a block)
+      return 'other';
+  }
+}
+
+/** The statements of a text, or null when the parser refuses it. */
+export function splitStatements(sql: string): Statement[] | null {
+  let stmts: RawStmt[];
+  try {
+    stmts = (parseSync(sql) as { stmts?: RawStmt[] }).stmts ?? [];
+  } catch {
+    return null;
+  }
+  return stmts.map((s) => ({ kind: kindOf(s.stmt), start: s.stmt_location ?? 0 }));
+}
+
+/**
+ * The kind of one extended-protocol statement (Parse holds one; with more the server refuses it).
+ * The worst kind wins when the parser sees several: routine, unknown, end, begin, other.
+ */
+export function statementKind(sql: string): StatementKind {
+  if (!TRANSACTION_WORDS.test(sql)) return 'other';
+  const stmts = splitStatements(sql);
+  if (stmts === null) return 'unknown';
+  const kinds = new Set(stmts.map((s) => s.kind));
+  for (const k of ['routine', 'unknown', 'chain', 'end', 'begin'] as const) if (kinds.has(k)) return k;
+  return 'other';
+}
+
+/** Can a multi-statement Query text need splitting? (A `;` with something after it.) */
+export function hasSeveralStatements(sql: string): boolean {
+  return /;\s*\S/.test(sql);
+}
+
+/**
+ * Does this Query text need the parser: several statements one of which may start or end a
+ * transaction, or a lone one that may chain one?
+ */
+export function needsSplitting(sql: string): boolean {
+  return TRANSACTION_WORDS.test(sql) && (hasSeveralStatements(sql) || CHAIN_WORD.test(sql));
+}
+
+const UNSAFE_ENCODINGS = new Set(['sjis', 'shift_jis_2004', 'big5', 'gbk', 'uhc', 'gb18030']);
+
+/** Does the server lex this session's text as the parser here does? */
+export function lexingIsSafe(standardConformingStrings: string, clientEncoding: string): boolean {
+  return standardConformingStrings.toLowerCase() === 'on' && !UNSAFE_ENCODINGS.has(clientEncoding.toLowerCase().replace(/[^a-z0-9_]/g, ''));
+}

@@ -48,6 +48,8 @@ export interface PgbenchOptions {
   threads?: number;
   durationS: number;
   mode: 'prepared' | 'simple' | 'extended';
+  /** More libpq environment, e.g. PGOPTIONS with the SQL endpoint's token and fence key. */
+  env?: Record<string, string>;
 }
 
 export interface PgbenchResult {
@@ -225,7 +227,7 @@ export async function runPgbench(o: PgbenchOptions): Promise<PgbenchResult> {
     writeFileSync(script, o.scriptSql.endsWith('\n') ? o.scriptSql : o.scriptSql + '\n');
     const threads = Math.min(o.threads ?? 2, o.clients);
     const args = ['-n', '-M', o.mode, '-c', String(o.clients), '-j', String(threads), '-T', String(o.durationS), '-f', script, '-l', `--log-prefix=${join(dir, 'log')}`];
-    const r = await run('pgbench', args, { ...process.env, ...pgEnv(o.url) });
+    const r = await run('pgbench', args, { ...process.env, ...pgEnv(o.url), ...o.env });
     const tps = /^tps = ([\d.]+)/m.exec(r.stdout);
     if (!tps) throw new Error(`pgbench exited with ${r.code}: ${r.stderr}${r.stdout}`);
     const logs = readdirSync(dir)

@@ -1,10 +1,12 @@
 // `npm run bench`: one report, as markdown: fenced write throughput and latency against direct
 // Postgres and the unfenced path, two proxy instances, proxy memory under load; a leader's writes
 // under one fence key, distinct fence keys and SQL transactions against direct Postgres with C load
-// generators (wrk, pgbench), a fence raise under load, reads with a million rows; election handover
+// generators (wrk, pgbench), a fence raise under load, reads with a million rows; pgbench through
+// the SQL endpoint against direct Postgres and PgBouncer; election handover
 // and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
 import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
+import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
@@ -20,6 +22,8 @@ say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
 say(`fence keys: wrk and pgbench, ${durationS} s per path; a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
+say(`SQL endpoint: pgbench direct, through the endpoint and through PgBouncer, ${durationS} s per path and mode`);
+const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
 say('election: handover with 2, 10, 50 candidates; crash failover');
 const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
@@ -38,6 +42,8 @@ const out = [
   `Fenced PUT: ${fmt(fenced.rps / a.rps, 2)}× direct pg (target ≥ 0.6×), fence cost ${fmt(100 * (1 - fenced.rps / b.rps), 0)}% against the unfenced path (target ≤ 20%), p99 ${fmt(fenced.p99Ms, 1)} ms (target ≤ 10 ms).`,
   '',
   fenceKeyTables(fenceKey, durationS),
+  '',
+  sqlEndpointTable(sqlEndpoint),
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',

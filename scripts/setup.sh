@@ -5,7 +5,8 @@
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
 #                 docker-compose (validates docker-compose.yml) and Prometheus (its promtool checks
 #                 dashboards/: the scrape config, the alert rules and their unit tests)
-#   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres)
+#   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
+#                 PgBouncer (the SQL endpoint's reference protocol proxy)
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +87,17 @@ if [ "${1:-}" = "--bench" ]; then
         say "dropping the cluster $version/$cluster the package just created (unused)"
         $SUDO pg_dropcluster --stop "$version" "$cluster"
       done
+    fi
+  fi
+  # The SQL endpoint's bench measures PgBouncer (transaction pooling) beside it, with an ini of its
+  # own in a temp dir. Where an init system runs, the package starts a PgBouncer on :6432 that
+  # nothing here uses: stop the one installed just now.
+  if ! command -v pgbouncer >/dev/null; then
+    say "installing PgBouncer, the SQL endpoint bench's reference protocol proxy (apt-get install pgbouncer)"
+    apt_install pgbouncer
+    if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
+      say "stopping the PgBouncer service the package just started (unused)"
+      $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
     fi
   fi
 fi

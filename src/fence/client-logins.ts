@@ -52,7 +52,7 @@ export interface ProvisionResult {
 }
 
 // Predefined roles that reach the server itself or other sessions: a pgRole must not lead to them.
-const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend'];
+const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend', 'pg_read_all_data', 'pg_write_all_data', 'pg_maintain'];
 
 /** The login for a key (`null`: open mode). At most 63 bytes: long names end in a hash. */
 export function loginName(clientRole: string, keyName: string | null): string {
@@ -101,6 +101,23 @@ const q = {
                   OR r.oid = (SELECT nspowner FROM pg_namespace WHERE nspname = 'fencepost'))`,
     values: [pgRole, DANGEROUS_BUILTIN_ROLES],
   }),
+  /** Relations of the fencepost schema `role` may touch by any privilege (directly or inherited). */
+  fenceTablesReachable: (role: string): Query => ({
+    text: `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'fencepost' AND c.relkind IN ('r', 'v', 'm', 'p')
+             AND has_table_privilege($1, c.oid, 'SELECT,INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES,TRIGGER')`,
+    values: [role],
+  }),
+  currentDatabase: (): Query => ({ text: 'SELECT current_database() AS db' }),
+  hasRoleSettings: (login: string): Query => ({
+    text: 'SELECT 1 FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1',
+    values: [login],
+  }),
+  /** Role settings a login may have given itself (ALTER ROLE CURRENT_USER SET …): gone at each start. */
+  resetRoleSettings: (login: string, db: string): string[] => [
+    `ALTER ROLE ${pg.escapeIdentifier(login)} RESET ALL`,
+    `ALTER ROLE ${pg.escapeIdentifier(login)} IN DATABASE ${pg.escapeIdentifier(db)} RESET ALL`,
+  ],
   roleExists: (name: string): Query => ({ text: 'SELECT 1 FROM pg_roles WHERE rolname = $1', values: [name] }),
   createLogin: (login: string, verifier: string): string =>
     `CREATE ROLE ${pg.escapeIdentifier(login)} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD ${pg.escapeLiteral(verifier)}`,
@@ -114,6 +131,9 @@ const q = {
     // The SQL endpoint's fences (migration 0008).
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(role)}`,
+    // … with the forgery guard's state (migration 0010).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text, text) TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text, text) TO ${pg.escapeIdentifier(role)}`,
   ],
   grantFence: (login: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
@@ -122,6 +142,9 @@ const q = {
     // The SQL endpoint's fences (migration 0008).
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(login)}`,
+    // … with the forgery guard's state (migration 0010).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text, text) TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text, text) TO ${pg.escapeIdentifier(login)}`,
   ],
 };
 
@@ -165,10 +188,15 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       return problem(`role ${login} exists with privileges a client login must not have (superuser, createrole, createdb, replication, bypassrls, inherit, or no login): drop it or set FENCEPOST_CLIENT_ROLE to another name`);
     }
     const member = existing === undefined ? [] : (await client.query<{ rolname: string }>(q.memberships(login))).rows.map((r) => r.rolname);
+    if (existing !== undefined && ((await client.query(q.hasRoleSettings(login))).rowCount ?? 0) > 0) {
+      todo.push(...q.resetRoleSettings(login, (await client.query<{ db: string }>(q.currentDatabase())).rows[0]!.db));
+    }
     for (const role of member) if (role !== pgRole) todo.push(q.revokeRole(role, login));
     if (pgRole !== null) {
       if ((await client.query(q.roleExists(pgRole))).rowCount === 0) return problem(`pgRole ${pgRole} does not exist: create it and grant it what the key's transactions may do`);
       const reach = (await client.query<{ rolname: string }>(q.dangerousReach(pgRole))).rows.map((r) => r.rolname);
+      // A privilege, not a name: whatever path gives the role a fencepost table, it is refused.
+      reach.push(...(await client.query<{ relname: string }>(q.fenceTablesReachable(pgRole))).rows.map((r) => `a privilege on fencepost.${r.relname}`));
       if (reach.length > 0) {
         return problem(`pgRole ${pgRole} reaches ${reach.join(', ')} (superuser, createrole, bypassrls, replication, server files or programs, signalling backends, or the owner of the fencepost schema): client SQL would escape the fence; give the key a role without them`);
       }

@@ -426,15 +426,19 @@ const BEGIN: Record<Isolation, string> = {
 };
 
 /**
- * BEGIN with the transaction's statement and lock timeouts and its role, in one round trip.
- * Everything spliced is the proxy's own: the isolation from a fixed table, the timeouts validated
- * integers, the role a configured key's pgRole (a plain identifier, quoted).
+ * BEGIN (read-write, whatever the login's defaults say) with the transaction's statement and lock
+ * timeouts, no bind parameters in error reports (the next statement carries the capability), and
+ * the key's role, in one round trip. Everything spliced is the proxy's own: the isolation from a
+ * fixed table, the timeouts validated integers, the role a configured key's pgRole (a plain
+ * identifier, quoted).
  */
 export function beginClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
   if (role !== null && !/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(role)) throw new Error('role must be a plain identifier');
   const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
-  return { text: `${BEGIN[isolation]}; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}${setRole}` };
+  return {
+    text: `${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}`,
+  };
 }
 
 /**
@@ -444,19 +448,39 @@ export function beginClientTransaction(isolation: Isolation, statementTimeoutMs:
  */
 export function fenceTransaction(capability: string, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
   return {
-    text: 'SELECT ord, highest_token::text AS highest_token, xact::text AS xact FROM fencepost.fence_transaction($1, $2::text[], $3::bigint[], $4::text)',
+    // No casts and no unqualified names: a type or cast the writer defines (pg_temp, its own
+    // schema, its role's search_path) must not take part in the proxy's own statements. The
+    // parameters take the function's declared types; int8 results arrive as strings.
+    text: 'SELECT ord, highest_token, xact FROM fencepost.fence_transaction($1, $2, $3, $4)',
     values: [capability, fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString()), writerId],
   };
 }
 
 /**
- * Right before COMMIT: counts the transaction on its fences (seal_transaction, migration 0005),
- * returns the transaction id (must still be the fenced one), and forces durability on.
+ * Right before COMMIT, no parameters and nothing the writer can shadow: close every cursor (a
+ * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, then read
+ * the transaction id (it must still be the fenced one) and force durability on, last.
  */
-export function sealTransaction(capability: string, fenceKeys: readonly string[]): Query {
+export function sealTransaction(): Query {
   return {
-    text: `SELECT fencepost.seal_transaction($1, $2::text[])::text AS xact, set_config('synchronous_commit', 'on', true)`,
-    values: [capability, fenceKeys],
+    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; SELECT pg_catalog.txid_current() AS xact, pg_catalog.set_config('synchronous_commit', 'on', true)`,
+  };
+}
+
+/** After a transaction committed: one more accepted write on each of its fences (owner pool). */
+export function countCommittedTransaction(fenceKeys: readonly string[]): Query {
+  return {
+    name: 'fencepost_count_committed_transaction',
+    text: `
+WITH k AS (SELECT DISTINCT unnest($1::text[]) AS fence_key),
+bump AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, ${SHARD}, 1 FROM k ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + 1
+)
+INSERT INTO fencepost.totals AS t (shard, accepted) SELECT ${SHARD}, count(*) FROM k
+ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
+    values: [fenceKeys],
   };
 }
 

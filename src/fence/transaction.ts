@@ -283,6 +283,10 @@ export class TransactionRunner {
         async () => {
           const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
           if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
+          // Counted after COMMIT, on the proxy's own pool: counter rows are never held by a
+          // writer's transaction (nor make a repeatable-read one fail at its end). A count lost
+          // here (the database went away just now) loses a number on the dashboard, nothing else.
+          else await this.opts.owner.query(q.countCommittedTransaction(sorted.map((f) => f.fenceKey))).catch(() => {});
           return outcome;
         },
         { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },
@@ -361,7 +365,8 @@ export class TransactionRunner {
     let commitSent = false;
     /** Maps a failure: our own limits first, then a lost connection, then the statement's error. */
     const fail = async (err: unknown, index: number | null): Promise<never> => {
-      if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
+      // Once COMMIT is sent, only an answer from the server says whether it committed.
+      if (deadline.aborted) throw commitSent ? new CommitUnknownError(err) : new TransactionTimeoutError(this.opts.transactionTimeoutMs);
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
@@ -410,7 +415,9 @@ export class TransactionRunner {
       }
       let sealed: { xact: string };
       try {
-        sealed = (await client.query<{ xact: string }>(q.sealTransaction(capability, fences.map((f) => f.fenceKey)))).rows[0]!;
+        // Several statements: the last result holds the row.
+        const seal = (await client.query(q.sealTransaction())) as unknown as pg.QueryResult<{ xact: string }>[];
+        sealed = seal.at(-1)!.rows[0]!;
       } catch (err) {
         return await fail(err, null);
       }

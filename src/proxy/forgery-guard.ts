@@ -93,6 +93,16 @@ export class ForgeryGuard {
     this.mappings = [...opts.mappings].sort((a, b) => b.prefix.length - a.prefix.length);
   }
 
+  /** Every guarded fence-key prefix (the SQL endpoint hands them to its fence). */
+  get prefixes(): readonly string[] {
+    return this.mappings.map((m) => m.prefix);
+  }
+
+  /** Is `fenceKey` guarded? */
+  guards(fenceKey: string): boolean {
+    return this.pathFor(fenceKey) !== null;
+  }
+
   /** The election path guarding `fenceKey`, or null when it is not guarded. */
   pathFor(fenceKey: string): string | null {
     return this.mappings.find((m) => fenceKey.startsWith(m.prefix))?.electionPath ?? null;

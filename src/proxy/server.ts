@@ -184,6 +184,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           maxConnections: config.pgwireMaxConnections,
           startupTimeoutMs: PGWIRE_DEFAULTS.startupTimeoutMs,
           logger: logger.child({ component: 'pgwire' }),
+          tls,
+          guard: app.forgeryGuard,
         });
   let pgwirePort: number | null = null;
   try {
@@ -243,7 +245,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       logger.error({ err: err instanceof Error ? err.message : String(err), certificate: tls.fingerprint() }, 'TLS reload failed: still serving the previous certificate');
       return false;
     }
-    // Node's TLS server: connections accepted from now on use the new context.
+    // Node's TLS server: connections accepted from now on use the new context (the SQL endpoint
+    // reads tls.current() at each SSLRequest).
     (app.server as unknown as TlsServer).setSecureContext(tls.pem());
     logger.info({ certificate: tls.fingerprint() }, 'TLS certificate reloaded');
     return true;

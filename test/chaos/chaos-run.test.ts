@@ -1,4 +1,5 @@
-// A shortened chaos run in strict mode (about 28 s of load): 4 writer processes, 2 proxy processes,
+// A shortened chaos run in strict mode (about 28 s of load): 4 writer processes (PUT, SQL endpoint,
+// /v1/transactions, SQL endpoint), 2 proxy processes,
 // a 3-server ZooKeeper ensemble and Postgres, under the seed's faults. It must find no violation,
 // and must really have been under fire: faults of several kinds, writes accepted and rejected.
 import { mkdtempSync } from 'node:fs';
@@ -24,7 +25,10 @@ test('strict fence under a seeded nemesis: no invariant violated, every planned 
   expect(new Set(result.faults.map((f) => f.kind)).size, context).toBeGreaterThanOrEqual(5);
   expect(result.ops.filter((o) => o.outcome === 'ok').length, context).toBeGreaterThan(100);
   expect(result.ops.filter((o) => o.outcome === 'rejected').length, context).toBeGreaterThan(0);
-  expect(new Set(result.ops.map((o) => o.proxy)).size).toBe(2);
+  // Every door wrote: PUT, /v1/transactions and the SQL endpoint (node-postgres), to both proxies.
+  for (const door of ['http', 'tx', 'sql'] as const) expect(result.ops.filter((o) => o.door === door && o.kind !== 'fence' && o.outcome === 'ok').length, `${door}\n${context}`).toBeGreaterThan(10);
+  expect(new Set(result.ops.filter((o) => o.door !== 'sql').map((o) => o.proxy)).size).toBe(2);
+  expect(new Set(result.ops.filter((o) => o.door === 'sql').map((o) => o.proxy)).size).toBe(2);
   // What the nemesis injected is the plan, fault by fault (the plan itself is a pure function of the
   // seed: test/chaos/nemesis.test.ts), and nearly all of it ran within the load phase.
   for (const f of result.faults) expect(result.schedule[f.n - 1]?.kind).toBe(f.kind);

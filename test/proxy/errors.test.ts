@@ -7,6 +7,7 @@ import type { FastifyInstance, InjectOptions } from 'fastify';
 import pg from 'pg';
 import { ERRORS, type ErrorCode } from '../../src/proxy/errors.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
 import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../security/helpers.ts';
@@ -195,28 +196,23 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
   test('transaction failures of the proxy\'s own: result_too_large, transactions_unavailable, commit_unknown', async () => {
     const small = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), maxResultBytes: 4096 } });
     const noRole = securedApp(db.pool, uniqueRole('missing'), { transactions: { clientRole: clientRoleFor(db.pool) } });
-    // A COMMIT that takes a while (a deferred trigger), so the backend can die during it.
-    await db.pool.query(`
-      CREATE TABLE public.err_slow (id int);
-      CREATE FUNCTION public.err_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(20); RETURN NULL; END $$;
-      CREATE CONSTRAINT TRIGGER err_slow AFTER INSERT ON public.err_slow DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.err_slow_commit();
-      GRANT INSERT ON public.err_slow TO ${role};
-    `);
-    const patient = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), statementTimeoutMs: 60_000 } });
+    // The transaction's connection goes through a TCP proxy that lets COMMIT reach Postgres and
+    // loses its answer: the proxy cannot know whether it committed.
+    const pgUrl = new URL(db.url);
+    const net = await TcpProxy.start({ targetHost: pgUrl.hostname, targetPort: Number(pgUrl.port) });
+    const viaNet = new URL(db.url);
+    viaNet.port = String(net.port);
+    await db.pool.query(`CREATE TABLE public.err_commit (id int); GRANT INSERT ON public.err_commit TO ${role}`);
+    const lossy = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), databaseUrl: viaNet.toString() } });
     try {
       await expectError('result_too_large', tx([{ sql: `SELECT repeat('x', 100000) AS big` }]), small);
       await expectError('transactions_unavailable', tx([{ sql: 'SELECT 1' }]), noRole);
-      const killer = (async () => {
-        for (let i = 0; i < 200; i++) {
-          const { rows } = await db.pool.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active' AND wait_event = 'PgSleep'`);
-          if (rows.length > 0) return;
-          await new Promise((r) => setTimeout(r, 25));
-        }
-      })();
-      await expectError('commit_unknown', tx([{ sql: 'INSERT INTO public.err_slow VALUES (1)' }]), patient);
-      await killer;
+      const commit = Buffer.from('COMMIT\0');
+      net.loseReplyAfter((chunk) => chunk.includes(commit));
+      await expectError('commit_unknown', tx([{ sql: 'INSERT INTO public.err_commit VALUES (1)' }]), lossy);
     } finally {
-      await Promise.all([small.close(), noRole.close(), patient.close()]);
+      await Promise.all([small.close(), noRole.close(), lossy.close()]);
+      await net.close();
     }
   });
 

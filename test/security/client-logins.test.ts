@@ -95,6 +95,22 @@ describe('roles that would escape are refused', () => {
     expect(problems.get('k')!.message).toMatch(/reaches/);
   });
 
+  test('a pgRole that can read or write every table (pg_read_all_data) or holds a privilege on a fencepost table gets no login', async () => {
+    const allData = uniqueRole('alldata');
+    const direct = uniqueRole('direct');
+    await adminQuery(`CREATE ROLE ${allData} NOLOGIN; GRANT pg_read_all_data TO ${allData}; CREATE ROLE ${direct} NOLOGIN`);
+    await db.pool.query(`GRANT SELECT ON fencepost.fence_capability TO ${direct}`);
+    try {
+      const a = await provisionClientLogins(db.pool, clientRoleFor(db.pool), [{ keyName: 'a', pgRole: allData }]);
+      expect(a.problems.get('a')!.message).toMatch(/pg_read_all_data/);
+      const d = await provisionClientLogins(db.pool, clientRoleFor(db.pool), [{ keyName: 'd', pgRole: direct }]);
+      expect(d.problems.get('d')!.message).toMatch(/a privilege on fencepost\.fence_capability/);
+    } finally {
+      await db.pool.query(`REVOKE ALL ON fencepost.fence_capability FROM ${direct}`);
+      await adminQuery(`DROP ROLE IF EXISTS ${allData}; DROP ROLE IF EXISTS ${direct}`);
+    }
+  });
+
   test('a role of the login\'s name made elsewhere (roles are cluster-wide) is not adopted', async () => {
     const { logins, problems } = await provisionClientLogins(db.pool, foreign, [{ keyName: null, pgRole: null }]);
     expect(logins.size).toBe(0);

@@ -156,6 +156,25 @@ describe('role escapes end in a role that can harm nothing', () => {
   });
 });
 
+describe('the proxy\'s own statements take nothing from the writer', () => {
+  test('a type shadowed in pg_temp and parameters logged in errors never expose the capability', async () => {
+    // The attack of the review: shadow `text` in pg_temp with a domain whose check raises its input,
+    // and turn on bind parameters in error reports, so a proxy statement with a ::text cast would
+    // leak the capability. The proxy's statements have no casts and no parameters after the fence.
+    const { capability } = await runner.provision();
+    const r = await run([
+      `SELECT U&"\\0073et_config"('log_parameter_max_length_on_error', '-1', true)`,
+      `CREATE FUNCTION pg_temp.leak(x pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'leaked: %', x; END $$`,
+      `CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (pg_temp.leak(VALUE))`,
+    ]);
+    const seen = r instanceof Error ? `${r.message} ${String((r.cause as Error | undefined)?.message)}` : JSON.stringify(r, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
+    expect(seen).not.toContain(capability);
+    expect(r).toMatchObject({ committed: true });
+    // The temp objects are gone for the next transaction on the connection.
+    expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
+  });
+});
+
 describe('statements that end the fenced transaction go no further', () => {
   test('COMMIT in the middle: nothing after it runs (no unfenced write)', async () => {
     const r = await run([`INSERT INTO app.items VALUES (1, 'fenced')`, 'COMMIT', `INSERT INTO app.items VALUES (2, 'unfenced')`]);

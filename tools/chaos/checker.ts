@@ -12,7 +12,8 @@
 //    contiguous run: once another token's write commits, the earlier term never commits again.
 // 4. stats: /v1/stats equals the history: per fence key and overall, accepted lies in
 //    [200s, 200s + indeterminate], rejected in [409s, 409s + indeterminate] (exact without
-//    indeterminate operations), and together they do not exceed the operations sent.
+//    indeterminate operations), and together they do not exceed the operations sent. Whatever the
+//    door (PUT, /v1/transactions, the SQL endpoint): each counts its writes at COMMIT.
 import type { Operation } from './history.ts';
 
 export const INVARIANTS = ['monotonic', 'durable', 'single-term', 'stats'] as const;

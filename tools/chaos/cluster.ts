@@ -2,7 +2,9 @@
 // ZooKeeper ensemble, P `fencepost serve` processes, and N chaos writer processes, each reaching
 // every ZooKeeper server through a TcpProxy of its own (so one writer can be cut off). Every
 // component can be stopped and started again in place (same ports, same data), which is what the
-// nemesis does to it.
+// nemesis does to it. Each proxy also serves its SQL endpoint (FENCEPOST_PGWIRE_PORT), and the
+// open-mode client login may write fencepost.objects, so writers of the `sql` and `tx` doors write
+// the rows the checker reads.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -13,6 +15,10 @@ import { TcpProxy } from '../faults/tcp-proxy.ts';
 import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
 import type { NemesisTarget } from './nemesis.ts';
 import { PAUSE_REQUEST_MS, type WriterEvent } from './writer.ts';
+import type { Door } from './history.ts';
+import { grantObjectWrites } from '../sql-door.ts';
+import { TX_DEFAULTS } from '../../src/proxy/config.ts';
+import pg from 'pg';
 
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'fencepost.js');
 const TOOLS = ['--import', 'tsx', join(import.meta.dirname, '..', 'cli.ts')];
@@ -21,6 +27,8 @@ export interface ClusterOptions {
   /** Run directory: history, logs, data. Its parent must be traversable by the postgres user. */
   dir: string;
   writers: number;
+  /** Door of each writer slot (cycled); default all `http`. */
+  doors?: readonly Door[];
   proxies: number;
   fenceKeys: readonly string[];
   /** Unique ZooKeeper path under which each fence key gets its election. */
@@ -37,6 +45,7 @@ export interface ClusterOptions {
 
 interface ProxySlot {
   port: number;
+  pgwirePort: number;
   child: ChildProcess | null;
 }
 
@@ -82,9 +91,10 @@ export class ChaosCluster implements NemesisTarget {
       if (zkStart.status === 'rejected') throw zkStart.reason;
       const zk = zkStart.value;
       opts.log(`postgres ${c.databaseUrl}; zookeeper ${zk.connectString}`);
-      for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: await freePort(), child: null });
+      for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: await freePort(), pgwirePort: await freePort(), child: null });
       await Promise.all(c.proxySlots.map((_, i) => c.startProxy(i)));
-      opts.log(`proxies ${c.proxyUrls.join(', ')} (fence mode ${opts.fenceMode})`);
+      await c.grantClientWrites();
+      opts.log(`proxies ${c.proxyUrls.join(', ')}, SQL endpoints ${c.pgwireUrls.join(', ')} (fence mode ${opts.fenceMode})`);
       for (let i = 0; i < opts.writers; i++) {
         const zkLinks = await Promise.all(zk.nodes.map((n) => TcpProxy.start({ targetPort: n.clientPort })));
         c.writerSlots.push({ name: `w${i + 1}`, incarnation: -1, child: null, zkLinks });
@@ -104,6 +114,28 @@ export class ChaosCluster implements NemesisTarget {
 
   get proxyUrls(): string[] {
     return this.proxySlots.map((p) => `http://127.0.0.1:${p.port}`);
+  }
+
+  /** The proxies' SQL endpoints, naming the proxies' database. */
+  get pgwireUrls(): string[] {
+    const db = new URL(this.databaseUrl).pathname;
+    return this.proxySlots.map((p) => `postgres://127.0.0.1:${p.pgwirePort}${db}`);
+  }
+
+  doorOf(slot: number): Door {
+    const doors = this.opts.doors ?? [];
+    return doors.length === 0 ? 'http' : doors[slot % doors.length]!;
+  }
+
+  /** The open-mode client login (created by the proxies at start) may write the objects table. */
+  private async grantClientWrites(): Promise<void> {
+    const client = new pg.Client({ connectionString: this.databaseUrl });
+    await client.connect();
+    try {
+      await client.query(grantObjectWrites(TX_DEFAULTS.clientRole)); // FENCEPOST_CLIENT_ROLE is unset for the proxies
+    } finally {
+      await client.end();
+    }
   }
 
   /** Resolves when every fence key has a writer that advanced its fence. */
@@ -170,6 +202,8 @@ export class ChaosCluster implements NemesisTarget {
         '--interval-ms', String(this.opts.intervalMs),
         '--work-ms', String(this.opts.workMs),
         '--request-timeout-ms', String(this.opts.requestTimeoutMs),
+        '--door', this.doorOf(slot),
+        '--pgwire', this.pgwireUrls.join(','),
       ],
       { stdio: ['ignore', 'pipe', err], env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' } },
     );
@@ -226,12 +260,13 @@ export class ChaosCluster implements NemesisTarget {
       ...process.env,
       DATABASE_URL: this.databaseUrl,
       PORT: String(p.port),
+      FENCEPOST_PGWIRE_PORT: String(p.pgwirePort),
       HOST: '127.0.0.1',
       FENCEPOST_LOG_LEVEL: 'warn',
       FENCEPOST_POOL_SIZE: '6',
       FENCEPOST_SHUTDOWN_TIMEOUT_MS: '2000',
     };
-    for (const k of ['FENCEPOST_KEYS', 'FENCEPOST_KEYS_FILE', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_WRITE_LANES', 'FENCEPOST_MAX_BATCH']) delete env[k];
+    for (const k of ['FENCEPOST_KEYS', 'FENCEPOST_KEYS_FILE', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_WRITE_LANES', 'FENCEPOST_MAX_BATCH', 'FENCEPOST_CLIENT_ROLE']) delete env[k];
     // The product's own `fencepost serve`, or the harness's with a broken fence (the checker's self-test).
     const args = this.opts.fenceMode === 'strict' ? [BIN, 'serve'] : [...TOOLS, 'serve', '--fence-mode', this.opts.fenceMode];
     const child = spawn(process.execPath, args, { stdio: ['ignore', out, out], env });

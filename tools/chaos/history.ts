@@ -12,6 +12,13 @@ export type OpKind = 'object' | 'ledger' | 'fence';
  * committed), `indeterminate` = 5xx, timeout, connection error, or the writer died in flight.
  */
 export type Outcome = 'ok' | 'rejected' | 'failed' | 'indeterminate';
+/**
+ * How a write reached the database: `http` PUT /v1/objects (and every fence advance), `tx` POST
+ * /v1/transactions, `sql` the SQL endpoint (node-postgres; a stale token is SQLSTATE FP409, recorded
+ * as `rejected`). All three write the same rows of fencepost.objects and count in /v1/stats.
+ */
+export type Door = 'http' | 'tx' | 'sql';
+export const DOORS: readonly Door[] = ['http', 'tx', 'sql'];
 
 export interface InvokeRecord {
   type: 'invoke';
@@ -24,8 +31,10 @@ export interface InvokeRecord {
   key: string | null;
   token: string;
   body: string | null;
-  /** Proxy instance the request went to. */
+  /** Proxy instance the request went to (its SQL endpoint's URL for `sql`). */
   proxy: string;
+  /** Absent: `http` (histories written before the SQL endpoint). */
+  door?: Door;
   t: number;
 }
 
@@ -52,6 +61,7 @@ export interface Operation {
   token: bigint;
   body: string | null;
   proxy: string;
+  door: Door;
   /** Taken before the request left. */
   sendT: number;
   /** Taken after the answer arrived; null when none did. */
@@ -122,6 +132,7 @@ export function pairRecords(records: readonly HistoryRecord[]): Operation[] {
       token: BigInt(r.token),
       body: r.body,
       proxy: r.proxy,
+      door: r.door ?? 'http',
       sendT: r.t,
       ackT: c ? c.t : null,
       outcome: c ? c.outcome : 'indeterminate',

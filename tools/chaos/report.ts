@@ -1,6 +1,6 @@
 // The chaos run's summary table: operations by outcome, faults by kind, violations by invariant.
 import { INVARIANTS, INVARIANT_TITLES, type CheckResult } from './checker.ts';
-import type { Operation, OpKind, Outcome } from './history.ts';
+import { DOORS, type Operation, type OpKind, type Outcome } from './history.ts';
 import { FAULT_KINDS, type FaultEvent } from './nemesis.ts';
 
 const OUTCOMES: readonly Outcome[] = ['ok', 'rejected', 'failed', 'indeterminate'];
@@ -32,6 +32,16 @@ export function formatReport(r: ReportInput): string {
     const ops = k === 'all' ? r.ops : r.ops.filter((o) => o.kind === k);
     const label = k === 'all' ? 'all' : k === 'fence' ? 'fence advance' : k === 'ledger' ? 'ledger put' : 'object put';
     out.push(row([label, ...OUTCOMES.map((o) => ops.filter((x) => x.outcome === o).length), ops.length], ow));
+  }
+  // Object and ledger writes by door, when more than one door was used.
+  const writes = r.ops.filter((o) => o.kind !== 'fence');
+  if (new Set(writes.map((o) => o.door)).size > 1) {
+    for (const d of DOORS) {
+      const ops = writes.filter((o) => o.door === d);
+      if (ops.length === 0) continue;
+      const label = d === 'http' ? '  puts via PUT' : d === 'tx' ? '  puts via /v1/tx' : '  puts via SQL';
+      out.push(row([label, ...OUTCOMES.map((o) => ops.filter((x) => x.outcome === o).length), ops.length], ow));
+    }
   }
   out.push('');
   const fw = [22, 8, 6];

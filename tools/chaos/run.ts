@@ -10,7 +10,7 @@ import type { FenceMode } from '../unsafe-fence.ts';
 import { check, type CheckResult } from './checker.ts';
 import { ChaosCluster } from './cluster.ts';
 import { readFinalState } from './final-state.ts';
-import { readHistory, writeOperations, type Operation } from './history.ts';
+import { readHistory, writeOperations, type Door, type Operation } from './history.ts';
 import { describeFault, planSchedule, runNemesis, type FaultEvent, type FaultKind, type PlannedFault } from './nemesis.ts';
 import { formatReport } from './report.ts';
 
@@ -28,11 +28,20 @@ export const CHAOS_DEFAULTS = Object.freeze({
   settleMs: 2000,
 });
 
+/**
+ * Doors of the writer slots, cycled (w1 http, w2 sql, w3 tx, w4 sql, …): half the writers write
+ * through the SQL endpoint, half over HTTP, some of those through /v1/transactions. With a broken
+ * fence (the checker's self-test) every writer uses PUT, the only door that mode breaks.
+ */
+export const doorsFor = (fenceMode: FenceMode): readonly Door[] => (fenceMode === 'strict' ? ['http', 'sql', 'tx', 'sql'] : ['http']);
+
 export interface ChaosOptions {
   seed: number;
   /** Length of the load phase, while faults are injected. */
   durationMs: number;
   writers?: number;
+  /** Door of each writer slot, cycled; default doorsFor(fenceMode). */
+  doors?: readonly Door[];
   proxies?: number;
   fenceKeyCount?: number;
   fenceMode?: FenceMode;
@@ -104,6 +113,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     cluster = await ChaosCluster.start({
       dir,
       writers,
+      doors: o.doors ?? doorsFor(fenceMode),
       proxies,
       fenceKeys,
       electionRoot: `/fencepost/chaos/${randomBytes(4).toString('hex')}`,

@@ -4,11 +4,13 @@
 // ledger (`<fenceKey>/ledger`, whose version numbers give the commit order). Each write does a
 // little synchronous "work" between taking the token and sending: the window where a pause turns a
 // leader into a zombie. Every request goes into the history; leadership changes go to stdout as
-// JSON lines for the nemesis, which aims at leaders.
+// JSON lines for the nemesis, which aims at leaders. `--door` says how the writes go: `http` (PUT),
+// `tx` (POST /v1/transactions) or `sql` (the proxies' SQL endpoints, `--pgwire`, node-postgres);
+// every door writes the same rows of fencepost.objects, and fence advances are HTTP.
 import { parseArgs } from 'node:util';
 import { Election } from '../../src/election/index.ts';
 import { FencedWriter } from '../../src/writer/index.ts';
-import { HistoryRecorder } from './history.ts';
+import { DOORS, HistoryRecorder, type Door } from './history.ts';
 import { RecordingProxyClient } from './recording-client.ts';
 
 export interface WriterEvent {
@@ -40,6 +42,8 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
       'interval-ms': { type: 'string', default: '50' },
       'work-ms': { type: 'string', default: '20' },
       'request-timeout-ms': { type: 'string', default: '3000' },
+      door: { type: 'string', default: 'http' },
+      pgwire: { type: 'string' },
     },
     strict: true,
   });
@@ -57,7 +61,10 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
   const workMs = Number(values['work-ms']);
   const ledgers = new Set(fenceKeys.map(ledgerKey));
   const recorder = new HistoryRecorder(need('history'), id);
-  const client = new RecordingProxyClient(need('proxies').split(','), { writerId: id, timeoutMs: Number(values['request-timeout-ms']) }, recorder, (k) => ledgers.has(k));
+  const door = values.door as Door;
+  if (!DOORS.includes(door)) throw new Error(`chaos writer: --door must be one of ${DOORS.join(', ')}`);
+  const doorOptions = { door, ...(values.pgwire ? { pgwireUrls: values.pgwire.split(',') } : {}) };
+  const client = new RecordingProxyClient(need('proxies').split(','), { writerId: id, timeoutMs: Number(values['request-timeout-ms']) }, recorder, (k) => ledgers.has(k), doorOptions);
   const emit = (e: Omit<WriterEvent, 't' | 'writer'>) => process.stdout.write(JSON.stringify({ t: Date.now(), writer: id, ...e }) + '\n');
 
   let stopping = false;
@@ -122,6 +129,7 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
 
   await Promise.all(fenceKeys.map(run));
   for (const w of writers) w.close();
+  await client.close();
   await Promise.all(elections.map((e) => e.close().catch(() => {})));
   emit({ event: 'stopped' });
   return 0;

@@ -2,6 +2,8 @@
 // Postgres + proxy + ZooKeeper + N writer processes; the leader is frozen with SIGSTOP for longer
 // than the session timeout, a new leader takes over, the old one is resumed with SIGCONT, and its
 // write is rejected with 409 and it steps down. Then the history is checked against the database.
+// replica-1 writes through the proxy's SQL endpoint with node-postgres (the others over HTTP) and
+// starts first, so it is the leader that is frozen: its zombie write fails with SQLSTATE FP409.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,6 +15,7 @@ import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/emb
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import { grantObjectWrites } from '../sql-door.ts';
 import type { DemoEvent } from './writer.ts';
 
 const TOOLS = ['--import', 'tsx', join(import.meta.dirname, '..', 'cli.ts')];
@@ -34,6 +37,7 @@ export interface ReplicaSummary {
   accepted: number;
   rejected: number;
   tokens: string[];
+  door: 'http' | 'sql';
 }
 
 export interface DemoResult {
@@ -93,13 +97,13 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
         line(e.t, e.replica, e.event === 'ready' ? 'fence advanced, writing' : e.event, e.token, [e.reason, e.highestToken && `highest=${e.highestToken}`].filter(Boolean).join(' '));
         break;
       case 'write-rejected':
-        line(e.t, e.replica, 'write REJECTED (409)', e.token, `highest=${e.highestToken}`);
+        line(e.t, e.replica, 'write REJECTED (409)', e.token, `highest=${e.highestToken}${e.code ? ` (SQL: SQLSTATE ${e.code})` : ''}`);
         break;
       case 'write-accepted': {
         const k = `${e.replica}/${e.token}`;
         const n = (acceptedPrinted.get(k) ?? 0) + 1;
         acceptedPrinted.set(k, n);
-        if (n <= 2) line(e.t, e.replica, 'write accepted (200)', e.token, `version=${e.version}`);
+        if (n <= 2) line(e.t, e.replica, e.door === 'sql' ? 'write accepted (SQL COMMIT)' : 'write accepted (200)', e.token, `version=${e.version}`);
         else if (n === 3) line(e.t, e.replica, '… writing every ' + o.intervalMs + ' ms', e.token);
         break;
       }
@@ -137,8 +141,16 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       pg = await startEmbeddedPostgres({ dataDir: join(pgDir, 'pg'), port: await freePort() });
       databaseUrl = pg.url;
     }
-    proxy = await startProxy(loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' }), log);
-    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, pg ? '(embedded Postgres)' : '(DATABASE_URL)');
+    const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' });
+    proxy = await startProxy(config, log);
+    // The SQL replica's statements run as the open-mode client login: it may write the objects.
+    await proxy.app.store.pool.query(grantObjectWrites(config.clientRole));
+    const sqlUrl = new URL(databaseUrl);
+    sqlUrl.username = '';
+    sqlUrl.password = '';
+    sqlUrl.hostname = '127.0.0.1';
+    sqlUrl.port = String(proxy.pgwirePort);
+    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, `SQL endpoint :${proxy.pgwirePort} ${pg ? '(embedded Postgres)' : '(DATABASE_URL)'}`);
 
     // 2. ZooKeeper.
     let zkConnect = options.zkConnect ?? process.env.ZK_CONNECT ?? null;
@@ -151,10 +163,11 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     // 3. Writers.
     for (let i = 1; i <= o.replicas; i++) {
       const id = `replica-${i}`;
+      const sql = i === 1 ? ['--sql', sqlUrl.toString()] : [];
       const child = spawn(
         process.execPath,
         [...TOOLS, 'demo-writer', '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
-          '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6))],
+          '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6)), ...sql],
         { stdio: ['ignore', 'pipe', 'pipe'] },
       );
       children.set(id, child);
@@ -171,6 +184,11 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
           /* not an event line */
         }
       });
+      if (i === 1) {
+        // The SQL replica leads first (the others join once it has advanced the fence).
+        await waitFor((e) => e.event === 'ready' && e.replica === id, 30_000, `${id} (SQL) to lead`);
+        line(Date.now(), 'demo', `${id} writes through the SQL endpoint (node-postgres); the others over HTTP`);
+      }
     }
 
     // 4. A leader writes.
@@ -236,7 +254,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   await pg?.stop().catch(() => {});
   if (pgDir) rmSync(pgDir, { recursive: true, force: true });
 
-  printSummary(print, replicas, highestToken, failures);
+  printSummary(print, replicas, highestToken, failures, events, zombie);
   return { ok: failures.length === 0, failures, events, replicas, highestToken, zombie, successor, durationMs: Date.now() - started };
 }
 
@@ -259,6 +277,7 @@ function summarise(events: DemoEvent[], n: number): ReplicaSummary[] {
       accepted: mine.filter((e) => e.event === 'write-accepted').length,
       rejected: mine.filter((e) => e.event === 'write-rejected').length,
       tokens: [...new Set(mine.filter((e) => e.event === 'ready').map((e) => e.token!))],
+      door: mine.find((e) => e.event === 'started')?.door ?? 'http',
     };
   });
 }
@@ -295,6 +314,7 @@ async function checkAgainstDatabase(
   // most one per election (an advance can commit just as its term ends, e.g. while writers stop).
   const ready = events.filter((e) => e.event === 'ready').length;
   const elected = events.filter((e) => e.event === 'elected').length;
+  // SQL endpoint writes count too, at their COMMIT (migration 0009).
   const dbAccepted = Number(f.accepted);
   if (dbAccepted < accepted.length + ready || dbAccepted > accepted.length + elected) {
     failures.push(`database counts ${dbAccepted} accepted; writers saw ${accepted.length} writes and ${ready}–${elected} fence advances`);
@@ -319,11 +339,13 @@ async function checkAgainstDatabase(
   return f.highest_token;
 }
 
-function printSummary(print: (l: string) => void, replicas: ReplicaSummary[], highestToken: string | null, failures: string[]): void {
+function printSummary(print: (l: string) => void, replicas: ReplicaSummary[], highestToken: string | null, failures: string[], events: DemoEvent[], zombie: DemoResult['zombie']): void {
   print('');
-  print('replica      accepted  rejected  terms (tokens)');
-  for (const r of replicas) print(`${r.replica.padEnd(12)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`);
+  print('replica      writes  accepted  rejected  terms (tokens)');
+  for (const r of replicas) print(`${r.replica.padEnd(12)} ${r.door.toUpperCase().padEnd(6)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`);
   print(`highest token: ${highestToken ?? '–'}`);
+  const sqlRefusal = zombie && events.find((e) => e.event === 'write-rejected' && e.replica === zombie.replica && e.token === zombie.token && e.code);
+  if (sqlRefusal) print(`${zombie.replica}'s zombie write over SQL (node-postgres, token ${zombie.token}) failed with SQLSTATE ${sqlRefusal.code}: nothing of it committed`);
   if (failures.length === 0) print('no stale write accepted: checked against the database ✔');
   else for (const f of failures) print(`FAILED: ${f}`);
 }

@@ -1,10 +1,13 @@
 // One demo replica: elects through ZooKeeper, and while leader writes one object through the proxy
 // every interval. Each write does a little synchronous "work" between taking the token and sending,
 // the window where a GC pause (here: SIGSTOP) turns a leader into a zombie. Events go to stdout as
-// JSON lines for the demo to read.
+// JSON lines for the demo to read. With --sql the replica writes through the proxy's SQL endpoint
+// with node-postgres instead (a stale token there fails with SQLSTATE FP409); its fence advances
+// stay HTTP, as for the others: one fence, two doors.
 import { parseArgs } from 'node:util';
 import { Election } from '../../src/election/index.ts';
 import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
+import { SqlDoor, SqlProxyClient, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
 
 export interface DemoEvent {
   t: number;
@@ -15,6 +18,10 @@ export interface DemoEvent {
   highestToken?: string;
   reason?: string;
   body?: string;
+  /** How the replica writes: HTTP (PUT /v1/objects) or SQL (the PostgreSQL-protocol endpoint). */
+  door?: 'http' | 'sql';
+  /** The SQLSTATE of a SQL write's refusal (FP409 for a stale token). */
+  code?: string;
 }
 
 export async function demoWriterCommand(argv: string[]): Promise<number> {
@@ -30,6 +37,8 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
       'session-timeout-ms': { type: 'string', default: '3000' },
       'interval-ms': { type: 'string', default: '200' },
       'work-ms': { type: 'string', default: '120' },
+      /** postgres://host:port/database of the proxy's SQL endpoint: write through it. */
+      sql: { type: 'string' },
     },
     strict: true,
   });
@@ -41,7 +50,11 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   const replica = need('id');
   const emit = (e: Omit<DemoEvent, 't' | 'replica'>) => process.stdout.write(JSON.stringify({ t: Date.now(), replica, ...e }) + '\n');
   const election = new Election({ connect: need('zk'), path: need('path'), id: replica, sessionTimeoutMs: Number(values['session-timeout-ms']) });
-  const writer = new FencedWriter({ election, proxy: new ProxyClient(need('proxy'), { writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) }), fenceKey: need('fence-key') });
+  const clientOptions = { writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) };
+  const door = values.sql ? new SqlDoor({ url: values.sql, writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { password: process.env.FENCEPOST_API_KEY } : {}) }) : null;
+  const proxy = door ? new SqlProxyClient(need('proxy'), clientOptions, door) : new ProxyClient(need('proxy'), clientOptions);
+  const writer = new FencedWriter({ election, proxy, fenceKey: need('fence-key') });
+  const via = door ? ('sql' as const) : ('http' as const);
   election.on('elected', ({ token }) => emit({ event: 'elected', token: token.toString() }));
   election.on('revoked', ({ token, reason }) => emit({ event: 'revoked', token: token.toString(), reason }));
   writer.on('ready', ({ token }) => emit({ event: 'ready', token: token.toString() }));
@@ -54,7 +67,7 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
-  emit({ event: 'started' });
+  emit({ event: 'started', door: via });
   await election.start();
 
   const objectKey = need('object-key');
@@ -71,14 +84,15 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
     while (Date.now() < until); // synchronous work: the window a pause can hit
     try {
       const r = await writer.put(objectKey, body, { contentType: 'application/json' });
-      emit({ event: 'write-accepted', token: token.toString(), version: r.version, body });
+      emit({ event: 'write-accepted', token: token.toString(), version: r.version, body, door: via });
     } catch (err) {
-      if (err instanceof StaleTokenError) emit({ event: 'write-rejected', token: token.toString(), highestToken: err.highestToken.toString(), body });
+      if (err instanceof StaleTokenError) emit({ event: 'write-rejected', token: token.toString(), highestToken: err.highestToken.toString(), body, door: via, ...(door ? { code: STALE_TOKEN_SQLSTATE } : {}) });
       else if (err instanceof NotLeaderError) emit({ event: 'write-refused', token: token.toString() });
       else emit({ event: 'write-error', token: token.toString(), reason: err instanceof Error ? err.message : String(err) });
     }
   }
   writer.close();
+  await door?.close();
   await election.close();
   emit({ event: 'stopped' });
   return 0;

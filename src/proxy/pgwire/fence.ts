@@ -17,7 +17,7 @@ export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
 export const REFUSE_ROUTINE_STATEMENT = '__fencepost_refuse_routine';
 const RW_SQL = 'SET LOCAL transaction_read_only = off';
-const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session($1, $2, $3)";
+const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session($1, $2, $3, $4)";
 
 // Sent in place of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
 // block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
@@ -45,15 +45,15 @@ export const PREPARED_STATEMENTS = 3;
  * prepared yet (the group began in a failed transaction, where Parse is refused): Close and Parse
  * each statement right before its Bind/Execute, the SET LOCAL before the SELECT's snapshot.
  */
-export function prepareAndRunFence(capability: string, prefixes: readonly string[] | null, writerId: string): Buffer {
-  const run = runFence(capability, prefixes, writerId);
+export function prepareAndRunFence(capability: string, prefixes: readonly string[] | null, writerId: string, guard: string | null): Buffer {
+  const run = runFence(capability, prefixes, writerId, guard);
   const rwRun = runRw().length;
   return Buffer.concat([
     message('C', Buffer.from('S'), RW_STATEMENT),
     message('P', RW_STATEMENT, RW_SQL, int16(0)),
     run.subarray(0, rwRun),
     message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(3), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID)),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID), int32(TEXT_OID)),
     run.subarray(rwRun),
     message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
     message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
@@ -67,7 +67,7 @@ export function prepareFence(): Buffer {
     message('C', Buffer.from('S'), FENCE_STATEMENT),
     message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
     message('P', RW_STATEMENT, RW_SQL, int16(0)),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(3), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID)),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID), int32(TEXT_OID)),
     message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
   ]);
 }
@@ -96,11 +96,11 @@ function runRw(): Buffer {
   return Buffer.concat([message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
 }
 
-export function runFence(capability: string, prefixes: readonly string[] | null, writerId: string): Buffer {
+export function runFence(capability: string, prefixes: readonly string[] | null, writerId: string, guard: string | null): Buffer {
   const execute = message('E', cstr(''), int32(0));
   return Buffer.concat([
     runRw(),
-    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(3), bindParam(capability), bindParam(prefixes === null ? null : textArrayLiteral(prefixes)), bindParam(writerId), int16(0)),
+    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(4), bindParam(capability), bindParam(prefixes === null ? null : textArrayLiteral(prefixes)), bindParam(writerId), bindParam(guard), int16(0)),
     execute,
   ]);
 }
@@ -130,14 +130,30 @@ export function startsTransactionBlock(sql: string): boolean {
 // capability, the backend's pid, the prefixes and the writer, useless to anyone but this backend
 // doing what the proxy does for it anyway. The capability itself never appears in text.
 
-/** The session capability fence_session_bound() checks. */
-export function sessionCapability(capability: string, backendPid: number, prefixes: string | null, writerId: string): string {
-  return createHash('sha256').update(`${capability}|${backendPid}|${prefixes ?? 'NULL'}|${writerId}|${capability}`, 'utf8').digest('hex');
+/** The session capability fence_session_bound() checks (the guard state too: see migration 0010). */
+export function sessionCapability(capability: string, backendPid: number, prefixes: string | null, writerId: string, guard: string | null): string {
+  return createHash('sha256').update(`${capability}|${backendPid}|${prefixes ?? 'NULL'}|${writerId}|${guard ?? 'NULL'}|${capability}`, 'utf8').digest('hex');
 }
 
 /** The SQL prepended to a writer's Query (two statements, each ending in `;`). */
-export function fencePrefix(sessionCap: string, prefixes: string | null, writerId: string): string {
-  return `${RW_SQL};SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session_bound(${pg.escapeLiteral(sessionCap)}, ${prefixes === null ? 'NULL' : pg.escapeLiteral(prefixes)}, ${pg.escapeLiteral(writerId)});`;
+export function fencePrefix(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): string {
+  const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
+  return `${RW_SQL};SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session_bound(${lit(sessionCap)}, ${lit(prefixes)}, ${lit(writerId)}, ${lit(guard)});`;
+}
+
+/** SQLSTATE of a token the forgery guard could not verify because ZooKeeper did not answer (retry). */
+export const GUARD_UNAVAILABLE = 'FP503';
+
+/**
+ * The forgery guard's state for fence_session (migration 0010), as JSON text: the guarded fence-key
+ * prefixes, and the session's (fence key, token) the guard admitted, or could not check
+ * (`unavailable`). The database refuses a raise of a guarded fence by any other pair.
+ */
+export function guardState(prefixes: readonly string[], checked: { fenceKey: string; token: bigint; verdict: 'verified' | 'unavailable' } | null): string {
+  return JSON.stringify({
+    prefixes,
+    ...(checked ? { fenceKey: checked.fenceKey, token: checked.token.toString(), ...(checked.verdict === 'unavailable' ? { unavailable: true } : {}) } : {}),
+  });
 }
 
 /** True when a Query holds no statement (only blanks and comments): it must keep its EmptyQueryResponse. */

@@ -5,9 +5,17 @@
 // Authentication: in open mode any user name is accepted (it is the writer id). With keys, the
 // user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
 // key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
-// `secretSha256` cannot log in here). Cleartext passwords are never asked for: the endpoint has
-// no TLS yet (SSLRequest is answered 'N'; `tls` is the hook for it).
+// `secretSha256` can log in only over TLS, with a cleartext password). Cleartext passwords are
+// asked for only on a TLS session, and only for keys without SCRAM keys.
+//
+// TLS (FENCEPOST_TLS_CERT / _KEY, the proxy's shared TlsMaterial): an SSLRequest is answered 'S'
+// and the socket upgraded with the material's current SecureContext (a SIGHUP reload applies to
+// new sessions). Bytes that arrive after the SSLRequest before the handshake are refused, not
+// read as part of the session (CVE-2021-23222's class: an attacker in the middle could prepend
+// plaintext that the server would take as sent inside TLS). With TLS configured every session
+// must use it (as HTTP is HTTPS only); without, SSLRequest is answered 'N'.
 import { createServer, type Server, type Socket } from 'node:net';
+import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
@@ -15,8 +23,9 @@ import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorRespo
 import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer } from './scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
-import { PgwireSession, type StaleRefusal } from './session.ts';
-import type { AccessKey } from '../auth.ts';
+import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
+import { digestOf, type AccessKey } from '../auth.ts';
+import type { TlsMaterial } from '../tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
 import * as q from '../../fence/queries.ts';
 
@@ -40,8 +49,10 @@ export interface PgwireOptions {
   /** Startup (packet, authentication, backend login) must finish within this. */
   startupTimeoutMs: number;
   logger: Logger;
-  /** Hook for TLS (another item): answers an SSLRequest; null = 'N', plain TCP. */
-  tls?: null;
+  /** The token forgery guard (FENCEPOST_FORGERY_GUARD); null or absent: none. */
+  guard?: SessionGuard | null;
+  /** The proxy's TLS material: SSLRequest is answered 'S' and TLS is required; null = 'N', plain TCP. */
+  tls?: TlsMaterial | null;
 }
 
 class Refusal extends Error {
@@ -61,6 +72,8 @@ export class PgwireServer {
   private readonly server: Server;
   private readonly target: BackendTarget;
   private readonly sockets = new Set<Socket>();
+  /** The TLS socket over each upgraded raw socket. */
+  private readonly upgraded = new WeakMap<Socket, TLSSocket>();
   private readonly sessions = new Map<number, Registered>();
   private nextPid = 1;
 
@@ -85,7 +98,10 @@ export class PgwireServer {
   /** Stops accepting and closes every session (their open transactions roll back). */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
-    for (const s of this.sockets) s.destroy();
+    for (const s of this.sockets) {
+      this.upgraded.get(s)?.destroy();
+      s.destroy();
+    }
     await closed;
   }
 
@@ -108,17 +124,20 @@ export class PgwireServer {
       return;
     }
     void this.startup(socket).catch((err: unknown) => {
+      // Over TLS once upgraded: the refusal goes where the client reads.
+      const conn = this.upgraded.get(socket) ?? socket;
       if (err instanceof Refusal) {
         this.opts.logger.info({ code: err.fields.code }, `SQL connection refused: ${err.fields.message}`);
-        if (!socket.destroyed) socket.end(errorResponse(err.fields));
+        if (!conn.destroyed) conn.end(errorResponse(err.fields));
       } else {
         this.opts.logger.warn({ err }, 'SQL connection failed during startup');
-        if (!socket.destroyed) socket.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
+        if (!conn.destroyed) conn.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
       }
     });
   }
 
-  private async startup(socket: Socket): Promise<void> {
+  private async startup(raw: Socket): Promise<void> {
+    let socket: Socket = raw;
     const reader = new MessageReader(true);
     const frames: Frame[] = [];
     let wake: (() => void) | null = null;
@@ -153,10 +172,29 @@ export class PgwireServer {
     };
     try {
       let packet;
+      let encrypted = false;
       for (;;) {
         packet = parseStartupPacket((await nextFrame()).body);
+        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted) throw refuse('08P01', 'a second encryption request on an encrypted connection');
+        if (packet.kind === 'ssl' && this.opts.tls) {
+          // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
+          // clear, and must not be read as if they came over TLS.
+          if (reader.pending > 0 || frames.length > 0) throw refuse('08P01', 'received unencrypted data after SSL request');
+          socket.off('data', onData);
+          socket.off('close', onEnd);
+          socket.write('S');
+          const secure = new TLSSocket(socket, { isServer: true, secureContext: this.opts.tls.current() });
+          secure.on('error', () => {}); // a failed handshake closes it: 'close' ends the startup
+          secure.setNoDelay(true);
+          this.upgraded.set(raw, secure);
+          socket = secure;
+          socket.on('data', onData);
+          socket.on('close', onEnd);
+          encrypted = true;
+          continue;
+        }
         if (packet.kind === 'ssl' || packet.kind === 'gssenc') {
-          socket.write('N'); // TLS: another item; this is where it would start
+          socket.write('N');
           continue;
         }
         break;
@@ -165,6 +203,9 @@ export class PgwireServer {
         this.cancel(packet.pid, packet.secret);
         socket.end();
         return;
+      }
+      if (this.opts.tls && !encrypted) {
+        throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
       }
       // Everything after the StartupMessage is typed (clients wait for our answer before sending more).
       reader.startup = false;
@@ -182,25 +223,39 @@ export class PgwireServer {
       let key: AccessKey | null = null;
       if (this.opts.keys.length > 0) {
         key = this.opts.keys.find((k) => k.name === user) ?? null;
-        const server = new ScramServer(key?.scram ?? null);
-        socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
-        try {
-          const first = await nextFrame();
-          if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
-          const r = new BodyReader(first.body);
-          const mechanism = r.cstring();
-          if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
-          const len = r.int32();
-          const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
-          socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
-          const fin = await nextFrame();
-          if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
-          const serverFinal = server.final(fin.body.toString('utf8'));
-          socket.write(message('R', 12, Buffer.from(serverFinal)));
-        } catch (err) {
-          if (err instanceof Refusal) throw err;
-          if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
-          throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+        if (encrypted && key !== null && key.scram === undefined) {
+          // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
+          socket.write(message('R', 3));
+          const pw = await nextFrame();
+          if (pw.type !== 'p') throw refuse('08P01', 'expected a password message');
+          let given = '';
+          try {
+            given = new BodyReader(pw.body).cstring();
+          } catch {
+            throw refuse('08P01', 'malformed password message');
+          }
+          if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+        } else {
+          const server = new ScramServer(key?.scram ?? null);
+          socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
+          try {
+            const first = await nextFrame();
+            if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const r = new BodyReader(first.body);
+            const mechanism = r.cstring();
+            if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+            const len = r.int32();
+            const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
+            socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
+            const fin = await nextFrame();
+            if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const serverFinal = server.final(fin.body.toString('utf8'));
+            socket.write(message('R', 12, Buffer.from(serverFinal)));
+          } catch (err) {
+            if (err instanceof Refusal) throw err;
+            if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
+            throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+          }
         }
         if (key === null) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
       }
@@ -257,6 +312,8 @@ export class PgwireServer {
         capability,
         prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
         writerId,
+        guard: this.opts.guard ?? null,
+        startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onClose: () => this.sessions.delete(pid),
       });

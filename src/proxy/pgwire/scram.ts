@@ -1,7 +1,7 @@
 // SCRAM-SHA-256 (RFC 5802, RFC 7677) as Postgres speaks it, both sides: the proxy is the server
 // for writers (the password is the bearer key; only its salted keys are kept) and the client of
-// the backend (the client login's password). No channel binding (-PLUS): the endpoint has no TLS
-// yet, so a client that insists on channel binding is refused.
+// the backend (the client login's password). No channel binding (-PLUS is not offered, even over
+// TLS), so a client that insists on channel binding is refused.
 import { createHash, createHmac, pbkdf2Sync, randomBytes, timingSafeEqual } from 'node:crypto';
 
 export const MECHANISM = 'SCRAM-SHA-256';

@@ -35,12 +35,16 @@
 //   the next Execute of the pipeline (after it, when that one is a BEGIN). A CALL or DO executed
 //   outside a transaction block (where it could COMMIT itself) is refused: an injected statement
 //   fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
+// - Forgery guard (when configured): before a transaction starts at idle, the session's token and
+//   fence key (startup options; read back with a SELECT after text that mentions `fencepost`) are
+//   put to the guard; its verdict goes to the fence as a parameter, and the fence refuses a raise
+//   of a guarded fence by any pair the guard did not admit (migration 0010).
 // - A lone statement that cannot run in a transaction block goes unfenced; a Query of the
 //   proxy's resets default_transaction_read_only first, so whatever of it writes meets 25006.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, errorResponse, message, parseErrorFields, type Frame } from './framing.ts';
-import { fencePrefix, isEmptyQuery, prepareAndRunFence, runsOutsideTransactionBlock, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, STALE_TOKEN } from './fence.ts';
+import { fencePrefix, guardState, isEmptyQuery, prepareAndRunFence, runsOutsideTransactionBlock, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, STALE_TOKEN } from './fence.ts';
 import { hasSeveralStatements, lexingIsSafe, needsSplitting, splitStatements, statementKind, type StatementKind } from './statements.ts';
 import type { Backend } from './backend.ts';
 
@@ -61,6 +65,20 @@ interface Expect {
   insertions?: { start: number; length: number }[];
   /** An injected empty Query standing in for a refused one: the refusal to send at its ReadyForQuery. */
   refusal?: Buffer[];
+  /** query (injected): sees its DataRows. */
+  capture?: (f: Frame) => void;
+  /** Called at its ReadyForQuery. */
+  onReady?: () => void;
+}
+
+/** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
+export interface SessionGuard {
+  /** Every guarded fence-key prefix. */
+  prefixes: readonly string[];
+  /** Is this fence key guarded? */
+  guards(fenceKey: string): boolean;
+  /** Resolves when (fenceKey, token) may raise the fence; throws an ApiError (`unverified_token`, `unavailable`) when not. */
+  admit(fenceKey: string, token: bigint): Promise<void>;
 }
 
 export interface StaleRefusal {
@@ -75,6 +93,10 @@ export interface SessionOptions {
   /** The key's fence-key prefixes; null in open mode. */
   prefixes: readonly string[] | null;
   writerId: string;
+  /** The forgery guard; null or absent: none. */
+  guard?: SessionGuard | null;
+  /** fencepost.token and fencepost.fence_key from the startup options. */
+  startupSettings?: { token: string | null; fenceKey: string | null };
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
 }
@@ -82,6 +104,23 @@ export interface SessionOptions {
 const SYNC = message('S');
 const CLIENT_EXTENDED = new Set(['P', 'B', 'D', 'E', 'C', 'S', 'H']);
 const COPY_FROM_CLIENT = new Set(['d', 'c', 'f']);
+
+/** The text values of a DataRow (null as ''). */
+function dataRowTexts(body: Buffer): string[] {
+  const n = body.readInt16BE(0);
+  const out: string[] = [];
+  let at = 2;
+  for (let i = 0; i < n; i++) {
+    const len = body.readInt32BE(at);
+    at += 4;
+    if (len < 0) out.push('');
+    else {
+      out.push(body.toString('utf8', at, at + len));
+      at += len;
+    }
+  }
+  return out;
+}
 
 function cstringAt(body: Buffer, start: number): { value: string; end: number } {
   const end = body.indexOf(0, start);
@@ -96,9 +135,16 @@ export class PgwireSession {
   private groupOpen = false;
   private fenceAfterExecute = false;
   private prepared = false;
-  private readonly fenceRun: Buffer;
-  private readonly fenceText: string;
-  private readonly fenceChars: number;
+  private fenceRun: Buffer;
+  private fenceText = '';
+  private fenceChars = 0;
+  /** Forgery guard: the session's settings as last known (null: read them back before the next transaction). */
+  private guardSettings: { token: string | null; fenceKey: string | null } | null = null;
+  /** Forgery guard: what it said about a (fence key, token) of this session. */
+  private guardChecked: { fenceKey: string; token: bigint; verdict: 'verified' | 'unavailable' | 'refused' } | null = null;
+  private guardBusy = false;
+  /** The guard did not admit the session's token: let the next transaction through (the fence refuses it), ask again after. */
+  private guardPass = false;
   /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one). */
   private readonly statementKinds = new Map<string, StatementKind>();
   /** The kind of each portal's statement (by portal name). */
@@ -124,11 +170,113 @@ export class PgwireSession {
     private readonly backend: Backend,
     private readonly opts: SessionOptions,
   ) {
-    this.fenceRun = runFence(opts.capability, opts.prefixes, opts.writerId);
-    const prefixes = opts.prefixes === null ? null : textArrayLiteral(opts.prefixes);
-    this.fenceText = fencePrefix(sessionCapability(opts.capability, backend.pid, prefixes, opts.writerId), prefixes, opts.writerId);
-    this.fenceChars = [...this.fenceText].length;
+    this.fenceRun = Buffer.alloc(0);
+    this.buildFence();
+    if (opts.guard) this.guardSettings = opts.startupSettings ?? { token: null, fenceKey: null };
     for (const b of backend.parameterStatus) this.noteParameter(b.subarray(5));
+  }
+
+  /** The guard state handed to the fence (null without a guard). */
+  private guardParam(): string | null {
+    const guard = this.opts.guard;
+    if (!guard) return null;
+    const c = this.guardChecked;
+    return guardState(guard.prefixes, c === null || c.verdict === 'refused' ? null : { fenceKey: c.fenceKey, token: c.token, verdict: c.verdict });
+  }
+
+  /** The fence's Bind/Execute and SQL text for this session (again when the guard state changes). */
+  private buildFence(): void {
+    const opts = this.opts;
+    const guard = this.guardParam();
+    this.fenceRun = runFence(opts.capability, opts.prefixes, opts.writerId, guard);
+    const prefixes = opts.prefixes === null ? null : textArrayLiteral(opts.prefixes);
+    this.fenceText = fencePrefix(sessionCapability(opts.capability, this.backend.pid, prefixes, opts.writerId, guard), prefixes, opts.writerId, guard);
+    this.fenceChars = [...this.fenceText].length;
+  }
+
+  /**
+   * Forgery guard: may the transaction this frame starts go ahead now? It must wait while the
+   * session's settings are read back or the guard asked about a token that could raise a guarded
+   * fence. (The fence itself refuses whatever was not admitted: this only spares an admitted
+   * leader's transaction that refusal.)
+   */
+  private guardReady(): boolean {
+    const guard = this.opts.guard;
+    if (!guard) return true;
+    if (this.guardBusy) return false;
+    if (this.guardPass) {
+      this.guardPass = false;
+      return true;
+    }
+    const s = this.guardSettings;
+    if (s === null) return false;
+    if (s.token === null || s.fenceKey === null || !/^[0-9]{1,19}$/.test(s.token) || !guard.guards(s.fenceKey)) return true;
+    const token = BigInt(s.token);
+    const c = this.guardChecked;
+    return c !== null && c.fenceKey === s.fenceKey && c.token === token && c.verdict === 'verified';
+  }
+
+  /** Reads the settings back if needed, then asks the guard; resumes the writer's messages after. */
+  private startGuardCheck(): void {
+    if (this.guardBusy || !this.opts.guard) return;
+    this.guardBusy = true;
+    if (this.guardSettings === null) {
+      const read: { token: string | null; fenceKey: string | null } = { token: null, fenceKey: null };
+      this.toBackend.push(message('Q', "SELECT pg_catalog.current_setting('fencepost.token', true), pg_catalog.current_setting('fencepost.fence_key', true)"));
+      this.expect({
+        kind: 'query',
+        injected: true,
+        forwardReady: false,
+        capture: (f) => {
+          if (f.type !== 'D') return;
+          const values = dataRowTexts(f.body);
+          read.token = values[0] || null;
+          read.fenceKey = values[1] || null;
+        },
+        onReady: () => {
+          this.guardSettings = read;
+          this.askGuard();
+        },
+      });
+      this.flushBackend();
+      return;
+    }
+    this.askGuard();
+  }
+
+  private askGuard(): void {
+    const guard = this.opts.guard!;
+    const s = this.guardSettings;
+    if (s === null || s.token === null || s.fenceKey === null || !/^[0-9]{1,19}$/.test(s.token) || !guard.guards(s.fenceKey)) {
+      queueMicrotask(() => this.guardDone());
+      return;
+    }
+    const fenceKey = s.fenceKey;
+    const token = BigInt(s.token);
+    guard.admit(fenceKey, token).then(
+      () => {
+        this.guardChecked = { fenceKey, token, verdict: 'verified' };
+      },
+      (err: unknown) => {
+        const unavailable = (err as { code?: string }).code === 'unavailable';
+        this.opts.logger.info({ fenceKey, token: token.toString(), unavailable }, 'forgery guard did not admit the session\'s token');
+        this.guardChecked = { fenceKey, token, verdict: unavailable ? 'unavailable' : 'refused' };
+      },
+    ).finally(() => this.guardDone());
+  }
+
+  private guardDone(): void {
+    this.buildFence();
+    this.guardBusy = false;
+    this.guardPass = true; // whatever the verdict: the fence decides this transaction
+    if (this.closed) return;
+    this.pumpClient();
+    this.flushClient();
+  }
+
+  /** The writer's text may change its fencepost settings: read them back before the next transaction. */
+  private noteText(text: string): void {
+    if (this.opts.guard && /fencepost/i.test(text)) this.guardSettings = null;
   }
 
   private noteParameter(body: Buffer): void {
@@ -208,6 +356,11 @@ export class PgwireSession {
     while (i < this.clientFrames.length && !this.closed) {
       const f = this.clientFrames[i]!;
       if (this.pendingReady > 0 && (f.type === 'Q' || f.type === 'F' || (CLIENT_EXTENDED.has(f.type) && !this.groupOpen))) break;
+      if (this.opts.guard && this.status === 'I' && (f.type === 'Q' || (CLIENT_EXTENDED.has(f.type) && !this.groupOpen && f.type !== 'S' && f.type !== 'H')) && !this.guardReady()) {
+        // Before a transaction starts (only between ReadyForQuery and the next message: idle).
+        this.startGuardCheck();
+        break;
+      }
       i++;
       this.onClientFrame(f);
     }
@@ -240,7 +393,7 @@ export class PgwireSession {
   private inject(): void {
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      this.toBackend.push(prepareAndRunFence(this.opts.capability, this.opts.prefixes, this.opts.writerId));
+      this.toBackend.push(prepareAndRunFence(this.opts.capability, this.opts.prefixes, this.opts.writerId, this.guardParam()));
       for (const kind of ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const) this.expect({ kind, injected: true, fence: kind === 'execute' });
       this.prepared = true;
       return;
@@ -350,6 +503,7 @@ export class PgwireSession {
     }
     if (t === 'Q') {
       const text = cstringAt(f.body, 0).value;
+      this.noteText(text);
       // Inside an open extended group the last ReadyForQuery is old news: predict from the group.
       const idle = this.groupOpen ? this.fenceBeforeExecute : this.status === 'I';
       if (this.groupOpen) this.fenceBeforeExecute = false;
@@ -391,7 +545,9 @@ export class PgwireSession {
       // a snapshot (Parse, Bind, Describe, Execute), unless that is a BEGIN: then right after it.
       if (t === 'P') {
         const name = cstringAt(f.body, 0);
-        const kind = statementKind(cstringAt(f.body, name.end).value);
+        const sqlText = cstringAt(f.body, name.end).value;
+        this.noteText(sqlText);
+        const kind = statementKind(sqlText);
         this.statementKinds.set(name.value, kind);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending();
       } else if (t === 'B') {
@@ -578,7 +734,10 @@ export class PgwireSession {
 
   /** A response to a writer's Query, minus what answers the fence inside it (by statement). */
   private onQueryMessage(f: Frame, e: Expect): void {
-    if (e.injected) return;
+    if (e.injected) {
+      e.capture?.(f);
+      return;
+    }
     const ours = e.plan?.[e.at ?? 0] ?? false;
     if (f.type === 'C' || f.type === 'I') e.at = (e.at ?? 0) + 1;
     if (ours) return;
@@ -650,5 +809,6 @@ export class PgwireSession {
     this.status = String.fromCharCode(f.body[0] ?? 73);
     if (e.forwardReady) this.toClient.push(f.bytes);
     if (e.refusal) this.toClient.push(...e.refusal);
+    e.onReady?.();
   }
 }

@@ -1,0 +1,250 @@
+// Issue 15, the SQL endpoint (FENCEPOST_PGWIRE_PORT): pgbench through the endpoint against pgbench
+// straight to Postgres, and through PgBouncer (transaction pooling) as the reference protocol proxy.
+// 16 clients, one fence key and one token for every session of the endpoint (the leader's
+// writes), each transaction BEGIN; UPDATE one of 5,000 rows; COMMIT. The endpoint fences every
+// transaction inside itself; client SQL runs as the open-mode client login, granted the table.
+// One fresh Postgres, one `fencepost serve` with the endpoint on, one PgBouncer, for all runs.
+//
+// `node --import tsx bench/sql-endpoint.ts` runs it alone and prints its table (BENCH_DURATION_S).
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { chmodSync, chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { createConnection } from 'node:net';
+import pg from 'pg';
+import { migrate } from '../src/fence/migrate.ts';
+import { freePort } from '../tools/zookeeper/local-server.ts';
+import { spawnServe } from './serve.ts';
+import { benchPostgres, fmt, machine } from './support.ts';
+import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
+
+export type PgbenchMode = PgbenchOptions['mode'];
+export type SqlPath = 'direct' | 'endpoint' | 'pgbouncer';
+
+export interface SqlEndpointRun {
+  mode: PgbenchMode;
+  path: SqlPath;
+  /** The mode pgbench ran in (PgBouncer 1.18 in transaction pooling cannot keep prepared statements: extended). */
+  ranAs: PgbenchMode;
+  result: PgbenchResult | null;
+  /** Why there is no result (e.g. pgbouncer not installed). */
+  skipped?: string;
+}
+
+export interface SqlEndpointReport {
+  clients: number;
+  durationS: number;
+  runs: SqlEndpointRun[];
+  pgbouncerVersion: string;
+}
+
+export interface SqlEndpointBenchOptions {
+  durationS: number;
+  warmupS?: number;
+  clients?: number;
+  modes?: readonly PgbenchMode[];
+  log?: (line: string) => void;
+}
+
+export const GOAL_RATIO = 0.5;
+const ROWS = 5000;
+const FENCE_KEY = 'bench-sql';
+const SCRIPT = `\\set id random(1, ${ROWS})\nBEGIN;\nUPDATE app.counters SET n = n + 1 WHERE id = :id;\nCOMMIT;\n`;
+
+function pgbouncerVersion(): string {
+  const r = spawnSync('pgbouncer', ['--version'], { encoding: 'utf8' });
+  return /PgBouncer (\S+)/.exec(`${r.stdout ?? ''}${r.stderr ?? ''}`)?.[1] ?? 'not installed';
+}
+
+function waitForPort(port: number, timeoutMs: number, child: ChildProcess, what: () => string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  return new Promise((resolve, reject) => {
+    const attempt = () => {
+      if (child.exitCode !== null) return reject(new Error(`pgbouncer exited with ${child.exitCode}: ${what()}`));
+      const s = createConnection({ host: '127.0.0.1', port }, () => {
+        s.destroy();
+        resolve();
+      });
+      s.once('error', () => {
+        s.destroy();
+        if (Date.now() > deadline) reject(new Error(`pgbouncer not listening within ${timeoutMs} ms: ${what()}`));
+        else setTimeout(attempt, 50);
+      });
+    };
+    attempt();
+  });
+}
+
+interface Bouncer {
+  url: string;
+  stop(): Promise<void>;
+}
+
+/**
+ * PgBouncer in transaction pooling in front of `dbUrl`, its ini and userlist in a temp dir, SCRAM
+ * with the bench's Postgres user (its password in the userlist). As root it drops to the postgres
+ * user (PgBouncer refuses to run as root).
+ */
+async function startPgbouncer(dbUrl: string, poolSize: number): Promise<Bouncer> {
+  const u = new URL(dbUrl);
+  const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgbouncer-'));
+  const port = await freePort();
+  const user = decodeURIComponent(u.username);
+  writeFileSync(join(dir, 'userlist.txt'), `"${user}" "${decodeURIComponent(u.password)}"\n`);
+  writeFileSync(
+    join(dir, 'pgbouncer.ini'),
+    `[databases]
+* = host=${u.hostname} port=${u.port || 5432}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = ${port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = ${join(dir, 'userlist.txt')}
+pool_mode = transaction
+default_pool_size = ${poolSize}
+max_client_conn = ${poolSize * 4}
+logfile = ${join(dir, 'pgbouncer.log')}
+pidfile = ${join(dir, 'pgbouncer.pid')}
+log_connections = 0
+log_disconnections = 0
+`,
+  );
+  const asRoot = process.getuid?.() === 0;
+  if (asRoot) {
+    const ids = spawnSync('id', ['-u', 'postgres'], { encoding: 'utf8' });
+    const gid = spawnSync('id', ['-g', 'postgres'], { encoding: 'utf8' });
+    chownSync(dir, Number(ids.stdout.trim()), Number(gid.stdout.trim()));
+    for (const f of ['userlist.txt', 'pgbouncer.ini']) chownSync(join(dir, f), Number(ids.stdout.trim()), Number(gid.stdout.trim()));
+    chmodSync(dir, 0o700);
+  }
+  const child = spawn('pgbouncer', [...(asRoot ? ['-u', 'postgres'] : []), join(dir, 'pgbouncer.ini')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  child.stderr?.on('data', (d: Buffer) => (err += d.toString()));
+  child.once('error', (e) => (err += `cannot run pgbouncer (npm run bench installs it: scripts/setup.sh --bench): ${e.message}`));
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  try {
+    await waitForPort(port, 10_000, child, () => err);
+  } catch (e) {
+    child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
+  const url = new URL(dbUrl);
+  url.port = String(port);
+  return {
+    url: url.toString(),
+    stop: async () => {
+      child.kill('SIGINT');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(timer);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Promise<SqlEndpointReport> {
+  const o = { warmupS: 1, clients: 16, modes: ['prepared', 'simple'] as readonly PgbenchMode[], log: () => {}, ...options };
+  const db = await benchPostgres('fencepost_bench_sql_endpoint');
+  const clientRole = `fpbench_sql_${process.pid}`;
+  const sql = new pg.Pool({ connectionString: db.url, max: 2 });
+  sql.on('error', () => {});
+  const pgwirePort = await freePort();
+  let proxy: Awaited<ReturnType<typeof spawnServe>> | null = null;
+  let bouncer: Bouncer | null = null;
+  const version = pgbouncerVersion();
+  try {
+    await migrate(sql);
+    await sql.query('CREATE SCHEMA app');
+    await sql.query('CREATE TABLE app.counters (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)');
+    await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [ROWS]);
+    await sql.query('VACUUM ANALYZE app.counters');
+    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_PORT: String(pgwirePort), FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' });
+    // The proxy created its client login at start; the endpoint's client SQL runs as it.
+    const role = pg.escapeIdentifier(clientRole);
+    await sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
+    await sql.query(`GRANT SELECT, UPDATE ON app.counters TO ${role}`);
+    const endpointUrl = new URL(db.url);
+    endpointUrl.username = 'bench-leader';
+    endpointUrl.password = '';
+    endpointUrl.port = String(pgwirePort);
+    const endpointEnv = { PGOPTIONS: `-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}` };
+    // One fenced transaction first: a broken path would measure errors.
+    const probe = new pg.Client({ connectionString: endpointUrl.toString(), options: endpointEnv.PGOPTIONS });
+    await probe.connect();
+    try {
+      await probe.query('BEGIN');
+      await probe.query('UPDATE app.counters SET n = n + 1 WHERE id = 1');
+      await probe.query('COMMIT');
+    } finally {
+      await probe.end();
+    }
+    if (version !== 'not installed') bouncer = await startPgbouncer(db.url, o.clients);
+    const runs: SqlEndpointRun[] = [];
+    for (const mode of o.modes) {
+      for (const path of ['direct', 'endpoint', 'pgbouncer'] as const) {
+        const ranAs: PgbenchMode = path === 'pgbouncer' && mode === 'prepared' ? 'extended' : mode;
+        if (path === 'pgbouncer' && !bouncer) {
+          runs.push({ mode, path, ranAs, result: null, skipped: 'pgbouncer not installed (scripts/setup.sh --bench)' });
+          continue;
+        }
+        const url = path === 'direct' ? db.url : path === 'endpoint' ? endpointUrl.toString() : bouncer!.url;
+        const pgb: PgbenchOptions = { url, scriptSql: SCRIPT, clients: o.clients, mode: ranAs, durationS: o.durationS, ...(path === 'endpoint' ? { env: endpointEnv } : {}) };
+        o.log(`sql endpoint: pgbench -M ${ranAs} ${path}, ${o.clients} clients, ${o.durationS} s`);
+        if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+        runs.push({ mode, path, ranAs, result: await runPgbench(pgb) });
+      }
+    }
+    return { clients: o.clients, durationS: o.durationS, runs, pgbouncerVersion: version };
+  } finally {
+    await bouncer?.stop().catch(() => {});
+    await proxy?.stop();
+    await sql.end();
+    await db.stop();
+    if (process.env.DATABASE_URL) {
+      const c = new pg.Client({ connectionString: process.env.DATABASE_URL });
+      await c.connect().then(() => c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(clientRole)}`)).catch(() => {});
+      await c.end().catch(() => {});
+    }
+  }
+}
+
+const PATH_NAMES: Record<SqlPath, string> = {
+  direct: 'direct to Postgres',
+  endpoint: 'fencepost SQL endpoint (fenced)',
+  pgbouncer: 'PgBouncer, transaction pooling',
+};
+
+export function sqlEndpointTable(r: SqlEndpointReport): string {
+  const v = loadGeneratorVersions();
+  const out = [
+    `SQL endpoint: pgbench ${v.pgbench} (2 threads), ${r.clients} clients, \`BEGIN; UPDATE app.counters SET n = n + 1 WHERE id = :id; COMMIT;\` over 5,000 rows; through the endpoint every session has token 1 on one fence key (\`PGOPTIONS='-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}'\`), so every transaction is fenced; PgBouncer ${r.pgbouncerVersion} (transaction pooling, pool ${r.clients}, SCRAM) as the reference protocol proxy; ${r.durationS} s each after 1 s of warm-up, one Postgres and one \`fencepost serve\` for all runs.`,
+    '',
+    '| pgbench -M | path | tx/s | × direct | goal | p50 ms | p99 ms | p99 × direct | failed |',
+    '|---|---|---:|---:|---|---:|---:|---:|---:|',
+  ];
+  for (const run of r.runs) {
+    const direct = r.runs.find((x) => x.mode === run.mode && x.path === 'direct')?.result;
+    const mode = run.ranAs === run.mode ? run.mode : `${run.ranAs} (for ${run.mode})`;
+    if (!run.result) {
+      out.push(`| ${mode} | ${PATH_NAMES[run.path]} | – | | | | | | ${run.skipped ?? ''} |`);
+      continue;
+    }
+    const x = run.result;
+    const ratio = direct ? x.tps / direct.tps : NaN;
+    const goal = run.path === 'endpoint' ? `≥ ${GOAL_RATIO}×: ${ratio >= GOAL_RATIO ? 'yes' : '**no**'}` : '';
+    out.push(
+      `| ${mode} | ${PATH_NAMES[run.path]} | ${fmt(x.tps, 0)} | ${run.path === 'direct' ? '1' : fmt(ratio, 2)}× | ${goal} | ${fmt(x.p50Ms, 2)} | ${fmt(x.p99Ms, 2)} | ${direct ? fmt(x.p99Ms / direct.p99Ms, 1) : '–'}× | ${x.failed} |`,
+    );
+  }
+  return out.join('\n');
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+  const report = await runSqlEndpointBench({ durationS, log: (line) => process.stderr.write(`[bench] ${line}\n`) });
+  process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${sqlEndpointTable(report)}\n`);
+}

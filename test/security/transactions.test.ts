@@ -225,6 +225,18 @@ describe('concurrency', () => {
   });
 });
 
+describe('counters', () => {
+  test('a transaction that creates a fence counts it on a counter row object writes never use (shards 32–63)', async () => {
+    // The row stays locked until the transaction ends: on an object write's shard it would make
+    // unrelated writes wait (review finding M1).
+    const before = (await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32')).rows[0]!.n;
+    const r = await post([{ key: 'w/new-fence-counted', token: '1' }], [{ sql: 'SELECT 1' }]);
+    expect(r.status).toBe(200);
+    const after = (await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32')).rows[0]!.n;
+    expect(BigInt(after) - BigInt(before)).toBe(1n);
+  });
+});
+
 describe('fence rows are protected by the database itself', () => {
   // Open mode: statements run as the proxy's login role, which owns fencepost.fences.
   test('a transaction run as the table owner can neither lower, delete nor truncate a fence', async () => {

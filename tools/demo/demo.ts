@@ -194,7 +194,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     // 4. A leader writes.
     const first = await waitFor((e) => e.event === 'ready', 30_000, 'a first leader');
     const leader = first.replica;
-    await waitFor((e) => e.event === 'write-accepted' && e.replica === leader, 10_000, 'the leader to write');
+    await waitFor((e) => e.event === 'write-accepted' && e.replica === leader, 30_000, 'the leader to write');
 
     // 5. Freeze the leader between taking its token and sending its write.
     const begin = await waitFor((e) => e.event === 'write-begin' && e.replica === leader, 10_000, 'the leader to begin a write', events.length);
@@ -210,7 +210,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       'a new leader',
     );
     successor = { replica: next.replica, token: next.token! };
-    await waitFor((e) => e.event === 'write-accepted' && e.replica === next.replica, 10_000, 'the new leader to write');
+    await waitFor((e) => e.event === 'write-accepted' && e.replica === next.replica, 30_000, 'the new leader to write');
     const rest = pausedAt + o.pauseMs - Date.now();
     if (rest > 0) await new Promise((r) => setTimeout(r, rest));
 

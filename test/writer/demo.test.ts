@@ -2,6 +2,7 @@
 // It is also the lesson's GC-pause example as a test: leader A writes X with token t; A is frozen
 // (SIGSTOP) past the session timeout; B is elected with a token > t and writes X; A resumes and its
 // write to X gets 409; X holds B's value; A has stepped down.
+import { randomBytes } from 'node:crypto';
 import { expect, inject, test } from 'vitest';
 import { runDemo } from '../../tools/demo/demo.ts';
 
@@ -14,6 +15,8 @@ test('the forced-pause demo runs green: the zombie is rejected with 409 and step
     intervalMs: 150,
     databaseUrl: inject('databaseUrl'),
     zkConnect: inject('zkConnect'),
+    // Its own client login: another test's database may already have made `fencepost_client`.
+    clientRole: `fpc_demo_${randomBytes(4).toString('hex')}`,
     print: (l) => lines.push(l),
   });
   expect(result.failures).toEqual([]);

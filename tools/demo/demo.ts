@@ -28,6 +28,11 @@ export interface DemoOptions {
   intervalMs?: number;
   databaseUrl?: string | null;
   zkConnect?: string | null;
+  /**
+   * Login of the SQL endpoint's client SQL (FENCEPOST_CLIENT_ROLE). Roles are cluster-wide: on a
+   * shared Postgres give each run its own, or the login another database created is refused.
+   */
+  clientRole?: string;
   /** Receives the printable timeline and summary, line by line. */
   print?: (line: string) => void;
 }
@@ -141,7 +146,13 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       pg = await startEmbeddedPostgres({ dataDir: join(pgDir, 'pg'), port: await freePort() });
       databaseUrl = pg.url;
     }
-    const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' });
+    const config = loadConfig({
+      DATABASE_URL: databaseUrl,
+      PORT: String(await freePort()),
+      FENCEPOST_PGWIRE_PORT: String(await freePort()),
+      FENCEPOST_LOG_LEVEL: 'warn',
+      ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
+    });
     proxy = await startProxy(config, log);
     // The SQL replica's statements run as the open-mode client login: it may write the objects.
     await proxy.app.store.pool.query(grantObjectWrites(config.clientRole));

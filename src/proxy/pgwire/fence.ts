@@ -17,7 +17,10 @@ export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
 export const REFUSE_ROUTINE_STATEMENT = '__fencepost_refuse_routine';
 const RW_SQL = 'SET LOCAL transaction_read_only = off';
-const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session($1, $2, $3, $4)";
+// The session capability (a hash bound to this backend, see sessionCapability), not the capability
+// itself: a writer that makes this statement fail with its parameters in the error report (it may
+// set log_parameter_max_length_on_error) learns nothing it could use beyond its own session.
+const FENCE_SQL = "SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session_bound($1, $2, $3, $4)";
 
 // Sent in place of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
 // block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
@@ -28,7 +31,6 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
         HINT = 'Send BEGIN first (or use the simple protocol, where it runs in the fenced implicit transaction).'; END$fencepost$`;
 
 const TEXT_OID = 25;
-const TEXT_ARRAY_OID = 1009;
 
 /** SQLSTATE of a stale token (raised by fence_session). */
 export const STALE_TOKEN = 'FP409';
@@ -45,15 +47,15 @@ export const PREPARED_STATEMENTS = 3;
  * prepared yet (the group began in a failed transaction, where Parse is refused): Close and Parse
  * each statement right before its Bind/Execute, the SET LOCAL before the SELECT's snapshot.
  */
-export function prepareAndRunFence(capability: string, prefixes: readonly string[] | null, writerId: string, guard: string | null): Buffer {
-  const run = runFence(capability, prefixes, writerId, guard);
+export function prepareAndRunFence(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): Buffer {
+  const run = runFence(sessionCap, prefixes, writerId, guard);
   const rwRun = runRw().length;
   return Buffer.concat([
     message('C', Buffer.from('S'), RW_STATEMENT),
     message('P', RW_STATEMENT, RW_SQL, int16(0)),
     run.subarray(0, rwRun),
     message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID), int32(TEXT_OID)),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
     run.subarray(rwRun),
     message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
     message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
@@ -67,7 +69,7 @@ export function prepareFence(): Buffer {
     message('C', Buffer.from('S'), FENCE_STATEMENT),
     message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
     message('P', RW_STATEMENT, RW_SQL, int16(0)),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_ARRAY_OID), int32(TEXT_OID), int32(TEXT_OID)),
+    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
     message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
   ]);
 }
@@ -96,11 +98,12 @@ function runRw(): Buffer {
   return Buffer.concat([message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
 }
 
-export function runFence(capability: string, prefixes: readonly string[] | null, writerId: string, guard: string | null): Buffer {
+/** `prefixes` as textArrayLiteral gives them, the form sessionCapability hashes. */
+export function runFence(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): Buffer {
   const execute = message('E', cstr(''), int32(0));
   return Buffer.concat([
     runRw(),
-    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(4), bindParam(capability), bindParam(prefixes === null ? null : textArrayLiteral(prefixes)), bindParam(writerId), bindParam(guard), int16(0)),
+    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(4), bindParam(sessionCap), bindParam(prefixes), bindParam(writerId), bindParam(guard), int16(0)),
     execute,
   ]);
 }

@@ -188,9 +188,10 @@ export class PgwireSession {
   private buildFence(): void {
     const opts = this.opts;
     const guard = this.guardParam();
-    this.fenceRun = runFence(opts.capability, opts.prefixes, opts.writerId, guard);
     const prefixes = opts.prefixes === null ? null : textArrayLiteral(opts.prefixes);
-    this.fenceText = fencePrefix(sessionCapability(opts.capability, this.backend.pid, prefixes, opts.writerId, guard), prefixes, opts.writerId, guard);
+    const sessionCap = sessionCapability(opts.capability, this.backend.pid, prefixes, opts.writerId, guard);
+    this.fenceRun = runFence(sessionCap, prefixes, opts.writerId, guard);
+    this.fenceText = fencePrefix(sessionCap, prefixes, opts.writerId, guard);
     this.fenceChars = [...this.fenceText].length;
   }
 
@@ -393,7 +394,10 @@ export class PgwireSession {
   private inject(): void {
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      this.toBackend.push(prepareAndRunFence(this.opts.capability, this.opts.prefixes, this.opts.writerId, this.guardParam()));
+      const guard = this.guardParam();
+      const prefixes = this.opts.prefixes === null ? null : textArrayLiteral(this.opts.prefixes);
+      const sessionCap = sessionCapability(this.opts.capability, this.backend.pid, prefixes, this.opts.writerId, guard);
+      this.toBackend.push(prepareAndRunFence(sessionCap, prefixes, this.opts.writerId, guard));
       for (const kind of ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const) this.expect({ kind, injected: true, fence: kind === 'execute' });
       this.prepared = true;
       return;

@@ -414,8 +414,9 @@ LIMIT $1`,
 }
 
 // ---- fenced SQL transactions (src/fence/transaction.ts) ------------------------------------------
-// The fences of a transaction are locked and raised with fencedWrite (kind 'fence', byte order);
-// these are the statements around it.
+// A transaction's fences are checked and raised by fencepost.fence_transaction() (migrations 0004,
+// 0005, 0007, 0011: the lock protocol of fencedWrite, inside the writer's own transaction); these
+// are the statements around it.
 
 export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
 

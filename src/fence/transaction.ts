@@ -174,6 +174,7 @@ class Slots {
     this.free = n;
   }
   async take(signal: AbortSignal): Promise<void> {
+    if (signal.aborted) throw signal.reason;
     if (this.free > 0) {
       this.free--;
       return;

@@ -46,9 +46,9 @@ export const PREPARED_STATEMENTS = 3;
  * The fence for a transaction that starts in the middle of a pipeline whose statements are not
  * prepared yet (the group began in a failed transaction, where Parse is refused): Close and Parse
  * each statement right before its Bind/Execute, the SET LOCAL before the SELECT's snapshot.
+ * `run` is the session's runFence() bytes.
  */
-export function prepareAndRunFence(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): Buffer {
-  const run = runFence(sessionCap, prefixes, writerId, guard);
+export function prepareAndRunFence(run: Buffer): Buffer {
   const rwRun = runRw().length;
   return Buffer.concat([
     message('C', Buffer.from('S'), RW_STATEMENT),

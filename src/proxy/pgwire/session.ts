@@ -394,10 +394,7 @@ export class PgwireSession {
   private inject(): void {
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      const guard = this.guardParam();
-      const prefixes = this.opts.prefixes === null ? null : textArrayLiteral(this.opts.prefixes);
-      const sessionCap = sessionCapability(this.opts.capability, this.backend.pid, prefixes, this.opts.writerId, guard);
-      this.toBackend.push(prepareAndRunFence(sessionCap, prefixes, this.opts.writerId, guard));
+      this.toBackend.push(prepareAndRunFence(this.fenceRun));
       for (const kind of ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const) this.expect({ kind, injected: true, fence: kind === 'execute' });
       this.prepared = true;
       return;

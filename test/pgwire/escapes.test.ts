@@ -187,12 +187,25 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
     await c.end();
   });
 
-  test('a lone statement that cannot run in a block stays read-only even after the writer lifted the default', async () => {
-    const c = await sql.connect('reader-ddl');
-    await c.query('SET default_transaction_read_only = off');
-    expect(await code(c.query('CREATE INDEX CONCURRENTLY items_v ON items (v)'))).toBe('25006');
+  // Invariant: no statement of a session runs outside a fenced transaction. A statement that
+  // cannot run in a transaction block is fenced like any other, so Postgres refuses it (25001)
+  // for the leader, and a zombie's fails at the fence (FP409); only DISCARD / CHECKPOINT go
+  // unfenced. The client login may maintain the table (MAINTAIN), so a refusal is the fence's doing.
+  test('statements that cannot run in a transaction block are refused, never run unfenced', async () => {
+    await db.pool.query(`GRANT MAINTAIN ON public.items TO ${clientRoleFor(db.url)}`);
+    await raise('maint', 5);
+    const leader = await sql.connect('maint-leader', { options: fenceOptions(5, 'maint') });
+    await leader.query('SET default_transaction_read_only = off');
+    for (const stmt of ['VACUUM public.items', '/* c */ vacuum (analyze) public.items', 'CLUSTER', 'REINDEX TABLE CONCURRENTLY public.items', 'CREATE INDEX CONCURRENTLY items_v ON public.items (v)', 'DROP INDEX CONCURRENTLY IF EXISTS public.items_pkey']) {
+      expect([stmt, await code(leader.query(stmt))]).toEqual([stmt, '25001']);
+    }
+    expect(await code(leader.query('DISCARD ALL'))).toBe('ok');
+    await leader.end();
+    const zombie = await sql.connect('maint-zombie', { options: fenceOptions(4, 'maint') });
+    expect(await code(zombie.query('VACUUM public.items'))).toBe('FP409');
+    await zombie.end();
     expect((await db.pool.query("SELECT 1 FROM pg_indexes WHERE indexname = 'items_v'")).rowCount).toBe(0);
-    await c.end();
+    expect(await fenceRow(db.pool, 'maint')).toEqual({ highest_token: '5' });
   });
 
   test('a session that turns standard_conforming_strings off runs one statement per Query', async () => {

@@ -3,7 +3,8 @@ import { describe, expect, test } from 'vitest';
 import { MessageReader, FramingError, message } from '../../src/proxy/pgwire/framing.ts';
 import { ScramClient, ScramServer, scramSecret } from '../../src/proxy/pgwire/scram.ts';
 import { parseOptions } from '../../src/proxy/pgwire/startup.ts';
-import { isEmptyQuery, runsOutsideTransactionBlock, staleDetail, startsTransactionBlock } from '../../src/proxy/pgwire/fence.ts';
+import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../src/proxy/pgwire/fence.ts';
+import { runsUnfenced } from '../../src/proxy/pgwire/statements.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 
 describe('framing', () => {
@@ -52,10 +53,10 @@ describe('startup options and statement guesses', () => {
     );
   });
 
-  test('BEGIN-like, empty and outside-a-block statements are told apart', () => {
+  test('BEGIN-like, empty and unfenced statements are told apart', () => {
     expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([true, false]);
     expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
-    expect([runsOutsideTransactionBlock('DISCARD ALL'), runsOutsideTransactionBlock('VACUUM; INSERT INTO t VALUES (1)')]).toEqual([true, false]);
+    expect(['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced)).toEqual([true, true, false, false, false]);
   });
 
   test('the stale detail of fence_session parses back', () => {

@@ -164,13 +164,3 @@ export function isEmptyQuery(sql: string): boolean {
   return /^(?:\s|;|--[^\n]*(?:\n|$)|\/\*[^]*?\*\/)*$/.test(sql);
 }
 
-/**
- * A friendly guess, not a boundary: a lone statement that cannot run inside a transaction block
- * (DISCARD ALL, VACUUM, … CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM, CHECKPOINT) is sent without
- * the fence. It then runs unfenced and so read-only: whatever of it would write is refused (25006).
- */
-export function runsOutsideTransactionBlock(sql: string): boolean {
-  if (/;\s*\S/.test(sql)) return false;
-  const body = sql.replace(/^(?:\s|--[^\n]*\n|\/\*[^]*?\*\/)*/, '');
-  return /^(discard|vacuum|checkpoint|reindex|cluster)\b/i.test(body) || /^(create|drop|alter)\s+(database|tablespace|system|subscription)\b/i.test(body) || /^(create|drop)\s+(unique\s+)?index\s+concurrently\b/i.test(body);
-}

@@ -39,13 +39,14 @@
 //   fence key (startup options; read back with a SELECT after text that mentions `fencepost`) are
 //   put to the guard; its verdict goes to the fence as a parameter, and the fence refuses a raise
 //   of a guarded fence by any pair the guard did not admit (migration 0010).
-// - A lone statement that cannot run in a transaction block goes unfenced; a Query of the
-//   proxy's resets default_transaction_read_only first, so whatever of it writes meets 25006.
+// - A lone DISCARD or CHECKPOINT goes unfenced (DISCARD ALL cannot run in a block); a Query of the
+//   proxy's resets default_transaction_read_only first. Everything else is fenced, so Postgres
+//   refuses a statement that cannot run in a transaction block (25001): VACUUM, CLUSTER, … .
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, errorResponse, message, parseErrorFields, type Frame } from './framing.ts';
-import { fencePrefix, guardState, isEmptyQuery, prepareAndRunFence, runsOutsideTransactionBlock, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, STALE_TOKEN } from './fence.ts';
-import { hasSeveralStatements, lexingIsSafe, needsSplitting, splitStatements, statementKind, type StatementKind } from './statements.ts';
+import { fencePrefix, guardState, isEmptyQuery, prepareAndRunFence, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, staleDetail, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, STALE_TOKEN } from './fence.ts';
+import { hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
 import type { Backend } from './backend.ts';
 
 type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -513,7 +514,7 @@ export class PgwireSession {
         this.expect({ kind: 'query', injected: false, forwardReady: true });
         return;
       }
-      if (idle && runsOutsideTransactionBlock(text)) {
+      if (idle && runsUnfenced(text)) {
         // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
         this.toBackend.push(message('Q', RESET_READ_ONLY_SQL), f.bytes);
         this.expect({ kind: 'query', injected: true, forwardReady: false });

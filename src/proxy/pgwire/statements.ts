@@ -58,14 +58,18 @@ function kindOf(node: RawStmt['stmt']): StatementKind {
   }
 }
 
-/** The statements of a text, or null when the parser refuses it. */
-export function splitStatements(sql: string): Statement[] | null {
-  let stmts: RawStmt[];
+function splitNodes(sql: string): RawStmt[] | null {
   try {
-    stmts = (parseSync(sql) as { stmts?: RawStmt[] }).stmts ?? [];
+    return (parseSync(sql) as { stmts?: RawStmt[] }).stmts ?? [];
   } catch {
     return null;
   }
+}
+
+/** The statements of a text, or null when the parser refuses it. */
+export function splitStatements(sql: string): Statement[] | null {
+  const stmts = splitNodes(sql);
+  if (stmts === null) return null;
   return stmts.map((s) => ({ kind: kindOf(s.stmt), start: s.stmt_location ?? 0 }));
 }
 
@@ -80,6 +84,24 @@ export function statementKind(sql: string): StatementKind {
   const kinds = new Set(stmts.map((s) => s.kind));
   for (const k of ['routine', 'unknown', 'chain', 'end', 'begin'] as const) if (kinds.has(k)) return k;
   return 'other';
+}
+
+/** Words of the only statements that run unfenced (see runsUnfenced). */
+const UNFENCED_WORDS = /\b(?:discard|checkpoint)\b/i;
+
+/**
+ * A lone DISCARD or CHECKPOINT, by the parser: the only statements the endpoint sends without the
+ * fence. `DISCARD ALL` cannot run in a transaction block, and neither writes the writer's data.
+ * Every other statement is fenced, so Postgres itself refuses one that cannot run in a block
+ * (VACUUM, CLUSTER, REINDEX DATABASE, … CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM: 25001): no
+ * transaction of a session escapes its fence.
+ */
+export function runsUnfenced(sql: string): boolean {
+  if (!UNFENCED_WORDS.test(sql)) return false;
+  const stmts = splitNodes(sql);
+  if (stmts === null || stmts.length !== 1) return false;
+  const node = stmts[0]!.stmt ?? {};
+  return 'DiscardStmt' in node || 'CheckPointStmt' in node;
 }
 
 /** Can a multi-statement Query text need splitting? (A `;` with something after it.) */

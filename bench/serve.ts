@@ -16,7 +16,9 @@ export interface ServeProcess {
 /** `fenceMode: 'off'` runs the harness's serve with no fence (the unfenced baseline). */
 export async function spawnServe(env: Record<string, string>, fenceMode: 'strict' | 'off' = 'strict'): Promise<ServeProcess> {
   const port = await freePort();
-  const args = fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(import.meta.dirname, '..', 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
+  // BENCH_SERVE_NODE_ARGS='--cpu-prof --cpu-prof-dir=/tmp/prof' profiles the proxy under load.
+  const nodeArgs = (process.env.BENCH_SERVE_NODE_ARGS ?? '').split(/\s+/).filter(Boolean);
+  const args = [...nodeArgs, ...(fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(import.meta.dirname, '..', 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode])];
   const child = spawn(process.execPath, args, {
     env: { ...process.env, FENCEPOST_LOG_LEVEL: 'error', ...env, PORT: String(port) },
     stdio: ['ignore', 'ignore', 'pipe'],

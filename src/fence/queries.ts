@@ -374,6 +374,35 @@ ORDER BY f.fence_key COLLATE "C"`,
   };
 }
 
+/**
+ * Counts the SQL endpoint's committed transactions (migration 0013): deletes the rows their fence
+ * left in session_commits (those of committed transactions only: the rows commit with them) and
+ * adds them to fence_counts and totals, in one statement. Rows another proxy is folding are
+ * skipped, not waited for; it counts them. Counter shards 32–63, which object writes never hold.
+ */
+export function foldSessionCommits(): Query {
+  return {
+    name: 'fencepost_fold_session_commits',
+    text: `
+WITH done AS (
+  DELETE FROM fencepost.session_commits s
+  WHERE s.id IN (SELECT id FROM fencepost.session_commits ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED)
+  RETURNING s.fence_key
+),
+per_fence AS (
+  SELECT fence_key, count(*) AS n FROM done GROUP BY fence_key
+),
+counted AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, 32 + ${SHARD}, n FROM per_fence ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
+)
+INSERT INTO fencepost.totals AS t (shard, accepted)
+SELECT 32 + ${SHARD}, sum(n) FROM per_fence HAVING count(*) > 0
+ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
+  };
+}
+
 /** Totals kept as writes commit (migration 0005): 32 rows, whatever the number of fences. */
 export function statsTotals(): Query {
   return {

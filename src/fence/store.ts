@@ -375,19 +375,30 @@ export class FenceStore {
     return { objects: page, next: rows.length > limit ? (page.at(-1)?.key ?? null) : null };
   }
 
+  /**
+   * Counts the SQL endpoint's committed transactions into the counters (q.foldSessionCommits):
+   * before every read of the counts, so they include every transaction committed before the read.
+   */
+  async foldSessionCommits(): Promise<void> {
+    await this.pool.query(q.foldSessionCommits());
+  }
+
   async readFence(fenceKey: string): Promise<FenceRecord | null> {
+    await this.foldSessionCommits();
     const { rows } = await this.pool.query<FenceRow>(q.readFence(fenceKey));
     return rows[0] ? toFence(rows[0]) : null;
   }
 
   /** One page of fences in key order, and the cursor of the next page (null at the end). */
   async listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+    await this.foldSessionCommits();
     const { rows } = await this.pool.query<FenceRow>(q.listFences(after, limit + 1));
     const page = rows.slice(0, limit).map(toFence);
     return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
   }
 
   async stats(perFenceLimit: number): Promise<Stats> {
+    await this.foldSessionCommits();
     const [totals, per] = await Promise.all([
       this.pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
       this.pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),

@@ -1,10 +1,11 @@
 // Accepted counts of SQL endpoint transactions: a fenced transaction is counted as accepted on its
 // fence when it commits (fence_counts and totals, so GET /v1/fences/:key, /v1/stats and the
-// dashboard show it), and not when it rolls back or fails.
+// dashboard show it: they fold session_commits first), and not when it rolls back or fails.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, fenceOptions, type SqlProxy } from './helpers.ts';
+import { foldSessionCommits } from '../../src/fence/queries.ts';
 
 let db: TestDatabase;
 let sql: SqlProxy;
@@ -76,7 +77,7 @@ describe('accepted counts of SQL transactions', () => {
     await c.end();
   });
 
-  test('a session that makes its transaction read-only after writing still commits (uncounted)', async () => {
+  test('a session that makes its transaction read-only after writing commits, and is counted', async () => {
     const c = await sql.connect('ro-counter', { options: fenceOptions(1, 'count/c') });
     const x = id();
     await c.query('BEGIN');
@@ -84,7 +85,28 @@ describe('accepted counts of SQL transactions', () => {
     await c.query('SET TRANSACTION READ ONLY');
     await c.query('COMMIT');
     expect((await db.pool.query('SELECT 1 FROM items WHERE id = $1', [x])).rowCount).toBe(1);
-    expect(await fence('count/c')).toMatchObject({ accepted: 0 });
+    expect(await fence('count/c')).toMatchObject({ accepted: 1 });
     await c.end();
+  });
+
+  // Invariant: each committed transaction is counted exactly once, however many proxies fold at
+  // once (rows one folder holds are skipped by the others, never counted twice or lost), and the
+  // endpoint folds on its own, without a read of the counts.
+  test('concurrent folds count every committed transaction exactly once; the endpoint folds by itself', async () => {
+    const sessions = await Promise.all(Array.from({ length: 8 }, (_, i) => sql.connect(`fold-${i}`, { options: fenceOptions(1, 'count/fold') })));
+    const before = await totalAccepted();
+    await Promise.all(sessions.map(async (c) => {
+      for (let i = 0; i < 25; i++) await c.query(`INSERT INTO items VALUES (${id()}, 'fold')`);
+    }));
+    // Eight folders at once (and the endpoint's own timer, maybe) over the 200 commit rows.
+    await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldSessionCommits())));
+    expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n).toBe(0);
+    expect(await totalAccepted()).toBe(before + 200);
+    // The endpoint folds by itself: no read of the counts needed.
+    for (const c of sessions.slice(0, 2)) await c.query(`INSERT INTO items VALUES (${id()}, 'timer')`);
+    await Promise.all(sessions.map((c) => c.end()));
+    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n, { timeout: 10_000, interval: 100 }).toBe(0);
+    expect(await totalAccepted()).toBe(before + 202);
+    expect(await fence('count/fold')).toMatchObject({ accepted: 202, rejected: 0 });
   });
 });

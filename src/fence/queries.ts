@@ -376,18 +376,17 @@ ORDER BY f.fence_key COLLATE "C"`,
 
 /**
  * Counts the SQL endpoint's committed transactions (migration 0013): deletes the rows their fence
- * left in session_commits (those of committed transactions only: the rows commit with them) and
- * adds them to fence_counts and totals, in one statement. Rows another proxy is folding are
- * skipped, not waited for; it counts them. Counter shards 32–63, which object writes never hold.
+ * left in session_commits (rows of committed transactions only: they commit with them) and adds
+ * them to fence_counts and totals, in one statement. A fold running at the same time takes other
+ * rows or waits and then finds them gone: each row is counted once. Counter shards 32–63, which
+ * object writes never hold.
  */
 export function foldSessionCommits(): Query {
   return {
     name: 'fencepost_fold_session_commits',
     text: `
 WITH done AS (
-  DELETE FROM fencepost.session_commits s
-  WHERE s.id IN (SELECT id FROM fencepost.session_commits ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED)
-  RETURNING s.fence_key
+  DELETE FROM fencepost.session_commits RETURNING fence_key
 ),
 per_fence AS (
   SELECT fence_key, count(*) AS n FROM done GROUP BY fence_key

@@ -98,7 +98,7 @@ describe('accepted counts of SQL transactions', () => {
     await Promise.all(sessions.map(async (c) => {
       for (let i = 0; i < 25; i++) await c.query(`INSERT INTO items VALUES (${id()}, 'fold')`);
     }));
-    // Eight folders at once (and the endpoint's own timer, maybe) over the 200 commit rows.
+    // Eight folders at once (and maybe the endpoint's own timer) over the 200 commit rows.
     await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldSessionCommits())));
     expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n).toBe(0);
     expect(await totalAccepted()).toBe(before + 200);

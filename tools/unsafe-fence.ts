@@ -3,7 +3,6 @@
 // by `tools/cli.ts serve --fence-mode …`; nothing in src/ can reach them.
 //   off       no fence at all: objects are written whatever the token
 //   two-step  the classic race: read the fence in one statement, write in another, no lock between
-import type pg from 'pg';
 import { writeValues, type Query, type WriteRow } from '../src/fence/queries.ts';
 import type { WriteOutcome, WriteStrategy } from '../src/fence/store.ts';
 
@@ -53,16 +52,16 @@ SELECT i.ord, i.token::text AS highest_token, put.version FROM input i LEFT JOIN
   };
 }
 
-const off: WriteStrategy = async (pool, rows) => (await pool.query<WriteOutcome>(unfencedWrite(rows))).rows;
+const off: WriteStrategy = (run, rows) => run<WriteOutcome>(unfencedWrite(rows));
 
-const twoStep: WriteStrategy = async (pool: pg.Pool, rows) => {
-  const { rows: found } = await pool.query<{ fence_key: string; highest_token: string }>({
+const twoStep: WriteStrategy = async (run, rows) => {
+  const found = await run<{ fence_key: string; highest_token: string }>({
     text: 'SELECT fence_key, highest_token FROM fencepost.fences WHERE fence_key = ANY($1::text[])',
     values: [[...new Set(rows.map((r) => r.fenceKey))]],
   });
   const highest = new Map(found.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   const pass = rows.map((r, i) => ({ r, i })).filter(({ r }) => r.token >= (highest.get(r.fenceKey) ?? -1n));
-  const written = pass.length > 0 ? (await pool.query<WriteOutcome>(uncheckedWrite(pass.map((p) => p.r)))).rows : [];
+  const written = pass.length > 0 ? await run<WriteOutcome>(uncheckedWrite(pass.map((p) => p.r))) : [];
   return rows.map((_, i) => {
     const k = pass.findIndex((p) => p.i === i);
     const w = k < 0 ? undefined : written.find((x) => x.ord === k);

@@ -197,6 +197,66 @@ FROM result ORDER BY ord`,
   };
 }
 
+/** A put fencedPuts can carry: no If-Match, no If-None-Match. */
+export function isPlainPut(r: WriteRow): boolean {
+  return r.kind === 'put' && (r.ifMatch === undefined || r.ifMatch === null) && r.ifNoneMatch !== true;
+}
+
+/**
+ * The leader's common case, cheaper than fencedWrite (about half its cost to Postgres): plain puts
+ * (isPlainPut) whose fence is at their very token, on objects of that fence or new ones. Same lock
+ * protocol: the fence rows FOR SHARE (a raise in flight is waited for and its committed value
+ * re-checked), then the objects. Returns a row only for each put it applied, with its version and
+ * ETag; every other put (its fence absent, lower or higher: a raise or a stale token; its object
+ * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
+ * it. Counted as fencedWrite counts.
+ */
+export function fencedPuts(rows: readonly WriteRow[]): Query {
+  return {
+    name: 'fencepost_fenced_puts',
+    text: `
+WITH input AS (
+  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[])
+    AS t(ord, fence_key, key, token, content_type, body)
+),
+held AS (
+  SELECT f.fence_key, f.highest_token FROM fencepost.fences f
+  JOIN (SELECT DISTINCT fence_key, token FROM input) k ON k.fence_key = f.fence_key AND f.highest_token = k.token
+  ORDER BY f.fence_key COLLATE "C"
+  FOR SHARE OF f
+),
+put AS (
+  INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
+  SELECT i.key, i.fence_key, i.token, 1, i.content_type, i.body
+  FROM input i JOIN held h ON h.fence_key = i.fence_key AND h.highest_token = i.token
+  ORDER BY i.key
+  ON CONFLICT (key) DO UPDATE
+    SET token = EXCLUDED.token, version = o.version + 1, content_type = EXCLUDED.content_type, body = EXCLUDED.body, updated_at = now()
+    WHERE o.fence_key = EXCLUDED.fence_key
+  RETURNING o.key, o.fence_key, o.token, o.version, ${ETAG_SQL('o')} AS etag
+),
+counted AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, ${SHARD}, count(*) FROM put GROUP BY fence_key ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
+),
+totalled AS (
+  INSERT INTO fencepost.totals AS t (shard, accepted)
+  SELECT ${SHARD}, count(*) FROM put HAVING count(*) > 0
+  ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted
+)
+SELECT i.ord, p.token AS highest_token, p.version, p.etag FROM input i JOIN put p ON p.key = i.key ORDER BY i.ord`,
+    values: [
+      rows.map((_, i) => i),
+      rows.map((r) => r.fenceKey),
+      rows.map((r) => r.key),
+      rows.map((r) => r.token.toString()),
+      rows.map((r) => r.contentType),
+      rows.map((r) => r.body),
+    ],
+  };
+}
+
 /**
  * Each object's fence key and that fence's highest token now (to explain an object_refused write);
  * the object's own token stands in for a fence row that was never written.

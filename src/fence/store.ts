@@ -26,6 +26,9 @@ import { retryOnConflict } from './retry.ts';
  */
 const LOCKED_FENCE_ALONE_MS = 10_000;
 
+/** Writes that must be waiting before a batch starts beside one already in flight (see pump). */
+const MIN_EXTRA_BATCH = 8;
+
 /**
  * A conditional write's precondition on its object, checked in the fenced write statement (see
  * fencedWrite): `ifMatch` is `*` (the object exists) or ETags without their quotes, one of which
@@ -102,10 +105,30 @@ export interface WriteOutcome {
   precondition_failed?: boolean | null;
 }
 
-/** How a batch reaches the database. The product has one: fencedWrite, check and write in one statement. */
-export type WriteStrategy = (pool: pg.Pool, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
+/** Runs one statement on the store's pool, again after a deadlock or serialization failure. */
+export type RunStatement = <R extends pg.QueryResultRow>(statement: q.Query) => Promise<R[]>;
 
-const fencedStrategy: WriteStrategy = async (pool, rows) => (await pool.query<WriteOutcome>(q.fencedWrite(rows))).rows;
+/**
+ * How a batch reaches the database. The product has one (fencedStrategy below). Each statement
+ * goes through `run`, so a retry repeats only the statement that failed, never one that committed.
+ */
+export type WriteStrategy = (run: RunStatement, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
+
+/**
+ * The product's strategy: a batch of plain puts tries the cheaper fencedPuts first (the leader's
+ * writes at its fence's token); whatever it left untouched, and every other batch, goes through
+ * fencedWrite, which decides each operation. Two statements for a batch that mixes both: its
+ * operations were concurrent requests, so answering some before the others is a valid order.
+ */
+const fencedStrategy: WriteStrategy = async (run, rows) => {
+  if (!rows.every(q.isPlainPut)) return run<WriteOutcome>(q.fencedWrite(rows));
+  const applied = await run<WriteOutcome>(q.fencedPuts(rows));
+  if (applied.length === rows.length) return applied;
+  const done = new Set(applied.map((r) => r.ord));
+  const rest = rows.map((r, ord) => ({ r, ord })).filter(({ ord }) => !done.has(ord));
+  const decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
+  return [...applied, ...decided.map((o) => ({ ...o, ord: rest[o.ord]!.ord }))];
+};
 
 /** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */
 export interface FenceStoreOptions {
@@ -176,9 +199,15 @@ export class FenceStore {
     await new Promise<void>((r) => this.idleWaiters.push(r));
   }
 
-  /** Starts batches while there is a free slot and something that can go. */
+  /**
+   * Starts batches while there is a free slot and something that can go. A batch goes at once when
+   * none is in flight; beside one in flight, only once MIN_EXTRA_BATCH writes wait (a statement
+   * costs Postgres about as much as a dozen writes in it, so a second statement carrying one write
+   * would cost more than waiting for the first to commit).
+   */
   private pump(): void {
     while (this.running < this.concurrency && this.queue.length > 0) {
+      if (this.running > 0 && this.queue.length < Math.min(MIN_EXTRA_BATCH, this.maxBatch)) return;
       const { batch, alone } = this.takeBatch();
       if (batch.length === 0) return; // everything queued waits on a key in flight
       this.running++;
@@ -186,20 +215,21 @@ export class FenceStore {
       const objects = batch.flatMap((p) => (p.op.kind === 'fence' ? [] : [p.op.key]));
       for (const o of objects) this.busyObjects.add(o);
       void this.runSplitting(batch.map((p) => p.op)).then(
-        (results) =>
-          batch.forEach((p, i) => {
-            const r = results[i]!;
-            if ('failed' in r) p.reject(r.failed);
-            else p.resolve(r);
-          }),
-        (err: unknown) => batch.forEach((p) => p.reject(err)),
-      ).finally(() => {
+        (results) => ({ results }),
+        (err: unknown) => ({ err }),
+      ).then((out) => {
         for (const o of objects) this.busyObjects.delete(o);
         this.running--;
         if (alone) this.runningAlone--;
+        // The writes that queued meanwhile go to Postgres before these answers are written.
+        this.pump();
+        batch.forEach((p, i) => {
+          const r = 'results' in out ? out.results[i]! : { failed: out.err };
+          if ('failed' in r) p.reject(r.failed);
+          else p.resolve(r);
+        });
         this.inFlight -= batch.length;
         if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
-        this.pump();
       });
     }
   }
@@ -297,7 +327,7 @@ export class FenceStore {
       ifNoneMatch: op.kind !== 'fence' && op.ifNoneMatch === true,
       writerId: op.writerId,
     }));
-    const rows = { rows: await this.withRetry(() => this.writeStrategy(this.pool, writeRows)) };
+    const rows = { rows: await this.writeStrategy(this.runStatement, writeRows) };
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     const rejected: number[] = [];
     const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence
@@ -336,6 +366,9 @@ export class FenceStore {
     const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
     return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
   }
+
+  private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>
+    (await this.withRetry(() => this.pool.query<R>(statement))).rows;
 
   private withRetry<T>(fn: () => Promise<T>): Promise<T> {
     return retryOnConflict(fn, { retries: this.retries, backoffMs: 5 });

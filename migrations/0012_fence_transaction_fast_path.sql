@@ -3,6 +3,8 @@
 -- fences, stale tokens and several fences take the general path, unchanged (the lock protocol
 -- of fencedWrite: share for the fence's own token, exclusive to raise). Used by POST
 -- /v1/transactions and, through session_fence_check(), by every fenced SQL-endpoint transaction.
+-- It also records the transaction for its accepted count (session_commits), so POST
+-- /v1/transactions no longer counts with a statement of its own after COMMIT.
 CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_keys text[], tokens bigint[], writer_id text)
 RETURNS TABLE (ord int, highest_token bigint, xact bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -14,6 +16,11 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_transaction may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
+  -- One more accepted transaction on each fence, counted when this transaction commits (the proxy
+  -- folds session_commits into the counters, migration 0013); a stale fence's transaction never
+  -- commits. Nothing shared is held: an insert, where an upsert of the counter rows would hold
+  -- them until this transaction ends.
+  INSERT INTO fencepost.session_commits (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
   -- The leader's case, one fence at its own token: the row FOR SHARE, nothing else. The general
   -- statement below takes the same lock; this skips its planning and its CTEs (a statement of
   -- its own: in READ COMMITTED it waits for a raise in flight and re-checks its committed value).

@@ -2,12 +2,13 @@
 -- four times a direct one):
 -- - Counted without a trigger at COMMIT. Migration 0009 counted each fenced transaction with a
 --   deferred constraint trigger (two counter upserts and a delete in every transaction). The fence
---   still records one row per fenced transaction in session_commits, in the writer's transaction,
---   so the row exists exactly when that transaction committed; the proxy folds the rows into
---   fence_counts and totals (queries.ts foldSessionCommits: deleted and counted in one
---   statement, so each is counted once) before every read of the counts and once a second. The
---   table is now logged (a crash of Postgres loses no committed count) and has no key or index to
---   maintain. A writer that makes its transaction read-only after writing is now counted when it
+--   still records one row per fenced transaction in session_commits (and, since 0012, so does
+--   fence_transaction for POST /v1/transactions), in the writer's transaction, so the row exists
+--   exactly when that transaction committed; the proxy folds the rows into fence_counts and totals
+--   (queries.ts foldSessionCommits: deleted and counted in one statement, so each is counted once)
+--   before every read of the counts and once a second. The table is now logged (a crash of Postgres
+--   loses no committed count) and has no key or index to maintain. fence_stats adds the rows not
+--   folded yet. A writer that makes its transaction read-only after writing is now counted when it
 --   commits (the trigger could not write there, and skipped it).
 -- - session_fence_check() takes the fence row FOR SHARE itself when the session's token is the
 --   fence's (fence_transaction's fast path, migration 0012); other cases call fence_transaction().
@@ -65,8 +66,7 @@ BEGIN
             DETAIL = format('fence key %s, token %s, highest token %s', to_json(v_key), v_token, v_highest),
             HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
   END IF;
-  -- Counted once committed (the proxy folds session_commits into the counters), or not at all.
-  INSERT INTO fencepost.session_commits (fence_key) VALUES (v_key);
+  -- fence_transaction() recorded the transaction for its count (migration 0012).
   RETURN true;
 END $$;
 REVOKE ALL ON FUNCTION fencepost.session_fence_check(text[], text) FROM PUBLIC;
@@ -103,3 +103,13 @@ BEGIN
   RETURN fencepost.session_fence_check(fence_key_prefixes::text[], writer_id);
 END $$;
 REVOKE ALL ON FUNCTION fencepost.fence_session_bound(text, text, text, text) FROM PUBLIC;
+
+-- Per-fence counts including the transactions committed but not folded yet.
+CREATE OR REPLACE VIEW fencepost.fence_stats AS
+  SELECT f.fence_key, f.highest_token, f.created_at, f.updated_at,
+    (coalesce(sum(c.accepted), 0) + coalesce(max(p.n), 0))::bigint AS accepted, coalesce(sum(c.rejected), 0)::bigint AS rejected,
+    f.raised_by
+  FROM fencepost.fences f
+  LEFT JOIN fencepost.fence_counts c USING (fence_key)
+  LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.session_commits s GROUP BY s.fence_key) p USING (fence_key)
+  GROUP BY f.fence_key;

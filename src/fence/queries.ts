@@ -556,23 +556,6 @@ export function sealTransaction(): Query {
   };
 }
 
-/** After a transaction committed: one more accepted write on each of its fences (owner pool). */
-export function countCommittedTransaction(fenceKeys: readonly string[]): Query {
-  return {
-    name: 'fencepost_count_committed_transaction',
-    text: `
-WITH k AS (SELECT DISTINCT unnest($1::text[]) AS fence_key),
-bump AS (
-  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, ${SHARD}, 1 FROM k ORDER BY fence_key COLLATE "C"
-  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + 1
-)
-INSERT INTO fencepost.totals AS t (shard, accepted) SELECT ${SHARD}, count(*) FROM k
-ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
-    values: [fenceKeys],
-  };
-}
-
 /**
  * Between transactions on a pooled client connection: nothing of one session reaches the next
  * (settings, role, prepared statements, cursors, listens, advisory locks, temp tables,

@@ -26,6 +26,9 @@ import { retryOnConflict } from './retry.ts';
  */
 const LOCKED_FENCE_ALONE_MS = 10_000;
 
+/** How often committed transactions are folded into the counters when nobody reads them. */
+const FOLD_INTERVAL_MS = 1000;
+
 /** Writes that must be waiting before a batch starts beside one already in flight (see pump). */
 const MIN_EXTRA_BATCH = 8;
 
@@ -409,11 +412,19 @@ export class FenceStore {
   }
 
   /**
-   * Counts the SQL endpoint's committed transactions into the counters (q.foldSessionCommits):
-   * before every read of the counts, so they include every transaction committed before the read.
+   * Counts committed transactions (SQL endpoint and POST /v1/transactions) into the counters
+   * (q.foldSessionCommits): before every read of the counts, so they include every transaction
+   * committed before the read, and every FOLD_INTERVAL_MS while folding() runs.
    */
   async foldSessionCommits(): Promise<void> {
     await this.pool.query(q.foldSessionCommits());
+  }
+
+  /** Folds every FOLD_INTERVAL_MS until stopped (the returned function); failures wait for the next tick. */
+  folding(onError: (err: unknown) => void): () => void {
+    const timer = setInterval(() => this.foldSessionCommits().catch(onError), FOLD_INTERVAL_MS);
+    timer.unref();
+    return () => clearInterval(timer);
   }
 
   async readFence(fenceKey: string): Promise<FenceRecord | null> {

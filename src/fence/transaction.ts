@@ -283,11 +283,10 @@ export class TransactionRunner {
       return await retryOnConflict(
         async () => {
           const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
+          // A committed one was counted by its fence (a row in session_commits that commits with it,
+          // folded into the counters later: migrations 0012, 0013); no counter row is held by a
+          // writer's transaction.
           if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
-          // Counted after COMMIT, on the proxy's own pool: counter rows are never held by a
-          // writer's transaction (nor make a repeatable-read one fail at its end). A count lost
-          // here (the database went away just now) loses a number on the dashboard, nothing else.
-          else await this.opts.owner.query(q.countCommittedTransaction(sorted.map((f) => f.fenceKey))).catch(() => {});
           return outcome;
         },
         { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },

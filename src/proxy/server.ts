@@ -188,6 +188,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           guard: app.forgeryGuard,
         });
   let pgwirePort: number | null = null;
+  let stopFolding = () => {};
   try {
     // The first use of the database: a wrong password or nothing listening shows up here.
     const applied = await migrate(pool).catch((err: unknown) => {
@@ -206,9 +207,11 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     });
     if (pgwire) pgwirePort = await pgwire.listen();
     pruner.start(); // after migrate: the table exists
+    stopFolding = store.folding((err) => logger.debug({ err }, 'folding transaction counts failed; the next read or tick folds them'));
   } catch (err) {
     await pgwire?.close().catch(() => {});
     await pruner.stop().catch(() => {});
+    stopFolding();
     await app.close().catch(() => {});
     await pool.end().catch(() => {});
     await embedded?.stop().catch(() => {});
@@ -233,6 +236,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await pgwire?.close();
       await store.idle();
       await pruner.stop();
+      stopFolding();
       await pool.end();
       await embedded?.stop();
       logger.info('stopped');

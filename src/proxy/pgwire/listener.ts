@@ -30,7 +30,6 @@ import { resetClientPassword, type ProvisionResult } from '../../fence/client-lo
 import * as q from '../../fence/queries.ts';
 
 const PASSWORD_FAILED = '28P01';
-const FOLD_INTERVAL_MS = 1000;
 
 export interface PgwireOptions {
   host: string;
@@ -77,8 +76,6 @@ export class PgwireServer {
   private readonly upgraded = new WeakMap<Socket, TLSSocket>();
   private readonly sessions = new Map<number, Registered>();
   private nextPid = 1;
-  /** Folds the fenced transactions' commit rows into the counters once a second (migration 0013). */
-  private foldTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly opts: PgwireOptions) {
     this.target = backendTarget(opts.databaseUrl);
@@ -94,17 +91,12 @@ export class PgwireServer {
         resolve();
       });
     });
-    this.foldTimer = setInterval(() => {
-      this.opts.owner.query(q.foldSessionCommits()).catch((e: unknown) => this.opts.logger.debug({ err: e }, 'folding SQL transaction counts failed; the next read or tick folds them'));
-    }, FOLD_INTERVAL_MS);
-    this.foldTimer.unref();
     const address = this.server.address();
     return typeof address === 'object' && address ? address.port : this.opts.port;
   }
 
   /** Stops accepting and closes every session (their open transactions roll back). */
   async close(): Promise<void> {
-    if (this.foldTimer) clearInterval(this.foldTimer);
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const s of this.sockets) {
       this.upgraded.get(s)?.destroy();

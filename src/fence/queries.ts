@@ -399,14 +399,19 @@ ORDER BY key COLLATE "C" LIMIT $2`,
   };
 }
 
-/** A fence's counts: the sum of its counter rows (one per backend that wrote it, at most 32). */
-const COUNTS = `coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS accepted,
+/**
+ * A fence's counts: the sum of its counter rows (one per fence and backend shard), plus its
+ * committed transactions not folded into them yet (PENDING, joined as `p`: session_commits,
+ * migration 0012). One snapshot sees each such transaction either still pending or folded.
+ */
+const COUNTS = `(coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0) + coalesce(p.n, 0))::bigint AS accepted,
   coalesce((SELECT sum(c.rejected) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS rejected`;
+const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.session_commits s GROUP BY s.fence_key) p ON p.fence_key = f.fence_key`;
 
 export function readFence(fenceKey: string): Query {
   return {
     name: 'fencepost_read_fence',
-    text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM fencepost.fences f WHERE f.fence_key = $1`,
+    text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM fencepost.fences f ${PENDING} WHERE f.fence_key = $1`,
     values: [fenceKey],
   };
 }
@@ -421,52 +426,60 @@ export function listFences(after: string | null, limit: number): Query {
     return {
       name: 'fencepost_list_fences_first',
       text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM (
-  SELECT * FROM fencepost.fences ORDER BY fence_key COLLATE "C" LIMIT $1) f ORDER BY f.fence_key COLLATE "C"`,
+  SELECT * FROM fencepost.fences ORDER BY fence_key COLLATE "C" LIMIT $1) f ${PENDING} ORDER BY f.fence_key COLLATE "C"`,
       values: [limit],
     };
   }
   return {
     name: 'fencepost_list_fences_after',
     text: `SELECT f.fence_key, f.highest_token, f.updated_at, f.raised_by, ${COUNTS} FROM (
-  SELECT * FROM fencepost.fences WHERE fence_key COLLATE "C" > $1::text COLLATE "C" ORDER BY fence_key COLLATE "C" LIMIT $2) f
+  SELECT * FROM fencepost.fences WHERE fence_key COLLATE "C" > $1::text COLLATE "C" ORDER BY fence_key COLLATE "C" LIMIT $2) f ${PENDING}
 ORDER BY f.fence_key COLLATE "C"`,
     values: [after, limit],
   };
 }
 
 /**
- * Counts the SQL endpoint's committed transactions (migration 0013): deletes the rows their fence
+ * Folds committed transactions into the counters (migration 0012): deletes the rows their fences
  * left in session_commits (rows of committed transactions only: they commit with them) and adds
- * them to fence_counts and totals, in one statement. A fold running at the same time takes other
- * rows or waits and then finds them gone: each row is counted once. Counter shards 32–63, which
- * object writes never hold.
+ * them to fence_counts and totals, in one statement. Rows another fold holds are skipped, never
+ * waited for or counted twice. Counter shards 64–95: no writer's statement or transaction holds
+ * them, so a fold never waits for one.
  */
 export function foldSessionCommits(): Query {
   return {
     name: 'fencepost_fold_session_commits',
     text: `
 WITH done AS (
-  DELETE FROM fencepost.session_commits RETURNING fence_key
+  DELETE FROM fencepost.session_commits s
+  WHERE s.ctid IN (SELECT t.ctid FROM fencepost.session_commits t LIMIT 100000 FOR UPDATE SKIP LOCKED)
+  RETURNING s.fence_key
 ),
 per_fence AS (
   SELECT fence_key, count(*) AS n FROM done GROUP BY fence_key
 ),
 counted AS (
   INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, 32 + ${SHARD}, n FROM per_fence ORDER BY fence_key COLLATE "C"
+  SELECT fence_key, 64 + ${SHARD}, n FROM per_fence ORDER BY fence_key COLLATE "C"
   ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
 )
 INSERT INTO fencepost.totals AS t (shard, accepted)
-SELECT 32 + ${SHARD}, sum(n) FROM per_fence HAVING count(*) > 0
+SELECT 64 + ${SHARD}, sum(n) FROM per_fence HAVING count(*) > 0
 ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
   };
 }
 
-/** Totals kept as writes commit (migration 0005): 32 rows, whatever the number of fences. */
+/**
+ * Totals kept as writes commit (migration 0005): a row per shard, whatever the number of fences,
+ * plus the committed transactions not folded yet.
+ */
 export function statsTotals(): Query {
   return {
     name: 'fencepost_stats_totals',
-    text: `SELECT coalesce(sum(fences), 0)::bigint AS fences, coalesce(sum(accepted), 0)::bigint AS accepted, coalesce(sum(rejected), 0)::bigint AS rejected FROM fencepost.totals`,
+    text: `SELECT coalesce(sum(fences), 0)::bigint AS fences,
+  (coalesce(sum(accepted), 0) + (SELECT count(*) FROM fencepost.session_commits))::bigint AS accepted,
+  coalesce(sum(rejected), 0)::bigint AS rejected
+FROM fencepost.totals`,
   };
 }
 
@@ -494,8 +507,8 @@ picked AS (
   SELECT fence_key, 0 AS part FROM rejected_keys UNION ALL SELECT fence_key, 1 FROM raised_keys
 )
 SELECT f.fence_key, f.highest_token, f.raised_by, ${COUNTS}
-FROM picked p JOIN fencepost.fences f USING (fence_key)
-ORDER BY p.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"
+FROM picked pk JOIN fencepost.fences f ON f.fence_key = pk.fence_key ${PENDING}
+ORDER BY pk.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"
 LIMIT $1`,
     values: [limit],
   };

@@ -31,6 +31,8 @@ const FOLD_INTERVAL_MS = 1000;
 
 /** Writes that must be waiting before a batch starts beside one already in flight (see pump). */
 const MIN_EXTRA_BATCH = 8;
+/** The longest the queue waits for MIN_EXTRA_BATCH writes while batches are in flight (see pump). */
+const HOLD_BACK_MS = 2;
 
 /**
  * A conditional write's precondition on its object, checked in the fenced write statement (see
@@ -129,9 +131,28 @@ const fencedStrategy: WriteStrategy = async (run, rows) => {
   if (applied.length === rows.length) return applied;
   const done = new Set(applied.map((r) => r.ord));
   const rest = rows.map((r, ord) => ({ r, ord })).filter(({ ord }) => !done.has(ord));
-  const decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
+  let decided: WriteOutcome[];
+  try {
+    decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
+  } catch (err) {
+    if (applied.length === 0) throw err;
+    throw new PartialWriteError(applied, err);
+  }
   return [...applied, ...decided.map((o) => ({ ...o, ord: rest[o.ord]!.ord }))];
 };
+
+/**
+ * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
+ * that committed (they are answered as such), `cause` the failure of every other operation.
+ */
+export class PartialWriteError extends Error {
+  constructor(
+    readonly applied: WriteOutcome[],
+    override readonly cause: unknown,
+  ) {
+    super('part of a batch committed; the rest failed');
+  }
+}
 
 /** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */
 export interface FenceStoreOptions {
@@ -176,6 +197,9 @@ export class FenceStore {
   private readonly writeStrategy: WriteStrategy;
   private inFlight = 0;
   private idleWaiters: (() => void)[] = [];
+  /** The batches in flight: when each started, and whether it holds a locked fence. */
+  private readonly flights = new Set<{ start: number; alone: boolean }>();
+  private pumpTimer: NodeJS.Timeout | null = null;
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
@@ -204,15 +228,19 @@ export class FenceStore {
 
   /**
    * Starts batches while there is a free slot and something that can go. A batch goes at once when
-   * none is in flight; beside one in flight, only once MIN_EXTRA_BATCH writes wait (a statement
-   * costs Postgres about as much as a dozen writes in it, so a second statement carrying one write
-   * would cost more than waiting for the first to commit).
+   * none is in flight. Beside batches in flight it waits, for at most HOLD_BACK_MS, until
+   * MIN_EXTRA_BATCH writes queue: a statement costs Postgres about as much as a dozen writes in it,
+   * so a second statement carrying one write would cost more than waiting for the first to commit.
+   * A batch in flight for longer (waiting on a lock, say) or holding a locked fence never holds
+   * the others back.
    */
   private pump(): void {
     while (this.running < this.concurrency && this.queue.length > 0) {
-      if (this.running > 0 && this.queue.length < Math.min(MIN_EXTRA_BATCH, this.maxBatch)) return;
+      if (this.holdBack()) return;
       const { batch, alone } = this.takeBatch();
       if (batch.length === 0) return; // everything queued waits on a key in flight
+      const flight = { start: performance.now(), alone };
+      this.flights.add(flight);
       this.running++;
       if (alone) this.runningAlone++;
       const objects = batch.flatMap((p) => (p.op.kind === 'fence' ? [] : [p.op.key]));
@@ -222,19 +250,41 @@ export class FenceStore {
         (err: unknown) => ({ err }),
       ).then((out) => {
         for (const o of objects) this.busyObjects.delete(o);
+        this.flights.delete(flight);
         this.running--;
         if (alone) this.runningAlone--;
-        // The writes that queued meanwhile go to Postgres before these answers are written.
-        this.pump();
-        batch.forEach((p, i) => {
-          const r = 'results' in out ? out.results[i]! : { failed: out.err };
-          if ('failed' in r) p.reject(r.failed);
-          else p.resolve(r);
-        });
-        this.inFlight -= batch.length;
-        if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+        try {
+          // The writes that queued meanwhile go to Postgres before these answers are written.
+          this.pump();
+        } finally {
+          batch.forEach((p, i) => {
+            const r = 'results' in out ? out.results[i]! : { failed: out.err };
+            if ('failed' in r) p.reject(r.failed);
+            else p.resolve(r);
+          });
+          this.inFlight -= batch.length;
+          if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+        }
       });
     }
+  }
+
+  /** Should the queue wait for the batches in flight (see pump)? If so, pump again when that wait ends. */
+  private holdBack(): boolean {
+    if (this.running === 0 || this.queue.length >= Math.min(MIN_EXTRA_BATCH, this.maxBatch)) return false;
+    const now = performance.now();
+    let oldest = now;
+    for (const f of this.flights) {
+      if (f.alone) return false;
+      oldest = Math.min(oldest, f.start);
+    }
+    const wait = oldest + HOLD_BACK_MS - now;
+    if (wait <= 0) return false;
+    this.pumpTimer ??= setTimeout(() => {
+      this.pumpTimer = null;
+      this.pump();
+    }, Math.ceil(wait));
+    return true;
   }
 
   /**
@@ -282,15 +332,15 @@ export class FenceStore {
   }
 
   /**
-   * Runs a batch. One that waited past the lock timeout (55P03) rolled back whole, so its
-   * operations run again one at a time: only those on a locked row fail (with the 55P03 error,
-   * answered 503 unavailable), and their fence keys go alone for a while.
+   * Runs a batch. Operations that waited past the lock timeout (55P03) rolled back: the whole
+   * batch, or what the leaner statement left to the full one after committing its own (those stay
+   * answered). They run again one at a time: only those on a locked row fail (with the 55P03
+   * error, answered 503 unavailable), and their fence keys go alone for a while.
    */
   private async runSplitting(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
+    let results: (FencedResult | { failed: unknown })[];
     try {
-      const results = await this.runBatch(ops);
-      if (this.lockedFences.size > 0) for (const op of ops) this.lockedFences.delete(op.fenceKey);
-      return results;
+      results = await this.runBatch(ops);
     } catch (err) {
       if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
       if (ops.length === 1) {
@@ -299,17 +349,23 @@ export class FenceStore {
         this.lockedFences.set(ops[0]!.fenceKey, now + LOCKED_FENCE_ALONE_MS);
         throw err;
       }
+      results = ops.map(() => ({ failed: err }));
+    }
+    const locked = (r: FencedResult | { failed: unknown }) => 'failed' in r && sqlState(r.failed) === LOCK_NOT_AVAILABLE;
+    if (ops.length > 1 && results.some(locked)) {
       // One at a time: the connection count stays that of one batch, and order per key holds.
-      const results: (FencedResult | { failed: unknown })[] = [];
-      for (const op of ops) {
+      for (const [i, op] of ops.entries()) {
+        if (!locked(results[i]!)) continue;
         try {
-          results.push(...(await this.runSplitting([op])));
+          results[i] = (await this.runSplitting([op]))[0]!;
         } catch (e) {
-          results.push({ failed: e });
+          results[i] = { failed: e };
         }
       }
       return results;
     }
+    if (this.lockedFences.size > 0) for (const [i, op] of ops.entries()) if (!('failed' in results[i]!)) this.lockedFences.delete(op.fenceKey);
+    return results;
   }
 
   /**
@@ -330,8 +386,17 @@ export class FenceStore {
       ifNoneMatch: op.kind !== 'fence' && op.ifNoneMatch === true,
       writerId: op.writerId,
     }));
-    const rows = { rows: await this.writeStrategy(this.runStatement, writeRows) };
+    let rows: { rows: WriteOutcome[] };
+    let partial: PartialWriteError | null = null;
+    try {
+      rows = { rows: await this.writeStrategy(this.runStatement, writeRows) };
+    } catch (err) {
+      if (!(err instanceof PartialWriteError)) throw err;
+      partial = err;
+      rows = { rows: err.applied };
+    }
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
+    if (partial) for (let i = 0; i < ops.length; i++) results[i] = { failed: partial.cause };
     const rejected: number[] = [];
     const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence
     for (const row of rows.rows) {
@@ -412,37 +477,45 @@ export class FenceStore {
   }
 
   /**
-   * Counts committed transactions (SQL endpoint and POST /v1/transactions) into the counters
-   * (q.foldSessionCommits): before every read of the counts, so they include every transaction
-   * committed before the read, and every FOLD_INTERVAL_MS while folding() runs.
+   * Folds committed transactions (SQL endpoint and POST /v1/transactions) into the counters
+   * (q.foldSessionCommits). The count reads add what is not folded yet, so folding only keeps
+   * session_commits short.
    */
   async foldSessionCommits(): Promise<void> {
     await this.pool.query(q.foldSessionCommits());
   }
 
-  /** Folds every FOLD_INTERVAL_MS until stopped (the returned function); failures wait for the next tick. */
+  /** Folds every FOLD_INTERVAL_MS, one fold at a time, until stopped (the returned function). */
   folding(onError: (err: unknown) => void): () => void {
-    const timer = setInterval(() => this.foldSessionCommits().catch(onError), FOLD_INTERVAL_MS);
-    timer.unref();
-    return () => clearInterval(timer);
+    let timer: NodeJS.Timeout | null = null;
+    let stopped = false;
+    const tick = () => {
+      this.foldSessionCommits()
+        .catch(onError)
+        .finally(() => {
+          if (!stopped) (timer = setTimeout(tick, FOLD_INTERVAL_MS)).unref();
+        });
+    };
+    (timer = setTimeout(tick, FOLD_INTERVAL_MS)).unref();
+    return () => {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+    };
   }
 
   async readFence(fenceKey: string): Promise<FenceRecord | null> {
-    await this.foldSessionCommits();
     const { rows } = await this.pool.query<FenceRow>(q.readFence(fenceKey));
     return rows[0] ? toFence(rows[0]) : null;
   }
 
   /** One page of fences in key order, and the cursor of the next page (null at the end). */
   async listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
-    await this.foldSessionCommits();
     const { rows } = await this.pool.query<FenceRow>(q.listFences(after, limit + 1));
     const page = rows.slice(0, limit).map(toFence);
     return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
   }
 
   async stats(perFenceLimit: number): Promise<Stats> {
-    await this.foldSessionCommits();
     const [totals, per] = await Promise.all([
       this.pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
       this.pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),

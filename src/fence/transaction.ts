@@ -284,7 +284,7 @@ export class TransactionRunner {
         async () => {
           const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
           // A committed one was counted by its fence (a row in session_commits that commits with it,
-          // folded into the counters later: migrations 0012, 0013); no counter row is held by a
+          // folded into the counters later: migration 0012); no counter row is held by a
           // writer's transaction.
           if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
           return outcome;

@@ -149,6 +149,89 @@ describe('FenceStore batches around a locked fence', () => {
   });
 });
 
+describe('the leaner statement beside a locked fence', () => {
+  const putOp = (key: string, fenceKey: string, token = 1n): FencedOp => ({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+
+  // Invariant: a put the leaner statement committed is answered accepted exactly once, even when
+  // the full statement for the rest of its batch hits the lock timeout (it is never run again).
+  test('a put committed by the leaner statement stays answered when the rest of its batch hits the lock', async () => {
+    const store = new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 1 });
+    await store.write(putOp('part/seed-f', 'part-F'));
+    await store.write(putOp('part/seed-l', 'part-L'));
+    const lock = await holdFence('part-L');
+    try {
+      const first = store.write(putOp('part/first', 'part-X')); // takes the only slot
+      const leader = store.write(putOp('part/f', 'part-F')); // the fence's own token: the leaner statement
+      const raise = store.write(putOp('part/l', 'part-L', 2n)); // a raise of the locked fence: the full statement
+      await expect(first).resolves.toMatchObject({ accepted: true });
+      await expect(leader).resolves.toMatchObject({ accepted: true, version: 1n });
+      await expect(raise).rejects.toMatchObject({ code: LOCK_NOT_AVAILABLE });
+      await store.idle();
+    } finally {
+      await lock.release();
+    }
+    const { rows } = await db.pool.query(`SELECT key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/l') ORDER BY key`);
+    expect(rows).toEqual([{ key: 'part/f', version: '1' }]);
+    const counted = await db.pool.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'part-F'`);
+    expect(counted.rows[0].n).toBe(2); // the seed and the leader's put, once
+    expect(await new FenceStore(db.pool, STORE_DEFAULTS).readFence('part-L')).toMatchObject({ highestToken: 1n });
+  });
+
+  // Invariant: a batch waiting on a locked fence never holds back writes on other fences (the
+  // queue waits for a batch in flight only briefly). Order of answers, not timing: the free write
+  // is answered while the locked one still waits for its lock timeout.
+  test('a write on a free fence is answered while a batch waits on a locked fence', async () => {
+    const slow = createPool(db.url, 4, { lockTimeoutMs: 3000 });
+    try {
+      const store = new FenceStore(slow, { ...STORE_DEFAULTS, concurrency: 2 });
+      await store.write(putOp('hold/seed-l', 'hold-L'));
+      await store.write(putOp('hold/seed-m', 'hold-M'));
+      const lock = await holdFence('hold-L');
+      const answered: string[] = [];
+      try {
+        const locked = store.write(putOp('hold/l', 'hold-L')).finally(() => answered.push('locked'));
+        const free = store.write(putOp('hold/m', 'hold-M')).finally(() => answered.push('free'));
+        await expect(free).resolves.toMatchObject({ accepted: true });
+        expect(answered).toEqual(['free']);
+        await lock.release();
+        await expect(locked).resolves.toMatchObject({ accepted: true });
+      } finally {
+        await lock.release().catch(() => {});
+      }
+      await store.idle();
+    } finally {
+      await slow.end();
+    }
+  });
+
+  // Invariant: counting folds and count reads never wait for counter rows a writer's statement or
+  // transaction holds (shards 0–63): they answer under the lock timeout, with the pending count.
+  test('reads of the counts and the fold never wait for counter rows writers hold', async () => {
+    const store = new FenceStore(pool, STORE_DEFAULTS);
+    await store.write(putOp('fold/seed', 'fold-K'));
+    await db.pool.query(`INSERT INTO fencepost.fence_counts (fence_key, shard) SELECT 'fold-K', g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
+    await db.pool.query(`INSERT INTO fencepost.totals (shard) SELECT g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
+    await db.pool.query(`INSERT INTO fencepost.session_commits (fence_key) VALUES ('fold-K'), ('fold-K')`);
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    await holder.query('BEGIN');
+    await holder.query(`SELECT 1 FROM fencepost.fence_counts WHERE shard < 64 FOR UPDATE`);
+    await holder.query(`SELECT 1 FROM fencepost.totals WHERE shard < 64 FOR UPDATE`);
+    try {
+      expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n }); // the seed and two pending
+      const before = (await store.stats(10)).accepted;
+      await Promise.all(Array.from({ length: 6 }, () => store.foldSessionCommits()));
+      expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n).toBe(0);
+      expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n });
+      expect((await store.stats(10)).accepted).toBe(before);
+      expect((await store.listFences(null, 1000)).fences.find((f) => f.fenceKey === 'fold-K')).toMatchObject({ accepted: 3n });
+    } finally {
+      await holder.query('COMMIT');
+      await holder.end();
+    }
+  });
+});
+
 describe('FENCEPOST_LOCK_TIMEOUT_MS', () => {
   test('defaults to 1000 ms', () => {
     expect(loadConfig({}).lockTimeoutMs).toBe(1000);

@@ -1,22 +1,86 @@
--- A cheaper fence for SQL-endpoint transactions (a leader's transaction cost its backend about
--- four times a direct one):
--- - Counted without a trigger at COMMIT. Migration 0009 counted each fenced transaction with a
---   deferred constraint trigger (two counter upserts and a delete in every transaction). The fence
---   still records one row per fenced transaction in session_commits (and, since 0012, so does
---   fence_transaction for POST /v1/transactions), in the writer's transaction, so the row exists
---   exactly when that transaction committed; the proxy folds the rows into fence_counts and totals
---   (queries.ts foldSessionCommits: deleted and counted in one statement, so each is counted once)
---   before every read of the counts and once a second. The table is now logged (a crash of Postgres
---   loses no committed count) and has no key or index to maintain. fence_stats adds the rows not
---   folded yet. A writer that makes its transaction read-only after writing is now counted when it
---   commits (the trigger could not write there, and skipped it).
--- - session_fence_check() takes the fence row FOR SHARE itself when the session's token is the
---   fence's (fence_transaction's fast path, migration 0012); other cases call fence_transaction().
--- - The guard check runs only when a guard is configured.
+-- Cheaper fences for transactions (POST /v1/transactions and the SQL endpoint). A leader's SQL
+-- transaction cost its backend about four times a direct one.
+-- - fence_transaction(): one fence at its own token takes the fence row FOR SHARE in a statement
+--   of its own and returns, without planning the general statement's CTEs. Raises, new fences,
+--   stale tokens and several fences take the general path, unchanged (the lock protocol of
+--   fencedWrite: share for the fence's own token, exclusive to raise). session_fence_check()
+--   does the same itself for an SQL session at its fence's token.
+-- - Counted by a row, not by a trigger or a statement after COMMIT. Migration 0009 counted each
+--   SQL transaction with a deferred constraint trigger (two counter upserts and a delete in every
+--   transaction); POST /v1/transactions counted with a statement after COMMIT. Now the fence
+--   inserts one row per fence into session_commits, in the writer's transaction: the row exists
+--   exactly when that transaction committed (also when a statement of it ran COMMIT itself). The
+--   proxy folds the rows into fence_counts and totals (queries.ts foldSessionCommits) once a
+--   second; the count reads add the rows not folded yet, and so does fence_stats. The table is
+--   logged now (a crash of Postgres loses no committed count), with no key or index to maintain.
+--   Rows left by 0009 (transactions made read-only after writing, which it did not count) go.
+--   A rolling upgrade counts POST /v1/transactions twice while proxies of the old version run.
+-- - The forgery-guard check runs only when a guard is configured.
 DROP TRIGGER session_commits_count ON fencepost.session_commits;
 DROP FUNCTION fencepost.count_session_commit();
+DELETE FROM fencepost.session_commits;
 ALTER TABLE fencepost.session_commits DROP COLUMN id;
 ALTER TABLE fencepost.session_commits SET LOGGED;
+
+CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_keys text[], tokens bigint[], writer_id text)
+RETURNS TABLE (ord int, highest_token bigint, xact bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  v_highest bigint;
+BEGIN
+  IF capability IS DISTINCT FROM (SELECT c.secret FROM fencepost.fence_capability c) THEN
+    RAISE EXCEPTION 'fencepost.fence_transaction may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- One more accepted transaction on each fence, counted when this transaction commits (folded
+  -- into the counters by the proxy); a stale fence's transaction never commits. Nothing shared
+  -- is held: an insert, where an upsert of the counter rows would hold them until it ends.
+  INSERT INTO fencepost.session_commits (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
+  -- The leader's case, one fence at its own token: the row FOR SHARE, nothing else. The general
+  -- statement below takes the same lock; this skips its planning and its CTEs (a statement of
+  -- its own: in READ COMMITTED it waits for a raise in flight and re-checks its committed value).
+  IF cardinality(fence_keys) = 1 AND cardinality(tokens) = 1 THEN
+    SELECT f.highest_token INTO v_highest FROM fencepost.fences f
+    WHERE f.fence_key = fence_keys[1] AND f.highest_token = tokens[1]
+    FOR SHARE OF f;
+    IF FOUND THEN
+      RETURN QUERY SELECT 0, v_highest, txid_current();
+      RETURN;
+    END IF;
+  END IF;
+  RETURN QUERY
+  WITH input AS (
+    SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
+  ),
+  held AS (
+    SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN input i ON i.fence_key = f.fence_key
+    WHERE f.highest_token >= i.token
+    ORDER BY f.fence_key COLLATE "C"
+    FOR SHARE OF f
+  ),
+  raised AS (
+    INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
+    SELECT i.fence_key, i.token, fence_transaction.writer_id FROM input i WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = i.fence_key)
+    ORDER BY i.fence_key COLLATE "C"
+    ON CONFLICT (fence_key) DO UPDATE SET highest_token = EXCLUDED.highest_token, raised_by = EXCLUDED.raised_by, updated_at = now()
+      WHERE f.highest_token <= EXCLUDED.highest_token
+    RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
+  ),
+  created AS (
+    INSERT INTO fencepost.totals AS t (shard, fences)
+    SELECT (32 + pg_backend_pid() % 32)::smallint, count(*) FROM raised WHERE created HAVING count(*) > 0
+    ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+  ),
+  fence AS (
+    SELECT h.fence_key, h.highest_token FROM held h
+    UNION ALL
+    SELECT r.fence_key, r.highest_token FROM raised r
+  )
+  SELECT i.ord, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END, txid_current()
+  FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+  ORDER BY i.ord;
+END $$;
 
 CREATE OR REPLACE FUNCTION fencepost.session_fence_check(fence_key_prefixes text[], writer_id text)
 RETURNS boolean
@@ -66,7 +130,7 @@ BEGIN
             DETAIL = format('fence key %s, token %s, highest token %s', to_json(v_key), v_token, v_highest),
             HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
   END IF;
-  -- fence_transaction() recorded the transaction for its count (migration 0012).
+  -- fence_transaction() recorded the transaction for its count.
   RETURN true;
 END $$;
 REVOKE ALL ON FUNCTION fencepost.session_fence_check(text[], text) FROM PUBLIC;

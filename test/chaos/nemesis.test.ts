@@ -1,6 +1,8 @@
-// The fault schedule is a pure function of the seed: the same seed replays the same faults.
+// The fault schedule is a pure function of the seed: the same seed replays the same faults; and how
+// the nemesis picks the writer a leader pause hits.
 import { describe, expect, test } from 'vitest';
-import { FAULT_KINDS, laneOf, planSchedule, type ScheduleOptions } from '../../tools/chaos/nemesis.ts';
+import { FAULT_KINDS, laneOf, planSchedule, runNemesis, type NemesisTarget, type PlannedFault, type ScheduleOptions } from '../../tools/chaos/nemesis.ts';
+import type { Door } from '../../tools/chaos/history.ts';
 import { Prng } from '../../tools/chaos/prng.ts';
 
 const base: ScheduleOptions = { seed: 1, durationMs: 30_000, writers: 4, proxies: 2, zkServers: 3, fenceKeys: ['chaos/a', 'chaos/b'], sessionTimeoutMs: 2000 };
@@ -56,4 +58,24 @@ test('a seed outside 0…2^32−1 is refused, not aliased to another seed\'s sch
   expect(() => planSchedule({ ...base, seed: 2 ** 32 + 1 })).toThrow(RangeError);
   for (const seed of [-1, 1.5, Number.NaN]) expect(() => new Prng(seed)).toThrow(RangeError);
   expect(new Prng(2 ** 32 - 1).next()).toBeTypeOf('number');
+});
+
+describe('leader pauses take turns over the doors', () => {
+  // Invariant: the n-th pause of a leader prefers a leader writing through sql, then tx, then http
+  // (of any fence key), and falls back to the planned fence key's leader when none does.
+  test('a SQL leader is paused first, then a /v1/transactions one (none: the planned leader), then an HTTP one', async () => {
+    const doors: Door[] = ['http', 'sql', 'tx'];
+    const paused: number[] = [];
+    const target = {
+      leaderOf: (k: string) => (k === 'a' ? 0 : 1),
+      currentLeaders: () => [{ fenceKey: 'a', slot: 0 }, { fenceKey: 'b', slot: 1 }],
+      doorOf: (slot: number) => doors[slot]!,
+      pauseWriter: async (slot: number) => void paused.push(slot),
+      resumeWriter: () => {},
+    } as unknown as NemesisTarget;
+    const pause = (n: number): PlannedFault => ({ n, atMs: 0, kind: 'pause-writer', target: { leaderOf: 'a', slot: 2 }, durationMs: 1, midWrite: false });
+    const events = await runNemesis([pause(1), pause(2), pause(3)], target, { startedAt: Date.now() });
+    expect(paused).toEqual([1, 0, 0]);
+    expect(events.map((e) => e.target)).toEqual(['writer 2 (leader of b, sql door)', 'writer 1', 'writer 1 (leader of a, http door)']);
+  });
 });

@@ -153,6 +153,10 @@ export class ChaosCluster implements NemesisTarget {
     return this.leaders.get(fenceKey)?.slot ?? null;
   }
 
+  currentLeaders(): { fenceKey: string; slot: number }[] {
+    return [...this.leaders].map(([fenceKey, v]) => ({ fenceKey, slot: v.slot }));
+  }
+
   async pauseWriter(slot: number, midWrite: boolean): Promise<void> {
     const child = this.writer(slot).child;
     const pid = child?.pid;

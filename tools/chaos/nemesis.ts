@@ -4,6 +4,7 @@
 // (restart one ZooKeeper server, one proxy instance, or Postgres). So at any moment at most one
 // writer and one infrastructure component are faulty, and the system keeps making progress.
 import { Prng } from './prng.ts';
+import type { Door } from './history.ts';
 
 export const WRITER_FAULTS = ['pause-writer', 'kill-writer', 'partition-writer'] as const;
 export const INFRA_FAULTS = ['restart-zookeeper', 'restart-proxy', 'restart-postgres'] as const;
@@ -139,6 +140,10 @@ export function describeFault(f: PlannedFault): string {
 /** What the nemesis needs from the cluster. Writer slots are 0-based. */
 export interface NemesisTarget {
   leaderOf(fenceKey: string): number | null;
+  /** The current leader of every fence key that has one. */
+  currentLeaders(): { fenceKey: string; slot: number }[];
+  /** The door a writer slot writes through. */
+  doorOf(slot: number): Door;
   /** SIGSTOP; with `midWrite`, at the writer's next write (between taking its token and sending). */
   pauseWriter(slot: number, midWrite: boolean): Promise<void>;
   resumeWriter(slot: number): void;
@@ -178,6 +183,11 @@ export async function runNemesis(
   o: { startedAt: number; signal?: AbortSignal; onFault?: (e: FaultEvent) => void },
 ): Promise<FaultEvent[]> {
   const events: FaultEvent[] = [];
+  // Pauses of a leader take turns over the doors: the n-th prefers a leader that writes through
+  // PAUSE_DOORS[n % 3] (of any fence key), so a short run also pauses SQL and /v1/transactions
+  // writers into zombies, not only whichever door happens to lead the planned key.
+  let pauses = 0;
+  const preferDoor = (): Door => PAUSE_DOORS[pauses++ % PAUSE_DOORS.length]!;
   const lane = async (faults: readonly PlannedFault[]) => {
     for (const f of faults) {
       const wait = o.startedAt + f.atMs - Date.now();
@@ -187,7 +197,7 @@ export async function runNemesis(
       let what = '?';
       let error: string | undefined;
       try {
-        what = await inject(f, target);
+        what = await inject(f, target, f.kind === 'pause-writer' && f.target.leaderOf !== undefined ? preferDoor() : null);
       } catch (err) {
         error = err instanceof Error ? err.message : String(err);
       }
@@ -200,18 +210,22 @@ export async function runNemesis(
   return events.sort((a, b) => a.n - b.n);
 }
 
-async function inject(f: PlannedFault, t: NemesisTarget): Promise<string> {
+/** The order in which leader pauses prefer doors (see runNemesis). */
+const PAUSE_DOORS: readonly Door[] = ['sql', 'tx', 'http'];
+
+async function inject(f: PlannedFault, t: NemesisTarget, door: Door | null): Promise<string> {
   const slotOf = (w: WriterTarget) => (w.leaderOf !== undefined ? (t.leaderOf(w.leaderOf) ?? w.slot) : w.slot);
   switch (f.kind) {
     case 'pause-writer': {
-      const slot = slotOf(f.target);
+      const preferred = door === null ? undefined : t.currentLeaders().find((l) => t.doorOf(l.slot) === door);
+      const slot = preferred?.slot ?? slotOf(f.target);
       await t.pauseWriter(slot, f.midWrite);
       try {
         await sleep(f.durationMs);
       } finally {
         t.resumeWriter(slot);
       }
-      return `writer ${slot + 1}`;
+      return preferred ? `writer ${slot + 1} (leader of ${preferred.fenceKey}, ${door} door)` : `writer ${slot + 1}`;
     }
     case 'partition-writer': {
       const slot = slotOf(f.target);

@@ -16,6 +16,8 @@
 --   Rows left by 0009 (transactions made read-only after writing, which it did not count) go.
 --   A rolling upgrade counts POST /v1/transactions twice while proxies of the old version run.
 -- - The forgery-guard check runs only when a guard is configured.
+-- Apply it with no SQL-endpoint transaction open: DROP TRIGGER waits for them, and new fenced SQL
+-- transactions queue behind it.
 DROP TRIGGER session_commits_count ON fencepost.session_commits;
 DROP FUNCTION fencepost.count_session_commit();
 DELETE FROM fencepost.session_commits;

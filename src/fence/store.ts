@@ -280,10 +280,13 @@ export class FenceStore {
     }
     const wait = oldest + HOLD_BACK_MS - now;
     if (wait <= 0) return false;
-    this.pumpTimer ??= setTimeout(() => {
-      this.pumpTimer = null;
-      this.pump();
-    }, Math.ceil(wait));
+    if (this.pumpTimer === null) {
+      this.pumpTimer = setTimeout(() => {
+        this.pumpTimer = null;
+        this.pump();
+      }, Math.ceil(wait));
+      this.pumpTimer.unref(); // a batch in flight keeps the process alive; its end pumps too
+    }
     return true;
   }
 
@@ -501,6 +504,11 @@ export class FenceStore {
       stopped = true;
       if (timer) clearTimeout(timer);
     };
+  }
+
+  async readHighestToken(fenceKey: string): Promise<bigint | null> {
+    const { rows } = await this.pool.query<{ highest_token: string }>(q.readHighestToken(fenceKey));
+    return rows[0] ? BigInt(rows[0].highest_token) : null;
   }
 
   async readFence(fenceKey: string): Promise<FenceRecord | null> {

@@ -129,7 +129,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.decorate('closing', false);
   app.decorateReply('errorCode', null);
   const guard = opts.forgeryGuard
-    ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: async (k) => (await opts.store.readFence(k))?.highestToken ?? null, ...(opts.logger ? { logger: opts.logger } : {}) })
+    ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: (k) => opts.store.readHighestToken(k), ...(opts.logger ? { logger: opts.logger } : {}) })
     : null;
   app.decorate('forgeryGuard', guard);
   if (guard) app.addHook('onClose', async () => await guard.close());

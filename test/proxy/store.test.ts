@@ -1,7 +1,8 @@
 // FenceStore batching: what each write in a coalesced batch is told when part of the batch fails.
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import type pg from 'pg';
+import pg from 'pg';
+import { foldSessionCommits } from '../../src/fence/queries.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 
@@ -124,5 +125,26 @@ describe('a batch of plain puts', () => {
     expect(v.rows).toEqual([{ key: 'retry/a', version: '1' }, { key: 'retry/b', version: '1' }]);
     expect([await counts('retry/f'), await counts('retry/new')]).toEqual([1, 1]);
     expect(rec.names.filter((n) => n.startsWith('fencepost_fenced'))).toEqual(['fencepost_fenced_puts', 'fencepost_fenced_puts', 'fencepost_fenced_write', 'fencepost_fenced_write']);
+  });
+});
+
+describe('folding committed transactions into the counters', () => {
+  // Invariant: a fold counts every pending row once, whatever the table looked like when the
+  // connection first folded (a plan cached on the empty table re-ran its locking subquery per
+  // row: 10,000 rows took 5 s). The statement timeout is 100 times what the fold needs.
+  test('a fold on a connection that first folded an empty table folds 20,000 rows at once', async () => {
+    const c = new pg.Client({ connectionString: db.url, options: '-c statement_timeout=5000' });
+    await c.connect();
+    try {
+      await c.query('DELETE FROM fencepost.session_commits');
+      await c.query('VACUUM fencepost.session_commits');
+      await c.query(foldSessionCommits());
+      await c.query(`INSERT INTO fencepost.session_commits (fence_key) SELECT 'plan/k' FROM generate_series(1, 20000)`);
+      await c.query(foldSessionCommits());
+      expect((await c.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n).toBe(0);
+      expect((await c.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'plan/k'`)).rows[0].n).toBe(20000);
+    } finally {
+      await c.end();
+    }
   });
 });

@@ -26,7 +26,7 @@ import { retryOnConflict } from './retry.ts';
  */
 const LOCKED_FENCE_ALONE_MS = 10_000;
 
-/** How often committed transactions are folded into the counters when nobody reads them. */
+/** How often each proxy folds committed transactions into the counters (reads add the rest). */
 const FOLD_INTERVAL_MS = 1000;
 
 /** Writes that must be waiting before a batch starts beside one already in flight (see pump). */

@@ -13,6 +13,7 @@
 // nothing committed), its operations run again one by one so only the locked fence's writes fail,
 // and that fence key then goes in batches of its own, in at most all but one slot, for a while.
 import type pg from 'pg';
+import { LRUCache } from 'lru-cache';
 import * as q from './queries.ts';
 import type { OpKind, WriteRow } from './queries.ts';
 import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
@@ -28,6 +29,9 @@ const LOCKED_FENCE_ALONE_MS = 10_000;
 
 /** How often each proxy folds committed transactions into the counters (reads add the rest). */
 const FOLD_INTERVAL_MS = 1000;
+
+/** Fence keys whose last passing token the write strategy remembers (see fencedStrategy). */
+const PASSED_HINTS = 10_000;
 
 /** Writes that must be waiting before a batch starts beside one already in flight (see pump). */
 const MIN_EXTRA_BATCH = 8;
@@ -120,26 +124,47 @@ export type RunStatement = <R extends pg.QueryResultRow>(statement: q.Query) => 
 export type WriteStrategy = (run: RunStatement, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
 
 /**
- * The product's strategy: a batch of plain puts tries the cheaper fencedPuts first (the leader's
- * writes at its fence's token); whatever it left untouched, and every other batch, goes through
- * fencedWrite, which decides each operation. Two statements for a batch that mixes both: its
- * operations were concurrent requests, so answering some before the others is a valid order.
+ * The product's strategy. A batch of plain puts whose fences this store last saw pass at those very
+ * tokens (the leader's steady writes) goes through the cheaper fencedPuts; whatever it left
+ * untouched (the fence was raised meanwhile, an object of another fence) then goes through
+ * fencedWrite, which decides each operation. Any other batch goes through fencedWrite alone: a
+ * batch with a new fence, a raise or a stale token would pay for both statements. The hint is only
+ * a guess at which statement applies; both are correct for any batch. Two statements for one batch
+ * answer concurrent requests, so answering some before the others is a valid order.
  */
-const fencedStrategy: WriteStrategy = async (run, rows) => {
-  if (!rows.every(q.isPlainPut)) return run<WriteOutcome>(q.fencedWrite(rows));
-  const applied = await run<WriteOutcome>(q.fencedPuts(rows));
-  if (applied.length === rows.length) return applied;
-  const done = new Set(applied.map((r) => r.ord));
-  const rest = rows.map((r, ord) => ({ r, ord })).filter(({ ord }) => !done.has(ord));
-  let decided: WriteOutcome[];
-  try {
-    decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
-  } catch (err) {
-    if (applied.length === 0) throw err;
-    throw new PartialWriteError(applied, err);
-  }
-  return [...applied, ...decided.map((o) => ({ ...o, ord: rest[o.ord]!.ord }))];
-};
+function fencedStrategy(): WriteStrategy {
+  /** Fence key → the token (decimal) its last write through this store passed with. */
+  const passed = new LRUCache<string, string>({ max: PASSED_HINTS });
+  const note = (rows: readonly WriteRow[], outcomes: readonly WriteOutcome[]) => {
+    for (const o of outcomes) {
+      const r = rows[o.ord];
+      if (!r) continue;
+      if (o.highest_token !== null && o.object_refused !== true) passed.set(r.fenceKey, o.highest_token);
+      else if (o.highest_token === null && passed.get(r.fenceKey) === r.token.toString()) passed.delete(r.fenceKey);
+    }
+  };
+  return async (run, rows) => {
+    if (!rows.every((r) => q.isPlainPut(r) && passed.get(r.fenceKey) === r.token.toString())) {
+      const decided = await run<WriteOutcome>(q.fencedWrite(rows));
+      note(rows, decided);
+      return decided;
+    }
+    const applied = await run<WriteOutcome>(q.fencedPuts(rows));
+    if (applied.length === rows.length) return applied;
+    const done = new Set(applied.map((r) => r.ord));
+    const rest = rows.map((r, ord) => ({ r, ord })).filter(({ ord }) => !done.has(ord));
+    let decided: WriteOutcome[];
+    try {
+      decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
+    } catch (err) {
+      if (applied.length === 0) throw err;
+      throw new PartialWriteError(applied, err);
+    }
+    const outcomes = decided.map((o) => ({ ...o, ord: rest[o.ord]!.ord }));
+    note(rows, outcomes);
+    return [...applied, ...outcomes];
+  };
+}
 
 /**
  * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
@@ -208,7 +233,7 @@ export class FenceStore {
     this.maxBatchBytes = opts.maxBatchBytes;
     this.retries = opts.retries;
     this.onBatch = opts.onBatch;
-    this.writeStrategy = opts.__test__writeStrategy ?? fencedStrategy;
+    this.writeStrategy = opts.__test__writeStrategy ?? fencedStrategy();
   }
 
   /** Applies one fenced operation; resolves once it is committed (or rejected). */

@@ -156,25 +156,25 @@ describe('the leaner statement beside a locked fence', () => {
   // the full statement for the rest of its batch hits the lock timeout (it is never run again).
   test('a put committed by the leaner statement stays answered when the rest of its batch hits the lock', async () => {
     const store = new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 1 });
-    await store.write(putOp('part/seed-f', 'part-F'));
-    await store.write(putOp('part/seed-l', 'part-L'));
+    await store.write(putOp('part/seed-f', 'part-F')); // the store learns part-F's token
+    await store.write(putOp('part/seed-l', 'part-L')); // an object under part-L
     const lock = await holdFence('part-L');
     try {
       const first = store.write(putOp('part/first', 'part-X')); // takes the only slot
       const leader = store.write(putOp('part/f', 'part-F')); // the fence's own token: the leaner statement
-      const raise = store.write(putOp('part/l', 'part-L', 2n)); // a raise of the locked fence: the full statement
+      // part-L's object named under part-F: left to the full statement, which waits on part-L's lock.
+      const crossing = store.write(putOp('part/seed-l', 'part-F'));
       await expect(first).resolves.toMatchObject({ accepted: true });
       await expect(leader).resolves.toMatchObject({ accepted: true, version: 1n });
-      await expect(raise).rejects.toMatchObject({ code: LOCK_NOT_AVAILABLE });
+      await expect(crossing).rejects.toMatchObject({ code: LOCK_NOT_AVAILABLE });
       await store.idle();
     } finally {
       await lock.release();
     }
-    const { rows } = await db.pool.query(`SELECT key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/l') ORDER BY key`);
-    expect(rows).toEqual([{ key: 'part/f', version: '1' }]);
+    const { rows } = await db.pool.query(`SELECT key, fence_key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/seed-l') ORDER BY key`);
+    expect(rows).toEqual([{ key: 'part/f', fence_key: 'part-F', version: '1' }, { key: 'part/seed-l', fence_key: 'part-L', version: '1' }]);
     const counted = await db.pool.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'part-F'`);
     expect(counted.rows[0].n).toBe(2); // the seed and the leader's put, once
-    expect(await new FenceStore(db.pool, STORE_DEFAULTS).readFence('part-L')).toMatchObject({ highestToken: 1n });
   });
 
   // Invariant: a batch waiting on a locked fence never holds back writes on other fences (the

@@ -46,24 +46,24 @@ describe('a batch whose rejection log write fails', () => {
   });
 });
 
-/** The test pool, recording each statement's name; `failOnce` fails the first statement of that name as a deadlock would. */
-function recordingPool(pool: pg.Pool, failOnce?: string): { pool: pg.Pool; names: string[] } {
+/** The test pool, recording each statement's name; after arm(name), the next statement of that name fails as a deadlock would. */
+function recordingPool(pool: pg.Pool): { pool: pg.Pool; names: string[]; arm(name: string): void } {
   const names: string[] = [];
-  let failed = false;
+  let armed: string | null = null;
   const wrapped = new Proxy(pool, {
     get(target, prop, receiver) {
       if (prop !== 'query') return Reflect.get(target, prop, receiver) as unknown;
       return (config: { name?: string }, ...rest: unknown[]) => {
         if (config?.name) names.push(config.name);
-        if (config?.name === failOnce && !failed) {
-          failed = true;
+        if (config?.name !== undefined && config.name === armed) {
+          armed = null;
           return Promise.reject(Object.assign(new Error('deadlock detected'), { code: '40P01' }));
         }
         return (target.query as (...a: unknown[]) => unknown)(config, ...rest);
       };
     },
   });
-  return { pool: wrapped, names };
+  return { pool: wrapped, names, arm: (name) => (armed = name) };
 }
 
 describe('a batch of plain puts', () => {
@@ -71,59 +71,77 @@ describe('a batch of plain puts', () => {
     Number((await db.pool.query(`SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.fence_counts WHERE fence_key = $1`, [fenceKey])).rows[0].n);
 
   // Invariant: the cheaper statement applies only puts at their fence's own token on objects of
-  // that fence; every other put in the same batch (stale, raising, another fence's object) is
-  // decided by the full statement, exactly as if it had come alone, and each is counted once.
-  test('the leader\'s puts take the cheaper statement; stale, raising and other-fence puts beside them are decided in full', async () => {
+  // that fence; every other put (stale, raising, another fence's object) is decided by the full
+  // statement, exactly as if it had come alone, and each is counted once.
+  test('the leader\'s puts take the cheaper statement; stale, raising and other-fence puts are decided in full', async () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('lean/f', 7), ('lean/g', 9), ('lean/slot', 1)`);
     await db.pool.query(`INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('lean/other', 'lean/g', 9, 1, 'text/plain', 'g')`);
     const rec = recordingPool(db.pool);
     const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
     const put = (key: string, fenceKey: string, token: bigint) => store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: 'w' });
-    const first = put('lean/slot-object', 'lean/slot', 1n); // takes the only slot; the rest queue into one batch
+    // Each fence's first write goes through the full statement; the store then knows its token.
+    await expect(put('lean/seed', 'lean/f', 7n)).resolves.toMatchObject({ accepted: true });
+    await expect(put('lean/slot-seed', 'lean/slot', 1n)).resolves.toMatchObject({ accepted: true });
+    const first = put('lean/slot-object', 'lean/slot', 1n); // takes the only slot; the next three queue into one batch
     const a1 = put('lean/a1', 'lean/f', 7n);
     const a2 = put('lean/a2', 'lean/f', 7n);
     const other = put('lean/other', 'lean/f', 7n);
-    const stale = put('lean/s', 'lean/f', 6n);
-    const raising = put('lean/r', 'lean/h', 3n);
     await expect(first).resolves.toMatchObject({ accepted: true });
     await expect(a1).resolves.toMatchObject({ accepted: true, highestToken: 7n, version: 1n });
     await expect(a2).resolves.toMatchObject({ accepted: true, highestToken: 7n, version: 1n });
     await expect(other).resolves.toMatchObject({ accepted: false, fenceKey: 'lean/g', highestToken: 9n });
+    await store.idle();
+    // A batch with a stale token and a new fence goes through the full statement alone.
+    const blocker = put('lean/slot-object2', 'lean/slot', 1n);
+    const stale = put('lean/s', 'lean/f', 6n);
+    const raising = put('lean/r', 'lean/h', 3n);
+    await expect(blocker).resolves.toMatchObject({ accepted: true });
     await expect(stale).resolves.toMatchObject({ accepted: false, highestToken: 7n });
     await expect(raising).resolves.toMatchObject({ accepted: true, highestToken: 3n, version: 1n });
     await store.idle();
-    const written = await db.pool.query(`SELECT key, fence_key, token::text, version::text FROM fencepost.objects WHERE key LIKE 'lean/%' ORDER BY key`);
+    const written = await db.pool.query(`SELECT key, fence_key, token::text, version::text FROM fencepost.objects WHERE key LIKE 'lean/%' AND key NOT LIKE 'lean/slot%' ORDER BY key`);
     expect(written.rows).toEqual([
       { key: 'lean/a1', fence_key: 'lean/f', token: '7', version: '1' },
       { key: 'lean/a2', fence_key: 'lean/f', token: '7', version: '1' },
       { key: 'lean/other', fence_key: 'lean/g', token: '9', version: '1' },
       { key: 'lean/r', fence_key: 'lean/h', token: '3', version: '1' },
-      { key: 'lean/slot-object', fence_key: 'lean/slot', token: '1', version: '1' },
+      { key: 'lean/seed', fence_key: 'lean/f', token: '7', version: '1' },
     ]);
-    expect([await counts('lean/f'), await counts('lean/h'), await counts('lean/slot')]).toEqual([2, 1, 1]);
-    // The batch: the cheaper statement first, then the full one for what it left.
-    const batch = rec.names.filter((n) => n.startsWith('fencepost_fenced'));
-    expect(batch).toEqual(['fencepost_fenced_puts', 'fencepost_fenced_puts', 'fencepost_fenced_write']);
+    expect([await counts('lean/f'), await counts('lean/h'), await counts('lean/slot')]).toEqual([3, 1, 3]);
+    expect(rec.names.filter((n) => n.startsWith('fencepost_fenced'))).toEqual([
+      'fencepost_fenced_write', // lean/seed: first write of its fence
+      'fencepost_fenced_write', // lean/slot-seed
+      'fencepost_fenced_puts', // lean/slot-object
+      'fencepost_fenced_puts', // a1, a2, other: the cheaper statement applies a1 and a2…
+      'fencepost_fenced_write', // …and the full one refuses other
+      'fencepost_fenced_puts', // lean/slot-object2
+      'fencepost_fenced_write', // stale and raising: the full statement alone
+    ]);
   });
 
   // Invariant: a retry repeats only the statement that failed: puts the cheaper statement
   // committed are not applied (or counted) a second time when the full statement after it hits a
   // deadlock and runs again.
   test('a deadlock in the second statement retries that statement only', async () => {
-    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('retry/f', 4), ('retry/slot', 1)`);
-    const rec = recordingPool(db.pool, 'fencepost_fenced_write');
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('retry/f', 4), ('retry/g', 5), ('retry/slot', 1)`);
+    await db.pool.query(`INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('retry/other', 'retry/g', 5, 1, 'text/plain', 'g')`);
+    const rec = recordingPool(db.pool);
     const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
     const put = (key: string, fenceKey: string, token: bigint) => store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
-    const first = put('retry/slot-object', 'retry/slot', 1n);
-    const leader = put('retry/a', 'retry/f', 4n);
-    const raise = put('retry/b', 'retry/new', 1n);
+    await expect(put('retry/seed', 'retry/f', 4n)).resolves.toMatchObject({ accepted: true }); // the store learns each fence's token
+    await expect(put('retry/slot-seed', 'retry/slot', 1n)).resolves.toMatchObject({ accepted: true });
+    rec.names.length = 0;
+    rec.arm('fencepost_fenced_write');
+    const first = put('retry/slot-object', 'retry/slot', 1n); // takes the only slot; the next two share a batch
+    const leader = put('retry/a', 'retry/f', 4n); // applied by the cheaper statement
+    const other = put('retry/other', 'retry/f', 4n); // another fence's object: left to the full statement, which fails once
     await expect(first).resolves.toMatchObject({ accepted: true });
     await expect(leader).resolves.toMatchObject({ accepted: true, version: 1n });
-    await expect(raise).resolves.toMatchObject({ accepted: true, version: 1n });
+    await expect(other).resolves.toMatchObject({ accepted: false, fenceKey: 'retry/g', highestToken: 5n });
     await store.idle();
-    const v = await db.pool.query(`SELECT key, version::text FROM fencepost.objects WHERE key IN ('retry/a', 'retry/b') ORDER BY key`);
-    expect(v.rows).toEqual([{ key: 'retry/a', version: '1' }, { key: 'retry/b', version: '1' }]);
-    expect([await counts('retry/f'), await counts('retry/new')]).toEqual([1, 1]);
+    const v = await db.pool.query(`SELECT key, version::text FROM fencepost.objects WHERE key IN ('retry/a', 'retry/other') ORDER BY key`);
+    expect(v.rows).toEqual([{ key: 'retry/a', version: '1' }, { key: 'retry/other', version: '1' }]);
+    expect(await counts('retry/f')).toBe(2); // the seed and retry/a, once each
     expect(rec.names.filter((n) => n.startsWith('fencepost_fenced'))).toEqual(['fencepost_fenced_puts', 'fencepost_fenced_puts', 'fencepost_fenced_write', 'fencepost_fenced_write']);
   });
 });

@@ -8,7 +8,8 @@
 -- - Counted by a row, not by a trigger or a statement after COMMIT. Migration 0009 counted each
 --   SQL transaction with a deferred constraint trigger (two counter upserts and a delete in every
 --   transaction); POST /v1/transactions counted with a statement after COMMIT. Now the fence
---   inserts one row per fence into session_commits, in the writer's transaction: the row exists
+--   inserts one row per fence into session_commits, renamed pending_counts (the leaner object
+--   write counts there too), in the writer's transaction: the row exists
 --   exactly when that transaction committed (also when a statement of it ran COMMIT itself). The
 --   proxy folds the rows into fence_counts and totals (queries.ts foldSessionCommits) once a
 --   second; the count reads add the rows not folded yet, and so does fence_stats. The table is
@@ -23,6 +24,8 @@ DROP FUNCTION fencepost.count_session_commit();
 DELETE FROM fencepost.session_commits;
 ALTER TABLE fencepost.session_commits DROP COLUMN id;
 ALTER TABLE fencepost.session_commits SET LOGGED;
+-- Rows of accepted writes too (queries.ts fencedPuts), not only of sessions' commits.
+ALTER TABLE fencepost.session_commits RENAME TO pending_counts;
 
 CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_keys text[], tokens bigint[], writer_id text)
 RETURNS TABLE (ord int, highest_token bigint, xact bigint)
@@ -38,7 +41,7 @@ BEGIN
   -- One more accepted transaction on each fence, counted when this transaction commits (folded
   -- into the counters by the proxy); a stale fence's transaction never commits. Nothing shared
   -- is held: an insert, where an upsert of the counter rows would hold them until it ends.
-  INSERT INTO fencepost.session_commits (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
+  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
   -- The leader's case, one fence at its own token: the row FOR SHARE, nothing else. The general
   -- statement below takes the same lock; this skips its planning and its CTEs (a statement of
   -- its own: in READ COMMITTED it waits for a raise in flight and re-checks its committed value).
@@ -119,7 +122,7 @@ BEGIN
   WHERE f.fence_key = v_key AND f.highest_token = v_token
   FOR SHARE OF f;
   IF FOUND THEN
-    INSERT INTO fencepost.session_commits (fence_key) VALUES (v_key);
+    INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
     RETURN true;
   END IF;
   SELECT f.highest_token INTO v_highest
@@ -177,5 +180,5 @@ CREATE OR REPLACE VIEW fencepost.fence_stats AS
     f.raised_by
   FROM fencepost.fences f
   LEFT JOIN fencepost.fence_counts c USING (fence_key)
-  LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.session_commits s GROUP BY s.fence_key) p USING (fence_key)
+  LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pending_counts s GROUP BY s.fence_key) p USING (fence_key)
   GROUP BY f.fence_key;

@@ -209,7 +209,9 @@ export function isPlainPut(r: WriteRow): boolean {
  * re-checked), then the objects. Returns a row only for each put it applied, with its version and
  * ETag; every other put (its fence absent, lower or higher: a raise or a stale token; its object
  * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
- * it. Counted as fencedWrite counts.
+ * it. Each applied put is counted by a row in pending_counts (an insert: a quarter cheaper than
+ * upserting a counter row per fence), which the count reads add and the proxy folds
+ * (foldSessionCommits).
  */
 export function fencedPuts(rows: readonly WriteRow[]): Query {
   return {
@@ -236,14 +238,7 @@ put AS (
   RETURNING o.key, o.fence_key, o.token, o.version, ${ETAG_SQL('o')} AS etag
 ),
 counted AS (
-  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, ${SHARD}, count(*) FROM put GROUP BY fence_key ORDER BY fence_key COLLATE "C"
-  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
-),
-totalled AS (
-  INSERT INTO fencepost.totals AS t (shard, accepted)
-  SELECT ${SHARD}, count(*) FROM put HAVING count(*) > 0
-  ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted
+  INSERT INTO fencepost.pending_counts (fence_key) SELECT fence_key FROM put
 )
 SELECT i.ord, p.token AS highest_token, p.version, p.etag FROM input i JOIN put p ON p.key = i.key ORDER BY i.ord`,
     values: [
@@ -401,12 +396,12 @@ ORDER BY key COLLATE "C" LIMIT $2`,
 
 /**
  * A fence's counts: the sum of its counter rows (one per fence and backend shard), plus its
- * committed transactions not folded into them yet (PENDING, joined as `p`: session_commits,
+ * committed transactions not folded into them yet (PENDING, joined as `p`: pending_counts,
  * migration 0012). One snapshot sees each such transaction either still pending or folded.
  */
 const COUNTS = `(coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0) + coalesce(p.n, 0))::bigint AS accepted,
   coalesce((SELECT sum(c.rejected) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS rejected`;
-const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.session_commits s GROUP BY s.fence_key) p ON p.fence_key = f.fence_key`;
+const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pending_counts s GROUP BY s.fence_key) p ON p.fence_key = f.fence_key`;
 
 /** A fence's highest token alone (the forgery guard's question): no counts to add up. */
 export function readHighestToken(fenceKey: string): Query {
@@ -450,7 +445,7 @@ ORDER BY f.fence_key COLLATE "C"`,
 
 /**
  * Folds committed transactions into the counters (migration 0012): deletes the rows their fences
- * left in session_commits (rows of committed transactions only: they commit with them) and adds
+ * left in pending_counts (rows of committed transactions only: they commit with them) and adds
  * them to fence_counts and totals, in one statement. Rows another fold holds are skipped, never
  * waited for or counted twice. Counter shards 64–95: no writer's statement or transaction holds
  * them, so a fold never waits for one.
@@ -461,8 +456,8 @@ export function foldSessionCommits(): Query {
     // subquery for every row (quadratic; 10,000 rows took 5 s). Once a second, planning is cheap.
     text: `
 WITH done AS (
-  DELETE FROM fencepost.session_commits s
-  WHERE s.ctid IN (SELECT t.ctid FROM fencepost.session_commits t LIMIT 100000 FOR UPDATE SKIP LOCKED)
+  DELETE FROM fencepost.pending_counts s
+  WHERE s.ctid IN (SELECT t.ctid FROM fencepost.pending_counts t LIMIT 100000 FOR UPDATE SKIP LOCKED)
   RETURNING s.fence_key
 ),
 per_fence AS (
@@ -487,7 +482,7 @@ export function statsTotals(): Query {
   return {
     name: 'fencepost_stats_totals',
     text: `SELECT coalesce(sum(fences), 0)::bigint AS fences,
-  (coalesce(sum(accepted), 0) + (SELECT count(*) FROM fencepost.session_commits))::bigint AS accepted,
+  (coalesce(sum(accepted), 0) + (SELECT count(*) FROM fencepost.pending_counts))::bigint AS accepted,
   coalesce(sum(rejected), 0)::bigint AS rejected
 FROM fencepost.totals`,
   };

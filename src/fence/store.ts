@@ -507,7 +507,7 @@ export class FenceStore {
   /**
    * Folds committed transactions (SQL endpoint and POST /v1/transactions) into the counters
    * (q.foldSessionCommits). The count reads add what is not folded yet, so folding only keeps
-   * session_commits short.
+   * pending_counts short.
    */
   async foldSessionCommits(): Promise<void> {
     await this.pool.query(q.foldSessionCommits());

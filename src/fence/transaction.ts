@@ -283,7 +283,7 @@ export class TransactionRunner {
       return await retryOnConflict(
         async () => {
           const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
-          // A committed one was counted by its fence (a row in session_commits that commits with it,
+          // A committed one was counted by its fence (a row in pending_counts that commits with it,
           // folded into the counters later: migration 0012); no counter row is held by a
           // writer's transaction.
           if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);

@@ -1,6 +1,6 @@
 // Accepted counts of SQL endpoint transactions: a fenced transaction is counted as accepted on its
 // fence when it commits (fence_counts and totals, so GET /v1/fences/:key, /v1/stats and the
-// dashboard show it: they add session_commits, the rows not folded yet), and not when it rolls
+// dashboard show it: they add pending_counts, the rows not folded yet), and not when it rolls
 // back or fails.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -29,7 +29,7 @@ const fence = async (key: string) => {
   return (await res.json()) as { accepted: number; rejected: number; highestToken: string };
 };
 /** The accepted total as /v1/stats computes it: the counters plus the transactions not folded yet. */
-const totalAccepted = async () => Number((await db.pool.query('SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.session_commits))::text AS n')).rows[0].n);
+const totalAccepted = async () => Number((await db.pool.query('SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.pending_counts))::text AS n')).rows[0].n);
 const folded = async () => Number((await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.totals')).rows[0].n);
 const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
 
@@ -103,13 +103,13 @@ describe('accepted counts of SQL transactions', () => {
     // Eight folders at once (and maybe the proxy's own timer) over the commit rows.
     await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldSessionCommits())));
     // A row the proxy's own fold held was skipped by these; that fold commits it.
-    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n, { timeout: 10_000, interval: 50 }).toBe(0);
+    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n, { timeout: 10_000, interval: 50 }).toBe(0);
     expect(await folded()).toBe(await totalAccepted());
     expect(await totalAccepted()).toBe(before + 200);
     // The proxy folds by itself, once a second.
     for (const c of sessions.slice(0, 2)) await c.query(`INSERT INTO items VALUES (${id()}, 'timer')`);
     await Promise.all(sessions.map((c) => c.end()));
-    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n, { timeout: 10_000, interval: 100 }).toBe(0);
+    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n, { timeout: 10_000, interval: 100 }).toBe(0);
     expect(await totalAccepted()).toBe(before + 202);
     expect(await fence('count/fold')).toMatchObject({ accepted: 202, rejected: 0 });
   });

@@ -173,8 +173,7 @@ describe('the leaner statement beside a locked fence', () => {
     }
     const { rows } = await db.pool.query(`SELECT key, fence_key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/seed-l') ORDER BY key`);
     expect(rows).toEqual([{ key: 'part/f', fence_key: 'part-F', version: '1' }, { key: 'part/seed-l', fence_key: 'part-L', version: '1' }]);
-    const counted = await db.pool.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'part-F'`);
-    expect(counted.rows[0].n).toBe(2); // the seed and the leader's put, once
+    expect(await new FenceStore(db.pool, STORE_DEFAULTS).readFence('part-F')).toMatchObject({ accepted: 2n }); // the seed and the leader's put, once
   });
 
   // Invariant: a batch waiting on a locked fence never holds back writes on other fences (the
@@ -211,7 +210,7 @@ describe('the leaner statement beside a locked fence', () => {
     await store.write(putOp('fold/seed', 'fold-K'));
     await db.pool.query(`INSERT INTO fencepost.fence_counts (fence_key, shard) SELECT 'fold-K', g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
     await db.pool.query(`INSERT INTO fencepost.totals (shard) SELECT g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
-    await db.pool.query(`INSERT INTO fencepost.session_commits (fence_key) VALUES ('fold-K'), ('fold-K')`);
+    await db.pool.query(`INSERT INTO fencepost.pending_counts (fence_key) VALUES ('fold-K'), ('fold-K')`);
     const holder = new pg.Client({ connectionString: db.url });
     await holder.connect();
     await holder.query('BEGIN');
@@ -221,7 +220,7 @@ describe('the leaner statement beside a locked fence', () => {
       expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n }); // the seed and two pending
       const before = (await store.stats(10)).accepted;
       await Promise.all(Array.from({ length: 6 }, () => store.foldSessionCommits()));
-      expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.session_commits')).rows[0].n).toBe(0);
+      expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n).toBe(0);
       expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n });
       expect((await store.stats(10)).accepted).toBe(before);
       expect((await store.listFences(null, 1000)).fences.find((f) => f.fenceKey === 'fold-K')).toMatchObject({ accepted: 3n });

@@ -150,6 +150,12 @@ describe('properties', () => {
   });
 
   test('any transaction: all or nothing, and every answer from the registry', async () => {
+    // Two of the generated fences start at token 20, so a stale token (0–19) is reachable from the
+    // first run, not only after a random transaction happened to commit a raise.
+    for (const key of ['w/t1', 'w/t2']) {
+      const raised = await app.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(key)}`, headers: { ...bearer(SECRET.writer), 'fencing-token': '20' } });
+      expect(raised.statusCode, raised.body).toBe(200);
+    }
     const outcomes = new Set<string>();
     await fc.assert(
       fc.asyncProperty(txBody, fc.constantFrom(SECRET.writer, SECRET.writer, SECRET.other, SECRET.norole), async (body, secret) => {
@@ -166,7 +172,9 @@ describe('properties', () => {
         const results = res.json().results as unknown[];
         expect(results).toHaveLength(doc.statements.length);
       }),
-      { numRuns: 250 },
+      // A fixed seed: the outcome kinds checked below are each reached by a few of the 250 runs, and
+      // a random seed left one of them out now and then. FC_SEED explores other sequences.
+      { numRuns: 250, seed: Number(process.env.FC_SEED ?? 20261130) },
     );
     expect(outcomes.has('200')).toBe(true);
     for (const c of ['sql_error', 'sql_conflict', 'statement_not_allowed', 'stale_token']) expect(outcomes).toContain(c);

@@ -11,7 +11,7 @@
 --   inserts one row per fence into session_commits, renamed pending_counts (the leaner object
 --   write counts there too), in the writer's transaction: the row exists
 --   exactly when that transaction committed (also when a statement of it ran COMMIT itself). The
---   proxy folds the rows into fence_counts and totals (queries.ts foldSessionCommits) once a
+--   proxy folds the rows into fence_counts and totals (queries.ts foldPendingCounts) once a
 --   second; the count reads add the rows not folded yet, and so does fence_stats. The table is
 --   logged now (a crash of Postgres loses no committed count), with no key or index to maintain.
 --   Rows left by 0009 (transactions made read-only after writing, which it did not count) go.

@@ -211,7 +211,7 @@ export function isPlainPut(r: WriteRow): boolean {
  * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
  * it. Each applied put is counted by a row in pending_counts (an insert: a quarter cheaper than
  * upserting a counter row per fence), which the count reads add and the proxy folds
- * (foldSessionCommits).
+ * (foldPendingCounts).
  */
 export function fencedPuts(rows: readonly WriteRow[]): Query {
   return {
@@ -444,13 +444,13 @@ ORDER BY f.fence_key COLLATE "C"`,
 }
 
 /**
- * Folds committed transactions into the counters (migration 0012): deletes the rows their fences
- * left in pending_counts (rows of committed transactions only: they commit with them) and adds
+ * Folds committed writes and transactions into the counters (migration 0012): deletes the rows
+ * they left in pending_counts (rows of committed ones only: they commit with them) and adds
  * them to fence_counts and totals, in one statement. Rows another fold holds are skipped, never
  * waited for or counted twice. Counter shards 64–95: no writer's statement or transaction holds
  * them, so a fold never waits for one.
  */
-export function foldSessionCommits(): Query {
+export function foldPendingCounts(): Query {
   return {
     // Unnamed, so planned at each run: a plan cached while the table was empty re-ran the locking
     // subquery for every row (quadratic; 10,000 rows took 5 s). Once a second, planning is cheap.

@@ -414,20 +414,20 @@ export class FenceStore {
       ifNoneMatch: op.kind !== 'fence' && op.ifNoneMatch === true,
       writerId: op.writerId,
     }));
-    let rows: { rows: WriteOutcome[] };
+    let outcomes: WriteOutcome[];
     let partial: PartialWriteError | null = null;
     try {
-      rows = { rows: await this.writeStrategy(this.runStatement, writeRows) };
+      outcomes = await this.writeStrategy(this.runStatement, writeRows);
     } catch (err) {
       if (!(err instanceof PartialWriteError)) throw err;
       partial = err;
-      rows = { rows: err.applied };
+      outcomes = err.applied;
     }
     const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
     if (partial) for (let i = 0; i < ops.length; i++) results[i] = { failed: partial.cause };
     const rejected: number[] = [];
     const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence
-    for (const row of rows.rows) {
+    for (const row of outcomes) {
       if (row.object_refused === true) refused.add(row.ord);
       if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
       else if (row.precondition_failed === true) results[row.ord] = { accepted: false, highestToken: BigInt(row.highest_token), preconditionFailed: true };
@@ -505,12 +505,12 @@ export class FenceStore {
   }
 
   /**
-   * Folds committed transactions (SQL endpoint and POST /v1/transactions) into the counters
-   * (q.foldSessionCommits). The count reads add what is not folded yet, so folding only keeps
+   * Folds the count rows of committed writes and transactions (the leaner puts, the SQL endpoint,
+   * POST /v1/transactions) into the counters (q.foldPendingCounts). The count reads add what is not folded yet, so folding only keeps
    * pending_counts short.
    */
-  async foldSessionCommits(): Promise<void> {
-    await this.pool.query(q.foldSessionCommits());
+  async foldPendingCounts(): Promise<void> {
+    await this.pool.query(q.foldPendingCounts());
   }
 
   /** Folds every FOLD_INTERVAL_MS, one fold at a time, until stopped (the returned function). */
@@ -518,7 +518,7 @@ export class FenceStore {
     let timer: NodeJS.Timeout | null = null;
     let stopped = false;
     const tick = () => {
-      this.foldSessionCommits()
+      this.foldPendingCounts()
         .catch(onError)
         .finally(() => {
           if (!stopped) (timer = setTimeout(tick, FOLD_INTERVAL_MS)).unref();

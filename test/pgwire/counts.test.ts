@@ -6,7 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, fenceOptions, type SqlProxy } from './helpers.ts';
-import { foldSessionCommits } from '../../src/fence/queries.ts';
+import { foldPendingCounts } from '../../src/fence/queries.ts';
 
 let db: TestDatabase;
 let sql: SqlProxy;
@@ -101,7 +101,7 @@ describe('accepted counts of SQL transactions', () => {
     }));
     expect(await totalAccepted()).toBe(before + 200);
     // Eight folders at once (and maybe the proxy's own timer) over the commit rows.
-    await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldSessionCommits())));
+    await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldPendingCounts())));
     // A row the proxy's own fold held was skipped by these; that fold commits it.
     await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n, { timeout: 10_000, interval: 50 }).toBe(0);
     expect(await folded()).toBe(await totalAccepted());

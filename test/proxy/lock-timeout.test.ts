@@ -219,7 +219,7 @@ describe('the leaner statement beside a locked fence', () => {
     try {
       expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n }); // the seed and two pending
       const before = (await store.stats(10)).accepted;
-      await Promise.all(Array.from({ length: 6 }, () => store.foldSessionCommits()));
+      await Promise.all(Array.from({ length: 6 }, () => store.foldPendingCounts()));
       expect((await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n).toBe(0);
       expect(await store.readFence('fold-K')).toMatchObject({ accepted: 3n });
       expect((await store.stats(10)).accepted).toBe(before);

@@ -2,7 +2,7 @@
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
-import { foldSessionCommits } from '../../src/fence/queries.ts';
+import { foldPendingCounts } from '../../src/fence/queries.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 
@@ -156,9 +156,9 @@ describe('folding committed transactions into the counters', () => {
     try {
       await c.query('DELETE FROM fencepost.pending_counts');
       await c.query('VACUUM fencepost.pending_counts');
-      await c.query(foldSessionCommits());
+      await c.query(foldPendingCounts());
       await c.query(`INSERT INTO fencepost.pending_counts (fence_key) SELECT 'plan/k' FROM generate_series(1, 20000)`);
-      await c.query(foldSessionCommits());
+      await c.query(foldPendingCounts());
       expect((await c.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n).toBe(0);
       expect((await c.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'plan/k'`)).rows[0].n).toBe(20000);
     } finally {

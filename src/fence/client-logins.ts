@@ -134,6 +134,9 @@ const q = {
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(role)}`,
+    // POST /v1/transactions in three round trips (migration 0013).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction_bound(text, text, text, text) TO ${pg.escapeIdentifier(role)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.seal_client_transaction(bigint) TO ${pg.escapeIdentifier(role)}`,
     // The SQL endpoint's fences (migration 0008).
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(role)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(role)}`,
@@ -145,6 +148,9 @@ const q = {
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(login)}`,
+    // POST /v1/transactions in three round trips (migration 0013).
+    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction_bound(text, text, text, text) TO ${pg.escapeIdentifier(login)}`,
+    `GRANT EXECUTE ON FUNCTION fencepost.seal_client_transaction(bigint) TO ${pg.escapeIdentifier(login)}`,
     // The SQL endpoint's fences (migration 0008).
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(login)}`,
     `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(login)}`,

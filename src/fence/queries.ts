@@ -1,5 +1,6 @@
 // Every SQL statement the fence runs, as named builders returning { name?, text, values }.
 // Named statements are prepared once per connection by node-postgres.
+import { createHash } from 'node:crypto';
 import type { QueryConfig } from 'pg';
 
 export type Query = QueryConfig<unknown[]>;
@@ -539,52 +540,78 @@ const BEGIN: Record<Isolation, string> = {
  * fixed table, the timeouts validated integers, the role a configured key's pgRole (a plain
  * identifier, quoted).
  */
-export function beginClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null): Query {
+/**
+ * The first round trip of a fenced transaction on a pooled client-login connection, one simple
+ * Query: reset the session, BEGIN with its settings and role, then the fence check and raise
+ * (migration 0013). The reset comes first, so the writer's statements always run in a session
+ * nothing before them touched: settings, role, prepared statements, cursors, listens, advisory
+ * locks, temp tables, sequences. (Its transactional parts commit or roll back with the fenced
+ * transaction; after a rollback the next transaction resets again.) DISCARD ALL would also drop
+ * the plans the fence function cached.
+ *
+ * ASCII only, so no setting an earlier transaction left (client_encoding,
+ * standard_conforming_strings) changes how Postgres reads it: the fence keys and writer id go in
+ * hex, tokens in decimal, the role as a checked identifier. `bound` is transactionCapability()'s
+ * hash over the same strings and the backend's pid; the capability itself never appears in text.
+ */
+export function openClientTransaction(
+  isolation: Isolation,
+  statementTimeoutMs: number,
+  lockTimeoutMs: number,
+  role: string | null,
+  fence: BoundFenceArgs & { bound: string },
+): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
   if (role !== null && !/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(role)) throw new Error('role must be a plain identifier');
+  if (!/^[0-9a-f]{64}$/.test(fence.bound) || !/^[0-9a-f]+(,[0-9a-f]+)*$/.test(fence.keysHex) || !/^[0-9]+(,[0-9]+)*$/.test(fence.tokens) || (fence.writerHex !== null && !/^[0-9a-f]*$/.test(fence.writerHex))) {
+    throw new Error('fence arguments must be hex and decimal');
+  }
   const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
+  const writer = fence.writerHex === null ? 'NULL' : `'${fence.writerHex}'`;
   return {
-    text: `${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}`,
+    text:
+      'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; ' +
+      `${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
+      `SELECT ord, highest_token, xact FROM fencepost.fence_transaction_bound('${fence.bound}', '${fence.keysHex}', '${fence.tokens}', ${writer})`,
   };
 }
 
-/**
- * The fence check and raise of a transaction (migrations 0004, 0007: a raise records `writerId`),
- * on the client login's connection. Unnamed on purpose: the connection is DISCARDed between
- * transactions.
- */
-export function fenceTransaction(capability: string, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
+/** fence_transaction_bound()'s arguments (migration 0013), as the hash covers them. */
+export interface BoundFenceArgs {
+  keysHex: string;
+  tokens: string;
+  writerHex: string | null;
+}
+
+export function boundFenceArgs(fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): BoundFenceArgs {
+  if (fences.length === 0) throw new Error('a fenced transaction needs a fence');
   return {
-    // No casts and no unqualified names: a type or cast the writer defines (pg_temp, its own
-    // schema, its role's search_path) must not take part in the proxy's own statements. The
-    // parameters take the function's declared types; int8 results arrive as strings.
-    text: 'SELECT ord, highest_token, xact FROM fencepost.fence_transaction($1, $2, $3, $4)',
-    values: [capability, fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString()), writerId],
+    keysHex: fences.map((f) => Buffer.from(f.fenceKey, 'utf8').toString('hex')).join(','),
+    tokens: fences.map((f) => f.token.toString()).join(','),
+    writerHex: writerId === null ? null : Buffer.from(writerId, 'utf8').toString('hex'),
   };
 }
 
-/**
- * Right before COMMIT, no parameters and nothing the writer can shadow: close every cursor (a
- * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, then read
- * the transaction id (it must still be the fenced one) and force durability on, last.
- */
-export function sealTransaction(): Query {
-  return {
-    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; SELECT pg_catalog.txid_current() AS xact, pg_catalog.set_config('synchronous_commit', 'on', true)`,
-  };
+/** The capability fence_transaction_bound() checks: bound to one backend and these arguments. */
+export function transactionCapability(capability: string, backendPid: number, a: BoundFenceArgs): string {
+  return createHash('sha256').update(`${capability}|${backendPid}|${a.keysHex}|${a.tokens}|${a.writerHex ?? 'NULL'}|${capability}`, 'utf8').digest('hex');
 }
 
 /**
- * Between transactions on a pooled client connection: nothing of one session reaches the next
- * (settings, role, prepared statements, cursors, listens, advisory locks, temp tables,
- * sequences). DISCARD ALL without DISCARD PLANS: the plans the fence and seal functions cached
- * stay, so the next transaction does not plan them again.
+ * The last round trip, one simple Query with nothing the writer can shadow: close every cursor (a
+ * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, check that
+ * the transaction is still the fenced one and force durability on (seal_client_transaction(),
+ * migration 0013: FP410 otherwise, and COMMIT is never reached), then COMMIT.
  */
-export function resetSession(): Query {
+export function sealAndCommit(xact: string): Query {
+  if (!/^[0-9]+$/.test(xact)) throw new Error('xact must be decimal');
   return {
-    text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES',
+    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; SELECT fencepost.seal_client_transaction(${xact}); COMMIT`,
   };
 }
+
+/** SQLSTATE of seal_client_transaction(): a statement ended the fenced transaction. */
+export const FENCED_TRANSACTION_ENDED = 'FP410';
 
 export function terminateBackend(pid: number): Query {
   return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };

@@ -1,14 +1,16 @@
 // Fenced SQL transactions: the fence check and a writer's statements in one database transaction,
 // run on a client login that can harm nothing (src/fence/client-logins.ts), never as the owner.
 //
-// On a connection of the key's login: BEGIN with statement and lock timeouts; the fence check and
-// raise through fence_transaction() (SECURITY DEFINER, called with the proxy's capability as a bind
-// parameter); if any token is below its fence, ROLLBACK and record the rejection; else SET LOCAL
-// ROLE to the key's pgRole and run the statements (extended protocol: one statement per entry).
-// Before COMMIT the transaction id must still be the fenced one and synchronous_commit is forced
-// on, so a statement can neither end the fenced transaction and go on unfenced nor weaken the
-// durability of a fence raise. A serialization failure or deadlock runs everything again, a
-// bounded number of times.
+// On a connection of the key's login, three round trips for one statement (queries.ts
+// openClientTransaction, sealAndCommit; migration 0013): reset the session, BEGIN with statement
+// and lock timeouts and SET LOCAL ROLE to the key's pgRole, and the fence check and raise through
+// fence_transaction_bound() (SECURITY DEFINER; its capability is bound to this backend and these
+// arguments) in one Query; if any token is below its fence, ROLLBACK and record the rejection;
+// else the statements (extended protocol: one statement per entry); then the seal and COMMIT in
+// one Query: the transaction id must still be the fenced one (or COMMIT is never reached) and
+// synchronous_commit is forced on, so a statement can neither end the fenced transaction and go
+// on unfenced nor weaken the durability of a fence raise. A serialization failure or deadlock
+// runs everything again, a bounded number of times.
 //
 // Nothing a statement does can take the process down or hold shared resources past its limits:
 // every checked-out connection has an error listener; result bytes are counted as they arrive and
@@ -380,8 +382,13 @@ export class TransactionRunner {
       if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
       let xact: string;
       try {
-        await client.query(q.beginClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole));
-        const { rows } = await client.query<{ ord: number; highest_token: string | null; xact: string }>(q.fenceTransaction(capability, fences, writerId));
+        const pid = (client as unknown as { processID: number | null }).processID;
+        if (pid === null) throw new Error('the connection has no backend pid');
+        const args = q.boundFenceArgs(fences, writerId);
+        const open = q.openClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole, { ...args, bound: q.transactionCapability(capability, pid, args) });
+        // Several statements: the last result (the fence) holds the rows.
+        const results = (await client.query(open)) as unknown as pg.QueryResult<{ ord: number; highest_token: string | null; xact: string }>[];
+        const { rows } = results.at(-1)!;
         const stale = rows.filter((r) => r.highest_token === null).map((r) => fences[r.ord]!);
         if (stale.length > 0) {
           await client.query(q.rollbackTransaction());
@@ -413,23 +420,15 @@ export class TransactionRunner {
         }
         results.push({ rowCount: r.rowCount ?? null, rows: toRows(r) });
       }
-      let sealed: { xact: string };
-      try {
-        // Several statements: the last result holds the row.
-        const seal = (await client.query(q.sealTransaction())) as unknown as pg.QueryResult<{ xact: string }>[];
-        sealed = seal.at(-1)!.rows[0]!;
-      } catch (err) {
-        return await fail(err, null);
-      }
-      if (sealed.xact !== xact) {
-        // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
-        reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
-        throw new TransactionEndedError(statements.length - 1);
-      }
       try {
         commitSent = true;
-        await client.query(q.commitTransaction());
+        await client.query(q.sealAndCommit(xact));
       } catch (err) {
+        if (sqlState(err) === q.FENCED_TRANSACTION_ENDED && !lost && !tooLarge && !deadline.aborted) {
+          // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
+          reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
+          throw new TransactionEndedError(statements.length - 1);
+        }
         return await fail(err, null);
       }
       reusable = true;
@@ -440,23 +439,9 @@ export class TransactionRunner {
       conn.off('readyForQuery', onReady);
       client.off('error', onError);
       client.off('end', onError);
-      // Whatever the statements did to their session (settings, role, temp tables, advisory locks,
-      // prepared statements) reaches no later transaction: reset the session, or close the connection.
-      // The answer does not wait for it; the connection goes back to the pool once it is done.
-      if (reusable && !lost && !tooLarge && !deadline.aborted && status === 'I') {
-        const ignore = () => {};
-        client.on('error', ignore);
-        void client.query(q.resetSession()).then(
-          () => {
-            client.off('error', ignore);
-            client.release();
-          },
-          () => {
-            client.off('error', ignore);
-            client.release(true);
-          },
-        );
-      } else client.release(true);
+      // The next transaction on this connection resets the session first (openClientTransaction).
+      if (reusable && !lost && !tooLarge && !deadline.aborted && status === 'I') client.release();
+      else client.release(true);
     }
   }
 

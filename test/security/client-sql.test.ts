@@ -10,6 +10,7 @@ import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support
 import { adminQuery, bearer, SECRET, securedApp, uniqueRole } from './helpers.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
+import { transactionCapability } from '../../src/fence/queries.ts';
 
 let db: TestDatabase;
 let runner: TransactionRunner;
@@ -172,6 +173,48 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     expect(r).toMatchObject({ committed: true });
     // The temp objects are gone for the next transaction on the connection.
     expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
+  });
+  test('settings that change how SQL text is read, left by one transaction, do not reach the next one\'s fence', async () => {
+    // The proxy's first round trip is SQL text. A transaction leaves the session reading text as
+    // SJIS without standard-conforming strings (a classic way to break out of a quoted literal);
+    // the next transaction on that connection, with quotes, backslashes and non-ASCII in its fence
+    // key and writer id, still fences exactly that key and sees the defaults again.
+    const pid = async () => ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid;
+    const before = await pid();
+    const dirty = await run([
+      `SELECT pg_catalog.set_config('standard_conforming_strings', 'off', false), pg_catalog.set_config('backslash_quote', 'on', false)`,
+      `SELECT pg_catalog.set_config('client_encoding', 'SJIS', false)`,
+    ]);
+    expect(dirty).toMatchObject({ committed: true });
+    const key = "w/it's \\' ü表\\";
+    const next = await runner.run('writer', [{ fenceKey: key, token: 7n }], [{ sql: `SELECT pg_backend_pid() AS pid, current_setting('client_encoding') AS enc, current_setting('standard_conforming_strings') AS scs`, params: [] }], {
+      isolation: 'read committed',
+      writerId: "o'neil \\ 表",
+    });
+    expect(next.committed).toBe(true);
+    expect((next as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ pid: before, enc: 'UTF8', scs: 'on' });
+    const { rows } = await db.pool.query(`SELECT highest_token, raised_by FROM fencepost.fences WHERE fence_key = $1`, [key]);
+    expect(rows).toEqual([{ highest_token: '7', raised_by: "o'neil \\ 表" }]);
+    await fenceIntact();
+  });
+
+  test('the fence call\'s capability, shown to other sessions as text, works only on its own backend and for its own arguments', async () => {
+    // pg_stat_activity shows the proxy's first round trip to every session of the login. What it
+    // shows is bound to one backend and one set of arguments: from another backend, or for another
+    // fence or token, it is refused.
+    const { capability } = await runner.provision();
+    const here = ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
+    const victim = { keysHex: Buffer.from('o/victim').toString('hex'), tokens: '999999', writerHex: null };
+    const call = (bound: string, a: typeof victim) => `SELECT * FROM fencepost.fence_transaction_bound('${bound}', '${a.keysHex}', '${a.tokens}', NULL)`;
+    // What the proxy sent for this backend's own fence (w/attack at 1), replayed for the victim.
+    const own = { keysHex: Buffer.from('w/attack').toString('hex'), tokens: '1', writerHex: null };
+    const replayed = await run([call(transactionCapability(capability, here, own), victim)]);
+    expect(replayed).toBeInstanceOf(Error);
+    expect(String((replayed as Error).message)).toMatch(/may be called by the proxy only/);
+    // The right arguments, bound to another backend.
+    const elsewhere = await run([call(transactionCapability(capability, here + 1, victim), victim)]);
+    expect(String((elsewhere as Error).message)).toMatch(/may be called by the proxy only/);
+    await fenceIntact();
   });
 });
 

@@ -110,8 +110,12 @@ describe('keys mode', () => {
     expect(await code(c.query('INSERT INTO counters VALUES (401, 1)'))).toBe('42501'); // the login itself may not write
     await c.query('RESET ROLE'); // back to the startup role: the key's pgRole
     expect((await c.query('SELECT current_user AS u')).rows[0].u).toBe(role);
+    // Outside the key's prefixes, also where a fence at the session's very token exists (the
+    // leader's fast path must check the prefixes too): refused, nothing counted on that fence.
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('invoices/1', 1)`);
     await c.query("SET fencepost.fence_key = 'invoices/1'");
-    expect(await code(c.query('SELECT 1'))).toBe('42501'); // outside the key's prefixes
+    expect(await code(c.query('SELECT 1'))).toBe('42501');
+    expect((await db.pool.query(`SELECT 1 FROM fencepost.pending_counts WHERE fence_key = 'invoices/1'`)).rowCount).toBe(0);
     await c.end();
     expect(await counter(400)).toBe('1');
   });

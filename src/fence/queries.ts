@@ -599,14 +599,16 @@ export function transactionCapability(capability: string, backendPid: number, a:
 
 /**
  * The last round trip, one simple Query with nothing the writer can shadow: close every cursor (a
- * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, check that
+ * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, stop
+ * listening and release session advisory locks (nothing of the session stays active while the
+ * connection waits in the pool; the rest is reset by the next transaction), check that
  * the transaction is still the fenced one and force durability on (seal_client_transaction(),
  * migration 0013: FP410 otherwise, and COMMIT is never reached), then COMMIT.
  */
 export function sealAndCommit(xact: string): Query {
   if (!/^[0-9]+$/.test(xact)) throw new Error('xact must be decimal');
   return {
-    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; SELECT fencepost.seal_client_transaction(${xact}); COMMIT`,
+    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost.seal_client_transaction(${xact}); COMMIT`,
   };
 }
 
@@ -617,12 +619,9 @@ export function terminateBackend(pid: number): Query {
   return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };
 }
 
-export function commitTransaction(): Query {
-  return { text: 'COMMIT' };
-}
-
+/** ROLLBACK, and the session advisory locks a statement took (not transactional) released. */
 export function rollbackTransaction(): Query {
-  return { text: 'ROLLBACK' };
+  return { text: 'ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()' };
 }
 
 

@@ -372,7 +372,7 @@ export class TransactionRunner {
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
-      const alive = !lost && (await client.query('ROLLBACK').then(() => true, () => false));
+      const alive = !lost && (await client.query(q.rollbackTransaction()).then(() => true, () => false));
       if (!alive) throw commitSent ? new CommitUnknownError(err) : new ConnectionLostError(err);
       reusable = true;
       if (index === -1) throw sqlState(err) === LOCK_NOT_AVAILABLE ? new FenceBusyError(err) : err;

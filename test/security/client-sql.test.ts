@@ -321,6 +321,33 @@ describe('no statement takes the process down or chooses the status', () => {
   });
 });
 
+describe('nothing of a transaction stays active while its connection waits in the pool', () => {
+  // The next transaction resets the session before its statements; what acts on other sessions in
+  // the meantime (a session advisory lock, a LISTEN) ends with the transaction itself.
+  const held = async (key: number) =>
+    (await db.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted`, [key])).rows[0].n as number;
+
+  test('a committed transaction\'s session advisory lock ends with it', async () => {
+    const r = await run([`SELECT pg_advisory_lock(4242)`]);
+    expect(r).toMatchObject({ committed: true });
+    expect(await held(4242)).toBe(0);
+    // Another session may take the lock right away (it would wait were it still held).
+    const other = await db.pool.connect();
+    try {
+      expect((await other.query(`SELECT pg_try_advisory_lock(4242) AS got`)).rows[0].got).toBe(true);
+      await other.query(`SELECT pg_advisory_unlock(4242)`);
+    } finally {
+      other.release();
+    }
+  });
+
+  test('so does a failed one\'s', async () => {
+    const r = await run([`SELECT pg_advisory_lock(4243)`, `SELECT 1/0`]);
+    expect(r).toBeInstanceOf(Error);
+    expect(await held(4243)).toBe(0);
+  });
+});
+
 describe('property: role changes in any spelling, through HTTP', () => {
   // Random comments, quoting, case and escapes around statements that try to leave the role. Each
   // transaction is either refused up front (400) or runs and fails on privileges; never does the

@@ -8,6 +8,8 @@
 -- takes the full path, unchanged. The fast path needs no validation of its own: it runs only for
 -- a token of at most 18 digits (always a bigint) and a key that already names a fence, and the
 -- forgery guard has nothing to say about a transaction that raises nothing.
+-- fence_transaction_bound() also runs only inside the proxy's own first round trip (a replay of
+-- its text by a writer's statement on the same backend is refused).
 CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text, fence_key_prefixes text, writer_id text, guard text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -59,6 +61,14 @@ DECLARE
 BEGIN
   IF transaction_capability IS DISTINCT FROM encode(sha256(convert_to(
        v_secret || '|' || pg_backend_pid() || '|' || fence_keys_hex || '|' || tokens || '|' || coalesce(writer_id_hex, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
+    RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- Only in the proxy's own first round trip (queries.ts openClientTransaction), which starts with
+  -- the session reset: several statements in one Query, which no writer's statement (one per
+  -- Parse) can be. A writer that read this call's text in pg_stat_activity cannot replay it on
+  -- the same backend later.
+  IF NOT starts_with(current_query(), 'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; ') THEN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;

@@ -541,13 +541,20 @@ const BEGIN: Record<Isolation, string> = {
  * identifier, quoted).
  */
 /**
+ * The session reset, a transaction of its own committed before the fenced one begins (so a fenced
+ * transaction that rolls back leaves the session reset, and the fenced one's isolation level
+ * still applies: several of these take a snapshot). Nothing an earlier transaction left reaches
+ * the writer's statements: settings, role, prepared statements, cursors, listens, advisory locks,
+ * temp tables, sequences. DISCARD ALL would also drop the plans the fence function cached.
+ * fence_transaction_bound() checks that the Query it runs in starts with it (migration 0014).
+ */
+export const RESET_SESSION =
+  'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; COMMIT; ';
+
+/**
  * The first round trip of a fenced transaction on a pooled client-login connection, one simple
- * Query: reset the session, BEGIN with its settings and role, then the fence check and raise
- * (migration 0013). The reset comes first, so the writer's statements always run in a session
- * nothing before them touched: settings, role, prepared statements, cursors, listens, advisory
- * locks, temp tables, sequences. (Its transactional parts commit or roll back with the fenced
- * transaction; after a rollback the next transaction resets again.) DISCARD ALL would also drop
- * the plans the fence function cached.
+ * Query: reset the session (RESET_SESSION), BEGIN with its settings and role, then the fence
+ * check and raise (migrations 0013, 0014).
  *
  * ASCII only, so no setting an earlier transaction left (client_encoding,
  * standard_conforming_strings) changes how Postgres reads it: the fence keys and writer id go in
@@ -570,8 +577,7 @@ export function openClientTransaction(
   const writer = fence.writerHex === null ? 'NULL' : `'${fence.writerHex}'`;
   return {
     text:
-      'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; ' +
-      `${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
+      `${RESET_SESSION}${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
       `SELECT ord, highest_token, xact FROM fencepost.fence_transaction_bound('${fence.bound}', '${fence.keysHex}', '${fence.tokens}', ${writer})`,
   };
 }

@@ -90,6 +90,22 @@ export class ConnectionLostError extends Error {
   }
 }
 
+/**
+ * The first round trip failed for a reason of the pooled session's, not of the fence (e.g. a
+ * setting an earlier transaction left made the reset time out): the connection was dropped and
+ * nothing applied. The runner tries again on another connection.
+ */
+export class SessionUnusableError extends ConnectionLostError {
+  constructor(cause: unknown) {
+    super(cause);
+    this.message = 'the pooled database session could not be reset and was closed; nothing applied';
+    this.name = 'SessionUnusableError';
+  }
+}
+
+/** Fresh connections tried after a SessionUnusableError, per attempt. */
+const SESSION_RETRIES = 3;
+
 /** The connection was lost after COMMIT was sent: the outcome is unknown. */
 export class CommitUnknownError extends Error {
   constructor(cause: unknown) {
@@ -284,7 +300,15 @@ export class TransactionRunner {
     try {
       return await retryOnConflict(
         async () => {
-          const outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
+          let outcome: TxResult;
+          for (let fresh = 0; ; fresh++) {
+            try {
+              outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
+              break;
+            } catch (err) {
+              if (!(err instanceof SessionUnusableError) || fresh >= SESSION_RETRIES || deadline.aborted) throw err;
+            }
+          }
           // A committed one was counted by its fence (a row in pending_counts that commits with it,
           // folded into the counters later: migration 0012); no counter row is held by a
           // writer's transaction.
@@ -372,6 +396,11 @@ export class TransactionRunner {
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
+      if (index === -1 && sqlState(err) !== LOCK_NOT_AVAILABLE && !isRetryable(err)) {
+        // Not the fence's verdict: what the session carries (or a backend that died) broke the reset
+        // or BEGIN. Nothing applied (no COMMIT was sent): drop the connection, try another.
+        throw new SessionUnusableError(err);
+      }
       const alive = !lost && (await client.query(q.rollbackTransaction()).then(() => true, () => false));
       if (!alive) throw commitSent ? new CommitUnknownError(err) : new ConnectionLostError(err);
       reusable = true;

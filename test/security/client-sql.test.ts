@@ -214,6 +214,11 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     // The right arguments, bound to another backend.
     const elsewhere = await run([call(transactionCapability(capability, here + 1, victim), victim)]);
     expect(String((elsewhere as Error).message)).toMatch(/may be called by the proxy only/);
+    // Even the very hash for this backend and these arguments (a call the proxy made here earlier,
+    // read from pg_stat_activity, replayed by a later transaction on the same pooled backend): it
+    // runs only inside the proxy's own first round trip, which no writer's statement can be.
+    const replay = await run([call(transactionCapability(capability, here, victim), victim)]);
+    expect(String((replay as Error).message)).toMatch(/may be called by the proxy only/);
     await fenceIntact();
   });
 });
@@ -318,6 +323,36 @@ describe('no statement takes the process down or chooses the status', () => {
     expect(first).toMatchObject({ committed: true });
     const next = await run([`SELECT current_setting('search_path') AS p, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`]);
     expect((next as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ p: '"$user", public', locks: 0 });
+  });
+});
+
+describe('the pooled session', () => {
+  test.each(['read committed', 'repeatable read', 'serializable'] as const)('%s: the transaction runs at that isolation level (the session reset before it takes snapshots of its own)', async (isolation) => {
+    const r = await runner.run('writer', [{ fenceKey: 'w/iso', token: 1n }], [{ sql: `SELECT current_setting('transaction_isolation') AS iso`, params: [] }], { isolation, writerId: null });
+    expect((r as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ iso: isolation });
+  });
+
+  test('a transaction that leaves its session unable to reset (a 1 ms statement timeout, 300,000 settings) costs later transactions nothing: the session is dropped, another one serves', async () => {
+    // RESET ALL, the first statement of the next transaction's first round trip, then runs past
+    // the timeout the session carries; the whole Query rolls back, its reset too. Put back in the
+    // pool, that connection would fail every later transaction of the key.
+    const pid = async () => ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
+    const poisoned = await pid();
+    // The settings commit with the fenced transaction; the timeout is set in the chained one, which
+    // its own COMMIT ends (the run stops there: TransactionEndedError, the connection is reused).
+    const r = await run([
+      `SELECT count(pg_catalog.set_config('x.v' || i, 'y', false)) FROM generate_series(1, 300000) i`,
+      'COMMIT AND CHAIN',
+      `SELECT pg_catalog.set_config('statement_timeout', '1', false)`,
+      'COMMIT',
+    ]);
+    expect((r as Error).name).toBe('TransactionEndedError');
+    for (let i = 0; i < 4; i++) {
+      const honest = await runner.run('writer', [{ fenceKey: 'w/honest', token: 1n }], [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }], { isolation: 'read committed', writerId: 'honest' });
+      expect(honest.committed).toBe(true);
+    }
+    expect((await db.pool.query('SELECT count(*)::int AS n FROM app.items WHERE id BETWEEN 900 AND 903')).rows[0].n).toBe(4);
+    expect((await db.pool.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = $1', [poisoned])).rows[0].n).toBe(0);
   });
 });
 

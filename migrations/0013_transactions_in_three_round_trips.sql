@@ -4,22 +4,44 @@
 --   these very arguments (a SHA-256 of the capability, the backend pid and the arguments), so the
 --   call can travel as SQL text. pg_stat_activity shows that text to other sessions of the same
 --   login; what they read lets only this backend make this same fence call again, which the
---   proxy does for the same key anyway. The arguments are ASCII only (fence keys and writer id
---   in hex, tokens in decimal), so no session setting (client_encoding,
---   standard_conforming_strings) left by an earlier transaction changes how the text is read.
+--   proxy does for the same key anyway, and only inside the proxy's own first round trip (the
+--   Query must start with the session reset, which no writer's statement can). The arguments are
+--   ASCII only (fence keys and writer id in hex, tokens in decimal), so no session setting
+--   (client_encoding, standard_conforming_strings) left by an earlier transaction changes how the
+--   text is read. The leader's case (one fence at its own token) takes the row FOR SHARE and
+--   records its count right here; anything else goes through fence_transaction().
 -- - seal_client_transaction(): the end of the fenced transaction, right before COMMIT in the same
 --   Query: refuses (FP410) when the transaction is no longer the fenced one (a statement ran
 --   COMMIT AND CHAIN), and forces synchronous_commit on.
 CREATE FUNCTION fencepost.fence_transaction_bound(transaction_capability text, fence_keys_hex text, tokens text, writer_id_hex text)
 RETURNS TABLE (ord int, highest_token bigint, xact bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
   v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
+  v_key    text;
 BEGIN
   IF transaction_capability IS DISTINCT FROM encode(sha256(convert_to(
        v_secret || '|' || pg_backend_pid() || '|' || fence_keys_hex || '|' || tokens || '|' || coalesce(writer_id_hex, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- Only in the proxy's own first round trip (queries.ts openClientTransaction), which starts with
+  -- the session reset: several statements in one Query, which no writer's statement (one per
+  -- Parse) can be. A writer that read this call's text in pg_stat_activity cannot replay it on
+  -- the same backend later.
+  IF NOT starts_with(current_query(), 'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; ') THEN
+    RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
+    v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
+    PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
+    IF FOUND THEN
+      INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
+      RETURN QUERY SELECT 0, tokens::bigint, txid_current();
+      RETURN;
+    END IF;
   END IF;
   RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
     ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),

@@ -9,8 +9,10 @@
 // else the statements (extended protocol: one statement per entry); then the seal and COMMIT in
 // one Query: the transaction id must still be the fenced one (or COMMIT is never reached) and
 // synchronous_commit is forced on, so a statement can neither end the fenced transaction and go
-// on unfenced nor weaken the durability of a fence raise. A serialization failure or deadlock
-// runs everything again, a bounded number of times.
+// on unfenced nor weaken the durability of a fence raise (short of a deferred trigger of its own
+// that fires inside COMMIT: docs/security.md). A serialization failure or deadlock runs
+// everything again, a bounded number of times. A first round trip that fails for the session's
+// sake (not the fence's) drops the connection and runs again on another one.
 //
 // Nothing a statement does can take the process down or hold shared resources past its limits:
 // every checked-out connection has an error listener; result bytes are counted as they arrive and

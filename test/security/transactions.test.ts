@@ -79,6 +79,14 @@ describe('commit', () => {
   });
 });
 
+describe('isolation', () => {
+  test.each(['read committed', 'repeatable read', 'serializable'])('isolation %s: 200, and the statements run at that level', async (isolation) => {
+    const r = await post([{ key: 'w/iso', token: '1' }], [{ sql: `SELECT current_setting('transaction_isolation') AS iso` }], SECRET.writer, { isolation });
+    expect(r.status).toBe(200);
+    expect(r.body.results[0].rows).toEqual([{ iso: isolation }]);
+  });
+});
+
 describe('all or nothing', () => {
   test('a stale token on one fence answers 409 stale_token and applies nothing, not even the other fence', async () => {
     const before = await orders();

@@ -2,6 +2,7 @@
 // Named statements are prepared once per connection by node-postgres.
 import { createHash } from 'node:crypto';
 import type { QueryConfig } from 'pg';
+import { ROLE_NAME } from './client-logins.ts';
 
 export type Query = QueryConfig<unknown[]>;
 
@@ -534,31 +535,26 @@ const BEGIN: Record<Isolation, string> = {
 };
 
 /**
- * BEGIN (read-write, whatever the login's defaults say) with the transaction's statement and lock
- * timeouts, no bind parameters in error reports (the next statement carries the capability), and
- * the key's role, in one round trip. Everything spliced is the proxy's own: the isolation from a
- * fixed table, the timeouts validated integers, the role a configured key's pgRole (a plain
- * identifier, quoted).
- */
-/**
  * The session reset, a transaction of its own committed before the fenced one begins (so a fenced
  * transaction that rolls back leaves the session reset, and the fenced one's isolation level
  * still applies: several of these take a snapshot). Nothing an earlier transaction left reaches
  * the writer's statements: settings, role, prepared statements, cursors, listens, advisory locks,
  * temp tables, sequences. DISCARD ALL would also drop the plans the fence function cached.
- * fence_transaction_bound() checks that the Query it runs in starts with it (migration 0014).
+ * fence_transaction_bound() checks that the Query it runs in starts with it (migration 0013).
  */
 export const RESET_SESSION =
   'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; COMMIT; ';
 
 /**
  * The first round trip of a fenced transaction on a pooled client-login connection, one simple
- * Query: reset the session (RESET_SESSION), BEGIN with its settings and role, then the fence
- * check and raise (migrations 0013, 0014).
+ * Query: reset the session (RESET_SESSION), BEGIN (read-write, whatever the login's defaults
+ * say) with the statement and lock timeouts, no bind parameters in error reports and the key's
+ * role, then the fence check and raise (migration 0013).
  *
- * ASCII only, so no setting an earlier transaction left (client_encoding,
- * standard_conforming_strings) changes how Postgres reads it: the fence keys and writer id go in
- * hex, tokens in decimal, the role as a checked identifier. `bound` is transactionCapability()'s
+ * Everything spliced is the proxy's own, ASCII only, so no setting an earlier transaction left
+ * (client_encoding, standard_conforming_strings) changes how Postgres reads it: the isolation
+ * from a fixed table, the timeouts validated integers, the role a configured key's pgRole (a
+ * plain identifier, quoted), the fence keys and writer id in hex, tokens in decimal. `bound` is transactionCapability()'s
  * hash over the same strings and the backend's pid; the capability itself never appears in text.
  */
 export function openClientTransaction(
@@ -569,7 +565,7 @@ export function openClientTransaction(
   fence: BoundFenceArgs & { bound: string },
 ): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
-  if (role !== null && !/^[A-Za-z_][A-Za-z0-9_$]{0,62}$/.test(role)) throw new Error('role must be a plain identifier');
+  if (role !== null && !ROLE_NAME.test(role)) throw new Error('role must be a plain identifier');
   if (!/^[0-9a-f]{64}$/.test(fence.bound) || !/^[0-9a-f]+(,[0-9a-f]+)*$/.test(fence.keysHex) || !/^[0-9]+(,[0-9]+)*$/.test(fence.tokens) || (fence.writerHex !== null && !/^[0-9a-f]*$/.test(fence.writerHex))) {
     throw new Error('fence arguments must be hex and decimal');
   }

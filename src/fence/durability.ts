@@ -5,6 +5,7 @@
 // errors: the proxy runs, and says so at start (server.ts) and in GET /readyz.
 import pg from 'pg';
 import * as q from './queries.ts';
+import { clientConfig } from './database-url.ts';
 
 export type SyncState = 'async' | 'potential' | 'sync' | 'quorum' | 'unknown';
 
@@ -42,12 +43,12 @@ const BELOW_ON: Readonly<Record<string, string>> = {
 };
 
 /**
- * Reads the settings on a connection of its own, opened like the pool's but without its startup
- * options: the proxy's pools force synchronous_commit=on for themselves, and the question is what
+ * Reads the settings on a connection of its own, opened like the pool's (clientConfig: pg-pool
+ * hides the password from a spread of its options) but without its startup options: the proxy's pools force synchronous_commit=on for themselves, and the question is what
  * every other session gets. Throws when it cannot connect or read the settings.
  */
 export async function checkDurability(pool: pg.Pool): Promise<DurabilityReport> {
-  const client = new pg.Client({ ...pool.options, options: '', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
+  const client = new pg.Client({ ...clientConfig(pool.options), options: '', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
   client.on('error', () => {}); // a connection lost while idle: the next query reports it
   await client.connect();
   try {

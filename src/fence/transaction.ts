@@ -25,6 +25,7 @@ import * as q from './queries.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { retryOnConflict } from './retry.ts';
+import { clientConfig } from './database-url.ts';
 import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
 
 export type { Isolation };
@@ -223,8 +224,8 @@ class Slots {
 export interface TransactionRunnerOptions {
   /** The proxy's own pool (DATABASE_URL's role): provisioning, rejections, terminating backends. */
   owner: pg.Pool;
-  /** DATABASE_URL: client logins connect to the same server and database. */
-  databaseUrl: string;
+  /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
+  database: string | pg.ClientConfig;
   /** Login name in open mode, and prefix of the per-key logins. */
   clientRole: string;
   /** Keys that may run transactions (`keyName: null` for open mode). */
@@ -327,16 +328,15 @@ export class TransactionRunner {
   private poolFor(login: ClientLogin): pg.Pool {
     let pool = this.pools.get(login.login);
     if (!pool) {
-      const url = new URL(this.opts.databaseUrl);
-      url.username = encodeURIComponent(login.login);
-      url.password = encodeURIComponent(login.password);
       pool = new pg.Pool({
-        connectionString: url.toString(),
+        ...clientConfig(this.opts.database, {
+          login: { user: login.login, password: login.password },
+          options: `-c synchronous_commit=on -c statement_timeout=${this.opts.statementTimeoutMs}`,
+        }),
         max: this.opts.maxConcurrent,
         connectionTimeoutMillis: 5000,
         idleTimeoutMillis: 10_000,
         application_name: 'fencepost-client-sql',
-        options: `-c synchronous_commit=on -c statement_timeout=${this.opts.statementTimeoutMs}`,
       });
       pool.on('error', () => {}); // an idle connection that dies is dropped; the next checkout reports
       this.pools.set(login.login, pool);

@@ -1,5 +1,6 @@
 // buildApp(): the fastify instance, with no listening, signals or database lifecycle (server.ts
 // does those). Tests drive it with app.inject().
+import type pg from 'pg';
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
@@ -169,7 +170,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(dashboardRoutes);
   const tx = {
     ...TX_DEFAULTS,
-    databaseUrl: (opts.store.pool as unknown as { options: { connectionString: string } }).options.connectionString,
+    database: (opts.store.pool as unknown as { options: pg.ClientConfig }).options,
     ...opts.transactions,
     keys: opts.auth?.keys ?? [],
   };

@@ -15,6 +15,7 @@ import { migrate } from '../fence/migrate.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
+import { clientConfig } from '../fence/database-url.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
@@ -55,12 +56,11 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
   const timeout = opts.statementTimeoutMs ?? 0;
   const lockTimeout = opts.lockTimeoutMs ?? 0;
   const pool = new pg.Pool({
-    connectionString: databaseUrl,
+    // Every 200 means durably committed, whatever the database's default or the URL's options say.
+    ...clientConfig(databaseUrl, { options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}` }),
     max,
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30_000,
-    // Every 200 means durably committed, whatever the database's default says.
-    options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}`,
     ...(timeout > 0 ? { query_timeout: timeout + 5000 } : {}),
   });
   // An idle client losing its connection must not crash the process; the next query reports it.
@@ -149,7 +149,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     forgeryGuard: config.forgeryGuard,
     browser: { allowedOrigins: config.allowedOrigins, allowedHosts: config.allowedHosts },
     transactions: {
-      databaseUrl,
+      database: databaseUrl,
       clientRole: config.clientRole,
       maxConcurrent: config.txPoolSize,
       maxStatements: config.txMaxStatements,

@@ -5,6 +5,7 @@ import { createServer } from 'node:net';
 import { lookup } from 'node:dns/promises';
 import pg from 'pg';
 import { ZkSession } from '../election/zk-session.ts';
+import { databaseTarget, describeTarget } from '../fence/database-url.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 
 export class StartupError extends Error {
@@ -73,9 +74,9 @@ export function databaseError(err: unknown, setting: string, databaseUrl: string
   let where = 'the database';
   let database = '';
   try {
-    const u = new URL(databaseUrl);
-    where = `${u.hostname || 'localhost'}:${u.port || 5432}`;
-    database = decodeURIComponent(u.pathname.slice(1));
+    const t = databaseTarget(databaseUrl);
+    where = describeTarget(t);
+    database = t.database;
   } catch {
     // a malformed URL was refused by loadConfig; keep the generic name
   }

@@ -203,7 +203,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     const viaNet = new URL(db.url);
     viaNet.port = String(net.port);
     await db.pool.query(`CREATE TABLE public.err_commit (id int); GRANT INSERT ON public.err_commit TO ${role}`);
-    const lossy = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), databaseUrl: viaNet.toString() } });
+    const lossy = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), database: viaNet.toString() } });
     try {
       await expectError('result_too_large', tx([{ sql: `SELECT repeat('x', 100000) AS big` }]), small);
       await expectError('transactions_unavailable', tx([{ sql: 'SELECT 1' }]), noRole);

@@ -40,7 +40,7 @@ afterAll(async () => {
 function runner(): TransactionRunner {
   return new TransactionRunner({
     owner: ownerPool,
-    databaseUrl: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
+    database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
     clientRole,
     logins: [{ keyName: null, pgRole: null }],
     maxConcurrent: 2,

@@ -37,7 +37,7 @@ beforeAll(async () => {
   await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
   runner = new TransactionRunner({
     owner: db.pool,
-    databaseUrl: db.url,
+    database: db.url,
     clientRole: clientRoleFor(db.url),
     logins: [
       { keyName: 'writer', pgRole: role },

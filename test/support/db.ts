@@ -15,8 +15,9 @@ export interface TestDatabase {
  * each test database gets logins of its own, dropped with it.
  */
 export function clientRoleFor(databaseUrlOrPool: string | pg.Pool): string {
-  const url = typeof databaseUrlOrPool === 'string' ? databaseUrlOrPool : (databaseUrlOrPool as unknown as { options: { connectionString: string } }).options.connectionString;
-  const name = new URL(url).pathname.slice(1);
+  // A pool made from a URL keeps it; createPool's keeps the parsed settings (src/fence/database-url.ts).
+  const options = typeof databaseUrlOrPool === 'string' ? { connectionString: databaseUrlOrPool } : (databaseUrlOrPool as unknown as { options: { connectionString?: string; database?: string } }).options;
+  const name = options.connectionString !== undefined ? new URL(options.connectionString).pathname.slice(1) : (options.database ?? '');
   return `fpc_${name.replace(/^fp_test_/, '').replace(/[^a-z0-9_]/g, '_')}`.slice(0, 40);
 }
 

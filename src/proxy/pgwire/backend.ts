@@ -6,26 +6,17 @@ import { createHash } from 'node:crypto';
 import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
 import { PROTOCOL_3_0, optionArg } from './startup.ts';
 import { ScramClient, MECHANISM } from './scram.ts';
+import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 
-export interface BackendTarget {
-  host: string;
-  port: number;
-  database: string;
-}
+export type BackendTarget = Pick<DatabaseTarget, 'host' | 'port' | 'database'>;
 
 /** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder). */
 export function backendTarget(databaseUrl: string): BackendTarget {
-  const u = new URL(databaseUrl);
-  const sslmode = u.searchParams.get('sslmode');
+  const { sslmode, ...target } = databaseTarget(databaseUrl);
   if (sslmode !== null && !['disable', 'allow', 'prefer'].includes(sslmode)) {
     throw new Error(`the SQL endpoint cannot reach a backend with sslmode=${sslmode} yet (it speaks plain TCP to Postgres)`);
   }
-  const socketDir = u.searchParams.get('host');
-  return {
-    host: socketDir ?? (decodeURIComponent(u.hostname.replace(/^\[|\]$/g, '')) || 'localhost'),
-    port: Number(u.port || 5432),
-    database: decodeURIComponent(u.pathname.slice(1)) || decodeURIComponent(u.username),
-  };
+  return target;
 }
 
 export function dial(target: BackendTarget): Socket {

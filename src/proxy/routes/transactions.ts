@@ -1,5 +1,6 @@
 // POST /v1/transactions — fenced SQL: the fence checks and the writer's statements in one
 // database transaction (src/fence/transaction.ts). All or nothing.
+import type pg from 'pg';
 import type { FastifyInstance, FastifyPluginOptions, FastifyRequest, FastifySchemaValidationError } from 'fastify';
 import {
   CommitUnknownError,
@@ -24,8 +25,8 @@ import { KEY, NO_QUERY, TOKEN, registryError, type RequestPart } from '../valida
 import { staleToken } from './stale.ts';
 
 export interface TransactionOptions {
-  /** DATABASE_URL: client logins connect to the same server and database. */
-  databaseUrl: string;
+  /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
+  database: string | pg.ClientConfig;
   /** Open-mode login, and prefix of the per-key logins (FENCEPOST_CLIENT_ROLE). */
   clientRole: string;
   /** The configured keys: each with a pgRole gets a login of its own. */
@@ -211,7 +212,7 @@ function keyNameFor(req: FastifyRequest): string | null {
 export function createTransactionRunner(app: FastifyInstance, opts: Omit<TransactionOptions, 'maxStatements'>): TransactionRunner {
   return new TransactionRunner({
     owner: app.store.pool,
-    databaseUrl: opts.databaseUrl,
+    database: opts.database,
     clientRole: opts.clientRole,
     logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
     maxConcurrent: opts.maxConcurrent,

@@ -1,0 +1,56 @@
+// DATABASE_URL, read the same way by every part of the proxy: with node-postgres's own parser, so
+// each form libpq documents works, a Unix socket folder included
+// (`postgresql://fencepost:pw@/fencepost?host=/var/run/postgresql`, the usual way to reach a
+// Postgres on the same host). WHATWG URL refuses that form (credentials without a host).
+import type pg from 'pg';
+import { parseIntoClientConfig } from 'pg-connection-string';
+
+/** Where a database lives, as the SQL endpoint dials it. */
+export interface DatabaseTarget {
+  /** A host name or address; a value starting with `/` is a Unix socket folder. */
+  host: string;
+  port: number;
+  database: string;
+  /** The URL's sslmode, when it has one. */
+  sslmode: string | null;
+}
+
+export function databaseTarget(databaseUrl: string): DatabaseTarget {
+  const c = parseIntoClientConfig(databaseUrl) as pg.ClientConfig & { sslmode?: string };
+  return {
+    host: c.host || 'localhost',
+    port: Number(c.port || 5432),
+    database: c.database || c.user || '',
+    sslmode: c.sslmode ?? null,
+  };
+}
+
+/** `host:port`, or the socket file, for messages (never the password). */
+export function describeTarget(t: Pick<DatabaseTarget, 'host' | 'port'>): string {
+  return t.host.startsWith('/') ? `${t.host}/.s.PGSQL.${t.port}` : `${t.host.includes(':') ? `[${t.host}]` : t.host}:${t.port}`;
+}
+
+/** What clientConfig takes from a pool's settings: where and how to connect, not pool sizes or timeouts. */
+const CONNECTION_FIELDS = ['connectionString', 'host', 'port', 'database', 'user', 'password', 'ssl', 'options', 'keepAlive', 'keepAliveInitialDelayMillis', 'client_encoding'] as const;
+
+/**
+ * node-postgres settings for `database` (a URL, or a pool's own settings), logged in as `login`
+ * when given. `options` go after the URL's own `options`: Postgres applies the last `-c` of a
+ * setting, so a URL cannot switch off what the proxy sets (synchronous_commit, timeouts). Handing
+ * node-postgres a URL would do the opposite: its values override every explicit setting.
+ */
+export function clientConfig(database: string | pg.ClientConfig, over: { login?: { user: string; password: string }; options?: string } = {}): pg.ClientConfig {
+  let base: pg.ClientConfig;
+  if (typeof database === 'string') base = parseIntoClientConfig(database);
+  else {
+    base = Object.fromEntries(CONNECTION_FIELDS.filter((f) => database[f] !== undefined).map((f) => [f, database[f]])) as pg.ClientConfig;
+    if (base.connectionString) base = { ...base, ...parseIntoClientConfig(base.connectionString) };
+  }
+  delete base.connectionString;
+  const options = [base.options, over.options].filter((o) => o !== undefined && o !== '').join(' ');
+  return {
+    ...base,
+    ...(over.login ? { user: over.login.user, password: over.login.password } : {}),
+    ...(options !== '' ? { options } : {}),
+  };
+}

@@ -2,6 +2,7 @@
 // each form libpq documents works, a Unix socket folder included
 // (`postgresql://fencepost:pw@/fencepost?host=/var/run/postgresql`, the usual way to reach a
 // Postgres on the same host). WHATWG URL refuses that form (credentials without a host).
+import type { ConnectionOptions } from 'node:tls';
 import type pg from 'pg';
 import { parseIntoClientConfig } from 'pg-connection-string';
 
@@ -11,17 +12,22 @@ export interface DatabaseTarget {
   host: string;
   port: number;
   database: string;
-  /** The URL's sslmode, when it has one. */
-  sslmode: string | null;
+  /**
+   * TLS to the database, as node-postgres reads the URL (sslmode, sslrootcert, sslcert, sslkey):
+   * null for none; else the tls.connect options. node-postgres verifies the certificate and host
+   * name for every sslmode from prefer up (only `no-verify` does not), and refuses a server
+   * without TLS; the SQL endpoint does the same, so both doors reach the database alike.
+   */
+  tls: ConnectionOptions | null;
 }
 
 export function databaseTarget(databaseUrl: string): DatabaseTarget {
-  const c = parseIntoClientConfig(databaseUrl) as pg.ClientConfig & { sslmode?: string };
+  const c = parseIntoClientConfig(databaseUrl);
   return {
     host: c.host || 'localhost',
     port: Number(c.port || 5432),
     database: c.database || c.user || '',
-    sslmode: c.sslmode ?? null,
+    tls: c.ssl === undefined || c.ssl === false ? null : c.ssl === true ? {} : { ...(c.ssl as ConnectionOptions) },
   };
 }
 

@@ -5,29 +5,25 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { clientConfig, databaseTarget, describeTarget } from '../../src/fence/database-url.ts';
-import { backendTarget } from '../../src/proxy/pgwire/backend.ts';
 import { createPool } from '../../src/proxy/server.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../pgwire/helpers.ts';
 
 describe('reading DATABASE_URL', () => {
   test('a Unix socket folder, with or without credentials, as libpq writes it', () => {
-    expect(databaseTarget('postgresql://fp:pw@/orders?host=/var/run/postgresql&port=5433')).toEqual({ host: '/var/run/postgresql', port: 5433, database: 'orders', sslmode: null });
-    expect(databaseTarget('postgresql:///orders?host=/tmp')).toEqual({ host: '/tmp', port: 5432, database: 'orders', sslmode: null });
+    expect(databaseTarget('postgresql://fp:pw@/orders?host=/var/run/postgresql&port=5433')).toEqual({ host: '/var/run/postgresql', port: 5433, database: 'orders', tls: null });
+    expect(databaseTarget('postgresql:///orders?host=/tmp')).toEqual({ host: '/tmp', port: 5432, database: 'orders', tls: null });
     expect(databaseTarget('postgres://fp@%2Fsockets:6000/orders')).toMatchObject({ host: '/sockets', port: 6000, database: 'orders' });
     expect(describeTarget(databaseTarget('postgresql://fp:pw@/orders?host=/tmp&port=5433'))).toBe('/tmp/.s.PGSQL.5433');
   });
 
   test('host names, IPv6 literals, escaped names, and the user name as the default database', () => {
-    expect(databaseTarget('postgresql://fp:p%40ss@[::1]:5433/my%20db')).toEqual({ host: '::1', port: 5433, database: 'my db', sslmode: null });
+    expect(databaseTarget('postgresql://fp:p%40ss@[::1]:5433/my%20db')).toEqual({ host: '::1', port: 5433, database: 'my db', tls: null });
     expect(describeTarget(databaseTarget('postgresql://fp@[::1]:5433/db'))).toBe('[::1]:5433');
-    expect(databaseTarget('postgresql://owner@db.internal/')).toEqual({ host: 'db.internal', port: 5432, database: 'owner', sslmode: null });
-    expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=verify-full').sslmode).toBe('verify-full');
-  });
-
-  test('the SQL endpoint refuses a URL that demands TLS to the backend, which it cannot give yet', () => {
-    expect(() => backendTarget('postgresql://fp@db/x?sslmode=require')).toThrow(/sslmode=require/);
-    expect(backendTarget('postgresql://fp@db/x?sslmode=disable')).toEqual({ host: 'db', port: 5432, database: 'x' });
+    expect(databaseTarget('postgresql://owner@db.internal/')).toEqual({ host: 'db.internal', port: 5432, database: 'owner', tls: null });
+    expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=disable').tls).toBeNull();
+    expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=verify-full').tls).toEqual({});
+    expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=no-verify').tls).toEqual({ rejectUnauthorized: false });
   });
 
   test("the proxy's options come after the URL's, and a login replaces the URL's credentials", () => {

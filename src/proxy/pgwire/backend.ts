@@ -1,26 +1,61 @@
 // The backend connection of a session: a socket to Postgres, logged in as the key's client login
 // (src/fence/client-logins.ts), started read-only with the statement and lock timeouts and the
 // key's pgRole, carrying the writer's fencepost settings.
-import { connect, type Socket } from 'node:net';
+import { connect, isIP, type Socket } from 'node:net';
+import { connect as tlsConnect } from 'node:tls';
 import { createHash } from 'node:crypto';
 import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
 import { PROTOCOL_3_0, optionArg } from './startup.ts';
 import { ScramClient, MECHANISM } from './scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 
-export type BackendTarget = Pick<DatabaseTarget, 'host' | 'port' | 'database'>;
+export type BackendTarget = DatabaseTarget;
 
-/** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder). */
+/** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder), and its TLS. */
 export function backendTarget(databaseUrl: string): BackendTarget {
-  const { sslmode, ...target } = databaseTarget(databaseUrl);
-  if (sslmode !== null && !['disable', 'allow', 'prefer'].includes(sslmode)) {
-    throw new Error(`the SQL endpoint cannot reach a backend with sslmode=${sslmode} yet (it speaks plain TCP to Postgres)`);
-  }
-  return target;
+  return databaseTarget(databaseUrl);
 }
 
-export function dial(target: BackendTarget): Socket {
-  return target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
+const SSL_REQUEST = message('', 80877103);
+
+/**
+ * A connection to the database, ready for a startup or cancel packet: over TLS when DATABASE_URL
+ * asks for it (an SSLRequest first; a server that answers `N` is refused, as node-postgres does).
+ */
+function dial(target: BackendTarget): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const raw = target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
+    raw.setNoDelay(true);
+    const fail = (err: Error) => {
+      raw.destroy();
+      reject(err);
+    };
+    raw.once('error', fail);
+    const tlsOptions = target.tls;
+    if (tlsOptions === null) {
+      raw.once('connect', () => {
+        raw.off('error', fail);
+        resolve(raw);
+      });
+      return;
+    }
+    raw.once('connect', () => raw.write(SSL_REQUEST));
+    raw.once('data', (answer: Buffer) => {
+      if (answer.length !== 1 || answer[0] !== 0x53 /* S */) {
+        fail(new BackendStartupError('08006', answer[0] === 0x4e ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)' : 'the database answered the TLS request with an error'));
+        return;
+      }
+      // SNI never carries an IP address (RFC 6066); the certificate is checked against `host` then.
+      const secure = tlsConnect({ ...tlsOptions, socket: raw, host: target.host, ...(isIP(target.host) === 0 ? { servername: target.host } : {}) });
+      secure.once('error', fail);
+      secure.once('secureConnect', () => {
+        raw.off('error', fail);
+        secure.off('error', fail);
+        secure.setNoDelay(true);
+        resolve(secure);
+      });
+    });
+  });
 }
 
 export interface BackendLogin {
@@ -51,9 +86,24 @@ export class BackendStartupError extends Error {
 }
 
 /** Opens and logs in a backend connection; resolves at its first ReadyForQuery. */
-export function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
+export async function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
+  const started = Date.now();
+  let timer: NodeJS.Timeout | undefined;
+  const dialing = dial(target);
+  const socket = await Promise.race([
+    dialing,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        void dialing.then((s) => s.destroy(), () => {}); // connected too late: nobody uses it
+        reject(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`));
+      }, timeoutMs);
+    }),
+  ]).finally(() => clearTimeout(timer));
+  return logIn(socket, login, target.database, Math.max(1, timeoutMs - (Date.now() - started)));
+}
+
+function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs: number): Promise<Backend> {
   return new Promise((resolve, reject) => {
-    const socket = dial(target);
     const reader = new MessageReader();
     const parameterStatus: Buffer[] = [];
     let pid = 0;
@@ -140,19 +190,25 @@ export function openBackend(target: BackendTarget, login: BackendLogin, timeoutM
     socket.on('data', onData);
     socket.on('error', fail);
     socket.on('close', onClose);
-    socket.setNoDelay(true);
     const options = [...login.settings].map(([k, v]) => optionArg(k, v)).join(' ');
-    const params: (string | number)[] = [PROTOCOL_3_0, 'user', login.user, 'database', target.database];
+    const params: (string | number)[] = [PROTOCOL_3_0, 'user', login.user, 'database', database];
     for (const [k, v] of login.parameters) params.push(k, v);
     if (options !== '') params.push('options', options);
     socket.write(message('', ...params, Buffer.from([0])));
   });
 }
 
-/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own). */
+/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's). */
 export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
-  const s = dial(target);
-  s.on('error', () => {});
-  s.on('connect', () => s.end(message('', 80877102, pid, secret)));
-  s.setTimeout(5000, () => s.destroy());
+  const dialing = dial(target);
+  const timer = setTimeout(() => void dialing.then((s) => s.destroy(), () => {}), 5000);
+  timer.unref();
+  dialing.then(
+    (s) => {
+      s.on('error', () => {});
+      s.end(message('', 80877102, pid, secret), () => clearTimeout(timer));
+      s.on('close', () => clearTimeout(timer));
+    },
+    () => clearTimeout(timer),
+  );
 }

@@ -1,10 +1,9 @@
 // A Postgres that accepts only TLS (hostssl in pg_hba.conf), as managed databases do: with
 // DATABASE_URL's sslmode the SQL endpoint dials its backends over TLS and checks the certificate,
 // as node-postgres does for the write path and /v1/transactions, so both doors reach it alike.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, inject, test } from 'vitest';
 import { execFileSync } from 'node:child_process';
 import { chmodSync, chownSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { connect as tcp } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -14,8 +13,7 @@ import { databaseTarget } from '../../src/fence/database-url.ts';
 import { BackendStartupError, openBackend } from '../../src/proxy/pgwire/backend.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
-import { inject } from 'vitest';
-import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from './helpers.ts';
+import { startSqlProxy, fenceOptions, fenceRow, sendCancel, type SqlProxy } from './helpers.ts';
 
 let dir: string;
 let server: RunningPostgres;
@@ -90,16 +88,9 @@ describe('a database that accepts only TLS', () => {
 
   test('a cancel request reaches the backend over TLS too', async () => {
     const c = await sql.connect('tls-sleeper');
-    const { processID, secretKey } = c as unknown as { processID: number; secretKey: number };
     const sleeping = code(c.query('SELECT pg_sleep(10)'));
     await new Promise((r) => setTimeout(r, 200));
-    const s = tcp({ host: '127.0.0.1', port: sql.port });
-    const packet = Buffer.alloc(16);
-    packet.writeInt32BE(16, 0);
-    packet.writeInt32BE(80877102, 4);
-    packet.writeInt32BE(processID, 8);
-    packet.writeInt32BE(secretKey, 12);
-    s.end(packet);
+    sendCancel(sql.port, c);
     expect(await sleeping).toBe('57014');
     await c.end();
   });

@@ -1,10 +1,9 @@
 // The SQL endpoint in open mode, driven by node-postgres: every transaction of a session with a
 // token is fenced inside itself; a session without one reads but never writes; one fence, two doors.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { connect as tcp } from 'node:net';
 import pg from 'pg';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
-import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from './helpers.ts';
+import { startSqlProxy, fenceOptions, fenceRow, sendCancel, type SqlProxy } from './helpers.ts';
 
 let db: TestDatabase;
 let sql: SqlProxy;
@@ -148,16 +147,9 @@ describe('the session', () => {
 
   test('a cancel request reaches the backend of the session', async () => {
     const c = await sql.connect('w');
-    const { processID, secretKey } = c as unknown as { processID: number; secretKey: number };
     const sleeping = code(c.query('SELECT pg_sleep(10)'));
     await new Promise((r) => setTimeout(r, 200));
-    const s = tcp({ host: '127.0.0.1', port: sql.port });
-    const packet = Buffer.alloc(16);
-    packet.writeInt32BE(16, 0);
-    packet.writeInt32BE(80877102, 4);
-    packet.writeInt32BE(processID, 8);
-    packet.writeInt32BE(secretKey, 12);
-    s.end(packet);
+    sendCancel(sql.port, c);
     expect(await sleeping).toBe('57014');
     await c.end();
   });

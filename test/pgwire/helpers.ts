@@ -1,5 +1,6 @@
 // The SQL endpoint for tests: an in-process proxy (startProxy) over a test database, with
 // FENCEPOST_PGWIRE_PORT on a free port, and connection strings for real clients.
+import { connect as tcp } from 'node:net';
 import pg from 'pg';
 import pino from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
@@ -60,4 +61,15 @@ export function fenceOptions(token: bigint | number | string, fenceKey: string):
 export async function fenceRow(pool: pg.Pool, fenceKey: string): Promise<{ highest_token: string } | undefined> {
   const { rows } = await pool.query<{ highest_token: string }>('SELECT highest_token::text FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
   return rows[0];
+}
+
+/** A CancelRequest to the endpoint on `port` for a node-postgres client's session, as a driver sends one. */
+export function sendCancel(port: number, client: pg.Client): void {
+  const { processID, secretKey } = client as unknown as { processID: number; secretKey: number };
+  const packet = Buffer.alloc(16);
+  packet.writeInt32BE(16, 0);
+  packet.writeInt32BE(80877102, 4);
+  packet.writeInt32BE(processID, 8);
+  packet.writeInt32BE(secretKey, 12);
+  tcp({ host: '127.0.0.1', port }).end(packet);
 }

@@ -31,6 +31,19 @@ afterAll(async () => {
 const counter = async (id: number) => (await db.pool.query<{ n: string }>('SELECT n::text FROM public.counters WHERE id = $1', [id])).rows[0]?.n;
 
 describe('psql', () => {
+  // libpq picks a server for target_session_attrs=read-write from the reported
+  // default_transaction_read_only: the backend's is always on, the writer's view is whether it writes.
+  test('target_session_attrs=read-write takes the endpoint for a session with a token, not one without', async () => {
+    const url = (user: string) => `${sql.url(user)}?target_session_attrs=read-write`;
+    const withToken = await run(PSQL, [url('rw-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (40, 1)'], { env: { ...process.env, PGOPTIONS: fenceOptions(3, 'rw') } });
+    expect(withToken.stdout).toContain('INSERT 0 1');
+    expect(await counter(40)).toBe('1');
+    const without = await run(PSQL, [url('rw-reader'), '-X', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } }).catch((e: { stderr: string }) => e);
+    expect('stderr' in without ? without.stderr : '').toMatch(/read-only/);
+    // Plain reads need no token and no attribute.
+    expect((await run(PSQL, [sql.url('reader'), '-X', '-At', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } })).stdout.trim()).toBe('1');
+  });
+
   test('writes with PGOPTIONS and reports FP409 once the fence moved past its token', async () => {
     const env = { ...process.env, PGOPTIONS: fenceOptions(7, 'psql') };
     const ok = await run(PSQL, [sql.url('psql-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (1, 1)', '-c', 'BEGIN', '-c', 'UPDATE counters SET n = n + 1 WHERE id = 1', '-c', 'COMMIT'], { env });

@@ -19,7 +19,7 @@ import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
-import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
+import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
 import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer } from './scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
@@ -66,6 +66,18 @@ const refuse = (code: string, msg: string, detail?: string): Refusal => new Refu
 interface Registered {
   secret: Buffer;
   backend: Backend;
+}
+
+/**
+ * The backend's ParameterStatus messages as the writer should read them. The backend's
+ * default_transaction_read_only is always on (the backstop for a transaction that would escape
+ * the fence), but a session with a token writes: each of its transactions is fenced and made
+ * read-write. Drivers decide from this report whether a server takes writes (libpq's
+ * target_session_attrs=read-write, …), so it says `off` for a session that starts with a token
+ * and `on` for one without. Later changes come from the backend as they happen.
+ */
+function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
+  return status.map((b) => (b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only' ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on') : b));
 }
 
 export class PgwireServer {
@@ -303,7 +315,8 @@ export class PgwireServer {
       this.sessions.set(pid, { secret, backend });
       const writerId = user;
       const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
-      socket.write(Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
+      const writes = (settings.get('fencepost.token') ?? '') !== '';
+      socket.write(Buffer.concat([authenticationOk(), ...writerView(backend.parameterStatus, writes), backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
       socket.off('data', onData);
       socket.off('close', onEnd);
       clearTimeout(timer);

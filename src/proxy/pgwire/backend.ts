@@ -26,17 +26,29 @@ function dial(target: BackendTarget): Promise<Socket> {
   return new Promise((resolve, reject) => {
     const raw = target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
     raw.setNoDelay(true);
+    let settled = false;
     const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
       raw.destroy();
       reject(err);
     };
+    const done = (socket: Socket) => {
+      if (settled) return;
+      settled = true;
+      raw.off('close', onClose);
+      // From here the session's handlers watch `socket`; under TLS its errors also reach the raw
+      // socket, which must not throw them.
+      raw.off('error', fail);
+      raw.on('error', () => {});
+      resolve(socket);
+    };
+    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection before startup'));
     raw.once('error', fail);
+    raw.once('close', onClose);
     const tlsOptions = target.tls;
     if (tlsOptions === null) {
-      raw.once('connect', () => {
-        raw.off('error', fail);
-        resolve(raw);
-      });
+      raw.once('connect', () => done(raw));
       return;
     }
     raw.once('connect', () => raw.write(SSL_REQUEST));
@@ -49,10 +61,9 @@ function dial(target: BackendTarget): Promise<Socket> {
       const secure = tlsConnect({ ...tlsOptions, socket: raw, host: target.host, ...(isIP(target.host) === 0 ? { servername: target.host } : {}) });
       secure.once('error', fail);
       secure.once('secureConnect', () => {
-        raw.off('error', fail);
         secure.off('error', fail);
         secure.setNoDelay(true);
-        resolve(secure);
+        done(secure);
       });
     });
   });

@@ -3,8 +3,9 @@
 #   always        npm dependencies (npm ci), ZooKeeper + a Java runtime from Debian packages when
 #                 absent and ZK_CONNECT is unset
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
-#                 docker-compose (validates docker-compose.yml) and Prometheus (its promtool checks
-#                 dashboards/: the scrape config, the alert rules and their unit tests)
+#                 docker-compose (validates docker-compose.yml), Prometheus (its promtool checks
+#                 dashboards/: the scrape config, the alert rules and their unit tests), the SQL
+#                 endpoint's clients (psql, pgbench, psycopg2) and PgBouncer
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
 #                 PgBouncer (the SQL endpoint's reference protocol proxy)
 # Safe to run again: each step is skipped when already done.
@@ -17,6 +18,21 @@ updated=0
 apt_install() {
   if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# PgBouncer: a test checks how the proxy reports one between itself and Postgres, and the SQL
+# endpoint's bench measures it (transaction pooling) beside the endpoint, each with an ini of its
+# own in a temp dir. Where an init system runs, the package starts a PgBouncer on :6432 that
+# nothing here uses: stop the one installed just now.
+install_pgbouncer() {
+  if ! command -v pgbouncer >/dev/null; then
+    say "installing PgBouncer for the tests and the SQL endpoint's bench (apt-get install pgbouncer)"
+    apt_install pgbouncer
+    if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
+      say "stopping the PgBouncer service the package just started (unused)"
+      $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
+    fi
+  fi
 }
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
@@ -58,6 +74,7 @@ if [ "${1:-}" = "--test" ]; then
     say "installing docker-compose (the tests validate docker-compose.yml with it)"
     apt_install docker-compose
   fi
+  install_pgbouncer
   # Debian ships promtool only with the server. Where an init system runs, the package also starts
   # a Prometheus on :9090 that nothing here uses: stop the one installed just now.
   if ! command -v promtool >/dev/null; then
@@ -89,15 +106,5 @@ if [ "${1:-}" = "--bench" ]; then
       done
     fi
   fi
-  # The SQL endpoint's bench measures PgBouncer (transaction pooling) beside it, with an ini of its
-  # own in a temp dir. Where an init system runs, the package starts a PgBouncer on :6432 that
-  # nothing here uses: stop the one installed just now.
-  if ! command -v pgbouncer >/dev/null; then
-    say "installing PgBouncer, the SQL endpoint bench's reference protocol proxy (apt-get install pgbouncer)"
-    apt_install pgbouncer
-    if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
-      say "stopping the PgBouncer service the package just started (unused)"
-      $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
-    fi
-  fi
+  install_pgbouncer
 fi

@@ -81,7 +81,11 @@ export function databaseError(err: unknown, setting: string, databaseUrl: string
     // a malformed URL was refused by loadConfig; keep the generic name
   }
   if (err instanceof pg.DatabaseError) {
-    return new StartupError(setting, `${where}${database ? ` (database ${database})` : ''}: ${firstLine(err)} (SQLSTATE ${err.code ?? '?'})`, { cause: err });
+    // PgBouncer refuses the `options` the proxy's connections carry (synchronous_commit=on, timeouts).
+    const pooler = /unsupported startup parameter/i.test(err.message)
+      ? '. DATABASE_URL must reach Postgres itself, not a connection pooler: the proxy pools its own connections and sets each one\'s synchronous_commit and timeouts'
+      : '';
+    return new StartupError(setting, `${where}${database ? ` (database ${database})` : ''}: ${firstLine(err)} (SQLSTATE ${err.code ?? '?'})${pooler}`, { cause: err });
   }
   switch (systemCode(err)) {
     case 'ECONNREFUSED':

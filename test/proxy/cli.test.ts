@@ -8,6 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { startPgbouncer } from '../../tools/pgbouncer.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 import { BIN, REPO } from '../support/proxy.ts';
 
@@ -109,6 +110,18 @@ describe('start-up failures: one line naming the setting and the cause', () => {
       expect(line).toMatch(/^fencepost: cannot start: DATABASE_URL: .*password authentication failed/);
       expect(line).not.toContain('wrong-password');
     } finally {
+      await db.drop();
+    }
+  });
+
+  test('DATABASE_URL pointing at PgBouncer: the cause, and that the proxy needs Postgres itself', async () => {
+    const db = await createTestDatabase();
+    const bouncer = await startPgbouncer(db.url, 2);
+    try {
+      const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: bouncer.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url) }));
+      expect(line).toMatch(/^fencepost: cannot start: DATABASE_URL: .*unsupported startup parameter: options \(SQLSTATE 08P01\)\. DATABASE_URL must reach Postgres itself, not a connection pooler/);
+    } finally {
+      await bouncer.stop();
       await db.drop();
     }
   });

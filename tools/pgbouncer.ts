@@ -1,0 +1,104 @@
+// A PgBouncer of its own (Debian package `pgbouncer`) in front of a Postgres: transaction pooling,
+// SCRAM with that Postgres's user, its ini and userlist in a temp dir. The SQL endpoint's bench
+// measures it as the reference protocol proxy; a test checks how the proxy reports one put
+// between itself and Postgres. As root it drops to the postgres user (PgBouncer refuses root).
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { chmodSync, chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createConnection } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { freePort } from './zookeeper/local-server.ts';
+
+export function pgbouncerVersion(): string {
+  const r = spawnSync('pgbouncer', ['--version'], { encoding: 'utf8' });
+  return /PgBouncer (\S+)/.exec(`${r.stdout ?? ''}${r.stderr ?? ''}`)?.[1] ?? 'not installed';
+}
+
+function waitForPort(port: number, timeoutMs: number, child: ChildProcess, what: () => string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  return new Promise((resolve, reject) => {
+    const attempt = () => {
+      if (child.exitCode !== null) return reject(new Error(`pgbouncer exited with ${child.exitCode}: ${what()}`));
+      const s = createConnection({ host: '127.0.0.1', port }, () => {
+        s.destroy();
+        resolve();
+      });
+      s.once('error', () => {
+        s.destroy();
+        if (Date.now() > deadline) reject(new Error(`pgbouncer not listening within ${timeoutMs} ms: ${what()}`));
+        else setTimeout(attempt, 50);
+      });
+    };
+    attempt();
+  });
+}
+
+export interface Bouncer {
+  url: string;
+  stop(): Promise<void>;
+}
+
+/**
+ * PgBouncer in transaction pooling in front of `dbUrl`, its ini and userlist in a temp dir, SCRAM
+ * with `dbUrl`'s user (its password in the userlist). As root it drops to the postgres
+ * user (PgBouncer refuses to run as root).
+ */
+export async function startPgbouncer(dbUrl: string, poolSize: number): Promise<Bouncer> {
+  const u = new URL(dbUrl);
+  const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgbouncer-'));
+  const port = await freePort();
+  const user = decodeURIComponent(u.username);
+  writeFileSync(join(dir, 'userlist.txt'), `"${user}" "${decodeURIComponent(u.password)}"\n`);
+  writeFileSync(
+    join(dir, 'pgbouncer.ini'),
+    `[databases]
+* = host=${u.hostname} port=${u.port || 5432}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = ${port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = ${join(dir, 'userlist.txt')}
+pool_mode = transaction
+default_pool_size = ${poolSize}
+max_client_conn = ${poolSize * 4}
+logfile = ${join(dir, 'pgbouncer.log')}
+pidfile = ${join(dir, 'pgbouncer.pid')}
+log_connections = 0
+log_disconnections = 0
+`,
+  );
+  const asRoot = process.getuid?.() === 0;
+  if (asRoot) {
+    const ids = spawnSync('id', ['-u', 'postgres'], { encoding: 'utf8' });
+    const gid = spawnSync('id', ['-g', 'postgres'], { encoding: 'utf8' });
+    chownSync(dir, Number(ids.stdout.trim()), Number(gid.stdout.trim()));
+    for (const f of ['userlist.txt', 'pgbouncer.ini']) chownSync(join(dir, f), Number(ids.stdout.trim()), Number(gid.stdout.trim()));
+    chmodSync(dir, 0o700);
+  }
+  const child = spawn('pgbouncer', [...(asRoot ? ['-u', 'postgres'] : []), join(dir, 'pgbouncer.ini')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  child.stderr?.on('data', (d: Buffer) => (err += d.toString()));
+  child.once('error', (e) => (err += `cannot run pgbouncer (npm run bench installs it: scripts/setup.sh --bench): ${e.message}`));
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  try {
+    await waitForPort(port, 10_000, child, () => err);
+  } catch (e) {
+    child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
+  const url = new URL(dbUrl);
+  url.port = String(port);
+  return {
+    url: url.toString(),
+    stop: async () => {
+      child.kill('SIGINT');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(timer);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}

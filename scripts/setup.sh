@@ -20,18 +20,23 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# apt_install_unused_service PACKAGE SERVICE: where an init system runs, Debian's package also
+# starts its service, which nothing here uses (each test or bench starts a server of its own, on a
+# port of its own): stop the one installed just now.
+apt_install_unused_service() {
+  apt_install "$1"
+  if command -v systemctl >/dev/null && systemctl is-active --quiet "$2" 2>/dev/null; then
+    say "stopping the $2 service the package just started (unused)"
+    $SUDO systemctl disable --now "$2" >/dev/null 2>&1 || true
+  fi
+}
+
 # PgBouncer: a test checks how the proxy reports one between itself and Postgres, and the SQL
-# endpoint's bench measures it (transaction pooling) beside the endpoint, each with an ini of its
-# own in a temp dir. Where an init system runs, the package starts a PgBouncer on :6432 that
-# nothing here uses: stop the one installed just now.
+# endpoint's bench measures it (transaction pooling) beside the endpoint.
 install_pgbouncer() {
   if ! command -v pgbouncer >/dev/null; then
     say "installing PgBouncer for the tests and the SQL endpoint's bench (apt-get install pgbouncer)"
-    apt_install pgbouncer
-    if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
-      say "stopping the PgBouncer service the package just started (unused)"
-      $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
-    fi
+    apt_install_unused_service pgbouncer pgbouncer
   fi
 }
 
@@ -75,15 +80,10 @@ if [ "${1:-}" = "--test" ]; then
     apt_install docker-compose
   fi
   install_pgbouncer
-  # Debian ships promtool only with the server. Where an init system runs, the package also starts
-  # a Prometheus on :9090 that nothing here uses: stop the one installed just now.
+  # Debian ships promtool only with the server.
   if ! command -v promtool >/dev/null; then
     say "installing Prometheus for promtool (the tests check dashboards/prometheus*.yml with it)"
-    apt_install prometheus
-    if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
-      say "stopping the Prometheus service the package just started (unused)"
-      $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
-    fi
+    apt_install_unused_service prometheus prometheus
   fi
 fi
 

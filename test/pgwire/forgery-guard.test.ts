@@ -9,6 +9,7 @@ import type pg from 'pg';
 import { Election } from '../../src/election/election.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import type { DigestAuth } from '../../src/election/acl.ts';
+import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from './helpers.ts';
 
@@ -135,4 +136,48 @@ describe('forgery guard on the SQL endpoint', () => {
     await free.query(`INSERT INTO items VALUES (${id()}, 'unguarded')`);
     expect(await fenceRow(db.pool, 'free/1')).toEqual({ highest_token: '9223372036854775807' });
   });
+});
+
+// A ZooKeeper of its own, stopped mid-test: only the guard's ZooKeeper fails, nothing else.
+describe('forgery guard on the SQL endpoint, its ZooKeeper down', () => {
+  let zk: LocalZooKeeper;
+  let down: SqlProxy;
+  beforeAll(async () => {
+    zk = await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
+    down = await startSqlProxy(db, {
+      FENCEPOST_FORGERY_GUARD: JSON.stringify({ 'zk-down/': '/fencepost-test/zk-down' }),
+      ZK_CONNECT: zk.connectString,
+      ZK_AUTH: `${AUTH.user}:${AUTH.password}`,
+    });
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('zk-down/1', 50)`);
+  });
+  afterAll(async () => {
+    await down?.close();
+    await zk?.stop();
+  });
+
+  test('a raise gets FP503 (safe to retry), nothing committed; a transaction that cannot raise goes through; the retry asks again', async () => {
+    await zk.stopNode(zk.nodes[0]!.id);
+    const raiser = await down.connect('raiser', { options: fenceOptions(51, 'zk-down/1') });
+    clients.push(raiser);
+    const x = id();
+    const unavailable = await failure(raiser.query(`INSERT INTO items VALUES (${x}, 'unverifiable raise')`));
+    expect(unavailable.code).toBe('FP503');
+    expect(await exists(x)).toBe(false);
+    expect(await fenceRow(db.pool, 'zk-down/1')).toEqual({ highest_token: '50' });
+    // At the fence's own token nothing is raised, so nothing needs ZooKeeper.
+    const holder = await down.connect('holder', { options: fenceOptions(50, 'zk-down/1') });
+    clients.push(holder);
+    const y = id();
+    await holder.query(`INSERT INTO items VALUES (${y}, 'at the highest token')`);
+    expect(await exists(y)).toBe(true);
+    // ZooKeeper back: the same transaction asks again and gets a verdict (51 is no leader's token).
+    await zk.startNode(zk.nodes[0]!.id);
+    const z = id();
+    const verdict = await failure(raiser.query(`INSERT INTO items VALUES (${z}, 'retried')`));
+    expect(verdict.code).toBe('FP409');
+    expect(verdict.detail).toMatch(/^unverified token: /);
+    expect(await exists(z)).toBe(false);
+    expect(await fenceRow(db.pool, 'zk-down/1')).toEqual({ highest_token: '50' });
+  }, 60_000);
 });

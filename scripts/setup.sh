@@ -34,7 +34,7 @@ apt_install_unused_service() {
 # PgBouncer: a test checks how the proxy reports one between itself and Postgres, and the SQL
 # endpoint's bench measures it (transaction pooling) beside the endpoint.
 install_pgbouncer() {
-  if ! command -v pgbouncer >/dev/null; then
+  if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
     say "installing PgBouncer for the tests and the SQL endpoint's bench (apt-get install pgbouncer)"
     apt_install_unused_service pgbouncer pgbouncer
   fi

@@ -3,14 +3,18 @@
 // measures it as the reference protocol proxy; a test checks how the proxy reports one put
 // between itself and Postgres. As root it drops to the postgres user (PgBouncer refuses root).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { chmodSync, chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { freePort } from './zookeeper/local-server.ts';
+import { clientConfig, databaseTarget } from '../src/fence/database-url.ts';
+
+/** Debian installs it in /usr/sbin, which a user's PATH may lack. */
+const PGBOUNCER = existsSync('/usr/sbin/pgbouncer') ? '/usr/sbin/pgbouncer' : 'pgbouncer';
 
 export function pgbouncerVersion(): string {
-  const r = spawnSync('pgbouncer', ['--version'], { encoding: 'utf8' });
+  const r = spawnSync(PGBOUNCER, ['--version'], { encoding: 'utf8' });
   return /PgBouncer (\S+)/.exec(`${r.stdout ?? ''}${r.stderr ?? ''}`)?.[1] ?? 'not installed';
 }
 
@@ -44,15 +48,16 @@ export interface Bouncer {
  * user (PgBouncer refuses to run as root).
  */
 export async function startPgbouncer(dbUrl: string, poolSize: number): Promise<Bouncer> {
-  const u = new URL(dbUrl);
+  const upstream = clientConfig(dbUrl);
+  const target = databaseTarget(dbUrl);
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgbouncer-'));
   const port = await freePort();
-  const user = decodeURIComponent(u.username);
-  writeFileSync(join(dir, 'userlist.txt'), `"${user}" "${decodeURIComponent(u.password)}"\n`);
+  const user = upstream.user ?? '';
+  writeFileSync(join(dir, 'userlist.txt'), `"${user}" "${String(upstream.password ?? '')}"\n`);
   writeFileSync(
     join(dir, 'pgbouncer.ini'),
     `[databases]
-* = host=${u.hostname} port=${u.port || 5432}
+* = host=${target.host} port=${target.port}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -77,7 +82,7 @@ log_disconnections = 0
     for (const f of ['userlist.txt', 'pgbouncer.ini']) chownSync(join(dir, f), Number(ids.stdout.trim()), Number(gid.stdout.trim()));
     chmodSync(dir, 0o700);
   }
-  const child = spawn('pgbouncer', [...(asRoot ? ['-u', 'postgres'] : []), join(dir, 'pgbouncer.ini')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(PGBOUNCER, [...(asRoot ? ['-u', 'postgres'] : []), join(dir, 'pgbouncer.ini')], { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   child.stderr?.on('data', (d: Buffer) => (err += d.toString()));
   child.once('error', (e) => (err += `cannot run pgbouncer (npm run bench installs it: scripts/setup.sh --bench): ${e.message}`));
@@ -89,10 +94,10 @@ log_disconnections = 0
     rmSync(dir, { recursive: true, force: true });
     throw e;
   }
-  const url = new URL(dbUrl);
-  url.port = String(port);
+  // Reached where it listens, with the database's name and login.
+  const url = `postgres://${encodeURIComponent(user)}:${encodeURIComponent(String(upstream.password ?? ''))}@127.0.0.1:${port}/${encodeURIComponent(target.database)}`;
   return {
-    url: url.toString(),
+    url,
     stop: async () => {
       child.kill('SIGINT');
       const timer = setTimeout(() => child.kill('SIGKILL'), 5000);

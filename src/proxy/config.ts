@@ -10,6 +10,7 @@ import { parseKeys, type AccessKey } from './auth.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { electionPathProblem } from '../election/sequence.ts';
+import { checkDatabaseUrl } from '../fence/database-url.ts';
 import { parseHostName, parseOrigin } from './browser-guard.ts';
 import type { TlsFiles } from './tls.ts';
 
@@ -262,6 +263,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const databaseUrl = env.DATABASE_URL ? env.DATABASE_URL : null;
   if (databaseUrl !== null && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     throw new ConfigError('DATABASE_URL', 'must be a postgres:// or postgresql:// URL');
+  }
+  if (databaseUrl !== null) {
+    try {
+      checkDatabaseUrl(databaseUrl);
+    } catch (err) {
+      throw new ConfigError('DATABASE_URL', `cannot be used: ${(err as Error).message}`);
+    }
   }
   const logLevel = env.FENCEPOST_LOG_LEVEL ?? 'info';
   if (!LOG_LEVELS.includes(logLevel)) throw new ConfigError('FENCEPOST_LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`);

@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, describe, expect, inject, test } from 'vitest';
 import { execFileSync } from 'node:child_process';
 import { chmodSync, chownSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -128,5 +129,30 @@ describe('what the URL asks for is what the endpoint does', () => {
     const err = await openBackend(databaseTarget(plainServer.toString()), login, 5000).then(() => null, (e: Error) => e);
     expect(err).toBeInstanceOf(BackendStartupError);
     expect(err?.message).toMatch(/does not accept TLS/);
+  });
+
+  // A database host that accepts the connection and then says nothing (hung, or a black hole in
+  // between): the dial gives up at its timeout and closes the connection, with TLS asked or not.
+  test('a database that accepts and never answers: refused at the timeout, its connection closed', async () => {
+    const open = new Set<Socket>();
+    const silent = createServer((s) => {
+      open.add(s);
+      s.on('close', () => open.delete(s));
+      s.on('error', () => {});
+      s.resume(); // reads (and drops) what comes, so the client's close is seen
+    });
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    const port = (silent.address() as AddressInfo).port;
+    try {
+      for (const query of ['?sslmode=no-verify', '']) {
+        const started = Date.now();
+        const err = await openBackend(databaseTarget(`postgresql://fp:pw@127.0.0.1:${port}/x${query}`), login, 300).then(() => null, (e: Error) => e);
+        expect(err, query).toBeInstanceOf(BackendStartupError);
+        expect(Date.now() - started, query).toBeGreaterThanOrEqual(290);
+        await expect.poll(() => open.size, { timeout: 5000, message: `connection left open (${query || 'plain'})` }).toBe(0);
+      }
+    } finally {
+      silent.close();
+    }
   });
 });

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { clientConfig, databaseTarget, describeTarget } from '../../src/fence/database-url.ts';
 import { createPool } from '../../src/proxy/server.ts';
+import { loadConfig } from '../../src/proxy/config.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../pgwire/helpers.ts';
 
@@ -24,6 +25,28 @@ describe('reading DATABASE_URL', () => {
     expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=disable').tls).toBeNull();
     expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=verify-full').tls).toEqual({});
     expect(databaseTarget('postgresql://fp@db.internal/x?sslmode=no-verify').tls).toEqual({ rejectUnauthorized: false });
+  });
+
+  test('what the URL leaves out comes from the PG* environment, as node-postgres reads it for the HTTP door', () => {
+    const saved = { PGHOST: process.env.PGHOST, PGPORT: process.env.PGPORT, PGSSLMODE: process.env.PGSSLMODE };
+    Object.assign(process.env, { PGHOST: '/run/pg', PGPORT: '6543', PGSSLMODE: 'verify-full' });
+    try {
+      expect(databaseTarget('postgresql://fp:pw@/orders')).toEqual({ host: '/run/pg', port: 6543, database: 'orders', tls: {} });
+      // The URL's own settings win over the environment.
+      expect(databaseTarget('postgresql://fp:pw@db:5/orders?sslmode=disable')).toEqual({ host: 'db', port: 5, database: 'orders', tls: null });
+    } finally {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
+  });
+
+  test('a URL cannot set what the proxy owns: its timeouts, replication, or startup parameters smuggled in with a NUL', () => {
+    const c = clientConfig('postgresql://fp:pw@db/x?statement_timeout=0&lock_timeout=0&idle_in_transaction_session_timeout=0&replication=database', { options: '-c statement_timeout=7000' });
+    expect(c).toEqual({ host: 'db', database: 'x', user: 'fp', password: 'pw', options: '-c statement_timeout=7000' });
+    const smuggled = `postgresql://fp:pw@db/x?options=${encodeURIComponent('-c a=b\u0000synchronous_commit\u0000off')}`;
+    expect(() => loadConfig({ DATABASE_URL: smuggled })).toThrow(/DATABASE_URL: cannot be used: its options holds a NUL character/);
   });
 
   test("the proxy's options come after the URL's, and a login replaces the URL's credentials", () => {
@@ -52,8 +75,9 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
     const dir = dirs.split(',').map((d) => d.trim()).find((d) => d.startsWith('/') && existsSync(join(d, `.s.PGSQL.${port}`)));
     if (dir === undefined) return; // a server elsewhere (DATABASE_URL): no socket on this host
     const u = new URL(db.url);
+    // Every way a URL could set what the proxy forces: options, and the timeouts as parameters.
     const options = encodeURIComponent('-c synchronous_commit=off -c statement_timeout=0');
-    socketUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(dir)}&port=${port}&options=${options}`;
+    socketUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(dir)}&port=${port}&options=${options}&statement_timeout=0&lock_timeout=0`;
     sql = await startSqlProxy(db, { DATABASE_URL: socketUrl, FENCEPOST_STATEMENT_TIMEOUT_MS: '7000', FENCEPOST_TX_STATEMENT_TIMEOUT_MS: '6000' });
     await db.pool.query('CREATE TABLE public.counters (id int PRIMARY KEY, n int NOT NULL)');
     await db.pool.query('INSERT INTO public.counters VALUES (1, 0), (2, 0)');
@@ -66,12 +90,12 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
 
   test('the write path commits durably over the socket', async (ctx) => {
     if (socketUrl === null) ctx.skip();
-    const pool = createPool(socketUrl!, 1, { statementTimeoutMs: 7000 });
+    const pool = createPool(socketUrl!, 1, { statementTimeoutMs: 7000, lockTimeoutMs: 3000 });
     try {
-      const { rows } = await pool.query<{ sc: string; st: string; path: string | null }>(
-        "SELECT current_setting('synchronous_commit') AS sc, current_setting('statement_timeout') AS st, (SELECT client_addr::text FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS path",
+      const { rows } = await pool.query<{ sc: string; st: string; lt: string; path: string | null }>(
+        "SELECT current_setting('synchronous_commit') AS sc, current_setting('statement_timeout') AS st, current_setting('lock_timeout') AS lt, (SELECT client_addr::text FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS path",
       );
-      expect(rows[0]).toEqual({ sc: 'on', st: '7s', path: null }); // client_addr is null on a Unix socket
+      expect(rows[0]).toEqual({ sc: 'on', st: '7s', lt: '3s', path: null }); // client_addr is null on a Unix socket
     } finally {
       await pool.end();
     }

@@ -21,8 +21,9 @@ const SSL_REQUEST = message('', 80877103);
 /**
  * A connection to the database, ready for a startup or cancel packet: over TLS when DATABASE_URL
  * asks for it (an SSLRequest first; a server that answers `N` is refused, as node-postgres does).
+ * Not ready within `timeoutMs` (no answer to the connect, the SSLRequest or the handshake): closed.
  */
-function dial(target: BackendTarget): Promise<Socket> {
+function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
   return new Promise((resolve, reject) => {
     const raw = target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
     raw.setNoDelay(true);
@@ -30,12 +31,15 @@ function dial(target: BackendTarget): Promise<Socket> {
     const fail = (err: Error) => {
       if (settled) return;
       settled = true;
+      clearTimeout(timer);
       raw.destroy();
       reject(err);
     };
+    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
     const done = (socket: Socket) => {
       if (settled) return;
       settled = true;
+      clearTimeout(timer);
       raw.off('close', onClose);
       // From here the session's handlers watch `socket`; under TLS its errors also reach the raw
       // socket, which must not throw them.
@@ -99,17 +103,7 @@ export class BackendStartupError extends Error {
 /** Opens and logs in a backend connection; resolves at its first ReadyForQuery. */
 export async function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
   const started = Date.now();
-  let timer: NodeJS.Timeout | undefined;
-  const dialing = dial(target);
-  const socket = await Promise.race([
-    dialing,
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        void dialing.then((s) => s.destroy(), () => {}); // connected too late: nobody uses it
-        reject(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`));
-      }, timeoutMs);
-    }),
-  ]).finally(() => clearTimeout(timer));
+  const socket = await dial(target, timeoutMs);
   return logIn(socket, login, target.database, Math.max(1, timeoutMs - (Date.now() - started)));
 }
 
@@ -211,15 +205,12 @@ function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs:
 
 /** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's). */
 export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
-  const dialing = dial(target);
-  const timer = setTimeout(() => void dialing.then((s) => s.destroy(), () => {}), 5000);
-  timer.unref();
-  dialing.then(
+  dial(target, 5000).then(
     (s) => {
       s.on('error', () => {});
-      s.end(message('', 80877102, pid, secret), () => clearTimeout(timer));
-      s.on('close', () => clearTimeout(timer));
+      s.setTimeout(5000, () => s.destroy());
+      s.end(message('', 80877102, pid, secret));
     },
-    () => clearTimeout(timer),
+    () => {}, // best effort, as a driver's cancel is
   );
 }

@@ -43,7 +43,7 @@ function parseUrl(databaseUrl: string): pg.ClientConfig {
 
 /** Refuses a DATABASE_URL the proxy cannot use as it is (loadConfig names the setting). */
 export function checkDatabaseUrl(databaseUrl: string): void {
-  databaseTarget(databaseUrl);
+  parseUrl(databaseUrl);
 }
 
 export function databaseTarget(databaseUrl: string): DatabaseTarget {

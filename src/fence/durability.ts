@@ -48,7 +48,8 @@ const BELOW_ON: Readonly<Record<string, string>> = {
  * every other session gets. Throws when it cannot connect or read the settings.
  */
 export async function checkDurability(pool: pg.Pool): Promise<DurabilityReport> {
-  const client = new pg.Client({ ...clientConfig(pool.options), options: '', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
+  // options ' ', not '': node-postgres takes PGOPTIONS from the proxy's environment for an empty one.
+  const client = new pg.Client({ ...clientConfig(pool.options), options: ' ', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
   client.on('error', () => {}); // a connection lost while idle: the next query reports it
   await client.connect();
   try {

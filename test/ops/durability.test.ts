@@ -29,6 +29,17 @@ describe('on the test Postgres (no standbys)', () => {
     expect(await checkDurability(pool)).toEqual({ warnings: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '' });
   });
 
+  test("the proxy's own PGOPTIONS does not colour the report: it reads what other sessions get", async () => {
+    const saved = process.env.PGOPTIONS;
+    process.env.PGOPTIONS = '-c synchronous_commit=off';
+    try {
+      expect((await checkDurability(pool)).synchronousCommit).toBe('on');
+    } finally {
+      if (saved === undefined) delete process.env.PGOPTIONS;
+      else process.env.PGOPTIONS = saved;
+    }
+  });
+
   test('GET /readyz answers 200 ready with the durability detail', async () => {
     const app = testApp(pool);
     try {

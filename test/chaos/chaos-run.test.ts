@@ -26,7 +26,10 @@ test('strict fence under a seeded nemesis: no invariant violated, every planned 
   expect(result.ops.filter((o) => o.outcome === 'ok').length, context).toBeGreaterThan(100);
   expect(result.ops.filter((o) => o.outcome === 'rejected').length, context).toBeGreaterThan(0);
   // Every door wrote: PUT, /v1/transactions and the SQL endpoint (node-postgres), to both proxies.
-  for (const door of ['http', 'tx', 'sql'] as const) expect(result.ops.filter((o) => o.door === door && o.kind !== 'fence' && o.outcome === 'ok').length, `${door}\n${context}`).toBeGreaterThan(10);
+  // How much each door writes is the elections' choice (a writer writes only while it leads a fence
+  // key, and which one leads after each fault depends on timing: one run gave the /v1/transactions
+  // writer 9 writes, others 40), so each door must have written, not a share of the load.
+  for (const door of ['http', 'tx', 'sql'] as const) expect(result.ops.filter((o) => o.door === door && o.kind !== 'fence' && o.outcome === 'ok').length, `${door}\n${context}`).toBeGreaterThan(0);
   expect(new Set(result.ops.filter((o) => o.door !== 'sql').map((o) => o.proxy)).size).toBe(2);
   expect(new Set(result.ops.filter((o) => o.door === 'sql').map((o) => o.proxy)).size).toBe(2);
   // What the nemesis injected is the plan, fault by fault (the plan itself is a pure function of the

@@ -594,9 +594,18 @@ export function boundFenceArgs(fences: readonly { fenceKey: string; token: bigin
   };
 }
 
+/**
+ * A capability bound to one backend and the arguments of one call, as the bound fence functions
+ * recompute it (migrations 0008, 0010, 0013): sha256 of `capability|pid|field|…|capability`, a
+ * null field written NULL. Useless to anyone but that backend making that very call.
+ */
+export function boundCapability(capability: string, backendPid: number, fields: readonly (string | null)[]): string {
+  return createHash('sha256').update([capability, String(backendPid), ...fields.map((f) => f ?? 'NULL'), capability].join('|'), 'utf8').digest('hex');
+}
+
 /** The capability fence_transaction_bound() checks: bound to one backend and these arguments. */
 export function transactionCapability(capability: string, backendPid: number, a: BoundFenceArgs): string {
-  return createHash('sha256').update(`${capability}|${backendPid}|${a.keysHex}|${a.tokens}|${a.writerHex ?? 'NULL'}|${capability}`, 'utf8').digest('hex');
+  return boundCapability(capability, backendPid, [a.keysHex, a.tokens, a.writerHex]);
 }
 
 /**

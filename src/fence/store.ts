@@ -506,8 +506,8 @@ export class FenceStore {
 
   /**
    * Folds the count rows of committed writes and transactions (the leaner puts, the SQL endpoint,
-   * POST /v1/transactions) into the counters (q.foldPendingCounts). The count reads add what is not folded yet, so folding only keeps
-   * pending_counts short.
+   * POST /v1/transactions) into the counters (q.foldPendingCounts). The count reads add what is
+   * not folded yet, so folding only keeps pending_counts short.
    */
   async foldPendingCounts(): Promise<void> {
     await this.pool.query(q.foldPendingCounts());

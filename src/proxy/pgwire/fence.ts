@@ -9,8 +9,8 @@
 //
 // The capability travels only as a bind parameter: pg_stat_activity shows query text (ours is
 // fixed) to sessions of the same role, never parameters.
-import { createHash } from 'node:crypto';
 import pg from 'pg';
+import { boundCapability } from '../../fence/queries.ts';
 import { cstr, int16, int32, message } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
@@ -135,7 +135,7 @@ export function startsTransactionBlock(sql: string): boolean {
 
 /** The session capability fence_session_bound() checks (the guard state too: see migration 0010). */
 export function sessionCapability(capability: string, backendPid: number, prefixes: string | null, writerId: string, guard: string | null): string {
-  return createHash('sha256').update(`${capability}|${backendPid}|${prefixes ?? 'NULL'}|${writerId}|${guard ?? 'NULL'}|${capability}`, 'utf8').digest('hex');
+  return boundCapability(capability, backendPid, [prefixes, writerId, guard]);
 }
 
 /** The SQL prepended to a writer's Query (two statements, each ending in `;`). */

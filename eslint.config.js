@@ -3,7 +3,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/', 'dist/', 'test-artifacts/', '.scratch/', 'src/proxy/dashboard/'] },
+  { ignores: ['node_modules/', 'dist/', 'test-artifacts/', '.scratch/', 'src/proxy/http/dashboard/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
 import { migrate } from '../src/fence/migrate.ts';
 import { FenceStore } from '../src/fence/store.ts';
-import { buildApp } from '../src/proxy/app.ts';
+import { buildApp } from '../src/proxy/http/app.ts';
 import { createPool } from '../src/proxy/server.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { launchChromium } from '../test/support/chromium.ts';

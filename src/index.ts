@@ -2,7 +2,7 @@
 export * from './election/index.ts';
 export * from './writer/index.ts';
 export { advanceFence, type AdvanceOutcome } from './writer/advance.ts';
-export { buildApp, type AppOptions } from './proxy/app.ts';
+export { buildApp, type AppOptions } from './proxy/http/app.ts';
 export { startProxy, createPool, type RunningProxy } from './proxy/server.ts';
 export { loadConfig, ConfigError, type ProxyConfig } from './proxy/config.ts';
 export { ERRORS, ApiError, type ErrorCode } from './proxy/errors.ts';

@@ -6,13 +6,13 @@ import { join, resolve } from 'node:path';
 import { createHash } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { isIP } from 'node:net';
-import { parseKeys, type AccessKey } from './auth.ts';
+import { parseKeys, type AccessKey } from './access/keys.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { electionPathProblem } from '../election/sequence.ts';
 import { checkDatabaseUrl } from '../fence/database-url.ts';
-import { parseHostName, parseOrigin } from './browser-guard.ts';
-import type { TlsFiles } from './tls.ts';
+import { parseHostName, parseOrigin } from './http/browser-guard.ts';
+import type { TlsFiles } from './access/tls.ts';
 
 export interface ProxyConfig {
   /** Postgres to use; null = start an embedded one. */

@@ -9,7 +9,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { OpKind } from '../fence/queries.ts';
-import './route-config.ts'; // config.operation
+import './http/route-config.ts'; // config.operation
 
 export type WriteOutcome = 'accepted' | 'rejected' | 'precondition_failed' | 'invalid' | 'error';
 

@@ -7,9 +7,9 @@ import { userInfo } from 'node:os';
 import { dirname } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
-import { buildApp } from './app.ts';
+import { buildApp } from './http/app.ts';
 import { DEFAULT_DATA_DIR, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
-import { PgwireServer } from './pgwire/listener.ts';
+import { PgwireServer } from './sql/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
@@ -17,7 +17,7 @@ import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
 import { clientConfig } from '../fence/database-url.ts';
 import { ProxyMetrics } from './metrics.ts';
-import { TlsMaterial } from './tls.ts';
+import { TlsMaterial } from './access/tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
 
 export interface RunningProxy {

@@ -11,7 +11,7 @@ import { Election } from '../../src/election/election.ts';
 import { ElectionAccessError, ZK_CODES, ZkError } from '../../src/election/errors.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { digestId, electionAcl, type DigestAuth } from '../../src/election/acl.ts';
-import { openTestRoot, uniquePath } from './helpers.ts';
+import { openTestRoot, uniquePath } from '../support/election.ts';
 
 const connect = inject('zkConnect');
 const AUTH: DigestAuth = { user: 'elector', password: `pw-${randomUUID()}` };

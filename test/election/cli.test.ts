@@ -8,7 +8,7 @@ import { afterAll, afterEach, beforeAll, expect, inject, test } from 'vitest';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { digestId, electionAcl } from '../../src/election/acl.ts';
-import { now, openObserver, openTestRoot, processAlive, sleep, uniquePath, waitFor } from './helpers.ts';
+import { now, openObserver, openTestRoot, processAlive, sleep, uniquePath, waitFor } from '../support/election.ts';
 
 const connect = inject('zkConnect');
 const BIN = resolve(import.meta.dirname, '../../bin/fencepost.js');

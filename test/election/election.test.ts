@@ -18,7 +18,7 @@ import {
   uniquePath,
   waitFor,
   watchSingleLeader,
-} from './helpers.ts';
+} from '../support/election.ts';
 
 const connect = inject('zkConnect');
 const cleanups: Array<() => Promise<void> | void> = [];

@@ -2,7 +2,7 @@
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
 import type { Election } from '../../src/election/election.ts';
-import { closeAll, leaders, startCandidates, uniquePath, waitFor, watchSingleLeader } from './helpers.ts';
+import { closeAll, leaders, startCandidates, uniquePath, waitFor, watchSingleLeader } from '../support/election.ts';
 
 let zk: LocalZooKeeper;
 beforeAll(async () => {

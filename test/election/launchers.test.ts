@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, expect, inject, test } from 'vitest';
 import { Election } from '../../src/election/election.ts';
-import { processAlive, uniquePath, waitFor } from './helpers.ts';
+import { processAlive, uniquePath, waitFor } from '../support/election.ts';
 import { REPO } from '../support/proxy.ts';
 
 const connect = inject('zkConnect');

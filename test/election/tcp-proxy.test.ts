@@ -3,7 +3,7 @@ import { createServer, connect as tcpConnect } from 'node:net';
 import type { Server, Socket } from 'node:net';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
-import { sleep, waitFor } from './helpers.ts';
+import { sleep, waitFor } from '../support/election.ts';
 
 let echo: Server;
 let echoPort = 0;

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { Writable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { pino } from 'pino';
-import { buildApp } from '../../src/proxy/app.ts';
+import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';

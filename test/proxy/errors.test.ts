@@ -10,7 +10,7 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
-import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../security/helpers.ts';
+import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../support/keys.ts';
 import { inject } from 'vitest';
 
 let db: TestDatabase;
@@ -228,7 +228,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
   });
 });
 
-describe('browser errors (test/security/browser.test.ts has the rest)', () => {
+describe('browser errors (test/proxy/http/browser-guard.test.ts has the rest)', () => {
   test('a transaction not sent as JSON gets 415, a foreign Origin 403 forbidden_origin, an open proxy under a foreign name 403 forbidden_host', async () => {
     await expectError('unsupported_media_type', { method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'text/plain' }, payload: '{}' });
     await expectError('forbidden_origin', { ...putWith('1'), headers: { 'fencing-token': '1', origin: 'https://evil.example' } });

@@ -5,7 +5,7 @@ import { request as httpsRequest } from 'node:https';
 import type { TLSSocket } from 'node:tls';
 import type { FastifyInstance } from 'fastify';
 import type pg from 'pg';
-import { buildApp } from '../../src/proxy/app.ts';
+import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from './db.ts';

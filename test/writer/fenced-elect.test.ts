@@ -4,7 +4,7 @@ import { spawn } from 'node:child_process';
 import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { BIN, listen, testApp } from '../support/proxy.ts';
-import { uniquePath } from '../election/helpers.ts';
+import { uniquePath } from '../support/election.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;

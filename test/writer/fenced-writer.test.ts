@@ -6,7 +6,7 @@ import { Election } from '../../src/election/index.ts';
 import { FencedWriter, NotLeaderError, ProxyClient, ProxyError, StaleTokenError } from '../../src/writer/index.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, testApp } from '../support/proxy.ts';
-import { uniquePath, waitFor } from '../election/helpers.ts';
+import { uniquePath, waitFor } from '../support/election.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { BIN, REPO, listen, testApp } from '../support/proxy.ts';
-import { uniquePath, waitFor } from '../election/helpers.ts';
+import { uniquePath, waitFor } from '../support/election.ts';
 
 interface JobEvent {
   t: number;

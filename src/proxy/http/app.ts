@@ -1,0 +1,182 @@
+// buildApp(): the fastify instance, with no listening, signals or database lifecycle (server.ts
+// does those). Tests drive it with app.inject().
+import type pg from 'pg';
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
+import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
+import type { Logger } from 'pino';
+import type { FenceStore } from '../../fence/store.ts';
+import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from '../../fence/pg-errors.ts';
+import { ApiError } from '../errors.ts';
+import { objectRoutes } from './routes/objects.ts';
+import { fenceRoutes } from './routes/fences.ts';
+import { statsRoutes } from './routes/stats.ts';
+import { healthRoutes } from './routes/health.ts';
+import { ProxyMetrics, installMetrics } from '../metrics.ts';
+import { metricsRoutes } from './routes/metrics.ts';
+import { rejectionRoutes } from './routes/rejections.ts';
+import { dashboardRoutes } from './routes/dashboard.ts';
+import { registerAuth, type AuthConfig } from './auth.ts';
+import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
+import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
+import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
+import { TX_DEFAULTS } from '../config.ts';
+import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
+import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
+import { registerOpenApi } from './openapi.ts';
+import type { TlsPem } from '../access/tls.ts';
+import { docsRoutes } from './routes/docs.ts';
+
+export interface AppOptions {
+  store: FenceStore;
+  bodyLimitBytes: number;
+  logger?: Logger | false;
+  /** Prometheus metrics; default: a fresh registry over `store.pool`. */
+  metrics?: ProxyMetrics;
+  /** Bearer keys and read access; default: no keys (open). */
+  auth?: AuthConfig;
+  /** Token forgery guard; default: off. Its ZooKeeper session closes with the app. */
+  forgeryGuard?: ForgeryGuardConfig | null;
+  /** POST /v1/transactions; defaults: TX_DEFAULTS, client logins on the database of `store.pool`. */
+  transactions?: Partial<Omit<TransactionOptions, 'keys'>>;
+  /** Headers and body must arrive within this, else 408 request_timeout. Default 30 000. */
+  requestTimeoutMs?: number;
+  /** Pages that may call the proxy, and host names it answers to in open mode; default: none. */
+  browser?: BrowserConfig;
+  /** Serve HTTPS only, with this certificate and key (TlsMaterial.pem()); default: plain HTTP. */
+  https?: TlsPem;
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    store: FenceStore;
+    /** Set once shutdown begins: new requests get 503 unavailable. */
+    closing: boolean;
+    /** Null when the forgery guard is off. */
+    forgeryGuard: ForgeryGuard | null;
+  }
+}
+
+/**
+ * Errors node's HTTP parser raises before fastify sees a request (oversized headers, a request
+ * that does not arrive within requestTimeout, garbage): answered in the registry's shape, then
+ * the connection is closed.
+ */
+function clientErrorHandler(err: Error & { code?: string }, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const apiErr =
+    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? new ApiError('request_timeout', 'the request did not arrive in time')
+      : err.code === 'HPE_HEADER_OVERFLOW'
+        ? new ApiError('headers_too_large', 'request headers are over 16 KiB')
+        : new ApiError('bad_request', 'malformed HTTP request');
+  const body = JSON.stringify(apiErr.toJSON());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${apiErr.status} ${STATUS_CODES[apiErr.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy();
+}
+
+/** Body for every error: `{"error": code, "message": …, …extra}`. */
+function toApiError(err: FastifyError | Error, url: string): ApiError {
+  if (err instanceof ApiError) return err;
+  const code = (err as FastifyError).code;
+  if (code === 'FST_ERR_CTP_BODY_TOO_LARGE') return new ApiError('payload_too_large', err.message);
+  if (code === 'FST_ERR_BAD_URL' && /^\/v1\/(objects|fences)\//.test(url)) {
+    return new ApiError('invalid_key', 'key is not valid percent-encoded UTF-8');
+  }
+  // A row (a fence) locked by another session past FENCEPOST_LOCK_TIMEOUT_MS: the statement rolled back.
+  if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
+  if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
+  const status = (err as FastifyError).statusCode;
+  if (status !== undefined && status >= 400 && status < 500) return new ApiError('bad_request', err.message);
+  return new ApiError('internal', 'internal error; the write may not have committed: read it back or retry', {}, { cause: err });
+}
+
+function sendError(reply: FastifyReply, err: ApiError): void {
+  reply.errorCode = err.code;
+  if (err.code === 'unavailable') void reply.header('retry-after', '1');
+  if (err.code === 'unauthorized') void reply.header('www-authenticate', 'Bearer');
+  void reply.code(err.status).type('application/json').send(err.toJSON());
+}
+
+export function buildApp(opts: AppOptions): FastifyInstance {
+  const requestTimeoutMs = opts.requestTimeoutMs ?? 30_000;
+  const app = Fastify({
+    ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
+    // Per-request lines cost throughput; rejections and errors are logged where they happen.
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: opts.bodyLimitBytes,
+    // 1024-byte keys percent-encoded take up to 3072 characters; longer ones get invalid_key.
+    routerOptions: { maxParamLength: 16 * 1024 },
+    return503OnClosing: false,
+    // A slow (or stalled) body cannot hold a connection longer than requestTimeoutMs; node checks
+    // every connectionsCheckingInterval.
+    requestTimeout: requestTimeoutMs,
+    http: { headersTimeout: Math.min(requestTimeoutMs, 60_000), connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
+    clientErrorHandler,
+    ...(opts.https ? { https: { cert: opts.https.cert, key: opts.https.key } } : {}),
+    // Bad percent-encoding and the like, before routing: answer in the registry's shape.
+    frameworkErrors: (err, req, reply) => sendError((reply as unknown as FastifyReply).header(REQUEST_ID_HEADER, req.id), toApiError(err, req.url)),
+    // Every request's id (request-id.ts): the client's X-Request-Id when sane, else generated.
+    genReqId: requestId,
+    // Route schemas validate bodies, querystrings, params and headers; failures are registry errors.
+    ajv: AJV_OPTIONS,
+    schemaErrorFormatter,
+  }) as unknown as FastifyInstance;
+  app.decorate('store', opts.store);
+  app.decorate('closing', false);
+  app.decorateReply('errorCode', null);
+  const guard = opts.forgeryGuard
+    ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: (k) => opts.store.readHighestToken(k), ...(opts.logger ? { logger: opts.logger } : {}) })
+    : null;
+  app.decorate('forgeryGuard', guard);
+  if (guard) app.addHook('onClose', async () => await guard.close());
+  registerRequestId(app);
+  installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
+
+  // Object bodies are stored raw, whatever their content type. POST /v1/transactions parses its
+  // JSON body with a parser of its own (routes/transactions.ts).
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+
+  app.addHook('onRequest', async () => {
+    if (app.closing) throw new ApiError('unavailable', 'proxy is shutting down; safe to retry');
+  });
+  // Before auth and before any route: foreign pages are refused first; POST routes take JSON only.
+  registerBrowserGuard(app, opts.browser ?? { allowedOrigins: [], allowedHosts: [] }, { open: (opts.auth?.keys.length ?? 0) === 0 });
+  registerAuth(app, opts.auth ?? { keys: [], readAccess: 'open' });
+
+  app.setErrorHandler((err: FastifyError, req, reply) => {
+    const apiErr = toApiError(err, req.url);
+    if (apiErr.status >= 500) req.log.error({ err: apiErr.cause ?? err, code: apiErr.code }, 'request failed');
+    sendError(reply, apiErr);
+  });
+  app.setNotFoundHandler((req, reply) => {
+    sendError(reply, new ApiError('not_found', `no route ${req.method} ${req.url.split('?')[0]}`));
+  });
+
+  // Before the routes: @fastify/swagger documents each route as it is added.
+  registerOpenApi(app, opts.auth ?? { keys: [], readAccess: 'open' });
+  app.register(docsRoutes);
+  app.register(objectRoutes);
+  app.register(fenceRoutes);
+  app.register(statsRoutes);
+  app.register(healthRoutes);
+  app.register(metricsRoutes);
+  app.register(rejectionRoutes);
+  app.register(dashboardRoutes);
+  const tx = {
+    ...TX_DEFAULTS,
+    database: (opts.store.pool as unknown as { options: pg.ClientConfig }).options,
+    ...opts.transactions,
+    keys: opts.auth?.keys ?? [],
+  };
+  const runner = createTransactionRunner(app, tx);
+  app.decorate('transactionRunner', runner);
+  app.addHook('onClose', async () => await runner.close());
+  app.register(transactionRoutes, { maxStatements: tx.maxStatements });
+  return app;
+}

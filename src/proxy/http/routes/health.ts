@@ -1,0 +1,24 @@
+// GET /healthz (the process answers) and GET /readyz (database reachable, migrations applied; with
+// `durability`, the failover warnings of src/fence/durability.ts, which do not make it unready).
+import type { FastifyInstance } from 'fastify';
+import { migrationsApplied } from '../../../fence/migrate.ts';
+import { checkDurability, unknownDurability } from '../../../fence/durability.ts';
+import { ApiError } from '../../errors.ts';
+
+export async function healthRoutes(app: FastifyInstance): Promise<void> {
+  app.get('/healthz', { config: { access: 'open' }, schema: { summary: 'Liveness: the process answers' } }, async () => ({ status: 'ok' }));
+  app.get('/readyz', { config: { access: 'open' }, schema: { summary: 'Readiness: database reachable, migrations applied; `durability` lists failover warnings (which do not make it unready)' } }, async (req) => {
+    let ready: boolean;
+    try {
+      ready = await migrationsApplied(app.store.pool);
+    } catch (err) {
+      throw new ApiError('unavailable', 'database unreachable', {}, { cause: err });
+    }
+    if (!ready) throw new ApiError('unavailable', 'migrations not applied');
+    const durability = await checkDurability(app.store.pool).catch((err: unknown) => {
+      req.log.warn({ err }, 'durability check failed');
+      return unknownDurability();
+    });
+    return { status: 'ready', durability };
+  });
+}

@@ -1,0 +1,216 @@
+// The backend connection of a session: a socket to Postgres, logged in as the key's client login
+// (src/fence/client-logins.ts), started read-only with the statement and lock timeouts and the
+// key's pgRole, carrying the writer's fencepost settings.
+import { connect, isIP, type Socket } from 'node:net';
+import { connect as tlsConnect } from 'node:tls';
+import { createHash } from 'node:crypto';
+import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
+import { PROTOCOL_3_0, optionArg } from './startup.ts';
+import { ScramClient, MECHANISM } from '../access/scram.ts';
+import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
+
+export type BackendTarget = DatabaseTarget;
+
+/** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder), and its TLS. */
+export function backendTarget(databaseUrl: string): BackendTarget {
+  return databaseTarget(databaseUrl);
+}
+
+const SSL_REQUEST = message('', 80877103);
+
+/**
+ * A connection to the database, ready for a startup or cancel packet: over TLS when DATABASE_URL
+ * asks for it (an SSLRequest first; a server that answers `N` is refused, as node-postgres does).
+ * Not ready within `timeoutMs` (no answer to the connect, the SSLRequest or the handshake): closed.
+ */
+function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const raw = target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
+    raw.setNoDelay(true);
+    let settled = false;
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      raw.destroy();
+      reject(err);
+    };
+    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const done = (socket: Socket) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      raw.off('close', onClose);
+      // From here the session's handlers watch `socket`; under TLS its errors also reach the raw
+      // socket, which must not throw them.
+      raw.off('error', fail);
+      raw.on('error', () => {});
+      resolve(socket);
+    };
+    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection before startup'));
+    raw.once('error', fail);
+    raw.once('close', onClose);
+    const tlsOptions = target.tls;
+    if (tlsOptions === null) {
+      raw.once('connect', () => done(raw));
+      return;
+    }
+    raw.once('connect', () => raw.write(SSL_REQUEST));
+    raw.once('data', (answer: Buffer) => {
+      if (answer.length !== 1 || answer[0] !== 0x53 /* S */) {
+        fail(new BackendStartupError('08006', answer[0] === 0x4e ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)' : 'the database answered the TLS request with an error'));
+        return;
+      }
+      // SNI never carries an IP address (RFC 6066); the certificate is checked against `host` then.
+      const secure = tlsConnect({ ...tlsOptions, socket: raw, host: target.host, ...(isIP(target.host) === 0 ? { servername: target.host } : {}) });
+      secure.once('error', fail);
+      secure.once('secureConnect', () => {
+        secure.off('error', fail);
+        secure.setNoDelay(true);
+        done(secure);
+      });
+    });
+  });
+}
+
+export interface BackendLogin {
+  user: string;
+  password: string;
+  /** Startup parameters (application_name, client_encoding, …). */
+  parameters: Map<string, string>;
+  /** `-c` settings for `options`. */
+  settings: Map<string, string>;
+}
+
+export interface Backend {
+  socket: Socket;
+  pid: number;
+  secret: Buffer;
+  /** The backend's ParameterStatus messages, as sent. */
+  parameterStatus: Buffer[];
+  /** Framing of what the backend sends next (bytes after ReadyForQuery may already be in it). */
+  reader: MessageReader;
+}
+
+/** A backend's ErrorResponse during startup, with its SQLSTATE. */
+export class BackendStartupError extends Error {
+  constructor(readonly code: string, message: string) {
+    super(message);
+    this.name = 'BackendStartupError';
+  }
+}
+
+/** Opens and logs in a backend connection; resolves at its first ReadyForQuery. */
+export async function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
+  const started = Date.now();
+  const socket = await dial(target, timeoutMs);
+  return logIn(socket, login, target.database, Math.max(1, timeoutMs - (Date.now() - started)));
+}
+
+function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs: number): Promise<Backend> {
+  return new Promise((resolve, reject) => {
+    const reader = new MessageReader();
+    const parameterStatus: Buffer[] = [];
+    let pid = 0;
+    let secret = Buffer.alloc(0);
+    let scram: ScramClient | null = null;
+    let settled = false;
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      cleanup();
+      socket.destroy();
+      reject(err);
+    };
+    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const cleanup = () => {
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('error', fail);
+      socket.off('close', onClose);
+    };
+    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection during startup'));
+    const onFrame = (f: Frame) => {
+      switch (f.type) {
+        case 'R': {
+          const r = new BodyReader(f.body);
+          const kind = r.int32();
+          if (kind === 0) return;
+          if (kind === 3) socket.write(message('p', login.password));
+          else if (kind === 5) {
+            const salt = r.bytes(4);
+            const inner = createHash('md5').update(login.password + login.user).digest('hex');
+            socket.write(message('p', `md5${createHash('md5').update(Buffer.concat([Buffer.from(inner), salt])).digest('hex')}`));
+          } else if (kind === 10) {
+            const mechanisms: string[] = [];
+            for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
+            if (!mechanisms.includes(MECHANISM)) throw new BackendStartupError('28000', `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`);
+            scram = new ScramClient(login.password);
+            const first = Buffer.from(scram.first());
+            const body = Buffer.concat([Buffer.from(`${MECHANISM}\u0000`), Buffer.alloc(4), first]);
+            body.writeInt32BE(first.length, MECHANISM.length + 1);
+            socket.write(message('p', body));
+          } else if (kind === 11) {
+            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL continue');
+            socket.write(message('p', Buffer.from(scram.final(r.rest().toString('utf8')))));
+          } else if (kind === 12) {
+            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL final');
+            scram.verify(r.rest().toString('utf8'));
+          } else throw new BackendStartupError('28000', `the database asks for an authentication method the proxy does not speak (${kind})`);
+          return;
+        }
+        case 'S':
+          parameterStatus.push(Buffer.from(f.bytes));
+          return;
+        case 'K': {
+          const r = new BodyReader(f.body);
+          pid = r.int32();
+          secret = Buffer.from(r.rest());
+          return;
+        }
+        case 'N':
+        case 'v':
+          return;
+        case 'E': {
+          const fields = parseErrorFields(f.body);
+          throw new BackendStartupError(fields.get('C') ?? '08006', fields.get('M') ?? 'the database refused the connection');
+        }
+        case 'Z':
+          settled = true;
+          cleanup();
+          resolve({ socket, pid, secret, parameterStatus, reader });
+          return;
+        default:
+          throw new BackendStartupError('08P01', `unexpected message ${JSON.stringify(f.type)} during startup`);
+      }
+    };
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+        for (let f = reader.next(); f !== null && !settled; f = reader.next()) onFrame(f);
+      } catch (err) {
+        fail(err instanceof Error ? err : new Error(String(err)));
+      }
+    };
+    socket.on('data', onData);
+    socket.on('error', fail);
+    socket.on('close', onClose);
+    const options = [...login.settings].map(([k, v]) => optionArg(k, v)).join(' ');
+    const params: (string | number)[] = [PROTOCOL_3_0, 'user', login.user, 'database', database];
+    for (const [k, v] of login.parameters) params.push(k, v);
+    if (options !== '') params.push('options', options);
+    socket.write(message('', ...params, Buffer.from([0])));
+  });
+}
+
+/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's). */
+export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
+  dial(target, 5000).then(
+    (s) => {
+      s.on('error', () => {});
+      s.setTimeout(5000, () => s.destroy());
+      s.end(message('', 80877102, pid, secret));
+    },
+    () => {}, // best effort, as a driver's cancel is
+  );
+}

@@ -1,0 +1,359 @@
+// The SQL endpoint's listener: accepts PostgreSQL protocol connections, runs the startup phase
+// (SSLRequest, CancelRequest, StartupMessage, authentication), opens the session's backend
+// connection as the key's client login, and hands over to PgwireSession.
+//
+// Authentication: in open mode any user name is accepted (it is the writer id). With keys, the
+// user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
+// key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
+// `secretSha256` can log in only over TLS, with a cleartext password). Cleartext passwords are
+// asked for only on a TLS session, and only for keys without SCRAM keys.
+//
+// TLS (FENCEPOST_TLS_CERT / _KEY, the proxy's shared TlsMaterial): an SSLRequest is answered 'S'
+// and the socket upgraded with the material's current SecureContext (a SIGHUP reload applies to
+// new sessions). Bytes that arrive after the SSLRequest before the handshake are refused, not
+// read as part of the session (CVE-2021-23222's class: an attacker in the middle could prepend
+// plaintext that the server would take as sent inside TLS). With TLS configured every session
+// must use it (as HTTP is HTTPS only); without, SSLRequest is answered 'N'.
+import { createServer, type Server, type Socket } from 'node:net';
+import { TLSSocket } from 'node:tls';
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Logger } from 'pino';
+import type pg from 'pg';
+import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
+import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
+import { MECHANISM, ScramError, ScramServer } from '../access/scram.ts';
+import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
+import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
+import { digestOf, type AccessKey } from '../access/keys.ts';
+import type { TlsMaterial } from '../access/tls.ts';
+import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
+import * as q from '../../fence/queries.ts';
+
+const PASSWORD_FAILED = '28P01';
+
+export interface PgwireOptions {
+  host: string;
+  /** 0: any free port (tests). */
+  port: number;
+  /** DATABASE_URL: the backend server and the one database the endpoint serves. */
+  databaseUrl: string;
+  /** Empty: open mode. */
+  keys: readonly AccessKey[];
+  /** The client logins and the fence capability (TransactionRunner.provision, memoised). */
+  provision: () => Promise<ProvisionResult>;
+  /** The proxy's own pool: rejections, resetting a client login's password. */
+  owner: pg.Pool;
+  statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  maxConnections: number;
+  /** Startup (packet, authentication, backend login) must finish within this. */
+  startupTimeoutMs: number;
+  logger: Logger;
+  /** The token forgery guard (FENCEPOST_FORGERY_GUARD); null or absent: none. */
+  guard?: SessionGuard | null;
+  /** The proxy's TLS material: SSLRequest is answered 'S' and TLS is required; null = 'N', plain TCP. */
+  tls?: TlsMaterial | null;
+}
+
+class Refusal extends Error {
+  constructor(readonly fields: ErrorFields) {
+    super(fields.message);
+  }
+}
+
+const refuse = (code: string, msg: string, detail?: string): Refusal => new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
+
+interface Registered {
+  secret: Buffer;
+  backend: Backend;
+}
+
+/**
+ * The backend's ParameterStatus messages as the writer should read them. The backend's
+ * default_transaction_read_only is always on (the backstop for a transaction that would escape
+ * the fence), but a session with a token writes: each of its transactions is fenced and made
+ * read-write. Drivers decide from this report whether a server takes writes (libpq's
+ * target_session_attrs=read-write, …), so it says `off` for a session that starts with a token
+ * and `on` for one without. Later changes come from the backend as they happen.
+ */
+function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
+  return status.map((b) => (b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only' ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on') : b));
+}
+
+export class PgwireServer {
+  private readonly server: Server;
+  private readonly target: BackendTarget;
+  private readonly sockets = new Set<Socket>();
+  /** The TLS socket over each upgraded raw socket. */
+  private readonly upgraded = new WeakMap<Socket, TLSSocket>();
+  private readonly sessions = new Map<number, Registered>();
+  private nextPid = 1;
+
+  constructor(private readonly opts: PgwireOptions) {
+    this.target = backendTarget(opts.databaseUrl);
+    this.server = createServer((socket) => this.accept(socket));
+    this.server.maxConnections = opts.maxConnections * 2; // hard cap; the polite refusal is below
+  }
+
+  async listen(): Promise<number> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(this.opts.port, this.opts.host, () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
+    const address = this.server.address();
+    return typeof address === 'object' && address ? address.port : this.opts.port;
+  }
+
+  /** Stops accepting and closes every session (their open transactions roll back). */
+  async close(): Promise<void> {
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const s of this.sockets) {
+      this.upgraded.get(s)?.destroy();
+      s.destroy();
+    }
+    await closed;
+  }
+
+  get connections(): number {
+    return this.sockets.size;
+  }
+
+  private accept(socket: Socket): void {
+    socket.setNoDelay(true);
+    socket.on('error', () => {});
+    const full = this.sockets.size >= this.opts.maxConnections;
+    this.sockets.add(socket);
+    socket.on('close', () => this.sockets.delete(socket));
+    if (full) {
+      // Answered after the client's first packet, as Postgres does (closing before it arrives
+      // makes the client's write fail with a reset instead of showing 53300). Counted until
+      // closed, so a flood of refusals is bounded too, and closed within two seconds.
+      socket.once('data', () => socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` })));
+      setTimeout(() => socket.destroy(), 2000).unref();
+      return;
+    }
+    void this.startup(socket).catch((err: unknown) => {
+      // Over TLS once upgraded: the refusal goes where the client reads.
+      const conn = this.upgraded.get(socket) ?? socket;
+      if (err instanceof Refusal) {
+        this.opts.logger.info({ code: err.fields.code }, `SQL connection refused: ${err.fields.message}`);
+        if (!conn.destroyed) conn.end(errorResponse(err.fields));
+      } else {
+        this.opts.logger.warn({ err }, 'SQL connection failed during startup');
+        if (!conn.destroyed) conn.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
+      }
+    });
+  }
+
+  private async startup(raw: Socket): Promise<void> {
+    let socket: Socket = raw;
+    const reader = new MessageReader(true);
+    const frames: Frame[] = [];
+    let wake: (() => void) | null = null;
+    let ended = false;
+    let problem: unknown = null;
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+        for (let f = reader.next(); f !== null; f = reader.next()) frames.push(f);
+      } catch (err) {
+        problem = err;
+      }
+      wake?.();
+    };
+    const onEnd = () => {
+      ended = true;
+      wake?.();
+    };
+    socket.on('data', onData);
+    socket.on('close', onEnd);
+    const deadline = Date.now() + this.opts.startupTimeoutMs;
+    const timer = setTimeout(onEnd, this.opts.startupTimeoutMs);
+    const nextFrame = async (): Promise<Frame> => {
+      for (;;) {
+        if (problem !== null) throw refuse('08P01', 'invalid startup packet layout');
+        const f = frames.shift();
+        if (f) return f;
+        if (ended || Date.now() >= deadline) throw refuse('08006', 'startup did not finish in time or the client went away');
+        await new Promise<void>((resolve) => (wake = resolve));
+        wake = null;
+      }
+    };
+    try {
+      let packet;
+      let encrypted = false;
+      for (;;) {
+        packet = parseStartupPacket((await nextFrame()).body);
+        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted) throw refuse('08P01', 'a second encryption request on an encrypted connection');
+        if (packet.kind === 'ssl' && this.opts.tls) {
+          // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
+          // clear, and must not be read as if they came over TLS.
+          if (reader.pending > 0 || frames.length > 0) throw refuse('08P01', 'received unencrypted data after SSL request');
+          socket.off('data', onData);
+          socket.off('close', onEnd);
+          socket.write('S');
+          const secure = new TLSSocket(socket, { isServer: true, secureContext: this.opts.tls.current() });
+          secure.on('error', () => {}); // a failed handshake closes it: 'close' ends the startup
+          secure.setNoDelay(true);
+          this.upgraded.set(raw, secure);
+          socket = secure;
+          socket.on('data', onData);
+          socket.on('close', onEnd);
+          encrypted = true;
+          continue;
+        }
+        if (packet.kind === 'ssl' || packet.kind === 'gssenc') {
+          socket.write('N');
+          continue;
+        }
+        break;
+      }
+      if (packet.kind === 'cancel') {
+        this.cancel(packet.pid, packet.secret);
+        socket.end();
+        return;
+      }
+      if (this.opts.tls && !encrypted) {
+        throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
+      }
+      // Everything after the StartupMessage is typed (clients wait for our answer before sending more).
+      reader.startup = false;
+      const params = packet.params;
+      const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
+      if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
+      const user = params.get('user');
+      if (!user) throw refuse('28000', 'no user name in the startup packet');
+      if (params.has('replication') && params.get('replication') !== 'false') throw refuse('08P01', 'replication connections are not served by the fencepost SQL endpoint');
+      const database = params.get('database') || user;
+      if (database !== this.target.database) {
+        throw refuse('3D000', `database ${JSON.stringify(database)} does not exist`, `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`);
+      }
+      // ---- authentication
+      let key: AccessKey | null = null;
+      if (this.opts.keys.length > 0) {
+        key = this.opts.keys.find((k) => k.name === user) ?? null;
+        if (encrypted && key !== null && key.scram === undefined) {
+          // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
+          socket.write(message('R', 3));
+          const pw = await nextFrame();
+          if (pw.type !== 'p') throw refuse('08P01', 'expected a password message');
+          let given = '';
+          try {
+            given = new BodyReader(pw.body).cstring();
+          } catch {
+            throw refuse('08P01', 'malformed password message');
+          }
+          if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+        } else {
+          const server = new ScramServer(key?.scram ?? null);
+          socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
+          try {
+            const first = await nextFrame();
+            if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const r = new BodyReader(first.body);
+            const mechanism = r.cstring();
+            if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+            const len = r.int32();
+            const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
+            socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
+            const fin = await nextFrame();
+            if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const serverFinal = server.final(fin.body.toString('utf8'));
+            socket.write(message('R', 12, Buffer.from(serverFinal)));
+          } catch (err) {
+            if (err instanceof Refusal) throw err;
+            if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
+            throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+          }
+        }
+        if (key === null) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+      }
+      // ---- the backend, as the key's client login
+      const { logins, problems, capability } = await this.opts.provision();
+      const login = logins.get(key?.name ?? null);
+      if (!login) {
+        const problem = problems.get(key?.name ?? null);
+        throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
+      }
+      const settings = new Map<string, string>([
+        ['default_transaction_read_only', 'on'],
+        ['statement_timeout', String(this.opts.statementTimeoutMs)],
+        ['lock_timeout', String(this.opts.lockTimeoutMs)],
+      ]);
+      if (login.pgRole !== null) settings.set('role', login.pgRole);
+      const forwarded = new Map<string, string>([['application_name', 'fencepost-sql']]);
+      for (const [k, v] of params) if (FORWARDED_PARAMETERS.has(k.toLowerCase())) forwarded.set(k.toLowerCase(), v);
+      for (const [k, v] of parseOptions(params.get('options') ?? '')) {
+        if (FENCE_SETTINGS.has(k)) settings.set(k, v);
+        else if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      }
+      const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
+      const remaining = () => Math.max(1, deadline - Date.now());
+      let backend: Backend;
+      try {
+        backend = await openBackend(this.target, backendLogin, remaining());
+      } catch (err) {
+        if (!(err instanceof BackendStartupError) || err.code !== PASSWORD_FAILED) throw this.backendRefusal(err);
+        // A statement of this login may have changed its own password: set it back once.
+        await resetClientPassword(this.opts.owner, login);
+        try {
+          backend = await openBackend(this.target, backendLogin, remaining());
+        } catch (again) {
+          throw this.backendRefusal(again);
+        }
+      }
+      if (socket.destroyed) {
+        backend.socket.destroy();
+        return;
+      }
+      // ---- ready
+      const pid = this.nextPid++ & 0x7fffffff || this.nextPid++;
+      const secret = randomBytes(4);
+      this.sessions.set(pid, { secret, backend });
+      const writerId = user;
+      const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
+      const writes = (settings.get('fencepost.token') ?? '') !== '';
+      socket.write(Buffer.concat([authenticationOk(), ...writerView(backend.parameterStatus, writes), backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
+      socket.off('data', onData);
+      socket.off('close', onEnd);
+      clearTimeout(timer);
+      const session = new PgwireSession(socket, reader, backend, {
+        logger,
+        capability,
+        prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
+        writerId,
+        guard: this.opts.guard ?? null,
+        startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
+        onStale: (s) => this.recordStale(s, writerId, logger),
+        onClose: () => this.sessions.delete(pid),
+      });
+      session.start();
+      logger.debug('SQL session started');
+    } finally {
+      socket.off('data', onData);
+      socket.off('close', onEnd);
+      clearTimeout(timer);
+    }
+  }
+
+  private backendRefusal(err: unknown): Refusal {
+    if (err instanceof BackendStartupError) return refuse(err.code === PASSWORD_FAILED ? '28000' : err.code, `the database refused the session's login: ${err.message}`);
+    return refuse('08006', `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
+  }
+
+  private cancel(pid: number, secret: Buffer): void {
+    const s = this.sessions.get(pid);
+    if (!s || s.secret.length !== secret.length || !timingSafeEqual(s.secret, secret)) return;
+    cancelBackend(this.target, s.backend.pid, s.backend.secret);
+  }
+
+  private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
+    logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
+    void this.opts.owner
+      .query(q.recordRejections([{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]))
+      .catch((err: unknown) => logger.warn({ err }, 'could not record a rejection'));
+  }
+}

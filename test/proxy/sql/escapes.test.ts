@@ -1,0 +1,342 @@
+// Ways a writer could end the fenced transaction on purpose and go on in one the proxy did not
+// fence (issue 15): COMMIT / ROLLBACK / END / … AND CHAIN in the middle of a multi-statement
+// Query or of an extended-protocol pipeline, DO blocks and procedures that COMMIT, PREPARE
+// TRANSACTION, dollar-quoted and commented spellings, each followed by lifting the read-only
+// backstop (SET default_transaction_read_only = off, SET TRANSACTION READ WRITE, set_config).
+// With a STALE token none of them may leave a row behind or move the fence; a leader with the
+// current token still runs ordinary multi-statement queries and pipelines.
+//
+// A stale session's first statement fails at the fence, so the escapes start from there: a
+// failed transaction ('E'), where the proxy injects nothing (the writer's ROLLBACK must go through).
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { connect as tcp, type Socket } from 'node:net';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
+import { MessageReader, cstr, int16, int32, message, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
+import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+
+const run = promisify(execFile);
+const PSQL = '/usr/bin/psql';
+
+let db: TestDatabase;
+let sql: SqlProxy;
+beforeAll(async () => {
+  db = await createTestDatabase();
+  sql = await startSqlProxy(db);
+  const role = clientRoleFor(db.url);
+  await db.pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
+  await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO ${role}`);
+  // A procedure that lifts the read-only default, commits the fenced transaction and writes on.
+  await db.pool.query(`CREATE PROCEDURE public.commit_and_write(n int) LANGUAGE plpgsql AS $$
+    BEGIN
+      PERFORM set_config('default_transaction_read_only', 'off', false);
+      COMMIT;
+      INSERT INTO public.items VALUES (n, 'procedure');
+    END $$`);
+  await db.pool.query(`GRANT EXECUTE ON PROCEDURE public.commit_and_write(int) TO ${role}`);
+});
+afterAll(async () => {
+  await sql?.close();
+  await db?.drop();
+});
+
+const ids = { next: 1 };
+const id = () => ids.next++;
+const present = async (...ns: number[]) => (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
+const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const raise = async (fenceKey: string, token: number) => {
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
+  expect(res.status).toBe(200);
+};
+
+/** A raw protocol client: pipelines exactly as written, no driver in between. */
+class Raw {
+  private readonly reader = new MessageReader();
+  private frames: Frame[] = [];
+  private wake: (() => void) | null = null;
+  private constructor(private readonly socket: Socket) {
+    socket.on('data', (chunk: Buffer) => {
+      this.reader.push(chunk);
+      for (let f = this.reader.next(); f !== null; f = this.reader.next()) this.frames.push(f);
+      this.wake?.();
+    });
+  }
+
+  static async connect(user: string, options: string): Promise<Raw> {
+    const socket = tcp({ host: '127.0.0.1', port: sql.port });
+    await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject));
+    const raw = new Raw(socket);
+    socket.write(message('', 196608, 'user', user, 'database', sql.database, 'options', options, Buffer.from([0])));
+    await raw.untilReady(1);
+    return raw;
+  }
+
+  /** Messages until the n-th ReadyForQuery (the ReadyForQuerys included). */
+  async untilReady(n: number): Promise<Frame[]> {
+    const out: Frame[] = [];
+    let seen = 0;
+    while (seen < n) {
+      const f = this.frames.shift();
+      if (f === undefined) {
+        await new Promise<void>((resolve, reject) => {
+          const timer = setTimeout(() => reject(new Error(`no ReadyForQuery after ${out.map((o) => o.type).join('')}`)), 10_000);
+          this.wake = () => {
+            clearTimeout(timer);
+            this.wake = null;
+            resolve();
+          };
+        });
+        continue;
+      }
+      out.push(f);
+      if (f.type === 'Z') seen++;
+    }
+    return out;
+  }
+
+  /** Sends the messages, waits for `syncs` ReadyForQuerys; answers SQLSTATEs of errors and the last status. */
+  async send(parts: Buffer[], syncs = 1): Promise<{ errors: string[]; status: string; types: string }> {
+    this.socket.write(Buffer.concat(parts));
+    const got = await this.untilReady(syncs);
+    const last = got[got.length - 1]!;
+    return {
+      errors: got.filter((f) => f.type === 'E').map((f) => parseErrorFields(f.body).get('C') ?? '?'),
+      status: String.fromCharCode(last.body[0]!),
+      types: got.map((f) => f.type).join(''),
+    };
+  }
+
+  close(): void {
+    this.socket.end(message('X'));
+  }
+}
+
+const Q = (text: string) => message('Q', text);
+const P = (text: string, name = '') => message('P', name, text, int16(0));
+const B = (name = '') => message('B', cstr(''), name, int16(0), int16(0), int16(0));
+const E = () => message('E', cstr(''), int32(0));
+const S = () => message('S');
+/** Parse/Bind/Execute of one statement (unnamed). */
+const pbe = (text: string) => [P(text), B(), E()];
+
+/** A session whose token went stale, inside a failed transaction (its BEGIN met the fence). */
+async function staleInFailedBlock(fenceKey: string): Promise<Raw> {
+  const raw = await Raw.connect(`zombie-${fenceKey}`, fenceOptions(10, fenceKey));
+  await raise(fenceKey, 11);
+  const begin = await raw.send([Q('BEGIN')]);
+  expect(begin).toMatchObject({ errors: ['FP409'], status: 'E' });
+  return raw;
+}
+
+const LIFT = "SET default_transaction_read_only = off; SET TRANSACTION READ WRITE";
+const LIFT_SET_CONFIG = "SELECT set_config('default_transaction_read_only', 'off', false), set_config('transaction_read_only', 'off', true)";
+
+describe('simple protocol: a transaction ended in the middle of a Query is fenced again', () => {
+  const escapes: [string, (n: number) => string][] = [
+    ['ROLLBACK', (n) => `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['COMMIT', (n) => `COMMIT; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['END', (n) => `END; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['ABORT', (n) => `ABORT; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['ROLLBACK AND CHAIN', (n) => `ROLLBACK AND CHAIN; SET TRANSACTION READ WRITE; INSERT INTO items VALUES (${n}, 'escaped'); COMMIT`],
+    ['ROLLBACK then set_config', (n) => `ROLLBACK; ${LIFT_SET_CONFIG}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['ROLLBACK, COMMIT AND CHAIN', (n) => `ROLLBACK; BEGIN; COMMIT AND CHAIN; SET TRANSACTION READ WRITE; INSERT INTO items VALUES (${n}, 'escaped'); COMMIT`],
+    ['a commented ROLLBACK', (n) => `/* a /* nested */ comment; */ ROLLBACK -- ; not here\n; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['dollar quotes around semicolons', (n) => `ROLLBACK; SELECT $x$ ; COMMIT ; $x$; ${LIFT}; INSERT INTO items VALUES (${n}, $$escaped; COMMIT$$)`],
+    ['E-strings and quoted identifiers', (n) => `ROLLBACK; SELECT E'\\'; COMMIT; ' AS "a;b"; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
+    ['a DO block that commits and writes', (n) => `ROLLBACK; DO $do$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$do$`],
+    ['a procedure that commits and writes', (n) => `ROLLBACK; CALL commit_and_write(${n})`],
+    ['PREPARE TRANSACTION', (n) => `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped'); PREPARE TRANSACTION 'fencepost_escape_${n}'`],
+  ];
+  for (const [name, text] of escapes) {
+    test(`${name}: a stale writer writes nothing and the fence stays`, async () => {
+      const key = `simple-${name}`;
+      const raw = await staleInFailedBlock(key);
+      const n = id();
+      const res = await raw.send([Q(text(n))]);
+      expect(res.errors[0]).toBe('FP409');
+      await raw.send([Q('ROLLBACK')]);
+      raw.close();
+      expect(await present(n)).toEqual([]);
+      expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '11' });
+      expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts')).rows).toEqual([]);
+    });
+  }
+
+  test('node-postgres: ROLLBACK in the middle of a Query after a stale BEGIN', async () => {
+    const c = await sql.connect('zombie-pg', { options: fenceOptions(10, 'simple-pg') });
+    await raise('simple-pg', 11);
+    expect(await code(c.query('BEGIN'))).toBe('FP409');
+    const n = id();
+    expect(await code(c.query(`ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`))).toBe('FP409');
+    expect(await present(n)).toEqual([]);
+    await c.end();
+  });
+
+  test('ROLLBACK AND CHAIN alone: the chained transaction is fenced before the writer lifts read-only in it', async () => {
+    const c = await sql.connect('chain', { options: fenceOptions(10, 'chain') });
+    await raise('chain', 11);
+    expect(await code(c.query('BEGIN'))).toBe('FP409');
+    expect(await code(c.query('ROLLBACK AND CHAIN'))).toBe('FP409');
+    const n = id();
+    expect(await code(c.query('SET TRANSACTION READ WRITE'))).toBe('25P02');
+    expect(await code(c.query(`INSERT INTO items VALUES (${n}, 'chained')`))).toBe('25P02');
+    await c.query('COMMIT');
+    expect(await present(n)).toEqual([]);
+    expect(await fenceRow(db.pool, 'chain')).toEqual({ highest_token: '11' });
+    await c.end();
+  });
+
+  // Invariant: no statement of a session runs outside a fenced transaction. A statement that
+  // cannot run in a transaction block is fenced like any other, so Postgres refuses it (25001)
+  // for the leader, and a zombie's fails at the fence (FP409); only DISCARD / CHECKPOINT go
+  // unfenced. The client login may maintain the table (MAINTAIN), so a refusal is the fence's doing.
+  test('statements that cannot run in a transaction block are refused, never run unfenced', async () => {
+    await db.pool.query(`GRANT MAINTAIN ON public.items TO ${clientRoleFor(db.url)}`);
+    await raise('maint', 5);
+    const leader = await sql.connect('maint-leader', { options: fenceOptions(5, 'maint') });
+    await leader.query('SET default_transaction_read_only = off');
+    for (const stmt of ['VACUUM public.items', '/* c */ vacuum (analyze) public.items', 'CLUSTER', 'REINDEX TABLE CONCURRENTLY public.items', 'CREATE INDEX CONCURRENTLY items_v ON public.items (v)', 'DROP INDEX CONCURRENTLY IF EXISTS public.items_pkey']) {
+      expect([stmt, await code(leader.query(stmt))]).toEqual([stmt, '25001']);
+    }
+    expect(await code(leader.query('DISCARD ALL'))).toBe('ok');
+    await leader.end();
+    const zombie = await sql.connect('maint-zombie', { options: fenceOptions(4, 'maint') });
+    expect(await code(zombie.query('VACUUM public.items'))).toBe('FP409');
+    await zombie.end();
+    expect((await db.pool.query("SELECT 1 FROM pg_indexes WHERE indexname = 'items_v'")).rowCount).toBe(0);
+    expect(await fenceRow(db.pool, 'maint')).toEqual({ highest_token: '5' });
+  });
+
+  test('a session that turns standard_conforming_strings off runs one statement per Query', async () => {
+    const c = await sql.connect('scs', { options: fenceOptions(1, 'scs') });
+    await c.query('SET standard_conforming_strings = off');
+    const n = id();
+    expect(await code(c.query(`SELECT 'a\\'; COMMIT; INSERT INTO items VALUES (${n}, 'x')`))).toBe('0A000');
+    expect(await present(n)).toEqual([]);
+    expect((await c.query("SELECT 'still works' AS v")).rows).toEqual([{ v: 'still works' }]);
+    await c.end();
+  });
+
+  test('text the parser refuses is refused whole (42601), nothing run', async () => {
+    const c = await sql.connect('syntax', { options: fenceOptions(1, 'syntax') });
+    const n = id();
+    expect(await code(c.query(`INSERT INTO items VALUES (${n}, 'x'); COMMIT; SELEC 1`))).toBe('42601');
+    expect(await present(n)).toEqual([]);
+    await c.end();
+  });
+});
+
+describe('extended protocol: a pipeline that ends the transaction before Sync', () => {
+  test('Execute of ROLLBACK, then SET TRANSACTION READ WRITE and INSERT: the fence runs before them', async () => {
+    const raw = await staleInFailedBlock('ext-rollback');
+    const n = id();
+    const res = await raw.send([...pbe('ROLLBACK'), ...pbe('SET TRANSACTION READ WRITE'), ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`), S()]);
+    expect(res.errors).toEqual(['FP409']);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+    expect(await fenceRow(db.pool, 'ext-rollback')).toEqual({ highest_token: '11' });
+  });
+
+  test('Execute of COMMIT between writes, with set_config and several Syncs', async () => {
+    const raw = await staleInFailedBlock('ext-commit');
+    const [x, y] = [id(), id()];
+    const res = await raw.send(
+      [...pbe('COMMIT'), ...pbe(LIFT_SET_CONFIG), ...pbe(`INSERT INTO items VALUES (${x}, 'escaped')`), S(), ...pbe(`INSERT INTO items VALUES (${y}, 'escaped')`), S()],
+      2,
+    );
+    expect(res.errors).toEqual(['FP409', 'FP409']);
+    raw.close();
+    expect(await present(x, y)).toEqual([]);
+  });
+
+  test('Execute of ROLLBACK AND CHAIN, then a write: fenced right after the chain', async () => {
+    const raw = await staleInFailedBlock('ext-chain');
+    const n = id();
+    const res = await raw.send([...pbe('ROLLBACK AND CHAIN'), ...pbe('SET TRANSACTION READ WRITE'), ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`), ...pbe('COMMIT'), S()]);
+    expect(res.errors).toEqual(['FP409']);
+    await raw.send([Q('ROLLBACK')]);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+  });
+
+  test('named statements: a COMMIT prepared once and bound later', async () => {
+    const raw = await staleInFailedBlock('ext-named');
+    const n = id();
+    const res = await raw.send([P('/* c */ END', 'fin'), B('fin'), E(), P(`INSERT INTO items VALUES (${n}, 'escaped')`, 'ins'), P(LIFT_SET_CONFIG), B(), E(), B('ins'), E(), S()]);
+    expect(res.errors).toEqual(['FP409']);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+  });
+
+  test('DO and CALL outside a transaction block are refused (0A000) even for the current leader; inside one Postgres refuses their COMMIT', async () => {
+    const c = await sql.connect('leader-do', { options: fenceOptions(1, 'ext-do') });
+    const [x, y, z] = [id(), id(), id()];
+    expect(await code(c.query('CALL commit_and_write($1)', [x]))).toBe('0A000');
+    const raw = await Raw.connect('leader-do-raw', fenceOptions(1, 'ext-do'));
+    const res = await raw.send([...pbe(`DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${y}, 'do'); END$$`), S()]);
+    expect(res.errors).toEqual(['0A000']);
+    const inBlock = await raw.send([...pbe('BEGIN'), ...pbe(`CALL commit_and_write(${z})`), S()]);
+    expect(inBlock.errors).toEqual(['2D000']);
+    await raw.send([Q('ROLLBACK')]);
+    raw.close();
+    expect(await present(x, y, z)).toEqual([]);
+    await c.end();
+  });
+
+  test('a stale writer\'s DO after an Execute of ROLLBACK', async () => {
+    const raw = await staleInFailedBlock('ext-do-stale');
+    const n = id();
+    const res = await raw.send([...pbe('ROLLBACK'), ...pbe(`DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$$`), S()]);
+    expect(res.errors).toEqual(['FP409']);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+  });
+});
+
+describe('a leader with the current token', () => {
+  test('node-postgres: multi-statement queries with COMMIT, CHAIN and BEGIN ISOLATION LEVEL in the middle', async () => {
+    const c = await sql.connect('leader', { options: fenceOptions(7, 'leader') });
+    const [a, b, d, e] = [id(), id(), id(), id()];
+    const results = (await c.query(
+      `INSERT INTO items VALUES (${a}, 'a'); COMMIT; BEGIN ISOLATION LEVEL SERIALIZABLE; SHOW transaction_isolation; INSERT INTO items VALUES (${d}, 'd'); COMMIT AND CHAIN; INSERT INTO items VALUES (${e}, 'e'); COMMIT; INSERT INTO items VALUES (${b}, 'b')`,
+    )) as unknown as { command: string; rows: unknown[] }[];
+    expect(results.map((r) => r.command)).toEqual(['INSERT', 'COMMIT', 'BEGIN', 'SHOW', 'INSERT', 'COMMIT', 'INSERT', 'COMMIT', 'INSERT']);
+    expect(results[3]!.rows).toEqual([{ transaction_isolation: 'serializable' }]);
+    expect(await present(a, b, d, e)).toEqual([a, b, d, e]);
+    expect(await fenceRow(db.pool, 'leader')).toEqual({ highest_token: '7' });
+    await c.end();
+  });
+
+  test('an error in the writer\'s statement after an inserted fence reports the position in its own text', async () => {
+    const c = await sql.connect('leader-pos', { options: fenceOptions(7, 'leader') });
+    const text = 'SELECT 1; COMMIT; SELECT 1 FROM nowhere_at_all';
+    const err = (await c.query(text).catch((e: unknown) => e)) as { position?: string };
+    expect(err.position).toBe(String(text.indexOf('nowhere_at_all') + 1));
+    await c.end();
+  });
+
+  test('a pipeline with an Execute of COMMIT between writes commits both, each fenced', async () => {
+    const raw = await Raw.connect('leader-raw', fenceOptions(8, 'leader-pipe'));
+    const [x, y] = [id(), id()];
+    const res = await raw.send([...pbe(`INSERT INTO items VALUES (${x}, 'x')`), ...pbe('COMMIT'), ...pbe(`INSERT INTO items VALUES (${y}, 'y')`), S()]);
+    expect(res).toMatchObject({ errors: [], status: 'I' });
+    raw.close();
+    expect(await present(x, y)).toEqual([x, y]);
+    expect(await fenceRow(db.pool, 'leader-pipe')).toEqual({ highest_token: '8' });
+  });
+
+  test('psql: a multi-statement -c with COMMIT in the middle, and a script', async () => {
+    const env = { ...process.env, PGOPTIONS: fenceOptions(9, 'leader-psql') };
+    const [x, y, z] = [id(), id(), id()];
+    const { stdout } = await run(PSQL, [sql.url('psql-leader'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', `INSERT INTO items VALUES (${x}, 'x'); COMMIT; INSERT INTO items VALUES (${y}, 'y')`, '-c', `BEGIN; INSERT INTO items VALUES (${z}, $$z; COMMIT$$); END`], { env });
+    expect(stdout).toContain('COMMIT');
+    expect(await present(x, y, z)).toEqual([x, y, z]);
+    // The same escape from psql with a stale token.
+    await raise('leader-psql', 10);
+    const n = id();
+    const stale = await run(PSQL, [sql.url('psql-leader'), '-X', '-v', 'VERBOSITY=verbose', '-c', 'BEGIN', '-c', `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`], { env }).catch((e: { stderr: string }) => e);
+    expect((stale as { stderr: string }).stderr).toContain('FP409');
+    expect(await present(n)).toEqual([]);
+  });
+});

@@ -1,0 +1,84 @@
+// The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, config.
+import { describe, expect, test } from 'vitest';
+import { MessageReader, FramingError, message } from '../../../src/proxy/sql/framing.ts';
+import { ScramClient, ScramServer, scramSecret } from '../../../src/proxy/access/scram.ts';
+import { parseOptions } from '../../../src/proxy/sql/startup.ts';
+import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../../src/proxy/sql/fence.ts';
+import { runsUnfenced } from '../../../src/proxy/sql/statements.ts';
+import { loadConfig } from '../../../src/proxy/config.ts';
+
+describe('framing', () => {
+  test('a chunk holding several messages, and a message split over chunks, frame exactly', () => {
+    const a = message('Q', 'SELECT 1');
+    const b = message('S');
+    const c = message('P', 'stmt', 'SELECT $1', Buffer.from([0, 0]));
+    const all = Buffer.concat([a, b, c]);
+    const r = new MessageReader();
+    r.push(all.subarray(0, a.length + b.length + 3));
+    expect([r.next()?.type, r.next()?.type, r.next()]).toEqual(['Q', 'S', null]);
+    r.push(all.subarray(a.length + b.length + 3));
+    const f = r.next()!;
+    expect([f.type, f.bytes.equals(c), r.next(), r.pending]).toEqual(['P', true, null, 0]);
+  });
+
+  test('a length below 4 or past the limit is refused', () => {
+    const r = new MessageReader();
+    r.push(Buffer.from([0x51, 0, 0, 0, 2]));
+    expect(() => r.next()).toThrow(FramingError);
+    const s = new MessageReader(true);
+    s.push(Buffer.from([0x7f, 0, 0, 0]));
+    expect(() => s.next()).toThrow(FramingError);
+  });
+});
+
+describe('SCRAM-SHA-256', () => {
+  test('the right password passes both ways; a wrong one or an unknown user fails', () => {
+    const exchange = (secret: ReturnType<typeof scramSecret> | null, password: string) => {
+      const server = new ScramServer(secret);
+      const client = new ScramClient(password);
+      const final = client.final(server.first(client.first()));
+      client.verify(server.final(final));
+    };
+    const secret = scramSecret('the-bearer-key-0123');
+    expect(() => exchange(secret, 'the-bearer-key-0123')).not.toThrow();
+    expect(() => exchange(secret, 'another-key-0123456')).toThrow(/password authentication failed/);
+    expect(() => exchange(null, 'the-bearer-key-0123')).toThrow(/password authentication failed/);
+  });
+});
+
+describe('startup options and statement guesses', () => {
+  test('options: -c pairs, --name=value and escaped spaces', () => {
+    expect(parseOptions('-c fencepost.token=42 -cfencepost.fence_key=a\\ b --statement-timeout=5')).toEqual(
+      new Map([['fencepost.token', '42'], ['fencepost.fence_key', 'a b'], ['statement_timeout', '5']]),
+    );
+  });
+
+  test('BEGIN-like, empty and unfenced statements are told apart', () => {
+    expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([true, false]);
+    expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
+    expect(['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced)).toEqual([true, true, false, false, false]);
+  });
+
+  test('the stale detail of fence_session parses back', () => {
+    expect(staleDetail('fence key "a \\"b\\"", token 4, highest token 5')).toEqual({ fenceKey: 'a "b"', token: 4n, highestToken: 5n });
+  });
+});
+
+describe('configuration', () => {
+  test('the SQL endpoint is off unless FENCEPOST_PGWIRE_PORT is set', () => {
+    expect(loadConfig({}).pgwirePort).toBeNull();
+    expect(loadConfig({ FENCEPOST_PGWIRE_PORT: '6432' }).pgwirePort).toBe(6432);
+  });
+
+  test('FENCEPOST_PG_PORT is refused, naming FENCEPOST_EMBEDDED_PG_PORT', () => {
+    expect(() => loadConfig({ FENCEPOST_PG_PORT: '5555' })).toThrow(/FENCEPOST_EMBEDDED_PG_PORT/);
+    expect(loadConfig({ FENCEPOST_EMBEDDED_PG_PORT: '5555' }).embeddedPgPort).toBe(5555);
+  });
+
+  test('the SQL endpoint with the forgery guard is accepted (the guard runs there: test/proxy/sql/forgery-guard.test.ts)', () => {
+    const env = { FENCEPOST_PGWIRE_PORT: '6432', FENCEPOST_FORGERY_GUARD: '{"a/": "/e"}', ZK_CONNECT: 'zk:2181', ZK_AUTH: 'u:p' };
+    const config = loadConfig(env);
+    expect(config.pgwirePort).toBe(6432);
+    expect(config.forgeryGuard?.mappings).toEqual([{ prefix: 'a/', electionPath: '/e' }]);
+  });
+});

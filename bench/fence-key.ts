@@ -13,13 +13,10 @@
 //
 // `node --import tsx bench/fence-key.ts [scenario…]` runs some (default all) and prints their tables.
 import http from 'node:http';
-import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
-import { loadMigrations, migrate, MIGRATIONS_DIR } from '../src/fence/migrate.ts';
+import { migrate } from '../src/fence/migrate.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, fmt, machine } from './support.ts';
@@ -131,15 +128,9 @@ interface Seed {
   run(sql: pg.Pool): Promise<void>;
 }
 
-/** Migrations 1…`last` in a folder of their own, for migrate(). */
+/** Migrations 1…`last`, with the definitions as they made them (the schema of that version). */
 async function migrateUpTo(sql: pg.Pool, last: number): Promise<void> {
-  const dir = mkdtempSync(join(tmpdir(), 'fencepost-bench-migrations-'));
-  try {
-    for (const m of loadMigrations().filter((m) => m.id <= last)) copyFileSync(join(MIGRATIONS_DIR, m.name), join(dir, m.name));
-    await migrate(sql, dir);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  await migrate(sql, { upTo: last });
 }
 
 /**

@@ -4,8 +4,9 @@
 // login of its own, `<clientRole>_<key name>`, member of that pgRole and of no other role; in open
 // mode there is one login, `<clientRole>` (default `fencepost_client`), with whatever the operator
 // granted it. The logins are NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS
-// NOINHERIT, own nothing, and may only use the fencepost schema to call fence_transaction()
-// (migration 0004). Whatever a statement does — RESET ROLE, set_config('role', …), SET SESSION
+// NOINHERIT, own nothing, and may only use the fencepost schema to call the proxy's fence
+// functions (definitions.ts CLIENT_FUNCTIONS), each of which demands the proxy's capability.
+// Whatever a statement does — RESET ROLE, set_config('role', …), SET SESSION
 // AUTHORIZATION, DO/EXECUTE, functions — it ends as the login or the key's role: nothing there can
 // lower a fence, disable a trigger or reach another key's role.
 //
@@ -17,6 +18,7 @@ import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { Query } from './queries.ts';
 import { sqlState, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './pg-errors.ts';
+import { CLIENT_FUNCTIONS } from './definitions.ts';
 
 const DUPLICATE_OBJECT = '42710';
 
@@ -130,33 +132,10 @@ const q = {
   setPassword: (login: string, verifier: string): string => `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
   grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
-  grantFenceToRole: (role: string): string[] => [
+  /** What a login (and a key's role: the fence runs after SET LOCAL ROLE) may use of the schema. */
+  grantFence: (role: string): string[] => [
     `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(role)}`,
-    // POST /v1/transactions in three round trips (migration 0013).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction_bound(text, text, text, text) TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.seal_client_transaction(bigint) TO ${pg.escapeIdentifier(role)}`,
-    // The SQL endpoint's fences (migration 0008).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(role)}`,
-    // … with the forgery guard's state (migration 0010).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text, text) TO ${pg.escapeIdentifier(role)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text, text) TO ${pg.escapeIdentifier(role)}`,
-  ],
-  grantFence: (login: string): string[] => [
-    `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction(text, text[], bigint[], text) TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.seal_transaction(text, text[]) TO ${pg.escapeIdentifier(login)}`,
-    // POST /v1/transactions in three round trips (migration 0013).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_transaction_bound(text, text, text, text) TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.seal_client_transaction(bigint) TO ${pg.escapeIdentifier(login)}`,
-    // The SQL endpoint's fences (migration 0008).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text) TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text) TO ${pg.escapeIdentifier(login)}`,
-    // … with the forgery guard's state (migration 0010).
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text[], text, text) TO ${pg.escapeIdentifier(login)}`,
-    `GRANT EXECUTE ON FUNCTION fencepost.fence_session_bound(text, text, text, text) TO ${pg.escapeIdentifier(login)}`,
+    ...CLIENT_FUNCTIONS.map((f) => `GRANT EXECUTE ON FUNCTION ${f} TO ${pg.escapeIdentifier(role)}`),
   ],
 };
 
@@ -221,7 +200,7 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
     if (((await client.query(q.isMember(owner, login))).rowCount ?? 0) === 0) todo.push(`GRANT ${pg.escapeIdentifier(login)} TO ${pg.escapeIdentifier(owner)}`);
     // The fence and the seal run after SET LOCAL ROLE: the key's role may call them too (both
     // demand the capability, so no other member of the role can use them).
-    if (pgRole !== null) todo.push(...q.grantFenceToRole(pgRole));
+    if (pgRole !== null) todo.push(...q.grantFence(pgRole));
     await client.query('SAVEPOINT ddl');
     try {
       for (const sql of todo) await client.query(sql);

@@ -1,11 +1,14 @@
-// Numbered raw .sql files in migrations/, each applied once in its own transaction and recorded.
-// A session advisory lock serialises instances that start together.
+// Numbered raw .sql files in migrations/, each applied once in its own transaction and recorded;
+// then the current definitions of the schema's functions and views (definitions.ts), applied in a
+// transaction of their own whenever they differ from what the database records. A session
+// advisory lock serialises instances that start together.
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type { Query } from './queries.ts';
 import { sqlState, UNDEFINED_TABLE } from './pg-errors.ts';
+import { DEFINITIONS_SHA256, DEFINITIONS_SQL, DEFINITIONS_VERSION } from './definitions.ts';
 
 const INVALID_SCHEMA_NAME = '3F000';
 
@@ -54,11 +57,39 @@ CREATE TABLE IF NOT EXISTS fencepost.migrations (
   applied: (): Query => ({ text: 'SELECT id FROM fencepost.migrations' }),
   record: (m: Migration): Query => ({ text: 'INSERT INTO fencepost.migrations (id, name) VALUES ($1, $2)', values: [m.id, m.name] }),
   latestApplied: (): Query => ({ text: 'SELECT max(id) AS max FROM fencepost.migrations' }),
+  definitions: (): Query => ({ text: 'SELECT version, sha256 FROM fencepost.definitions' }),
+  recordDefinitions: (): Query => ({
+    text: `INSERT INTO fencepost.definitions (version, sha256) VALUES ($1, $2)
+ON CONFLICT (only_row) DO UPDATE SET version = EXCLUDED.version, sha256 = EXCLUDED.sha256, applied_at = now()`,
+    values: [DEFINITIONS_VERSION, DEFINITIONS_SHA256],
+  }),
 };
 
-/** Applies pending migrations; returns the names applied now. */
-export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<string[]> {
-  const migrations = loadMigrations(dir);
+/** What migrate() reports when it applied the definitions. */
+export const DEFINITIONS_APPLIED = `definitions v${DEFINITIONS_VERSION}`;
+
+export interface MigrateOptions {
+  dir?: string;
+  /**
+   * Stop after this migration, leaving the definitions as those migrations made them: the schema
+   * of an older version, for upgrade tests and benchmarks. Default: every migration.
+   */
+  upTo?: number;
+}
+
+/** The database's definitions need this version's: missing, older, or the same version changed. */
+function definitionsDue(recorded: { version: number; sha256: string } | undefined): boolean {
+  if (recorded === undefined || recorded.version < DEFINITIONS_VERSION) return true;
+  return recorded.version === DEFINITIONS_VERSION && recorded.sha256 !== DEFINITIONS_SHA256;
+}
+
+/**
+ * Applies pending migrations, then the current definitions when due; returns what it applied now
+ * (migration file names, and DEFINITIONS_APPLIED).
+ */
+export async function migrate(pool: pg.Pool, opts: MigrateOptions = {}): Promise<string[]> {
+  const all = loadMigrations(opts.dir);
+  const migrations = opts.upTo === undefined ? all : all.filter((m) => m.id <= opts.upTo!);
   const client = await pool.connect();
   const applied: string[] = [];
   try {
@@ -83,6 +114,7 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
         }
         applied.push(m.name);
       }
+      if (opts.upTo === undefined && (await applyDefinitions(client))) applied.push(DEFINITIONS_APPLIED);
     } finally {
       await client.query(q.unlock());
       await client.query(q.resetTimeouts());
@@ -93,12 +125,29 @@ export async function migrate(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<stri
   return applied;
 }
 
-/** True when every migration file has been applied. */
+async function applyDefinitions(client: pg.PoolClient): Promise<boolean> {
+  const { rows } = await client.query<{ version: number; sha256: string }>(q.definitions());
+  if (!definitionsDue(rows[0])) return false;
+  await client.query('BEGIN');
+  try {
+    await client.query(DEFINITIONS_SQL);
+    await client.query(q.recordDefinitions());
+    await client.query('COMMIT');
+  } catch (err) {
+    await client.query('ROLLBACK');
+    throw new Error(`applying the current definitions (v${DEFINITIONS_VERSION}) failed`, { cause: err });
+  }
+  return true;
+}
+
+/** True when every migration file has been applied, and the current definitions (or newer). */
 export async function migrationsApplied(pool: pg.Pool, dir = MIGRATIONS_DIR): Promise<boolean> {
   const latest = loadMigrations(dir).at(-1)?.id ?? 0;
   try {
     const { rows } = await pool.query<{ max: number | null }>(q.latestApplied());
-    return (rows[0]?.max ?? 0) >= latest;
+    if ((rows[0]?.max ?? 0) < latest) return false;
+    const defs = await pool.query<{ version: number; sha256: string }>(q.definitions());
+    return !definitionsDue(defs.rows[0]);
   } catch (err) {
     if (sqlState(err) === UNDEFINED_TABLE || sqlState(err) === INVALID_SCHEMA_NAME) return false;
     throw err;

@@ -1,8 +1,10 @@
 // Every SQL statement the fence runs, as named builders returning { name?, text, values }.
 // Named statements are prepared once per connection by node-postgres.
-import { createHash } from 'node:crypto';
 import type { QueryConfig } from 'pg';
 import { ROLE_NAME } from './client-logins.ts';
+import { boundCapability, fenceCtes, shareFences } from './rule.ts';
+import { RESET_SESSION } from './session-reset.ts';
+import { shardSql } from './shards.ts';
 
 export type Query = QueryConfig<unknown[]>;
 
@@ -36,25 +38,16 @@ const ETAG_SQL = (o: string) => `(${o}.incarnation::text || '.' || ${o}.version:
 /** What an ETag of ETAG_SQL looks like; any other tag can never match. */
 export const ETAG_FORM = /^[0-9]+\.[0-9]+$/;
 
-/** Counter rows are striped by backend, so concurrent statements rarely share one (migration 0005). */
-const SHARD = '(pg_backend_pid() % 32)::smallint';
+/** This backend's counter row for writes and rejections (shards.ts). */
+const SHARD = shardSql('write');
 
 /**
  * The fenced write, for a batch of operations with distinct object keys and ONE token per fence
  * key (a batch may carry many writes of a fence key; the store keeps tokens apart). Check and write
- * are one statement:
- * - `held`: fences whose highest token is ≥ the batch's token are locked FOR SHARE (waiting for a
- *   raise in flight and re-reading its committed value). Writes with the fence's own token take
- *   only this shared lock, so a leader's concurrent writes under one fence key never wait for one
- *   another; a lower token is stale.
- * - `raised`: the other fences (absent, or below the token) are inserted or raised by a
- *   conditional upsert, which locks the row exclusively and re-checks against its latest version:
- *   a raise waits for every statement holding the fence in share mode (writes of the older token
- *   in flight), and once it has committed no statement can take the old token again. A raise
- *   records the Writer-Id of a write with the new token ($10) as `raised_by`.
- * - `fence`: the fences this batch passed (highest = its token); the object writes join on it.
- * Fence rows are locked in byte order, shared before exclusive. Counts go to fence_counts and
- * totals (one counter row per fence and backend), never to the fence row.
+ * are one statement: the fence rule (rule.ts fenceCtes: `held`, `raised`, `fence`) over the
+ * batch's fence keys, then the object writes joined on `fence` (the fences the batch passed). A
+ * raise records the Writer-Id of a write with the new token ($10) as `raised_by`. Counts go to
+ * fence_counts and totals (one counter row per fence and backend), never to the fence row.
  *
  * An object also keeps the fence key (and token) of its last write: a write or delete naming another
  * fence key must also carry a token ≥ the CURRENT highest token of the object's fence, so a writer
@@ -100,25 +93,7 @@ keys AS (
   FROM input i LEFT JOIN unnest($10::text[]) WITH ORDINALITY AS w(writer_id, n) ON w.n = i.ord + 1
   GROUP BY i.fence_key
 ),
-held AS (
-  SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN keys k ON k.fence_key = f.fence_key
-  WHERE f.highest_token >= k.token
-  ORDER BY f.fence_key COLLATE "C"
-  FOR SHARE OF f
-),
-raised AS (
-  INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
-  SELECT k.fence_key, k.token, k.writer_id FROM keys k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
-  ORDER BY k.fence_key COLLATE "C"
-  ON CONFLICT (fence_key) DO UPDATE SET highest_token = GREATEST(f.highest_token, EXCLUDED.highest_token), raised_by = EXCLUDED.raised_by, updated_at = now()
-    WHERE f.highest_token <= EXCLUDED.highest_token
-  RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
-),
-fence AS (
-  SELECT h.fence_key, h.highest_token FROM held h
-  UNION ALL
-  SELECT r.fence_key, r.highest_token FROM raised r
-),
+${fenceCtes('keys', 'k.writer_id')},
 owner AS (
   SELECT o.key, o.fence_key, o.token, ${ETAG_SQL('o')} AS etag, i.fence_key AS named_fence_key
   FROM input i JOIN fence ON ${passes('i')} JOIN fencepost.objects o ON o.key = i.key
@@ -206,9 +181,8 @@ export function isPlainPut(r: WriteRow): boolean {
 
 /**
  * The leader's common case, cheaper than fencedWrite (about half its cost to Postgres): plain puts
- * (isPlainPut) whose fence is at their very token, on objects of that fence or new ones. Same lock
- * protocol: the fence rows FOR SHARE (a raise in flight is waited for and its committed value
- * re-checked), then the objects. Returns a row only for each put it applied, with its version and
+ * (isPlainPut) whose fence is at their very token, on objects of that fence or new ones: the rule's
+ * share step alone (rule.ts shareFences, exactly the token), then the objects. Returns a row only for each put it applied, with its version and
  * ETag; every other put (its fence absent, lower or higher: a raise or a stale token; its object
  * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
  * it. Each applied put is counted by a row in pending_counts (an insert: a quarter cheaper than
@@ -224,10 +198,7 @@ WITH input AS (
     AS t(ord, fence_key, key, token, content_type, body)
 ),
 held AS (
-  SELECT f.fence_key, f.highest_token FROM fencepost.fences f
-  JOIN (SELECT DISTINCT fence_key, token FROM input) k ON k.fence_key = f.fence_key AND f.highest_token = k.token
-  ORDER BY f.fence_key COLLATE "C"
-  FOR SHARE OF f
+  ${shareFences('(SELECT DISTINCT fence_key, token FROM input)', '=')}
 ),
 put AS (
   INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
@@ -467,11 +438,11 @@ per_fence AS (
 ),
 counted AS (
   INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, 64 + ${SHARD}, n FROM per_fence ORDER BY fence_key COLLATE "C"
+  SELECT fence_key, ${shardSql('fold')}, n FROM per_fence ORDER BY fence_key COLLATE "C"
   ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
 )
 INSERT INTO fencepost.totals AS t (shard, accepted)
-SELECT 64 + ${SHARD}, sum(n) FROM per_fence HAVING count(*) > 0
+SELECT ${shardSql('fold')}, sum(n) FROM per_fence HAVING count(*) > 0
 ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
   };
 }
@@ -522,9 +493,9 @@ LIMIT $1`,
 }
 
 // ---- fenced SQL transactions (src/fence/transaction.ts) ------------------------------------------
-// A transaction's fences are checked and raised by fencepost.fence_transaction() (migrations 0004,
-// 0005, 0007, 0011: the lock protocol of fencedWrite, inside the writer's own transaction); these
-// are the statements around it.
+// A transaction's fences are checked and raised by fencepost.fence_transaction_bound()
+// (definitions.ts: the fence rule, inside the writer's own transaction); these are the statements
+// around it.
 
 export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
 
@@ -534,22 +505,13 @@ const BEGIN: Record<Isolation, string> = {
   serializable: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
 };
 
-/**
- * The session reset, a transaction of its own committed before the fenced one begins (so a fenced
- * transaction that rolls back leaves the session reset, and the fenced one's isolation level
- * still applies: several of these take a snapshot). Nothing an earlier transaction left reaches
- * the writer's statements: settings, role, prepared statements, cursors, listens, advisory locks,
- * temp tables, sequences. DISCARD ALL would also drop the plans the fence function cached.
- * fence_transaction_bound() checks that the Query it runs in starts with it (migration 0013).
- */
-export const RESET_SESSION =
-  'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; COMMIT; ';
+export { RESET_SESSION };
 
 /**
  * The first round trip of a fenced transaction on a pooled client-login connection, one simple
  * Query: reset the session (RESET_SESSION), BEGIN (read-write, whatever the login's defaults
  * say) with the statement and lock timeouts, no bind parameters in error reports and the key's
- * role, then the fence check and raise (migration 0013).
+ * role, then the fence check and raise (definitions.ts).
  *
  * Everything spliced is the proxy's own, ASCII only, so no setting an earlier transaction left
  * (client_encoding, standard_conforming_strings) changes how Postgres reads it: the isolation
@@ -578,7 +540,7 @@ export function openClientTransaction(
   };
 }
 
-/** fence_transaction_bound()'s arguments (migration 0013), as the hash covers them. */
+/** fence_transaction_bound()'s arguments (definitions.ts), as the hash covers them. */
 export interface BoundFenceArgs {
   keysHex: string;
   tokens: string;
@@ -594,15 +556,6 @@ export function boundFenceArgs(fences: readonly { fenceKey: string; token: bigin
   };
 }
 
-/**
- * A capability bound to one backend and the arguments of one call, as the bound fence functions
- * recompute it (migrations 0008, 0010, 0013): sha256 of `capability|pid|field|…|capability`, a
- * null field written NULL. Useless to anyone but that backend making that very call.
- */
-export function boundCapability(capability: string, backendPid: number, fields: readonly (string | null)[]): string {
-  return createHash('sha256').update([capability, String(backendPid), ...fields.map((f) => f ?? 'NULL'), capability].join('|'), 'utf8').digest('hex');
-}
-
 /** The capability fence_transaction_bound() checks: bound to one backend and these arguments. */
 export function transactionCapability(capability: string, backendPid: number, a: BoundFenceArgs): string {
   return boundCapability(capability, backendPid, [a.keysHex, a.tokens, a.writerHex]);
@@ -614,7 +567,7 @@ export function transactionCapability(capability: string, backendPid: number, a:
  * listening and release session advisory locks (nothing of the session stays active while the
  * connection waits in the pool; the rest is reset by the next transaction), check that
  * the transaction is still the fenced one and force durability on (seal_client_transaction(),
- * migration 0013: FP410 otherwise, and COMMIT is never reached), then COMMIT.
+ * definitions.ts: FP410 otherwise, and COMMIT is never reached), then COMMIT.
  */
 export function sealAndCommit(xact: string): Query {
   if (!/^[0-9]+$/.test(xact)) throw new Error('xact must be decimal');
@@ -623,8 +576,6 @@ export function sealAndCommit(xact: string): Query {
   };
 }
 
-/** SQLSTATE of seal_client_transaction(): a statement ended the fenced transaction. */
-export const FENCED_TRANSACTION_ENDED = 'FP410';
 
 export function terminateBackend(pid: number): Query {
   return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };

@@ -22,6 +22,7 @@
 // committed), but an SQLSTATE raised by a statement on a live connection is the statement's error.
 import pg from 'pg';
 import * as q from './queries.ts';
+import { FENCED_TRANSACTION_ENDED } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { retryOnConflict } from './retry.ts';
@@ -455,7 +456,7 @@ export class TransactionRunner {
         commitSent = true;
         await client.query(q.sealAndCommit(xact));
       } catch (err) {
-        if (sqlState(err) === q.FENCED_TRANSACTION_ENDED && !lost && !tooLarge && !deadline.aborted) {
+        if (sqlState(err) === FENCED_TRANSACTION_ENDED && !lost && !tooLarge && !deadline.aborted) {
           // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
           reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
           throw new TransactionEndedError(statements.length - 1);

@@ -150,7 +150,7 @@ describe('role escapes end in a role that can harm nothing', () => {
   });
 
   test('calling the fence function from client SQL without the proxy\'s capability is refused: no fence raised', async () => {
-    const r = await run([`SELECT * FROM fencepost.fence_transaction('guess', ARRAY['o/victim', 'o/new'], ARRAY[999999, 5]::bigint[])`]);
+    const r = await run([`SELECT * FROM fencepost.fence_transaction('guess', ARRAY['o/victim', 'o/new'], ARRAY[999999, 5]::bigint[], NULL)`]);
     expect(r).toBeInstanceOf(Error);
     await fenceIntact();
     expect((await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'o/new'`)).rowCount).toBe(0);
@@ -243,7 +243,7 @@ describe('statements that end the fenced transaction go no further', () => {
   });
 
   test('COMMIT AND CHAIN, then the fence function with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
-    const r = await run(['COMMIT AND CHAIN', `SELECT * FROM fencepost.fence_transaction('', ARRAY['o/victim'], ARRAY[999999]::bigint[])`, 'COMMIT AND CHAIN']);
+    const r = await run(['COMMIT AND CHAIN', `SELECT * FROM fencepost.fence_transaction('', ARRAY['o/victim'], ARRAY[999999]::bigint[], NULL)`, 'COMMIT AND CHAIN']);
     expect(r).toBeInstanceOf(Error);
     await fenceIntact();
   });

@@ -10,7 +10,9 @@
 // The capability travels only as a bind parameter: pg_stat_activity shows query text (ours is
 // fixed) to sessions of the same role, never parameters.
 import pg from 'pg';
-import { boundCapability } from '../../fence/queries.ts';
+import { boundCapability } from '../../fence/rule.ts';
+import { parseStaleDetail } from '../../fence/detail.ts';
+export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
 import { cstr, int16, int32, message } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
@@ -32,10 +34,6 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 
 const TEXT_OID = 25;
 
-/** SQLSTATE of a stale token (raised by fence_session). */
-export const STALE_TOKEN = 'FP409';
-/** SQLSTATE of a malformed token or fence key (raised by fence_session). */
-export const INVALID_FENCE_SETTING = 'FP400';
 /** SQLSTATE a tokenless write meets: the transaction is read-only. */
 export const READ_ONLY_TRANSACTION = '25006';
 
@@ -108,12 +106,8 @@ export function runFence(sessionCap: string, prefixes: string | null, writerId: 
   ]);
 }
 
-/** The fence key, token and highest token of an FP409's detail (fence_session's own format). */
-export function staleDetail(detail: string | undefined): { fenceKey: string; token: bigint; highestToken: bigint | null } | null {
-  const m = /^fence key ("(?:[^"\\]|\\.)*"), token (\d+), highest token (\d*)$/.exec(detail ?? '');
-  if (!m) return null;
-  return { fenceKey: JSON.parse(m[1]!) as string, token: BigInt(m[2]!), highestToken: m[3] ? BigInt(m[3]) : null };
-}
+/** The fence key, token and highest token of an FP409's detail (src/fence/detail.ts). */
+export const staleDetail = parseStaleDetail;
 
 /**
  * A friendly guess, not a boundary: does this statement text start a transaction block (BEGIN,
@@ -143,9 +137,6 @@ export function fencePrefix(sessionCap: string, prefixes: string | null, writerI
   const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
   return `${RW_SQL};SELECT pg_catalog.set_config('transaction_read_only', 'on', true) WHERE NOT fencepost.fence_session_bound(${lit(sessionCap)}, ${lit(prefixes)}, ${lit(writerId)}, ${lit(guard)});`;
 }
-
-/** SQLSTATE of a token the forgery guard could not verify because ZooKeeper did not answer (retry). */
-export const GUARD_UNAVAILABLE = 'FP503';
 
 /**
  * The forgery guard's state for fence_session (migration 0010), as JSON text: the guarded fence-key

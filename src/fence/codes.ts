@@ -1,0 +1,12 @@
+// fencepost's own SQLSTATEs (class FP), raised by its SQL functions (definitions.ts) and answered
+// by the doors. Each door maps them to its own answer: HTTP statuses in src/proxy/errors.ts, the
+// SQL endpoint passes them through.
+
+/** A stale token: a newer leader holds the fence; nothing of the transaction was applied. */
+export const STALE_TOKEN = 'FP409';
+/** A malformed `fencepost.token` or `fencepost.fence_key` setting. */
+export const INVALID_FENCE_SETTING = 'FP400';
+/** A statement ended the fenced transaction (COMMIT AND CHAIN, …): COMMIT is never reached. */
+export const FENCED_TRANSACTION_ENDED = 'FP410';
+/** The forgery guard could not reach ZooKeeper for this very (fence key, token): safe to retry. */
+export const GUARD_UNAVAILABLE = 'FP503';

@@ -1,0 +1,310 @@
+// The current definition of every SQL function and view of the fencepost schema, built from the
+// fence rule's fragments (rule.ts). Migrations are history for tables; these exist once, in current
+// form, and migrate() re-applies them whenever they change (recorded in fencepost.definitions,
+// migration 0015). A fresh install and an upgrade end with the same schema: migrations/schema.sql
+// is its dump, checked by test/fence/schema.test.ts.
+//
+// Bump DEFINITIONS_VERSION with every change that ships: a proxy applies its definitions over an
+// older version's, never over a newer one's (a rolling upgrade never takes the functions back).
+// Parameter names and result columns of an existing function cannot change here (CREATE OR
+// REPLACE refuses); such a change is a migration that drops the old one first.
+import { createHash } from 'node:crypto';
+import pg from 'pg';
+import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from './codes.ts';
+import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, refuseUnlessProxy } from './rule.ts';
+import { RESET_SESSION_HEAD } from './session-reset.ts';
+import { shardSql } from './shards.ts';
+
+export const DEFINITIONS_VERSION = 1;
+
+interface Definition {
+  /** The function's signature as GRANT and REVOKE name it, or the view's name. */
+  name: string;
+  sql: string;
+  /** EXECUTE is revoked from PUBLIC (the function is the proxy's only). */
+  revoke: boolean;
+  /** Client logins and the keys' roles may EXECUTE it (the functions the proxy calls as them). */
+  client: boolean;
+}
+
+const PROXY_FUNCTION = 'LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
+
+/** A bigint token in decimal digits, 0 to 2^63-1 (plpgsql condition over a text). */
+const bigintDigits = (raw: string) => `${raw} ~ '^[0-9]+$' AND ltrim(${raw}, '0') ~ '^[0-9]{0,19}$' AND ${raw}::numeric <= 9223372036854775807`;
+
+/** plpgsql DECLARE of the SQL endpoint's session settings as they are in this transaction. */
+const SESSION_SETTINGS = `DECLARE
+  v_raw   text := current_setting('fencepost.token', true);
+  v_key   text := current_setting('fencepost.fence_key', true);
+  v_token bigint;
+  v_highest bigint;`;
+
+const definitions: readonly Definition[] = [
+  {
+    // The fence's two promises, enforced whoever runs the SQL: a fence's highest token never goes
+    // down, and fence rows are never deleted (the triggers of migration 0003 call this).
+    name: 'fencepost.refuse_fence_change()',
+    revoke: false,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.refuse_fence_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' THEN
+    RAISE EXCEPTION 'fence % may not go down from % to %', OLD.fence_key, OLD.highest_token, NEW.highest_token
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RAISE EXCEPTION 'fence rows are never deleted (%)', TG_OP USING ERRCODE = 'integrity_constraint_violation';
+END $$`,
+  },
+  {
+    // The fence rule for a transaction's fences, inside the writer's own transaction, so it commits
+    // with the writer's statements or not at all. One row per input: highest_token null when the
+    // fence refused the token. `xact` is the transaction id (the proxy checks it again before
+    // COMMIT: a statement that ended the transaction cannot smuggle an unfenced one into it). Each
+    // fence gets one pending_counts row: counted exactly when the transaction commits, folded into
+    // the counters later (queries.ts foldPendingCounts), nothing shared held meanwhile.
+    name: 'fencepost.fence_transaction(text, text[], bigint[], text)',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_keys text[], tokens bigint[], writer_id text)
+RETURNS TABLE (ord int, highest_token bigint, xact bigint)
+${PROXY_FUNCTION} AS $$
+#variable_conflict use_column
+BEGIN
+  ${refuseUnlessProxy('fence_transaction', 'capability', CAPABILITY_SECRET_SQL)}
+  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
+  RETURN QUERY
+  WITH input AS (
+    SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
+  ),
+  ${fenceCtes('input', 'fence_transaction.writer_id')},
+  created AS (
+    INSERT INTO fencepost.totals AS t (shard, fences)
+    SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
+    ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+  )
+  SELECT i.ord, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END, txid_current()
+  FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+  ORDER BY i.ord;
+END $$`,
+  },
+  {
+    // POST /v1/transactions: fence_transaction() for a capability bound to this backend and these
+    // very arguments, so the call can travel as SQL text in the proxy's first round trip
+    // (queries.ts openClientTransaction). pg_stat_activity shows that text to other sessions of the
+    // same login; what they read lets only this backend make this same call again, and only in a
+    // Query that starts with the session reset, which no writer's statement (one per Parse) can.
+    // The arguments are ASCII (fence keys and writer id in hex, tokens in decimal), so no setting
+    // an earlier transaction left (client_encoding, standard_conforming_strings) changes their reading.
+    name: 'fencepost.fence_transaction_bound(text, text, text, text)',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.fence_transaction_bound(transaction_capability text, fence_keys_hex text, tokens text, writer_id_hex text)
+RETURNS TABLE (ord int, highest_token bigint, xact bigint)
+${PROXY_FUNCTION} AS $$
+#variable_conflict use_column
+DECLARE
+  v_secret text := ${CAPABILITY_SECRET_SQL};
+  v_key    text;
+BEGIN
+  ${refuseUnlessProxy('fence_transaction_bound', 'transaction_capability', boundCapabilitySql('v_secret', ['fence_keys_hex', 'tokens', 'writer_id_hex']))}
+  IF NOT starts_with(current_query(), ${pg.escapeLiteral(RESET_SESSION_HEAD)}) THEN
+    RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
+    v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
+    ${leaderFastPath('v_key', 'tokens::bigint', 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;')}
+  END IF;
+  RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
+    ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),
+    string_to_array(tokens, ',')::bigint[],
+    convert_from(decode(writer_id_hex, 'hex'), 'UTF8')) f;
+END $$`,
+  },
+  {
+    // The end of a fenced transaction, right before COMMIT in the same Query (queries.ts
+    // sealAndCommit): refuses when the transaction is no longer the fenced one, and forces
+    // synchronous_commit on until COMMIT (is_local: past this function's own SET clause).
+    name: 'fencepost.seal_client_transaction(bigint)',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.seal_client_transaction(fenced_xact bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF txid_current() IS DISTINCT FROM fenced_xact THEN
+    RAISE EXCEPTION 'a statement ended the fenced transaction'
+      USING ERRCODE = '${FENCED_TRANSACTION_ENDED}';
+  END IF;
+  PERFORM set_config('synchronous_commit', 'on', true);
+END $$`,
+  },
+  {
+    // The SQL endpoint's fence for a session's transaction: the session's `fencepost.token` and
+    // `fencepost.fence_key` settings as they are in this transaction, validated, checked against the
+    // key's fence-key prefixes (null in open mode), then the fence rule. A session without a token
+    // gets false (the proxy keeps the transaction read-only); a stale token fails the transaction.
+    name: 'fencepost.session_fence_check(text[], text)',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.session_fence_check(fence_key_prefixes text[], writer_id text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+${SESSION_SETTINGS}
+BEGIN
+  IF v_raw IS NULL OR v_raw = '' THEN
+    RETURN false;
+  END IF;
+  IF NOT (${bigintDigits('v_raw')}) THEN
+    RAISE EXCEPTION 'fencepost.token must be decimal digits, 0 to 9223372036854775807, got %', to_json(v_raw)
+      USING ERRCODE = '${INVALID_FENCE_SETTING}';
+  END IF;
+  v_token := v_raw::numeric::bigint;
+  IF v_key IS NULL OR v_key = '' THEN
+    RAISE EXCEPTION 'fencepost.token is set but fencepost.fence_key is not'
+      USING ERRCODE = '${INVALID_FENCE_SETTING}', HINT = 'SET fencepost.fence_key = ''…'' or -c fencepost.fence_key=… in the startup options';
+  END IF;
+  IF octet_length(v_key) > 1024 OR v_key ~ '[\\x01-\\x1f\\x7f-\\x9f\\ufffd]' THEN
+    RAISE EXCEPTION 'fencepost.fence_key must be at most 1024 bytes without control characters'
+      USING ERRCODE = '${INVALID_FENCE_SETTING}';
+  END IF;
+  IF fence_key_prefixes IS NOT NULL AND NOT EXISTS (SELECT 1 FROM unnest(fence_key_prefixes) p WHERE starts_with(v_key, p)) THEN
+    RAISE EXCEPTION 'key % may not write fence key %: it is outside its fence-key prefixes', writer_id, to_json(v_key)
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  SELECT f.highest_token INTO v_highest
+  FROM fencepost.fence_transaction(${CAPABILITY_SECRET_SQL}, ARRAY[v_key], ARRAY[v_token], writer_id) f;
+  IF v_highest IS NULL THEN
+    -- A statement of its own, so it sees the fence as it is now (the raise that made us stale).
+    SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = v_key;
+    RAISE EXCEPTION 'stale fencing token: token % is below the highest token % of fence key %', v_token, v_highest, to_json(v_key)
+      USING ERRCODE = '${STALE_TOKEN}',
+            DETAIL = ${staleDetailSql('v_key', 'v_token', 'v_highest')},
+            HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
+  END IF;
+  RETURN true;
+END $$`,
+  },
+  {
+    // The token forgery guard on the SQL endpoint (src/proxy/forgery-guard.ts): a session's token
+    // may raise a guarded fence only if the proxy's guard admitted that (fence key, token). `guard`
+    // is the proxy's finding as JSON (sql/fence.ts guardState):
+    //   {"prefixes": [guarded fence-key prefixes], "fenceKey": k, "token": "t"[, "unavailable": true]}
+    // The check is on the settings as they are in this transaction, whatever the proxy saw: the
+    // admitted pair passes, and so does a token that raises nothing (≤ the fence's highest, which
+    // only rises); anything else fails before the transaction's first statement (FP409 "unverified
+    // token", or FP503 when the guard could not reach ZooKeeper for that very pair: safe to retry).
+    // Malformed settings are left to session_fence_check.
+    name: 'fencepost.session_guard_check(jsonb)',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.session_guard_check(guard jsonb)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+${SESSION_SETTINGS}
+BEGIN
+  IF guard IS NULL OR v_raw IS NULL OR NOT (${bigintDigits('v_raw')}) OR v_key IS NULL OR v_key = '' THEN
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(guard -> 'prefixes') p WHERE starts_with(v_key, p)) THEN
+    RETURN;
+  END IF;
+  v_token := v_raw::numeric::bigint;
+  IF guard ->> 'fenceKey' = v_key AND guard ->> 'token' = v_token::text AND NOT coalesce((guard ->> 'unavailable')::boolean, false) THEN
+    RETURN;
+  END IF;
+  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = v_key;
+  IF v_highest IS NOT NULL AND v_token <= v_highest THEN
+    RETURN;
+  END IF;
+  IF guard ->> 'fenceKey' = v_key AND guard ->> 'token' = v_token::text THEN
+    RAISE EXCEPTION 'cannot verify fencing token % of fence key %: ZooKeeper unreachable', v_token, to_json(v_key)
+      USING ERRCODE = '${GUARD_UNAVAILABLE}',
+            DETAIL = ${unverifiedDetailSql('v_key', 'v_token', 'v_highest')},
+            HINT = 'the forgery guard could not ask ZooKeeper whether this token is the current leader''s; nothing was applied, safe to retry';
+  END IF;
+  RAISE EXCEPTION 'unverified fencing token: token % would raise fence key % but is not the current leader''s', v_token, to_json(v_key)
+    USING ERRCODE = '${STALE_TOKEN}',
+          DETAIL = ${unverifiedDetailSql('v_key', 'v_token', 'v_highest')},
+          HINT = 'the forgery guard did not verify this token as the sequence of the current leader''s election node; nothing of this transaction was applied';
+END $$`,
+  },
+  {
+    // The SQL endpoint's entry (src/proxy/sql/fence.ts), run at the start of every transaction of a
+    // session. Its capability is bound to the backend, the prefixes (as array text, null in open
+    // mode), the writer and the guard state, so whoever reads it in pg_stat_activity can do nothing
+    // the proxy would not do for that session anyway. The leader's case (one fence at the session's
+    // own token, of at most 18 digits, inside the prefixes) answers here; the forgery guard has
+    // nothing to say about a transaction that raises nothing. Anything else takes the full path.
+    name: 'fencepost.fence_session_bound(text, text, text, text)',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text, fence_key_prefixes text, writer_id text, guard text)
+RETURNS boolean
+${PROXY_FUNCTION} AS $$
+DECLARE
+  v_secret text := ${CAPABILITY_SECRET_SQL};
+  v_raw    text;
+  v_key    text;
+  v_prefix text;
+  v_inside boolean;
+BEGIN
+  ${refuseUnlessProxy('fence_session_bound', 'session_capability', boundCapabilitySql('v_secret', ['fence_key_prefixes', 'writer_id', 'guard']))}
+  v_raw := current_setting('fencepost.token', true);
+  v_key := current_setting('fencepost.fence_key', true);
+  IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN
+    v_inside := fence_key_prefixes IS NULL;
+    IF NOT v_inside THEN
+      FOREACH v_prefix IN ARRAY fence_key_prefixes::text[] LOOP
+        IF starts_with(v_key, v_prefix) THEN
+          v_inside := true;
+          EXIT;
+        END IF;
+      END LOOP;
+    END IF;
+    IF v_inside THEN
+      ${leaderFastPath('v_key', 'v_raw::bigint', 'RETURN true;')}
+    END IF;
+  END IF;
+  IF guard IS NOT NULL THEN
+    PERFORM fencepost.session_guard_check(guard::jsonb);
+  END IF;
+  RETURN fencepost.session_fence_check(fence_key_prefixes::text[], writer_id);
+END $$`,
+  },
+  {
+    // Each fence with its counts, for operators at a psql prompt (the proxy reads the same sums):
+    // the counter rows plus the transactions and writes committed but not folded yet.
+    name: 'fencepost.fence_stats',
+    revoke: false,
+    client: false,
+    sql: `
+CREATE OR REPLACE VIEW fencepost.fence_stats AS
+  SELECT f.fence_key, f.highest_token, f.created_at, f.updated_at,
+    (coalesce(sum(c.accepted), 0) + coalesce(max(p.n), 0))::bigint AS accepted, coalesce(sum(c.rejected), 0)::bigint AS rejected,
+    f.raised_by
+  FROM fencepost.fences f
+  LEFT JOIN fencepost.fence_counts c USING (fence_key)
+  LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pending_counts s GROUP BY s.fence_key) p USING (fence_key)
+  GROUP BY f.fence_key`,
+  },
+];
+
+/** Every definition, in order, as one script (the functions' privileges included). */
+export const DEFINITIONS_SQL = definitions
+  .map((d) => `${d.sql.trim()};\n${d.revoke ? `REVOKE ALL ON FUNCTION ${d.name} FROM PUBLIC;\n` : ''}`)
+  .join('\n');
+
+/** What migrate() records, to know whether the database has these definitions. */
+export const DEFINITIONS_SHA256 = createHash('sha256').update(DEFINITIONS_SQL, 'utf8').digest('hex');
+
+/** The functions the proxy calls as a client login (or a key's role): what they are granted. */
+export const CLIENT_FUNCTIONS: readonly string[] = definitions.filter((d) => d.client).map((d) => d.name);

@@ -11,8 +11,9 @@
 // have committed (connection lost, timeout, the backend died or was shut down).
 import pg from 'pg';
 import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../src/writer/index.ts';
+import { STALE_TOKEN } from '../src/fence/codes.ts';
 
-export const STALE_TOKEN_SQLSTATE = 'FP409';
+export const STALE_TOKEN_SQLSTATE = STALE_TOKEN;
 
 export interface SqlDoorOptions {
   /** The endpoint: postgres://host:port/database (user and password are not read). */

@@ -11,7 +11,7 @@
 // fixed) to sessions of the same role, never parameters.
 import pg from 'pg';
 import { boundCapability } from '../../fence/queries.ts';
-import { cstr, int16, int32, message } from './framing.ts';
+import { encode } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
@@ -51,32 +51,25 @@ export const PREPARED_STATEMENTS = 3;
 export function prepareAndRunFence(run: Buffer): Buffer {
   const rwRun = runRw().length;
   return Buffer.concat([
-    message('C', Buffer.from('S'), RW_STATEMENT),
-    message('P', RW_STATEMENT, RW_SQL, int16(0)),
+    closeStatement(RW_STATEMENT),
+    RW_PARSE,
     run.subarray(0, rwRun),
-    message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
+    closeStatement(FENCE_STATEMENT),
+    FENCE_PARSE,
     run.subarray(rwRun),
-    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
-    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
+    closeStatement(REFUSE_ROUTINE_STATEMENT),
+    REFUSE_ROUTINE_PARSE,
   ]);
 }
 
 /** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse the statements. */
 export function prepareFence(): Buffer {
-  return Buffer.concat([
-    message('C', Buffer.from('S'), RW_STATEMENT),
-    message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
-    message('P', RW_STATEMENT, RW_SQL, int16(0)),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
-    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
-  ]);
+  return Buffer.concat([closeStatement(RW_STATEMENT), closeStatement(FENCE_STATEMENT), closeStatement(REFUSE_ROUTINE_STATEMENT), RW_PARSE, FENCE_PARSE, REFUSE_ROUTINE_PARSE]);
 }
 
 /** Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
 export function runRoutineRefusal(): Buffer {
-  return Buffer.concat([message('B', cstr(''), REFUSE_ROUTINE_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+  return Buffer.concat([bindUnnamed(REFUSE_ROUTINE_STATEMENT, []), EXECUTE]);
 }
 
 /** A Query that makes the session's transactions read-only by default again (see session.ts). */
@@ -87,25 +80,28 @@ export function textArrayLiteral(items: readonly string[]): string {
   return `{${items.map((s) => `"${s.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`;
 }
 
-function bindParam(value: string | null): Buffer {
-  if (value === null) return int32(-1);
-  const b = Buffer.from(value, 'utf8');
-  return Buffer.concat([int32(b.length), b]);
+const RW_PARSE = encode({ type: 'parse', name: RW_STATEMENT, text: RW_SQL, paramTypes: [] });
+const FENCE_PARSE = encode({ type: 'parse', name: FENCE_STATEMENT, text: FENCE_SQL, paramTypes: [TEXT_OID, TEXT_OID, TEXT_OID, TEXT_OID] });
+const REFUSE_ROUTINE_PARSE = encode({ type: 'parse', name: REFUSE_ROUTINE_STATEMENT, text: REFUSE_ROUTINE_SQL, paramTypes: [] });
+const EXECUTE = encode({ type: 'execute', portal: '', maxRows: 0 });
+
+function closeStatement(name: string): Buffer {
+  return encode({ type: 'close', target: 'S', name });
+}
+
+/** Bind of a statement to the unnamed portal. */
+function bindUnnamed(statement: string, values: readonly (string | null)[]): Buffer {
+  return encode({ type: 'bind', portal: '', statement, values });
 }
 
 /** Bind/Execute of both statements for one transaction (built once per session). */
 function runRw(): Buffer {
-  return Buffer.concat([message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+  return Buffer.concat([bindUnnamed(RW_STATEMENT, []), EXECUTE]);
 }
 
 /** `prefixes` as textArrayLiteral gives them, the form sessionCapability hashes. */
 export function runFence(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): Buffer {
-  const execute = message('E', cstr(''), int32(0));
-  return Buffer.concat([
-    runRw(),
-    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(4), bindParam(sessionCap), bindParam(prefixes), bindParam(writerId), bindParam(guard), int16(0)),
-    execute,
-  ]);
+  return Buffer.concat([runRw(), bindUnnamed(FENCE_STATEMENT, [sessionCap, prefixes, writerId, guard]), EXECUTE]);
 }
 
 /** The fence key, token and highest token of an FP409's detail (fence_session's own format). */

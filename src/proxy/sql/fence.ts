@@ -72,7 +72,7 @@ export function runRoutineRefusal(): Buffer {
   return Buffer.concat([bindUnnamed(REFUSE_ROUTINE_STATEMENT, []), EXECUTE]);
 }
 
-/** A Query that makes the session's transactions read-only by default again (see session.ts). */
+/** A Query that makes the session's transactions read-only by default again (see planner.ts). */
 export const RESET_READ_ONLY_SQL = 'SET default_transaction_read_only = on';
 
 /** A text value of Postgres's array input syntax. */

@@ -1,11 +1,12 @@
-// The fence injected into every transaction of a session (migration 0008's fence_session): two
-// statements the proxy prepares once per backend connection under reserved names and runs with
-// Bind/Execute before the writer's first statement of each transaction.
+// The fence injected into every transaction of a session (src/fence/definitions.ts
+// fence_session_bound): two statements the proxy prepares once per backend connection under
+// reserved names and runs with Bind/Execute before the writer's first statement of each transaction.
 //
 //   1. SET LOCAL transaction_read_only = off — sessions start read-only; this must run before the
 //      transaction's first snapshot (a SET takes none), so it comes first.
-//   2. fence_session(capability, prefixes, writer): check and raise the fence; when the session has
-//      no token it returns false and the same statement makes the transaction read-only again.
+//   2. fence_session_bound(session capability, prefixes, writer, guard state): check and raise the
+//      fence; when the session has no token it returns false and the same statement makes the
+//      transaction read-only again.
 //
 // The capability travels only as a bind parameter: pg_stat_activity shows query text (ours is
 // fixed) to sessions of the same role, never parameters.
@@ -13,7 +14,7 @@ import pg from 'pg';
 import { boundCapability } from '../../fence/rule.ts';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
-import { cstr, int16, int32, message } from './framing.ts';
+import { encode } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
@@ -49,35 +50,28 @@ export const PREPARED_STATEMENTS = 3;
 export function prepareAndRunFence(run: Buffer): Buffer {
   const rwRun = runRw().length;
   return Buffer.concat([
-    message('C', Buffer.from('S'), RW_STATEMENT),
-    message('P', RW_STATEMENT, RW_SQL, int16(0)),
+    closeStatement(RW_STATEMENT),
+    RW_PARSE,
     run.subarray(0, rwRun),
-    message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
+    closeStatement(FENCE_STATEMENT),
+    FENCE_PARSE,
     run.subarray(rwRun),
-    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
-    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
+    closeStatement(REFUSE_ROUTINE_STATEMENT),
+    REFUSE_ROUTINE_PARSE,
   ]);
 }
 
 /** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse the statements. */
 export function prepareFence(): Buffer {
-  return Buffer.concat([
-    message('C', Buffer.from('S'), RW_STATEMENT),
-    message('C', Buffer.from('S'), FENCE_STATEMENT),
-    message('C', Buffer.from('S'), REFUSE_ROUTINE_STATEMENT),
-    message('P', RW_STATEMENT, RW_SQL, int16(0)),
-    message('P', FENCE_STATEMENT, FENCE_SQL, int16(4), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID), int32(TEXT_OID)),
-    message('P', REFUSE_ROUTINE_STATEMENT, REFUSE_ROUTINE_SQL, int16(0)),
-  ]);
+  return Buffer.concat([closeStatement(RW_STATEMENT), closeStatement(FENCE_STATEMENT), closeStatement(REFUSE_ROUTINE_STATEMENT), RW_PARSE, FENCE_PARSE, REFUSE_ROUTINE_PARSE]);
 }
 
 /** Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
 export function runRoutineRefusal(): Buffer {
-  return Buffer.concat([message('B', cstr(''), REFUSE_ROUTINE_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+  return Buffer.concat([bindUnnamed(REFUSE_ROUTINE_STATEMENT, []), EXECUTE]);
 }
 
-/** A Query that makes the session's transactions read-only by default again (see session.ts). */
+/** A Query that makes the session's transactions read-only by default again (see planner.ts). */
 export const RESET_READ_ONLY_SQL = 'SET default_transaction_read_only = on';
 
 /** A text value of Postgres's array input syntax. */
@@ -85,25 +79,28 @@ export function textArrayLiteral(items: readonly string[]): string {
   return `{${items.map((s) => `"${s.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`;
 }
 
-function bindParam(value: string | null): Buffer {
-  if (value === null) return int32(-1);
-  const b = Buffer.from(value, 'utf8');
-  return Buffer.concat([int32(b.length), b]);
+const RW_PARSE = encode({ type: 'parse', name: RW_STATEMENT, text: RW_SQL, paramTypes: [] });
+const FENCE_PARSE = encode({ type: 'parse', name: FENCE_STATEMENT, text: FENCE_SQL, paramTypes: [TEXT_OID, TEXT_OID, TEXT_OID, TEXT_OID] });
+const REFUSE_ROUTINE_PARSE = encode({ type: 'parse', name: REFUSE_ROUTINE_STATEMENT, text: REFUSE_ROUTINE_SQL, paramTypes: [] });
+const EXECUTE = encode({ type: 'execute', portal: '', maxRows: 0 });
+
+function closeStatement(name: string): Buffer {
+  return encode({ type: 'close', target: 'S', name });
+}
+
+/** Bind of a statement to the unnamed portal. */
+function bindUnnamed(statement: string, values: readonly (string | null)[]): Buffer {
+  return encode({ type: 'bind', portal: '', statement, values });
 }
 
 /** Bind/Execute of both statements for one transaction (built once per session). */
 function runRw(): Buffer {
-  return Buffer.concat([message('B', cstr(''), RW_STATEMENT, int16(0), int16(0), int16(0)), message('E', cstr(''), int32(0))]);
+  return Buffer.concat([bindUnnamed(RW_STATEMENT, []), EXECUTE]);
 }
 
 /** `prefixes` as textArrayLiteral gives them, the form sessionCapability hashes. */
 export function runFence(sessionCap: string, prefixes: string | null, writerId: string, guard: string | null): Buffer {
-  const execute = message('E', cstr(''), int32(0));
-  return Buffer.concat([
-    runRw(),
-    message('B', cstr(''), FENCE_STATEMENT, int16(0), int16(4), bindParam(sessionCap), bindParam(prefixes), bindParam(writerId), bindParam(guard), int16(0)),
-    execute,
-  ]);
+  return Buffer.concat([runRw(), bindUnnamed(FENCE_STATEMENT, [sessionCap, prefixes, writerId, guard]), EXECUTE]);
 }
 
 /** The fence key, token and highest token of an FP409's detail (src/fence/detail.ts). */
@@ -123,11 +120,11 @@ export function startsTransactionBlock(sql: string): boolean {
 // ---- simple protocol ----------------------------------------------------------------------------
 // A Query can only carry text, and a Query sent after Bind/Execute without a Sync leaves the
 // backend's transaction state confused, so the fence is prepended as SQL: SET LOCAL, then
-// fence_session_bound() with a session capability (see migration 0008) — a hash of the
+// fence_session_bound() with a session capability (src/fence/definitions.ts) — a hash of the
 // capability, the backend's pid, the prefixes and the writer, useless to anyone but this backend
 // doing what the proxy does for it anyway. The capability itself never appears in text.
 
-/** The session capability fence_session_bound() checks (the guard state too: see migration 0010). */
+/** The session capability fence_session_bound() checks (bound to the guard state too). */
 export function sessionCapability(capability: string, backendPid: number, prefixes: string | null, writerId: string, guard: string | null): string {
   return boundCapability(capability, backendPid, [prefixes, writerId, guard]);
 }
@@ -139,9 +136,9 @@ export function fencePrefix(sessionCap: string, prefixes: string | null, writerI
 }
 
 /**
- * The forgery guard's state for fence_session (migration 0010), as JSON text: the guarded fence-key
- * prefixes, and the session's (fence key, token) the guard admitted, or could not check
- * (`unavailable`). The database refuses a raise of a guarded fence by any other pair.
+ * The forgery guard's state for fence_session_bound (session_guard_check, src/fence/definitions.ts),
+ * as JSON text: the guarded fence-key prefixes, and the session's (fence key, token) the guard
+ * admitted, or could not check (`unavailable`). The database refuses a raise of a guarded fence by any other pair.
  */
 export function guardState(prefixes: readonly string[], checked: { fenceKey: string; token: bigint; verdict: 'verified' | 'unavailable' } | null): string {
   return JSON.stringify({

@@ -1,11 +1,14 @@
-// PostgreSQL protocol 3.0 framing: splitting a byte stream into messages, and building the few
-// messages the proxy writes itself. Messages are 1 type byte + 4 length bytes (the length counts
-// itself, not the type byte); the startup phase has no type byte. Forwarded messages stay the
-// bytes they arrived as (subarrays of the chunk, never decoded and re-encoded).
+// PostgreSQL protocol 3.0 framing: splitting a byte stream into messages, the client messages the
+// session reads as typed objects, and the messages the proxy writes itself. Messages are 1 type byte
+// + 4 length bytes (the length counts itself, not the type byte); the startup phase has no type
+// byte. Forwarded messages stay the bytes they arrived as (subarrays of the chunk, never decoded
+// and re-encoded).
 //
-// Not pg-protocol (parses backend messages only and decodes rows, so it cannot forward) nor
-// pg-gateway (0.2.4 mis-frames a read holding more than one message; 0.3.0-beta answers startup
-// itself): see issue 15's findings.
+// Framing is not pg-protocol's (its parser reads backend messages only and decodes rows, so it
+// cannot forward) nor pg-gateway's (0.2.4 mis-frames a read holding more than one message;
+// 0.3.0-beta answers startup itself): see issue 15's findings. pg-protocol's `serialize` builds the
+// frontend messages the proxy sends, except Bind (see encode).
+import { serialize } from 'pg-protocol';
 
 /** Larger messages are refused: the peer is broken or hostile (Postgres's own limit is 1 GB). */
 export const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
@@ -136,6 +139,143 @@ export function int16(n: number): Buffer {
 /** A NUL-terminated UTF-8 string. */
 export function cstr(s: string): Buffer {
   return Buffer.from(`${s}\u0000`, 'utf8');
+}
+
+// ---- client messages the session reads ---------------------------------------------------------
+// Read leniently: a string missing its NUL reads as '' and ends the body, a short list reads as far
+// as it goes. A malformed message is still forwarded as it came, for the backend to refuse.
+
+export type ClientMessage =
+  | { type: 'query'; text: string }
+  | { type: 'parse'; name: string; text: string; paramTypes: number[] }
+  | { type: 'bind'; portal: string; statement: string }
+  /** `target`: 'S' a prepared statement, 'P' a portal. */
+  | { type: 'describe'; target: string; name: string }
+  | { type: 'execute'; portal: string; maxRows: number }
+  | { type: 'close'; target: string; name: string }
+  | { type: 'sync' }
+  | { type: 'flush' }
+  | { type: 'functionCall' }
+  /** CopyData, CopyDone, CopyFail. */
+  | { type: 'copy' }
+  | { type: 'terminate' }
+  /** `code`: the type byte of a message a client does not send after startup. */
+  | { type: 'other'; code: string };
+
+/** The NUL-terminated string at `start` ('' when unterminated) and where the next field starts. */
+function cstringAt(body: Buffer, start: number): { value: string; end: number } {
+  const end = body.indexOf(0, start);
+  if (end < 0) return { value: '', end: body.length };
+  return { value: body.toString('utf8', start, end), end: end + 1 };
+}
+
+/** The message of a frame from the client. */
+export function decodeClient(f: Frame): ClientMessage {
+  const body = f.body;
+  switch (f.type) {
+    case 'Q':
+      return { type: 'query', text: cstringAt(body, 0).value };
+    case 'P': {
+      const name = cstringAt(body, 0);
+      const text = cstringAt(body, name.end);
+      const paramTypes: number[] = [];
+      const count = text.end + 2 <= body.length ? body.readInt16BE(text.end) : 0;
+      for (let i = 0, at = text.end + 2; i < count && at + 4 <= body.length; i++, at += 4) paramTypes.push(body.readInt32BE(at));
+      return { type: 'parse', name: name.value, text: text.value, paramTypes };
+    }
+    case 'B': {
+      const portal = cstringAt(body, 0);
+      return { type: 'bind', portal: portal.value, statement: cstringAt(body, portal.end).value };
+    }
+    case 'D':
+    case 'C':
+      return { type: f.type === 'D' ? 'describe' : 'close', target: body.toString('latin1', 0, Math.min(1, body.length)), name: cstringAt(body, 1).value };
+    case 'E': {
+      const portal = cstringAt(body, 0);
+      return { type: 'execute', portal: portal.value, maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0 };
+    }
+    case 'S':
+      return { type: 'sync' };
+    case 'H':
+      return { type: 'flush' };
+    case 'F':
+      return { type: 'functionCall' };
+    case 'd':
+    case 'c':
+    case 'f':
+      return { type: 'copy' };
+    case 'X':
+      return { type: 'terminate' };
+    default:
+      return { type: 'other', code: f.type };
+  }
+}
+
+// ---- frontend messages the proxy sends ----------------------------------------------------------
+
+export type FrontendMessage =
+  | { type: 'query'; text: string }
+  | { type: 'parse'; name: string; text: string; paramTypes: readonly number[] }
+  /** Text parameters (null: SQL NULL), text results. */
+  | { type: 'bind'; portal: string; statement: string; values: readonly (string | null)[] }
+  | { type: 'execute'; portal: string; maxRows: number }
+  | { type: 'close'; target: 'S' | 'P'; name: string }
+  | { type: 'sync' };
+
+/** The bytes of a frontend message. */
+export function encode(m: FrontendMessage): Buffer {
+  switch (m.type) {
+    case 'query':
+      return serialize.query(m.text);
+    case 'parse':
+      return serialize.parse({ name: m.name, text: m.text, types: [...m.paramTypes] });
+    case 'bind':
+      // pg-protocol's bind sends a format code per parameter and one for all results; these send
+      // none (all text, the default): the same meaning in other bytes, so Bind is framed here.
+      return message('B', m.portal, m.statement, int16(0), int16(m.values.length), ...m.values.map(bindValue), int16(0));
+    case 'execute':
+      return serialize.execute({ portal: m.portal, rows: m.maxRows });
+    case 'close':
+      return serialize.close({ type: m.target, name: m.name });
+    case 'sync':
+      return serialize.sync();
+  }
+}
+
+function bindValue(value: string | null): Buffer {
+  if (value === null) return int32(-1);
+  const b = Buffer.from(value, 'utf8');
+  return Buffer.concat([int32(b.length), b]);
+}
+
+// ---- fields of backend messages the session reads -----------------------------------------------
+
+/** A CommandComplete's tag. */
+export function commandTag(body: Buffer): string {
+  return cstringAt(body, 0).value;
+}
+
+/** A ParameterStatus's name and value. */
+export function parameterOf(body: Buffer): { name: string; value: string } {
+  const name = cstringAt(body, 0);
+  return { name: name.value, value: cstringAt(body, name.end).value };
+}
+
+/** The text values of a DataRow (null as ''). */
+export function dataRowTexts(body: Buffer): string[] {
+  const n = body.readInt16BE(0);
+  const out: string[] = [];
+  let at = 2;
+  for (let i = 0; i < n; i++) {
+    const len = body.readInt32BE(at);
+    at += 4;
+    if (len < 0) out.push('');
+    else {
+      out.push(body.toString('utf8', at, at + len));
+      at += len;
+    }
+  }
+  return out;
 }
 
 // ---- fields of ErrorResponse / NoticeResponse ---------------------------------------------------

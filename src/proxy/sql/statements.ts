@@ -1,7 +1,7 @@
 // What kind of statement a writer sends, by the real PostgreSQL parser (libpg-query: the server's
 // own grammar, PostgreSQL 18, compiled to WASM): enough to see where a transaction ends inside a
 // multi-statement Query or an extended-protocol pipeline, so the proxy can fence the transaction
-// that starts there (see session.ts). Dollar quotes, nested comments, E'' strings and `BEGIN
+// that starts there (see planner.ts). Dollar quotes, nested comments, E'' strings and `BEGIN
 // ATOMIC` bodies are the parser's business, not a regular expression's.
 //
 // The parser lexes as a session with standard_conforming_strings = on in a client encoding whose

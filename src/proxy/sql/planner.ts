@@ -1,0 +1,402 @@
+// What the session sends for each of the writer's messages: the fence in front of every transaction
+// the writer starts, and refusals. It decides from its own state, the message and what the relay
+// reports (the last ReadyForQuery, responses still owed); it opens no socket and sets no timer, so
+// it runs without a database (test/proxy/sql/planner.test.ts).
+//
+// Whenever the last ReadyForQuery said idle ('I') and the writer starts something (a Query, or the
+// first message of an extended-protocol group up to Sync), the proxy sends the fence first
+// (fence.ts: Bind/Execute of two prepared statements, no Sync), so the fence and the writer's
+// statements are one backend transaction. A lone `BEGIN …` goes first and the fence right after it
+// (in the same round trip), so an isolation level still applies. Inside a transaction ('T')
+// nothing is injected: it was fenced when it began. In a failed one ('E') neither: the writer's
+// ROLLBACK must go through. A FunctionCall is refused: it runs a function outside any statement.
+//
+// Transactions that start in the middle of what the writer sent (libpg-query classifies the
+// statements, see statements.ts; the read-only session default stays as a backstop):
+// - Simple protocol: a Query with a `;` before its end and a transaction word in it is split by
+//   the parser; the fence goes in front of the first statement of every transaction in it (after
+//   each COMMIT / END / ROLLBACK / ABORT / PREPARE TRANSACTION, with or without AND CHAIN, that
+//   is not the last statement; after a BEGIN that opens one), in the same Query string, so each
+//   implicit transaction is fenced inside itself. The fence's own responses are swallowed by
+//   position (one CommandComplete per statement). Text the parser refuses, or a session whose
+//   lexing could differ from the parser's (standard_conforming_strings off, SJIS-like client
+//   encodings) gets its multi-statement Query refused (42601 / 0A000), nothing run. A CALL or DO
+//   in a Query always runs in a transaction block (the fence makes even a lone one a
+//   multi-statement Query, an implicit block): Postgres itself refuses their COMMIT there.
+// - COMMIT / ROLLBACK AND CHAIN open the next transaction themselves: the fence goes right after
+//   them, in either protocol, even as the last statement.
+// - Extended protocol: each Parse's statement kind is kept (per statement name, then per portal at
+//   Bind). After an Execute of a statement that ends the transaction, the fence is injected before
+//   the next message that could take a snapshot (after it, when that one is a BEGIN). A CALL or DO
+//   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
+//   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
+// - A lone DISCARD or CHECKPOINT goes unfenced (DISCARD ALL cannot run in a block); a Query of the
+//   proxy's resets default_transaction_read_only first. Everything else is fenced, so Postgres
+//   refuses a statement that cannot run in a transaction block (25001): VACUUM, CLUSTER, … .
+import { encode, errorResponse, readyForQuery, type ClientMessage } from './framing.ts';
+import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
+import { hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
+
+/** The message a response answers. */
+export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
+
+/** The response the backend owes for one message sent to it. */
+export interface Expect {
+  kind: Kind;
+  /** The proxy's own message: its responses are swallowed (notices included). */
+  injected: boolean;
+  /** The fence statement's Execute. */
+  fence?: boolean;
+  /** sync/query: forward the ReadyForQuery to the writer. */
+  forwardReady?: boolean;
+  /** query: per statement of the text sent, true for the fence's (their responses are swallowed); later statements are the writer's. */
+  plan?: boolean[];
+  /** query: the statement of `plan` whose responses come now (one CommandComplete each). */
+  at?: number;
+  /** query: where the fence was inserted, in characters of the text sent (error positions move back). */
+  insertions?: { start: number; length: number }[];
+  /** An injected empty Query standing in for a refused one: the refusal to send at its ReadyForQuery. */
+  refusal?: Buffer[];
+}
+
+/** Messages of the proxy's own. */
+export type Injection =
+  /** Close and Parse of the fence statements, and a Sync: a transaction of their own. */
+  | 'prepare'
+  /** Bind/Execute of the fence statements. */
+  | 'fence'
+  /** Close/Parse/Bind/Execute of each fence statement, mid-pipeline. */
+  | 'prepareAndFence'
+  /** Bind/Execute of a statement that fails (CALL or DO outside a block). */
+  | 'refuseRoutine'
+  /** A Query making transactions read-only by default again. */
+  | 'resetReadOnly'
+  /** The writer's Query text with the fence written into it. */
+  | 'fencedQuery'
+  /** An empty Query standing in for a refused one behind responses still owed. */
+  | 'standIn';
+
+export type Step =
+  /** The writer's message, as it came. */
+  | { do: 'forward'; expect: Expect[] }
+  | { do: 'send'; what: Injection; bytes: Buffer; expect: Expect[]; text?: string }
+  /** The proxy answers the writer itself. */
+  | { do: 'reply'; bytes: Buffer[] }
+  /** The writer said goodbye. */
+  | { do: 'terminate' }
+  /** The writer broke the protocol. */
+  | { do: 'fail'; reason: string };
+
+/** The fence as this session sends it: Bind/Execute bytes, and SQL text for a Query. */
+export interface SessionFence {
+  run: Buffer;
+  text: string;
+  /** Characters of `text`. */
+  chars: number;
+}
+
+/** The session's fence; `guard`: the forgery guard's state (null without a guard). */
+export function sessionFence(capability: string, backendPid: number, keyPrefixes: readonly string[] | null, writerId: string, guard: string | null): SessionFence {
+  const prefixes = keyPrefixes === null ? null : textArrayLiteral(keyPrefixes);
+  const sessionCap = sessionCapability(capability, backendPid, prefixes, writerId, guard);
+  const text = fencePrefix(sessionCap, prefixes, writerId, guard);
+  return { run: runFence(sessionCap, prefixes, writerId, guard), text, chars: [...text].length };
+}
+
+/** What the relay knows when a message is planned. */
+export interface PlanContext {
+  /** The last ReadyForQuery's status: 'I', 'T' or 'E'. */
+  status: string;
+  /** Responses to earlier messages are still to come. */
+  awaiting: boolean;
+}
+
+type Extended = Extract<ClientMessage, { type: 'parse' | 'bind' | 'describe' | 'execute' | 'close' | 'sync' | 'flush' }>;
+
+const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ kind, injected: false }] });
+
+export class Planner {
+  /** The fence statements are prepared on the backend connection. */
+  private prepared = false;
+  /** An extended group is open (up to its Sync). */
+  private groupOpen = false;
+  /** Extended group: fence right after the next Execute (it runs a BEGIN or … AND CHAIN). */
+  private fenceAfterExecute = false;
+  /** Extended group: a statement ended the transaction; fence before the next message that could take a snapshot. */
+  private fenceBeforeExecute = false;
+  /** Extended group: the backend is (predicted to be) inside a transaction block. */
+  private inBlock = false;
+  /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one). */
+  private readonly statementKinds = new Map<string, StatementKind>();
+  /** The kind of each portal's statement (by portal name). */
+  private readonly portalKinds = new Map<string, StatementKind>();
+  /** ParameterStatus, for lexingIsSafe. */
+  private standardConformingStrings = 'on';
+  private clientEncoding = 'UTF8';
+
+  /** `fence`: replaced when the forgery guard's state changes. */
+  constructor(public fence: SessionFence) {}
+
+  /** A ParameterStatus from the backend. */
+  noteParameter(name: string, value: string): void {
+    if (name === 'standard_conforming_strings') this.standardConformingStrings = value;
+    else if (name === 'client_encoding') this.clientEncoding = value;
+  }
+
+  /** DISCARD ALL, DEALLOCATE or a failed Parse dropped the fence statements: prepare again before the next fence. */
+  statementsDropped(): void {
+    this.prepared = false;
+  }
+
+  /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */
+  opensGroup(m: ClientMessage): boolean {
+    return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
+  }
+
+  /** Would this message start a transaction, if the session is idle? */
+  startsTransaction(m: ClientMessage): boolean {
+    return m.type === 'query' || (isExtended(m) && !this.groupOpen && m.type !== 'sync' && m.type !== 'flush');
+  }
+
+  /** What to send for one of the writer's messages, in order. */
+  plan(m: ClientMessage, ctx: PlanContext): Step[] {
+    switch (m.type) {
+      case 'query':
+        return this.planQuery(m.text, ctx);
+      case 'functionCall':
+        if (ctx.awaiting) return [];
+        return [{ do: 'reply', bytes: [errorResponse({ severity: 'ERROR', code: '0A000', message: 'the fencepost SQL endpoint does not serve FunctionCall messages; call the function in a SELECT' }), readyForQuery(ctx.status)] }];
+      case 'copy':
+        return [{ do: 'forward', expect: [] }];
+      case 'terminate':
+        return [{ do: 'terminate' }];
+      case 'other':
+        return [{ do: 'fail', reason: `unexpected message type ${JSON.stringify(m.code)} from the client` }];
+      default:
+        return this.planExtended(m, ctx);
+    }
+  }
+
+  private planQuery(text: string, ctx: PlanContext): Step[] {
+    // Inside an open extended group the last ReadyForQuery is old news: predict from the group.
+    const idle = this.groupOpen ? this.fenceBeforeExecute : ctx.status === 'I';
+    if (this.groupOpen) this.fenceBeforeExecute = false;
+    if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] }];
+    if (idle && runsUnfenced(text)) {
+      // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
+      return [
+        { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] },
+      ];
+    }
+    const planned = this.fenceQuery(text, idle);
+    if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
+    if (planned.text === text) return [{ do: 'forward', expect: [planned.expect] }];
+    return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
+  }
+
+  /** An ErrorResponse and ReadyForQuery of the proxy's for a Query it does not send. */
+  private refuseQuery(ctx: PlanContext, code: string, msg: string, detail: string): Step[] {
+    const reply = [errorResponse({ severity: 'ERROR', code, message: msg, detail }), readyForQuery(ctx.status)];
+    if (!ctx.awaiting) return [{ do: 'reply', bytes: reply }];
+    // Behind responses still to come: a Query of the proxy's that does nothing keeps the order.
+    return [{ do: 'send', what: 'standIn', bytes: encode({ type: 'query', text: '' }), expect: [{ kind: 'query', injected: true, forwardReady: false, refusal: reply }] }];
+  }
+
+  /**
+   * A writer's Query: the text to send with the fence in front of every transaction that starts
+   * in it, or a refusal. `idle`: the Query starts a transaction (else it continues one).
+   */
+  private fenceQuery(text: string, idle: boolean): { text: string; expect: Expect } | { refuse: [string, string, string] } {
+    const fenceText = this.fence.text;
+    const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
+    if (!needsSplitting(text)) {
+      // One statement, or several without a word that could start or end a transaction.
+      if (!idle) return { text, expect: { ...base } };
+      if (startsTransactionBlock(text) && !hasSeveralStatements(text)) {
+        // A lone BEGIN …: first, so its isolation level applies; the fence right after it.
+        return { text: `${text}\n;${fenceText}`, expect: { ...base, plan: [false, true, true] } };
+      }
+      return { text: `${fenceText}${text}`, expect: { ...base, plan: [true, true], insertions: [{ start: 0, length: this.fence.chars }] } };
+    }
+    if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
+      return { refuse: ['0A000', 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
+    }
+    const stmts = splitStatements(text);
+    if (stmts === null) {
+      return { refuse: ['42601', 'syntax error: the fencepost SQL endpoint could not split this Query into statements', 'PostgreSQL\'s parser refused the text; nothing of it was run.'] };
+    }
+    const bytes = Buffer.from(text, 'utf8');
+    const parts: string[] = [];
+    const plan: boolean[] = [];
+    const insertions: { start: number; length: number }[] = [];
+    let chars = 0; // characters sent so far
+    let from = 0; // bytes of the writer's text copied so far
+    const copyTo = (end: number) => {
+      const piece = bytes.toString('utf8', from, end);
+      parts.push(piece);
+      chars += [...piece].length;
+      from = end;
+    };
+    const fence = (piece: string) => {
+      parts.push(piece);
+      insertions.push({ start: chars, length: [...piece].length });
+      chars += [...piece].length;
+      plan.push(true, true);
+    };
+    let needFence = idle;
+    stmts.forEach((st, i) => {
+      const next = stmts[i + 1];
+      if (needFence && st.kind !== 'begin') {
+        copyTo(st.start);
+        fence(fenceText);
+        needFence = false;
+      }
+      plan.push(false);
+      if (needFence) {
+        // A BEGIN opens this transaction: the fence right after it, so its isolation level applies.
+        copyTo(next !== undefined ? next.start : bytes.length);
+        fence(next !== undefined ? fenceText : `\n;${fenceText}`);
+        needFence = false;
+      }
+      if (st.kind === 'chain') {
+        // The next transaction opens right away (in a block, already read-write): fence it now.
+        copyTo(next !== undefined ? next.start : bytes.length);
+        fence(next !== undefined ? fenceText : `\n;${fenceText}`);
+      }
+      // What follows a transaction's end runs in a new transaction: fence it too.
+      if (st.kind === 'end' && next !== undefined) needFence = true;
+    });
+    copyTo(bytes.length);
+    return { text: parts.join(''), expect: { ...base, plan, insertions } };
+  }
+
+  private planExtended(m: Extended, ctx: PlanContext): Step[] {
+    const steps: Step[] = [];
+    const parsedKind = m.type === 'parse' ? statementKind(m.text) : null;
+    if (!this.groupOpen && m.type !== 'sync' && m.type !== 'flush') {
+      this.groupOpen = true;
+      this.fenceBeforeExecute = false;
+      this.inBlock = ctx.status !== 'I';
+      // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
+      // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
+      if (ctx.status !== 'E') this.ensurePrepared(steps);
+      if (ctx.status === 'I') {
+        // A group that opens with a BEGIN gets the fence right after its Execute.
+        const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.statementKinds.get(m.statement) === 'begin';
+        if (opensWithBegin) this.fenceAfterExecute = true;
+        else this.inject(steps);
+      }
+    }
+    // After a COMMIT of the group, the fence must come before the next message that could take
+    // a snapshot (Parse, Bind, Describe, Execute), unless that is a BEGIN: then right after it.
+    switch (m.type) {
+      case 'parse': {
+        const kind = parsedKind!;
+        this.statementKinds.set(m.name, kind);
+        if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
+        steps.push(forward('parse'));
+        return steps;
+      }
+      case 'bind': {
+        const kind = this.statementKinds.get(m.statement) ?? 'unknown';
+        this.portalKinds.set(m.portal, kind);
+        if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
+        steps.push(forward('bind'));
+        return steps;
+      }
+      case 'describe':
+        if (this.fenceBeforeExecute) this.fencePending(steps);
+        steps.push(forward('describe'));
+        return steps;
+      case 'close':
+        steps.push(forward('close'));
+        return steps;
+      case 'execute':
+        this.beforeExecute(this.portalKinds.get(m.portal) ?? 'unknown', steps);
+        steps.push(forward('execute'));
+        if (this.fenceAfterExecute) {
+          this.fenceAfterExecute = false;
+          this.inject(steps);
+        }
+        return steps;
+      case 'sync':
+        this.groupOpen = false;
+        this.fenceAfterExecute = false;
+        this.fenceBeforeExecute = false;
+        steps.push({ do: 'forward', expect: [{ kind: 'sync', injected: false, forwardReady: true }] });
+        return steps;
+      case 'flush': // no response of its own
+        steps.push({ do: 'forward', expect: [] });
+        return steps;
+    }
+  }
+
+  private fencePending(steps: Step[]): void {
+    this.fenceBeforeExecute = false;
+    this.inject(steps);
+  }
+
+  /**
+   * Before a writer's Execute in an extended group: fence the transaction a COMMIT earlier in the
+   * group left behind, refuse a CALL or DO outside a block, and predict the block state after it.
+   * A prediction that an error makes wrong does not matter: the backend skips the rest to Sync.
+   */
+  private beforeExecute(kind: StatementKind, steps: Step[]): void {
+    if (this.fenceBeforeExecute) {
+      this.fenceBeforeExecute = false;
+      if (kind === 'begin') this.fenceAfterExecute = true;
+      else this.inject(steps);
+    }
+    if ((kind === 'routine' || kind === 'unknown') && !this.inBlock) {
+      steps.push({ do: 'send', what: 'refuseRoutine', bytes: runRoutineRefusal(), expect: [{ kind: 'bind', injected: true }, { kind: 'execute', injected: true }] });
+    }
+    if (kind === 'begin') this.inBlock = true;
+    // The next transaction opens right away, in a block: fence it right after this Execute.
+    if (kind === 'chain') this.fenceAfterExecute = true;
+    if (kind === 'end') {
+      this.inBlock = false;
+      this.fenceBeforeExecute = true;
+    }
+  }
+
+  /**
+   * Prepares the fence statements (again, after DISCARD ALL or DEALLOCATE) in a transaction of
+   * their own: parsing a SELECT takes a snapshot, after which no transaction can turn read-write.
+   * Only when idle, before anything of the writer's.
+   */
+  private ensurePrepared(steps: Step[]): void {
+    if (this.prepared) return;
+    const expect: Expect[] = [];
+    for (let i = 0; i < PREPARED_STATEMENTS; i++) expect.push({ kind: 'close', injected: true });
+    for (let i = 0; i < PREPARED_STATEMENTS; i++) expect.push({ kind: 'parse', injected: true });
+    expect.push({ kind: 'sync', injected: true, forwardReady: false });
+    steps.push({ do: 'send', what: 'prepare', bytes: Buffer.concat([prepareFence(), encode({ type: 'sync' })]), expect });
+    this.prepared = true;
+  }
+
+  private inject(steps: Step[]): void {
+    if (!this.prepared) {
+      // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
+      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
+      steps.push({ do: 'send', what: 'prepareAndFence', bytes: prepareAndRunFence(this.fence.run), expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
+      this.prepared = true;
+      return;
+    }
+    steps.push({
+      do: 'send',
+      what: 'fence',
+      bytes: this.fence.run,
+      expect: [
+        { kind: 'bind', injected: true },
+        { kind: 'execute', injected: true },
+        { kind: 'bind', injected: true },
+        { kind: 'execute', injected: true, fence: true },
+      ],
+    });
+  }
+}
+
+function isExtended(m: ClientMessage): m is Extended {
+  return m.type === 'parse' || m.type === 'bind' || m.type === 'describe' || m.type === 'execute' || m.type === 'close' || m.type === 'sync' || m.type === 'flush';
+}

@@ -1,0 +1,393 @@
+// The session's plumbing: reads the writer's messages, sends what the planner decides for each, and
+// sorts the backend's responses into the writer's and the proxy's.
+//
+// Each message sent to the backend has an expected response, tagged injected or the writer's; the
+// responses of injected messages are swallowed (notices included), the writer's are forwarded as
+// they came. An ErrorResponse outside a simple Query makes the backend skip to the next Sync: the
+// expectations up to it are dropped (and a writer's Query skipped behind a failed fence gets a
+// Sync of the proxy's, whose ReadyForQuery becomes the Query's). A new group is held until the
+// previous one's ReadyForQuery says whether the session is idle; one that would start a
+// transaction also waits for the gate (the forgery guard, guard.ts).
+import type { Socket } from 'node:net';
+import type { Logger } from 'pino';
+import { MessageReader, commandTag, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
+import { staleDetail, STALE_TOKEN } from './fence.ts';
+import type { Expect, Kind, Planner, Step } from './planner.ts';
+import type { Backend } from './backend.ts';
+
+export interface StaleRefusal {
+  fenceKey: string;
+  token: bigint;
+  highestToken: bigint | null;
+}
+
+/** What the relay asks before a transaction starts at idle. */
+export interface Gate {
+  /** May it start now? */
+  ready(): boolean;
+  /** Get ready; the relay is resumed (resume()) when it is. */
+  start(): void;
+  /** The writer's statement text, before it is planned. */
+  noteText(text: string): void;
+}
+
+export interface RelayOptions {
+  logger: Logger;
+  /** null: none. */
+  gate: Gate | null;
+  onStale: (refusal: StaleRefusal) => void;
+  onClose: () => void;
+}
+
+interface Pending extends Expect {
+  /** query (injected): sees its messages. */
+  capture?: (f: Frame) => void;
+  /** Called at its ReadyForQuery. */
+  onReady?: () => void;
+}
+
+const SYNC = encode({ type: 'sync' });
+
+export class Relay {
+  private status = 'I';
+  private readonly queue: Pending[] = [];
+  private pendingReady = 0;
+  private readonly clientFrames: { frame: Frame; msg: ClientMessage }[] = [];
+  private toBackend: Buffer[] = [];
+  private toClient: Buffer[] = [];
+  private holding = false;
+  /** The backend's socket buffer is full: stop reading the writer until it drains. */
+  private backendBlocked = false;
+  private closed = false;
+
+  constructor(
+    private readonly client: Socket,
+    private readonly clientReader: MessageReader,
+    private readonly backend: Backend,
+    private readonly planner: Planner,
+    private readonly opts: RelayOptions,
+  ) {
+    for (const b of backend.parameterStatus) this.noteParameter(b.subarray(5));
+  }
+
+  /** Starts relaying (bytes already framed by either reader are processed first). */
+  start(): void {
+    this.client.on('data', (chunk: Buffer) => this.onClientData(chunk));
+    this.backend.socket.on('data', (chunk: Buffer) => this.onBackendData(chunk));
+    this.client.on('close', () => this.close());
+    this.client.on('error', () => this.close());
+    this.backend.socket.on('error', () => this.onBackendLost());
+    this.backend.socket.on('close', () => this.onBackendLost());
+    this.client.on('drain', () => this.backend.socket.resume());
+    this.backend.socket.on('drain', () => {
+      this.backendBlocked = false;
+      if (!this.holding) this.client.resume();
+    });
+    this.onClientData(Buffer.alloc(0));
+    this.onBackendData(Buffer.alloc(0));
+  }
+
+  /** Goes on with the writer's messages held for the gate. */
+  resume(): void {
+    if (this.closed) return;
+    this.pumpClient();
+    this.flushClient();
+  }
+
+  /** A Query of the proxy's ahead of the writer's next message: `onRow` sees its rows, `then` runs at its ReadyForQuery. */
+  query(sql: string, onRow: (values: string[]) => void, then: () => void): void {
+    this.toBackend.push(encode({ type: 'query', text: sql }));
+    this.expect({
+      kind: 'query',
+      injected: true,
+      forwardReady: false,
+      capture: (f) => {
+        if (f.type === 'D') onRow(dataRowTexts(f.body));
+      },
+      onReady: then,
+    });
+    this.flushBackend();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.backend.socket.destroy();
+    this.client.destroy();
+    this.opts.onClose();
+  }
+
+  /** The writer went away or broke the protocol; the backend rolls back what was open. */
+  private fail(reason: string, err?: unknown): void {
+    if (this.closed) return;
+    this.opts.logger.warn({ err }, `SQL session closed: ${reason}`);
+    if (!this.client.destroyed) this.client.end(errorResponse({ severity: 'FATAL', code: '08P01', message: reason }));
+    this.close();
+  }
+
+  private onBackendLost(): void {
+    if (this.closed) return;
+    const inFlight = this.queue.length > 0 || this.status !== 'I';
+    this.opts.logger.warn({ inFlight }, 'SQL session: the database connection was lost');
+    this.flushClient();
+    if (!this.client.destroyed) {
+      this.client.end(
+        errorResponse({
+          severity: 'FATAL',
+          code: '08006',
+          message: 'the database connection was lost',
+          detail: inFlight ? 'an open transaction did not commit; a COMMIT that was in flight may or may not have committed' : undefined,
+        }),
+      );
+    }
+    this.close();
+  }
+
+  private noteParameter(body: Buffer): void {
+    const { name, value } = parameterOf(body);
+    this.planner.noteParameter(name, value);
+  }
+
+  // ---- writer → backend -------------------------------------------------------------------------
+
+  private onClientData(chunk: Buffer): void {
+    if (this.closed) return;
+    try {
+      if (chunk.length > 0) this.clientReader.push(chunk);
+      for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next()) this.clientFrames.push({ frame: f, msg: decodeClient(f) });
+    } catch (err) {
+      this.fail('malformed message from the client', err);
+      return;
+    }
+    this.pumpClient();
+  }
+
+  private pumpClient(): void {
+    let i = 0;
+    while (i < this.clientFrames.length && !this.closed) {
+      const { frame, msg } = this.clientFrames[i]!;
+      if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
+      const gate = this.opts.gate;
+      if (gate && this.status === 'I' && this.planner.startsTransaction(msg) && !gate.ready()) {
+        // Before a transaction starts (only between ReadyForQuery and the next message: idle).
+        gate.start();
+        break;
+      }
+      i++;
+      if (gate && (msg.type === 'query' || msg.type === 'parse')) gate.noteText(msg.text);
+      this.apply(frame, this.planner.plan(msg, { status: this.status, awaiting: this.queue.length > 0 }));
+    }
+    this.clientFrames.splice(0, i);
+    this.holding = this.clientFrames.length > 0;
+    this.flushBackend();
+    if (this.holding || this.backendBlocked) this.client.pause();
+    else if (!this.closed) this.client.resume();
+  }
+
+  private apply(frame: Frame, steps: Step[]): void {
+    for (const step of steps) {
+      switch (step.do) {
+        case 'forward':
+          this.toBackend.push(frame.bytes);
+          for (const e of step.expect) this.expect(e);
+          break;
+        case 'send':
+          this.toBackend.push(step.bytes);
+          for (const e of step.expect) this.expect(e);
+          break;
+        case 'reply':
+          this.toClient.push(...step.bytes);
+          this.flushClient();
+          break;
+        case 'terminate':
+          this.flushBackend();
+          this.close();
+          break;
+        case 'fail':
+          this.fail(step.reason);
+          break;
+      }
+    }
+  }
+
+  private expect(e: Pending): void {
+    this.queue.push(e);
+    if (e.kind === 'sync' || e.kind === 'query') this.pendingReady++;
+  }
+
+  private flushBackend(): void {
+    if (this.toBackend.length === 0 || this.closed) return;
+    const out = this.toBackend.length === 1 ? this.toBackend[0]! : Buffer.concat(this.toBackend);
+    this.toBackend = [];
+    if (!this.backend.socket.write(out)) {
+      this.backendBlocked = true;
+      this.client.pause();
+    }
+  }
+
+  // ---- backend → writer -------------------------------------------------------------------------
+
+  private onBackendData(chunk: Buffer): void {
+    if (this.closed) return;
+    const reader = this.backend.reader;
+    try {
+      if (chunk.length > 0) reader.push(chunk);
+      for (let f = reader.next(); f !== null && !this.closed; f = reader.next()) this.onBackendFrame(f);
+    } catch (err) {
+      this.fail('malformed message from the database', err);
+      return;
+    }
+    this.flushClient();
+    if (this.pendingReady === 0 && this.clientFrames.length > 0) this.pumpClient();
+  }
+
+  private flushClient(): void {
+    if (this.toClient.length === 0 || this.client.destroyed) return;
+    const out = this.toClient.length === 1 ? this.toClient[0]! : Buffer.concat(this.toClient);
+    this.toClient = [];
+    if (!this.client.write(out)) this.backend.socket.pause();
+  }
+
+  private forward(f: Frame, e: Pending | undefined): void {
+    if (e === undefined || !e.injected) this.toClient.push(f.bytes);
+  }
+
+  private pop(kinds: readonly Kind[], f: Frame): Pending {
+    const e = this.queue.shift();
+    if (e === undefined || !kinds.includes(e.kind)) throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
+    return e;
+  }
+
+  private onBackendFrame(f: Frame): void {
+    const head = this.queue[0];
+    if (head?.kind === 'query' && f.type !== 'Z' && f.type !== 'E' && f.type !== 'S' && f.type !== 'A') {
+      this.onQueryMessage(f, head);
+      return;
+    }
+    switch (f.type) {
+      case 'N': // notices of injected statements (SET LOCAL outside a block warns) are ours
+        this.forward(f, head);
+        return;
+      case 'S':
+        this.noteParameter(f.body);
+        this.toClient.push(f.bytes);
+        return;
+      case 'A':
+        this.toClient.push(f.bytes);
+        return;
+      case '1':
+        this.forward(f, this.pop(['parse'], f));
+        return;
+      case '2':
+        this.forward(f, this.pop(['bind'], f));
+        return;
+      case '3':
+        this.forward(f, this.pop(['close'], f));
+        return;
+      case 't':
+        this.forward(f, head);
+        return;
+      case 'T':
+      case 'n':
+        if (head?.kind === 'describe') this.forward(f, this.pop(['describe'], f));
+        else this.forward(f, head);
+        return;
+      case 'C':
+      case 'I':
+      case 's': {
+        if (head === undefined || !head.injected) this.noteCommand(f);
+        if (head?.kind === 'execute') this.forward(f, this.pop(['execute'], f));
+        else this.forward(f, head);
+        return;
+      }
+      case 'E':
+        this.onError(f, head);
+        return;
+      case 'Z':
+        this.onReady(f);
+        return;
+      default: // DataRow, COPY, FunctionCallResponse, …: the writer's, unless an injected statement's
+        this.forward(f, head);
+    }
+  }
+
+  /** A response to a writer's Query, minus what answers the fence inside it (by statement). */
+  private onQueryMessage(f: Frame, e: Pending): void {
+    if (e.injected) {
+      e.capture?.(f);
+      return;
+    }
+    const ours = e.plan?.[e.at ?? 0] ?? false;
+    if (f.type === 'C' || f.type === 'I') e.at = (e.at ?? 0) + 1;
+    if (ours) return;
+    this.noteCommand(f);
+    this.toClient.push(f.bytes);
+  }
+
+  /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
+  private queryError(f: Frame, e: Pending): Buffer {
+    const fields = parseErrorFields(f.body);
+    if (fields.get('C') === STALE_TOKEN && (e.plan?.[e.at ?? 0] ?? false)) {
+      const stale = staleDetail(fields.get('D'));
+      if (stale) this.opts.onStale(stale);
+    }
+    const position = Number(fields.get('P'));
+    if (e.insertions === undefined || e.insertions.length === 0 || !Number.isInteger(position)) return f.bytes;
+    // 1-based, in the text sent: back to the writer's text, minus the fence inserted before it.
+    let moved = position;
+    for (const ins of e.insertions) if (ins.start < position - 1) moved -= Math.min(ins.length, position - 1 - ins.start);
+    fields.set('P', String(Math.max(1, moved)));
+    const parts: Buffer[] = [];
+    for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), Buffer.from(`${value}\u0000`, 'utf8'));
+    parts.push(Buffer.from([0]));
+    return message('E', ...parts);
+  }
+
+  /** DISCARD ALL / DEALLOCATE drop prepared statements, ours too: prepare again before the next fence. */
+  private noteCommand(f: Frame): void {
+    if (f.type !== 'C') return;
+    const tag = commandTag(f.body);
+    if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
+  }
+
+  private onError(f: Frame, head: Pending | undefined): void {
+    if (head?.kind === 'query') {
+      if (head.injected) return;
+      this.toClient.push(this.queryError(f, head));
+      return; // a simple Query ends with its ReadyForQuery
+    }
+    this.toClient.push(f.bytes);
+    if (head === undefined) return; // e.g. FATAL at shutdown: the socket closes next
+    if (head.injected) {
+      const fields = parseErrorFields(f.body);
+      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();
+      if (head.fence && fields.get('C') === STALE_TOKEN) {
+        const stale = staleDetail(fields.get('D'));
+        if (stale) this.opts.onStale(stale);
+      }
+    }
+    // Extended protocol: the backend skips everything up to the next Sync.
+    let skippedQuery = false;
+    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') {
+      const e = this.queue.shift()!;
+      if (e.kind === 'query') {
+        skippedQuery = true;
+        this.pendingReady--;
+      }
+    }
+    if (skippedQuery && this.queue.length === 0) {
+      this.toBackend.push(SYNC);
+      this.expect({ kind: 'sync', injected: true, forwardReady: true });
+      this.flushBackend();
+    }
+  }
+
+  private onReady(f: Frame): void {
+    const e = this.pop(['sync', 'query'], f);
+    this.pendingReady--;
+    this.status = String.fromCharCode(f.body[0] ?? 73);
+    if (e.forwardReady) this.toClient.push(f.bytes);
+    if (e.refusal) this.toClient.push(...e.refusal);
+    e.onReady?.();
+  }
+}

@@ -1,0 +1,178 @@
+// The SQL door's planner without sockets: what goes to the backend for each of the writer's
+// messages (the writer's own, or the proxy's), and which responses are swallowed (`injected`, or
+// the fence's statements in a Query's `plan`).
+import { describe, expect, test } from 'vitest';
+import { Planner, sessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
+import { encode, parseErrorFields, type ClientMessage } from '../../../src/proxy/sql/framing.ts';
+import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/fence.ts';
+
+const IDLE: PlanContext = { status: 'I', awaiting: false };
+const IN_BLOCK: PlanContext = { status: 'T', awaiting: false };
+const FAILED: PlanContext = { status: 'E', awaiting: false };
+
+const planner = () => new Planner(sessionFence('capability', 4242, ['app/'], 'writer-1', null));
+
+const query = (text: string): ClientMessage => ({ type: 'query', text });
+const parse = (text: string, name = ''): ClientMessage => ({ type: 'parse', name, text, paramTypes: [] });
+const bind = (statement = '', portal = ''): ClientMessage => ({ type: 'bind', portal, statement });
+const execute = (portal = ''): ClientMessage => ({ type: 'execute', portal, maxRows: 0 });
+const sync: ClientMessage = { type: 'sync' };
+
+/** What each step sends: 'writer' for the writer's message as it came, else what the proxy sends or does. */
+const sent = (steps: Step[]) => steps.map((s) => (s.do === 'forward' ? 'writer' : s.do === 'send' ? s.what : s.do));
+
+/** The extended-protocol group's steps, per message. */
+const group = (p: Planner, ctx: PlanContext, ...messages: ClientMessage[]) => messages.map((m) => sent(p.plan(m, ctx)));
+
+const fencedQuery = (steps: Step[]) => {
+  expect(steps).toHaveLength(1);
+  const step = steps[0]!;
+  if (step.do !== 'send' || step.what !== 'fencedQuery') throw new Error(`not a fenced Query: ${JSON.stringify(sent(steps))}`);
+  expect(step.bytes.equals(encode({ type: 'query', text: step.text! }))).toBe(true);
+  return { text: step.text!, expect: step.expect[0]! };
+};
+
+describe('simple protocol', () => {
+  test('at idle a Query gets the fence in front of it, and the fence statements\' responses are swallowed', () => {
+    const p = planner();
+    const q = fencedQuery(p.plan(query('INSERT INTO t VALUES (1)'), IDLE));
+    expect(q.text).toBe(`${p.fence.text}INSERT INTO t VALUES (1)`);
+    expect(q.expect).toMatchObject({ kind: 'query', injected: false, forwardReady: true, plan: [true, true], insertions: [{ start: 0, length: p.fence.chars }] });
+  });
+
+  test('inside a transaction a Query goes as it came, nothing injected', () => {
+    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0 }] }]);
+  });
+
+  test('in a failed transaction ROLLBACK goes through unfenced', () => {
+    expect(sent(planner().plan(query('ROLLBACK'), FAILED))).toEqual(['writer']);
+  });
+
+  test('a lone BEGIN goes first and the fence right after it, so its isolation level applies', () => {
+    const p = planner();
+    const q = fencedQuery(p.plan(query('BEGIN ISOLATION LEVEL SERIALIZABLE'), IDLE));
+    expect(q.text).toBe(`BEGIN ISOLATION LEVEL SERIALIZABLE\n;${p.fence.text}`);
+    expect(q.expect.plan).toEqual([false, true, true]);
+  });
+
+  test('a multi-statement Query with COMMIT in the middle gets a fence after the COMMIT too', () => {
+    const p = planner();
+    const q = fencedQuery(p.plan(query('INSERT INTO t VALUES (1); COMMIT; INSERT INTO t VALUES (2)'), IDLE));
+    expect(q.text).toBe(`${p.fence.text}INSERT INTO t VALUES (1); COMMIT; ${p.fence.text}INSERT INTO t VALUES (2)`);
+    // Statement by statement: fence, INSERT, COMMIT, fence, INSERT.
+    expect(q.expect.plan).toEqual([true, true, false, false, true, true, false]);
+  });
+
+  test('COMMIT AND CHAIN as the last statement gets the fence right after it', () => {
+    const p = planner();
+    const q = fencedQuery(p.plan(query('COMMIT AND CHAIN'), IN_BLOCK));
+    expect(q.text).toBe(`COMMIT AND CHAIN\n;${p.fence.text}`);
+    expect(q.expect.plan).toEqual([false, true, true]);
+  });
+
+  test('a lone DISCARD or CHECKPOINT goes unfenced, behind a swallowed reset of the read-only default', () => {
+    for (const text of ['DISCARD ALL', 'CHECKPOINT']) {
+      const steps = planner().plan(query(text), IDLE);
+      expect(steps).toEqual([
+        { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] },
+      ]);
+    }
+  });
+
+  test('a multi-statement Query the parser refuses is refused by the proxy, nothing sent', () => {
+    const steps = planner().plan(query('INSERT INTO t VALUES (1); COMMIT; SELEC'), IDLE);
+    expect(sent(steps)).toEqual(['reply']);
+    const reply = steps[0]!.do === 'reply' ? steps[0]!.bytes : [];
+    expect(parseErrorFields(reply[0]!.subarray(5)).get('C')).toBe('42601');
+    expect(reply[1]).toEqual(Buffer.from('Z\x00\x00\x00\x05I', 'latin1'));
+  });
+
+  test('behind responses still owed, a refusal waits in an empty Query of the proxy\'s', () => {
+    const steps = planner().plan(query('INSERT INTO t VALUES (1); COMMIT; SELEC'), { status: 'I', awaiting: true });
+    expect(sent(steps)).toEqual(['standIn']);
+    expect(steps[0]).toMatchObject({ bytes: encode({ type: 'query', text: '' }), expect: [{ kind: 'query', injected: true, forwardReady: false }] });
+  });
+
+  test('with standard_conforming_strings off a multi-statement Query with a transaction word is refused (0A000)', () => {
+    const p = planner();
+    p.noteParameter('standard_conforming_strings', 'off');
+    const steps = p.plan(query('SELECT 1; COMMIT'), IN_BLOCK);
+    expect(steps[0]?.do === 'reply' && parseErrorFields(steps[0].bytes[0]!.subarray(5)).get('C')).toBe('0A000');
+  });
+});
+
+describe('extended protocol', () => {
+  test('at idle a group gets the fence statements prepared (their own Sync) and the fence before its first message', () => {
+    const p = planner();
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['prepare', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    // Prepared once per connection.
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (2)'))).toEqual([['fence', 'writer']]);
+  });
+
+  test('what the proxy sends is swallowed: every expectation of the prepare and the fence is injected', () => {
+    const steps = planner().plan(parse('SELECT 1'), IDLE);
+    const ours = steps.filter((s) => s.do === 'send');
+    expect(ours.flatMap((s) => s.expect).every((e) => e.injected)).toBe(true);
+    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false }] });
+  });
+
+  test('Parse/Bind/Execute of BEGIN gets the fence right after BEGIN\'s Execute', () => {
+    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer', 'fence'], ['writer'], ['writer']]);
+  });
+
+  test('after an Execute of COMMIT the fence comes before the next statement of the group', () => {
+    const p = planner();
+    p.plan(parse('INSERT INTO t VALUES (1)'), IDLE);
+    expect(group(p, IDLE, bind(), execute(), parse('COMMIT', 'c'), bind('c', 'c'), execute('c'), parse('INSERT INTO t VALUES (2)'), sync)).toEqual([
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['fence', 'writer'],
+      ['writer'],
+    ]);
+  });
+
+  test('COMMIT AND CHAIN gets the fence right after its Execute', () => {
+    expect(group(planner(), IN_BLOCK, parse('COMMIT AND CHAIN'), bind(), execute(), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer', 'fence'], ['writer']]);
+  });
+
+  test('a CALL or DO executed outside a transaction block is refused by a failing statement before its Execute', () => {
+    for (const text of ['CALL p()', 'DO $$BEGIN COMMIT; END$$']) {
+      const steps = group(planner(), IDLE, parse(text), bind(), execute(), sync);
+      expect(steps).toEqual([['prepare', 'fence', 'writer'], ['writer'], ['refuseRoutine', 'writer'], ['writer']]);
+    }
+  });
+
+  test('inside a transaction block a CALL goes through', () => {
+    expect(group(planner(), IN_BLOCK, parse('CALL p()'), bind(), execute(), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer'], ['writer']]);
+  });
+
+  test('in a failed transaction a group is neither prepared for nor fenced: ROLLBACK goes through', () => {
+    expect(group(planner(), FAILED, parse('ROLLBACK'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer'], ['writer']]);
+  });
+
+  test('after the fence statements were dropped, a group mid-pipeline prepares each right before its run', () => {
+    const p = planner();
+    p.plan(parse('SELECT 1'), IDLE);
+    p.plan(sync, IDLE);
+    p.statementsDropped();
+    expect(group(p, FAILED, parse('ROLLBACK'), bind(), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+  });
+});
+
+describe('other messages', () => {
+  test('a FunctionCall is refused (0A000) with a ReadyForQuery of the last status, nothing sent', () => {
+    const steps = planner().plan({ type: 'functionCall' }, IN_BLOCK);
+    expect(sent(steps)).toEqual(['reply']);
+    const reply = steps[0]!.do === 'reply' ? steps[0]!.bytes : [];
+    expect(parseErrorFields(reply[0]!.subarray(5)).get('C')).toBe('0A000');
+    expect(reply[1]).toEqual(Buffer.from('Z\x00\x00\x00\x05T', 'latin1'));
+  });
+
+  test('a message a client does not send after startup breaks the session', () => {
+    expect(planner().plan({ type: 'other', code: 'p' }, IDLE)).toEqual([{ do: 'fail', reason: 'unexpected message type "p" from the client' }]);
+  });
+});

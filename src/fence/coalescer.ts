@@ -11,14 +11,16 @@
 // nothing committed), its operations run again one by one so only the locked fence's writes fail,
 // and that fence key then goes in batches of its own, in at most all but one slot, for a while.
 //
-// Which statement carries a batch: write-strategy.ts.
+// Which statement carries a batch: write-strategy.ts. Rejected operations go to the rejection log
+// (rejection-log.ts) as the HTTP door's.
 import type pg from 'pg';
-import * as q from './queries.ts';
+import type * as q from './queries.ts';
 import type { WriteRow } from './queries.ts';
 import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { retryOnConflict } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 import { readObjectFences } from './reads.ts';
+import type { RejectionLog } from './rejection-log.ts';
 
 /**
  * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless
@@ -74,6 +76,8 @@ export interface CoalescerOptions {
   /** Called once per executed batch, for metrics. */
   onBatch: ((size: number) => void) | undefined;
   writeStrategy: WriteStrategy;
+  /** Where rejected operations are recorded (door `http`). */
+  rejections: RejectionLog;
 }
 
 interface Pending {
@@ -98,6 +102,7 @@ export class WriteCoalescer {
   private readonly retries: number;
   private readonly onBatch: ((size: number) => void) | undefined;
   private readonly writeStrategy: WriteStrategy;
+  private readonly rejections: RejectionLog;
   private inFlight = 0;
   private idleWaiters: (() => void)[] = [];
   /** The batches in flight: when each started, and whether it holds a locked fence. */
@@ -112,6 +117,7 @@ export class WriteCoalescer {
     this.retries = opts.retries;
     this.onBatch = opts.onBatch;
     this.writeStrategy = opts.writeStrategy;
+    this.rejections = opts.rejections;
   }
 
   /** Applies one fenced operation; resolves once it is committed (or rejected). */
@@ -335,10 +341,11 @@ export class WriteCoalescer {
   }
 
   /** Counts and logs rejected operations; returns each fence's highest token, read after the rejection. */
-  private async recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
-    const rows = ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId }));
-    const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
-    return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+  private recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
+    return this.rejections.record(
+      'http',
+      ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId })),
+    );
   }
 
   private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>

@@ -1,12 +1,15 @@
 // The fence store: what the doors use of the fence over one pg pool. Each job has its module:
 // fenced writes, coalesced into batches (coalescer.ts, statements in write-strategy.ts); reads of
-// objects, fences and counts (reads.ts); folding count rows into the counters (count-folding.ts).
+// objects, fences and counts (reads.ts); folding count rows into the counters (count-folding.ts);
+// the rejection log every door records into (rejection-log.ts).
 import type pg from 'pg';
+import type { Logger } from 'pino';
 import { WriteCoalescer, type FencedOp, type FencedResult } from './coalescer.ts';
 import { fencedStrategy, type WriteStrategy } from './write-strategy.ts';
 import * as reads from './reads.ts';
 import type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 import { foldPendingCounts, startFolding } from './count-folding.ts';
+import { RejectionLog } from './rejection-log.ts';
 
 export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
 export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
@@ -21,10 +24,12 @@ export interface FenceStoreOptions {
   maxBatch: number;
   /** Most body bytes in one batch (a single larger body still goes alone). */
   maxBatchBytes: number;
-  /** Retries of a statement that hit a deadlock or serialization failure. */
+  /** Retries of a statement that hit a deadlock or serialization failure: a write batch's, and recording rejections on every door. */
   retries: number;
   /** Called once per executed batch, for metrics. */
   onBatch?: (size: number) => void;
+  /** Where a rejection that could not be recorded is reported (warn, with the door); absent: nowhere. */
+  logger?: Logger;
   /**
    * Test seam: another way to write a batch, handed in by the checker's self-tests and the
    * benchmark's unfenced baseline (tools/unsafe-fence.ts). Nothing in the product sets it.
@@ -34,10 +39,13 @@ export interface FenceStoreOptions {
 
 export class FenceStore {
   readonly pool: pg.Pool;
+  /** The rejection log: the store's writes record into it, and so do the other doors (transactions, the SQL endpoint). */
+  readonly rejections: RejectionLog;
   private readonly coalescer: WriteCoalescer;
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
+    this.rejections = new RejectionLog(pool, { retries: opts.retries, ...(opts.logger ? { logger: opts.logger } : {}) });
     this.coalescer = new WriteCoalescer(pool, {
       concurrency: opts.concurrency,
       maxBatch: opts.maxBatch,
@@ -45,6 +53,7 @@ export class FenceStore {
       retries: opts.retries,
       onBatch: opts.onBatch,
       writeStrategy: opts.__test__writeStrategy ?? fencedStrategy(),
+      rejections: this.rejections,
     });
   }
 

@@ -126,6 +126,8 @@ CREATE TABLE fencepost.rejections (
   highest_token bigint NOT NULL,
   writer_id text,
   rejected_at timestamp with time zone NOT NULL DEFAULT now(),
+  door text NOT NULL DEFAULT 'http'::text,
+  CONSTRAINT rejections_door CHECK ((door = ANY (ARRAY['http'::text, 'transaction'::text, 'sql'::text]))),
   CONSTRAINT rejections_pkey PRIMARY KEY (id)
 );
 CREATE INDEX rejections_fence_key_id ON fencepost.rejections USING btree (fence_key, id DESC);

@@ -267,8 +267,11 @@ export function preconditionValues(rows: readonly WriteRow[]): unknown[] {
   ];
 }
 
+/** Where a rejection was refused: HTTP object writes and fences, POST /v1/transactions, the SQL endpoint. */
+export type Door = 'http' | 'transaction' | 'sql';
+
 export interface RejectionRow {
-  /** `transaction` for a refused POST /v1/transactions (one row per stale fence). */
+  /** `transaction` for a refused transaction, of POST /v1/transactions or the SQL endpoint (one row per stale fence). */
   kind: OpKind | 'transaction';
   fenceKey: string;
   key: string | null;
@@ -277,10 +280,11 @@ export interface RejectionRow {
 }
 
 /**
- * Records rejected operations: counts them (per fence, in the totals, per minute), logs each one,
- * and returns each fence's highest token as it is now (read after the rejection, as the 409 reports).
+ * Records operations rejected at `door`: counts them (per fence, in the totals, per minute), logs
+ * each one, and returns each fence's highest token as it is now (read after the rejection, as the
+ * 409 reports).
  */
-export function recordRejections(rows: readonly RejectionRow[]): Query {
+export function recordRejections(door: Door, rows: readonly RejectionRow[]): Query {
   return {
     name: 'fencepost_record_rejections',
     text: `
@@ -308,12 +312,12 @@ cur AS (
   SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN counts c USING (fence_key)
 ),
 log AS (
-  INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token, writer_id)
-  SELECT i.fence_key, i.key, i.operation, i.token, cur.highest_token, i.writer_id
+  INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token, writer_id, door)
+  SELECT i.fence_key, i.key, i.operation, i.token, cur.highest_token, i.writer_id, $6::text
   FROM input i JOIN cur USING (fence_key)
 )
 SELECT fence_key, highest_token FROM cur`,
-    values: [rows.map((r) => r.kind), rows.map((r) => r.fenceKey), rows.map((r) => r.key), rows.map((r) => r.token.toString()), rows.map((r) => r.writerId)],
+    values: [rows.map((r) => r.kind), rows.map((r) => r.fenceKey), rows.map((r) => r.key), rows.map((r) => r.token.toString()), rows.map((r) => r.writerId), door],
   };
 }
 

@@ -1,7 +1,7 @@
 // The rejection log (fencepost.rejections): paged reads, a per-minute histogram, and the batched
 // deletes retention uses. Every statement is a named builder here; callers never write SQL.
 import type pg from 'pg';
-import type { OpKind, Query } from './queries.ts';
+import type { Door, OpKind, Query } from './queries.ts';
 
 /** Largest bigint: the `before` cursor of the first page. */
 const MAX_ID = '9223372036854775807';
@@ -12,6 +12,8 @@ export interface Rejection {
   /** Null for a fence-only advance. */
   objectKey: string | null;
   operation: OpKind | 'transaction';
+  /** Where it was refused (migration 0016; SQL-endpoint rejections logged before it read `transaction`). */
+  door: Door;
   token: bigint;
   /** The fence's highest token when the write was refused. */
   highestToken: bigint;
@@ -30,7 +32,7 @@ export interface HistogramBucket {
   count: number;
 }
 
-const COLUMNS = 'id, fence_key, object_key, operation, token, highest_token, writer_id, rejected_at';
+const COLUMNS = 'id, fence_key, object_key, operation, door, token, highest_token, writer_id, rejected_at';
 
 /**
  * Newest first, keyset-paged on id. Two statements rather than `$1 IS NULL OR …`, so each keeps
@@ -146,6 +148,7 @@ interface RejectionRow {
   fence_key: string;
   object_key: string | null;
   operation: OpKind | 'transaction';
+  door: Door;
   token: string;
   highest_token: string;
   writer_id: string | null;
@@ -161,6 +164,7 @@ export async function readRejections(pool: pg.Pool, opts: { fenceKey: string | n
       fenceKey: r.fence_key,
       objectKey: r.object_key,
       operation: r.operation,
+      door: r.door,
       token: BigInt(r.token),
       highestToken: BigInt(r.highest_token),
       writerId: r.writer_id,

@@ -1,183 +1,20 @@
-// The fence store: fenced writes, reads, and counts, over a pg pool.
-//
-// Writes are coalesced (group commit). Requests queue; whenever fewer than `concurrency` batches
-// are in flight, one is taken from the queue: every queued write whose object key is not already in
-// this batch or in a batch in flight (an upsert can touch a row only once per statement). Writes of
-// one fence key ride together and beside other batches of that fence: a write with the fence's
-// token locks the fence row in share mode, so a leader's writes never wait for one another; only a
-// raise takes the row exclusively (src/fence/queries.ts fencedWrite). A request that finds a free
-// slot goes out at once; under load, one statement and one commit serve many writes.
-//
-// A fence row held by another session (a long transaction) must not stall the other fences' writes
-// that share its batch or wait for a write slot: the pool's lock_timeout fails such a batch (55P03,
-// nothing committed), its operations run again one by one so only the locked fence's writes fail,
-// and that fence key then goes in batches of its own, in at most all but one slot, for a while.
+// The fence store: what the doors use of the fence over one pg pool. Each job has its module:
+// fenced writes, coalesced into batches (coalescer.ts, statements in write-strategy.ts); reads of
+// objects, fences and counts (reads.ts); folding count rows into the counters (count-folding.ts);
+// the rejection log every door records into (rejection-log.ts).
 import type pg from 'pg';
-import { LRUCache } from 'lru-cache';
-import * as q from './queries.ts';
-import type { OpKind, WriteRow } from './queries.ts';
-import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
-import { retryOnConflict } from './retry.ts';
+import type { Logger } from 'pino';
+import { WriteCoalescer, type FencedOp, type FencedResult } from './coalescer.ts';
+import { fencedStrategy, type WriteStrategy } from './write-strategy.ts';
+import * as reads from './reads.ts';
+import type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
+import { foldPendingCounts, startFolding } from './count-folding.ts';
+import { RejectionLog } from './rejection-log.ts';
 
-/**
- * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless
- * one of its writes completes first; each write that hits the lock again starts it anew. It only
- * bounds how long a key nobody writes any more is remembered, and how often a fence locked for
- * good can cost one shared batch a lock timeout and a split.
- */
-const LOCKED_FENCE_ALONE_MS = 10_000;
-
-/** How often each proxy folds committed transactions into the counters (reads add the rest). */
-const FOLD_INTERVAL_MS = 1000;
-
-/** Fence keys whose last passing token the write strategy remembers (see fencedStrategy). */
-const PASSED_HINTS = 10_000;
-
-/** Writes that must be waiting before a batch starts beside one already in flight (see pump). */
-const MIN_EXTRA_BATCH = 8;
-/** The longest the queue waits for MIN_EXTRA_BATCH writes while batches are in flight (see pump). */
-const HOLD_BACK_MS = 2;
-
-/**
- * A conditional write's precondition on its object, checked in the fenced write statement (see
- * fencedWrite): `ifMatch` is `*` (the object exists) or ETags without their quotes, one of which
- * the object must have; `ifNoneMatch` (If-None-Match: *) that it does not exist.
- */
-export interface Precondition {
-  ifMatch?: '*' | readonly string[] | null;
-  ifNoneMatch?: boolean;
-}
-
-export type FencedOp =
-  | ({ kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null } & Precondition)
-  | ({ kind: 'delete'; key: string; fenceKey: string; token: bigint; writerId: string | null } & Precondition)
-  | { kind: 'fence'; fenceKey: string; token: bigint; writerId: string | null };
-
-export type FencedResult =
-  /** `etag` (without quotes) and `version`: the object as this put left it; null for deletes and fences. */
-  | { accepted: true; highestToken: bigint; version: bigint | null; etag: string | null }
-  /** Rejected by a fence. `fenceKey`: the object's fence the token lost against, when not the request's own (object_refused). */
-  | { accepted: false; highestToken: bigint; fenceKey?: string; preconditionFailed?: false }
-  /**
-   * The token passed the fences (and raised its own), but the object failed the precondition:
-   * nothing written, counted neither as accepted nor as rejected.
-   */
-  | { accepted: false; highestToken: bigint; preconditionFailed: true };
-
-export interface StoredObject {
-  fenceKey: string;
-  token: bigint;
-  version: bigint;
-  /** Without quotes; changes with every write and never repeats for a key (queries.ts ETAG_SQL). */
-  etag: string;
-  contentType: string;
-  body: Buffer;
-  updatedAt: Date;
-}
-
-/** An object in a listing: what GET answers, without the body. */
-export interface ObjectInfo {
-  key: string;
-  fenceKey: string;
-  token: bigint;
-  version: bigint;
-  etag: string;
-  contentType: string;
-  size: number;
-  updatedAt: Date;
-}
-
-export interface FenceRecord {
-  fenceKey: string;
-  highestToken: bigint;
-  updatedAt: Date;
-  /** Writer-Id of the write that raised the fence to `highestToken`; null if it sent none. */
-  raisedBy: string | null;
-  accepted: bigint;
-  rejected: bigint;
-}
-
-export interface Stats {
-  fences: number;
-  accepted: bigint;
-  rejected: bigint;
-  perFence: { fenceKey: string; highestToken: bigint; raisedBy: string | null; accepted: bigint; rejected: bigint }[];
-}
-
-/** One row per operation of a batch: `highest_token` null when rejected, `version` and `etag` set for puts. */
-export interface WriteOutcome {
-  ord: number;
-  highest_token: string | null;
-  version: string | null;
-  etag?: string | null;
-  object_refused?: boolean | null;
-  precondition_failed?: boolean | null;
-}
-
-/** Runs one statement on the store's pool, again after a deadlock or serialization failure. */
-export type RunStatement = <R extends pg.QueryResultRow>(statement: q.Query) => Promise<R[]>;
-
-/**
- * How a batch reaches the database. The product has one (fencedStrategy below). Each statement
- * goes through `run`, so a retry repeats only the statement that failed, never one that committed.
- */
-export type WriteStrategy = (run: RunStatement, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
-
-/**
- * The product's strategy. A batch of plain puts whose fences this store last saw pass at those very
- * tokens (the leader's steady writes) goes through the cheaper fencedPuts; whatever it left
- * untouched (the fence was raised meanwhile, an object of another fence) then goes through
- * fencedWrite, which decides each operation. Any other batch goes through fencedWrite alone: a
- * batch with a new fence, a raise or a stale token would pay for both statements. The hint is only
- * a guess at which statement applies; both are correct for any batch. Two statements for one batch
- * answer concurrent requests, so answering some before the others is a valid order.
- */
-function fencedStrategy(): WriteStrategy {
-  /** Fence key → the token (decimal) its last write through this store passed with. */
-  const passed = new LRUCache<string, string>({ max: PASSED_HINTS });
-  const note = (rows: readonly WriteRow[], outcomes: readonly WriteOutcome[]) => {
-    for (const o of outcomes) {
-      const r = rows[o.ord];
-      if (!r) continue;
-      if (o.highest_token !== null && o.object_refused !== true) passed.set(r.fenceKey, o.highest_token);
-      else if (o.highest_token === null && passed.get(r.fenceKey) === r.token.toString()) passed.delete(r.fenceKey);
-    }
-  };
-  return async (run, rows) => {
-    if (!rows.every((r) => q.isPlainPut(r) && passed.get(r.fenceKey) === r.token.toString())) {
-      const decided = await run<WriteOutcome>(q.fencedWrite(rows));
-      note(rows, decided);
-      return decided;
-    }
-    const applied = await run<WriteOutcome>(q.fencedPuts(rows));
-    if (applied.length === rows.length) return applied;
-    const done = new Set(applied.map((r) => r.ord));
-    const rest = rows.map((r, ord) => ({ r, ord })).filter(({ ord }) => !done.has(ord));
-    let decided: WriteOutcome[];
-    try {
-      decided = await run<WriteOutcome>(q.fencedWrite(rest.map(({ r }) => r)));
-    } catch (err) {
-      if (applied.length === 0) throw err;
-      throw new PartialWriteError(applied, err);
-    }
-    const outcomes = decided.map((o) => ({ ...o, ord: rest[o.ord]!.ord }));
-    note(rows, outcomes);
-    return [...applied, ...outcomes];
-  };
-}
-
-/**
- * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
- * that committed (they are answered as such), `cause` the failure of every other operation.
- */
-export class PartialWriteError extends Error {
-  constructor(
-    readonly applied: WriteOutcome[],
-    override readonly cause: unknown,
-  ) {
-    super('part of a batch committed; the rest failed');
-  }
-}
+export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
+export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
+export type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
+export type { OpKind } from './queries.ts';
 
 /** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */
 export interface FenceStoreOptions {
@@ -187,10 +24,12 @@ export interface FenceStoreOptions {
   maxBatch: number;
   /** Most body bytes in one batch (a single larger body still goes alone). */
   maxBatchBytes: number;
-  /** Retries of a batch that hit a deadlock or serialization failure. */
+  /** Retries of a statement that hit a deadlock or serialization failure: a write batch's, and recording rejections on every door. */
   retries: number;
   /** Called once per executed batch, for metrics. */
   onBatch?: (size: number) => void;
+  /** Where a rejection that could not be recorded is reported (warn, with the door); absent: nowhere. */
+  logger?: Logger;
   /**
    * Test seam: another way to write a batch, handed in by the checker's self-tests and the
    * benchmark's unfenced baseline (tools/unsafe-fence.ts). Nothing in the product sets it.
@@ -198,382 +37,69 @@ export interface FenceStoreOptions {
   __test__writeStrategy?: WriteStrategy;
 }
 
-interface Pending {
-  op: FencedOp;
-  resolve: (r: FencedResult) => void;
-  reject: (e: unknown) => void;
-}
-
 export class FenceStore {
   readonly pool: pg.Pool;
-  private queue: Pending[] = [];
-  private readonly concurrency: number;
-  private running = 0;
-  /** Object keys of the batches in flight. */
-  private readonly busyObjects = new Set<string>();
-  /** Fence keys whose lone write hit the lock timeout, and until when they go only alone. */
-  private readonly lockedFences = new Map<string, number>();
-  /** Batches in flight that hold a key of lockedFences. */
-  private runningAlone = 0;
-  private readonly maxBatch: number;
-  private readonly maxBatchBytes: number;
-  private readonly retries: number;
-  private readonly onBatch: ((size: number) => void) | undefined;
-  private readonly writeStrategy: WriteStrategy;
-  private inFlight = 0;
-  private idleWaiters: (() => void)[] = [];
-  /** The batches in flight: when each started, and whether it holds a locked fence. */
-  private readonly flights = new Set<{ start: number; alone: boolean }>();
-  private pumpTimer: NodeJS.Timeout | null = null;
+  /** The rejection log: the store's writes record into it, and so do the other doors (transactions, the SQL endpoint). */
+  readonly rejections: RejectionLog;
+  private readonly coalescer: WriteCoalescer;
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
-    this.concurrency = Math.max(1, opts.concurrency);
-    this.maxBatch = Math.max(1, opts.maxBatch);
-    this.maxBatchBytes = opts.maxBatchBytes;
-    this.retries = opts.retries;
-    this.onBatch = opts.onBatch;
-    this.writeStrategy = opts.__test__writeStrategy ?? fencedStrategy();
+    this.rejections = new RejectionLog(pool, { retries: opts.retries, ...(opts.logger ? { logger: opts.logger } : {}) });
+    this.coalescer = new WriteCoalescer(pool, {
+      concurrency: opts.concurrency,
+      maxBatch: opts.maxBatch,
+      maxBatchBytes: opts.maxBatchBytes,
+      retries: opts.retries,
+      onBatch: opts.onBatch,
+      writeStrategy: opts.__test__writeStrategy ?? fencedStrategy(),
+      rejections: this.rejections,
+    });
   }
 
   /** Applies one fenced operation; resolves once it is committed (or rejected). */
   write(op: FencedOp): Promise<FencedResult> {
-    return new Promise((resolve, reject) => {
-      this.queue.push({ op, resolve, reject });
-      this.inFlight++;
-      this.pump();
-    });
+    return this.coalescer.write(op);
   }
 
   /** Resolves when no write is queued or running. */
-  async idle(): Promise<void> {
-    if (this.inFlight === 0) return;
-    await new Promise<void>((r) => this.idleWaiters.push(r));
+  idle(): Promise<void> {
+    return this.coalescer.idle();
   }
 
-  /**
-   * Starts batches while there is a free slot and something that can go. A batch goes at once when
-   * none is in flight. Beside batches in flight it waits, for at most HOLD_BACK_MS, until
-   * MIN_EXTRA_BATCH writes queue: a statement costs Postgres about as much as a dozen writes in it,
-   * so a second statement carrying one write would cost more than waiting for the first to commit.
-   * A batch in flight for longer (waiting on a lock, say) or holding a locked fence never holds
-   * the others back.
-   */
-  private pump(): void {
-    while (this.running < this.concurrency && this.queue.length > 0) {
-      if (this.holdBack()) return;
-      const { batch, alone } = this.takeBatch();
-      if (batch.length === 0) return; // everything queued waits on a key in flight
-      const flight = { start: performance.now(), alone };
-      this.flights.add(flight);
-      this.running++;
-      if (alone) this.runningAlone++;
-      const objects = batch.flatMap((p) => (p.op.kind === 'fence' ? [] : [p.op.key]));
-      for (const o of objects) this.busyObjects.add(o);
-      void this.runSplitting(batch.map((p) => p.op)).then(
-        (results) => ({ results }),
-        (err: unknown) => ({ err }),
-      ).then((out) => {
-        for (const o of objects) this.busyObjects.delete(o);
-        this.flights.delete(flight);
-        this.running--;
-        if (alone) this.runningAlone--;
-        try {
-          // The writes that queued meanwhile go to Postgres before these answers are written.
-          this.pump();
-        } finally {
-          batch.forEach((p, i) => {
-            const r = 'results' in out ? out.results[i]! : { failed: out.err };
-            if ('failed' in r) p.reject(r.failed);
-            else p.resolve(r);
-          });
-          this.inFlight -= batch.length;
-          if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
-        }
-      });
-    }
+  readObject(key: string): Promise<StoredObject | null> {
+    return reads.readObject(this.pool, key);
   }
 
-  /** Should the queue wait for the batches in flight (see pump)? If so, pump again when that wait ends. */
-  private holdBack(): boolean {
-    if (this.running === 0 || this.queue.length >= Math.min(MIN_EXTRA_BATCH, this.maxBatch)) return false;
-    const now = performance.now();
-    let oldest = now;
-    for (const f of this.flights) {
-      if (f.alone) return false;
-      oldest = Math.min(oldest, f.start);
-    }
-    const wait = oldest + HOLD_BACK_MS - now;
-    if (wait <= 0) return false;
-    if (this.pumpTimer === null) {
-      this.pumpTimer = setTimeout(() => {
-        this.pumpTimer = null;
-        this.pump();
-      }, Math.ceil(wait));
-      this.pumpTimer.unref(); // a batch in flight keeps the process alive; its end pumps too
-    }
-    return true;
+  /** One page of objects whose keys start with `prefix`, after `after` (reads.ts listObjects). */
+  listObjects(prefix: string, after: string | null, limit: number): Promise<{ objects: ObjectInfo[]; next: string | null }> {
+    return reads.listObjects(this.pool, prefix, after, limit);
   }
 
-  /**
-   * Takes, in queue order, writes whose fence and object keys are free (not in flight, not already
-   * in this batch). A write left behind reserves its keys for this scan, so later writes on the same
-   * keys stay behind it (order per key). A write on a recently locked fence key (lockedFences) goes
-   * only alone (`alone`), and such batches leave one slot to the others when there are two or more.
-   */
-  private takeBatch(): { batch: Pending[]; alone: boolean } {
-    const batch: Pending[] = [];
-    const rest: Pending[] = [];
-    const objectKeys = new Set<string>();
-    const now = Date.now();
-    const aloneSlotFree = this.runningAlone < Math.max(1, this.concurrency - 1);
-    let alone = false;
-    let bytes = 0;
-    let i = 0;
-    for (; i < this.queue.length && batch.length < this.maxBatch && !alone; i++) {
-      const p = this.queue[i]!;
-      const key = p.op.kind === 'fence' ? null : p.op.key;
-      const size = p.op.kind === 'put' ? p.op.body.length : 0;
-      const locked = this.isLocked(p.op.fenceKey, now);
-      // Many writes of one fence key may share a batch and run beside batches holding the same
-      // fence: writes of the fence's token lock it in share mode (see fencedWrite).
-      const fits =
-        (key === null || (!objectKeys.has(key) && !this.busyObjects.has(key))) &&
-        (batch.length === 0 || bytes + size <= this.maxBatchBytes) &&
-        (locked ? batch.length === 0 && aloneSlotFree : true);
-      (fits ? batch : rest).push(p);
-      if (key !== null) objectKeys.add(key);
-      if (fits) bytes += size;
-      if (fits && locked) alone = true;
-    }
-    this.queue = rest.concat(this.queue.slice(i));
-    return { batch, alone };
+  readHighestToken(fenceKey: string): Promise<bigint | null> {
+    return reads.readHighestToken(this.pool, fenceKey);
   }
 
-  private isLocked(fenceKey: string, now: number): boolean {
-    if (this.lockedFences.size === 0) return false;
-    const until = this.lockedFences.get(fenceKey);
-    if (until === undefined) return false;
-    if (until > now) return true;
-    this.lockedFences.delete(fenceKey);
-    return false;
-  }
-
-  /**
-   * Runs a batch. Operations that waited past the lock timeout (55P03) rolled back: the whole
-   * batch, or what the leaner statement left to the full one after committing its own (those stay
-   * answered). They run again one at a time: only those on a locked row fail (with the 55P03
-   * error, answered 503 unavailable), and their fence keys go alone for a while.
-   */
-  private async runSplitting(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
-    let results: (FencedResult | { failed: unknown })[];
-    try {
-      results = await this.runBatch(ops);
-    } catch (err) {
-      if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
-      if (ops.length === 1) {
-        const now = Date.now();
-        for (const [k, until] of this.lockedFences) if (until <= now) this.lockedFences.delete(k);
-        this.lockedFences.set(ops[0]!.fenceKey, now + LOCKED_FENCE_ALONE_MS);
-        throw err;
-      }
-      results = ops.map(() => ({ failed: err }));
-    }
-    const locked = (r: FencedResult | { failed: unknown }) => 'failed' in r && sqlState(r.failed) === LOCK_NOT_AVAILABLE;
-    if (ops.length > 1 && results.some(locked)) {
-      // One at a time: the connection count stays that of one batch, and order per key holds.
-      for (const [i, op] of ops.entries()) {
-        if (!locked(results[i]!)) continue;
-        try {
-          results[i] = (await this.runSplitting([op]))[0]!;
-        } catch (e) {
-          results[i] = { failed: e };
-        }
-      }
-      return results;
-    }
-    if (this.lockedFences.size > 0) for (const [i, op] of ops.entries()) if (!('failed' in results[i]!)) this.lockedFences.delete(op.fenceKey);
-    return results;
-  }
-
-  /**
-   * Runs one batch. An operation whose outcome could not be completed comes back as `{ failed }`:
-   * when recording the rejections fails, the writes the fenced statement committed are still
-   * answered as accepted, and only the rejected ones get the error.
-   */
-  private async runBatch(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
-    this.onBatch?.(ops.length);
-    const writeRows = ops.map((op): WriteRow => ({
-      kind: op.kind,
-      fenceKey: op.fenceKey,
-      key: op.kind === 'fence' ? null : op.key,
-      token: op.token,
-      contentType: op.kind === 'put' ? op.contentType : null,
-      body: op.kind === 'put' ? op.body : null,
-      ifMatch: op.kind === 'fence' ? null : (op.ifMatch ?? null),
-      ifNoneMatch: op.kind !== 'fence' && op.ifNoneMatch === true,
-      writerId: op.writerId,
-    }));
-    let outcomes: WriteOutcome[];
-    let partial: PartialWriteError | null = null;
-    try {
-      outcomes = await this.writeStrategy(this.runStatement, writeRows);
-    } catch (err) {
-      if (!(err instanceof PartialWriteError)) throw err;
-      partial = err;
-      outcomes = err.applied;
-    }
-    const results: (FencedResult | { failed: unknown } | undefined)[] = new Array(ops.length);
-    if (partial) for (let i = 0; i < ops.length; i++) results[i] = { failed: partial.cause };
-    const rejected: number[] = [];
-    const refused = new Set<number>(); // passed its fence, refused by the object's (current) fence
-    for (const row of outcomes) {
-      if (row.object_refused === true) refused.add(row.ord);
-      if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
-      else if (row.precondition_failed === true) results[row.ord] = { accepted: false, highestToken: BigInt(row.highest_token), preconditionFailed: true };
-      else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version), etag: row.etag ?? null };
-    }
-    if (rejected.length > 0) {
-      // The accepted writes have committed: if recording the rejections fails, only the rejected
-      // operations get the error.
-      try {
-        const highest = await this.recordRejections(rejected.map((i) => ops[i]!));
-        const objects = refused.size > 0 ? await this.objectFences([...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; highestToken: bigint }>();
-        for (const i of rejected) {
-          const op = ops[i]!;
-          const obj = refused.has(i) && op.kind !== 'fence' ? objects.get(op.key) : undefined;
-          results[i] = obj
-            ? { accepted: false, highestToken: obj.highestToken, fenceKey: obj.fenceKey }
-            : { accepted: false, highestToken: highest.get(op.fenceKey) ?? op.token };
-        }
-      } catch (err) {
-        for (const i of rejected) results[i] = { failed: err };
-      }
-    }
-    return results.map((r, i) => {
-      if (!r) throw new Error(`fenced write returned no row for operation ${i}`);
-      return r;
-    });
-  }
-
-  /** Counts and logs rejected operations; returns each fence's highest token, read after the rejection. */
-  private async recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
-    const rows = ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId }));
-    const rej = await this.withRetry(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(rows)));
-    return new Map(rej.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
-  }
-
-  private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>
-    (await this.withRetry(() => this.pool.query<R>(statement))).rows;
-
-  private withRetry<T>(fn: () => Promise<T>): Promise<T> {
-    return retryOnConflict(fn, { retries: this.retries, backoffMs: 5 });
-  }
-
-  /** Each object's fence key and that fence's highest token, read after the refusal (the 409 reports them). */
-  private async objectFences(keys: string[]): Promise<Map<string, { fenceKey: string; highestToken: bigint }>> {
-    const { rows } = await this.pool.query<{ key: string; fence_key: string; highest_token: string }>(q.objectFences(keys));
-    return new Map(rows.map((r) => [r.key, { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token) }]));
-  }
-
-  async readObject(key: string): Promise<StoredObject | null> {
-    const { rows } = await this.pool.query<{ fence_key: string; token: string; version: string; etag: string; content_type: string; body: Buffer; updated_at: Date }>(q.readObject(key));
-    const r = rows[0];
-    if (!r) return null;
-    return { fenceKey: r.fence_key, token: BigInt(r.token), version: BigInt(r.version), etag: r.etag, contentType: r.content_type, body: r.body, updatedAt: r.updated_at };
-  }
-
-  /**
-   * One page of objects in key order (byte order) whose keys start with `prefix` ('' for all),
-   * after `after`; `next` is the cursor of the next page (null at the end).
-   */
-  async listObjects(prefix: string, after: string | null, limit: number): Promise<{ objects: ObjectInfo[]; next: string | null }> {
-    const { rows } = await this.pool.query<{ key: string; fence_key: string; token: string; version: string; etag: string; content_type: string; size: number; updated_at: Date }>(
-      q.listObjects(prefix, after, limit + 1),
-    );
-    const page = rows.slice(0, limit).map((r) => ({
-      key: r.key,
-      fenceKey: r.fence_key,
-      token: BigInt(r.token),
-      version: BigInt(r.version),
-      etag: r.etag,
-      contentType: r.content_type,
-      size: r.size,
-      updatedAt: r.updated_at,
-    }));
-    return { objects: page, next: rows.length > limit ? (page.at(-1)?.key ?? null) : null };
-  }
-
-  /**
-   * Folds the count rows of committed writes and transactions (the leaner puts, the SQL endpoint,
-   * POST /v1/transactions) into the counters (q.foldPendingCounts). The count reads add what is
-   * not folded yet, so folding only keeps pending_counts short.
-   */
-  async foldPendingCounts(): Promise<void> {
-    await this.pool.query(q.foldPendingCounts());
-  }
-
-  /** Folds every FOLD_INTERVAL_MS, one fold at a time, until stopped (the returned function). */
-  folding(onError: (err: unknown) => void): () => void {
-    let timer: NodeJS.Timeout | null = null;
-    let stopped = false;
-    const tick = () => {
-      this.foldPendingCounts()
-        .catch(onError)
-        .finally(() => {
-          if (!stopped) (timer = setTimeout(tick, FOLD_INTERVAL_MS)).unref();
-        });
-    };
-    (timer = setTimeout(tick, FOLD_INTERVAL_MS)).unref();
-    return () => {
-      stopped = true;
-      if (timer) clearTimeout(timer);
-    };
-  }
-
-  async readHighestToken(fenceKey: string): Promise<bigint | null> {
-    const { rows } = await this.pool.query<{ highest_token: string }>(q.readHighestToken(fenceKey));
-    return rows[0] ? BigInt(rows[0].highest_token) : null;
-  }
-
-  async readFence(fenceKey: string): Promise<FenceRecord | null> {
-    const { rows } = await this.pool.query<FenceRow>(q.readFence(fenceKey));
-    return rows[0] ? toFence(rows[0]) : null;
+  readFence(fenceKey: string): Promise<FenceRecord | null> {
+    return reads.readFence(this.pool, fenceKey);
   }
 
   /** One page of fences in key order, and the cursor of the next page (null at the end). */
-  async listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
-    const { rows } = await this.pool.query<FenceRow>(q.listFences(after, limit + 1));
-    const page = rows.slice(0, limit).map(toFence);
-    return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
+  listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+    return reads.listFences(this.pool, after, limit);
   }
 
-  async stats(perFenceLimit: number): Promise<Stats> {
-    const [totals, per] = await Promise.all([
-      this.pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
-      this.pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
-    ]);
-    const t = totals.rows[0]!;
-    return {
-      fences: Number(t.fences),
-      accepted: BigInt(t.accepted),
-      rejected: BigInt(t.rejected),
-      perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
-    };
+  stats(perFenceLimit: number): Promise<Stats> {
+    return reads.readStats(this.pool, perFenceLimit);
+  }
+
+  /** Folds the count rows not folded yet into the counters, once (count-folding.ts). */
+  foldPendingCounts(): Promise<void> {
+    return foldPendingCounts(this.pool);
+  }
+
+  /** Folds every FOLD_INTERVAL_MS (count-folding.ts), one fold at a time, until stopped (the returned function). */
+  folding(onError: (err: unknown) => void): () => void {
+    return startFolding(this.pool, onError);
   }
 }
-
-interface FenceRow {
-  fence_key: string;
-  highest_token: string;
-  updated_at: Date;
-  raised_by: string | null;
-  accepted: string;
-  rejected: string;
-}
-
-function toFence(r: FenceRow): FenceRecord {
-  return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
-}
-
-export type { OpKind };

@@ -26,6 +26,7 @@ import { FENCED_TRANSACTION_ENDED } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { retryOnConflict } from './retry.ts';
+import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
 import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
 
@@ -223,8 +224,10 @@ class Slots {
 }
 
 export interface TransactionRunnerOptions {
-  /** The proxy's own pool (DATABASE_URL's role): provisioning, rejections, terminating backends. */
+  /** The proxy's own pool (DATABASE_URL's role): provisioning, terminating backends. */
   owner: pg.Pool;
+  /** Where a refused transaction is recorded (door `transaction`): the store's log. */
+  rejections: RejectionLog;
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
   database: string | pg.ClientConfig;
   /** Login name in open mode, and prefix of the per-key logins. */
@@ -302,25 +305,24 @@ export class TransactionRunner {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
     try {
-      return await retryOnConflict(
+      const outcome = await retryOnConflict(
         async () => {
-          let outcome: TxResult;
           for (let fresh = 0; ; fresh++) {
             try {
-              outcome = await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
-              break;
+              return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
             } catch (err) {
               if (!(err instanceof SessionUnusableError) || fresh >= SESSION_RETRIES || deadline.aborted) throw err;
             }
           }
-          // A committed one was counted by its fence (a row in pending_counts that commits with it,
-          // folded into the counters later: migration 0012); no counter row is held by a
-          // writer's transaction.
-          if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
-          return outcome;
         },
         { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },
       );
+      // A committed one was counted by its fence (a row in pending_counts that commits with it,
+      // folded into the counters later: migration 0012); no counter row is held by a writer's
+      // transaction. A refused one is recorded outside the retries above: the log retries its
+      // own statement as on every door, and a stale token stays stale.
+      if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
+      return outcome;
     } finally {
       this.slots.give();
     }
@@ -479,14 +481,10 @@ export class TransactionRunner {
 
   /** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
   private async recordStale(stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
-    const { rows } = await retryOnConflict(
-      () =>
-        this.opts.owner.query<{ fence_key: string; highest_token: string }>(
-          q.recordRejections(stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }))),
-        ),
-      { retries: 5, backoffMs: 5 },
+    const highest = await this.opts.rejections.record(
+      'transaction',
+      stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId })),
     );
-    const highest = new Map(rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
     for (const s of stale) s.highestToken = highest.get(s.fenceKey) ?? s.token;
   }
 }

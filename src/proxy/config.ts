@@ -80,6 +80,7 @@ export const STORE_DEFAULTS = Object.freeze({
   concurrency: 2,
   maxBatch: 64,
   maxBatchBytes: 4 * 1024 * 1024,
+  // After a deadlock or serialization failure: of a write statement, and of recording a rejection (every door's).
   retries: 5,
 });
 

@@ -138,6 +138,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     concurrency: config.writeConcurrency,
     maxBatch: config.maxBatch,
     onBatch: (n) => metrics.writeBatchSize.observe(n),
+    logger: logger.child({ component: 'rejections' }),
     ...(seams.__test__writeStrategy ? { __test__writeStrategy: seams.__test__writeStrategy } : {}),
   });
   const app = buildApp({
@@ -179,6 +180,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           keys: config.keys,
           provision: () => app.transactionRunner.provision(),
           owner: pool,
+          rejections: store.rejections,
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
           maxConnections: config.pgwireMaxConnections,

@@ -7,6 +7,8 @@ import { inject } from 'vitest';
 import { migrate } from '../../src/fence/migrate.ts';
 import { provisionClientLogins } from '../../src/fence/client-logins.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import { RejectionLog } from '../../src/fence/rejection-log.ts';
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { withDatabase, createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, uniqueRole } from '../support/keys.ts';
 
@@ -40,6 +42,7 @@ afterAll(async () => {
 function runner(): TransactionRunner {
   return new TransactionRunner({
     owner: ownerPool,
+    rejections: new RejectionLog(ownerPool, { retries: STORE_DEFAULTS.retries }),
     database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
     clientRole,
     logins: [{ keyName: null, pgRole: null }],

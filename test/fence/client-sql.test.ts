@@ -9,6 +9,8 @@ import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, bearer, SECRET, securedApp, uniqueRole } from '../support/keys.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import { RejectionLog } from '../../src/fence/rejection-log.ts';
+import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
 import { transactionCapability } from '../../src/fence/queries.ts';
 
@@ -37,6 +39,7 @@ beforeAll(async () => {
   await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
   runner = new TransactionRunner({
     owner: db.pool,
+    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries }),
     database: db.url,
     clientRole: clientRoleFor(db.url),
     logins: [

@@ -26,6 +26,7 @@ interface RejectionJson {
   fenceKey: string;
   objectKey: string | null;
   operation: string;
+  door: string;
   token: string;
   highestToken: string;
   writerId: string | null;
@@ -61,9 +62,9 @@ describe('GET /v1/rejections', () => {
     const page = await rejections('?fenceKey=orders%2F7');
     expect(page.next).toBeNull();
     expect(page.rejections.map(({ id: _id, rejectedAt: _at, ...r }) => r)).toEqual([
-      { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'delete', token: '39', highestToken: '42', writerId: null },
-      { fenceKey: 'orders/7', objectKey: null, operation: 'fence', token: '40', highestToken: '42', writerId: null },
-      { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'put', token: '41', highestToken: '42', writerId: 'zombie-a' },
+      { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'delete', door: 'http', token: '39', highestToken: '42', writerId: null },
+      { fenceKey: 'orders/7', objectKey: null, operation: 'fence', door: 'http', token: '40', highestToken: '42', writerId: null },
+      { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'put', door: 'http', token: '41', highestToken: '42', writerId: 'zombie-a' },
     ]);
     const at = Date.parse(page.rejections[0]!.rejectedAt);
     expect(Math.abs(Date.now() - at)).toBeLessThan(60_000);

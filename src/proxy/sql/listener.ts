@@ -27,7 +27,7 @@ import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.t
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
-import * as q from '../../fence/queries.ts';
+import type { RejectionLog } from '../../fence/rejection-log.ts';
 
 const PASSWORD_FAILED = '28P01';
 
@@ -41,8 +41,10 @@ export interface PgwireOptions {
   keys: readonly AccessKey[];
   /** The client logins and the fence capability (TransactionRunner.provision, memoised). */
   provision: () => Promise<ProvisionResult>;
-  /** The proxy's own pool: rejections, resetting a client login's password. */
+  /** The proxy's own pool: resetting a client login's password. */
   owner: pg.Pool;
+  /** Where a refused transaction is recorded (door `sql`): the store's log. */
+  rejections: RejectionLog;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
   maxConnections: number;
@@ -352,8 +354,6 @@ export class PgwireServer {
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
     logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
-    void this.opts.owner
-      .query(q.recordRejections([{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]))
-      .catch((err: unknown) => logger.warn({ err }, 'could not record a rejection'));
+    this.opts.rejections.recordInBackground('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
   }
 }

@@ -212,6 +212,7 @@ function keyNameFor(req: FastifyRequest): string | null {
 export function createTransactionRunner(app: FastifyInstance, opts: Omit<TransactionOptions, 'maxStatements'>): TransactionRunner {
   return new TransactionRunner({
     owner: app.store.pool,
+    rejections: app.store.rejections,
     database: opts.database,
     clientRole: opts.clientRole,
     logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),

@@ -1,0 +1,53 @@
+// Recording rejections, the same way for every door: HTTP object writes and fences (the store),
+// POST /v1/transactions (transaction.ts) and the SQL endpoint (proxy/sql/listener.ts). One statement
+// counts each rejection on its fence, in the totals and per minute, and logs it with its door
+// (queries.ts recordRejections); a deadlock or serialization failure runs it again, `retries`
+// times. A recording that still fails is logged here, once, at warn with the door.
+// Reading and pruning the log: rejections.ts, retention.ts.
+import type pg from 'pg';
+import type { Logger } from 'pino';
+import * as q from './queries.ts';
+import type { Door, RejectionRow } from './queries.ts';
+import { retryOnConflict } from './retry.ts';
+
+export type { Door, RejectionRow };
+
+/** Back-off step between attempts (retry.ts), as for the store's write statements. */
+const BACKOFF_MS = 5;
+
+export interface RejectionLogOptions {
+  /** Extra attempts after a deadlock or serialization failure: the store's (STORE_DEFAULTS.retries). */
+  retries: number;
+  /** Where a recording that failed is reported; absent: nowhere. */
+  logger?: Logger;
+}
+
+export class RejectionLog {
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly opts: RejectionLogOptions,
+  ) {}
+
+  /**
+   * Records `rows`, refused at `door`; resolves to each fence's highest token, read after the
+   * rejection. A failure is logged, then thrown: the door answers with it.
+   */
+  async record(door: Door, rows: readonly RejectionRow[]): Promise<Map<string, bigint>> {
+    let result: pg.QueryResult<{ fence_key: string; highest_token: string }>;
+    try {
+      result = await retryOnConflict(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(door, rows)), {
+        retries: this.opts.retries,
+        backoffMs: BACKOFF_MS,
+      });
+    } catch (err) {
+      this.opts.logger?.warn({ err, door, fenceKeys: [...new Set(rows.map((r) => r.fenceKey))], rejections: rows.length }, 'could not record a rejection');
+      throw err;
+    }
+    return new Map(result.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));
+  }
+
+  /** Records without the caller waiting, for a door that has answered already: a failure is logged (record), never thrown. */
+  recordInBackground(door: Door, rows: readonly RejectionRow[]): void {
+    void this.record(door, rows).catch(() => {});
+  }
+}

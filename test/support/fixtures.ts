@@ -1,0 +1,65 @@
+// vitest fixtures for the setup most files share: a fresh database, an app over it, the SQL door.
+// File-scoped: built on the first test that asks for them, torn down (in reverse order) after the
+// file's last test. A test asks by destructuring its context: `test('…', async ({ db, app }) => …)`;
+// suite hooks get them too: `test.beforeAll(async ({ db }) => …)`.
+import { test } from 'vitest';
+import type { FastifyInstance } from 'fastify';
+import { clientRoleFor, createTestDatabase, type TestDatabase } from './db.ts';
+import { adminQuery, uniqueRole } from './keys.ts';
+import { testApp } from './proxy.ts';
+import { startSqlProxy, type SqlProxy } from './sql.ts';
+
+/** A fresh, migrated database for the file (db.ts createTestDatabase), dropped after its last test. */
+// vitest reads a fixture's dependencies from its first parameter, which must be a destructuring.
+// eslint-disable-next-line no-empty-pattern
+export const dbTest = test.extend('db', { scope: 'file' }, async ({}, { onCleanup }): Promise<TestDatabase> => {
+  const db = await createTestDatabase();
+  onCleanup(() => db.drop());
+  return db;
+});
+
+/** The file's database and an in-process app over it in open mode (proxy.ts testApp), driven with app.inject(). */
+export const appTest = dbTest.extend('app', { scope: 'file' }, async ({ db }, { onCleanup }): Promise<FastifyInstance> => {
+  const app = testApp(db.pool);
+  onCleanup(() => app.close());
+  await app.ready();
+  return app;
+});
+
+/**
+ * A NOLOGIN role unique to the run, for keys' `pgRole` (roles are cluster-wide). Dropped before the
+ * database: its privileges there are dropped first, so DROP ROLE finds nothing left.
+ */
+export const roleTest = dbTest.extend('pgRole', { scope: 'file' }, async ({ db }, { onCleanup }): Promise<string> => {
+  const role = uniqueRole('fx');
+  await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
+  onCleanup(async () => {
+    await db.pool.query(`DROP OWNED BY ${role}`);
+    await adminQuery(`DROP ROLE IF EXISTS ${role}`);
+  });
+  return role;
+});
+
+/**
+ * The file's database and a running proxy with its SQL endpoint on a free port (sql.ts
+ * startSqlProxy). `sqlEnv` is what the proxy's environment adds (keys, TLS …): a file that needs
+ * more extends it, `sqlTest.extend('sqlEnv', { scope: 'file' }, async ({ pgRole }) => ({ FENCEPOST_KEYS: … }))`
+ * (pgRole is made only for a file that asks for it).
+ */
+export const sqlTest = roleTest
+  .extend('sqlEnv', { scope: 'file' }, {} as Record<string, string>)
+  .extend('sql', { scope: 'file' }, async ({ db, sqlEnv }, { onCleanup }): Promise<SqlProxy> => {
+    const sql = await startSqlProxy(db, sqlEnv);
+    onCleanup(() => sql.close());
+    return sql;
+  });
+
+/**
+ * Creates a table in the file's database and grants `privileges` on it to the open-mode client
+ * login (FENCEPOST_CLIENT_ROLE), so SQL-door sessions and transactions can use it.
+ */
+export async function clientTable(db: TestDatabase, definition: string, privileges = 'SELECT, INSERT, UPDATE, DELETE'): Promise<void> {
+  const name = definition.slice(0, definition.indexOf('(')).trim();
+  await db.pool.query(`CREATE TABLE ${definition}`);
+  await db.pool.query(`GRANT ${privileges} ON ${name} TO ${clientRoleFor(db.url)}`);
+}

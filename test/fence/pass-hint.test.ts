@@ -4,46 +4,20 @@
 // those puts stale: fencedPuts applies a put only while the fence is at its very token, and leaves
 // the rest to fencedWrite, which rejects it.
 import { expect } from 'vitest';
-import pg from 'pg';
 import type { FastifyInstance } from 'fastify';
 import { fencedPuts, fencedWrite } from '../../src/fence/queries.ts';
-import { dbTest } from '../support/fixtures.ts';
-import { testApp } from '../support/proxy.ts';
-import { recordingStatements } from '../support/statements.ts';
-import type { TestDatabase } from '../support/db.ts';
+import { twoProxiesTest } from '../support/fixtures.ts';
+import { putObject, raiseFence, storedObject } from '../support/objects.ts';
 
 const FENCED_PUTS = fencedPuts([]).name;
 const FENCED_WRITE = fencedWrite([]).name;
 
-/**
- * Proxy A records its statements; proxy B shares nothing with it but the database (a pool of its
- * own, a store of its own, so no hint of A's).
- */
-const test = dbTest.extend('proxies', { scope: 'file' }, async ({ db }, { onCleanup }) => {
-  const recorded = recordingStatements(db.pool);
-  const otherPool = new pg.Pool({ connectionString: db.url, max: 4 });
-  otherPool.on('error', () => {});
-  const a = testApp(recorded.pool);
-  const b = testApp(otherPool);
-  onCleanup(async () => {
-    await Promise.all([a.close(), b.close()]);
-    await otherPool.end();
-  });
-  await Promise.all([a.ready(), b.ready()]);
-  return { a, b, statementsOfA: recorded.names };
-});
-
-const put = (app: FastifyInstance, key: string, fenceKey: string, token: number, body: string) =>
-  app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fence-key': fenceKey, 'fencing-token': String(token), 'content-type': 'text/plain' }, payload: body });
-
-async function stored(db: TestDatabase, key: string) {
-  const { rows } = await db.pool.query(`SELECT fence_key, token::text, version::text, convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`, [key]);
-  return rows[0] ?? null;
-}
+// Proxy A records its statements; proxy B has a store (and so hints) of its own.
+const test = twoProxiesTest;
 
 const RAISES: [string, (b: FastifyInstance, fenceKey: string, token: number) => Promise<{ statusCode: number; body: string }>][] = [
-  ['PUT /v1/fences through proxy B', (b, fenceKey, token) => b.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': String(token) } })],
-  ['a PUT of another object at the new token through proxy B', (b, fenceKey, token) => put(b, `${fenceKey}/other`, fenceKey, token, 'raise')],
+  ['PUT /v1/fences through proxy B', (b, fenceKey, token) => raiseFence(b, fenceKey, token)],
+  ['a PUT of another object at the new token through proxy B', (b, fenceKey, token) => putObject(b, `${fenceKey}/other`, token, 'raise', fenceKey)],
   [
     'POST /v1/transactions through proxy B',
     (b, fenceKey, token) =>
@@ -59,18 +33,18 @@ for (const [how, raise] of RAISES) {
     const T = 7;
     // Warm A's hint: the first put at T is decided by fencedWrite, the next by fencedPuts.
     statementsOfA.length = 0;
-    expect((await put(a, key, fenceKey, T, 'first at T')).statusCode).toBe(200);
-    expect((await put(a, key, fenceKey, T, 'second at T')).statusCode).toBe(200);
+    expect((await putObject(a, key, T, 'first at T', fenceKey)).statusCode).toBe(200);
+    expect((await putObject(a, key, T, 'second at T', fenceKey)).statusCode).toBe(200);
     expect(statementsOfA, 'the second put at T took the hinted statement').toEqual([FENCED_WRITE, FENCED_PUTS]);
 
     const raised = await raise(b, fenceKey, T + 1);
     expect(raised.statusCode, raised.body).toBe(200);
 
     statementsOfA.length = 0;
-    const stale = await put(a, key, fenceKey, T, 'third at T, after the raise');
+    const stale = await putObject(a, key, T, 'third at T, after the raise', fenceKey);
     expect(statementsOfA[0], 'A still trusted its hint: the put went to fencedPuts first').toBe(FENCED_PUTS);
     expect(stale.statusCode, stale.body).toBe(409);
     expect(stale.json()).toMatchObject({ error: 'stale_token', fenceKey, token: String(T), highestToken: String(T + 1) });
-    expect(await stored(db, key)).toEqual({ fence_key: fenceKey, token: String(T), version: '2', body: 'second at T' });
+    expect(await storedObject(db, key)).toEqual({ fence_key: fenceKey, token: String(T), version: '2', body: 'second at T' });
   });
 }

@@ -4,10 +4,12 @@
 // suite hooks get them too: `test.beforeAll(async ({ db }) => …)`.
 import { test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
+import pg from 'pg';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from './db.ts';
 import { adminQuery, uniqueRole } from './keys.ts';
 import { testApp } from './proxy.ts';
 import { startSqlProxy, type SqlProxy } from './sql.ts';
+import { recordingStatements } from './statements.ts';
 
 /** A fresh, migrated database for the file (db.ts createTestDatabase), dropped after its last test. */
 // vitest reads a fixture's dependencies from its first parameter, which must be a destructuring.
@@ -24,6 +26,25 @@ export const appTest = dbTest.extend('app', { scope: 'file' }, async ({ db }, { 
   onCleanup(() => app.close());
   await app.ready();
   return app;
+});
+
+/**
+ * Two proxies (apps) on the file's database that share nothing but Postgres: `a` on the file's
+ * pool, recording the name of each statement it runs (`statementsOfA`, statements.ts), `b` on a
+ * pool and a store of its own.
+ */
+export const twoProxiesTest = dbTest.extend('proxies', { scope: 'file' }, async ({ db }, { onCleanup }) => {
+  const recorded = recordingStatements(db.pool);
+  const otherPool = new pg.Pool({ connectionString: db.url, max: 4 });
+  otherPool.on('error', () => {});
+  const a = testApp(recorded.pool);
+  const b = testApp(otherPool);
+  onCleanup(async () => {
+    await Promise.all([a.close(), b.close()]);
+    await otherPool.end();
+  });
+  await Promise.all([a.ready(), b.ready()]);
+  return { a, b, statementsOfA: recorded.names };
 });
 
 /**

@@ -61,26 +61,31 @@ export const roleTest = dbTest.extend('pgRole', { scope: 'file' }, async ({ db }
   return role;
 });
 
+/** A table SQL-door sessions (open mode) may use: created and granted to the client login. */
+export interface ClientTable {
+  /** `CREATE TABLE`'s argument: `public.items (id int PRIMARY KEY, v text)`. */
+  definition: string;
+  privileges: string;
+}
+
 /**
  * The file's database and a running proxy with its SQL endpoint on a free port (sql.ts
- * startSqlProxy). `sqlEnv` is what the proxy's environment adds (keys, TLS …): a file that needs
- * more extends it, `sqlTest.extend('sqlEnv', { scope: 'file' }, async ({ pgRole }) => ({ FENCEPOST_KEYS: … }))`
+ * startSqlProxy). Two options a file sets by extending: `sqlEnv`, what the proxy's environment
+ * adds (keys, TLS …), and `clientTables`, created once the proxy is up (it creates the client
+ * login, FENCEPOST_CLIENT_ROLE, they are granted to):
+ * `sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.items (…)', privileges: 'SELECT' }])`,
+ * `sqlTest.extend('sqlEnv', { scope: 'file' }, async ({ pgRole }) => ({ FENCEPOST_KEYS: … }))`
  * (pgRole is made only for a file that asks for it).
  */
 export const sqlTest = roleTest
   .extend('sqlEnv', { scope: 'file' }, {} as Record<string, string>)
-  .extend('sql', { scope: 'file' }, async ({ db, sqlEnv }, { onCleanup }): Promise<SqlProxy> => {
+  .extend('clientTables', { scope: 'file' }, [] as ClientTable[])
+  .extend('sql', { scope: 'file' }, async ({ db, sqlEnv, clientTables }, { onCleanup }): Promise<SqlProxy> => {
     const sql = await startSqlProxy(db, sqlEnv);
     onCleanup(() => sql.close());
+    for (const t of clientTables) {
+      await db.pool.query(`CREATE TABLE ${t.definition}`);
+      await db.pool.query(`GRANT ${t.privileges} ON ${t.definition.slice(0, t.definition.indexOf('(')).trim()} TO ${clientRoleFor(db.url)}`);
+    }
     return sql;
   });
-
-/**
- * Creates a table in the file's database and grants `privileges` on it to the open-mode client
- * login (FENCEPOST_CLIENT_ROLE), so SQL-door sessions and transactions can use it.
- */
-export async function clientTable(db: TestDatabase, definition: string, privileges = 'SELECT, INSERT, UPDATE, DELETE'): Promise<void> {
-  const name = definition.slice(0, definition.indexOf('(')).trim();
-  await db.pool.query(`CREATE TABLE ${definition}`);
-  await db.pool.query(`GRANT ${privileges} ON ${name} TO ${clientRoleFor(db.url)}`);
-}

@@ -11,8 +11,11 @@ import { testApp } from './proxy.ts';
 import { startSqlProxy, type SqlProxy } from './sql.ts';
 import { recordingStatements } from './statements.ts';
 
-/** A fresh, migrated database for the file (db.ts createTestDatabase), dropped after its last test. */
-// vitest reads a fixture's dependencies from its first parameter, which must be a destructuring.
+/**
+ * A fresh, migrated database for the file (db.ts createTestDatabase), dropped after its last test.
+ * (vitest reads a fixture's dependencies from its first parameter, which must be a destructuring:
+ * hence the empty one.)
+ */
 // eslint-disable-next-line no-empty-pattern
 export const dbTest = test.extend('db', { scope: 'file' }, async ({}, { onCleanup }): Promise<TestDatabase> => {
   const db = await createTestDatabase();

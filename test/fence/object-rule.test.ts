@@ -4,55 +4,22 @@
 // Story: L1 writes inv/7 with token 5; L2 raises fence inv/7 to 6; L1, still holding 5, names
 // Fence-Key inv/7-alt. Through one proxy, through two proxies over one database, and against a raise
 // or a move of the object still in flight.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
-import pg from 'pg';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { testApp } from '../support/proxy.ts';
+import type { TestDatabase } from '../support/db.ts';
+import { twoProxiesTest as test } from '../support/fixtures.ts';
+import { deleteObject, putObject, raiseFence, storedObject } from '../support/objects.ts';
 
-let db: TestDatabase;
-/** A second pool on the same database: the second proxy shares nothing with the first but Postgres. */
-let otherPool: pg.Pool;
-let one: FastifyInstance;
-let two: FastifyInstance;
+// Two proxies over one database (fixtures.ts twoProxiesTest): `a`, and `b`, which shares nothing
+// with it but Postgres.
 let n = 0;
 const uniq = (p: string) => `${p}-${++n}`;
 
-beforeAll(async () => {
-  db = await createTestDatabase();
-  otherPool = new pg.Pool({ connectionString: db.url, max: 4 });
-  otherPool.on('error', () => {});
-  one = testApp(db.pool);
-  two = testApp(otherPool);
-  await Promise.all([one.ready(), two.ready()]);
-});
-afterAll(async () => {
-  await Promise.all([one.close(), two.close()]);
-  await otherPool.end();
-  await db.drop();
-});
-
-const putObject = (app: FastifyInstance, key: string, token: string, body: string, fenceKey?: string) =>
-  app.inject({
-    method: 'PUT',
-    url: `/v1/objects/${encodeURIComponent(key)}`,
-    headers: { 'content-type': 'text/plain', 'fencing-token': token, ...(fenceKey === undefined ? {} : { 'fence-key': fenceKey }) },
-    payload: body,
-  });
-const deleteObject = (app: FastifyInstance, key: string, token: string, fenceKey?: string) =>
-  app.inject({ method: 'DELETE', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': token, ...(fenceKey === undefined ? {} : { 'fence-key': fenceKey }) } });
-const raiseFence = (app: FastifyInstance, fenceKey: string, token: string) =>
-  app.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': token } });
-
-async function storedObject(key: string) {
-  const { rows } = await db.pool.query(`SELECT fence_key, token, version, convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`, [key]);
-  return rows[0] ?? null;
-}
-async function fenceCounts(fenceKey: string) {
+async function fenceCounts(db: TestDatabase, fenceKey: string) {
   const { rows } = await db.pool.query('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [fenceKey]);
   return rows[0] ?? null;
 }
-async function rejectionsOf(key: string) {
+async function rejectionsOf(db: TestDatabase, key: string) {
   const { rows } = await db.pool.query('SELECT fence_key, operation, token, highest_token FROM fencepost.rejections WHERE object_key = $1 ORDER BY id', [key]);
   return rows;
 }
@@ -64,46 +31,46 @@ async function deposeL1(l1: FastifyInstance, l2: FastifyInstance, key: string): 
 }
 
 /** The refusal L1 must get, the object untouched, and the refusal counted on the fence L1 named. */
-async function expectRefused(res: { statusCode: number; json(): unknown }, key: string, alt: string, operation: 'put' | 'delete') {
+async function expectRefused(db: TestDatabase, res: { statusCode: number; json(): unknown }, key: string, alt: string, operation: 'put' | 'delete') {
   expect(res.statusCode).toBe(409);
   expect(res.json()).toMatchObject({ error: 'stale_token', fenceKey: key, token: '5', highestToken: '6' });
-  expect(await storedObject(key)).toEqual({ fence_key: key, token: '5', version: '1', body: 'written by L1' });
-  expect(await fenceCounts(alt)).toMatchObject({ accepted: '0', rejected: '1' });
-  expect(await rejectionsOf(key)).toEqual([{ fence_key: alt, operation, token: '5', highest_token: '5' }]);
+  expect(await storedObject(db, key)).toEqual({ fence_key: key, token: '5', version: '1', body: 'written by L1' });
+  expect(await fenceCounts(db, alt)).toMatchObject({ accepted: '0', rejected: '1' });
+  expect(await rejectionsOf(db, key)).toEqual([{ fence_key: alt, operation, token: '5', highest_token: '5' }]);
 }
 
 for (const [where, l1, l2] of [
-  ['one proxy', () => one, () => one],
-  ['two proxy instances', () => one, () => two],
+  ['one proxy', 'a', 'a'],
+  ['two proxy instances', 'a', 'b'],
 ] as const) {
   describe(`${where}: a deposed leader cannot step around the object's fence`, () => {
-    test('a PUT naming another fence key with a token below the object fence\'s highest gets 409 and changes nothing', async () => {
+    test('a PUT naming another fence key with a token below the object fence\'s highest gets 409 and changes nothing', async ({ db, proxies }) => {
       const key = uniq('inv/7');
       const alt = `${key}-alt`;
-      await deposeL1(l1(), l2(), key);
-      await expectRefused(await putObject(l1(), key, '5', 'overwritten by deposed L1', alt), key, alt, 'put');
+      await deposeL1(proxies[l1], proxies[l2], key);
+      await expectRefused(db, await putObject(proxies[l1], key, '5', 'overwritten by deposed L1', alt), key, alt, 'put');
     });
 
-    test('a DELETE naming another fence key with a token below the object fence\'s highest gets 409 and the object stays', async () => {
+    test('a DELETE naming another fence key with a token below the object fence\'s highest gets 409 and the object stays', async ({ db, proxies }) => {
       const key = uniq('inv/7');
       const alt = `${key}-alt`;
-      await deposeL1(l1(), l2(), key);
-      await expectRefused(await deleteObject(l1(), key, '5', alt), key, alt, 'delete');
+      await deposeL1(proxies[l1], proxies[l2], key);
+      await expectRefused(db, await deleteObject(proxies[l1], key, '5', alt), key, alt, 'delete');
     });
 
-    test('a token ≥ the object fence\'s highest may move the object to another fence key, and delete it from there', async () => {
+    test('a token ≥ the object fence\'s highest may move the object to another fence key, and delete it from there', async ({ db, proxies }) => {
       const key = uniq('inv/7');
       const moved = `${key}-moved`;
-      await deposeL1(l1(), l2(), key);
-      const res = await putObject(l2(), key, '6', 'moved by L2', moved);
+      await deposeL1(proxies[l1], proxies[l2], key);
+      const res = await putObject(proxies[l2], key, '6', 'moved by L2', moved);
       expect(res.statusCode, res.body).toBe(200);
       expect(res.json()).toMatchObject({ fenceKey: moved, token: '6', version: 2 });
-      expect(await storedObject(key)).toEqual({ fence_key: moved, token: '6', version: '2', body: 'moved by L2' });
+      expect(await storedObject(db, key)).toEqual({ fence_key: moved, token: '6', version: '2', body: 'moved by L2' });
       // Now the object follows fence `moved`: raise it, and the old fence key no longer reaches it.
-      expect((await raiseFence(l2(), moved, '9')).statusCode).toBe(200);
-      expect((await putObject(l1(), key, '8', 'x', key)).json()).toMatchObject({ error: 'stale_token', fenceKey: moved, highestToken: '9' });
-      expect((await deleteObject(l2(), key, '9', `${key}-other`)).statusCode).toBe(204);
-      expect(await storedObject(key)).toBeNull();
+      expect((await raiseFence(proxies[l2], moved, '9')).statusCode).toBe(200);
+      expect((await putObject(proxies[l1], key, '8', 'x', key)).json()).toMatchObject({ error: 'stale_token', fenceKey: moved, highestToken: '9' });
+      expect((await deleteObject(proxies[l2], key, '9', `${key}-other`)).statusCode).toBe(204);
+      expect(await storedObject(db, key)).toBeNull();
     });
   });
 }
@@ -112,20 +79,20 @@ describe('writes racing a change of the object\'s fence', () => {
   // The check locks the object and reads its fence under a lock: a raise or a move not yet committed
   // is waited for and then counts, whichever proxy (or transaction) makes it.
   for (const operation of ['put', 'delete'] as const) {
-    test(`a ${operation.toUpperCase()} naming another fence key waits for a raise of the object's fence in flight, and is refused once it commits`, async () => {
+    test(`a ${operation.toUpperCase()} naming another fence key waits for a raise of the object's fence in flight, and is refused once it commits`, async ({ db, proxies }) => {
       const key = uniq('inflight');
       const alt = `${key}-alt`;
-      expect((await putObject(one, key, '5', 'written by L1')).statusCode).toBe(200);
+      expect((await putObject(proxies.a, key, '5', 'written by L1')).statusCode).toBe(200);
       const raise = await db.pool.connect();
       try {
         await raise.query('BEGIN');
         await raise.query('UPDATE fencepost.fences SET highest_token = 6 WHERE fence_key = $1', [key]);
         let settled = false;
-        const attack = (operation === 'put' ? putObject(two, key, '5', 'overwritten by deposed L1', alt) : deleteObject(two, key, '5', alt)).finally(() => (settled = true));
+        const attack = (operation === 'put' ? putObject(proxies.b, key, '5', 'overwritten by deposed L1', alt) : deleteObject(proxies.b, key, '5', alt)).finally(() => (settled = true));
         await new Promise((r) => setTimeout(r, 300));
         expect(settled, 'the attack must wait for the raise in flight').toBe(false);
         await raise.query('COMMIT');
-        await expectRefused(await attack, key, alt, operation);
+        await expectRefused(db, await attack, key, alt, operation);
       } finally {
         raise.release();
       }
@@ -133,11 +100,11 @@ describe('writes racing a change of the object\'s fence', () => {
   }
 
   for (const operation of ['put', 'delete'] as const) {
-    test(`a ${operation.toUpperCase()} naming another fence key waits for a move of the object in flight, and is judged against the fence it moved to`, async () => {
+    test(`a ${operation.toUpperCase()} naming another fence key waits for a move of the object in flight, and is judged against the fence it moved to`, async ({ db, proxies }) => {
       const key = uniq('moving');
       const alt = `${key}-alt`;
       const next = `${key}-next`;
-      expect((await putObject(one, key, '5', 'written by L1')).statusCode).toBe(200);
+      expect((await putObject(proxies.a, key, '5', 'written by L1')).statusCode).toBe(200);
       // Another session moves the object to fence `next` (highest 50) and has not committed yet.
       const move = await db.pool.connect();
       try {
@@ -145,7 +112,7 @@ describe('writes racing a change of the object\'s fence', () => {
         await move.query('INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ($1, 50)', [next]);
         await move.query(`UPDATE fencepost.objects SET fence_key = $2, token = 50, version = version + 1, body = 'moved' WHERE key = $1`, [key, next]);
         // Token 10 passes the object's fence as the statement first sees it (inv, highest 5).
-        const attack = operation === 'put' ? putObject(two, key, '10', 'overwritten', alt) : deleteObject(two, key, '10', alt);
+        const attack = operation === 'put' ? putObject(proxies.b, key, '10', 'overwritten', alt) : deleteObject(proxies.b, key, '10', alt);
         await new Promise((r) => setTimeout(r, 200));
         await move.query('COMMIT');
         const res = await attack;
@@ -154,24 +121,24 @@ describe('writes racing a change of the object\'s fence', () => {
       } finally {
         move.release();
       }
-      expect(await storedObject(key)).toEqual({ fence_key: next, token: '50', version: '2', body: 'moved' });
+      expect(await storedObject(db, key)).toEqual({ fence_key: next, token: '50', version: '2', body: 'moved' });
     });
   }
 
-  test('a move waiting on a raise that rolls back goes through with the fence\'s token', async () => {
+  test('a move waiting on a raise that rolls back goes through with the fence\'s token', async ({ db, proxies }) => {
     const key = uniq('inflight-rollback');
-    expect((await putObject(one, key, '5', 'written by L1')).statusCode).toBe(200);
+    expect((await putObject(proxies.a, key, '5', 'written by L1')).statusCode).toBe(200);
     const raise = await db.pool.connect();
     try {
       await raise.query('BEGIN');
       await raise.query('UPDATE fencepost.fences SET highest_token = 6 WHERE fence_key = $1', [key]);
-      const move = putObject(two, key, '5', 'moved', `${key}-alt`);
+      const move = putObject(proxies.b, key, '5', 'moved', `${key}-alt`);
       await new Promise((r) => setTimeout(r, 100));
       await raise.query('ROLLBACK');
       expect((await move).statusCode).toBe(200);
     } finally {
       raise.release();
     }
-    expect(await storedObject(key)).toMatchObject({ fence_key: `${key}-alt`, version: '2', body: 'moved' });
+    expect(await storedObject(db, key)).toMatchObject({ fence_key: `${key}-alt`, version: '2', body: 'moved' });
   });
 });

@@ -10,6 +10,7 @@ import pg from 'pg';
 import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { settled } from '../support/locks.ts';
 import { checkRace, runRace } from '../support/race.ts';
 import { listen, spawnProxy, type ProxyProcess } from '../support/proxy.ts';
 
@@ -45,12 +46,6 @@ async function waitingOnLock(pattern: string): Promise<void> {
     await new Promise((r) => setTimeout(r, 25));
   }
   throw new Error(`no backend waiting on a lock for ${pattern}`);
-}
-
-function settled<T>(p: Promise<T>): { done: boolean } {
-  const s = { done: false };
-  void p.finally(() => (s.done = true));
-  return s;
 }
 
 describe('writes with the fence\'s token share it; a raise takes it alone', () => {

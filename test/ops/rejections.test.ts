@@ -1,25 +1,12 @@
 // GET /v1/rejections and /v1/rejections/histogram, and the rejection log's bounded retention.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { ERRORS } from '../../src/proxy/errors.ts';
 import { ConfigError, loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
 import { RejectionPruner, RETENTION_LOCK_KEY } from '../../src/fence/retention.ts';
-import { createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { testApp } from '../support/proxy.ts';
-
-let db: TestDatabase;
-let app: FastifyInstance;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  app = testApp(db.pool);
-  await app.ready();
-});
-afterAll(async () => {
-  await app.close();
-  await db.drop();
-});
+import type { TestDatabase } from '../support/db.ts';
+import { appTest as test } from '../support/fixtures.ts';
 
 interface RejectionJson {
   id: string;
@@ -33,33 +20,33 @@ interface RejectionJson {
   rejectedAt: string;
 }
 
-const write = (url: string, token: string, headers: Record<string, string> = {}, method: 'PUT' | 'DELETE' = 'PUT') =>
+const write = (app: FastifyInstance, url: string, token: string, headers: Record<string, string> = {}, method: 'PUT' | 'DELETE' = 'PUT') =>
   app.inject({ method, url, headers: { 'fencing-token': token, ...headers }, payload: method === 'PUT' ? 'x' : undefined });
 
-async function rejections(query: string): Promise<{ rejections: RejectionJson[]; next: string | null }> {
+async function rejections(app: FastifyInstance, query: string): Promise<{ rejections: RejectionJson[]; next: string | null }> {
   const res = await app.inject({ url: `/v1/rejections${query}` });
   expect(res.statusCode, res.body).toBe(200);
   return res.json();
 }
 
 /** Fills a fresh fence key with `n` rejections with tokens 1…n (newest = highest token). */
-async function rejectMany(fenceKey: string, n: number): Promise<void> {
-  expect((await write(`/v1/fences/${fenceKey}`, '1000')).statusCode).toBe(200);
-  for (let i = 1; i <= n; i++) expect((await write(`/v1/objects/${fenceKey}-obj`, String(i), { 'fence-key': fenceKey })).statusCode).toBe(409);
+async function rejectMany(app: FastifyInstance, fenceKey: string, n: number): Promise<void> {
+  expect((await write(app, `/v1/fences/${fenceKey}`, '1000')).statusCode).toBe(200);
+  for (let i = 1; i <= n; i++) expect((await write(app, `/v1/objects/${fenceKey}-obj`, String(i), { 'fence-key': fenceKey })).statusCode).toBe(409);
 }
 
-async function rowCount(): Promise<number> {
+async function rowCount(db: TestDatabase): Promise<number> {
   const { rows } = await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM fencepost.rejections');
   return rows[0]!.n;
 }
 
 describe('GET /v1/rejections', () => {
-  test('a rejected write appears with every field, tokens as strings', async () => {
-    expect((await write('/v1/objects/orders%2F7', '42')).statusCode).toBe(200);
-    expect((await write('/v1/objects/orders%2F7', '41', { 'writer-id': 'zombie-a' })).statusCode).toBe(409);
-    expect((await write('/v1/fences/orders%2F7', '40')).statusCode).toBe(409);
-    expect((await write('/v1/objects/orders%2F7', '39', {}, 'DELETE')).statusCode).toBe(409);
-    const page = await rejections('?fenceKey=orders%2F7');
+  test('a rejected write appears with every field, tokens as strings', async ({ app }) => {
+    expect((await write(app, '/v1/objects/orders%2F7', '42')).statusCode).toBe(200);
+    expect((await write(app, '/v1/objects/orders%2F7', '41', { 'writer-id': 'zombie-a' })).statusCode).toBe(409);
+    expect((await write(app, '/v1/fences/orders%2F7', '40')).statusCode).toBe(409);
+    expect((await write(app, '/v1/objects/orders%2F7', '39', {}, 'DELETE')).statusCode).toBe(409);
+    const page = await rejections(app, '?fenceKey=orders%2F7');
     expect(page.next).toBeNull();
     expect(page.rejections.map(({ id: _id, rejectedAt: _at, ...r }) => r)).toEqual([
       { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'delete', door: 'http', token: '39', highestToken: '42', writerId: null },
@@ -70,13 +57,13 @@ describe('GET /v1/rejections', () => {
     expect(Math.abs(Date.now() - at)).toBeLessThan(60_000);
   });
 
-  test('pages newest first: following next as before visits every rejection once, in order', async () => {
-    await rejectMany('paging', 23);
+  test('pages newest first: following next as before visits every rejection once, in order', async ({ app }) => {
+    await rejectMany(app, 'paging', 23);
     const seen: RejectionJson[] = [];
     let before: string | null = null;
     let pages = 0;
     do {
-      const page = await rejections(`?fenceKey=paging&limit=5${before === null ? '' : `&before=${before}`}`);
+      const page = await rejections(app, `?fenceKey=paging&limit=5${before === null ? '' : `&before=${before}`}`);
       expect(page.rejections.length).toBeLessThanOrEqual(5);
       seen.push(...page.rejections);
       before = page.next;
@@ -88,33 +75,33 @@ describe('GET /v1/rejections', () => {
     expect(ids.every((id, i) => i === 0 || id < ids[i - 1]!)).toBe(true);
   });
 
-  test('the last full page says next = null when nothing older remains', async () => {
-    await rejectMany('exact', 4);
-    const first = await rejections('?fenceKey=exact&limit=4');
+  test('the last full page says next = null when nothing older remains', async ({ app }) => {
+    await rejectMany(app, 'exact', 4);
+    const first = await rejections(app, '?fenceKey=exact&limit=4');
     expect(first.rejections).toHaveLength(4);
     expect(first.next).toBeNull();
-    const short = await rejections('?fenceKey=exact&limit=3');
+    const short = await rejections(app, '?fenceKey=exact&limit=3');
     expect(short.next).toBe(short.rejections[2]!.id);
   });
 
-  test('without fenceKey it lists every fence key, newest first; fenceKey filters to one', async () => {
-    await rejectMany('mix-a', 2);
-    await rejectMany('mix-b', 2);
-    const all = await rejections('?limit=4');
+  test('without fenceKey it lists every fence key, newest first; fenceKey filters to one', async ({ app }) => {
+    await rejectMany(app, 'mix-a', 2);
+    await rejectMany(app, 'mix-b', 2);
+    const all = await rejections(app, '?limit=4');
     expect(all.rejections.map((r) => `${r.fenceKey}:${r.token}`)).toEqual(['mix-b:2', 'mix-b:1', 'mix-a:2', 'mix-a:1']);
-    const onlyA = await rejections('?fenceKey=mix-a');
+    const onlyA = await rejections(app, '?fenceKey=mix-a');
     expect(onlyA.rejections.map((r) => r.fenceKey)).toEqual(['mix-a', 'mix-a']);
-    expect((await rejections('?fenceKey=never-seen')).rejections).toEqual([]);
+    expect((await rejections(app, '?fenceKey=never-seen')).rejections).toEqual([]);
   });
 
-  test('limit defaults to 100', async () => {
-    await rejectMany('many', 105);
-    const page = await rejections('?fenceKey=many');
+  test('limit defaults to 100', async ({ app }) => {
+    await rejectMany(app, 'many', 105);
+    const page = await rejections(app, '?fenceKey=many');
     expect(page.rejections).toHaveLength(100);
     expect(page.next).not.toBeNull();
   });
 
-  test.each([
+  test.for([
     ['limit=0', 'invalid_query'],
     ['limit=1001', 'invalid_query'],
     ['limit=abc', 'invalid_query'],
@@ -126,7 +113,7 @@ describe('GET /v1/rejections', () => {
     ['fenceKey=a&fenceKey=b', 'invalid_query'],
     ['fenceKey=', 'invalid_key'],
     ['fenceKey=a%00b', 'invalid_key'],
-  ] as const)('?%s is refused with %s', async (query, code) => {
+  ] as const)('?%s is refused with %s', async ([query, code], { app }) => {
     const res = await app.inject({ url: `/v1/rejections?${query}` });
     expect(res.statusCode).toBe(ERRORS[code].status);
     expect(res.json()).toMatchObject({ error: code, message: expect.any(String) });
@@ -134,8 +121,8 @@ describe('GET /v1/rejections', () => {
 });
 
 describe('GET /v1/rejections/histogram', () => {
-  test('counts rejections per minute, oldest bucket first, the current minute last, empty minutes as 0', async () => {
-    await rejectMany('hist', 3);
+  test('counts rejections per minute, oldest bucket first, the current minute last, empty minutes as 0', async ({ app, db }) => {
+    await rejectMany(app, 'hist', 3);
     // Move one of them 5 minutes back: it must land in the bucket of its minute.
     const moved = await db.pool.query<{ minute: Date }>(
       `UPDATE fencepost.rejections SET rejected_at = date_trunc('minute', now()) - interval '5 minutes' + interval '10 seconds'
@@ -159,13 +146,13 @@ describe('GET /v1/rejections/histogram', () => {
     expect(starts.every((s, i) => i === 0 || s - starts[i - 1]! === 60_000)).toBe(true);
   });
 
-  test('without fenceKey it counts every fence key', async () => {
+  test('without fenceKey it counts every fence key', async ({ app, db }) => {
     const one = (await (await app.inject({ url: '/v1/rejections/histogram?minutes=1440' })).json()) as { buckets: { count: number }[] };
     expect(one.buckets).toHaveLength(1440);
-    expect(one.buckets.reduce((a, b) => a + b.count, 0)).toBe(await rowCount());
+    expect(one.buckets.reduce((a, b) => a + b.count, 0)).toBe(await rowCount(db));
   });
 
-  test.each(['minutes=0', 'minutes=1441', 'minutes=x', 'minutes=1.5'])('?%s is refused with invalid_query', async (query) => {
+  test.for(['minutes=0', 'minutes=1441', 'minutes=x', 'minutes=1.5'])('?%s is refused with invalid_query', async (query, { app }) => {
     const res = await app.inject({ url: `/v1/rejections/histogram?${query}` });
     expect(res.statusCode).toBe(400);
     expect(res.json().error).toBe('invalid_query');
@@ -173,23 +160,23 @@ describe('GET /v1/rejections/histogram', () => {
 });
 
 describe('retention', () => {
-  async function fenceRows(): Promise<string> {
+  async function fenceRows(db: TestDatabase): Promise<string> {
     const { rows } = await db.pool.query('SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fence_stats ORDER BY fence_key');
     return JSON.stringify(rows);
   }
 
-  test('max rows keeps the newest rows, deleting in batches; fence rows and counts are untouched', async () => {
-    await rejectMany('ret-rows', 30);
-    const fencesBefore = await fenceRows();
-    const newest = (await rejections('?limit=12')).rejections.map((r) => r.id);
+  test('max rows keeps the newest rows, deleting in batches; fence rows and counts are untouched', async ({ app, db }) => {
+    await rejectMany(app, 'ret-rows', 30);
+    const fencesBefore = await fenceRows(db);
+    const newest = (await rejections(app, '?limit=12')).rejections.map((r) => r.id);
     let pruned = 0;
     const pruner = new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 12, intervalMs: 60_000, batchSize: 7, onPruned: (n) => (pruned += n) });
-    const total = await rowCount();
+    const total = await rowCount(db);
     expect(await pruner.pruneOnce()).toEqual({ ran: true, deleted: total - 12 });
     expect(pruned).toBe(total - 12);
-    expect(await rowCount()).toBe(12);
-    expect((await rejections('?limit=100')).rejections.map((r) => r.id)).toEqual(newest);
-    expect(await fenceRows()).toBe(fencesBefore);
+    expect(await rowCount(db)).toBe(12);
+    expect((await rejections(app, '?limit=100')).rejections.map((r) => r.id)).toEqual(newest);
+    expect(await fenceRows(db)).toBe(fencesBefore);
     // The rejected counts (on the fence rows) survive pruning of the log.
     const stats = (await app.inject({ url: '/v1/stats' })).json() as { rejected: number };
     expect(stats.rejected).toBeGreaterThan(12);
@@ -197,48 +184,48 @@ describe('retention', () => {
     expect(await pruner.pruneOnce()).toEqual({ ran: true, deleted: 0 });
   });
 
-  test('max age deletes rows older than the limit and keeps younger ones', async () => {
-    await rejectMany('ret-age', 6);
+  test('max age deletes rows older than the limit and keeps younger ones', async ({ app, db }) => {
+    await rejectMany(app, 'ret-age', 6);
     await db.pool.query(
       `UPDATE fencepost.rejections SET rejected_at = now() - interval '2 hours'
        WHERE id IN (SELECT id FROM fencepost.rejections WHERE fence_key = 'ret-age' ORDER BY id LIMIT 4)`,
     );
-    const total = await rowCount();
+    const total = await rowCount(db);
     const pruner = new RejectionPruner(db.pool, { maxAgeMs: 3600_000, maxRows: 0, intervalMs: 60_000, batchSize: 3 });
     expect(await pruner.pruneOnce()).toEqual({ ran: true, deleted: 4 });
-    expect(await rowCount()).toBe(total - 4);
-    expect((await rejections('?fenceKey=ret-age')).rejections.map((r) => r.token)).toEqual(['6', '5']);
+    expect(await rowCount(db)).toBe(total - 4);
+    expect((await rejections(app, '?fenceKey=ret-age')).rejections.map((r) => r.token)).toEqual(['6', '5']);
   });
 
-  test('one instance at a time: a round is skipped while another session holds the retention lock', async () => {
-    await rejectMany('ret-lock', 3);
+  test('one instance at a time: a round is skipped while another session holds the retention lock', async ({ app, db }) => {
+    await rejectMany(app, 'ret-lock', 3);
     const other = await db.pool.connect();
     try {
       await other.query('SELECT pg_advisory_lock($1)', [RETENTION_LOCK_KEY.toString()]);
       const pruner = new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 1, intervalMs: 60_000 });
-      const before = await rowCount();
+      const before = await rowCount(db);
       expect(await pruner.pruneOnce()).toEqual({ ran: false, reason: 'locked' });
-      expect(await rowCount()).toBe(before);
+      expect(await rowCount(db)).toBe(before);
       await other.query('SELECT pg_advisory_unlock($1)', [RETENTION_LOCK_KEY.toString()]);
       expect(await pruner.pruneOnce()).toMatchObject({ ran: true });
-      expect(await rowCount()).toBe(1);
+      expect(await rowCount(db)).toBe(1);
     } finally {
       other.release();
     }
   });
 
-  test('concurrent pruners on one database delete each row once and leave exactly the limit', async () => {
-    await rejectMany('ret-race', 40);
+  test('concurrent pruners on one database delete each row once and leave exactly the limit', async ({ app, db }) => {
+    await rejectMany(app, 'ret-race', 40);
     const pruners = Array.from({ length: 4 }, () => new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 5, intervalMs: 60_000, batchSize: 4 }));
-    const before = await rowCount();
+    const before = await rowCount(db);
     const results = await Promise.all(pruners.map((p) => p.pruneOnce()));
     const deleted = results.reduce((s, r) => s + (r.ran ? r.deleted : 0), 0);
     expect(deleted).toBe(before - 5);
-    expect(await rowCount()).toBe(5);
+    expect(await rowCount(db)).toBe(5);
   });
 
-  test('startProxy runs the pruner on its interval and stops it on close', async () => {
-    await rejectMany('ret-server', 10);
+  test('startProxy runs the pruner on its interval and stops it on close', async ({ app, db }) => {
+    await rejectMany(app, 'ret-server', 10);
     const config = loadConfig({
       DATABASE_URL: db.url,
       PORT: '0',
@@ -248,13 +235,13 @@ describe('retention', () => {
     });
     const proxy = await startProxy(config);
     try {
-      await expect.poll(rowCount, { timeout: 10_000 }).toBe(3);
+      await expect.poll(() => rowCount(db), { timeout: 10_000 }).toBe(3);
       // New rejections through the running proxy are pruned on a later round.
       for (let i = 0; i < 4; i++) {
         const res = await fetch(`${proxy.url}/v1/objects/ret-server-obj`, { method: 'PUT', headers: { 'fencing-token': '1', 'fence-key': 'ret-server' }, body: 'x' });
         expect(res.status).toBe(409);
       }
-      await expect.poll(rowCount, { timeout: 10_000 }).toBe(3);
+      await expect.poll(() => rowCount(db), { timeout: 10_000 }).toBe(3);
       const metrics = await (await fetch(`${proxy.url}/metrics`)).text();
       expect(Number(/^fencepost_rejection_log_pruned_total (\d+)/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(4);
       expect(Number(/^fencepost_write_batch_size_count (\d+)/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(4);
@@ -262,9 +249,9 @@ describe('retention', () => {
       await proxy.close();
     }
     // Stopped: rows added now stay.
-    await rejectMany('ret-after-close', 3);
+    await rejectMany(app, 'ret-after-close', 3);
     await new Promise((r) => setTimeout(r, 400));
-    expect(await rowCount()).toBe(6);
+    expect(await rowCount(db)).toBe(6);
   });
 });
 

@@ -1,25 +1,15 @@
 // COPY through the SQL endpoint, with psql (node-postgres has no COPY without pg-copy-streams):
 // COPY FROM STDIN is a fenced write like any other (the fence runs before it, in its transaction),
 // COPY TO STDOUT is a read, and a session without a token cannot COPY into a table.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect } from 'vitest';
 import { execFile } from 'node:child_process';
-import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import type { TestDatabase } from '../../support/db.ts';
+import { sqlTest } from '../../support/fixtures.ts';
+import { fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 
 const PSQL = '/usr/bin/psql';
 
-let db: TestDatabase;
-let sql: SqlProxy;
-beforeAll(async () => {
-  db = await createTestDatabase();
-  sql = await startSqlProxy(db);
-  await db.pool.query('CREATE TABLE public.copied (id int PRIMARY KEY, v text)');
-  await db.pool.query(`GRANT SELECT, INSERT ON public.copied TO ${clientRoleFor(db.url)}`);
-});
-afterAll(async () => {
-  await sql?.close();
-  await db?.drop();
-});
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.copied (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);
 
 interface PsqlRun {
   exit: number;
@@ -33,7 +23,7 @@ interface PsqlRun {
  * command tags print unless `-q`.
  * Resolves with the exit status rather than throwing.
  */
-function psql(user: string, args: string[], opts: { fence?: [number, string]; input?: string } = {}): Promise<PsqlRun> {
+function psql(sql: SqlProxy, user: string, args: string[], opts: { fence?: [number, string]; input?: string } = {}): Promise<PsqlRun> {
   const env: NodeJS.ProcessEnv = { ...process.env };
   delete env.PGOPTIONS;
   if (opts.fence !== undefined) env.PGOPTIONS = fenceOptions(...opts.fence);
@@ -49,58 +39,58 @@ function psql(user: string, args: string[], opts: { fence?: [number, string]; in
 /** COPY's text format: one `id<TAB>v` line per row, backslash, tab and newline escaped. */
 const ESCAPES: Record<string, string> = { '\\': '\\\\', '\t': '\\t', '\n': '\\n' };
 const rowsText = (rows: [number, string][]) => rows.map(([id, v]) => `${id}\t${v.replace(/[\\\t\n]/g, (c) => ESCAPES[c]!)}\n`).join('');
-const inRange = async (from: number, to: number) =>
+const inRange = async (db: TestDatabase, from: number, to: number) =>
   (await db.pool.query<{ id: number; v: string }>('SELECT id, v FROM public.copied WHERE id BETWEEN $1 AND $2 ORDER BY id', [from, to])).rows.map((r) => [r.id, r.v]);
-const countInRange = async (from: number, to: number) =>
+const countInRange = async (db: TestDatabase, from: number, to: number) =>
   (await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM public.copied WHERE id BETWEEN $1 AND $2', [from, to])).rows[0]!.n;
-const raiseOverHttp = (fenceKey: string, token: number) =>
+const raiseOverHttp = (sql: SqlProxy, fenceKey: string, token: number) =>
   fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
 /** The fence's counts as GET /v1/fences/:key reports them. */
-const countsOf = async (fenceKey: string) => {
+const countsOf = async (sql: SqlProxy, fenceKey: string) => {
   const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`);
   expect(res.status).toBe(200);
   const { accepted, rejected } = (await res.json()) as { accepted: number; rejected: number };
   return { accepted, rejected };
 };
-const acceptedOf = async (fenceKey: string) => (await countsOf(fenceKey)).accepted;
+const acceptedOf = async (sql: SqlProxy, fenceKey: string) => (await countsOf(sql, fenceKey)).accepted;
 
 describe('COPY FROM STDIN', () => {
-  test('with a current token: the rows land, the fence rises to the token and counts each COPY as one accepted transaction', async () => {
+  test('with a current token: the rows land, the fence rises to the token and counts each COPY as one accepted transaction', async ({ sql, db }) => {
     // Invariant: a COPY FROM STDIN of a session with a current token commits all its rows, in one
     // fenced transaction (the fence at the session's token, +1 accepted), in every way psql sends it.
     const fence: [number, string] = [4, 'copy/a'];
     const rows: [number, string][] = [[1, 'one'], [2, 'two with\ttab'], [3, 'three']];
 
     // COPY … FROM STDIN in a script on psql's stdin, the data lines right after it.
-    const script = await psql('copier-a', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText(rows)}\\.\nSELECT 'after copy';\n` });
+    const script = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText(rows)}\\.\nSELECT 'after copy';\n` });
     expect(script).toMatchObject({ exit: 0, stderr: '' });
     expect(script.stdout).toContain('after copy');
-    expect(await inRange(1, 3)).toEqual(rows);
+    expect(await inRange(db, 1, 3)).toEqual(rows);
     expect(await fenceRow(db.pool, 'copy/a')).toEqual({ highest_token: '4' });
-    const afterScript = await acceptedOf('copy/a');
+    const afterScript = await acceptedOf(sql, 'copy/a');
     expect(afterScript).toBe(2); // the COPY's transaction and the SELECT's
 
     // psql's \copy … FROM pstdin (psql reads the file, the endpoint sees COPY … FROM STDIN).
-    const meta = await psql('copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[11, 'eleven'], [12, 'twelve']]) });
+    const meta = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[11, 'eleven'], [12, 'twelve']]) });
     expect(meta).toMatchObject({ exit: 0, stderr: '' });
-    expect(await inRange(11, 12)).toEqual([[11, 'eleven'], [12, 'twelve']]);
-    expect(await acceptedOf('copy/a')).toBe(afterScript + 1);
+    expect(await inRange(db, 11, 12)).toEqual([[11, 'eleven'], [12, 'twelve']]);
+    expect(await acceptedOf(sql, 'copy/a')).toBe(afterScript + 1);
 
     // A COPY in the middle of a multi-statement Query (which the endpoint splits to fence).
-    const inQuery = await psql('copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence, input: `${rowsText([[21, 'twenty-one'], [22, 'twenty-two']])}\\.\n` });
+    const inQuery = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence, input: `${rowsText([[21, 'twenty-one'], [22, 'twenty-two']])}\\.\n` });
     expect(inQuery).toMatchObject({ exit: 0, stderr: '' });
-    expect(await inRange(21, 22)).toEqual([[21, 'twenty-one'], [22, 'twenty-two']]);
-    expect(await acceptedOf('copy/a')).toBe(afterScript + 2);
+    expect(await inRange(db, 21, 22)).toEqual([[21, 'twenty-one'], [22, 'twenty-two']]);
+    expect(await acceptedOf(sql, 'copy/a')).toBe(afterScript + 2);
     expect(await fenceRow(db.pool, 'copy/a')).toEqual({ highest_token: '4' });
   });
 
-  test('a large COPY (100 000 rows, about 2.5 MB of CopyData) arrives whole', async () => {
+  test('a large COPY (100 000 rows, about 2.5 MB of CopyData) arrives whole', async ({ sql, db }) => {
     // Invariant: the endpoint relays every CopyData message of a long COPY, in order, under
     // back-pressure: exactly the rows sent commit, no more, no fewer.
     const n = 100_000;
     const base = 100_000;
     const input = Array.from({ length: n }, (_, i) => `${base + i}\trow ${base + i} ${'x'.repeat(i % 13)}\n`).join('');
-    const big = await psql('copier-big', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence: [1, 'copy/big'], input });
+    const big = await psql(sql, 'copier-big', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence: [1, 'copy/big'], input });
     expect(big).toMatchObject({ exit: 0, stderr: '' });
     const { rows } = await db.pool.query<{ n: number; s: string; bad: number }>(
       `SELECT count(*)::int AS n, sum(id)::text AS s, count(*) FILTER (WHERE v <> 'row ' || id || ' ' || repeat('x', (id - $1) % 13))::int AS bad FROM public.copied WHERE id BETWEEN $1 AND $2`,
@@ -109,7 +99,7 @@ describe('COPY FROM STDIN', () => {
     expect(rows[0]).toEqual({ n, s: String((n * (2 * base + n - 1)) / 2), bad: 0 });
   });
 
-  test('a COPY that fails part-way commits none of its rows, and the session goes on', async () => {
+  test('a COPY that fails part-way commits none of its rows, and the session goes on', async ({ sql, db }) => {
     // Invariant: a COPY the database refuses in the middle (a duplicate key in row 30 000 of
     // 60 000, while the writer is still sending) commits nothing of itself; the endpoint stays in
     // step with the backend, so the same session's next COPY and statement run and commit.
@@ -118,118 +108,119 @@ describe('COPY FROM STDIN', () => {
     const bad = Array.from({ length: 60_000 }, (_, i) => `${base + (i === 30_000 ? 0 : i)}\tbad copy\n`).join('');
     const good = rowsText([[base + 70_000, 'good'], [base + 70_001, 'good']]);
     const script = `COPY copied (id, v) FROM STDIN;\n${bad}\\.\nCOPY copied (id, v) FROM STDIN;\n${good}\\.\nSELECT count(*) AS n FROM copied WHERE id >= ${base};\n`;
-    const run = await psql('failing-copier', ['-A', '-t'], { fence, input: script }); // no ON_ERROR_STOP: going on
+    const run = await psql(sql, 'failing-copier', ['-A', '-t'], { fence, input: script }); // no ON_ERROR_STOP: going on
     expect(run.stderr).toContain('23505');
     expect(run.stdout.trim().split('\n')).toEqual(['COPY 2', '2']);
-    expect(await inRange(base, base + 99_999)).toEqual([[base + 70_000, 'good'], [base + 70_001, 'good']]);
+    expect(await inRange(db, base, base + 99_999)).toEqual([[base + 70_000, 'good'], [base + 70_001, 'good']]);
     expect(await fenceRow(db.pool, 'copy/fail')).toEqual({ highest_token: '1' });
   });
 
-  test('with a stale token: FP409, not one row of the COPY, the fence where the new leader put it', async () => {
+  test('with a stale token: FP409, not one row of the COPY, the fence where the new leader put it', async ({ sql, db }) => {
     // Invariant: once the fence is above a session's token, its COPY FROM STDIN writes nothing and
     // the fence does not move; psql gets FP409 (the fence fails before the COPY starts).
     const fence: [number, string] = [5, 'copy/b'];
-    const first = await psql('old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[200, 'leader 5']]) });
+    const first = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[200, 'leader 5']]) });
     expect(first).toMatchObject({ exit: 0, stderr: '' });
-    expect((await raiseOverHttp('copy/b', 6)).status).toBe(200);
-    const raised = await countsOf('copy/b'); // the COPY and the raise, accepted
+    expect((await raiseOverHttp(sql, 'copy/b', 6)).status).toBe(200);
+    const raised = await countsOf(sql, 'copy/b'); // the COPY and the raise, accepted
     expect(raised).toEqual({ accepted: 2, rejected: 0 });
 
-    const script = await psql('old-copier', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[201, 'zombie'], [202, 'zombie'], [203, 'zombie']])}\\.\n` });
+    const script = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[201, 'zombie'], [202, 'zombie'], [203, 'zombie']])}\\.\n` });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('FP409');
     expect(script.stderr).toContain('token 5 is below the highest token 6');
 
-    const meta = await psql('old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[204, 'zombie'], [205, 'zombie']]) });
+    const meta = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[204, 'zombie'], [205, 'zombie']]) });
     expect(meta.exit).not.toBe(0);
     expect(meta.stderr).toContain('FP409');
 
-    expect(await inRange(200, 299)).toEqual([[200, 'leader 5']]);
+    expect(await inRange(db, 200, 299)).toEqual([[200, 'leader 5']]);
     expect(await fenceRow(db.pool, 'copy/b')).toEqual({ highest_token: '6' });
     // Each refused COPY is counted as rejected (recorded after the reply), none as accepted.
-    await expect.poll(() => countsOf('copy/b')).toEqual({ accepted: 2, rejected: 2 });
+    await expect.poll(() => countsOf(sql, 'copy/b')).toEqual({ accepted: 2, rejected: 2 });
   });
 
-  test('inside BEGIN … COMMIT with a stale token: nothing commits, COMMIT answers ROLLBACK', async () => {
+  test('inside BEGIN … COMMIT with a stale token: nothing commits, COMMIT answers ROLLBACK', async ({ sql, db }) => {
     // Invariant: an explicit transaction of a stale session fails at its fence (right after BEGIN),
     // so a COPY inside it is refused and its COMMIT rolls back: not one row, the fence unchanged.
     // A current token with the same statements commits (so the failure is the fence's).
     const key = 'copy/d';
     const data = (from: number) => rowsText([[from, 'in tx'], [from + 1, 'in tx'], [from + 2, 'in tx']]);
-    const current = await psql('tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(300) });
+    const current = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(300) });
     expect(current).toMatchObject({ exit: 0, stderr: '' });
-    expect(await countInRange(300, 302)).toBe(3);
-    expect((await raiseOverHttp(key, 8)).status).toBe(200);
+    expect(await countInRange(db, 300, 302)).toBe(3);
+    expect((await raiseOverHttp(sql, key, 8)).status).toBe(200);
 
     // Statement by statement, going on after errors (no ON_ERROR_STOP): BEGIN meets FP409, the
     // COPY is refused in the failed transaction (25P02) and COMMIT is a ROLLBACK.
-    const separate = await psql('tx-copier', ['-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(310) });
+    const separate = await psql(sql, 'tx-copier', ['-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(310) });
     expect(separate.stderr).toContain('FP409');
     expect(separate.stderr).toContain('25P02');
     expect(separate.stdout).toContain('ROLLBACK');
 
     // The same in one Query, the COPY data on stdin.
-    const oneQuery = await psql('tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence: [7, key], input: `${data(320)}\\.\n` });
+    const oneQuery = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence: [7, key], input: `${data(320)}\\.\n` });
     expect(oneQuery.exit).not.toBe(0);
     expect(oneQuery.stderr).toContain('FP409');
 
     // A script on stdin: BEGIN, COPY with its data, COMMIT (psql stops at BEGIN's FP409).
-    const script = await psql('tx-copier', ['-v', 'ON_ERROR_STOP=1'], { fence: [7, key], input: `BEGIN;\nCOPY copied (id, v) FROM STDIN;\n${data(330)}\\.\nCOMMIT;\n` });
+    const script = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1'], { fence: [7, key], input: `BEGIN;\nCOPY copied (id, v) FROM STDIN;\n${data(330)}\\.\nCOMMIT;\n` });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('FP409');
 
-    expect(await countInRange(303, 399)).toBe(0);
+    expect(await countInRange(db, 303, 399)).toBe(0);
     expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '8' });
   });
 
-  test('a session without a token: 25006, even after lifting default_transaction_read_only; nothing written', async () => {
+  test('a session without a token: 25006, even after lifting default_transaction_read_only; nothing written', async ({ sql, db }) => {
     // Invariant: a session without a token never writes, so its COPY FROM STDIN fails read-only
     // (25006) however it is sent, and not one of its rows is in the table.
-    const script = await psql('no-token', ['-v', 'ON_ERROR_STOP=1'], { input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[400, 'no token'], [401, 'no token']])}\\.\n` });
+    const script = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1'], { input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[400, 'no token'], [401, 'no token']])}\\.\n` });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('25006');
 
-    const meta = await psql('no-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { input: rowsText([[402, 'no token']]) });
+    const meta = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { input: rowsText([[402, 'no token']]) });
     expect(meta.exit).not.toBe(0);
     expect(meta.stderr).toContain('25006');
 
-    const lifted = await psql('no-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'SET default_transaction_read_only = off', '-c', 'BEGIN READ WRITE', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { input: rowsText([[403, 'no token']]) });
+    const lifted = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'SET default_transaction_read_only = off', '-c', 'BEGIN READ WRITE', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { input: rowsText([[403, 'no token']]) });
     expect(lifted.exit).not.toBe(0);
     expect(lifted.stderr).toContain('25006');
 
-    expect(await countInRange(400, 499)).toBe(0);
+    expect(await countInRange(db, 400, 499)).toBe(0);
   });
 });
 
 describe('COPY TO STDOUT', () => {
   const expected = '500\tfive hundred\n501\t\\N\n502\twith\\ttab\n';
-  beforeAll(async () => {
+  // sql: the proxy is up, so the table exists.
+  test.beforeAll(async ({ db, sql: _up }) => {
     await db.pool.query("INSERT INTO public.copied VALUES (500, 'five hundred'), (501, NULL), (502, E'with\\ttab')");
   });
 
-  test('in a session with a token: the rows, in COPY text format; the read is a fenced transaction', async () => {
+  test('in a session with a token: the rows, in COPY text format; the read is a fenced transaction', async ({ sql, db }) => {
     // Invariant: COPY out through the endpoint returns exactly what COPY returns from Postgres
     // (every CopyData relayed, the fence's own replies not among them), and it runs fenced.
     const fence: [number, string] = [2, 'copy/c'];
-    const out = await psql('reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT'], { fence });
+    const out = await psql(sql, 'reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT'], { fence });
     expect(out).toEqual({ exit: 0, stdout: expected, stderr: '' });
-    const meta = await psql('reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO pstdout WITH (FORMAT csv, HEADER)'], { fence });
+    const meta = await psql(sql, 'reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO pstdout WITH (FORMAT csv, HEADER)'], { fence });
     expect(meta).toEqual({ exit: 0, stdout: 'id,v\n500,five hundred\n501,\n502,with\ttab\n', stderr: '' });
     expect(await fenceRow(db.pool, 'copy/c')).toEqual({ highest_token: '2' });
-    expect(await acceptedOf('copy/c')).toBe(2);
+    expect(await acceptedOf(sql, 'copy/c')).toBe(2);
   });
 
-  test('in a session without a token (read-only): the same rows', async () => {
+  test('in a session without a token (read-only): the same rows', async ({ sql }) => {
     // Invariant: a session without a token reads, COPY out included, and gets the same bytes.
-    const out = await psql('reader', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT']);
+    const out = await psql(sql, 'reader', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT']);
     expect(out).toEqual({ exit: 0, stdout: expected, stderr: '' });
   });
 
-  test('a large COPY out (100 000 rows) arrives whole, with and without a token', async () => {
+  test('a large COPY out (100 000 rows) arrives whole, with and without a token', async ({ sql }) => {
     // Invariant: the endpoint relays every CopyData of a long COPY out under back-pressure.
     const query = "COPY (SELECT g, 'line ' || g FROM generate_series(1, 100000) g) TO STDOUT";
     for (const fence of [[3, 'copy/big-out'] as [number, string], undefined]) {
-      const out = await psql('big-reader', ['-v', 'ON_ERROR_STOP=1', '-c', query], { fence });
+      const out = await psql(sql, 'big-reader', ['-v', 'ON_ERROR_STOP=1', '-c', query], { fence });
       expect(out.exit).toBe(0);
       const lines = out.stdout.split('\n');
       expect(lines.length).toBe(100_001); // and the empty string after the last newline

@@ -3,40 +3,30 @@
 // dashboard show it: they add pending_counts, the rows not folded yet), and not when it rolls
 // back or fails.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { startSqlProxy, fenceOptions, type SqlProxy } from '../../support/sql.ts';
+import { describe, expect } from 'vitest';
+import type { TestDatabase } from '../../support/db.ts';
+import { sqlTest } from '../../support/fixtures.ts';
+import { fenceOptions, type SqlProxy } from '../../support/sql.ts';
 import { foldPendingCounts } from '../../../src/fence/queries.ts';
 
-let db: TestDatabase;
-let sql: SqlProxy;
-beforeAll(async () => {
-  db = await createTestDatabase();
-  sql = await startSqlProxy(db);
-  await db.pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
-  await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO ${clientRoleFor(db.url)}`);
-});
-afterAll(async () => {
-  await sql?.close();
-  await db?.drop();
-});
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' }]);
 
 let nextId = 1;
 const id = () => nextId++;
-const fence = async (key: string) => {
+const fence = async (sql: SqlProxy, key: string) => {
   const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(key)}`);
   expect(res.status).toBe(200);
   return (await res.json()) as { accepted: number; rejected: number; highestToken: string };
 };
 /** The accepted total as /v1/stats computes it: the counters plus the transactions not folded yet. */
-const totalAccepted = async () => Number((await db.pool.query('SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.pending_counts))::text AS n')).rows[0].n);
-const folded = async () => Number((await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.totals')).rows[0].n);
+const totalAccepted = async (db: TestDatabase) => Number((await db.pool.query('SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.pending_counts))::text AS n')).rows[0].n);
+const folded = async (db: TestDatabase) => Number((await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.totals')).rows[0].n);
 const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
 
 describe('accepted counts of SQL transactions', () => {
-  test('N committed transactions (implicit, explicit, extended, several in one Query) count +N; rolled back or failed ones do not', async () => {
+  test('N committed transactions (implicit, explicit, extended, several in one Query) count +N; rolled back or failed ones do not', async ({ sql, db }) => {
     const c = await sql.connect('counter', { options: fenceOptions(2, 'count/a') });
-    const before = await totalAccepted();
+    const before = await totalAccepted(db);
     await c.query(`INSERT INTO items VALUES (${id()}, 'implicit')`); // 1
     await c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'extended']); // 2
     await c.query('BEGIN');
@@ -44,8 +34,8 @@ describe('accepted counts of SQL transactions', () => {
     await c.query('COMMIT'); // 3
     await c.query(`INSERT INTO items VALUES (${id()}, 'one'); COMMIT; INSERT INTO items VALUES (${id()}, 'two')`); // 4, 5
     await c.query('SELECT 1'); // a read is a fenced transaction too: 6
-    expect(await fence('count/a')).toMatchObject({ accepted: 6, rejected: 0, highestToken: '2' });
-    expect(await totalAccepted()).toBe(before + 6);
+    expect(await fence(sql, 'count/a')).toMatchObject({ accepted: 6, rejected: 0, highestToken: '2' });
+    expect(await totalAccepted(db)).toBe(before + 6);
 
     await c.query('BEGIN');
     await c.query(`INSERT INTO items VALUES (${id()}, 'rolled back')`);
@@ -56,12 +46,12 @@ describe('accepted counts of SQL transactions', () => {
     await c.query('BEGIN');
     expect(await code(c.query('SELECT 1/0'))).toBe('22012');
     await c.query('COMMIT'); // of a failed transaction: a rollback
-    expect(await fence('count/a')).toMatchObject({ accepted: 7, rejected: 0 });
-    expect(await totalAccepted()).toBe(before + 7);
+    expect(await fence(sql, 'count/a')).toMatchObject({ accepted: 7, rejected: 0 });
+    expect(await totalAccepted(db)).toBe(before + 7);
     await c.end();
   });
 
-  test('a stale transaction counts as rejected, not accepted; a session without a token counts nothing', async () => {
+  test('a stale transaction counts as rejected, not accepted; a session without a token counts nothing', async ({ sql, db }) => {
     const c = await sql.connect('stale-counter', { options: fenceOptions(1, 'count/b') });
     await c.query('SELECT 1'); // accepted: 1
     await db.pool.query("UPDATE fencepost.fences SET highest_token = 3 WHERE fence_key = 'count/b'");
@@ -69,16 +59,16 @@ describe('accepted counts of SQL transactions', () => {
     const reader = await sql.connect('reader');
     await reader.query('SELECT 1');
     await reader.end();
-    let f = await fence('count/b');
+    let f = await fence(sql, 'count/b');
     for (let i = 0; i < 100 && f.rejected === 0; i++) {
       await sleep(50); // recorded after the reply
-      f = await fence('count/b');
+      f = await fence(sql, 'count/b');
     }
     expect(f).toMatchObject({ accepted: 1, rejected: 1 });
     await c.end();
   });
 
-  test('a session that makes its transaction read-only after writing commits, and is counted', async () => {
+  test('a session that makes its transaction read-only after writing commits, and is counted', async ({ sql, db }) => {
     const c = await sql.connect('ro-counter', { options: fenceOptions(1, 'count/c') });
     const x = id();
     await c.query('BEGIN');
@@ -86,31 +76,31 @@ describe('accepted counts of SQL transactions', () => {
     await c.query('SET TRANSACTION READ ONLY');
     await c.query('COMMIT');
     expect((await db.pool.query('SELECT 1 FROM items WHERE id = $1', [x])).rowCount).toBe(1);
-    expect(await fence('count/c')).toMatchObject({ accepted: 1 });
+    expect(await fence(sql, 'count/c')).toMatchObject({ accepted: 1 });
     await c.end();
   });
 
   // Invariant: each committed transaction is counted exactly once, however many proxies fold at
   // once (rows one folder holds are skipped by the others, never counted twice or lost), and the
   // proxy folds on its own.
-  test('concurrent folds count every committed transaction exactly once; the proxy folds by itself', async () => {
+  test('concurrent folds count every committed transaction exactly once; the proxy folds by itself', async ({ sql, db }) => {
     const sessions = await Promise.all(Array.from({ length: 8 }, (_, i) => sql.connect(`fold-${i}`, { options: fenceOptions(1, 'count/fold') })));
-    const before = await totalAccepted();
+    const before = await totalAccepted(db);
     await Promise.all(sessions.map(async (c) => {
       for (let i = 0; i < 25; i++) await c.query(`INSERT INTO items VALUES (${id()}, 'fold')`);
     }));
-    expect(await totalAccepted()).toBe(before + 200);
+    expect(await totalAccepted(db)).toBe(before + 200);
     // Eight folders at once (and maybe the proxy's own timer) over the commit rows.
     await Promise.all(Array.from({ length: 8 }, () => db.pool.query(foldPendingCounts())));
     // A row the proxy's own fold held was skipped by these; that fold commits it.
     await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n, { timeout: 10_000, interval: 50 }).toBe(0);
-    expect(await folded()).toBe(await totalAccepted());
-    expect(await totalAccepted()).toBe(before + 200);
+    expect(await folded(db)).toBe(await totalAccepted(db));
+    expect(await totalAccepted(db)).toBe(before + 200);
     // The proxy folds by itself, once a second.
     for (const c of sessions.slice(0, 2)) await c.query(`INSERT INTO items VALUES (${id()}, 'timer')`);
     await Promise.all(sessions.map((c) => c.end()));
     await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n, { timeout: 10_000, interval: 100 }).toBe(0);
-    expect(await totalAccepted()).toBe(before + 202);
-    expect(await fence('count/fold')).toMatchObject({ accepted: 202, rejected: 0 });
+    expect(await totalAccepted(db)).toBe(before + 202);
+    expect(await fence(sql, 'count/fold')).toMatchObject({ accepted: 202, rejected: 0 });
   });
 });

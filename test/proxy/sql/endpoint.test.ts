@@ -1,42 +1,32 @@
 // The SQL endpoint in open mode, driven by node-postgres: every transaction of a session with a
 // token is fenced inside itself; a session without one reads but never writes; one fence, two doors.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect } from 'vitest';
 import pg from 'pg';
-import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { startSqlProxy, fenceOptions, fenceRow, sendCancel, type SqlProxy } from '../../support/sql.ts';
+import type { TestDatabase } from '../../support/db.ts';
+import { sqlTest } from '../../support/fixtures.ts';
+import { fenceOptions, fenceRow, sendCancel, type SqlProxy } from '../../support/sql.ts';
 
-let db: TestDatabase;
-let sql: SqlProxy;
-beforeAll(async () => {
-  db = await createTestDatabase();
-  sql = await startSqlProxy(db);
-  await db.pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
-  await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO ${clientRoleFor(db.url)}`);
-});
-afterAll(async () => {
-  await sql?.close();
-  await db?.drop();
-});
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' }]);
 
 const ids = { next: 1 };
 const id = () => ids.next++;
-const exists = async (n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
+const exists = async (db: TestDatabase, n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
 const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
-const advanceOverHttp = (fenceKey: string, token: number) =>
+const advanceOverHttp = (sql: SqlProxy, fenceKey: string, token: number) =>
   fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
 
 describe('a session with a token', () => {
-  test('writes in the simple and the extended protocol, and each raises the fence to its token', async () => {
+  test('writes in the simple and the extended protocol, and each raises the fence to its token', async ({ sql, db }) => {
     const c = await sql.connect('writer-a', { options: fenceOptions(5, 'a') });
     const [x, y] = [id(), id()];
     await c.query(`INSERT INTO items VALUES (${x}, 'simple')`);
     await c.query('INSERT INTO items VALUES ($1, $2)', [y, 'extended']);
-    expect([await exists(x), await exists(y)]).toEqual([true, true]);
+    expect([await exists(db, x), await exists(db, y)]).toEqual([true, true]);
     expect(await fenceRow(db.pool, 'a')).toEqual({ highest_token: '5' });
     await c.end();
   });
 
-  test('SHOW answers the token and fence key; SET applies from the next transaction', async () => {
+  test('SHOW answers the token and fence key; SET applies from the next transaction', async ({ sql, db }) => {
     const c = await sql.connect('writer-b', { options: fenceOptions(3, 'b') });
     expect((await c.query('SHOW fencepost.token')).rows[0]).toEqual({ 'fencepost.token': '3' });
     await c.query('BEGIN');
@@ -49,7 +39,7 @@ describe('a session with a token', () => {
     await c.end();
   });
 
-  test('BEGIN ISOLATION LEVEL keeps its isolation and the transaction is fenced', async () => {
+  test('BEGIN ISOLATION LEVEL keeps its isolation and the transaction is fenced', async ({ sql, db }) => {
     const c = await sql.connect('writer-c', { options: fenceOptions(4, 'c') });
     await c.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
     expect((await c.query('SHOW transaction_isolation')).rows[0]).toEqual({ transaction_isolation: 'serializable' });
@@ -59,7 +49,7 @@ describe('a session with a token', () => {
     await c.end();
   });
 
-  test('a syntax error reports its position in the text the writer sent', async () => {
+  test('a syntax error reports its position in the text the writer sent', async ({ sql }) => {
     const c = await sql.connect('writer-p', { options: fenceOptions(1, 'p') });
     const err = await c.query('SELECT 1 FROM nowhere_at_all').catch((e: { position?: string }) => e);
     expect((err as { position?: string }).position).toBe('15');
@@ -68,7 +58,7 @@ describe('a session with a token', () => {
 });
 
 describe('a session without a token', () => {
-  test('reads, but a write fails with 25006 in either protocol, and RESET or DISCARD ALL change nothing', async () => {
+  test('reads, but a write fails with 25006 in either protocol, and RESET or DISCARD ALL change nothing', async ({ sql, db }) => {
     const c = await sql.connect('reader');
     expect((await c.query('SELECT count(*)::int AS n FROM items')).rows[0].n).toBeGreaterThanOrEqual(0);
     const x = id();
@@ -78,24 +68,24 @@ describe('a session without a token', () => {
     expect(await code(c.query(`INSERT INTO items VALUES (${x}, 'after reset')`))).toBe('25006');
     await c.query('DISCARD ALL');
     expect(await code(c.query('INSERT INTO items VALUES ($1, $2)', [x, 'after discard']))).toBe('25006');
-    expect(await exists(x)).toBe(false);
+    expect(await exists(db, x)).toBe(false);
     await c.end();
   });
 
-  test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async () => {
+  test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async ({ sql, db }) => {
     const c = await sql.connect('writer-m', { options: fenceOptions(2, 'm') });
     const [x, y] = [id(), id()];
     expect(await code(c.query(`INSERT INTO items VALUES (${x}, 'fenced'); COMMIT; INSERT INTO items VALUES (${y}, 'fenced too')`))).toBe('ok');
-    expect([await exists(x), await exists(y)]).toEqual([true, true]);
+    expect([await exists(db, x), await exists(db, y)]).toEqual([true, true]);
     await c.end();
   });
 });
 
 describe('one fence, two doors', () => {
-  test('GC-pause zombie: a new leader advances the fence over HTTP; the old SQL writer\'s next transaction fails FP409 and nothing of it commits', async () => {
+  test('GC-pause zombie: a new leader advances the fence over HTTP; the old SQL writer\'s next transaction fails FP409 and nothing of it commits', async ({ sql, db }) => {
     const zombie = await sql.connect('old-leader', { options: fenceOptions(10, 'z') });
     await zombie.query(`INSERT INTO items VALUES (${id()}, 'leader 10')`);
-    expect((await advanceOverHttp('z', 11)).status).toBe(200);
+    expect((await advanceOverHttp(sql, 'z', 11)).status).toBe(200);
     const [x, y] = [id(), id()];
     const simple = await zombie.query(`INSERT INTO items VALUES (${x}, 'zombie')`).catch((e: pg.DatabaseError) => e);
     expect(simple).toMatchObject({ code: 'FP409', detail: 'fence key "z", token 10, highest token 11' });
@@ -103,49 +93,49 @@ describe('one fence, two doors', () => {
     expect(await code(zombie.query('INSERT INTO items VALUES ($1, $2)', [y, 'zombie']))).toBe('FP409');
     expect(await code(zombie.query('BEGIN'))).toBe('FP409'); // BEGIN goes first, the fence right after it
     await zombie.query('ROLLBACK');
-    expect([await exists(x), await exists(y)]).toEqual([false, false]);
+    expect([await exists(db, x), await exists(db, y)]).toEqual([false, false]);
     expect(await fenceRow(db.pool, 'z')).toEqual({ highest_token: '11' });
     await expect.poll(async () => (await db.pool.query("SELECT count(*)::int AS n FROM fencepost.rejections WHERE fence_key = 'z' AND writer_id = 'old-leader' AND token = 10")).rows[0].n).toBe(3);
     await zombie.end();
   });
 
-  test('a SQL writer raising the fence locks out an HTTP zombie', async () => {
+  test('a SQL writer raising the fence locks out an HTTP zombie', async ({ sql }) => {
     const leader = await sql.connect('new-leader', { options: fenceOptions(21, 'h') });
     await leader.query(`INSERT INTO items VALUES (${id()}, 'leader 21')`);
-    const res = await advanceOverHttp('h', 20);
+    const res = await advanceOverHttp(sql, 'h', 20);
     expect(res.status).toBe(409);
     await leader.end();
   });
 
-  test('an explicit transaction that went stale while open commits nothing', async () => {
+  test('an explicit transaction that went stale while open commits nothing', async ({ sql, db }) => {
     const old = await sql.connect('slow', { options: fenceOptions(30, 's') });
     await old.query('BEGIN');
     const x = id();
     await old.query(`INSERT INTO items VALUES (${x}, 'open')`);
     // The raise waits for the open transaction's shared lock: it is not lost, it comes after.
-    const raise = advanceOverHttp('s', 31);
+    const raise = advanceOverHttp(sql, 's', 31);
     await new Promise((r) => setTimeout(r, 100));
     await old.query('COMMIT');
     expect((await raise).status).toBe(200);
-    expect(await exists(x)).toBe(true); // committed under token 30, before the raise
+    expect(await exists(db, x)).toBe(true); // committed under token 30, before the raise
     expect(await code(old.query(`INSERT INTO items VALUES (${id()}, 'late')`))).toBe('FP409');
     await old.end();
   });
 });
 
 describe('the session', () => {
-  test('names the proxy\'s database or is refused with 3D000', async () => {
+  test('names the proxy\'s database or is refused with 3D000', async ({ sql }) => {
     const c = new pg.Client({ connectionString: sql.url('w').replace(`/${sql.database}`, '/other_db') });
     expect(await code(c.connect())).toBe('3D000');
   });
 
-  test('SET ROLE to a role it is not a member of is refused', async () => {
+  test('SET ROLE to a role it is not a member of is refused', async ({ sql }) => {
     const c = await sql.connect('w', { options: fenceOptions(1, 'r') });
     expect(await code(c.query('SET ROLE postgres'))).toMatch(/^(42501|22023)$/);
     await c.end();
   });
 
-  test('a cancel request reaches the backend of the session', async () => {
+  test('a cancel request reaches the backend of the session', async ({ sql }) => {
     const c = await sql.connect('w');
     const sleeping = code(c.query('SELECT pg_sleep(10)'));
     await new Promise((r) => setTimeout(r, 200));
@@ -154,7 +144,7 @@ describe('the session', () => {
     await c.end();
   });
 
-  test('the backend dying mid-transaction fails the session and commits nothing; the endpoint serves on', async () => {
+  test('the backend dying mid-transaction fails the session and commits nothing; the endpoint serves on', async ({ sql, db }) => {
     const c = await sql.connect('doomed', { options: fenceOptions(1, 'd') });
     await c.query('BEGIN');
     const x = id();
@@ -162,13 +152,13 @@ describe('the session', () => {
     const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
     await db.pool.query('SELECT pg_terminate_backend($1)', [pid]);
     expect(await code(c.query('COMMIT'))).not.toBe('ok');
-    expect(await exists(x)).toBe(false);
+    expect(await exists(db, x)).toBe(false);
     const again = await sql.connect('survivor');
     expect((await again.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
     await again.end();
   });
 
-  test('a storm of 500 connections: some are refused with 53300, none crash the endpoint', async () => {
+  test('a storm of 500 connections: some are refused with 53300, none crash the endpoint', async ({ sql }) => {
     const results = await Promise.all(
       Array.from({ length: 500 }, async (_, i) => {
         const c = new pg.Client({ connectionString: sql.url(`storm-${i}`) });

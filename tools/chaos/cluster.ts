@@ -63,6 +63,8 @@ export class ChaosCluster implements NemesisTarget {
   readonly logDir: string;
   private pg: RunningPostgres | null = null;
   private pgPort = 0;
+  /** Set at the first start; a restart keeps port and data, so it holds while Postgres is down. */
+  private pgUrl: string | null = null;
   private zk: LocalZooKeeper | null = null;
   private readonly proxySlots: ProxySlot[] = [];
   private readonly writerSlots: WriterSlot[] = [];
@@ -107,9 +109,10 @@ export class ChaosCluster implements NemesisTarget {
     }
   }
 
+  /** Also while a fault has Postgres down: a writer restarted meanwhile needs it for its SQL door. */
   get databaseUrl(): string {
-    if (!this.pg) throw new Error('postgres is not running');
-    return this.pg.url;
+    if (this.pgUrl === null) throw new Error('postgres has not started');
+    return this.pgUrl;
   }
 
   get proxyUrls(): string[] {
@@ -299,6 +302,7 @@ export class ChaosCluster implements NemesisTarget {
   async startPostgres(): Promise<void> {
     if (this.pg) return;
     this.pg = await startEmbeddedPostgres({ dataDir: join(this.opts.dir, 'postgres', 'data'), port: this.pgPort });
+    this.pgUrl = this.pg.url;
   }
 
   // ---- shutdown -------------------------------------------------------------------------------

@@ -74,11 +74,16 @@ export function scramVerifier(password: string, iterations = 4096): string {
   return `SCRAM-SHA-256$${iterations}:${salt.toString('base64')}$${storedKey.toString('base64')}:${serverKey.toString('base64')}`;
 }
 
+/** The advisory lock under which the instances of one database provision in turn (next to migrate.ts's). */
+export const PROVISIONING_LOCK_KEY = 4_669_143_214_093_122n;
+
 // ---- SQL ---------------------------------------------------------------------------------------
 // Role DDL takes no parameters: names are quoted with escapeIdentifier, verifiers with escapeLiteral.
 
 const q = {
-  lock: (): Query => ({ text: 'SELECT pg_advisory_xact_lock(4669143214093122)' }),
+  lock: (): Query => ({ text: 'SELECT pg_advisory_xact_lock($1)', values: [PROVISIONING_LOCK_KEY.toString()] }),
+  /** The pool's lock_timeout bounds writes; waiting for another instance's provisioning is no write. */
+  noLockTimeout: (): Query => ({ text: 'SET LOCAL lock_timeout = 0' }),
   storedPassword: (login: string): Query => ({ name: 'fencepost_client_password', text: 'SELECT password FROM fencepost.client_logins WHERE login = $1', values: [login] }),
   storePassword: (login: string, password: string): Query => ({
     text: 'INSERT INTO fencepost.client_logins (login, password) VALUES ($1, $2) ON CONFLICT (login) DO NOTHING',
@@ -166,6 +171,9 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
     await client.query('BEGIN');
     open = true;
     // Proxies of this database provisioning at once take turns; `created` is decided under the lock.
+    // The turn may take longer than FENCEPOST_LOCK_TIMEOUT_MS (statement_timeout still bounds it):
+    // a proxy starting beside another must wait for it, not exit.
+    await client.query(q.noLockTimeout());
     await client.query(q.lock());
     const created = (await client.query(q.storePassword(login, randomBytes(24).toString('base64url')))).rowCount === 1;
     const password = (await client.query<{ password: string }>(q.storedPassword(login))).rows[0]!.password;

@@ -5,7 +5,7 @@ import pg from 'pg';
 import { randomBytes } from 'node:crypto';
 import { inject } from 'vitest';
 import { migrate } from '../../src/fence/migrate.ts';
-import { provisionClientLogins } from '../../src/fence/client-logins.ts';
+import { PROVISIONING_LOCK_KEY, provisionClientLogins } from '../../src/fence/client-logins.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
@@ -146,5 +146,27 @@ describe('roles that would escape are refused', () => {
     ]);
     expect(a.problems.size + b.problems.size).toBe(0);
     expect(a.logins.get('twice')!.password).toBe(b.logins.get('twice')!.password);
+  });
+
+  test('a proxy starting while another provisions waits for its turn past the pool\'s lock_timeout', async () => {
+    // Like the proxy's pool (FENCEPOST_LOCK_TIMEOUT_MS), set on the connection.
+    const owner = new pg.Pool({ connectionString: db.url, max: 2, options: '-c lock_timeout=100' });
+    const other = await db.pool.connect();
+    try {
+      // The other instance, slow: it holds the provisioning lock for longer than lock_timeout.
+      await other.query('BEGIN');
+      await other.query('SELECT pg_advisory_xact_lock($1)', [PROVISIONING_LOCK_KEY.toString()]);
+      const started = Date.now();
+      const provisioning = provisionClientLogins(owner, clientRoleFor(db.pool), [{ keyName: 'turn', pgRole: good }]);
+      await new Promise((r) => setTimeout(r, 500));
+      await other.query('COMMIT');
+      const { logins, problems } = await provisioning;
+      expect(problems.size).toBe(0);
+      expect(logins.has('turn')).toBe(true);
+      expect(Date.now() - started).toBeGreaterThanOrEqual(500);
+    } finally {
+      other.release();
+      await owner.end();
+    }
   });
 });

@@ -4,7 +4,7 @@
 // component can be stopped and started again in place (same ports, same data), which is what the
 // nemesis does to it. Each proxy also serves its SQL endpoint (FENCEPOST_PGWIRE_PORT), and the
 // open-mode client login may write fencepost.objects, so writers of the `sql` and `tx` doors write
-// the rows the checker reads.
+// the rows the checker reads. Postgres and every process log under logs/.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -63,6 +63,8 @@ export class ChaosCluster implements NemesisTarget {
   readonly logDir: string;
   private pg: RunningPostgres | null = null;
   private pgPort = 0;
+  /** Set at the first start; a restart keeps port and data, so it holds while Postgres is down. */
+  private pgUrl: string | null = null;
   private zk: LocalZooKeeper | null = null;
   private readonly proxySlots: ProxySlot[] = [];
   private readonly writerSlots: WriterSlot[] = [];
@@ -107,9 +109,10 @@ export class ChaosCluster implements NemesisTarget {
     }
   }
 
+  /** Also while a fault has Postgres down: a writer restarted meanwhile needs it for its SQL door. */
   get databaseUrl(): string {
-    if (!this.pg) throw new Error('postgres is not running');
-    return this.pg.url;
+    if (this.pgUrl === null) throw new Error('postgres has not started');
+    return this.pgUrl;
   }
 
   get proxyUrls(): string[] {
@@ -298,7 +301,15 @@ export class ChaosCluster implements NemesisTarget {
 
   async startPostgres(): Promise<void> {
     if (this.pg) return;
-    this.pg = await startEmbeddedPostgres({ dataDir: join(this.opts.dir, 'postgres', 'data'), port: this.pgPort });
+    const log = join(this.logDir, 'postgres.log');
+    this.pg = await startEmbeddedPostgres({
+      dataDir: join(this.opts.dir, 'postgres', 'data'),
+      port: this.pgPort,
+      log: (line) => appendFileSync(log, line + '\n'),
+      // Which backend (pid, role, application) logged a line, and lock waits past deadlock_timeout.
+      postgresFlags: ['-c', 'log_line_prefix=%m [%p] %u %a ', '-c', 'log_lock_waits=on'],
+    });
+    this.pgUrl = this.pg.url;
   }
 
   // ---- shutdown -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // Starts real ZooKeeper servers (Debian's `zookeeper` package) for tests, the demo and chaos runs:
 // a standalone server or an N-server ensemble on loopback, each with its own data dir.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, mkdirSync, writeFileSync, rmSync, existsSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, readFileSync, writeFileSync, rmSync, existsSync } from 'node:fs';
 import { createServer, connect as tcpConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,15 +9,49 @@ import { join } from 'node:path';
 export const ZOOKEEPER_JAR = process.env.ZOOKEEPER_JAR ?? '/usr/share/java/zookeeper.jar';
 const CLASSPATH_EXTRA = ['/etc/zookeeper/conf'];
 
+/**
+ * A port free on 127.0.0.1 now, for a server started a moment later and again after each restart
+ * (a chaos run's proxies, Postgres, ZooKeeper). Drawn from outside the kernel's ephemeral range:
+ * listen(0) and outgoing connections anywhere on the machine (another test's servers) are handed
+ * ports from that range, so none of them can take this one while its server is down.
+ */
 export async function freePort(): Promise<number> {
-  return await new Promise((resolve, reject) => {
+  const ports = portsOutside(ephemeralRange()).flatMap(([lo, hi]) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i));
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const port = ports[Math.floor(Math.random() * ports.length)]!;
+    if (await bindable(port)) return port;
+  }
+  throw new Error('no free port outside the ephemeral range');
+}
+
+/** Below this, ports are left to services with well-known or registered numbers. */
+const LOWEST_PORT = 10_000;
+
+/** The kernel's ephemeral range (Linux: ip_local_port_range; elsewhere the IANA dynamic range). */
+export function ephemeralRange(): [number, number] {
+  try {
+    const [lo, hi] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (Number.isInteger(lo) && Number.isInteger(hi)) return [lo!, hi!];
+  } catch {
+    // not Linux
+  }
+  return [49_152, 65_535];
+}
+
+function portsOutside([lo, hi]: [number, number]): [number, number][] {
+  const ranges: [number, number][] = [];
+  if (lo - 1 >= LOWEST_PORT) ranges.push([LOWEST_PORT, lo - 1]);
+  if (hi + 1 <= 65_535) ranges.push([Math.max(hi + 1, LOWEST_PORT), 65_535]);
+  if (ranges.length === 0) throw new Error(`the ephemeral range ${lo}-${hi} leaves no port above ${LOWEST_PORT}`);
+  return ranges;
+}
+
+function bindable(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
     const srv = createServer();
     srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no port'))));
-    });
+    srv.once('error', () => resolve(false));
+    srv.listen({ host: '127.0.0.1', port, exclusive: true }, () => srv.close(() => resolve(true)));
   });
 }
 

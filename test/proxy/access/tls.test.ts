@@ -1,9 +1,8 @@
 // HTTPS with FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY: a real `fencepost serve` with certificates made
 // by openssl, reloaded on SIGHUP.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { execFileSync, spawnSync } from 'node:child_process';
-import { X509Certificate } from 'node:crypto';
-import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -11,23 +10,11 @@ import { ConfigError, loadConfig } from '../../../src/proxy/config.ts';
 import { TlsMaterial } from '../../../src/proxy/access/tls.ts';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { BIN, httpsGet, spawnProxy, type ProxyProcess } from '../../support/proxy.ts';
+import { makeCert as makeTlsCert, replaceFile } from '../../support/tls.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-tls-'));
 
-/** A self-signed certificate for 127.0.0.1 and localhost, written as <name>.cert.pem / <name>.key.pem. */
-function makeCert(name: string): { cert: string; key: string; pem: Buffer; fingerprint: string } {
-  const cert = join(dir, `${name}.cert.pem`);
-  const key = join(dir, `${name}.key.pem`);
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '2', '-subj', `/CN=${name}`, '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost'], { stdio: 'ignore' });
-  const pem = readFileSync(cert);
-  return { cert, key, pem, fingerprint: new X509Certificate(pem).fingerprint256 };
-}
-
-/** Replaces `target` with `source`'s content in one rename, as a deploy tool would. */
-function replaceFile(source: string, target: string): void {
-  writeFileSync(`${target}.new`, readFileSync(source));
-  renameSync(`${target}.new`, target);
-}
+const makeCert = (name: string) => makeTlsCert(dir, name);
 
 /** Polls until `check` holds (the reload happens when the signal is handled); fails with the last value. */
 async function until<T>(read: () => Promise<T>, check: (v: T) => boolean): Promise<T> {

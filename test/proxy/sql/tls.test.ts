@@ -3,34 +3,24 @@
 // node-postgres ssl); plaintext sessions are refused; bytes sent after the SSLRequest before the
 // handshake are refused (CVE-2021-23222 class); a reloaded certificate serves new sessions.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { execFile, execFileSync } from 'node:child_process';
-import { X509Certificate, createHash } from 'node:crypto';
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { connect as tcp } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { makeCert as makeTlsCert, replaceFile } from '../../support/tls.ts';
 
 const run = promisify(execFile);
 const PSQL = '/usr/bin/psql';
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgwire-tls-'));
 
-function makeCert(name: string): { cert: string; key: string; pem: Buffer; fingerprint: string } {
-  const cert = join(dir, `${name}.cert.pem`);
-  const key = join(dir, `${name}.key.pem`);
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key, '-out', cert, '-days', '2', '-subj', `/CN=${name}`, '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost'], { stdio: 'ignore' });
-  const pem = readFileSync(cert);
-  return { cert, key, pem, fingerprint: new X509Certificate(pem).fingerprint256 };
-}
-
-function replaceFile(source: string, target: string): void {
-  writeFileSync(`${target}.new`, readFileSync(source));
-  renameSync(`${target}.new`, target);
-}
+const makeCert = (name: string) => makeTlsCert(dir, name);
 
 const first = makeCert('first');
 const second = makeCert('second');

@@ -17,7 +17,7 @@ import type pg from 'pg';
 import type * as q from './queries.ts';
 import type { WriteRow } from './queries.ts';
 import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
-import { retryOnConflict } from './retry.ts';
+import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 import { readObjectFences } from './reads.ts';
 import type { RejectionLog } from './rejection-log.ts';
@@ -34,8 +34,6 @@ const LOCKED_FENCE_ALONE_MS = 10_000;
 const MIN_EXTRA_BATCH = 8;
 /** The longest the queue waits for MIN_EXTRA_BATCH writes while batches are in flight (see pump). */
 const HOLD_BACK_MS = 2;
-/** Back-off step between attempts of a statement that lost a race (retry.ts). */
-const BACKOFF_MS = 5;
 
 /**
  * A conditional write's precondition on its object, checked in the fenced write statement (see
@@ -352,6 +350,6 @@ export class WriteCoalescer {
     (await this.withRetry(() => this.pool.query<R>(statement))).rows;
 
   private withRetry<T>(fn: () => Promise<T>): Promise<T> {
-    return retryOnConflict(fn, { retries: this.retries, backoffMs: BACKOFF_MS });
+    return retryOnConflict(fn, { retries: this.retries, backoffMs: STATEMENT_BACKOFF_MS });
   }
 }

@@ -8,12 +8,9 @@ import type pg from 'pg';
 import type { Logger } from 'pino';
 import * as q from './queries.ts';
 import type { Door, RejectionRow } from './queries.ts';
-import { retryOnConflict } from './retry.ts';
+import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 
 export type { Door, RejectionRow };
-
-/** Back-off step between attempts (retry.ts), as for the store's write statements. */
-const BACKOFF_MS = 5;
 
 export interface RejectionLogOptions {
   /** Extra attempts after a deadlock or serialization failure: the store's (STORE_DEFAULTS.retries). */
@@ -37,7 +34,7 @@ export class RejectionLog {
     try {
       result = await retryOnConflict(() => this.pool.query<{ fence_key: string; highest_token: string }>(q.recordRejections(door, rows)), {
         retries: this.opts.retries,
-        backoffMs: BACKOFF_MS,
+        backoffMs: STATEMENT_BACKOFF_MS,
       });
     } catch (err) {
       this.opts.logger?.warn({ err, door, fenceKeys: [...new Set(rows.map((r) => r.fenceKey))], rejections: rows.length }, 'could not record a rejection');

@@ -3,6 +3,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isRetryable } from './pg-errors.ts';
 
+/** Back-off step for a single statement (a write batch, recording rejections) that lost a race. */
+export const STATEMENT_BACKOFF_MS = 5;
+
 export interface RetryOptions {
   /** Extra attempts after the first. */
   retries: number;

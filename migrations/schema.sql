@@ -108,6 +108,47 @@ CREATE TABLE fencepost.pending_counts (
 );
 -- fencepost.pending_counts: privileges {<owner>=arwdDxtm/<owner>}
 
+CREATE VIEW fencepost.protected_data AS
+ SELECT 'table'::text AS kind,
+    COALESCE(t.relation::regclass::text, t.relation::text) AS target,
+    t.fence_key,
+    t.declared_at,
+    (EXISTS ( SELECT 1
+           FROM pg_trigger g
+          WHERE g.tgrelid = t.relation AND g.tgname = 'fencepost_fence'::name AND g.tgenabled <> 'D'::"char")) AS enforced
+   FROM fencepost.protected_tables t
+UNION ALL
+ SELECT 'prefix'::text AS kind,
+    p.prefix AS target,
+    p.fence_key,
+    p.declared_at,
+    (EXISTS ( SELECT 1
+           FROM pg_trigger g
+          WHERE g.tgrelid = 'fencepost.objects'::regclass::oid AND g.tgname = 'fencepost_fence'::name AND g.tgenabled <> 'D'::"char")) AS enforced
+   FROM fencepost.protected_prefixes p;
+-- fencepost.protected_data: privileges (default)
+
+CREATE TABLE fencepost.protected_prefixes (
+  prefix text NOT NULL,
+  fence_key text NOT NULL,
+  declared_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT protected_prefixes_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
+  CONSTRAINT protected_prefixes_pkey PRIMARY KEY (prefix),
+  CONSTRAINT protected_prefixes_prefix CHECK ((prefix <> ''::text))
+);
+CREATE UNIQUE INDEX protected_prefixes_pkey ON fencepost.protected_prefixes USING btree (prefix);
+-- fencepost.protected_prefixes: privileges (default)
+
+CREATE TABLE fencepost.protected_tables (
+  relation oid NOT NULL,
+  fence_key text NOT NULL,
+  declared_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT protected_tables_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
+  CONSTRAINT protected_tables_pkey PRIMARY KEY (relation)
+);
+CREATE UNIQUE INDEX protected_tables_pkey ON fencepost.protected_tables USING btree (relation);
+-- fencepost.protected_tables: privileges (default)
+
 CREATE TABLE fencepost.rejection_minutes (
   minute timestamp with time zone NOT NULL,
   shard smallint NOT NULL,
@@ -182,6 +223,11 @@ BEGIN
       PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = v_raw::bigint FOR SHARE OF f;
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
+    PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
+  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+    CREATE TEMPORARY TABLE fencepost_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_no_prepare;
     RETURN true;
   END IF;
     END IF;
@@ -200,17 +246,19 @@ CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_ke
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
+DECLARE
+  r record;
 BEGIN
   IF capability IS DISTINCT FROM (SELECT c.secret FROM fencepost.fence_capability c) THEN
     RAISE EXCEPTION 'fencepost.fence_transaction may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
   INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
-  RETURN QUERY
-  WITH input AS (
-    SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
-  ),
-  held AS (
+  FOR r IN
+    WITH input AS (
+      SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
+    ),
+    held AS (
   SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN input k ON k.fence_key = f.fence_key AND f.highest_token >= k.token
   ORDER BY f.fence_key COLLATE "C"
   FOR SHARE OF f
@@ -228,14 +276,27 @@ fence AS (
   UNION ALL
   SELECT r.fence_key, r.highest_token FROM raised r
 ),
-  created AS (
-    INSERT INTO fencepost.totals AS t (shard, fences)
-    SELECT (32 + pg_backend_pid() % 32)::smallint, count(*) FROM raised WHERE created HAVING count(*) > 0
-    ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
-  )
-  SELECT i.ord, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END, txid_current()
-  FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
-  ORDER BY i.ord;
+    created AS (
+      INSERT INTO fencepost.totals AS t (shard, fences)
+      SELECT (32 + pg_backend_pid() % 32)::smallint, count(*) FROM raised WHERE created HAVING count(*) > 0
+      ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+    )
+    SELECT i.ord AS o, i.fence_key AS k, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END AS h, txid_current() AS x
+    FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+    ORDER BY i.ord
+  LOOP
+    IF r.h IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(capability || '|' || txid_current()::text || '|' || r.k || '|' || capability, 'UTF8')), 'hex'), true);
+  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+    CREATE TEMPORARY TABLE fencepost_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_no_prepare;
+    END IF;
+    ord := r.o;
+    highest_token := r.h;
+    xact := r.x;
+    RETURN NEXT;
+  END LOOP;
 END $function$;
 -- fencepost.fence_transaction(text,text[],bigint[],text): privileges {<owner>=X/<owner>}
 
@@ -263,6 +324,11 @@ BEGIN
     PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
+    PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
+  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+    CREATE TEMPORARY TABLE fencepost_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_no_prepare;
     RETURN QUERY SELECT 0, tokens::bigint, txid_current();
     RETURN;
   END IF;
@@ -286,6 +352,47 @@ BEGIN
   RAISE EXCEPTION 'fence rows are never deleted (%)', TG_OP USING ERRCODE = 'integrity_constraint_violation';
 END $function$;
 -- fencepost.refuse_fence_change(): privileges (default)
+
+CREATE OR REPLACE FUNCTION fencepost.refuse_misfenced_object()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_prefix text;
+  v_fence_key text;
+BEGIN
+  SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
+  WHERE starts_with(NEW.key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
+  IF FOUND AND v_fence_key IS DISTINCT FROM NEW.fence_key THEN
+    RAISE EXCEPTION 'object % is under protected prefix %: it is written under fence key %, not %', to_json(NEW.key), to_json(v_prefix), to_json(v_fence_key), to_json(NEW.fence_key)
+      USING ERRCODE = 'FP403',
+            DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
+            HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
+  END IF;
+  RETURN NEW;
+END $function$;
+-- fencepost.refuse_misfenced_object(): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
+BEGIN
+  IF strpos(coalesce(current_setting('fencepost.fenced', true), ''), encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || TG_ARGV[0] || '|' || v_secret, 'UTF8')), 'hex')) = 0 THEN
+    RAISE EXCEPTION '% on %.% refused: this transaction did not pass the fence of fence key %', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
+      USING ERRCODE = 'FP403',
+            DETAIL = format('protected table %s.%s, fence key %s', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])),
+            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', to_json(TG_ARGV[0]));
+  END IF;
+  RETURN NULL;
+END $function$;
+-- fencepost.refuse_unfenced_write(): privileges {<owner>=X/<owner>}
 
 CREATE OR REPLACE FUNCTION fencepost.seal_client_transaction(fenced_xact bigint)
  RETURNS void

@@ -1,4 +1,4 @@
-// `fencepost <command>`: serve | migrate | elect | doctor. (The demo and chaos harness: tools/cli.ts.)
+// `fencepost <command>`: serve | migrate | elect | doctor | leader | protect | unprotect. (The demo and chaos harness: tools/cli.ts.)
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../proxy/config.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
@@ -8,7 +8,9 @@ const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
   elect     run a command only while elected leader through ZooKeeper
   doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout
-  leader    print the current leader of an election path and its token`;
+  leader    print the current leader of an election path and its token
+  protect   declare a table or an object-key prefix protected by a fence key (Postgres enforces it)
+  unprotect take that protection off`;
 
 /** This package's version (src/cli/ and dist/cli/ are both two levels below package.json). */
 function version(): string {
@@ -38,6 +40,14 @@ async function main(argv: string[]): Promise<number> {
     case 'leader': {
       const { leaderCommand } = await import('./leader.ts');
       return await leaderCommand(rest);
+    }
+    case 'protect': {
+      const { protectCommand } = await import('./protect.ts');
+      return await protectCommand(rest);
+    }
+    case 'unprotect': {
+      const { unprotectCommand } = await import('./protect.ts');
+      return await unprotectCommand(rest);
     }
     case '--version':
     case '-v':

@@ -10,3 +10,5 @@ export const INVALID_FENCE_SETTING = 'FP400';
 export const FENCED_TRANSACTION_ENDED = 'FP410';
 /** The forgery guard could not reach ZooKeeper for this very (fence key, token): safe to retry. */
 export const GUARD_UNAVAILABLE = 'FP503';
+/** A write to protected data by a transaction that did not pass its fence (src/fence/protect.ts). */
+export const NOT_FENCED = 'FP403';

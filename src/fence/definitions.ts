@@ -10,13 +10,13 @@
 // REPLACE refuses); such a change is a migration that drops the old one first.
 import { createHash } from 'node:crypto';
 import pg from 'pg';
-import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from './codes.ts';
+import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, refuseUnlessProxy } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, markFenced, MARK_SETTING, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
 import { shardSql } from './shards.ts';
 
-export const DEFINITIONS_VERSION = 1;
+export const DEFINITIONS_VERSION = 2;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -60,7 +60,7 @@ END $$`,
   {
     // The fence rule for a transaction's fences, inside the writer's own transaction, so it commits
     // with the writer's statements or not at all. One row per input: highest_token null when the
-    // fence refused the token. `xact` is the transaction id (the proxy checks it again before
+    // fence refused the token; each fence passed marks the transaction (rule.ts markFenced). `xact` is the transaction id (the proxy checks it again before
     // COMMIT: a statement that ended the transaction cannot smuggle an unfenced one into it). Each
     // fence gets one pending_counts row: counted exactly when the transaction commits, folded into
     // the counters later (queries.ts foldPendingCounts), nothing shared held meanwhile.
@@ -72,22 +72,33 @@ CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_ke
 RETURNS TABLE (ord int, highest_token bigint, xact bigint)
 ${PROXY_FUNCTION} AS $$
 #variable_conflict use_column
+DECLARE
+  r record;
 BEGIN
   ${refuseUnlessProxy('fence_transaction', 'capability', CAPABILITY_SECRET_SQL)}
   INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
-  RETURN QUERY
-  WITH input AS (
-    SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
-  ),
-  ${fenceCtes('input', 'fence_transaction.writer_id')},
-  created AS (
-    INSERT INTO fencepost.totals AS t (shard, fences)
-    SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
-    ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
-  )
-  SELECT i.ord, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END, txid_current()
-  FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
-  ORDER BY i.ord;
+  FOR r IN
+    WITH input AS (
+      SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
+    ),
+    ${fenceCtes('input', 'fence_transaction.writer_id')},
+    created AS (
+      INSERT INTO fencepost.totals AS t (shard, fences)
+      SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
+      ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+    )
+    SELECT i.ord AS o, i.fence_key AS k, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END AS h, txid_current() AS x
+    FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+    ORDER BY i.ord
+  LOOP
+    IF r.h IS NOT NULL THEN
+      ${markFenced('capability', 'r.k')}
+    END IF;
+    ord := r.o;
+    highest_token := r.h;
+    xact := r.x;
+    RETURN NEXT;
+  END LOOP;
 END $$`,
   },
   {
@@ -117,7 +128,7 @@ BEGIN
   END IF;
   IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
     v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
-    ${leaderFastPath('v_key', 'tokens::bigint', 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;')}
+    ${leaderFastPath('v_secret', 'v_key', 'tokens::bigint', 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;')}
   END IF;
   RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
     ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),
@@ -271,7 +282,7 @@ BEGIN
       END LOOP;
     END IF;
     IF v_inside THEN
-      ${leaderFastPath('v_key', 'v_raw::bigint', 'RETURN true;')}
+      ${leaderFastPath('v_secret', 'v_key', 'v_raw::bigint', 'RETURN true;')}
     END IF;
   END IF;
   IF guard IS NOT NULL THEN
@@ -279,6 +290,70 @@ BEGIN
   END IF;
   RETURN fencepost.session_fence_check(fence_key_prefixes::text[], writer_id);
 END $$`,
+  },
+  {
+    // The trigger of every protected table (src/fence/protect.ts), FOR EACH STATEMENT before
+    // INSERT, UPDATE, DELETE and TRUNCATE (COPY FROM and MERGE fire them too): the statement goes on
+    // only in a transaction that passed the fence of TG_ARGV[0] (rule.ts markFenced), whoever sends
+    // it. A transaction holds the fences it passed until it ends, so no raise commits before it does.
+    name: 'fencepost.refuse_unfenced_write()',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write() RETURNS trigger
+${PROXY_FUNCTION} AS $$
+DECLARE
+  v_secret text := ${CAPABILITY_SECRET_SQL};
+BEGIN
+  IF strpos(coalesce(current_setting('${MARK_SETTING}', true), ''), ${transactionMark('v_secret', 'TG_ARGV[0]')}) = 0 THEN
+    RAISE EXCEPTION '% on %.% refused: this transaction did not pass the fence of fence key %', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
+      USING ERRCODE = '${NOT_FENCED}',
+            DETAIL = format('protected table %s.%s, fence key %s', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])),
+            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', to_json(TG_ARGV[0]));
+  END IF;
+  RETURN NULL;
+END $$`,
+  },
+  {
+    // The trigger on fencepost.objects while any prefix is protected (src/fence/protect.ts), FOR
+    // EACH ROW before INSERT and UPDATE: an object under a protected prefix (the longest one that
+    // matches) is written under that prefix's fence key, whatever the request's Fence-Key said. The
+    // proxy resolves the fence key the same way; this refuses a write it resolved otherwise.
+    name: 'fencepost.refuse_misfenced_object()',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.refuse_misfenced_object() RETURNS trigger
+${PROXY_FUNCTION} AS $$
+DECLARE
+  v_prefix text;
+  v_fence_key text;
+BEGIN
+  SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
+  WHERE starts_with(NEW.key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
+  IF FOUND AND v_fence_key IS DISTINCT FROM NEW.fence_key THEN
+    RAISE EXCEPTION 'object % is under protected prefix %: it is written under fence key %, not %', to_json(NEW.key), to_json(v_prefix), to_json(v_fence_key), to_json(NEW.fence_key)
+      USING ERRCODE = '${NOT_FENCED}',
+            DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
+            HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
+  END IF;
+  RETURN NEW;
+END $$`,
+  },
+  {
+    // What is protected, for operators at a psql prompt and for `fencepost protect --list`.
+    name: 'fencepost.protected_data',
+    revoke: false,
+    client: false,
+    sql: `
+CREATE OR REPLACE VIEW fencepost.protected_data AS
+  SELECT 'table'::text AS kind, coalesce(t.relation::regclass::text, t.relation::text) AS target, t.fence_key, t.declared_at,
+    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = t.relation AND g.tgname = 'fencepost_fence' AND g.tgenabled <> 'D') AS enforced
+  FROM fencepost.protected_tables t
+  UNION ALL
+  SELECT 'prefix', p.prefix, p.fence_key, p.declared_at,
+    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = 'fencepost.objects'::regclass AND g.tgname = 'fencepost_fence' AND g.tgenabled <> 'D')
+  FROM fencepost.protected_prefixes p`,
   },
   {
     // Each fence with its counts, for operators at a psql prompt (the proxy reads the same sums):

@@ -16,6 +16,15 @@
 //   exclusive, so statements over several fences never deadlock on them.
 // A fence row is never lowered or deleted (triggers of migration 0003 refuse it, whoever asks).
 //
+// Protected data (migration 0017, src/fence/protect.ts): a transaction that passed a fence is
+// marked (markFenced): `fencepost.fenced`, a transaction-local setting, gets transactionMark() of
+// that fence key, a hash of the capability secret, the transaction id and the key. Anyone may set
+// the setting; nobody without the secret can compute a mark, and a mark is good for its own
+// transaction only. A protected table's trigger (refuse_unfenced_write) checks for the mark of its
+// fence key. The same step opens a temporary table of the session's, so PREPARE TRANSACTION fails
+// in every fenced transaction ("operated on temporary objects"): a prepared transaction would hold
+// its fence across restarts, and commit whenever someone says so.
+//
 // The capability: the proxy's SQL functions run as the schema owner (SECURITY DEFINER) for client
 // logins that may execute them, so each checks that its caller is the proxy: the raw secret of
 // fencepost.fence_capability as a bind parameter, or a hash of it bound to one backend and the
@@ -71,15 +80,39 @@ fence AS (
 
 /**
  * plpgsql: the leader's case, one fence at exactly `token`: the share step alone, then its count
- * (one pending_counts row, committed with the transaction) and `onHeld`. Anything else (a raise,
- * a new fence, a stale token) falls through to the full rule.
+ * (one pending_counts row, committed with the transaction), the mark and `onHeld`. Anything else
+ * (a raise, a new fence, a stale token) falls through to the full rule.
  */
-export function leaderFastPath(fenceKey: string, token: string, onHeld: string): string {
+export function leaderFastPath(secret: string, fenceKey: string, token: string, onHeld: string): string {
   return `PERFORM FROM fencepost.fences f WHERE f.fence_key = ${fenceKey} AND f.highest_token = ${token} FOR SHARE OF f;
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (${fenceKey});
+    ${markFenced(secret, fenceKey)}
     ${onHeld}
   END IF;`;
+}
+
+/** SQL: the mark of fence key `fenceKey` (a text expression) for this transaction; `secret` is the capability secret. */
+export function transactionMark(secret: string, fenceKey: string): string {
+  return `encode(sha256(convert_to(${secret} || '|' || txid_current()::text || '|' || ${fenceKey} || '|' || ${secret}, 'UTF8')), 'hex')`;
+}
+
+/** The setting that holds a transaction's marks (transaction-local). */
+export const MARK_SETTING = 'fencepost.fenced';
+
+/** The session's temporary table every fenced transaction opens (no PREPARE TRANSACTION). */
+export const NO_PREPARE_TABLE = 'fencepost_no_prepare';
+
+/**
+ * plpgsql, in a SECURITY DEFINER function: this transaction passed the fence `fenceKey` (holding
+ * it until it ends). Marks it for protected tables and rules out PREPARE TRANSACTION.
+ */
+export function markFenced(secret: string, fenceKey: string): string {
+  return `PERFORM pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true);
+  IF pg_catalog.to_regclass('pg_temp.${NO_PREPARE_TABLE}') IS NULL THEN
+    CREATE TEMPORARY TABLE ${NO_PREPARE_TABLE} ();
+  END IF;
+  PERFORM FROM pg_temp.${NO_PREPARE_TABLE};`;
 }
 
 /** plpgsql: refuse a caller whose `presented` capability is not `expected` (an SQL expression). */

@@ -22,6 +22,7 @@ export const ERRORS = {
   too_many_statements: { status: 400, description: 'more statements than `FENCEPOST_TX_MAX_STATEMENTS` or more than 100 fences' },
   statement_not_allowed: { status: 400, description: 'a statement starts with transaction or session control (`BEGIN`, `COMMIT`, `SET`, `RESET`, `DO`, `COPY`, …) or calls `set_config` (refused before anything runs), or a statement ended the transaction however it was written (body adds `statement`; nothing after it was applied)' },
   sql_error: { status: 400, description: 'a statement failed: syntax, undefined object, data exception, …; body adds `sqlState` and `statement` (index, or null for COMMIT); nothing applied' },
+  not_fenced: { status: 403, description: 'SQLSTATE FP403: a write to protected data (`fencepost protect`) by a transaction that did not pass its fence: a protected table outside the transaction\'s `fences`, or an object under a protected prefix sent with another `Fence-Key`; body adds `sqlState` and `statement` on `/v1/transactions`; nothing applied' },
   sql_permission_denied: { status: 403, description: 'SQLSTATE 42501: the key\'s Postgres role may not do this; nothing applied' },
   sql_conflict: { status: 409, description: 'constraint violation (SQLSTATE 23xxx), or serialization failure/deadlock still failing after the retries; nothing applied' },
   sql_timeout: { status: 504, description: 'a statement ran past `FENCEPOST_TX_STATEMENT_TIMEOUT_MS` (SQLSTATE 57014), or the whole transaction past `FENCEPOST_TX_TIMEOUT_MS`; nothing applied' },

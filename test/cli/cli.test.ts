@@ -64,7 +64,7 @@ describe('flags', () => {
     }
   });
 
-  test.each(['serve', 'migrate', 'elect', 'doctor', 'leader'])('%s with an unknown flag exits 2 with its usage', (command) => {
+  test.each(['serve', 'migrate', 'elect', 'doctor', 'leader', 'protect', 'unprotect'])('%s with an unknown flag exits 2 with its usage', (command) => {
     const r = run([command, '--no-such-flag'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
     expect(r.status, r.stderr).toBe(2);
     expect(r.stderr).toContain('--no-such-flag');
@@ -97,6 +97,31 @@ describe('flags', () => {
 
   test('a bad --port is refused naming the flag', () => {
     expect(oneLineFailure(run(['serve', '--port', '70000']))).toMatch(/^fencepost: invalid configuration: --port: must be between 0 and 65535, got 70000$/);
+  });
+});
+
+describe('protect', () => {
+  test('protects a table and a prefix in the database, lists them, and takes them off; a missing table fails in one line', async () => {
+    const db = await createTestDatabase();
+    try {
+      await db.pool.query('CREATE TABLE public.cli_orders (id int)');
+      const env = { DATABASE_URL: db.url };
+      const table = run(['protect', 'public.cli_orders', '--fence-key', 'orders/main'], env);
+      expect(table.status, table.stderr).toBe(0);
+      expect(table.stdout).toContain('protected by fence key "orders/main": cli_orders');
+      expect(run(['protect', '--prefix', 'jobs/', '--fence-key', 'jobs'], env).status).toBe(0);
+      const list = run(['protect', '--list'], env);
+      expect(list.stdout.trim().split('\n').sort()).toEqual(['prefix\tjobs/\tjobs', 'table\tcli_orders\torders/main']);
+      await expect(db.pool.query('INSERT INTO public.cli_orders VALUES (1)')).rejects.toMatchObject({ code: 'FP403' });
+      expect(oneLineFailure(run(['protect', 'public.nothing', '--fence-key', 'k'], env))).toBe('fencepost: table public.nothing does not exist');
+      expect(run(['protect', 'public.cli_orders'], env).status).toBe(2);
+      expect(run(['unprotect', 'public.cli_orders'], env).status).toBe(0);
+      expect(run(['unprotect', '--prefix', 'jobs/'], env).stdout).toContain('no longer protected');
+      expect(run(['protect', '--list'], env).stdout).toBe('nothing is protected\n');
+      await db.pool.query('INSERT INTO public.cli_orders VALUES (1)');
+    } finally {
+      await db.drop();
+    }
   });
 });
 

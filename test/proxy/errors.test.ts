@@ -10,6 +10,7 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
+import { protectTable } from '../../src/fence/protect.ts';
 import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../support/keys.ts';
 import { inject } from 'vitest';
 
@@ -158,6 +159,8 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
     await db.pool.query(`CREATE TABLE public.err_t (id int PRIMARY KEY)`);
     await db.pool.query(`GRANT SELECT, INSERT ON public.err_t TO ${role}`);
+    await db.pool.query(`CREATE TABLE public.err_protected (id int PRIMARY KEY); GRANT SELECT, INSERT ON public.err_protected TO ${role}`);
+    await protectTable(db.pool, 'public.err_protected', 'w/protected');
     secured = securedApp(db.pool, role, {
       forgeryGuard: { zkConnect: inject('zkConnect'), mappings: [{ prefix: 'w/guarded/', electionPath: `/fencepost-test/err-${role}` }] },
       requestTimeoutMs: 300,
@@ -166,7 +169,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
   });
   afterAll(async () => {
     await secured.close();
-    await db.pool.query(`DROP TABLE public.err_t; REVOKE ALL ON SCHEMA public FROM ${role}`).catch(() => {});
+    await db.pool.query(`DROP TABLE public.err_t, public.err_protected; REVOKE ALL ON SCHEMA public FROM ${role}`).catch(() => {});
     await adminQuery(`DROP OWNED BY ${role}; DROP ROLE ${role}`).catch(() => {});
   });
 
@@ -190,6 +193,8 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     expect(syntax.json()).toMatchObject({ sqlState: '42601', statement: 0 });
     await expectError('sql_permission_denied', tx([{ sql: 'SELECT * FROM fencepost.fences' }]), secured);
     await expectError('sql_conflict', tx([{ sql: 'INSERT INTO public.err_t VALUES (1), (1)' }]), secured);
+    const unfenced = await expectError('not_fenced', tx([{ sql: 'INSERT INTO public.err_protected VALUES (1)' }]), secured);
+    expect(unfenced.json()).toMatchObject({ sqlState: 'FP403', statement: 0 });
     await expectError('sql_timeout', tx([{ sql: 'SELECT pg_sleep(2)' }]), secured);
   });
 

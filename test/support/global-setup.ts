@@ -29,7 +29,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
       pg = await startEmbeddedPostgres({
         dataDir: join(pgDir, 'data'),
         port: await freePort(),
-        postgresFlags: ['-c', 'max_connections=300'],
+        // Prepared transactions enabled, so the tests show that no door lets client SQL prepare one.
+        postgresFlags: ['-c', 'max_connections=300', '-c', 'max_prepared_transactions=10'],
       });
       return pg.url;
     })(),

@@ -35,6 +35,7 @@ const OPERATION_ERRORS: Record<string, readonly ErrorCode[]> = {
     'too_many_statements',
     'statement_not_allowed',
     'sql_error',
+    'not_fenced',
     'sql_permission_denied',
     'sql_conflict',
     'sql_timeout',

@@ -17,6 +17,7 @@ import {
   type TxFence,
   type TxStatement,
 } from '../../../fence/transaction.ts';
+import { NOT_FENCED } from '../../../fence/codes.ts';
 import { CONFLICT_ERROR_CLASSES, INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, RETRYABLE_ERROR_CODES, sqlState } from '../../../fence/pg-errors.ts';
 import { ApiError } from '../../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
@@ -176,6 +177,7 @@ function sqlApiError(err: unknown, index: number | null): ApiError {
   const msg = (err as Error).message;
   const where = index === null ? 'the transaction' : `statements[${index}]`;
   if (state === QUERY_CANCELED) return new ApiError('sql_timeout', `${where} ran past the statement timeout; nothing applied`, extra, { cause: err });
+  if (state === NOT_FENCED) return new ApiError('not_fenced', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   if (state === INSUFFICIENT_PRIVILEGE) return new ApiError('sql_permission_denied', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state) || state === LOCK_NOT_AVAILABLE) {
     return new ApiError('sql_conflict', `${where}: ${msg}; nothing applied`, extra, { cause: err });

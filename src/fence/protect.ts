@@ -1,0 +1,191 @@
+// Protected data: what each fence key guards, declared by an operator (`fencepost protect`) and
+// stored in the database (migration 0017). Postgres enforces it, not the proxy:
+// - a protected table gets the trigger `fencepost_fence` (definitions.ts refuse_unfenced_write),
+//   FOR EACH STATEMENT before INSERT, UPDATE, DELETE and TRUNCATE (COPY FROM and MERGE fire them
+//   too): a statement of a transaction that did not pass that fence key's fence fails with FP403,
+//   through either SQL door and straight to Postgres alike. Partitions and inheritance children
+//   present when the table is protected get the trigger too (a write to a child fires only the
+//   child's statement triggers).
+// - a protected object-key prefix: objects under it are fenced by its fence key, whatever the
+//   request's Fence-Key says; while any prefix is protected, fencepost.objects has the trigger
+//   `fencepost_fence` (refuse_misfenced_object) refusing any other.
+// What the trigger cannot stop: the table's owner (or a superuser) dropping or disabling it, or a
+// superuser's session_replication_role = replica. Writers' roles must not own protected tables.
+import pg from 'pg';
+import type { Query } from './queries.ts';
+import { keyProblem } from './key.ts';
+import { INSUFFICIENT_PRIVILEGE, sqlState } from './pg-errors.ts';
+
+export const PROTECT_TRIGGER = 'fencepost_fence';
+
+export class ProtectError extends Error {
+  constructor(
+    message: string,
+    /** SQL an operator may run to make it possible (empty when none helps). */
+    readonly sql: string[] = [],
+  ) {
+    super(message);
+    this.name = 'ProtectError';
+  }
+}
+
+export interface ProtectedItem {
+  kind: 'table' | 'prefix';
+  /** The table (as regclass text) or the prefix. */
+  target: string;
+  fenceKey: string;
+  /** Its trigger is there and enabled. */
+  enforced: boolean;
+}
+
+export interface ProtectedTables {
+  /** The tables that got the trigger: the one named and its partitions or children. */
+  tables: string[];
+  /** The owner of each (the role that could drop the trigger). */
+  owners: string[];
+}
+
+const q = {
+  /** The table and every descendant (partitions, inheritance children), as regclass text. */
+  family: (table: string): Query => ({
+    text: `WITH RECURSIVE family(oid) AS (
+             SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1) AND c.relkind IN ('r', 'p')
+             UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN family f ON i.inhparent = f.oid)
+           SELECT c.oid::int8::text AS oid, c.oid::regclass::text AS name, pg_catalog.pg_get_userbyid(c.relowner) AS owner, n.nspname
+           FROM family f JOIN pg_catalog.pg_class c ON c.oid = f.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+           ORDER BY c.oid = pg_catalog.to_regclass($1) DESC, c.oid`,
+    values: [table],
+  }),
+  relkind: (table: string): Query => ({ text: 'SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)', values: [table] }),
+  declareTable: (oid: string, fenceKey: string): Query => ({
+    text: `INSERT INTO fencepost.protected_tables (relation, fence_key) VALUES ($1::int8::oid, $2)
+           ON CONFLICT (relation) DO UPDATE SET fence_key = EXCLUDED.fence_key, declared_at = now()`,
+    values: [oid, fenceKey],
+  }),
+  forgetTable: (oid: string): Query => ({ text: 'DELETE FROM fencepost.protected_tables WHERE relation = $1::int8::oid', values: [oid] }),
+  declarePrefix: (prefix: string, fenceKey: string): Query => ({
+    text: `INSERT INTO fencepost.protected_prefixes (prefix, fence_key) VALUES ($1, $2)
+           ON CONFLICT (prefix) DO UPDATE SET fence_key = EXCLUDED.fence_key, declared_at = now()`,
+    values: [prefix, fenceKey],
+  }),
+  forgetPrefix: (prefix: string): Query => ({ text: 'DELETE FROM fencepost.protected_prefixes WHERE prefix = $1', values: [prefix] }),
+  anyPrefix: (): Query => ({ text: 'SELECT 1 FROM fencepost.protected_prefixes LIMIT 1' }),
+  list: (): Query => ({ text: 'SELECT kind, target, fence_key, enforced FROM fencepost.protected_data ORDER BY kind, target' }),
+  prefixes: (): Query => ({ text: 'SELECT prefix, fence_key FROM fencepost.protected_prefixes' }),
+  /** Serialises declarations (and the objects trigger's creation) of instances at once. */
+  lock: (): Query => ({ text: 'LOCK TABLE fencepost.protected_prefixes, fencepost.protected_tables IN SHARE ROW EXCLUSIVE MODE' }),
+};
+
+/** DDL takes no parameters: names come from pg_class (regclass text, quoted), the fence key as a literal. */
+const ddl = {
+  dropTrigger: (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`,
+  tableTrigger: (rel: string, fenceKey: string) =>
+    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)})`,
+  objectsTrigger: () => `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`,
+};
+
+function checkFenceKey(fenceKey: string): void {
+  const problem = keyProblem(fenceKey);
+  if (problem !== null) throw new ProtectError(`fence key ${JSON.stringify(fenceKey)} ${problem}`);
+}
+
+async function inTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query(q.lock());
+    const result = await work(client);
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+}
+
+async function tableFamily(client: pg.PoolClient, table: string) {
+  const { rows } = await client.query<{ oid: string; name: string; owner: string; nspname: string }>(q.family(table));
+  if (rows.length === 0) {
+    const kind = (await client.query<{ relkind: string }>(q.relkind(table))).rows[0]?.relkind;
+    throw new ProtectError(kind === undefined ? `table ${table} does not exist` : `${table} is not a table (relkind ${kind}): protect the table it writes to`);
+  }
+  if (rows.some((r) => r.nspname === 'fencepost')) throw new ProtectError(`${table} is fencepost's own table: it is protected already`);
+  return rows;
+}
+
+/** Protects `table` (and its partitions or children) with the fence of `fenceKey`. */
+export async function protectTable(pool: pg.Pool, table: string, fenceKey: string): Promise<ProtectedTables> {
+  checkFenceKey(fenceKey);
+  return inTransaction(pool, async (client) => {
+    const family = await tableFamily(client, table);
+    const me = (await client.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u;
+    for (const rel of family) {
+      await client.query(q.declareTable(rel.oid, fenceKey));
+      try {
+        await client.query(ddl.dropTrigger(rel.name));
+        await client.query(ddl.tableTrigger(rel.name, fenceKey));
+      } catch (err) {
+        if (sqlState(err) !== INSUFFICIENT_PRIVILEGE) throw err;
+        throw new ProtectError(`the proxy's database role may not create triggers on ${rel.name} (${(err as Error).message}); have its owner (${rel.owner}) or a superuser run:`, [
+          `GRANT TRIGGER ON ${rel.name} TO ${pg.escapeIdentifier(me)}`,
+        ]);
+      }
+    }
+    return { tables: family.map((r) => r.name), owners: [...new Set(family.map((r) => r.owner))] };
+  });
+}
+
+/** Takes the protection off `table` and its partitions or children. */
+export async function unprotectTable(pool: pg.Pool, table: string): Promise<string[]> {
+  return inTransaction(pool, async (client) => {
+    const family = await tableFamily(client, table);
+    for (const rel of family) {
+      await client.query(q.forgetTable(rel.oid));
+      await client.query(ddl.dropTrigger(rel.name));
+    }
+    return family.map((r) => r.name);
+  });
+}
+
+/** Objects whose keys start with `prefix` are fenced by `fenceKey`. */
+export async function protectPrefix(pool: pg.Pool, prefix: string, fenceKey: string): Promise<void> {
+  checkFenceKey(fenceKey);
+  const problem = keyProblem(prefix);
+  if (problem !== null) throw new ProtectError(`prefix ${JSON.stringify(prefix)} ${problem}`);
+  await inTransaction(pool, async (client) => {
+    const first = (await client.query(q.anyPrefix())).rowCount === 0;
+    await client.query(q.declarePrefix(prefix, fenceKey));
+    if (first) {
+      await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
+      await client.query(ddl.objectsTrigger());
+    }
+  });
+}
+
+/** Takes the protection off `prefix`; returns false when it was not protected. */
+export async function unprotectPrefix(pool: pg.Pool, prefix: string): Promise<boolean> {
+  return inTransaction(pool, async (client) => {
+    const removed = ((await client.query(q.forgetPrefix(prefix))).rowCount ?? 0) > 0;
+    if ((await client.query(q.anyPrefix())).rowCount === 0) await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
+    return removed;
+  });
+}
+
+export async function listProtected(pool: pg.Pool): Promise<ProtectedItem[]> {
+  const { rows } = await pool.query<{ kind: 'table' | 'prefix'; target: string; fence_key: string; enforced: boolean }>(q.list());
+  return rows.map((r) => ({ kind: r.kind, target: r.target, fenceKey: r.fence_key, enforced: r.enforced }));
+}
+
+/** The protected prefixes and their fence keys, longest prefix first. */
+export async function protectedPrefixes(pool: pg.Pool): Promise<{ prefix: string; fenceKey: string }[]> {
+  const { rows } = await pool.query<{ prefix: string; fence_key: string }>(q.prefixes());
+  return rows.map((r) => ({ prefix: r.prefix, fenceKey: r.fence_key })).sort((a, b) => Buffer.byteLength(b.prefix) - Buffer.byteLength(a.prefix));
+}
+
+/** The fence key that guards `objectKey` under `prefixes` (protectedPrefixes' order), or null. */
+export function protectingFenceKey(prefixes: readonly { prefix: string; fenceKey: string }[], objectKey: string): string | null {
+  for (const p of prefixes) if (objectKey.startsWith(p.prefix)) return p.fenceKey;
+  return null;
+}

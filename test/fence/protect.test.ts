@@ -1,0 +1,169 @@
+// Protected data, enforced by Postgres: a protected table takes writes only from a transaction that
+// passed its fence key's fence, whichever door, protocol or statement kind the write comes by, and
+// straight to Postgres not at all. Invariant of every refusal here: the table holds nothing it did
+// not hold before (read in Postgres, by the owner).
+import { describe, expect } from 'vitest';
+import { spawnSync } from 'node:child_process';
+import pg from 'pg';
+import { sqlTest } from '../support/fixtures.ts';
+import { fenceOptions, fenceRow } from '../support/sql.ts';
+import { clientRoleFor, type TestDatabase } from '../support/db.ts';
+import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
+
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.orders (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE' },
+  { definition: 'public.notes (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+]);
+
+const FENCE = 'orders/main';
+const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const count = async (db: TestDatabase) => Number((await db.pool.query<{ n: string }>('SELECT count(*) AS n FROM public.orders')).rows[0]!.n);
+const ids = { next: 1 };
+const id = () => ids.next++;
+
+async function setup(db: TestDatabase): Promise<void> {
+  if ((await listProtected(db.pool)).some((p) => p.target === 'orders')) return;
+  await protectTable(db.pool, 'public.orders', FENCE);
+  await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ($1, 6) ON CONFLICT DO NOTHING`, [FENCE]);
+}
+
+describe('a protected table', () => {
+  test('is declared in the database with its trigger enforced', async ({ db, sql }) => {
+    void sql;
+    await setup(db);
+    expect(await listProtected(db.pool)).toContainEqual({ kind: 'table', target: 'orders', fenceKey: FENCE, enforced: true });
+  });
+
+  test('refuses every kind of write straight to Postgres, even by its owner: INSERT, UPDATE, DELETE, TRUNCATE, COPY, MERGE, a view', async ({ db, sql }) => {
+    void sql;
+    await setup(db);
+    const before = await count(db);
+    await db.pool.query('CREATE OR REPLACE VIEW public.orders_view AS SELECT * FROM public.orders');
+    const attempts = [
+      `INSERT INTO public.orders VALUES (${id()}, 'direct')`,
+      `UPDATE public.orders SET v = 'x'`,
+      `DELETE FROM public.orders`,
+      `TRUNCATE public.orders`,
+      `MERGE INTO public.orders o USING (SELECT ${id()} AS id) s ON o.id = s.id WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'merge')`,
+      `INSERT INTO public.orders_view VALUES (${id()}, 'view')`,
+      `BEGIN READ WRITE; SELECT set_config('fencepost.fenced', repeat('a', 64), true); INSERT INTO public.orders VALUES (${id()}, 'forged'); COMMIT`,
+    ];
+    for (const sqlText of attempts) expect(await code(db.pool.query(sqlText)), sqlText).toBe('FP403');
+    // COPY FROM (psql's \copy sends COPY … FROM STDIN) fires the INSERT statement trigger.
+    const copy = spawnSync('psql', [db.url, '-v', 'ON_ERROR_STOP=1', '-c', 'COPY public.orders FROM STDIN'], { input: `${id()}\tcopy\n\\.\n`, encoding: 'utf8' });
+    expect(copy.status).not.toBe(0);
+    expect(copy.stderr).toMatch(/did not pass the fence/);
+    expect(await count(db)).toBe(before);
+  });
+
+  test('refuses a write on the client login straight to Postgres, with the hint naming the fence key', async ({ db, sql }) => {
+    void sql;
+    await setup(db);
+    const login = clientRoleFor(db.url);
+    const password = (await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login])).rows[0]!.password;
+    const url = new URL(db.url);
+    url.username = login;
+    url.password = password;
+    const c = new pg.Client({ connectionString: url.toString() });
+    await c.connect();
+    const err = await c.query(`INSERT INTO public.orders VALUES (${id()}, 'bypass')`).catch((e: pg.DatabaseError) => e);
+    expect((err as pg.DatabaseError).code).toBe('FP403');
+    expect((err as pg.DatabaseError).hint).toContain(JSON.stringify(FENCE));
+    await c.end();
+  });
+
+  test('takes writes from an SQL-endpoint session at the fence\'s token, in the simple and the extended protocol', async ({ db, sql }) => {
+    await setup(db);
+    const c = await sql.connect('leader', { options: fenceOptions(6, FENCE) });
+    const before = await count(db);
+    await c.query(`INSERT INTO public.orders VALUES (${id()}, 'simple')`);
+    await c.query('INSERT INTO public.orders VALUES ($1, $2)', [id(), 'extended']);
+    await c.query('BEGIN');
+    await c.query(`UPDATE public.orders SET v = v`);
+    await c.query('COMMIT');
+    expect(await count(db)).toBe(before + 2);
+    await c.end();
+  });
+
+  test('refuses a session without a token even in a transaction it made read-write itself', async ({ db, sql }) => {
+    await setup(db);
+    const c = await sql.connect('tokenless');
+    const before = await count(db);
+    await c.query('BEGIN READ WRITE').catch(() => {});
+    const state = await code(c.query(`INSERT INTO public.orders VALUES (${id()}, 'tokenless')`));
+    expect(['FP403', '25006']).toContain(state);
+    await c.query('ROLLBACK');
+    await c.query('SET default_transaction_read_only = off').catch(() => {});
+    expect(['FP403', '25006']).toContain(await code(c.query(`INSERT INTO public.orders VALUES (${id()}, 'tokenless')`)));
+    expect(await count(db)).toBe(before);
+    await c.end();
+  });
+
+  test('refuses a session fenced by another fence key, and a stale one', async ({ db, sql }) => {
+    await setup(db);
+    const before = await count(db);
+    const other = await sql.connect('other-key', { options: fenceOptions(1, 'notes/main') });
+    expect(await code(other.query(`INSERT INTO public.orders VALUES (${id()}, 'other fence')`))).toBe('FP403');
+    await other.query(`INSERT INTO public.notes VALUES (${id()}, 'unprotected table')`); // the session itself works
+    await other.end();
+    const stale = await sql.connect('stale', { options: fenceOptions(5, FENCE) });
+    expect(await code(stale.query(`INSERT INTO public.orders VALUES (${id()}, 'stale')`))).toBe('FP409');
+    await stale.end();
+    expect(await count(db)).toBe(before);
+    expect(await fenceRow(db.pool, FENCE)).toEqual({ highest_token: '6' });
+  });
+
+  test('refuses PREPARE TRANSACTION in a fenced transaction on the SQL endpoint', async ({ db, sql }) => {
+    await setup(db);
+    const c = await sql.connect('preparer', { options: fenceOptions(6, FENCE) });
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO public.orders VALUES (${id()}, 'to prepare')`);
+    // The test Postgres allows prepared transactions (global-setup.ts): the fence's temporary table refuses it.
+    const err = await c.query(`PREPARE TRANSACTION 'fp-x'`).catch((e: pg.DatabaseError) => e);
+    expect((err as pg.DatabaseError).code).toBe('0A000');
+    await c.query('ROLLBACK').catch(() => {});
+    expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts')).rowCount).toBe(0);
+    await c.end();
+  });
+
+  test('through POST /v1/transactions: writes with the fence key among its fences, refused with 403 not_fenced without', async ({ db, sql }) => {
+    await setup(db);
+    const before = await count(db);
+    const post = (fences: { key: string; token: string }[], stmt: string) =>
+      fetch(`${sql.proxy.url}/v1/transactions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ fences, statements: [{ sql: stmt }] }) });
+    const ok = await post([{ key: FENCE, token: '6' }], `INSERT INTO public.orders VALUES (${id()}, 'tx')`);
+    expect(ok.status, await ok.clone().text()).toBe(200);
+    const refused = await post([{ key: 'elsewhere', token: '1' }], `INSERT INTO public.orders VALUES (${id()}, 'tx other')`);
+    expect(refused.status).toBe(403);
+    expect(await refused.json()).toMatchObject({ error: 'not_fenced', sqlState: 'FP403', statement: 0 });
+    expect(await count(db)).toBe(before + 1);
+    // A statement that prepares the transaction however it is spelt: refused by the fence's temporary table.
+    const prepared = await post([{ key: FENCE, token: '6' }], `;PREPARE TRANSACTION 'fp-y'`);
+    expect(prepared.status).toBe(400);
+    expect(await prepared.json()).toMatchObject({ error: 'sql_error', sqlState: '0A000' });
+    expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts')).rowCount).toBe(0);
+  });
+
+  test('is taken off with unprotect; a view or a fencepost table cannot be protected', async ({ db, sql }) => {
+    void sql;
+    await db.pool.query('CREATE TABLE IF NOT EXISTS public.scratch (id int)');
+    await protectTable(db.pool, 'public.scratch', 'scratch');
+    expect(await code(db.pool.query('INSERT INTO public.scratch VALUES (1)'))).toBe('FP403');
+    expect(await unprotectTable(db.pool, 'public.scratch')).toEqual(['scratch']);
+    await db.pool.query('INSERT INTO public.scratch VALUES (1)');
+    await db.pool.query('CREATE OR REPLACE VIEW public.scratch_view AS SELECT * FROM public.scratch');
+    await expect(protectTable(db.pool, 'public.scratch_view', 'x')).rejects.toThrow(ProtectError);
+    await expect(protectTable(db.pool, 'fencepost.fences', 'x')).rejects.toThrow(/fencepost's own/);
+    await expect(protectTable(db.pool, 'public.nothing_here', 'x')).rejects.toThrow(/does not exist/);
+  });
+
+  test('covers the partitions present when it is protected', async ({ db, sql }) => {
+    void sql;
+    await db.pool.query(`CREATE TABLE public.events (id int, at int) PARTITION BY RANGE (at);
+      CREATE TABLE public.events_1 PARTITION OF public.events FOR VALUES FROM (0) TO (100)`);
+    const { tables } = await protectTable(db.pool, 'public.events', 'events');
+    expect(tables).toEqual(['events', 'events_1']);
+    expect(await code(db.pool.query('INSERT INTO public.events VALUES (1, 1)'))).toBe('FP403');
+    expect(await code(db.pool.query('INSERT INTO public.events_1 VALUES (1, 1)'))).toBe('FP403');
+  });
+});

@@ -190,6 +190,19 @@ CREATE TABLE fencepost.totals (
 CREATE UNIQUE INDEX totals_pkey ON fencepost.totals USING btree (shard);
 -- fencepost.totals: privileges {<owner>=arwdDxtm/<owner>}
 
+CREATE OR REPLACE FUNCTION fencepost.discard_temp()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
+             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.fencepost_no_prepare'), 0))) THEN
+    DISCARD TEMP;
+  END IF;
+END $function$;
+-- fencepost.discard_temp(): privileges {<owner>=X/<owner>}
+
 CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text, fence_key_prefixes text, writer_id text, guard text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -224,7 +237,7 @@ BEGIN
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
     PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
     CREATE TEMPORARY TABLE fencepost_no_prepare ();
   END IF;
   PERFORM FROM pg_temp.fencepost_no_prepare;
@@ -287,7 +300,7 @@ fence AS (
   LOOP
     IF r.h IS NOT NULL THEN
       PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(capability || '|' || txid_current()::text || '|' || r.k || '|' || capability, 'UTF8')), 'hex'), true);
-  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
     CREATE TEMPORARY TABLE fencepost_no_prepare ();
   END IF;
   PERFORM FROM pg_temp.fencepost_no_prepare;
@@ -325,7 +338,7 @@ BEGIN
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
     PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-  IF pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') IS NULL THEN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
     CREATE TEMPORARY TABLE fencepost_no_prepare ();
   END IF;
   PERFORM FROM pg_temp.fencepost_no_prepare;

@@ -12,7 +12,7 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, markFenced, MARK_SETTING, refuseUnlessProxy, transactionMark } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, markFenced, MARK_SETTING, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
 import { shardSql } from './shards.ts';
 
@@ -153,6 +153,23 @@ BEGIN
       USING ERRCODE = '${FENCED_TRANSACTION_ENDED}';
   END IF;
   PERFORM set_config('synchronous_commit', 'on', true);
+END $$`,
+  },
+  {
+    // The session reset's DISCARD TEMP (session-reset.ts), done only when the session has temporary
+    // objects besides the fence's own table (rule.ts NO_PREPARE_TABLE), which would otherwise be
+    // dropped and made again by every transaction (a catalog write each).
+    name: 'fencepost.discard_temp()',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.discard_temp() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
+             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.${NO_PREPARE_TABLE}'), 0))) THEN
+    DISCARD TEMP;
+  END IF;
 END $$`,
   },
   {

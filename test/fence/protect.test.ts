@@ -8,6 +8,7 @@ import pg from 'pg';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
+import { sessionCapability } from '../../src/proxy/sql/fence.ts';
 import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
 
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [
@@ -20,6 +21,18 @@ const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) 
 const count = async (db: TestDatabase) => Number((await db.pool.query<{ n: string }>('SELECT count(*) AS n FROM public.orders')).rows[0]!.n);
 const ids = { next: 1 };
 const id = () => ids.next++;
+
+/** A connection straight to Postgres on the open mode's client login (the proxy made it). */
+async function clientLogin(db: TestDatabase): Promise<pg.Client> {
+  const login = clientRoleFor(db.url);
+  const password = (await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login])).rows[0]!.password;
+  const url = new URL(db.url);
+  url.username = login;
+  url.password = password;
+  const c = new pg.Client({ connectionString: url.toString() });
+  await c.connect();
+  return c;
+}
 
 async function setup(db: TestDatabase): Promise<void> {
   if ((await listProtected(db.pool)).some((p) => p.target === 'orders')) return;
@@ -59,13 +72,7 @@ describe('a protected table', () => {
   test('refuses a write on the client login straight to Postgres, with the hint naming the fence key', async ({ db, sql }) => {
     void sql;
     await setup(db);
-    const login = clientRoleFor(db.url);
-    const password = (await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login])).rows[0]!.password;
-    const url = new URL(db.url);
-    url.username = login;
-    url.password = password;
-    const c = new pg.Client({ connectionString: url.toString() });
-    await c.connect();
+    const c = await clientLogin(db);
     const err = await c.query(`INSERT INTO public.orders VALUES (${id()}, 'bypass')`).catch((e: pg.DatabaseError) => e);
     expect((err as pg.DatabaseError).code).toBe('FP403');
     expect((err as pg.DatabaseError).hint).toContain(JSON.stringify(FENCE));
@@ -123,6 +130,23 @@ describe('a protected table', () => {
     expect((err as pg.DatabaseError).code).toBe('0A000');
     await c.query('ROLLBACK').catch(() => {});
     expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts')).rowCount).toBe(0);
+    await c.end();
+  });
+
+  test('a writer\'s temporary object in place of the fence\'s own table fails the fence; it is never opened as the fence\'s owner', async ({ db, sql }) => {
+    void sql;
+    await setup(db);
+    // Through the proxy the fence comes first in every read-write transaction; straight to Postgres
+    // on the client login, with the session capability the proxy would compute for that backend.
+    const c = await clientLogin(db);
+    const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    const secret = (await db.pool.query<{ secret: string }>('SELECT secret FROM fencepost.fence_capability')).rows[0]!.secret;
+    await c.query(`SET fencepost.fence_key = '${FENCE}'; SET fencepost.token = '6'; BEGIN`);
+    // A view of that name would run its functions as the fence's owner when opened.
+    await c.query('CREATE TEMPORARY VIEW fencepost_no_prepare AS SELECT current_user AS who');
+    const fence = c.query('SELECT fencepost.fence_session_bound($1, NULL, $2, NULL)', [sessionCapability(secret, pid, null, 'w', null), 'w']);
+    expect(await code(fence)).toBe('42P07');
+    await c.query('ROLLBACK');
     await c.end();
   });
 

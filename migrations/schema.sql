@@ -261,55 +261,54 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   r record;
+  v_ords int[] := '{}';
+  v_highest bigint[] := '{}';
+  v_raise text[] := '{}';
+  v_stale boolean := false;
 BEGIN
   IF capability IS DISTINCT FROM (SELECT c.secret FROM fencepost.fence_capability c) THEN
     RAISE EXCEPTION 'fencepost.fence_transaction may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
-  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
   FOR r IN
     WITH input AS (
       SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
     ),
     held AS (
-  SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN input k ON k.fence_key = f.fence_key AND f.highest_token >= k.token
+      SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN input k ON k.fence_key = f.fence_key AND f.highest_token >= k.token
   ORDER BY f.fence_key COLLATE "C"
   FOR SHARE OF f
-),
-raised AS (
-  INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
-  SELECT k.fence_key, k.token, fence_transaction.writer_id FROM input k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
-  ORDER BY k.fence_key COLLATE "C"
-  ON CONFLICT (fence_key) DO UPDATE SET highest_token = EXCLUDED.highest_token, raised_by = EXCLUDED.raised_by, updated_at = now()
-    WHERE f.highest_token <= EXCLUDED.highest_token
-  RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created
-),
-fence AS (
-  SELECT h.fence_key, h.highest_token FROM held h
-  UNION ALL
-  SELECT r.fence_key, r.highest_token FROM raised r
-),
-    created AS (
-      INSERT INTO fencepost.totals AS t (shard, fences)
-      SELECT (32 + pg_backend_pid() % 32)::smallint, count(*) FROM raised WHERE created HAVING count(*) > 0
-      ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
     )
-    SELECT i.ord AS o, i.fence_key AS k, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END AS h, txid_current() AS x
-    FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+    SELECT i.ord AS o, i.fence_key AS k, i.token AS t, h.highest_token AS h
+    FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key
     ORDER BY i.ord
   LOOP
-    IF r.h IS NOT NULL THEN
+    IF r.h IS NULL THEN
+      v_raise := v_raise || format('%s to %s', to_json(r.k), r.t);
+    ELSIF r.h = r.t THEN
       PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(capability || '|' || txid_current()::text || '|' || r.k || '|' || capability, 'UTF8')), 'hex'), true);
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
     CREATE TEMPORARY TABLE fencepost_no_prepare ();
   END IF;
   PERFORM FROM pg_temp.fencepost_no_prepare;
     END IF;
-    ord := r.o;
-    highest_token := r.h;
-    xact := r.x;
-    RETURN NEXT;
+    v_ords := v_ords || r.o;
+    v_highest := v_highest || CASE WHEN r.h = r.t THEN r.h WHEN r.h IS NULL THEN r.t END;
+    v_stale := v_stale OR r.h > r.t;
   END LOOP;
+  IF v_stale THEN
+    -- Refused whatever else it holds: no fence of it is raised (a fence to raise reads as passed;
+    -- it is not marked, and the proxy rolls the transaction back).
+    RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
+    RETURN;
+  END IF;
+  IF cardinality(v_raise) > 0 THEN
+    RAISE EXCEPTION 'fence % must be raised before a transaction at its token', array_to_string(v_raise, ', ')
+      USING ERRCODE = 'FP428',
+            HINT = 'the proxy raises a fence in a transaction of its own, then starts the transaction again; nothing of this transaction was applied';
+  END IF;
+  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
+  RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
 END $function$;
 -- fencepost.fence_transaction(text,text[],bigint[],text): privileges {<owner>=X/<owner>}
 

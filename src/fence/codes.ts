@@ -12,3 +12,8 @@ export const FENCED_TRANSACTION_ENDED = 'FP410';
 export const GUARD_UNAVAILABLE = 'FP503';
 /** A write to protected data by a transaction that did not pass its fence (src/fence/protect.ts). */
 export const NOT_FENCED = 'FP403';
+/**
+ * A transaction's fence is absent or below its token: the proxy raises it in a transaction of its
+ * own and starts again (the doors answer it only when that raise failed); nothing was applied.
+ */
+export const RAISE_FIRST = 'FP428';

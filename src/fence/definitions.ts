@@ -10,13 +10,12 @@
 // REPLACE refuses); such a change is a migration that drops the old one first.
 import { createHash } from 'node:crypto';
 import pg from 'pg';
-import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, STALE_TOKEN } from './codes.ts';
+import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, fenceCtes, leaderFastPath, markFenced, MARK_SETTING, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
-import { shardSql } from './shards.ts';
 
-export const DEFINITIONS_VERSION = 2;
+export const DEFINITIONS_VERSION = 3;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -58,12 +57,17 @@ BEGIN
 END $$`,
   },
   {
-    // The fence rule for a transaction's fences, inside the writer's own transaction, so it commits
-    // with the writer's statements or not at all. One row per input: highest_token null when the
-    // fence refused the token; each fence passed marks the transaction (rule.ts markFenced). `xact` is the transaction id (the proxy checks it again before
-    // COMMIT: a statement that ended the transaction cannot smuggle an unfenced one into it). Each
-    // fence gets one pending_counts row: counted exactly when the transaction commits, folded into
-    // the counters later (queries.ts foldPendingCounts), nothing shared held meanwhile.
+    // The fence rule's share step for a transaction's fences, inside the writer's own transaction:
+    // each fence at exactly its token is locked FOR SHARE until the transaction ends, and the
+    // transaction is marked for its protected tables (rule.ts markFenced). One row per input:
+    // highest_token null when the fence is above the token (stale; then no fence of it is raised).
+    // A fence that is absent or
+    // below its token is never raised here (the raise would commit with the writer's COMMIT, at
+    // whatever synchronous_commit the writer chose, and hold the fence row for the length of the
+    // writer's transaction): it fails with RAISE_FIRST and the proxy raises it in a transaction of
+    // its own (queries.ts raiseFences), then starts again. `xact` is the transaction id (the proxy
+    // checks it again before COMMIT). Each fence gets one pending_counts row: counted exactly when
+    // the transaction commits, folded into the counters later (queries.ts foldPendingCounts).
     name: 'fencepost.fence_transaction(text, text[], bigint[], text)',
     revoke: true,
     client: false,
@@ -74,31 +78,45 @@ ${PROXY_FUNCTION} AS $$
 #variable_conflict use_column
 DECLARE
   r record;
+  v_ords int[] := '{}';
+  v_highest bigint[] := '{}';
+  v_raise text[] := '{}';
+  v_stale boolean := false;
 BEGIN
   ${refuseUnlessProxy('fence_transaction', 'capability', CAPABILITY_SECRET_SQL)}
-  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
   FOR r IN
     WITH input AS (
       SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
     ),
-    ${fenceCtes('input', 'fence_transaction.writer_id')},
-    created AS (
-      INSERT INTO fencepost.totals AS t (shard, fences)
-      SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
-      ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+    held AS (
+      ${shareFences('input', '>=')}
     )
-    SELECT i.ord AS o, i.fence_key AS k, CASE WHEN fence.highest_token = i.token THEN fence.highest_token END AS h, txid_current() AS x
-    FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key
+    SELECT i.ord AS o, i.fence_key AS k, i.token AS t, h.highest_token AS h
+    FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key
     ORDER BY i.ord
   LOOP
-    IF r.h IS NOT NULL THEN
+    IF r.h IS NULL THEN
+      v_raise := v_raise || format('%s to %s', to_json(r.k), r.t);
+    ELSIF r.h = r.t THEN
       ${markFenced('capability', 'r.k')}
     END IF;
-    ord := r.o;
-    highest_token := r.h;
-    xact := r.x;
-    RETURN NEXT;
+    v_ords := v_ords || r.o;
+    v_highest := v_highest || CASE WHEN r.h = r.t THEN r.h WHEN r.h IS NULL THEN r.t END;
+    v_stale := v_stale OR r.h > r.t;
   END LOOP;
+  IF v_stale THEN
+    -- Refused whatever else it holds: no fence of it is raised (a fence to raise reads as passed;
+    -- it is not marked, and the proxy rolls the transaction back).
+    RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
+    RETURN;
+  END IF;
+  IF cardinality(v_raise) > 0 THEN
+    RAISE EXCEPTION 'fence % must be raised before a transaction at its token', array_to_string(v_raise, ', ')
+      USING ERRCODE = '${RAISE_FIRST}',
+            HINT = 'the proxy raises a fence in a transaction of its own, then starts the transaction again; nothing of this transaction was applied';
+  END IF;
+  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
+  RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
 END $$`,
   },
   {

@@ -427,6 +427,29 @@ ORDER BY f.fence_key COLLATE "C"`,
  * waited for or counted twice. Counter shards 64–95: no writer's statement or transaction holds
  * them, so a fold never waits for one.
  */
+/**
+ * The raise of the SQL doors (raise.ts): each fence absent or below its token is inserted or raised
+ * to it, in a statement of the proxy's own (its pool forces synchronous_commit on), before the
+ * writer's transaction takes the fence at that token. A fence already at or above its token is only
+ * read: locked FOR SHARE, as any writer at its token does. Rows: fence_key, highest_token (after).
+ */
+export function raiseFences(fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
+  return {
+    name: 'fencepost_raise_fences',
+    text: `WITH input AS (
+  SELECT t.fence_key, t.token FROM unnest($1::text[], $2::bigint[]) AS t(fence_key, token)
+),
+${fenceCtes('input', '$3')},
+created AS (
+  INSERT INTO fencepost.totals AS t (shard, fences)
+  SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
+  ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
+)
+SELECT i.fence_key, fence.highest_token::text AS highest_token FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key`,
+    values: [fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString()), writerId],
+  };
+}
+
 export function foldPendingCounts(): Query {
   return {
     // Unnamed, so planned at each run: a plan cached while the table was empty re-ran the locking

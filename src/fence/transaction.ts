@@ -22,9 +22,10 @@
 // committed), but an SQLSTATE raised by a statement on a live connection is the statement's error.
 import pg from 'pg';
 import * as q from './queries.ts';
-import { FENCED_TRANSACTION_ENDED } from './codes.ts';
+import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
-import { coerceError, isRetryable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { raiseFences } from './raise.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
@@ -105,6 +106,14 @@ export class SessionUnusableError extends ConnectionLostError {
     super(cause);
     this.message = 'the pooled database session could not be reset and was closed; nothing applied';
     this.name = 'SessionUnusableError';
+  }
+}
+
+/** The transaction's fence is below its token (RAISE_FIRST): nothing ran; raise it and start again. */
+class RaiseFirstError extends Error {
+  constructor(cause: unknown) {
+    super('the fence must be raised first', { cause });
+    this.name = 'RaiseFirstError';
   }
 }
 
@@ -307,10 +316,19 @@ export class TransactionRunner {
     try {
       const outcome = await retryOnConflict(
         async () => {
-          for (let fresh = 0; ; fresh++) {
+          for (let fresh = 0, raised = false; ; fresh++) {
             try {
               return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
             } catch (err) {
+              if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
+                // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
+                raised = true;
+                await raiseFences(this.opts.owner, sorted, opts.writerId).catch((e: unknown) => {
+                  throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
+                });
+                continue;
+              }
+              if (err instanceof RaiseFirstError) throw new FenceBusyError(err.cause);
               if (!(err instanceof SessionUnusableError) || fresh >= SESSION_RETRIES || deadline.aborted) throw err;
             }
           }
@@ -401,6 +419,11 @@ export class TransactionRunner {
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
+      if (index === -1 && sqlState(err) === RAISE_FIRST && !lost) {
+        // A fence below its token: nothing ran; the caller raises it (raise.ts) and starts again.
+        reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
+        throw new RaiseFirstError(err);
+      }
       if (index === -1 && sqlState(err) !== LOCK_NOT_AVAILABLE && !isRetryable(err)) {
         // Not the fence's verdict: what the session carries (or a backend that died) broke the reset
         // or BEGIN. Nothing applied (no COMMIT was sent): drop the connection, try another.

@@ -129,15 +129,19 @@ export class PgwireServer {
     const full = this.sockets.size >= this.opts.maxConnections;
     this.sockets.add(socket);
     socket.on('close', () => this.sockets.delete(socket));
+    // A full endpoint still answers the SSLRequest (and takes the TLS handshake) and refuses after
+    // the startup packet, as Postgres does: libpq with sslmode=prefer (its default) shows an error
+    // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
+    // before the first packet makes the client's write fail with a reset. Counted until closed,
+    // so a flood of refusals is bounded too, and closed within two seconds.
+    const refusal = full ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
     if (full) {
-      // Answered after the client's first packet, as Postgres does (closing before it arrives
-      // makes the client's write fail with a reset instead of showing 53300). Counted until
-      // closed, so a flood of refusals is bounded too, and closed within two seconds.
-      socket.once('data', () => socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` })));
-      setTimeout(() => socket.destroy(), 2000).unref();
-      return;
+      setTimeout(() => {
+        this.upgraded.get(socket)?.destroy();
+        socket.destroy();
+      }, 2000).unref();
     }
-    void this.startup(socket).catch((err: unknown) => {
+    void this.startup(socket, refusal).catch((err: unknown) => {
       // Over TLS once upgraded: the refusal goes where the client reads.
       const conn = this.upgraded.get(socket) ?? socket;
       if (err instanceof Refusal) {
@@ -150,7 +154,8 @@ export class PgwireServer {
     });
   }
 
-  private async startup(raw: Socket): Promise<void> {
+  /** Runs the startup phase; `refusal` (a full endpoint): answered once the startup packet is in. */
+  private async startup(raw: Socket, refusal: Refusal | null): Promise<void> {
     let socket: Socket = raw;
     const reader = new MessageReader(true);
     const frames: Frame[] = [];
@@ -218,6 +223,7 @@ export class PgwireServer {
         socket.end();
         return;
       }
+      if (refusal !== null) throw refusal;
       if (this.opts.tls && !encrypted) {
         throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
       }

@@ -19,8 +19,8 @@ import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
-import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
-import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
+import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
+import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
@@ -64,6 +64,19 @@ class Refusal extends Error {
 }
 
 const refuse = (code: string, msg: string, detail?: string): Refusal => new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
+
+/** The client sent Terminate during authentication: it is gone, nothing to answer. */
+class ClientLeft extends Error {}
+
+/** The most bytes of a password or SASL message (a SCRAM message is a few hundred). */
+const MAX_AUTH_MESSAGE_BYTES = 8192;
+
+/** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
+function authMessage(f: Frame, expected: string): Frame {
+  if (f.type === 'X') throw new ClientLeft('the client terminated during authentication');
+  if (f.type !== 'p') throw refuse('08P01', `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
+  return f;
+}
 
 interface Registered {
   secret: Buffer;
@@ -143,13 +156,20 @@ export class PgwireServer {
     }
     void this.startup(socket, refusal).catch((err: unknown) => {
       // Over TLS once upgraded: the refusal goes where the client reads.
+      // Closed once the refusal is written: the socket may be paused with bytes unread (an
+      // oversized message), so the client's own close would never be seen.
       const conn = this.upgraded.get(socket) ?? socket;
-      if (err instanceof Refusal) {
+      const close = (fields: ErrorFields) => {
+        if (!conn.destroyed) conn.end(errorResponse(fields), () => conn.destroy());
+      };
+      if (err instanceof ClientLeft) {
+        conn.destroy();
+      } else if (err instanceof Refusal) {
         this.opts.logger.info({ code: err.fields.code }, `SQL connection refused: ${err.fields.message}`);
-        if (!conn.destroyed) conn.end(errorResponse(err.fields));
+        close(err.fields);
       } else {
         this.opts.logger.warn({ err }, 'SQL connection failed during startup');
-        if (!conn.destroyed) conn.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
+        close({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' });
       }
     });
   }
@@ -158,17 +178,34 @@ export class PgwireServer {
   private async startup(raw: Socket, refusal: Refusal | null): Promise<void> {
     let socket: Socket = raw;
     const reader = new MessageReader(true);
-    const frames: Frame[] = [];
+    // The startup phase reads one message at a time: the socket is paused while a framed message
+    // waits to be taken (and while the listener waits for the backend), so what a client sends
+    // ahead (a Terminate in the same write as its startup packet, a pipelined query) stays in
+    // `reader` for the session, and no more than one chunk past the awaited message is buffered.
+    // Each message is bounded before it is buffered: a startup packet by MAX_STARTUP_BYTES (as
+    // Postgres's), what follows it here (password and SASL messages) by MAX_AUTH_MESSAGE_BYTES;
+    // a longer length is refused as soon as its header is in.
+    let framed: Frame | null = null;
     let wake: (() => void) | null = null;
     let ended = false;
-    let problem: unknown = null;
-    const onData = (chunk: Buffer) => {
+    let problem: Refusal | null = null;
+    const pull = () => {
+      if (framed !== null || problem !== null) return;
+      const untyped = reader.startup;
       try {
-        reader.push(chunk);
-        for (let f = reader.next(); f !== null; f = reader.next()) frames.push(f);
+        const f = reader.next(untyped ? MAX_STARTUP_BYTES : MAX_AUTH_MESSAGE_BYTES);
+        if (f === null) return;
+        // A StartupMessage (or CancelRequest) ends the untyped phase: what follows is typed.
+        if (untyped && !negotiatesEncryption(f.body)) reader.startup = false;
+        framed = f;
       } catch (err) {
-        problem = err;
+        problem = refuse('08P01', `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`);
       }
+    };
+    const onData = (chunk: Buffer) => {
+      reader.push(chunk);
+      pull();
+      if (framed !== null || problem !== null) socket.pause();
       wake?.();
     };
     const onEnd = () => {
@@ -181,10 +218,15 @@ export class PgwireServer {
     const timer = setTimeout(onEnd, this.opts.startupTimeoutMs);
     const nextFrame = async (): Promise<Frame> => {
       for (;;) {
-        if (problem !== null) throw refuse('08P01', 'invalid startup packet layout');
-        const f = frames.shift();
-        if (f) return f;
+        pull();
+        if (problem !== null) throw problem;
+        const f = framed;
+        if (f !== null) {
+          framed = null;
+          return f;
+        }
         if (ended || Date.now() >= deadline) throw refuse('08006', 'startup did not finish in time or the client went away');
+        socket.resume();
         await new Promise<void>((resolve) => (wake = resolve));
         wake = null;
       }
@@ -198,9 +240,10 @@ export class PgwireServer {
         if (packet.kind === 'ssl' && this.opts.tls) {
           // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
           // clear, and must not be read as if they came over TLS.
-          if (reader.pending > 0 || frames.length > 0) throw refuse('08P01', 'received unencrypted data after SSL request');
+          if (reader.pending > 0 || framed !== null) throw refuse('08P01', 'received unencrypted data after SSL request');
           socket.off('data', onData);
           socket.off('close', onEnd);
+          socket.resume(); // the TLS socket reads the raw one from here
           socket.write('S');
           const secure = new TLSSocket(socket, { isServer: true, secureContext: this.opts.tls.current() });
           secure.on('error', () => {}); // a failed handshake closes it: 'close' ends the startup
@@ -220,15 +263,13 @@ export class PgwireServer {
       }
       if (packet.kind === 'cancel') {
         this.cancel(packet.pid, packet.secret);
-        socket.end();
+        socket.end(() => socket.destroy());
         return;
       }
       if (refusal !== null) throw refusal;
       if (this.opts.tls && !encrypted) {
         throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
       }
-      // Everything after the StartupMessage is typed (clients wait for our answer before sending more).
-      reader.startup = false;
       const params = packet.params;
       const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
       if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
@@ -246,8 +287,7 @@ export class PgwireServer {
         if (encrypted && key !== null && key.scram === undefined) {
           // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
           socket.write(message('R', 3));
-          const pw = await nextFrame();
-          if (pw.type !== 'p') throw refuse('08P01', 'expected a password message');
+          const pw = authMessage(await nextFrame(), 'a password message');
           let given = '';
           try {
             given = new BodyReader(pw.body).cstring();
@@ -259,20 +299,18 @@ export class PgwireServer {
           const server = new ScramServer(key?.scram ?? null);
           socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
           try {
-            const first = await nextFrame();
-            if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const first = authMessage(await nextFrame(), 'a SASL response');
             const r = new BodyReader(first.body);
             const mechanism = r.cstring();
             if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
             const len = r.int32();
             const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
             socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
-            const fin = await nextFrame();
-            if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const fin = authMessage(await nextFrame(), 'a SASL response');
             const serverFinal = server.final(fin.body.toString('utf8'));
             socket.write(message('R', 12, Buffer.from(serverFinal)));
           } catch (err) {
-            if (err instanceof Refusal) throw err;
+            if (err instanceof Refusal || err instanceof ClientLeft) throw err;
             if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
             throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
           }
@@ -328,6 +366,7 @@ export class PgwireServer {
       socket.off('data', onData);
       socket.off('close', onEnd);
       clearTimeout(timer);
+      socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
       const session = new PgwireSession(socket, reader, backend, {
         logger,
         capability,

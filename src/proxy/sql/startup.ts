@@ -34,6 +34,13 @@ export function parseStartupPacket(body: Buffer): StartupPacket {
   return { kind: 'startup', minor: code & 0xffff, params };
 }
 
+/** An SSLRequest or GSSENCRequest: the untyped startup phase goes on after it. */
+export function negotiatesEncryption(body: Buffer): boolean {
+  if (body.length < 4) return false;
+  const code = body.readInt32BE(0);
+  return code === SSL_REQUEST || code === GSSENC_REQUEST;
+}
+
 /** NegotiateProtocolVersion: we speak 3.0 and none of the `_pq_.` options asked for. */
 export function negotiateProtocolVersion(unsupported: readonly string[]): Buffer {
   return message('v', PROTOCOL_3_0 & 0xffff, unsupported.length, ...unsupported);

@@ -3,6 +3,7 @@
 // startup packet, and the startup parameters the session keeps (application_name, timeouts).
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { execFile } from 'node:child_process';
+import { connect as tcp } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,6 +12,8 @@ import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { makeCert } from '../../support/tls.ts';
+import { message, parseErrorFields } from '../../../src/proxy/sql/framing.ts';
+import { PROTOCOL_3_0 } from '../../../src/proxy/sql/startup.ts';
 
 const run = promisify(execFile);
 const PSQL = '/usr/bin/psql';
@@ -69,5 +72,142 @@ describe('a full endpoint', () => {
     const c = new pg.Client({ connectionString: plain.url('refused') });
     c.on('error', () => {});
     expect(await c.connect().then(() => 'ok', (e: { code?: string }) => e.code)).toBe('53300');
+  });
+});
+
+const startupPacket = (user: string, database: string) => message('', PROTOCOL_3_0, 'user', user, 'database', database, Buffer.from([0]));
+const TERMINATE = message('X');
+
+interface RawOutcome {
+  /** The server's messages by type, in order ('R0' for AuthenticationOk, 'R10' for SASL, …). */
+  types: string[];
+  errors: Map<string, string>[];
+  /** The server closed the connection (rather than the test's own deadline ending it). */
+  closedByServer: boolean;
+  /** Bytes of `flood` the client managed to write before the server closed. */
+  floodWritten: number;
+}
+
+/**
+ * A raw client: writes `first`, answers each server message with `reply` (if it returns bytes),
+ * and once `floodAfter` says so writes `flood` in 64 KiB pieces as fast as the server reads
+ * them, until the server closes or `maxMs` passes.
+ */
+function rawClient(port: number, first: Buffer, opts: { reply?: (type: string) => Buffer | null; flood?: number; floodAfter?: (type: string) => boolean; maxMs?: number } = {}): Promise<RawOutcome> {
+  return new Promise((resolve) => {
+    const sock = tcp({ host: '127.0.0.1', port });
+    const out: RawOutcome = { types: [], errors: [], closedByServer: false, floodWritten: 0 };
+    let buf = Buffer.alloc(0);
+    let flooding = false;
+    const timer = setTimeout(() => sock.destroy(), opts.maxMs ?? 10_000);
+    const piece = Buffer.alloc(64 * 1024, 0x61);
+    const flood = () => {
+      flooding = true;
+      while (!sock.destroyed && out.floodWritten < (opts.flood ?? 0)) {
+        out.floodWritten += piece.length;
+        if (!sock.write(piece)) {
+          sock.once('drain', flood);
+          return;
+        }
+      }
+    };
+    sock.on('error', () => {});
+    sock.on('end', () => (out.closedByServer = true));
+    sock.on('close', () => {
+      clearTimeout(timer);
+      resolve(out);
+    });
+    sock.on('connect', () => {
+      sock.write(first);
+      if (opts.floodAfter === undefined && opts.flood) flood();
+    });
+    sock.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 5 && buf.length >= 1 + buf.readInt32BE(1)) {
+        const type = String.fromCharCode(buf[0]!);
+        const body = buf.subarray(5, 1 + buf.readInt32BE(1));
+        buf = buf.subarray(1 + buf.readInt32BE(1));
+        const name = type === 'R' ? `R${body.readInt32BE(0)}` : type;
+        out.types.push(name);
+        if (type === 'E') out.errors.push(parseErrorFields(body));
+        const answer = opts.reply?.(name);
+        if (answer) sock.write(answer);
+        if (!flooding && opts.floodAfter?.(name)) flood();
+      }
+    });
+  });
+}
+
+describe('what a client sends with its startup packet', () => {
+  let open: SqlProxy;
+  let keyed: SqlProxy;
+  beforeAll(async () => {
+    open = await startSqlProxy(db);
+    keyed = await startSqlProxy(db, { FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'startup-secret-0123456789', readOnly: true }]), FENCEPOST_READ_ACCESS: 'key' });
+  });
+  afterAll(async () => {
+    await open?.close();
+    await keyed?.close();
+  });
+
+  // Bytes after the startup packet are the session's next messages, not part of the packet.
+  test('a startup packet and Terminate in one write: the session starts, then ends at the Terminate, no error', async () => {
+    const got = await rawClient(open.port, Buffer.concat([startupPacket('one-write', open.database), TERMINATE]));
+    expect(got.errors).toEqual([]);
+    expect(got.types).toContain('R0');
+    expect(got.types.at(-1)).toBe('Z');
+    expect(got.closedByServer).toBe(true);
+  });
+
+  test('with keys, Terminate where the SASL response was due ends the connection quietly', async () => {
+    const got = await rawClient(keyed.port, Buffer.concat([startupPacket('k', keyed.database), TERMINATE]));
+    expect([got.types, got.closedByServer]).toEqual([['R10'], true]);
+  });
+});
+
+describe('message size bounds during startup', () => {
+  let keyed: SqlProxy;
+  const MIB_64 = 64 * 1024 * 1024;
+  beforeAll(async () => {
+    keyed = await startSqlProxy(db, { FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'bounds-secret-0123456789', readOnly: true }]), FENCEPOST_READ_ACCESS: 'key' });
+  });
+  afterAll(async () => {
+    await keyed?.close();
+  });
+
+  const healthz = async () => (await fetch(`${keyed.proxy.url}/healthz`)).status;
+
+  // A length is checked when its 4 bytes are in: the proxy never buffers toward a 64 MiB packet.
+  test('a startup packet announcing 64 MiB is refused with 08P01 and closed before the client could send it', async () => {
+    const head = Buffer.alloc(8);
+    head.writeInt32BE(MIB_64, 0);
+    head.writeInt32BE(PROTOCOL_3_0, 4);
+    const [got, status] = await Promise.all([rawClient(keyed.port, head, { flood: MIB_64 }), healthz()]);
+    expect(got.errors.map((e) => [e.get('C'), e.get('M')])).toEqual([['08P01', expect.stringContaining('invalid startup packet')]]);
+    expect(got.closedByServer).toBe(true);
+    expect(got.floodWritten).toBeLessThan(MIB_64);
+    expect(status).toBe(200);
+  });
+
+  test('a SASL response announcing 64 MiB is refused with 08P01 and closed before the client could send it', async () => {
+    const head = Buffer.alloc(5);
+    head.write('p', 0, 'latin1');
+    head.writeInt32BE(MIB_64, 1);
+    const got = await rawClient(keyed.port, startupPacket('k', keyed.database), { reply: (t) => (t === 'R10' ? head : null), flood: MIB_64, floodAfter: (t) => t === 'R10' });
+    expect(got.errors.map((e) => [e.get('C'), e.get('M')])).toEqual([['08P01', expect.stringContaining('invalid authentication message')]]);
+    expect(got.closedByServer).toBe(true);
+    expect(got.floodWritten).toBeLessThan(MIB_64);
+    expect(await healthz()).toBe(200);
+  });
+
+  test('six connections flooding oversized SASL responses at once leave /healthz answering and every one closed', async () => {
+    const head = Buffer.alloc(5);
+    head.write('p', 0, 'latin1');
+    head.writeInt32BE(MIB_64, 1);
+    const floods = Promise.all(Array.from({ length: 6 }, () => rawClient(keyed.port, startupPacket('k', keyed.database), { reply: (t) => (t === 'R10' ? head : null), flood: MIB_64, floodAfter: (t) => t === 'R10' })));
+    expect(await healthz()).toBe(200);
+    const all = await floods;
+    expect(all.map((g) => g.closedByServer)).toEqual(Array(6).fill(true));
+    expect(all.every((g) => g.floodWritten < MIB_64)).toBe(true);
   });
 });

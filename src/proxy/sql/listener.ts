@@ -20,7 +20,7 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
 import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
-import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket } from './startup.ts';
+import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
@@ -324,18 +324,19 @@ export class PgwireServer {
         const problem = problems.get(key?.name ?? null);
         throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
       }
-      const settings = new Map<string, string>([
-        ['default_transaction_read_only', 'on'],
-        ['statement_timeout', String(this.opts.statementTimeoutMs)],
-        ['lock_timeout', String(this.opts.lockTimeoutMs)],
-      ]);
+      const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
       if (login.pgRole !== null) settings.set('role', login.pgRole);
-      const forwarded = new Map<string, string>([['application_name', 'fencepost-sql']]);
-      for (const [k, v] of params) if (FORWARDED_PARAMETERS.has(k.toLowerCase())) forwarded.set(k.toLowerCase(), v);
-      for (const [k, v] of parseOptions(params.get('options') ?? '')) {
-        if (FENCE_SETTINGS.has(k)) settings.set(k, v);
-        else if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      for (const [k, v] of parseOptions(params.get('options') ?? '')) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
+      const requested = requestedSettings(params);
+      // The proxy's own bound on each (it sets no idle_in_transaction_session_timeout of its own).
+      const own: Record<ClientTimeout, number | null> = { statement_timeout: this.opts.statementTimeoutMs, lock_timeout: this.opts.lockTimeoutMs, idle_in_transaction_session_timeout: null };
+      for (const name of CLIENT_TIMEOUTS) {
+        const ms = boundedTimeout(requested.get(name), own[name]);
+        if (ms !== null) settings.set(name, String(ms));
       }
+      const forwarded = new Map<string, string>();
+      for (const [k, v] of requested) if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      forwarded.set('application_name', applicationName(requested));
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
       const remaining = () => Math.max(1, deadline - Date.now());
       let backend: Backend;

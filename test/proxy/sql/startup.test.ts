@@ -211,3 +211,71 @@ describe('message size bounds during startup', () => {
     expect(all.every((g) => g.floodWritten < MIB_64)).toBe(true);
   });
 });
+
+describe('startup parameters the session keeps', () => {
+  let sql: SqlProxy;
+  beforeAll(async () => {
+    // The proxy's own bounds: statement timeout 4 s, lock timeout 1.5 s.
+    sql = await startSqlProxy(db, { FENCEPOST_TX_STATEMENT_TIMEOUT_MS: '4000', FENCEPOST_LOCK_TIMEOUT_MS: '1500' });
+  });
+  afterAll(async () => {
+    await sql?.close();
+  });
+
+  const ownRow = "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+  const psql = async (user: string, sqlText: string, env: Record<string, string> = {}) =>
+    (await run(PSQL, [sql.url(user), '-X', '-At', '-c', sqlText], { env: libpqDefaults(env) })).stdout.trim();
+  const nodePg = async (config: pg.ClientConfig, sqlText: string) => {
+    const c = new pg.Client({ connectionString: sql.url('node-writer'), ...config });
+    await c.connect();
+    try {
+      return Object.values((await c.query(sqlText)).rows[0] as Record<string, unknown>)[0];
+    } finally {
+      await c.end();
+    }
+  };
+
+  // What the writer named itself is what pg_stat_activity shows for its backend.
+  test('application_name: psql\'s PGAPPNAME and its default, node-postgres\'s (also as fallback_application_name), psycopg2\'s reach pg_stat_activity', async () => {
+    expect(await psql('w', ownRow, { PGAPPNAME: 'orders-service' })).toBe('orders-service');
+    expect(await psql('w', ownRow)).toBe('psql');
+    expect(await nodePg({ application_name: 'billing' }, ownRow)).toBe('billing');
+    expect(await nodePg({ fallback_application_name: 'billing-fallback' }, ownRow)).toBe('billing-fallback');
+    const program = `import sys, psycopg2
+conn = psycopg2.connect(sys.argv[1], application_name='py-app')
+cur = conn.cursor()
+cur.execute(sys.argv[2])
+print(cur.fetchone()[0])`;
+    expect((await run('/usr/bin/python3', ['-c', program, sql.url('py'), ownRow])).stdout.trim()).toBe('py-app');
+  });
+
+  test('a client that names no application shows as fencepost-sql', async () => {
+    expect(await nodePg({}, ownRow)).toBe('fencepost-sql');
+  });
+
+  // A timeout the client asks for at or below the proxy's own is the session's; it cannot lift the proxy's bound.
+  test('statement_timeout from options (psql PGOPTIONS) or a startup parameter (node-postgres) at or below the proxy\'s own is the session\'s', async () => {
+    expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=200ms' })).toBe('200ms');
+    expect(await nodePg({ statement_timeout: 200 }, 'SHOW statement_timeout')).toBe('200ms');
+    expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=4s' })).toBe('4s');
+    const err = await run(PSQL, [sql.url('w'), '-X', '-v', 'VERBOSITY=verbose', '-c', 'SELECT pg_sleep(2)'], { env: libpqDefaults({ PGOPTIONS: '-c statement_timeout=200' }) }).catch((e: { stderr: string }) => e);
+    expect((err as { stderr: string }).stderr).toContain('57014');
+  });
+
+  test('statement_timeout 0 ("none"), above the proxy\'s own, or not a time starts the session with the proxy\'s own', async () => {
+    expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=0' })).toBe('4s');
+    expect(await nodePg({ statement_timeout: 3_600_000 }, 'SHOW statement_timeout')).toBe('4s');
+    expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=1h' })).toBe('4s');
+    expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=soon' })).toBe('4s');
+    expect(await psql('w', 'SHOW statement_timeout')).toBe('4s');
+  });
+
+  test('lock_timeout is bounded by the proxy\'s own; idle_in_transaction_session_timeout (the proxy sets none) is the client\'s', async () => {
+    expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '-c lock_timeout=300' })).toBe('300ms');
+    expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '--lock-timeout=10s' })).toBe('1500ms');
+    expect(await nodePg({ lock_timeout: 0 }, 'SHOW lock_timeout')).toBe('1500ms');
+    expect(await nodePg({ idle_in_transaction_session_timeout: 2000 }, 'SHOW idle_in_transaction_session_timeout')).toBe('2s');
+    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout', { PGOPTIONS: '-c idle_in_transaction_session_timeout=1min' })).toBe('1min');
+    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('0');
+  });
+});

@@ -21,7 +21,7 @@ import type { Logger } from 'pino';
 import type pg from 'pg';
 import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
 import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
-import { MECHANISM, ScramError, ScramServer } from '../access/scram.ts';
+import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
@@ -103,6 +103,8 @@ export class PgwireServer {
   private readonly upgraded = new WeakMap<Socket, TLSSocket>();
   private readonly sessions = new Map<number, Registered>();
   private nextPid = 1;
+  /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
+  private readonly mockNonce = randomBytes(32);
 
   constructor(private readonly opts: PgwireOptions) {
     this.target = backendTarget(opts.databaseUrl);
@@ -296,7 +298,7 @@ export class PgwireServer {
           }
           if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
         } else {
-          const server = new ScramServer(key?.scram ?? null);
+          const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
           socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
           try {
             const first = authMessage(await nextFrame(), 'a SASL response');

@@ -6,7 +6,12 @@
 // user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
 // key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
 // `secretSha256` can log in only over TLS, with a cleartext password). Cleartext passwords are
-// asked for only on a TLS session, and only for keys without SCRAM keys.
+// asked for only on a TLS session, and only for keys without SCRAM keys. A name that is no key
+// goes through the same exchange with made-up keys and a salt stable for the name
+// (mockScramSecret), and fails at the proof.
+//
+// A full endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS) still negotiates TLS and reads the startup
+// packet, then refuses with 53300, as Postgres does.
 //
 // TLS (FENCEPOST_TLS_CERT / _KEY, the proxy's shared TlsMaterial): an SSLRequest is answered 'S'
 // and the socket upgraded with the material's current SecureContext (a SIGHUP reload applies to

@@ -2,10 +2,21 @@
 // for writers (the password is the bearer key; only its salted keys are kept) and the client of
 // the backend (the client login's password). No channel binding (-PLUS is not offered, even over
 // TLS), so a client that insists on channel binding is refused.
-import { createHash, createHmac, pbkdf2Sync, randomBytes, timingSafeEqual } from 'node:crypto';
+//
+// Passwords are SASLprepped (saslprep.ts; the raw password where SASLprep refuses it), as Postgres
+// and libpq do, so a key's secret and what a client sends match when they are equivalent text.
+// Salted passwords are derived with the asynchronous pbkdf2 (the thread pool, not the event loop)
+// and kept per (password, salt, iterations): a login's backend salt stays the same until its
+// password changes. Iteration counts above MAX_ITERATIONS are neither used nor accepted.
+import { createHash, createHmac, pbkdf2, pbkdf2Sync, randomBytes, timingSafeEqual } from 'node:crypto';
+import { promisify } from 'node:util';
+import { saslprepOrRaw } from './saslprep.ts';
 
 export const MECHANISM = 'SCRAM-SHA-256';
+/** Postgres's default (scram_iterations). */
 const ITERATIONS = 4096;
+/** The most iterations the proxy derives a key with: a server asking more is refused (work per login is bounded). */
+export const MAX_ITERATIONS = 100_000;
 
 /** What the server keeps of a password (the password itself is gone). */
 export interface ScramSecret {
@@ -24,10 +35,49 @@ function xor(a: Buffer, b: Buffer): Buffer {
   return out;
 }
 
-/** The SCRAM secret of `password` (SASLprep is skipped: keys are ASCII without spaces). */
+function checkIterations(iterations: number): void {
+  if (!Number.isInteger(iterations) || iterations < 1 || iterations > MAX_ITERATIONS) throw new ScramError(`SCRAM iteration count ${iterations} is not within 1–${MAX_ITERATIONS}`);
+}
+
+/**
+ * The SCRAM secret of `password`, derived at once (start-up: parsing the configured keys; not
+ * while serving).
+ */
 export function scramSecret(password: string, iterations = ITERATIONS, salt: Buffer = randomBytes(16)): ScramSecret {
-  const salted = pbkdf2Sync(password, salt, iterations, 32, 'sha256');
+  checkIterations(iterations);
+  const salted = pbkdf2Sync(saslprepOrRaw(password), salt, iterations, 32, 'sha256');
   return { iterations, salt, storedKey: sha256(hmac(salted, 'Client Key')), serverKey: hmac(salted, 'Server Key') };
+}
+
+/**
+ * What an unknown user is answered with: a salt and iteration count like a key's, the salt an
+ * HMAC of the user name under `serverNonce` (a secret of the process), so it is the same at every
+ * attempt, as a key's is, and comparing salts does not tell which names are keys (Postgres's
+ * scram_mock_salt). The keys are made up too: no proof matches them, and the server does the same
+ * work for the exchange as for a key.
+ */
+export function mockScramSecret(serverNonce: Buffer, user: string): ScramSecret {
+  const derive = (what: string) => createHmac('sha256', serverNonce).update(`${what}\u0000${user}`).digest();
+  return { iterations: ITERATIONS, salt: derive('salt').subarray(0, 16), storedKey: derive('stored key'), serverKey: derive('server key') };
+}
+
+const pbkdf2Async = promisify(pbkdf2);
+/** Salted passwords by password, salt and iterations; few entries (one per client login), dropped oldest first. */
+const salted = new Map<string, Promise<Buffer>>();
+const MAX_SALTED = 256;
+
+/** PBKDF2-HMAC-SHA-256 of the SASLprepped password, off the event loop; the same inputs again: from memory. */
+export function saltedPassword(password: string, salt: Buffer, iterations: number): Promise<Buffer> {
+  checkIterations(iterations);
+  const key = createHash('sha256').update(password).update('\u0000').update(salt).update(`\u0000${iterations}`).digest('base64');
+  let derived = salted.get(key);
+  if (derived === undefined) {
+    derived = pbkdf2Async(saslprepOrRaw(password), salt, iterations, 32, 'sha256');
+    derived.catch(() => salted.delete(key));
+    if (salted.size >= MAX_SALTED) salted.delete(salted.keys().next().value!);
+    salted.set(key, derived);
+  }
+  return derived;
 }
 
 function attributes(msg: string): Map<string, string> {
@@ -47,21 +97,19 @@ export class ScramError extends Error {
 }
 
 /**
- * The server side of one exchange. `secret` null: an unknown user, answered with made-up
- * parameters so the exchange looks the same, and failed at the proof.
+ * The server side of one exchange. `known` false: an unknown user, answered with `secret` from
+ * mockScramSecret so the exchange looks the same, and failed at the proof.
  */
 export class ScramServer {
-  private readonly secret: ScramSecret;
-  private readonly known: boolean;
   private clientFirstBare = '';
   private serverFirst = '';
   private nonce = '';
   private gs2 = '';
 
-  constructor(secret: ScramSecret | null) {
-    this.known = secret !== null;
-    this.secret = secret ?? { iterations: ITERATIONS, salt: randomBytes(16), storedKey: randomBytes(32), serverKey: randomBytes(32) };
-  }
+  constructor(
+    private readonly secret: ScramSecret,
+    private readonly known: boolean,
+  ) {}
 
   /** client-first-message → server-first-message. */
   first(clientFirst: string): string {
@@ -108,7 +156,8 @@ export class ScramClient {
     return `n,,${this.clientFirstBare}`;
   }
 
-  final(serverFirst: string): string {
+  /** server-first-message → client-final-message; the key is derived off the event loop. */
+  async final(serverFirst: string): Promise<string> {
     const a = attributes(serverFirst);
     const nonce = a.get('r');
     const salt = a.get('s');
@@ -116,7 +165,8 @@ export class ScramClient {
     if (!nonce?.startsWith(this.clientNonce) || salt === undefined || !Number.isInteger(iterations) || iterations < 1) {
       throw new ScramError('malformed SCRAM server-first message');
     }
-    const salted = pbkdf2Sync(this.password, Buffer.from(salt, 'base64'), iterations, 32, 'sha256');
+    if (iterations > MAX_ITERATIONS) throw new ScramError(`the server asks for ${iterations} SCRAM iterations; the proxy derives at most ${MAX_ITERATIONS}`);
+    const salted = await saltedPassword(this.password, Buffer.from(salt, 'base64'), iterations);
     const clientKey = hmac(salted, 'Client Key');
     const withoutProof = `c=biws,r=${nonce}`;
     const authMessage = `${this.clientFirstBare},${serverFirst},${withoutProof}`;

@@ -6,7 +6,7 @@ import { connect as tlsConnect } from 'node:tls';
 import { createHash } from 'node:crypto';
 import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
 import { PROTOCOL_3_0, optionArg } from './startup.ts';
-import { ScramClient, MECHANISM } from '../access/scram.ts';
+import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 
 export type BackendTarget = DatabaseTarget;
@@ -152,7 +152,13 @@ function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs:
             socket.write(message('p', body));
           } else if (kind === 11) {
             if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL continue');
-            socket.write(message('p', Buffer.from(scram.final(r.rest().toString('utf8')))));
+            // The server waits for this answer: nothing else arrives while the key is derived.
+            scram.final(r.rest().toString('utf8')).then(
+              (final) => {
+                if (!settled) socket.write(message('p', Buffer.from(final)));
+              },
+              (err: unknown) => fail(err instanceof ScramError ? new BackendStartupError('28000', err.message) : err instanceof Error ? err : new Error(String(err))),
+            );
           } else if (kind === 12) {
             if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL final');
             scram.verify(r.rest().toString('utf8'));

@@ -50,12 +50,15 @@ export class MessageReader {
     return this.buf.length;
   }
 
-  /** The next whole frame, or null when more bytes are needed. Throws FramingError on a bad length. */
-  next(): Frame | null {
+  /**
+   * The next whole frame, or null when more bytes are needed. Throws FramingError on a length
+   * below 4 or above `maxBytes` (default: the phase's limit) as soon as the length is in.
+   */
+  next(maxBytes = this.startup ? MAX_STARTUP_BYTES : MAX_MESSAGE_BYTES): Frame | null {
     const head = this.startup ? 0 : 1;
     if (this.buf.length < head + 4) return null;
     const len = this.buf.readInt32BE(head);
-    const max = this.startup ? MAX_STARTUP_BYTES : MAX_MESSAGE_BYTES;
+    const max = maxBytes;
     if (len < 4 || len > max) throw new FramingError(`message length ${len} out of range`);
     const total = head + len;
     if (this.buf.length < total) return null;

@@ -6,7 +6,12 @@
 // user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
 // key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
 // `secretSha256` can log in only over TLS, with a cleartext password). Cleartext passwords are
-// asked for only on a TLS session, and only for keys without SCRAM keys.
+// asked for only on a TLS session, and only for keys without SCRAM keys. A name that is no key
+// goes through the same exchange with made-up keys and a salt stable for the name
+// (mockScramSecret), and fails at the proof.
+//
+// A full endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS) still negotiates TLS and reads the startup
+// packet, then refuses with 53300, as Postgres does.
 //
 // TLS (FENCEPOST_TLS_CERT / _KEY, the proxy's shared TlsMaterial): an SSLRequest is answered 'S'
 // and the socket upgraded with the material's current SecureContext (a SIGHUP reload applies to
@@ -19,9 +24,9 @@ import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
-import { BodyReader, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
-import { FENCE_SETTINGS, FORWARDED_PARAMETERS, negotiateProtocolVersion, parseOptions, parseStartupPacket } from './startup.ts';
-import { MECHANISM, ScramError, ScramServer } from '../access/scram.ts';
+import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
+import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
+import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
@@ -65,6 +70,19 @@ class Refusal extends Error {
 
 const refuse = (code: string, msg: string, detail?: string): Refusal => new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
 
+/** The client sent Terminate during authentication: it is gone, nothing to answer. */
+class ClientLeft extends Error {}
+
+/** The most bytes of a password or SASL message (a SCRAM message is a few hundred). */
+const MAX_AUTH_MESSAGE_BYTES = 8192;
+
+/** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
+function authMessage(f: Frame, expected: string): Frame {
+  if (f.type === 'X') throw new ClientLeft('the client terminated during authentication');
+  if (f.type !== 'p') throw refuse('08P01', `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
+  return f;
+}
+
 interface Registered {
   secret: Buffer;
   backend: Backend;
@@ -90,6 +108,8 @@ export class PgwireServer {
   private readonly upgraded = new WeakMap<Socket, TLSSocket>();
   private readonly sessions = new Map<number, Registered>();
   private nextPid = 1;
+  /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
+  private readonly mockNonce = randomBytes(32);
 
   constructor(private readonly opts: PgwireOptions) {
     this.target = backendTarget(opts.databaseUrl);
@@ -129,41 +149,70 @@ export class PgwireServer {
     const full = this.sockets.size >= this.opts.maxConnections;
     this.sockets.add(socket);
     socket.on('close', () => this.sockets.delete(socket));
+    // A full endpoint still answers the SSLRequest (and takes the TLS handshake) and refuses after
+    // the startup packet, as Postgres does: libpq with sslmode=prefer (its default) shows an error
+    // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
+    // before the first packet makes the client's write fail with a reset. Counted until closed,
+    // so a flood of refusals is bounded too, and closed within two seconds.
+    const refusal = full ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
     if (full) {
-      // Answered after the client's first packet, as Postgres does (closing before it arrives
-      // makes the client's write fail with a reset instead of showing 53300). Counted until
-      // closed, so a flood of refusals is bounded too, and closed within two seconds.
-      socket.once('data', () => socket.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})` })));
-      setTimeout(() => socket.destroy(), 2000).unref();
-      return;
+      setTimeout(() => {
+        this.upgraded.get(socket)?.destroy();
+        socket.destroy();
+      }, 2000).unref();
     }
-    void this.startup(socket).catch((err: unknown) => {
+    void this.startup(socket, refusal).catch((err: unknown) => {
       // Over TLS once upgraded: the refusal goes where the client reads.
+      // Closed once the refusal is written: the socket may be paused with bytes unread (an
+      // oversized message), so the client's own close would never be seen.
       const conn = this.upgraded.get(socket) ?? socket;
-      if (err instanceof Refusal) {
+      const close = (fields: ErrorFields) => {
+        if (!conn.destroyed) conn.end(errorResponse(fields), () => conn.destroy());
+      };
+      if (err instanceof ClientLeft) {
+        conn.destroy();
+      } else if (err instanceof Refusal) {
         this.opts.logger.info({ code: err.fields.code }, `SQL connection refused: ${err.fields.message}`);
-        if (!conn.destroyed) conn.end(errorResponse(err.fields));
+        close(err.fields);
       } else {
         this.opts.logger.warn({ err }, 'SQL connection failed during startup');
-        if (!conn.destroyed) conn.end(errorResponse({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' }));
+        close({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' });
       }
     });
   }
 
-  private async startup(raw: Socket): Promise<void> {
+  /** Runs the startup phase; `refusal` (a full endpoint): answered once the startup packet is in. */
+  private async startup(raw: Socket, refusal: Refusal | null): Promise<void> {
     let socket: Socket = raw;
     const reader = new MessageReader(true);
-    const frames: Frame[] = [];
+    // The startup phase reads one message at a time: the socket is paused while a framed message
+    // waits to be taken (and while the listener waits for the backend), so what a client sends
+    // ahead (a Terminate in the same write as its startup packet, a pipelined query) stays in
+    // `reader` for the session, and no more than one chunk past the awaited message is buffered.
+    // Each message is bounded before it is buffered: a startup packet by MAX_STARTUP_BYTES (as
+    // Postgres's), what follows it here (password and SASL messages) by MAX_AUTH_MESSAGE_BYTES;
+    // a longer length is refused as soon as its header is in.
+    let framed: Frame | null = null;
     let wake: (() => void) | null = null;
     let ended = false;
-    let problem: unknown = null;
-    const onData = (chunk: Buffer) => {
+    let problem: Refusal | null = null;
+    const pull = () => {
+      if (framed !== null || problem !== null) return;
+      const untyped = reader.startup;
       try {
-        reader.push(chunk);
-        for (let f = reader.next(); f !== null; f = reader.next()) frames.push(f);
+        const f = reader.next(untyped ? MAX_STARTUP_BYTES : MAX_AUTH_MESSAGE_BYTES);
+        if (f === null) return;
+        // A StartupMessage (or CancelRequest) ends the untyped phase: what follows is typed.
+        if (untyped && !negotiatesEncryption(f.body)) reader.startup = false;
+        framed = f;
       } catch (err) {
-        problem = err;
+        problem = refuse('08P01', `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`);
       }
+    };
+    const onData = (chunk: Buffer) => {
+      reader.push(chunk);
+      pull();
+      if (framed !== null || problem !== null) socket.pause();
       wake?.();
     };
     const onEnd = () => {
@@ -176,10 +225,15 @@ export class PgwireServer {
     const timer = setTimeout(onEnd, this.opts.startupTimeoutMs);
     const nextFrame = async (): Promise<Frame> => {
       for (;;) {
-        if (problem !== null) throw refuse('08P01', 'invalid startup packet layout');
-        const f = frames.shift();
-        if (f) return f;
+        pull();
+        if (problem !== null) throw problem;
+        const f = framed;
+        if (f !== null) {
+          framed = null;
+          return f;
+        }
         if (ended || Date.now() >= deadline) throw refuse('08006', 'startup did not finish in time or the client went away');
+        socket.resume();
         await new Promise<void>((resolve) => (wake = resolve));
         wake = null;
       }
@@ -193,9 +247,10 @@ export class PgwireServer {
         if (packet.kind === 'ssl' && this.opts.tls) {
           // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
           // clear, and must not be read as if they came over TLS.
-          if (reader.pending > 0 || frames.length > 0) throw refuse('08P01', 'received unencrypted data after SSL request');
+          if (reader.pending > 0 || framed !== null) throw refuse('08P01', 'received unencrypted data after SSL request');
           socket.off('data', onData);
           socket.off('close', onEnd);
+          socket.resume(); // the TLS socket reads the raw one from here
           socket.write('S');
           const secure = new TLSSocket(socket, { isServer: true, secureContext: this.opts.tls.current() });
           secure.on('error', () => {}); // a failed handshake closes it: 'close' ends the startup
@@ -215,14 +270,13 @@ export class PgwireServer {
       }
       if (packet.kind === 'cancel') {
         this.cancel(packet.pid, packet.secret);
-        socket.end();
+        socket.end(() => socket.destroy());
         return;
       }
+      if (refusal !== null) throw refusal;
       if (this.opts.tls && !encrypted) {
         throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
       }
-      // Everything after the StartupMessage is typed (clients wait for our answer before sending more).
-      reader.startup = false;
       const params = packet.params;
       const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
       if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
@@ -240,8 +294,7 @@ export class PgwireServer {
         if (encrypted && key !== null && key.scram === undefined) {
           // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
           socket.write(message('R', 3));
-          const pw = await nextFrame();
-          if (pw.type !== 'p') throw refuse('08P01', 'expected a password message');
+          const pw = authMessage(await nextFrame(), 'a password message');
           let given = '';
           try {
             given = new BodyReader(pw.body).cstring();
@@ -250,23 +303,21 @@ export class PgwireServer {
           }
           if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
         } else {
-          const server = new ScramServer(key?.scram ?? null);
+          const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
           socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
           try {
-            const first = await nextFrame();
-            if (first.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const first = authMessage(await nextFrame(), 'a SASL response');
             const r = new BodyReader(first.body);
             const mechanism = r.cstring();
             if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
             const len = r.int32();
             const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
             socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
-            const fin = await nextFrame();
-            if (fin.type !== 'p') throw refuse('08P01', 'expected a SASL response');
+            const fin = authMessage(await nextFrame(), 'a SASL response');
             const serverFinal = server.final(fin.body.toString('utf8'));
             socket.write(message('R', 12, Buffer.from(serverFinal)));
           } catch (err) {
-            if (err instanceof Refusal) throw err;
+            if (err instanceof Refusal || err instanceof ClientLeft) throw err;
             if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
             throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
           }
@@ -280,18 +331,19 @@ export class PgwireServer {
         const problem = problems.get(key?.name ?? null);
         throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
       }
-      const settings = new Map<string, string>([
-        ['default_transaction_read_only', 'on'],
-        ['statement_timeout', String(this.opts.statementTimeoutMs)],
-        ['lock_timeout', String(this.opts.lockTimeoutMs)],
-      ]);
+      const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
       if (login.pgRole !== null) settings.set('role', login.pgRole);
-      const forwarded = new Map<string, string>([['application_name', 'fencepost-sql']]);
-      for (const [k, v] of params) if (FORWARDED_PARAMETERS.has(k.toLowerCase())) forwarded.set(k.toLowerCase(), v);
-      for (const [k, v] of parseOptions(params.get('options') ?? '')) {
-        if (FENCE_SETTINGS.has(k)) settings.set(k, v);
-        else if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      for (const [k, v] of parseOptions(params.get('options') ?? '')) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
+      const requested = requestedSettings(params);
+      // The proxy's own bound on each (it sets no idle_in_transaction_session_timeout of its own).
+      const own: Record<ClientTimeout, number | null> = { statement_timeout: this.opts.statementTimeoutMs, lock_timeout: this.opts.lockTimeoutMs, idle_in_transaction_session_timeout: null };
+      for (const name of CLIENT_TIMEOUTS) {
+        const ms = boundedTimeout(requested.get(name), own[name]);
+        if (ms !== null) settings.set(name, String(ms));
       }
+      const forwarded = new Map<string, string>();
+      for (const [k, v] of requested) if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      forwarded.set('application_name', applicationName(requested));
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
       const remaining = () => Math.max(1, deadline - Date.now());
       let backend: Backend;
@@ -322,6 +374,7 @@ export class PgwireServer {
       socket.off('data', onData);
       socket.off('close', onEnd);
       clearTimeout(timer);
+      socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
       const session = new PgwireSession(socket, reader, backend, {
         logger,
         capability,

@@ -1,6 +1,7 @@
 // The startup phase of a client connection: the first packet (SSLRequest, GSSENCRequest,
-// CancelRequest or StartupMessage), the startup parameters, and the fencepost settings carried in
-// `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`, i.e. PGOPTIONS).
+// CancelRequest or StartupMessage), the startup parameters, the fencepost settings carried in
+// `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`, i.e. PGOPTIONS), and the
+// session timeouts a client may ask for, each at most the proxy's own.
 import { BodyReader, FramingError, message } from './framing.ts';
 
 export const PROTOCOL_3_0 = 196608;
@@ -32,6 +33,13 @@ export function parseStartupPacket(body: Buffer): StartupPacket {
     params.set(name, r.cstring());
   }
   return { kind: 'startup', minor: code & 0xffff, params };
+}
+
+/** An SSLRequest or GSSENCRequest: the untyped startup phase goes on after it. */
+export function negotiatesEncryption(body: Buffer): boolean {
+  if (body.length < 4) return false;
+  const code = body.readInt32BE(0);
+  return code === SSL_REQUEST || code === GSSENC_REQUEST;
 }
 
 /** NegotiateProtocolVersion: we speak 3.0 and none of the `_pq_.` options asked for. */
@@ -92,3 +100,49 @@ export const FORWARDED_PARAMETERS: ReadonlySet<string> = new Set([
 
 /** The fencepost settings a session may carry in from its startup options. */
 export const FENCE_SETTINGS: ReadonlySet<string> = new Set(['fencepost.token', 'fencepost.fence_key']);
+
+/** The startup parameters and `options` settings (names lowercased), the parameters winning: Postgres applies them after `options`. */
+export function requestedSettings(params: ReadonlyMap<string, string>): Map<string, string> {
+  const requested = parseOptions(params.get('options') ?? '');
+  for (const [k, v] of params) if (k !== 'options') requested.set(k.toLowerCase(), v);
+  return requested;
+}
+
+/**
+ * The application_name the backend gets: the client's, unchanged, as pg_stat_activity would show
+ * it without the proxy (sessions of the endpoint are told apart by their login, `usename`);
+ * `fencepost-sql` for a client that names none.
+ */
+export function applicationName(requested: ReadonlyMap<string, string>): string {
+  return requested.get('application_name') || 'fencepost-sql';
+}
+
+/** Timeouts a client may set at startup (directly or in `options`); the proxy's own value bounds each. */
+export const CLIENT_TIMEOUTS = ['statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout'] as const;
+export type ClientTimeout = (typeof CLIENT_TIMEOUTS)[number];
+
+const TIME_UNITS_MS: Readonly<Record<string, number>> = { us: 0.001, ms: 1, s: 1000, min: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/**
+ * A Postgres time setting in milliseconds, as the server reads one whose unit is ms (`200`,
+ * `200ms`, `1.5s`, `2 min`; rounded to a whole ms); null for anything else (negative, another
+ * unit, hex, not a number).
+ */
+export function timeSettingMs(value: string): number | null {
+  const m = /^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?\s*(us|ms|s|min|h|d)?\s*$/.exec(value);
+  if (!m) return null;
+  const ms = Number(`${m[1]}e${m[2] ?? 0}`) * TIME_UNITS_MS[m[3] ?? 'ms']!;
+  return Number.isFinite(ms) ? Math.round(ms) : null;
+}
+
+/**
+ * The timeout a session starts with: what the client asked for when it is a time above 0 and at
+ * most the proxy's own; else the proxy's own (a value above it, 0 meaning "none", or one that
+ * does not read as a time). `own` null: the proxy sets none, so any positive value is honoured.
+ * Null: set nothing.
+ */
+export function boundedTimeout(requested: string | undefined, own: number | null): number | null {
+  const ms = requested === undefined ? null : timeSettingMs(requested);
+  if (ms === null || ms <= 0) return own;
+  return own === null ? ms : Math.min(ms, own);
+}

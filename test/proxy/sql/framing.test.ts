@@ -1,7 +1,8 @@
 // The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, config.
 import { describe, expect, test } from 'vitest';
 import { MessageReader, FramingError, message } from '../../../src/proxy/sql/framing.ts';
-import { ScramClient, ScramServer, scramSecret } from '../../../src/proxy/access/scram.ts';
+import { randomBytes } from 'node:crypto';
+import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
 import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../../src/proxy/sql/fence.ts';
 import { runsUnfenced } from '../../../src/proxy/sql/statements.ts';
@@ -32,17 +33,17 @@ describe('framing', () => {
 });
 
 describe('SCRAM-SHA-256', () => {
-  test('the right password passes both ways; a wrong one or an unknown user fails', () => {
-    const exchange = (secret: ReturnType<typeof scramSecret> | null, password: string) => {
-      const server = new ScramServer(secret);
+  test('the right password passes both ways; a wrong one or an unknown user fails', async () => {
+    const exchange = async (secret: ReturnType<typeof scramSecret>, known: boolean, password: string) => {
+      const server = new ScramServer(secret, known);
       const client = new ScramClient(password);
-      const final = client.final(server.first(client.first()));
+      const final = await client.final(server.first(client.first()));
       client.verify(server.final(final));
     };
     const secret = scramSecret('the-bearer-key-0123');
-    expect(() => exchange(secret, 'the-bearer-key-0123')).not.toThrow();
-    expect(() => exchange(secret, 'another-key-0123456')).toThrow(/password authentication failed/);
-    expect(() => exchange(null, 'the-bearer-key-0123')).toThrow(/password authentication failed/);
+    await expect(exchange(secret, true, 'the-bearer-key-0123')).resolves.toBeUndefined();
+    await expect(exchange(secret, true, 'another-key-0123456')).rejects.toThrow(/password authentication failed/);
+    await expect(exchange(mockScramSecret(randomBytes(32), 'nobody'), false, 'the-bearer-key-0123')).rejects.toThrow(/password authentication failed/);
   });
 });
 

@@ -41,7 +41,8 @@ describe('simple protocol', () => {
   });
 
   test('inside a transaction a Query goes as it came, nothing injected', () => {
-    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0 }] }]);
+    // Still in the block at its ReadyForQuery (the relay checks).
+    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T' }] }]);
   });
 
   test('in a failed transaction ROLLBACK goes through unfenced', () => {
@@ -75,7 +76,7 @@ describe('simple protocol', () => {
       const steps = planner().plan(query(text), IDLE);
       expect(steps).toEqual([
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I' }] },
       ]);
     }
   });
@@ -114,7 +115,7 @@ describe('extended protocol', () => {
     const steps = planner().plan(parse('SELECT 1'), IDLE);
     const ours = steps.filter((s) => s.do === 'send');
     expect(ours.flatMap((s) => s.expect).every((e) => e.injected)).toBe(true);
-    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false }] });
+    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: { of: 'statement', name: '', kind: 'other' } }] });
   });
 
   test('Parse/Bind/Execute of BEGIN gets the fence right after BEGIN\'s Execute', () => {

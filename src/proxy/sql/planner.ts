@@ -30,9 +30,14 @@
 //   the next message that could take a snapshot (after it, when that one is a BEGIN). A CALL or DO
 //   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
 //   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
-// - A lone DISCARD or CHECKPOINT goes unfenced (DISCARD ALL cannot run in a block); a Query of the
+// - At idle a lone DISCARD, CHECKPOINT, SET / RESET of fencepost.token or fencepost.fence_key, or
+//   COMMIT / ROLLBACK (a no-op there) goes unfenced (statements.ts runsUnfenced); a Query of the
 //   proxy's resets default_transaction_read_only first. Everything else is fenced, so Postgres
 //   refuses a statement that cannot run in a transaction block (25001): VACUUM, CLUSTER, … .
+// - A Query inside an open extended group (before its Sync) ends the session: it would end the
+//   group's implicit transaction mid-pipeline, and no client library sends one.
+// - The kinds of statements and portals count once the backend confirms their Parse / Bind /
+//   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { encode, errorResponse, readyForQuery, type ClientMessage } from './framing.ts';
 import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';

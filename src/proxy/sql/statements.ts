@@ -87,13 +87,18 @@ export function statementKind(sql: string): StatementKind {
 }
 
 /** Words of the only statements that run unfenced (see runsUnfenced). */
-const UNFENCED_WORDS = /\b(?:discard|checkpoint|commit|end|rollback|abort)\b/i;
+const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
+/** The session settings the fence reads (fence_session_bound). */
+const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
 
 /**
  * A lone statement, by the parser, that writes none of the writer's data and starts no transaction
  * of its own: the only statements the endpoint sends without the fence, and only when the session
  * is idle (planner.ts). Each runs in an implicit transaction of its own, read-only by default:
  * - DISCARD (`DISCARD ALL` cannot run in a transaction block) and CHECKPOINT;
+ * - `SET` / `RESET` of fencepost.token or fencepost.fence_key (not SET LOCAL): a new leader sets
+ *   its new token on a session whose old one went stale, and a fence refusing the SET would keep
+ *   it stale; the setting applies from the next transaction, which the fence checks with it;
  * - COMMIT / END / ROLLBACK / ABORT without AND CHAIN: at idle they end nothing (a warning), and
  *   a client that cleans up after a failed BEGIN must not meet the fence again.
  * Every other statement is fenced, so Postgres itself refuses one that cannot run in a block
@@ -106,6 +111,11 @@ export function runsUnfenced(sql: string): boolean {
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};
   if ('DiscardStmt' in node || 'CheckPointStmt' in node) return true;
+  const set = node.VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
+  if (set !== undefined) {
+    const kinds = ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'];
+    return set.is_local !== true && kinds.includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
+  }
   const tx = node.TransactionStmt as { kind?: string; chain?: boolean } | undefined;
   return tx !== undefined && tx.chain !== true && (tx.kind === 'TRANS_STMT_COMMIT' || tx.kind === 'TRANS_STMT_ROLLBACK');
 }

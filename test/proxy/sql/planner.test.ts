@@ -164,6 +164,37 @@ describe('extended protocol', () => {
   });
 });
 
+describe('what the planner believes', () => {
+  test('a Query inside an open extended group ends the session, nothing of it sent', () => {
+    const p = planner();
+    p.plan(parse('BEGIN'), IDLE);
+    expect(sent(p.plan(query('INSERT INTO t VALUES (1)'), IDLE))).toEqual(['fail']);
+  });
+
+  test('a Parse the backend refused leaves the name\'s confirmed kind: its Execute is still fenced after, as a ROLLBACK', () => {
+    const p = planner();
+    const kinds = (steps: Step[]) => steps.flatMap((s) => (s.do === 'forward' ? s.expect : [])).map((e) => e.change);
+    const first = kinds(p.plan(parse('ROLLBACK', 's1'), FAILED))[0]!;
+    p.confirm(first);
+    const second = kinds(p.plan(parse('SELECT 1', 's1'), FAILED))[0]!;
+    p.discard(second); // refused: duplicate name
+    p.plan(sync, FAILED);
+    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+  });
+
+  test('a Sync carries the predicted block state; a statement of unknown kind in a block leaves none', () => {
+    const p = planner();
+    const predict = (steps: Step[]) => (steps.at(-1)?.do === 'forward' ? (steps.at(-1) as { expect: { predict?: string }[] }).expect[0]!.predict : 'none');
+    p.plan(parse('COMMIT'), IN_BLOCK);
+    p.plan(bind(), IN_BLOCK);
+    p.plan(execute(), IN_BLOCK);
+    expect(predict(p.plan(sync, IN_BLOCK))).toBe('I');
+    p.plan(bind('never-parsed'), IN_BLOCK);
+    p.plan(execute(), IN_BLOCK);
+    expect(predict(p.plan(sync, IN_BLOCK))).toBeUndefined();
+  });
+});
+
 describe('other messages', () => {
   test('a FunctionCall is refused (0A000) with a ReadyForQuery of the last status, nothing sent', () => {
     const steps = planner().plan({ type: 'functionCall' }, IN_BLOCK);

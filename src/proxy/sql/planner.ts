@@ -30,12 +30,17 @@
 //   the next message that could take a snapshot (after it, when that one is a BEGIN). A CALL or DO
 //   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
 //   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
-// - A lone DISCARD or CHECKPOINT goes unfenced (DISCARD ALL cannot run in a block); a Query of the
+// - At idle a lone DISCARD, CHECKPOINT, SET / RESET of fencepost.token or fencepost.fence_key, or
+//   COMMIT / ROLLBACK (a no-op there) goes unfenced (statements.ts runsUnfenced); a Query of the
 //   proxy's resets default_transaction_read_only first. Everything else is fenced, so Postgres
 //   refuses a statement that cannot run in a transaction block (25001): VACUUM, CLUSTER, … .
+// - A Query inside an open extended group (before its Sync) ends the session: it would end the
+//   group's implicit transaction mid-pipeline, and no client library sends one.
+// - The kinds of statements and portals count once the backend confirms their Parse / Bind /
+//   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { encode, errorResponse, readyForQuery, type ClientMessage } from './framing.ts';
 import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
-import { hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
+import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
 /** The message a response answers. */
 export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -57,6 +62,23 @@ export interface Expect {
   insertions?: { start: number; length: number }[];
   /** An injected empty Query standing in for a refused one: the refusal to send at its ReadyForQuery. */
   refusal?: Buffer[];
+  /** parse/bind/close of the writer's: what the planner records once the backend confirms it (ParseComplete, BindComplete, CloseComplete). */
+  change?: KindChange;
+  /**
+   * sync/query of the writer's: the transaction state the planner predicts its ReadyForQuery
+   * reports if nothing fails ('T' in a block, 'I' idle); absent when it cannot tell. The relay
+   * ends the session when the backend says otherwise (see Relay.onReady).
+   */
+  predict?: 'I' | 'T';
+  /** query: a lone BEGIN; if the fence after it fails, the proxy rolls the block back (as if BEGIN had failed). */
+  undoBeginOnFenceError?: boolean;
+}
+
+/** A statement's or portal's kind as the planner records it once the backend confirms the message (null: closed). */
+export interface KindChange {
+  of: 'statement' | 'portal';
+  name: string;
+  kind: StatementKind | null;
 }
 
 /** Messages of the proxy's own. */
@@ -126,10 +148,14 @@ export class Planner {
   private fenceBeforeExecute = false;
   /** Extended group: the backend is (predicted to be) inside a transaction block. */
   private inBlock = false;
-  /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one). */
+  /** Extended group: an Execute of a statement of unknown kind ran in a block; the state after it is a guess. */
+  private unsure = false;
+  /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one), as the backend confirmed it. */
   private readonly statementKinds = new Map<string, StatementKind>();
-  /** The kind of each portal's statement (by portal name). */
+  /** The kind of each portal's statement (by portal name), as the backend confirmed it. */
   private readonly portalKinds = new Map<string, StatementKind>();
+  /** Changes of the writer's Parse, Bind and Close sent but not confirmed yet, in order: a refused message changes nothing. */
+  private readonly pending: KindChange[] = [];
   /** ParameterStatus, for lexingIsSafe. */
   private standardConformingStrings = 'on';
   private clientEncoding = 'UTF8';
@@ -148,6 +174,45 @@ export class Planner {
     this.prepared = false;
   }
 
+  /** The writer's prepared statements may be gone or replaced (DEALLOCATE, DISCARD ALL): their kinds are unknown from now on. */
+  writerStatementsDropped(): void {
+    this.statementKinds.clear();
+    this.portalKinds.clear();
+    this.pending.length = 0;
+  }
+
+  /** The backend confirmed the message that makes this change. */
+  confirm(change: KindChange): void {
+    const i = this.pending.indexOf(change);
+    if (i < 0) return; // dropped since (an error, a DEALLOCATE): stay unknown
+    this.pending.splice(i, 1);
+    const kinds = change.of === 'statement' ? this.statementKinds : this.portalKinds;
+    if (change.kind === null) kinds.delete(change.name);
+    else kinds.set(change.name, change.kind);
+  }
+
+  /** The backend refused or skipped the message that makes this change: it changes nothing. */
+  discard(change: KindChange): void {
+    const i = this.pending.indexOf(change);
+    if (i >= 0) this.pending.splice(i, 1);
+  }
+
+  /** The kind a statement or portal will have once what was sent before is confirmed. */
+  private kindOf(of: KindChange['of'], name: string): StatementKind | undefined {
+    for (let i = this.pending.length - 1; i >= 0; i--) {
+      const c = this.pending[i]!;
+      if (c.of === of && c.name === name) return c.kind ?? undefined;
+    }
+    return (of === 'statement' ? this.statementKinds : this.portalKinds).get(name);
+  }
+
+  /** A change the writer's message makes once confirmed. */
+  private change(of: KindChange['of'], name: string, kind: StatementKind | null): KindChange {
+    const c = { of, name, kind };
+    this.pending.push(c);
+    return c;
+  }
+
   /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */
   opensGroup(m: ClientMessage): boolean {
     return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
@@ -155,7 +220,7 @@ export class Planner {
 
   /** Would this message start a transaction, if the session is idle? */
   startsTransaction(m: ClientMessage): boolean {
-    return m.type === 'query' || (isExtended(m) && !this.groupOpen && m.type !== 'sync' && m.type !== 'flush');
+    return (m.type === 'query' && !this.groupOpen) || (isExtended(m) && !this.groupOpen && m.type !== 'sync' && m.type !== 'flush');
   }
 
   /** What to send for one of the writer's messages, in order. */
@@ -178,15 +243,20 @@ export class Planner {
   }
 
   private planQuery(text: string, ctx: PlanContext): Step[] {
-    // Inside an open extended group the last ReadyForQuery is old news: predict from the group.
-    const idle = this.groupOpen ? this.fenceBeforeExecute : ctx.status === 'I';
-    if (this.groupOpen) this.fenceBeforeExecute = false;
+    // Inside an open extended group a Query would end the group's implicit transaction and start
+    // another in the middle of the pipeline. No client library sends one (libpq, psycopg,
+    // node-postgres and pgjdbc Sync first): the session ends, nothing of the Query runs.
+    if (this.groupOpen) return [{ do: 'fail', reason: 'a Query message inside an extended-protocol group: the fencepost SQL endpoint takes a Query only after the group\'s Sync' }];
+    const idle = ctx.status === 'I';
+    const dropped = deallocatedStatements(text);
+    if (dropped === 'all') this.writerStatementsDropped();
+    else for (const name of dropped) this.statementKinds.delete(name);
     if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] }];
     if (idle && runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
       return [
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I' }] },
       ];
     }
     const planned = this.fenceQuery(text, idle);
@@ -209,15 +279,19 @@ export class Planner {
    */
   private fenceQuery(text: string, idle: boolean): { text: string; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
+    const start = idle ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.
-      if (!idle) return { text, expect: { ...base } };
+      const predicted = withPrediction(base, predictAfter(start, [statementKind(text)]));
+      if (!idle) return { text, expect: predicted };
       if (startsTransactionBlock(text) && !hasSeveralStatements(text)) {
-        // A lone BEGIN …: first, so its isolation level applies; the fence right after it.
-        return { text: `${text}\n;${fenceText}`, expect: { ...base, plan: [false, true, true] } };
+        // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
+        // client that keeps its own transaction state (psycopg2) takes an error here as a failed
+        // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
+        return { text: `${text}\n;${fenceText}`, expect: { ...predicted, plan: [false, true, true], undoBeginOnFenceError: true } };
       }
-      return { text: `${fenceText}${text}`, expect: { ...base, plan: [true, true], insertions: [{ start: 0, length: this.fence.chars }] } };
+      return { text: `${fenceText}${text}`, expect: { ...predicted, plan: [true, true], insertions: [{ start: 0, length: this.fence.chars }] } };
     }
     if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
       return { refuse: ['0A000', 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
@@ -268,7 +342,8 @@ export class Planner {
       if (st.kind === 'end' && next !== undefined) needFence = true;
     });
     copyTo(bytes.length);
-    return { text: parts.join(''), expect: { ...base, plan, insertions } };
+    const predicted = withPrediction(base, predictAfter(start, stmts.map((st) => st.kind)));
+    return { text: parts.join(''), expect: { ...predicted, plan, insertions } };
   }
 
   private planExtended(m: Extended, ctx: PlanContext): Step[] {
@@ -277,13 +352,14 @@ export class Planner {
     if (!this.groupOpen && m.type !== 'sync' && m.type !== 'flush') {
       this.groupOpen = true;
       this.fenceBeforeExecute = false;
+      this.unsure = false;
       this.inBlock = ctx.status !== 'I';
       // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
       // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
       if (ctx.status !== 'E') this.ensurePrepared(steps);
       if (ctx.status === 'I') {
         // A group that opens with a BEGIN gets the fence right after its Execute.
-        const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.statementKinds.get(m.statement) === 'begin';
+        const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
         else this.inject(steps);
       }
@@ -291,18 +367,19 @@ export class Planner {
     // After a COMMIT of the group, the fence must come before the next message that could take
     // a snapshot (Parse, Bind, Describe, Execute), unless that is a BEGIN: then right after it.
     switch (m.type) {
+      // The kinds a Parse, Bind or Close gives a name count once the backend confirms the message
+      // (Relay: ParseComplete, BindComplete, CloseComplete); later messages of the group see them
+      // already, since the backend skips them if the message fails.
       case 'parse': {
         const kind = parsedKind!;
-        this.statementKinds.set(m.name, kind);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
-        steps.push(forward('parse'));
+        steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind) }] });
         return steps;
       }
       case 'bind': {
-        const kind = this.statementKinds.get(m.statement) ?? 'unknown';
-        this.portalKinds.set(m.portal, kind);
+        const kind = this.kindOf('statement', m.statement) ?? 'unknown';
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
-        steps.push(forward('bind'));
+        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', m.portal, kind) }] });
         return steps;
       }
       case 'describe':
@@ -310,10 +387,10 @@ export class Planner {
         steps.push(forward('describe'));
         return steps;
       case 'close':
-        steps.push(forward('close'));
+        steps.push({ do: 'forward', expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }] });
         return steps;
       case 'execute':
-        this.beforeExecute(this.portalKinds.get(m.portal) ?? 'unknown', steps);
+        this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
         steps.push(forward('execute'));
         if (this.fenceAfterExecute) {
           this.fenceAfterExecute = false;
@@ -324,7 +401,7 @@ export class Planner {
         this.groupOpen = false;
         this.fenceAfterExecute = false;
         this.fenceBeforeExecute = false;
-        steps.push({ do: 'forward', expect: [{ kind: 'sync', injected: false, forwardReady: true }] });
+        steps.push({ do: 'forward', expect: [withPrediction({ kind: 'sync', injected: false, forwardReady: true }, this.unsure ? undefined : this.inBlock ? 'T' : 'I')] });
         return steps;
       case 'flush': // no response of its own
         steps.push({ do: 'forward', expect: [] });
@@ -357,6 +434,12 @@ export class Planner {
     if (kind === 'end') {
       this.inBlock = false;
       this.fenceBeforeExecute = true;
+    }
+    // A statement the proxy cannot classify may have ended the block (outside one it was refused
+    // above): fence before the next message as after a COMMIT, and check nothing at the Sync.
+    if (kind === 'unknown') {
+      this.fenceBeforeExecute = true;
+      this.unsure = true;
     }
   }
 
@@ -395,6 +478,21 @@ export class Planner {
       ],
     });
   }
+}
+
+/** The block state after statements of these kinds run from `start`; undefined when one is unknown. */
+function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 'T' | undefined {
+  let state: 'I' | 'T' = start;
+  for (const k of kinds) {
+    if (k === 'unknown') return undefined;
+    if (k === 'begin' || k === 'chain') state = 'T';
+    else if (k === 'end') state = 'I';
+  }
+  return state;
+}
+
+function withPrediction<T extends Expect>(e: T, predict: 'I' | 'T' | undefined): T {
+  return predict === undefined ? e : { ...e, predict };
 }
 
 function isExtended(m: ClientMessage): m is Extended {

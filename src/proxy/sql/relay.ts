@@ -4,10 +4,18 @@
 // Each message sent to the backend has an expected response, tagged injected or the writer's; the
 // responses of injected messages are swallowed (notices included), the writer's are forwarded as
 // they came. An ErrorResponse outside a simple Query makes the backend skip to the next Sync: the
-// expectations up to it are dropped (and a writer's Query skipped behind a failed fence gets a
-// Sync of the proxy's, whose ReadyForQuery becomes the Query's). A new group is held until the
-// previous one's ReadyForQuery says whether the session is idle; one that would start a
-// transaction also waits for the gate (the forgery guard, guard.ts).
+// expectations up to it are dropped, and until the writer's Sync comes (it may come in a later
+// write) nothing more is expected. A new group is held until the previous one's ReadyForQuery says
+// whether the session is idle; one that would start a transaction also waits for the gate (the
+// forgery guard, guard.ts).
+//
+// What the planner believes follows what the backend did, never what was sent: a statement's or
+// portal's kind counts once its ParseComplete / BindComplete / CloseComplete arrives (a refused or
+// skipped message changes nothing), and every ReadyForQuery answering the writer's Sync or Query is
+// checked against the state the planner predicted for it. A backend in a transaction block the
+// planner did not predict, or idle when it predicted a block and nothing failed, means a
+// transaction the fence may not cover: the session ends (FATAL XX000), which rolls back whatever
+// is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, commandTag, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
@@ -44,9 +52,24 @@ interface Pending extends Expect {
   capture?: (f: Frame) => void;
   /** Called at its ReadyForQuery. */
   onReady?: () => void;
+  /** query: the fence after a lone BEGIN failed (see undoBeginOnFenceError). */
+  fenceFailed?: boolean;
 }
 
-const SYNC = encode({ type: 'sync' });
+/** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
+const INTERNAL_ERROR = 'XX000';
+const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
+
+/**
+ * Does a ReadyForQuery's status agree with the planner's prediction? A block ('T') must have been
+ * predicted; idle ('I') when a block was predicted only if something failed (the rest was skipped);
+ * a failed block ('E') commits nothing, and what the writer sends next is planned from it.
+ */
+function predictionHolds(predicted: 'I' | 'T', reported: string, failed: boolean): boolean {
+  if (reported === 'T') return predicted === 'T';
+  if (reported === 'I') return predicted === 'I' || failed;
+  return true;
+}
 
 export class Relay {
   private status = 'I';
@@ -56,6 +79,10 @@ export class Relay {
   private toBackend: Buffer[] = [];
   private toClient: Buffer[] = [];
   private holding = false;
+  /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
+  private skipping = false;
+  /** An ErrorResponse came since the last ReadyForQuery. */
+  private failed = false;
   /** The backend's socket buffer is full: stop reading the writer until it drains. */
   private backendBlocked = false;
   private closed = false;
@@ -211,6 +238,13 @@ export class Relay {
   }
 
   private expect(e: Pending): void {
+    if (this.skipping) {
+      if (e.kind !== 'sync' && e.kind !== 'query') {
+        this.skipped(e); // no response comes
+        return;
+      }
+      this.skipping = false;
+    }
     this.queue.push(e);
     if (e.kind === 'sync' || e.kind === 'query') this.pendingReady++;
   }
@@ -276,13 +310,13 @@ export class Relay {
         this.toClient.push(f.bytes);
         return;
       case '1':
-        this.forward(f, this.pop(['parse'], f));
+        this.forward(f, this.confirmed(this.pop(['parse'], f)));
         return;
       case '2':
-        this.forward(f, this.pop(['bind'], f));
+        this.forward(f, this.confirmed(this.pop(['bind'], f)));
         return;
       case '3':
-        this.forward(f, this.pop(['close'], f));
+        this.forward(f, this.confirmed(this.pop(['close'], f)));
         return;
       case 't':
         this.forward(f, head);
@@ -295,7 +329,7 @@ export class Relay {
       case 'C':
       case 'I':
       case 's': {
-        if (head === undefined || !head.injected) this.noteCommand(f);
+        if (head === undefined || !head.injected) this.noteCommand(f, head?.kind === 'execute');
         if (head?.kind === 'execute') this.forward(f, this.pop(['execute'], f));
         else this.forward(f, head);
         return;
@@ -320,7 +354,7 @@ export class Relay {
     const ours = e.plan?.[e.at ?? 0] ?? false;
     if (f.type === 'C' || f.type === 'I') e.at = (e.at ?? 0) + 1;
     if (ours) return;
-    this.noteCommand(f);
+    this.noteCommand(f, false);
     this.toClient.push(f.bytes);
   }
 
@@ -343,16 +377,28 @@ export class Relay {
     return message('E', ...parts);
   }
 
-  /** DISCARD ALL / DEALLOCATE drop prepared statements, ours too: prepare again before the next fence. */
-  private noteCommand(f: Frame): void {
+  /** The writer's Parse, Bind or Close took effect: the planner records what it changes. */
+  private confirmed(e: Pending): Pending {
+    if (!e.injected && e.change !== undefined) this.planner.confirm(e.change);
+    return e;
+  }
+
+  /**
+   * DISCARD ALL / DEALLOCATE drop prepared statements, ours too: prepare again before the next
+   * fence. The writer's kinds are forgotten too, unless the planner saw which (a Query's DEALLOCATE name).
+   */
+  private noteCommand(f: Frame, extended: boolean): void {
     if (f.type !== 'C') return;
     const tag = commandTag(f.body);
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
+    if (tag === 'DISCARD ALL' || tag === 'DEALLOCATE ALL' || (tag === 'DEALLOCATE' && extended)) this.planner.writerStatementsDropped();
   }
 
   private onError(f: Frame, head: Pending | undefined): void {
+    this.failed = true;
     if (head?.kind === 'query') {
       if (head.injected) return;
+      if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
       this.toClient.push(this.queryError(f, head));
       return; // a simple Query ends with its ReadyForQuery
     }
@@ -366,28 +412,56 @@ export class Relay {
         if (stale) this.opts.onStale(stale);
       }
     }
-    // Extended protocol: the backend skips everything up to the next Sync.
-    let skippedQuery = false;
-    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') {
-      const e = this.queue.shift()!;
-      if (e.kind === 'query') {
-        skippedQuery = true;
-        this.pendingReady--;
-      }
-    }
-    if (skippedQuery && this.queue.length === 0) {
-      this.toBackend.push(SYNC);
-      this.expect({ kind: 'sync', injected: true, forwardReady: true });
-      this.flushBackend();
-    }
+    // Extended protocol: the backend skips everything up to the next Sync (no Query is sent inside
+    // a group: planner.ts). Without one sent yet, it skips what comes until the writer's.
+    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.queue.shift()!);
+    if (this.queue.length === 0) this.skipping = true;
+  }
+
+  /** A message the backend refused or skipped: what it would change, changes nothing; fence statements it would prepare are not. */
+  private skipped(e: Pending): void {
+    if (e.change !== undefined) this.planner.discard(e.change);
+    if (e.injected && e.kind === 'parse') this.planner.statementsDropped();
   }
 
   private onReady(f: Frame): void {
     const e = this.pop(['sync', 'query'], f);
     this.pendingReady--;
     this.status = String.fromCharCode(f.body[0] ?? 73);
+    const failed = this.failed;
+    this.failed = false;
+    if (e.fenceFailed && this.status === 'E') {
+      // The fence after the writer's lone BEGIN failed: roll the block back, so the writer's error
+      // reads as a failed BEGIN and the session is idle, as a client that keeps its own transaction
+      // state (psycopg2) believes. The ROLLBACK's ReadyForQuery is the writer's.
+      this.toBackend.push(ROLLBACK);
+      this.expect({ kind: 'query', injected: true, forwardReady: true, predict: 'I' });
+      this.flushBackend();
+      return;
+    }
+    if (e.predict !== undefined && !predictionHolds(e.predict, this.status, failed)) {
+      this.lostTrack(e.predict);
+      return;
+    }
     if (e.forwardReady) this.toClient.push(f.bytes);
     if (e.refusal) this.toClient.push(...e.refusal);
     e.onReady?.();
+  }
+
+  /** The backend's transaction state is not the planner's: end the session, never go on in a transaction the fence may not cover. */
+  private lostTrack(predicted: 'I' | 'T'): void {
+    this.opts.logger.error({ predicted, reported: this.status }, 'SQL session closed: the backend\'s transaction state is not what the proxy predicted');
+    this.flushClient();
+    if (!this.client.destroyed) {
+      this.client.end(
+        errorResponse({
+          severity: 'FATAL',
+          code: INTERNAL_ERROR,
+          message: 'the fencepost SQL endpoint lost track of the session\'s transaction state; the session is closed',
+          detail: this.status === 'T' ? 'the open transaction was rolled back' : 'statements after an unforeseen end of a transaction may have run and committed',
+        }),
+      );
+    }
+    this.close();
   }
 }

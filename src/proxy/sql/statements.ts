@@ -87,21 +87,59 @@ export function statementKind(sql: string): StatementKind {
 }
 
 /** Words of the only statements that run unfenced (see runsUnfenced). */
-const UNFENCED_WORDS = /\b(?:discard|checkpoint)\b/i;
+const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
+/** The session settings the fence reads (fence_session_bound). */
+const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
 
 /**
- * A lone DISCARD or CHECKPOINT, by the parser: the only statements the endpoint sends without the
- * fence. `DISCARD ALL` cannot run in a transaction block, and neither writes the writer's data.
+ * A lone statement, by the parser, that writes none of the writer's data and starts no transaction
+ * of its own: the only statements the endpoint sends without the fence, and only when the session
+ * is idle (planner.ts). Each runs in an implicit transaction of its own, read-only by default:
+ * - DISCARD (`DISCARD ALL` cannot run in a transaction block) and CHECKPOINT;
+ * - `SET` / `RESET` of fencepost.token or fencepost.fence_key (not SET LOCAL): a new leader sets
+ *   its new token on a session whose old one went stale, and a fence refusing the SET would keep
+ *   it stale; the setting applies from the next transaction, which the fence checks with it;
+ * - COMMIT / END / ROLLBACK / ABORT without AND CHAIN: at idle they end nothing (a warning), and
+ *   a client that cleans up after a failed BEGIN must not meet the fence again.
  * Every other statement is fenced, so Postgres itself refuses one that cannot run in a block
- * (VACUUM, CLUSTER, REINDEX DATABASE, … CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM: 25001): no
- * transaction of a session escapes its fence.
+ * (VACUUM, CLUSTER, REINDEX DATABASE, … CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM, COMMIT
+ * PREPARED: 25001): no transaction of a session escapes its fence.
  */
 export function runsUnfenced(sql: string): boolean {
   if (!UNFENCED_WORDS.test(sql)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};
-  return 'DiscardStmt' in node || 'CheckPointStmt' in node;
+  if ('DiscardStmt' in node || 'CheckPointStmt' in node) return true;
+  const set = node.VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
+  if (set !== undefined) {
+    const kinds = ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'];
+    return set.is_local !== true && kinds.includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
+  }
+  const tx = node.TransactionStmt as { kind?: string; chain?: boolean } | undefined;
+  return tx !== undefined && tx.chain !== true && (tx.kind === 'TRANS_STMT_COMMIT' || tx.kind === 'TRANS_STMT_ROLLBACK');
+}
+
+/**
+ * The writer's prepared statements a Query's text drops (DEALLOCATE name), or 'all' (DEALLOCATE
+ * ALL, DISCARD ALL, or text the parser refuses that mentions either): the planner forgets their
+ * kinds, so a statement of the same name made later by SQL PREPARE counts as unknown.
+ */
+export function deallocatedStatements(sql: string): string[] | 'all' {
+  if (!/\b(?:deallocate|discard)\b/i.test(sql)) return [];
+  const stmts = splitNodes(sql);
+  if (stmts === null) return 'all';
+  const names: string[] = [];
+  for (const s of stmts) {
+    const node = s.stmt ?? {};
+    const dealloc = node.DeallocateStmt as { name?: string; isall?: boolean } | undefined;
+    if (dealloc !== undefined) {
+      if (dealloc.isall === true || dealloc.name === undefined) return 'all';
+      names.push(dealloc.name);
+    }
+    if ((node.DiscardStmt as { target?: string } | undefined)?.target === 'DISCARD_ALL') return 'all';
+  }
+  return names;
 }
 
 /** Can a multi-statement Query text need splitting? (A `;` with something after it.) */

@@ -151,12 +151,12 @@ describe('COPY FROM STDIN', () => {
     expect(await countInRange(db, 300, 302)).toBe(3);
     expect((await raiseOverHttp(sql, key, 8)).status).toBe(200);
 
-    // Statement by statement, going on after errors (no ON_ERROR_STOP): BEGIN meets FP409, the
-    // COPY is refused in the failed transaction (25P02) and COMMIT is a ROLLBACK.
+    // Statement by statement, going on after errors (no ON_ERROR_STOP): BEGIN meets FP409 and the
+    // proxy rolls its block back (the session is idle, as after a failed BEGIN), the COPY meets
+    // the fence again (FP409), and COMMIT finds no transaction.
     const separate = await psql(sql, 'tx-copier', ['-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(310) });
-    expect(separate.stderr).toContain('FP409');
-    expect(separate.stderr).toContain('25P02');
-    expect(separate.stdout).toContain('ROLLBACK');
+    expect(separate.stderr.match(/FP409/g)).toHaveLength(2);
+    expect(separate.stderr).toContain('there is no transaction in progress');
 
     // The same in one Query, the COPY data on stdin.
     const oneQuery = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence: [7, key], input: `${data(320)}\\.\n` });

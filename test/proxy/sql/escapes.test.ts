@@ -120,11 +120,14 @@ const S = () => message('S');
 /** Parse/Bind/Execute of one statement (unnamed). */
 const pbe = (text: string) => [P(text), B(), E()];
 
-/** A session whose token went stale, inside a failed transaction (its BEGIN met the fence). */
+/**
+ * A session whose token went stale, inside a failed transaction (its BEGIN met the fence). Not a
+ * lone BEGIN: when the fence after one fails the proxy rolls the block back (the session is idle).
+ */
 async function staleInFailedBlock(fenceKey: string): Promise<Raw> {
   const raw = await Raw.connect(`zombie-${fenceKey}`, fenceOptions(10, fenceKey));
   await raise(fenceKey, 11);
-  const begin = await raw.send([Q('BEGIN')]);
+  const begin = await raw.send([Q('BEGIN; SELECT 1')]);
   expect(begin).toMatchObject({ errors: ['FP409'], status: 'E' });
   return raw;
 }
@@ -166,7 +169,7 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
   test('node-postgres: ROLLBACK in the middle of a Query after a stale BEGIN', async () => {
     const c = await sql.connect('zombie-pg', { options: fenceOptions(10, 'simple-pg') });
     await raise('simple-pg', 11);
-    expect(await code(c.query('BEGIN'))).toBe('FP409');
+    expect(await code(c.query('BEGIN; SELECT 1'))).toBe('FP409');
     const n = id();
     expect(await code(c.query(`ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`))).toBe('FP409');
     expect(await present(n)).toEqual([]);
@@ -176,7 +179,7 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
   test('ROLLBACK AND CHAIN alone: the chained transaction is fenced before the writer lifts read-only in it', async () => {
     const c = await sql.connect('chain', { options: fenceOptions(10, 'chain') });
     await raise('chain', 11);
-    expect(await code(c.query('BEGIN'))).toBe('FP409');
+    expect(await code(c.query('BEGIN; SELECT 1'))).toBe('FP409');
     expect(await code(c.query('ROLLBACK AND CHAIN'))).toBe('FP409');
     const n = id();
     expect(await code(c.query('SET TRANSACTION READ WRITE'))).toBe('25P02');

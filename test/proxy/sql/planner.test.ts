@@ -41,7 +41,8 @@ describe('simple protocol', () => {
   });
 
   test('inside a transaction a Query goes as it came, nothing injected', () => {
-    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0 }] }]);
+    // Still in the block at its ReadyForQuery (the relay checks).
+    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T' }] }]);
   });
 
   test('in a failed transaction ROLLBACK goes through unfenced', () => {
@@ -75,7 +76,7 @@ describe('simple protocol', () => {
       const steps = planner().plan(query(text), IDLE);
       expect(steps).toEqual([
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I' }] },
       ]);
     }
   });
@@ -114,7 +115,7 @@ describe('extended protocol', () => {
     const steps = planner().plan(parse('SELECT 1'), IDLE);
     const ours = steps.filter((s) => s.do === 'send');
     expect(ours.flatMap((s) => s.expect).every((e) => e.injected)).toBe(true);
-    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false }] });
+    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: { of: 'statement', name: '', kind: 'other' } }] });
   });
 
   test('Parse/Bind/Execute of BEGIN gets the fence right after BEGIN\'s Execute', () => {
@@ -160,6 +161,37 @@ describe('extended protocol', () => {
     p.plan(sync, IDLE);
     p.statementsDropped();
     expect(group(p, FAILED, parse('ROLLBACK'), bind(), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+  });
+});
+
+describe('what the planner believes', () => {
+  test('a Query inside an open extended group ends the session, nothing of it sent', () => {
+    const p = planner();
+    p.plan(parse('BEGIN'), IDLE);
+    expect(sent(p.plan(query('INSERT INTO t VALUES (1)'), IDLE))).toEqual(['fail']);
+  });
+
+  test('a Parse the backend refused leaves the name\'s confirmed kind: its Execute is still fenced after, as a ROLLBACK', () => {
+    const p = planner();
+    const kinds = (steps: Step[]) => steps.flatMap((s) => (s.do === 'forward' ? s.expect : [])).map((e) => e.change);
+    const first = kinds(p.plan(parse('ROLLBACK', 's1'), FAILED))[0]!;
+    p.confirm(first);
+    const second = kinds(p.plan(parse('SELECT 1', 's1'), FAILED))[0]!;
+    p.discard(second); // refused: duplicate name
+    p.plan(sync, FAILED);
+    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+  });
+
+  test('a Sync carries the predicted block state; a statement of unknown kind in a block leaves none', () => {
+    const p = planner();
+    const predict = (steps: Step[]) => (steps.at(-1)?.do === 'forward' ? (steps.at(-1) as { expect: { predict?: string }[] }).expect[0]!.predict : 'none');
+    p.plan(parse('COMMIT'), IN_BLOCK);
+    p.plan(bind(), IN_BLOCK);
+    p.plan(execute(), IN_BLOCK);
+    expect(predict(p.plan(sync, IN_BLOCK))).toBe('I');
+    p.plan(bind('never-parsed'), IN_BLOCK);
+    p.plan(execute(), IN_BLOCK);
+    expect(predict(p.plan(sync, IN_BLOCK))).toBeUndefined();
   });
 });
 

@@ -1,0 +1,129 @@
+// Message orders where the proxy's picture of the backend's transaction state could go wrong: a
+// message Postgres refuses (a Parse under a name already taken, a Close, anything in a failed
+// transaction), a simple Query inside an open extended-protocol group, and whatever the planner
+// predicted against what each ReadyForQuery says. Invariant of every test here: a session whose
+// token is below the fence, or that has no token, commits nothing and runs nothing outside a fenced
+// transaction (no VACUUM, no COMMIT PREPARED at top level), checked in Postgres itself.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
+import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { B, CLOSE, E, P, Q, RawClient, S, pbe, type Replies } from './raw-client.ts';
+
+const FENCE_KEY = 'orders/main';
+
+let db: TestDatabase;
+let sql: SqlProxy;
+beforeAll(async () => {
+  db = await createTestDatabase();
+  sql = await startSqlProxy(db);
+  const role = clientRoleFor(db.url);
+  await db.pool.query('CREATE TABLE public.orders (id int PRIMARY KEY, v text)');
+  // MAINTAIN: a VACUUM that ran would run for real, so its CommandComplete shows it escaped.
+  await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE, MAINTAIN ON public.orders TO ${role}`);
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(FENCE_KEY)}`, { method: 'PUT', headers: { 'fencing-token': '6' } });
+  expect(res.status).toBe(200);
+});
+afterAll(async () => {
+  await sql?.close();
+  await db?.drop();
+});
+
+const ids = { next: 1 };
+const present = async (id: number) => (await db.pool.query('SELECT 1 FROM public.orders WHERE id = $1', [id])).rowCount;
+
+const sessions = {
+  'a session whose token (5) is below the fence (6)': fenceOptions(5, FENCE_KEY),
+  'a session without a token': '',
+};
+
+/** What runs once the transaction the writer ended is gone: statements for either protocol. */
+interface Body {
+  name: string;
+  extended: (id: number) => Buffer[];
+  simple: (id: number) => string;
+}
+const insert = (id: number) => `INSERT INTO public.orders VALUES (${id}, 'escaped')`;
+const bodies: Body[] = [
+  { name: 'BEGIN READ WRITE, INSERT, COMMIT', extended: (id) => [...pbe('BEGIN READ WRITE'), ...pbe(insert(id)), ...pbe('COMMIT')], simple: (id) => `BEGIN READ WRITE; ${insert(id)}; COMMIT` },
+  { name: 'SET TRANSACTION READ WRITE, INSERT', extended: (id) => [...pbe('SET TRANSACTION READ WRITE'), ...pbe(insert(id))], simple: (id) => `SET TRANSACTION READ WRITE; ${insert(id)}` },
+  { name: 'BEGIN READ WRITE, VACUUM, COMMIT', extended: () => [...pbe('BEGIN READ WRITE'), ...pbe('VACUUM public.orders'), ...pbe('COMMIT')], simple: () => 'BEGIN READ WRITE; VACUUM public.orders; COMMIT' },
+  { name: 'VACUUM', extended: () => pbe('VACUUM public.orders'), simple: () => 'VACUUM public.orders' },
+  { name: "BEGIN READ WRITE, COMMIT PREPARED 'x', COMMIT", extended: () => [...pbe('BEGIN READ WRITE'), ...pbe("COMMIT PREPARED 'x'"), ...pbe('COMMIT')], simple: () => "BEGIN READ WRITE; COMMIT PREPARED 'x'; COMMIT" },
+  { name: "COMMIT PREPARED 'x'", extended: () => pbe("COMMIT PREPARED 'x'"), simple: () => "COMMIT PREPARED 'x'" },
+];
+
+/** The writer's first Query: a lone BEGIN, or BEGIN with a statement after it in the same Query. */
+const entries = ['BEGIN', 'BEGIN; SELECT 1'];
+
+/** Nothing of the session ran outside a fenced transaction, nothing committed, the fence stayed. */
+async function expectNothingEscaped(replies: Replies[], id: number): Promise<void> {
+  const tags = replies.flatMap((r) => r.tags);
+  const errors = replies.flatMap((r) => r.errors);
+  expect(tags).not.toContain('VACUUM');
+  expect(tags).not.toContain('COMMIT PREPARED');
+  expect(errors).not.toContain('42704'); // COMMIT PREPARED 'x' ran at top level: "does not exist"
+  expect(await present(id)).toBe(0);
+  expect(await fenceRow(db.pool, FENCE_KEY)).toEqual({ highest_token: '6' });
+}
+
+for (const [who, options] of Object.entries(sessions)) {
+  describe(who, () => {
+    for (const body of bodies) {
+      for (const entry of entries) {
+        test(`${entry}; Close, a Query of ROLLBACK inside the group, then ${body.name}, Sync: nothing escapes`, async () => {
+          const [raw, id] = [await RawClient.connect(sql.port, sql.database, 'tracking-a', options), ids.next++];
+          const replies = [await raw.send([Q(entry)])];
+          replies.push(await raw.send([CLOSE('S', 'nothing'), Q('ROLLBACK'), ...body.extended(id), S()], 2));
+          expect([replies[1]!.closed, replies[1]!.errors.at(-1)]).toEqual([true, '08P01']); // a Query inside a group ends the session
+          raw.close();
+          await expectNothingEscaped(replies, id);
+        });
+
+        test(`${entry}; Parse s1 = ROLLBACK, Parse s1 = SELECT 1 (refused), Sync; then Bind s1, Execute, ${body.name}, Sync: nothing escapes`, async () => {
+          const [raw, id] = [await RawClient.connect(sql.port, sql.database, 'tracking-b', options), ids.next++];
+          const replies = [await raw.send([Q(entry)])];
+          replies.push(await raw.send([P('ROLLBACK', 's1'), P('SELECT 1', 's1'), S()]));
+          replies.push(await raw.send([B('s1'), E(), ...body.extended(id), S()]));
+          raw.close();
+          await expectNothingEscaped(replies, id);
+        });
+      }
+
+      test(`from idle, Parse BEGIN, then a Query inside the open group: ${body.name}: nothing escapes`, async () => {
+        const [raw, id] = [await RawClient.connect(sql.port, sql.database, 'tracking-c', options), ids.next++];
+        const replies = [await raw.send([P('BEGIN'), Q(body.simple(id)), S()], 2)];
+        expect([replies[0]!.closed, replies[0]!.errors.at(-1)]).toEqual([true, '08P01']); // a Query inside a group ends the session
+        raw.close();
+        await expectNothingEscaped(replies, id);
+      });
+    }
+  });
+}
+
+describe('a group whose Sync comes in a later write', () => {
+  // Invariant: an error in a group makes the backend skip to the Sync however the writer's bytes
+  // are split into writes; the writer gets the error, one ReadyForQuery, and a session that goes on.
+  for (const [who, options] of Object.entries({ 'a leader': fenceOptions(1, 'orders/pipe'), 'a session without a token': '' })) {
+    test(`${who}: Parse/Bind/Execute of a failing statement, more of the group and Sync 50 ms later: the error, and the session goes on`, async () => {
+      const raw = await RawClient.connect(sql.port, sql.database, 'pipe-writer', options);
+      raw.write(...pbe('SELECT 1/0'));
+      await new Promise((r) => setTimeout(r, 50));
+      const failed = await raw.send([...pbe('SELECT 2'), S()]);
+      expect(failed).toMatchObject({ errors: ['22012'], status: 'I', closed: false });
+      const next = await raw.send([...pbe('SELECT 3'), S()]);
+      expect(next).toMatchObject({ errors: [], tags: ['SELECT 1'], status: 'I' });
+      raw.close();
+    });
+
+    test(`${who}: Parse/Bind/Execute of a failing statement, then Sync 50 ms later: the error, and the session goes on`, async () => {
+      const raw = await RawClient.connect(sql.port, sql.database, 'pipe-writer', options);
+      raw.write(...pbe('SELECT 1/0'));
+      await new Promise((r) => setTimeout(r, 50));
+      const failed = await raw.send([S()]);
+      expect(failed).toMatchObject({ errors: ['22012'], status: 'I', closed: false });
+      const next = await raw.send([...pbe('SELECT 3'), S()]);
+      expect(next).toMatchObject({ errors: [], tags: ['SELECT 1'], status: 'I' });
+      raw.close();
+    });
+  }
+});

@@ -1,6 +1,6 @@
 // The raise of the SQL doors: a transaction at a token above its fence (a new leader's first) is
 // refused by the fence function with RAISE_FIRST (definitions.ts fence_transaction), and the
-// proxy raises the fence here, in a statement of its own on its own pool, then starts the
+// proxy raises the fence here, in a transaction of its own on its own pool, then starts the
 // transaction again. So a raise commits with synchronous_commit on whatever the writer's login,
 // role or session set, and holds the fence row only for its own statement, never for the length
 // of a writer's transaction (another session of the same leader starting meanwhile is not stalled).
@@ -13,8 +13,22 @@ export interface RaisedFence {
   highestToken: bigint | null;
 }
 
-/** Raises each fence to its token where it is absent or below; waits at most the pool's lock_timeout. */
-export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Promise<RaisedFence[]> {
-  const { rows } = await pool.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId));
-  return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
+/**
+ * Raises each fence to its token where it is absent or below, waiting at most `lockTimeoutMs` for
+ * the transactions that hold it (55P03 after that).
+ */
+export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: { lockTimeoutMs: number }): Promise<RaisedFence[]> {
+  const client = await pool.connect();
+  let open = false;
+  try {
+    await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${Math.max(1, Math.trunc(opts.lockTimeoutMs))}`);
+    open = true;
+    const { rows } = await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId));
+    await client.query('COMMIT');
+    open = false;
+    return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
+  } finally {
+    if (open) await client.query('ROLLBACK').catch(() => {});
+    client.release();
+  }
 }

@@ -323,7 +323,7 @@ export class TransactionRunner {
               if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                 // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                 raised = true;
-                await raiseFences(this.opts.owner, sorted, opts.writerId).catch((e: unknown) => {
+                await raiseFences(this.opts.owner, sorted, opts.writerId, { lockTimeoutMs: this.opts.lockTimeoutMs }).catch((e: unknown) => {
                   throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                 });
                 continue;

@@ -29,6 +29,7 @@ import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName,
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
+import { raiseFences } from '../../fence/raise.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
@@ -382,6 +383,9 @@ export class PgwireServer {
         writerId,
         guard: this.opts.guard ?? null,
         startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
+        raise: async (fenceKey, token) => {
+          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { lockTimeoutMs: this.opts.lockTimeoutMs });
+        },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onClose: () => this.sessions.delete(pid),
       });

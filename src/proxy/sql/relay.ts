@@ -7,7 +7,7 @@
 // expectations up to it are dropped, and until the writer's Sync comes (it may come in a later
 // write) nothing more is expected. A new group is held until the previous one's ReadyForQuery says
 // whether the session is idle; one that would start a transaction also waits for the gate (the
-// forgery guard, guard.ts).
+// forgery guard and the raise, gate.ts).
 //
 // What the planner believes follows what the backend did, never what was sent: a statement's or
 // portal's kind counts once its ParseComplete / BindComplete / CloseComplete arrives (a refused or

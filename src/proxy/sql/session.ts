@@ -3,16 +3,16 @@
 // - planner.ts: what to send for each of the writer's messages (the fence, splits, refusals);
 //   no sockets, so it is tested without a database.
 // - relay.ts: the sockets, the responses owed for what was sent, forwarding and swallowing them.
-// - guard.ts: the forgery guard's check before a transaction, and the verdict the fence gets.
+// - gate.ts: before a transaction, the forgery guard's check and the raise of the session's fence.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { MessageReader } from './framing.ts';
 import { Planner, sessionFence } from './planner.ts';
 import { Relay, type StaleRefusal } from './relay.ts';
-import { GuardCheck, type FenceSettings, type SessionGuard } from './guard.ts';
+import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
 
-export type { SessionGuard } from './guard.ts';
+export type { SessionGuard } from './gate.ts';
 export type { StaleRefusal } from './relay.ts';
 
 export interface SessionOptions {
@@ -25,6 +25,8 @@ export interface SessionOptions {
   guard?: SessionGuard | null;
   /** fencepost.token and fencepost.fence_key from the startup options. */
   startupSettings?: FenceSettings;
+  /** Raises a fence to a token where it is absent or below (src/fence/raise.ts on the proxy's pool). */
+  raise: (fenceKey: string, token: bigint) => Promise<void>;
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
 }
@@ -33,24 +35,24 @@ export class PgwireSession {
   private readonly relay: Relay;
 
   constructor(client: Socket, clientReader: MessageReader, backend: Backend, opts: SessionOptions) {
-    const check = opts.guard
-      ? new GuardCheck(
-          opts.guard,
-          opts.startupSettings ?? { token: null, fenceKey: null },
-          {
-            query: (sql, onRow, then) => this.relay.query(sql, onRow, then),
-            done: () => {
-              planner.fence = fence();
-              this.relay.resume();
-            },
-          },
-          opts.logger,
-        )
-      : null;
+    const gate = new FenceGate({
+      guard: opts.guard ?? null,
+      prefixes: opts.prefixes,
+      raise: opts.raise,
+      startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
+      host: {
+        query: (sql, onRow, then) => this.relay.query(sql, onRow, then),
+        done: () => {
+          planner.fence = fence();
+          this.relay.resume();
+        },
+      },
+      logger: opts.logger,
+    });
     // Built again when the guard's verdict changes (its state is a parameter of the fence).
-    const fence = () => sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, check === null ? null : check.state());
+    const fence = () => sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, gate.state());
     const planner = new Planner(fence());
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate: check, onStale: opts.onStale, onClose: opts.onClose });
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */

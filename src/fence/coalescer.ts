@@ -11,12 +11,17 @@
 // nothing committed), its operations run again one by one so only the locked fence's writes fail,
 // and that fence key then goes in batches of its own, in at most all but one slot, for a while.
 //
+// A batch holding one write that the protected-prefix trigger refuses (FP403: an object under a
+// protected prefix written under another fence key) fails whole, nothing committed: its operations
+// run again one by one too, so only the misfenced write gets the error.
+//
 // Which statement carries a batch: write-strategy.ts. Rejected operations go to the rejection log
 // (rejection-log.ts) as the HTTP door's.
 import type pg from 'pg';
 import type * as q from './queries.ts';
 import type { WriteRow } from './queries.ts';
 import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { NOT_FENCED } from './codes.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 import { readObjectFences } from './reads.ts';
@@ -245,27 +250,36 @@ export class WriteCoalescer {
    * Runs a batch. Operations that waited past the lock timeout (55P03) rolled back: the whole
    * batch, or what the leaner statement left to the full one after committing its own (those stay
    * answered). They run again one at a time: only those on a locked row fail (with the 55P03
-   * error, answered 503 unavailable), and their fence keys go alone for a while.
+   * error, answered 503 unavailable), and their fence keys go alone for a while. A batch the
+   * protected-prefix trigger refused (FP403) rolled back likewise and runs again one at a time:
+   * only the misfenced writes fail, with FP403.
    */
   private async runSplitting(ops: FencedOp[]): Promise<(FencedResult | { failed: unknown })[]> {
     let results: (FencedResult | { failed: unknown })[];
     try {
       results = await this.runBatch(ops);
     } catch (err) {
-      if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
+      const state = sqlState(err);
+      if (state !== LOCK_NOT_AVAILABLE && state !== NOT_FENCED) throw err;
       if (ops.length === 1) {
-        const now = Date.now();
-        for (const [k, until] of this.lockedFences) if (until <= now) this.lockedFences.delete(k);
-        this.lockedFences.set(ops[0]!.fenceKey, now + LOCKED_FENCE_ALONE_MS);
+        if (state === LOCK_NOT_AVAILABLE) {
+          const now = Date.now();
+          for (const [k, until] of this.lockedFences) if (until <= now) this.lockedFences.delete(k);
+          this.lockedFences.set(ops[0]!.fenceKey, now + LOCKED_FENCE_ALONE_MS);
+        }
         throw err;
       }
       results = ops.map(() => ({ failed: err }));
     }
-    const locked = (r: FencedResult | { failed: unknown }) => 'failed' in r && sqlState(r.failed) === LOCK_NOT_AVAILABLE;
-    if (ops.length > 1 && results.some(locked)) {
+    const splits = (r: FencedResult | { failed: unknown }) => {
+      if (!('failed' in r)) return false;
+      const state = sqlState(r.failed);
+      return state === LOCK_NOT_AVAILABLE || state === NOT_FENCED;
+    };
+    if (ops.length > 1 && results.some(splits)) {
       // One at a time: the connection count stays that of one batch, and order per key holds.
       for (const [i, op] of ops.entries()) {
-        if (!locked(results[i]!)) continue;
+        if (!splits(results[i]!)) continue;
         try {
           results[i] = (await this.runSplitting([op]))[0]!;
         } catch (e) {

@@ -184,8 +184,13 @@ export async function protectedPrefixes(pool: pg.Pool): Promise<{ prefix: string
   return rows.map((r) => ({ prefix: r.prefix, fenceKey: r.fence_key })).sort((a, b) => Buffer.byteLength(b.prefix) - Buffer.byteLength(a.prefix));
 }
 
+/** The longest of `prefixes` (protectedPrefixes' order) that `objectKey` starts with, or null: the trigger's choice. */
+export function protectingPrefix<P extends { prefix: string; fenceKey: string }>(prefixes: readonly P[], objectKey: string): P | null {
+  for (const p of prefixes) if (objectKey.startsWith(p.prefix)) return p;
+  return null;
+}
+
 /** The fence key that guards `objectKey` under `prefixes` (protectedPrefixes' order), or null. */
 export function protectingFenceKey(prefixes: readonly { prefix: string; fenceKey: string }[], objectKey: string): string | null {
-  for (const p of prefixes) if (objectKey.startsWith(p.prefix)) return p.fenceKey;
-  return null;
+  return protectingPrefix(prefixes, objectKey)?.fenceKey ?? null;
 }

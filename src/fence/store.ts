@@ -1,7 +1,8 @@
 // The fence store: what the doors use of the fence over one pg pool. Each job has its module:
 // fenced writes, coalesced into batches (coalescer.ts, statements in write-strategy.ts); reads of
 // objects, fences and counts (reads.ts); folding count rows into the counters (count-folding.ts);
-// the rejection log every door records into (rejection-log.ts).
+// the rejection log every door records into (rejection-log.ts); the protected object-key prefixes,
+// as last read (protected-prefixes.ts).
 import type pg from 'pg';
 import type { Logger } from 'pino';
 import { WriteCoalescer, type FencedOp, type FencedResult } from './coalescer.ts';
@@ -10,11 +11,13 @@ import * as reads from './reads.ts';
 import type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 import { foldPendingCounts, startFolding } from './count-folding.ts';
 import { RejectionLog } from './rejection-log.ts';
+import { ProtectedPrefixes } from './protected-prefixes.ts';
 
 export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
 export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 export type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 export type { OpKind } from './queries.ts';
+export type { ProtectedPrefix, ProtectedPrefixes } from './protected-prefixes.ts';
 
 /** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */
 export interface FenceStoreOptions {
@@ -41,11 +44,14 @@ export class FenceStore {
   readonly pool: pg.Pool;
   /** The rejection log: the store's writes record into it, and so do the other doors (transactions, the SQL endpoint). */
   readonly rejections: RejectionLog;
+  /** The protected object-key prefixes as last read: the door resolves a write's fence key from them (Postgres enforces them regardless). */
+  readonly protectedPrefixes: ProtectedPrefixes;
   private readonly coalescer: WriteCoalescer;
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
     this.rejections = new RejectionLog(pool, { retries: opts.retries, ...(opts.logger ? { logger: opts.logger } : {}) });
+    this.protectedPrefixes = new ProtectedPrefixes(pool);
     this.coalescer = new WriteCoalescer(pool, {
       concurrency: opts.concurrency,
       maxBatch: opts.maxBatch,

@@ -73,6 +73,8 @@ export interface ProxyConfig {
   txMaxResultBytes: number;
   /** Login of client SQL in open mode, and prefix of the per-key logins. */
   clientRole: string;
+  /** How often the HTTP door reads the protected object-key prefixes again (it also does after Postgres refused a write as misfenced). */
+  protectedPrefixRefreshMs: number;
 }
 
 /** Defaults of the fenced write path (FenceStore); writeConcurrency is capped below the pool size. */
@@ -98,6 +100,14 @@ export const TX_DEFAULTS = Object.freeze({
   provisionRetryMs: 5000,
   maxResultBytes: 4 * 1024 * 1024,
   retries: 3,
+});
+
+/** Defaults of protected data (`fencepost protect`): how the HTTP door keeps its copy of the protected prefixes (also buildApp's). */
+export const PROTECT_DEFAULTS = Object.freeze({
+  // Postgres refuses a misfenced object whatever the copy says; a stale copy costs the first such
+  // write one refused statement and a re-read, so the interval only bounds how long a prefix
+  // declared elsewhere waits to be resolved without that detour.
+  prefixRefreshMs: 5000,
 });
 
 /** Defaults of the SQL endpoint (FENCEPOST_PGWIRE_PORT). */
@@ -342,5 +352,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     txTimeoutMs: int(env, 'FENCEPOST_TX_TIMEOUT_MS', TX_DEFAULTS.transactionTimeoutMs, 100, 3_600_000),
     txMaxResultBytes: int(env, 'FENCEPOST_TX_MAX_RESULT_BYTES', TX_DEFAULTS.maxResultBytes, 1024, 1024 * 1024 * 1024),
     clientRole: clientRole(env),
+    protectedPrefixRefreshMs: int(env, 'FENCEPOST_PROTECTED_PREFIX_REFRESH_MS', PROTECT_DEFAULTS.prefixRefreshMs, 100, 3_600_000),
   });
 }

@@ -161,6 +161,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       retries: config.txRetries,
     },
     requestTimeoutMs: config.requestTimeoutMs,
+    protectedPrefixRefreshMs: config.protectedPrefixRefreshMs,
     ...(tls ? { https: tls.pem() } : {}),
   });
   const pruner = new RejectionPruner(pool, {

@@ -15,6 +15,7 @@ import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { protectPrefix } from '../../src/fence/protect.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -233,4 +234,22 @@ test('ZooKeeper unreachable: a raise gets 503 unavailable, writes that cannot ra
   } finally {
     await down.close();
   }
+});
+
+test('the guard checks the fence key a protected prefix resolves, also when Postgres refused first: a forged token gets unverified_token without Fence-Key', async () => {
+  // Objects under unguarded prefixes, fenced by guarded fence keys (under orders/).
+  await protectPrefix(db.pool, 'guarded-jobs/', 'orders/jobs');
+  await app.store.protectedPrefixes.refresh();
+  const forgedPut = (key: string) => app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': '9223372036854775807' }, payload: 'forged' });
+  const res = await forgedPut('guarded-jobs/1');
+  expect(res.statusCode, res.body).toBe(409);
+  expect(res.json()).toMatchObject({ error: 'unverified_token', fenceKey: 'orders/jobs', electionPath });
+  // Declared after the proxy read the list: the first attempt (under the object's own, unguarded
+  // key) is refused by Postgres, and the one under the prefix's fence key is admitted again.
+  await protectPrefix(db.pool, 'guarded-late/', 'orders/late');
+  const late = await forgedPut('guarded-late/1');
+  expect(late.statusCode, late.body).toBe(409);
+  expect(late.json()).toMatchObject({ error: 'unverified_token', fenceKey: 'orders/late', electionPath });
+  for (const key of ['guarded-jobs/1', 'guarded-late/1', 'orders/jobs', 'orders/late']) expect(await highest(key), key).toBeNull();
+  expect((await db.pool.query(`SELECT 1 FROM fencepost.objects WHERE starts_with(key, 'guarded-')`)).rowCount).toBe(0);
 });

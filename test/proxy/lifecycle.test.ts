@@ -147,6 +147,7 @@ describe('configuration', () => {
     ['FENCEPOST_POOL_SIZE', '1'],
     ['DATABASE_URL', 'mysql://x'],
     ['FENCEPOST_LOG_LEVEL', 'loud'],
+    ['FENCEPOST_PROTECTED_PREFIX_REFRESH_MS', '10'],
   ])('a bad %s (%j) fails fast naming the variable', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrow(ConfigError);
     expect(() => loadConfig({ [name]: value })).toThrow(name);

@@ -15,8 +15,14 @@ import type { FenceMode } from '../../tools/unsafe-fence.ts';
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
 
-export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number } = {}): FastifyInstance {
-  return buildApp({ store: new FenceStore(pool, { ...STORE_DEFAULTS, ...opts }), bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, transactions: { clientRole: clientRoleFor(pool) } });
+export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number; protectedPrefixRefreshMs?: number } = {}): FastifyInstance {
+  const { bodyLimitBytes, protectedPrefixRefreshMs, ...store } = opts;
+  return buildApp({
+    store: new FenceStore(pool, { ...STORE_DEFAULTS, ...store }),
+    bodyLimitBytes: bodyLimitBytes ?? 1024 * 1024,
+    transactions: { clientRole: clientRoleFor(pool) },
+    ...(protectedPrefixRefreshMs === undefined ? {} : { protectedPrefixRefreshMs }),
+  });
 }
 
 /** Listens on a free loopback port; returns the base URL. */

@@ -7,6 +7,7 @@ import Fastify, { LogController, type FastifyInstance, type FastifyError, type F
 import type { Logger } from 'pino';
 import type { FenceStore } from '../../fence/store.ts';
 import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from '../../fence/pg-errors.ts';
+import { NOT_FENCED } from '../../fence/codes.ts';
 import { ApiError } from '../errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
@@ -20,7 +21,7 @@ import { registerAuth, type AuthConfig } from './auth.ts';
 import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
-import { TX_DEFAULTS } from '../config.ts';
+import { PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';
@@ -45,6 +46,11 @@ export interface AppOptions {
   browser?: BrowserConfig;
   /** Serve HTTPS only, with this certificate and key (TlsMaterial.pem()); default: plain HTTP. */
   https?: TlsPem;
+  /**
+   * How often the protected object-key prefixes are read again (`store.protectedPrefixes`; first
+   * read when the app is ready); default PROTECT_DEFAULTS.prefixRefreshMs.
+   */
+  protectedPrefixRefreshMs?: number;
 }
 
 declare module 'fastify' {
@@ -88,6 +94,9 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
     return new ApiError('invalid_key', 'key is not valid percent-encoded UTF-8');
   }
   // A row (a fence) locked by another session past FENCEPOST_LOCK_TIMEOUT_MS: the statement rolled back.
+  // The protected-prefix trigger refused an object write (routes/objects.ts answers the ones it
+  // expects with the prefix named): the statement rolled back.
+  if (sqlState(err) === NOT_FENCED) return new ApiError('not_fenced', `${err.message}; nothing written`, {}, { cause: err });
   if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   const status = (err as FastifyError).statusCode;
@@ -134,6 +143,17 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     : null;
   app.decorate('forgeryGuard', guard);
   if (guard) app.addHook('onClose', async () => await guard.close());
+  // The protected prefixes are read before the first request is served, then kept fresh. A failed
+  // read is no reason not to serve: Postgres refuses a misfenced object whatever the copy holds,
+  // and each refusal reads the list again.
+  let stopRefreshing = () => {};
+  app.addHook('onReady', async () => {
+    await opts.store.protectedPrefixes.refresh().catch((err: unknown) => {
+      if (opts.logger) opts.logger.warn({ err }, 'reading the protected prefixes failed; they are read again on the interval and after a refused write');
+    });
+    stopRefreshing = opts.store.protectedPrefixes.refreshing(opts.protectedPrefixRefreshMs ?? PROTECT_DEFAULTS.prefixRefreshMs, opts.logger || undefined);
+  });
+  app.addHook('onClose', async () => stopRefreshing());
   registerRequestId(app);
   installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
 

@@ -23,8 +23,8 @@ const TOKEN_ERRORS: readonly ErrorCode[] = ['token_required', 'invalid_token', '
 
 /** Errors particular to an operation (route config `operation`). */
 const OPERATION_ERRORS: Record<string, readonly ErrorCode[]> = {
-  put: ['payload_too_large', 'precondition_failed'],
-  delete: ['precondition_failed'],
+  put: ['payload_too_large', 'precondition_failed', 'not_fenced'],
+  delete: ['precondition_failed', 'not_fenced'],
   fence: [],
   transaction: [
     ...TOKEN_ERRORS,

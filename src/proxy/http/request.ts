@@ -2,6 +2,7 @@
 import type { FastifyRequest } from 'fastify';
 import { parseToken } from '../../fence/token.ts';
 import { keyProblem } from '../../fence/key.ts';
+import type { ProtectedPrefix } from '../../fence/store.ts';
 import { ApiError } from '../errors.ts';
 import { authorizeKeys } from './auth.ts';
 
@@ -29,10 +30,34 @@ function headerUtf8(req: FastifyRequest, name: string): string | undefined {
   return Buffer.from(raw, 'latin1').toString('utf8');
 }
 
-/** `Fence-Key` header, defaulting to the object key. */
+/**
+ * The fence key of a write to `objectKey`. Under a protected prefix (`fencepost protect --prefix`,
+ * as the store last read them) it is the prefix's fence key, whatever `Fence-Key` omits; a
+ * `Fence-Key` naming another is refused with 403 not_fenced (once the key is known to cover the
+ * object, so a key learns nothing of prefixes outside its own). Elsewhere it is `Fence-Key`,
+ * defaulting to the object key. Postgres refuses a misfenced object whatever this resolves
+ * (the protected-prefix trigger): this is the friendly path.
+ */
 export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
   const header = headerUtf8(req, 'fence-key');
-  return header === undefined ? objectKey : checkKey(header, 'fence key');
+  const named = header === undefined ? undefined : checkKey(header, 'fence key');
+  const protectedBy = req.server.store.protectedPrefixes.protecting(objectKey);
+  if (protectedBy === null) return named ?? objectKey;
+  if (named !== undefined && named !== protectedBy.fenceKey) {
+    authorizeKeys(req, [objectKey]);
+    req.log.info({ key: objectKey, fenceKey: named, prefix: protectedBy.prefix, prefixFenceKey: protectedBy.fenceKey }, 'misfenced write to a protected prefix refused');
+    throw notFenced(objectKey, protectedBy, named);
+  }
+  return protectedBy.fenceKey;
+}
+
+/** 403 not_fenced: `objectKey` is under `protectedBy.prefix`, written only under its fence key. */
+export function notFenced(objectKey: string, protectedBy: ProtectedPrefix, named: string): ApiError {
+  return new ApiError(
+    'not_fenced',
+    `object ${JSON.stringify(objectKey)} is under the protected prefix ${JSON.stringify(protectedBy.prefix)}: it is written only under fence key ${JSON.stringify(protectedBy.fenceKey)}, not ${JSON.stringify(named)} (send that Fence-Key, or none); nothing written`,
+    { prefix: protectedBy.prefix, fenceKey: protectedBy.fenceKey },
+  );
 }
 
 /**

@@ -2,6 +2,9 @@
 // Keys may hold `/` as it is (PUT /v1/objects/orders/7, as object stores allow) or percent-encoded
 // (orders%2F7): the route is a wildcard, so both name the same object.
 import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FencedOp, FencedResult } from '../../../fence/store.ts';
+import { NOT_FENCED } from '../../../fence/codes.ts';
+import { sqlState } from '../../../fence/pg-errors.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
 import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
@@ -15,7 +18,11 @@ type KeyParams = { Params: { '*': string } };
 const params = keyParams('*');
 
 /** `Fence-Key`: bytes of UTF-8 (request.ts decodes and checks it). */
-const FENCE_KEY_HEADER = { type: 'string', description: 'the fence key to check the token against (1 to 1024 bytes of UTF-8); default: the object key' } as const;
+const FENCE_KEY_HEADER = {
+  type: 'string',
+  description:
+    'the fence key to check the token against (1 to 1024 bytes of UTF-8); default: the object key. Under a protected prefix (`fencepost protect --prefix`) the default is the prefix\'s fence key, and any other is refused (403 not_fenced)',
+} as const;
 
 const writeHeaders = (extra: Record<string, unknown>) =>
   ({
@@ -107,14 +114,44 @@ function preconditionFailed(req: FastifyRequest, key: string): ApiError {
   return new ApiError('precondition_failed', 'the object does not meet If-Match / If-None-Match: nothing written');
 }
 
+/**
+ * Admits and applies a fenced write to `key` under the fence key fenceKeyFor resolves. A write
+ * Postgres refused as misfenced (FP403: the prefix was protected since the store last read the
+ * list) rolled back whole: the list is read again at once and the write resolved again. A request
+ * that named no Fence-Key then goes once more, under the prefix's fence key (admitted again: key
+ * prefixes, forgery guard); one that named another gets 403 not_fenced.
+ */
+async function fencedObjectWrite(req: FastifyRequest, key: string, token: bigint, op: (fenceKey: string) => FencedOp): Promise<{ fenceKey: string; result: FencedResult }> {
+  const fenceKey = fenceKeyFor(req, key);
+  await admitWrite(req, fenceKey, token, key);
+  try {
+    return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
+  } catch (err) {
+    if (sqlState(err) !== NOT_FENCED) throw err;
+    req.log.info({ key, fenceKey }, 'Postgres refused a misfenced object: reading the protected prefixes again');
+    await req.server.store.protectedPrefixes.refresh().catch((e: unknown) => req.log.warn({ err: e }, 'reading the protected prefixes failed'));
+    const resolved = fenceKeyFor(req, key); // 403 not_fenced when the request named another fence key
+    if (resolved === fenceKey) throw err; // nothing new in the list: answered not_fenced with the trigger's message
+    await admitWrite(req, resolved, token, key);
+    return { fenceKey: resolved, result: await req.server.store.write(op(resolved)) };
+  }
+}
+
 export async function objectRoutes(app: FastifyInstance): Promise<void> {
   app.put<KeyParams>('/v1/objects/*', { config: { operation: 'put', access: 'write' }, schema: putSchema }, async (req, reply) => {
     const key = req.params['*'];
-    const fenceKey = fenceKeyFor(req, key);
     const token = tokenHeader(req);
-    await admitWrite(req, fenceKey, token, key);
     const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
-    const result = await app.store.write({ kind: 'put', key, fenceKey, token, contentType: contentTypeOf(req), body, writerId: writerId(req), ...writePrecondition(req) });
+    const { fenceKey, result } = await fencedObjectWrite(req, key, token, (fenceKey) => ({
+      kind: 'put',
+      key,
+      fenceKey,
+      token,
+      contentType: contentTypeOf(req),
+      body,
+      writerId: writerId(req),
+      ...writePrecondition(req),
+    }));
     if (!result.accepted) throw result.preconditionFailed === true ? preconditionFailed(req, key) : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     const etag = etagHeader(result.etag ?? '');
     void reply.header('etag', etag);
@@ -139,10 +176,8 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
 
   app.delete<KeyParams>('/v1/objects/*', { config: { operation: 'delete', access: 'write' }, schema: deleteSchema }, async (req, reply) => {
     const key = req.params['*'];
-    const fenceKey = fenceKeyFor(req, key);
     const token = tokenHeader(req);
-    await admitWrite(req, fenceKey, token, key);
-    const result = await app.store.write({ kind: 'delete', key, fenceKey, token, writerId: writerId(req), ...writePrecondition(req) });
+    const { fenceKey, result } = await fencedObjectWrite(req, key, token, (fenceKey) => ({ kind: 'delete', key, fenceKey, token, writerId: writerId(req), ...writePrecondition(req) }));
     if (!result.accepted) throw result.preconditionFailed === true ? preconditionFailed(req, key) : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     return reply.code(204).send();
   });

@@ -376,6 +376,30 @@ BEGIN
 END $$`,
   },
   {
+    // The same check for a DELETE of the HTTP door (queries.ts fencedWrite calls it in the delete's
+    // WHERE; a row trigger cannot see the fence key a delete was sent with): true, or FP403.
+    name: 'fencepost.object_fence_ok(text, text)',
+    revoke: true,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.object_fence_ok(object_key text, fence_key text) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_prefix text;
+  v_fence_key text;
+BEGIN
+  SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
+  WHERE starts_with(object_key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
+  IF FOUND AND v_fence_key IS DISTINCT FROM object_fence_ok.fence_key THEN
+    RAISE EXCEPTION 'object % is under protected prefix %: it is deleted under fence key %, not %', to_json(object_key), to_json(v_prefix), to_json(v_fence_key), to_json(object_fence_ok.fence_key)
+      USING ERRCODE = '${NOT_FENCED}',
+            DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
+            HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
+  END IF;
+  RETURN true;
+END $$`,
+  },
+  {
     // What is protected, for operators at a psql prompt and for `fencepost protect --list`.
     name: 'fencepost.protected_data',
     revoke: false,

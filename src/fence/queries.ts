@@ -136,6 +136,7 @@ del AS (
   USING input i JOIN fence ON ${passes('i')} LEFT JOIN guard g ON g.key = i.key
   WHERE i.kind = 'delete' AND o.key = i.key
     AND (o.fence_key = i.fence_key OR (g.fence_key = o.fence_key AND g.need <= i.token))
+    AND fencepost.object_fence_ok(i.key, i.fence_key)
     AND NOT EXISTS (SELECT 1 FROM unmet u WHERE u.ord = i.ord)
   RETURNING o.key
 ),

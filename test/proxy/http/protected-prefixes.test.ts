@@ -129,6 +129,17 @@ describe('a prefix declared while the proxy runs', () => {
     expect(app.store.protectedPrefixes.protecting('late/1')).toEqual({ prefix: 'late/', fenceKey: 'late' });
   });
 
+  test('a DELETE naming another Fence-Key is refused by Postgres too while the proxy\'s copy is stale: 403 not_fenced, the object stays', async ({ app, db }) => {
+    // Written under its own fence first (no prefix yet), at a token the delete's fence beats.
+    expect((await putObject(app, 'gone/1', 1, 'kept', 'gone-own')).statusCode).toBe(200);
+    await protectPrefix(db.pool, 'gone/', 'gone');
+    expect(app.store.protectedPrefixes.protecting('gone/1')).toBeNull(); // stale
+    const res = await deleteObject(app, 'gone/1', 9, 'gone-own');
+    expect(res.statusCode, res.body).toBe(403);
+    expect(res.json().error).toBe('not_fenced');
+    expect(await storedObject(db, 'gone/1')).not.toBeNull();
+  });
+
   test('a write without Fence-Key that Postgres refused goes once more under the prefix\'s fence key', async ({ app, db }) => {
     await protectPrefix(db.pool, 'later/', 'later');
     expect(app.store.protectedPrefixes.protecting('later/1')).toBeNull();

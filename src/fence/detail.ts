@@ -13,6 +13,11 @@ export function unverifiedDetailSql(fenceKey: string, token: string, highest: st
   return `format('unverified token: fence key %s, token %s, highest token %s', to_json(${fenceKey}), ${token}, ${highest})`;
 }
 
+/** The stale DETAIL, written by the proxy itself (to_json of a string is JSON.stringify's text for the keys fences take). */
+export function staleDetailText(fenceKey: string, token: bigint, highest: bigint | null): string {
+  return `fence key ${JSON.stringify(fenceKey)}, token ${token}, highest token ${highest ?? ''}`;
+}
+
 const STALE = /^fence key ("(?:[^"\\]|\\.)*"), token (\d+), highest token (\d*)$/;
 
 /** The fence key, token and highest token of a stale DETAIL; null for any other text. */

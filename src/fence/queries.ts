@@ -2,7 +2,7 @@
 // Named statements are prepared once per connection by node-postgres.
 import type { QueryConfig } from 'pg';
 import { ROLE_NAME } from './client-logins.ts';
-import { boundCapability, fenceCtes, shareFences } from './rule.ts';
+import { boundCapability, fenceCtes, raiseFences as raiseFencesStep, shareFences } from './rule.ts';
 import { RESET_SESSION } from './session-reset.ts';
 import { shardSql } from './shards.ts';
 
@@ -398,6 +398,11 @@ export function readFence(fenceKey: string): Query {
   };
 }
 
+/** A fence's highest token alone (text), no row when it has none. */
+export function highestToken(fenceKey: string): Query {
+  return { name: 'fencepost_highest_token', text: 'SELECT f.highest_token::text AS h FROM fencepost.fences f WHERE f.fence_key = $1', values: [fenceKey] };
+}
+
 /**
  * Keyset paging in fence-key order (byte order, so it is stable whatever the collation), walking
  * the index fences_key_bytes from the cursor. Two statements rather than `$1 IS NULL OR …`, so
@@ -440,16 +445,38 @@ export function raiseFences(fences: readonly { fenceKey: string; token: bigint }
     text: `WITH input AS (
   SELECT t.fence_key, t.token FROM unnest($1::text[], $2::bigint[]) AS t(fence_key, token)
 ),
-${fenceCtes('input', '$3')},
+held AS (
+  ${shareFences('input', '>=')}
+),
+raised AS (
+  ${raiseFencesStep('input', '$3', '<')}
+),
 created AS (
   INSERT INTO fencepost.totals AS t (shard, fences)
   SELECT ${shardSql('transaction')}, count(*) FROM raised WHERE created HAVING count(*) > 0
   ON CONFLICT (shard) DO UPDATE SET fences = t.fences + EXCLUDED.fences
 )
-SELECT i.fence_key, fence.highest_token::text AS highest_token FROM input i LEFT JOIN fence ON fence.fence_key = i.fence_key`,
+SELECT i.fence_key, coalesce(h.highest_token, r.highest_token)::text AS highest_token
+FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key LEFT JOIN raised r ON r.fence_key = i.fence_key`,
     values: [fences.map((f) => f.fenceKey), fences.map((f) => f.token.toString()), writerId],
   };
 }
+
+/** What holds `fenceKeys` against a raise by backend `raiser`: the backends blocking it, and prepared transactions holding a fence row. */
+export function fenceHolders(raiser: number, fenceKeys: readonly string[]): Query {
+  return {
+    name: 'fencepost_fence_holders',
+    text: `SELECT 'backend' AS kind, b.pid::text AS id, a.usename::text AS role FROM unnest(pg_blocking_pids($1)) AS b(pid)
+  JOIN pg_stat_activity a ON a.pid = b.pid WHERE b.pid <> 0 AND a.application_name IS DISTINCT FROM '${RAISE_APPLICATION}'
+UNION
+SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared_xacts p ON p.transaction = f.xmax AND p.database = current_database()
+  WHERE f.fence_key = ANY($2::text[]) AND 0 = ANY(pg_blocking_pids($1))`,
+    values: [raiser, fenceKeys],
+  };
+}
+
+/** The application_name of a raise's transaction (never ended by another raise). */
+export const RAISE_APPLICATION = 'fencepost-raise';
 
 export function foldPendingCounts(): Query {
   return {

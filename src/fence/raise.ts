@@ -1,11 +1,19 @@
-// The raise of the SQL doors: a transaction at a token above its fence (a new leader's first) is
-// refused by the fence function with RAISE_FIRST (definitions.ts fence_transaction), and the
-// proxy raises the fence here, in a transaction of its own on its own pool, then starts the
-// transaction again. So a raise commits with synchronous_commit on whatever the writer's login,
-// role or session set, and holds the fence row only for its own statement, never for the length
-// of a writer's transaction (another session of the same leader starting meanwhile is not stalled).
+// The raise of a fence to a new leader's token, in a transaction of the proxy's own: the SQL doors
+// never raise inside a writer's transaction (definitions.ts fence_transaction answers RAISE_FIRST;
+// the proxy raises here and starts the transaction again), and the HTTP door comes here when its
+// own write statement found the fence held. So a raise commits with synchronous_commit on whatever
+// the writer's login, role or session set, and holds the fence row only for its own statement.
+//
+// A raise never waits on a zombie: what holds the fence row with an older token (a transaction of
+// a paused writer, an idle one, a sleeping one that lifted its own timeouts, a prepared
+// transaction) is waited for `waitMs`, then ended on the database side — the backends blocking the
+// raise terminated, prepared transactions holding the fence rolled back — and the raise commits.
+// Their uncommitted writes roll back; the new leader wins in bounded time. Only what blocks this
+// very raise is ended: a fence row is held only by transactions at its current token, below the
+// raise's (a transaction at the raise's own token cannot hold it before the raise commits), and
+// other raises (application_name RAISE_APPLICATION) are left alone.
 import type pg from 'pg';
-import { raiseFences as raiseFencesQuery } from './queries.ts';
+import { fenceHolders, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -13,22 +21,81 @@ export interface RaisedFence {
   highestToken: bigint | null;
 }
 
-/**
- * Raises each fence to its token where it is absent or below, waiting at most `lockTimeoutMs` for
- * the transactions that hold it (55P03 after that).
- */
-export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: { lockTimeoutMs: number }): Promise<RaisedFence[]> {
+/** Where a raise says what it ended (a pino or fastify logger). */
+export interface RaiseLogger {
+  warn(obj: object, msg: string): void;
+}
+
+export interface RaiseOptions {
+  /** How long the raise waits for older tokens' transactions before it ends them. */
+  waitMs: number;
+  /** The raise fails (55P03) if the fence is still held this long after the holders were ended. */
+  lockTimeoutMs: number;
+  logger?: RaiseLogger;
+}
+
+/** What a raise ended to get through. */
+export interface EndedHolder {
+  kind: 'backend' | 'prepared';
+  /** Backend pid, or the prepared transaction's gid. */
+  id: string;
+  role: string;
+}
+
+const END_POLL_MS = 100;
+
+/** Raises each fence to its token where it is absent or below; returns each fence's highest token after. */
+export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: RaiseOptions): Promise<RaisedFence[]> {
   const client = await pool.connect();
   let open = false;
+  let done = false;
+  let ender: Promise<void> = Promise.resolve();
   try {
-    await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${Math.max(1, Math.trunc(opts.lockTimeoutMs))}`);
+    const pid = (client as unknown as { processID: number }).processID;
+    // The wait for the holders, then the wait for them to go: a raise never takes longer than both.
+    const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
+    await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`);
     open = true;
-    const { rows } = await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId));
+    const timer = setTimeout(() => {
+      ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, opts.logger);
+    }, opts.waitMs);
+    let rows: { fence_key: string; highest_token: string | null }[];
+    try {
+      rows = (await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId))).rows;
+    } finally {
+      done = true;
+      clearTimeout(timer);
+    }
     await client.query('COMMIT');
     open = false;
     return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
     client.release();
+    await ender;
   }
+}
+
+/** Ends what blocks backend `raiser` on `fenceKeys`, again every END_POLL_MS until `finished()`. */
+async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly string[], finished: () => boolean, logger?: RaiseLogger): Promise<void> {
+  const ended = new Set<string>();
+  while (!finished()) {
+    try {
+      const { rows } = await pool.query<EndedHolder>(fenceHolders(raiser, fenceKeys));
+      for (const h of rows) {
+        if (finished() || ended.has(`${h.kind}:${h.id}`)) continue;
+        ended.add(`${h.kind}:${h.id}`);
+        logger?.warn({ fenceKeys, holder: h }, h.kind === 'backend' ? 'raise: terminating a backend that holds the fence with an older token' : 'raise: rolling back a prepared transaction that holds the fence');
+        if (h.kind === 'backend') await pool.query('SELECT pg_terminate_backend($1)', [Number(h.id)]);
+        else await pool.query(`ROLLBACK PREPARED ${quoteLiteral(h.id)}`);
+      }
+    } catch (err) {
+      logger?.warn({ fenceKeys, err: (err as Error).message }, 'raise: could not end a holder of the fence');
+    }
+    await new Promise((resolve) => setTimeout(resolve, END_POLL_MS));
+  }
+}
+
+function quoteLiteral(s: string): string {
+  return `'${s.replace(/'/g, "''")}'`;
 }

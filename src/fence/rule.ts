@@ -48,14 +48,15 @@ export function shareFences(rel: string, cmp: '=' | '>='): string {
 /**
  * The raise step over `rel`: its fences the share step did not lock (`held`) are inserted at their
  * token or raised to it, each row locked exclusively; `writerId` (an SQL expression over `k`) is
- * recorded as raised_by. Columns fence_key, highest_token, created.
+ * recorded as raised_by. `upTo` '<' leaves alone a fence that reached the token meanwhile (it is
+ * not returned: read it again). Columns fence_key, highest_token, created.
  */
-export function raiseFences(rel: string, writerId: string): string {
+export function raiseFences(rel: string, writerId: string, upTo: '<=' | '<' = '<='): string {
   return `INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
   SELECT k.fence_key, k.token, ${writerId} FROM ${rel} k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
   ORDER BY k.fence_key COLLATE "C"
   ON CONFLICT (fence_key) DO UPDATE SET highest_token = EXCLUDED.highest_token, raised_by = EXCLUDED.raised_by, updated_at = now()
-    WHERE f.highest_token <= EXCLUDED.highest_token
+    WHERE f.highest_token ${upTo} EXCLUDED.highest_token
   RETURNING f.fence_key, f.highest_token, (f.xmax = 0) AS created`;
 }
 

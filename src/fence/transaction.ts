@@ -247,6 +247,8 @@ export interface TransactionRunnerOptions {
   maxConcurrent: number;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
+  /** A raise waits this long for older tokens' transactions, then ends them (raise.ts). */
+  raiseWaitMs: number;
   /** Deadline of a whole transaction, from the request's turn in the queue to COMMIT. */
   transactionTimeoutMs: number;
   /** Most bytes of results (as Postgres sends them) per transaction. */
@@ -323,7 +325,7 @@ export class TransactionRunner {
               if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                 // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                 raised = true;
-                await raiseFences(this.opts.owner, sorted, opts.writerId, { lockTimeoutMs: this.opts.lockTimeoutMs }).catch((e: unknown) => {
+                await raiseFences(this.opts.owner, sorted, opts.writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs }).catch((e: unknown) => {
                   throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                 });
                 continue;

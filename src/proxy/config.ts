@@ -35,6 +35,8 @@ export interface ProxyConfig {
   statementTimeoutMs: number;
   /** Postgres lock_timeout of the main pool: a write waiting this long on a locked fence row fails (503). */
   lockTimeoutMs: number;
+  /** FENCEPOST_RAISE_WAIT_MS: a raise waits this long for older tokens' transactions, then ends them. */
+  raiseWaitMs: number;
   /** Fenced write batches (statements) in flight at once. */
   writeConcurrency: number;
   /** Most writes coalesced into one statement; 1 = no coalescing. */
@@ -96,6 +98,10 @@ export const TX_DEFAULTS = Object.freeze({
   // FENCEPOST_LOCK_TIMEOUT_MS, for the write path and transactions alike (see loadConfig).
   lockTimeoutMs: 1000,
   transactionTimeoutMs: 30_000,
+  // FENCEPOST_RAISE_WAIT_MS: how long a raise waits for the older token's transactions on its fence
+  // before it ends them (src/fence/raise.ts). Well under an election session timeout: a new leader
+  // is writing within that plus this, whatever the old one left open.
+  raiseWaitMs: 1000,
   // A key whose login could not be provisioned is checked again after this (the operator may have run the SQL).
   provisionRetryMs: 5000,
   maxResultBytes: 4 * 1024 * 1024,
@@ -332,6 +338,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     writeConcurrency,
     statementTimeoutMs,
     lockTimeoutMs,
+    raiseWaitMs: int(env, 'FENCEPOST_RAISE_WAIT_MS', TX_DEFAULTS.raiseWaitMs, 0, 600_000),
     maxBatch: int(env, 'FENCEPOST_MAX_BATCH', STORE_DEFAULTS.maxBatch, 1, 10_000),
     logLevel,
     shutdownTimeoutMs: int(env, 'FENCEPOST_SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),

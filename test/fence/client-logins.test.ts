@@ -52,6 +52,7 @@ function runner(): TransactionRunner {
     maxConcurrent: 2,
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
+    raiseWaitMs: 1000,
     transactionTimeoutMs: 5000,
     maxResultBytes: 65536,
     retries: 0,

@@ -49,6 +49,7 @@ beforeAll(async () => {
     maxConcurrent: 4,
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
+    raiseWaitMs: 1000,
     transactionTimeoutMs: 3000,
     maxResultBytes: 64 * 1024,
     retries: 1,

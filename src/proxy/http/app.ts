@@ -22,6 +22,7 @@ import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 import { PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
+import { raiseFences } from '../../fence/raise.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';
@@ -60,6 +61,8 @@ declare module 'fastify' {
     closing: boolean;
     /** Null when the forgery guard is off. */
     forgeryGuard: ForgeryGuard | null;
+    /** Raises a fence in a transaction of its own, ending its older token's holders after `waitMs` (raise.ts): its highest token after. */
+    raiseFence: (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) => Promise<bigint | null>;
   }
 }
 
@@ -196,6 +199,9 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   };
   const runner = createTransactionRunner(app, tx);
   app.decorate('transactionRunner', runner);
+  // A raise that the write path found held (PUT /v1/fences): ended holders, in bounded time (raise.ts).
+  app.decorate('raiseFence', (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) =>
+    raiseFences(opts.store.pool, [{ fenceKey, token }], writerId, { waitMs, lockTimeoutMs: tx.lockTimeoutMs, logger: app.log }).then((r) => r[0]!.highestToken));
   app.addHook('onClose', async () => await runner.close());
   app.register(transactionRoutes, { maxStatements: tx.maxStatements });
   return app;

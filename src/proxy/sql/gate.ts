@@ -78,6 +78,11 @@ export class FenceGate {
     return guardState(guard.prefixes, c === null || c.verdict === 'refused' ? null : { fenceKey: c.fenceKey, token: c.token, verdict: c.verdict });
   }
 
+  /** The session's (fence key, token) as last known, if the proxy could raise its fence. */
+  pair(): { fenceKey: string; token: bigint } | null {
+    return this.settings === null ? null : this.pairOf(this.settings);
+  }
+
   /** The writer's text may change its fencepost settings: read them back before the next transaction. */
   noteText(text: string): void {
     if (/fencepost/i.test(text)) this.settings = null;

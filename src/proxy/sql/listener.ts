@@ -30,6 +30,7 @@ import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/s
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { raiseFences } from '../../fence/raise.ts';
+import { highestToken } from '../../fence/queries.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
@@ -53,6 +54,8 @@ export interface PgwireOptions {
   rejections: RejectionLog;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
+  /** A raise waits this long for older tokens' transactions, then ends them (src/fence/raise.ts). */
+  raiseWaitMs: number;
   maxConnections: number;
   /** Startup (packet, authentication, backend login) must finish within this. */
   startupTimeoutMs: number;
@@ -383,8 +386,12 @@ export class PgwireServer {
         writerId,
         guard: this.opts.guard ?? null,
         startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
+        readFence: async (fenceKey) => {
+          const { rows } = await this.opts.owner.query<{ h: string }>(highestToken(fenceKey));
+          return rows[0] === undefined ? null : BigInt(rows[0].h);
+        },
         raise: async (fenceKey, token) => {
-          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { lockTimeoutMs: this.opts.lockTimeoutMs });
+          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onClose: () => this.sessions.delete(pid),

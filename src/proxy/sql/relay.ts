@@ -18,7 +18,7 @@
 // is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { MessageReader, commandTag, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
+import { MessageReader, commandTag, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
@@ -45,6 +45,11 @@ export interface RelayOptions {
   gate: Gate | null;
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
+  /**
+   * The backend went away in the middle of a transaction: why, if the session can tell (a newer
+   * leader's raise ended it: the writer gets that instead of a lost connection), else null.
+   */
+  lostReason?: () => Promise<ErrorFields | null>;
 }
 
 interface Pending extends Expect {
@@ -86,6 +91,10 @@ export class Relay {
   /** The backend's socket buffer is full: stop reading the writer until it drains. */
   private backendBlocked = false;
   private closed = false;
+  /** The backend is gone; the writer is told why once lostReason() answers. */
+  private losing = false;
+  /** A FATAL the backend sent outside any request, right before it went away. */
+  private backendFatal: Buffer | null = null;
 
   constructor(
     private readonly client: Socket,
@@ -153,21 +162,31 @@ export class Relay {
   }
 
   private onBackendLost(): void {
-    if (this.closed) return;
+    if (this.closed || this.losing) return;
+    this.losing = true;
     const inFlight = this.queue.length > 0 || this.status !== 'I';
     this.opts.logger.warn({ inFlight }, 'SQL session: the database connection was lost');
-    this.flushClient();
-    if (!this.client.destroyed) {
-      this.client.end(
-        errorResponse({
-          severity: 'FATAL',
-          code: '08006',
-          message: 'the database connection was lost',
-          detail: inFlight ? 'an open transaction did not commit; a COMMIT that was in flight may or may not have committed' : undefined,
-        }),
-      );
-    }
-    this.close();
+    const finish = (reason: ErrorFields | null) => {
+      if (this.closed) return;
+      if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
+      this.flushClient();
+      if (!this.client.destroyed) {
+        this.client.end(
+          errorResponse(
+            reason ?? {
+              severity: 'FATAL',
+              code: '08006',
+              message: 'the database connection was lost',
+              detail: inFlight ? 'an open transaction did not commit; a COMMIT that was in flight may or may not have committed' : undefined,
+            },
+          ),
+        );
+      }
+      this.close();
+    };
+    // Only a transaction that was open and not committing can have been ended by a raise.
+    if (inFlight && this.opts.lostReason) this.opts.lostReason().then(finish, () => finish(null));
+    else finish(null);
   }
 
   private noteParameter(body: Buffer): void {
@@ -178,7 +197,7 @@ export class Relay {
   // ---- writer → backend -------------------------------------------------------------------------
 
   private onClientData(chunk: Buffer): void {
-    if (this.closed) return;
+    if (this.closed || this.losing) return;
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);
       for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next()) this.clientFrames.push({ frame: f, msg: decodeClient(f) });
@@ -402,8 +421,13 @@ export class Relay {
       this.toClient.push(this.queryError(f, head));
       return; // a simple Query ends with its ReadyForQuery
     }
+    if (head === undefined) {
+      // A FATAL outside any request (shutdown, or pg_terminate_backend by a raise): the socket
+      // closes next, and onBackendLost says what it means.
+      this.backendFatal = f.bytes;
+      return;
+    }
     this.toClient.push(f.bytes);
-    if (head === undefined) return; // e.g. FATAL at shutdown: the socket closes next
     if (head.injected) {
       const fields = parseErrorFields(f.body);
       if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();

@@ -11,6 +11,9 @@ import { Planner, sessionFence } from './planner.ts';
 import { Relay, type StaleRefusal } from './relay.ts';
 import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
+import type { ErrorFields } from './framing.ts';
+import { STALE_TOKEN } from '../../fence/codes.ts';
+import { staleDetailText } from '../../fence/detail.ts';
 
 export type { SessionGuard } from './gate.ts';
 export type { StaleRefusal } from './relay.ts';
@@ -27,6 +30,8 @@ export interface SessionOptions {
   startupSettings?: FenceSettings;
   /** Raises a fence to a token where it is absent or below (src/fence/raise.ts on the proxy's pool). */
   raise: (fenceKey: string, token: bigint) => Promise<void>;
+  /** A fence's highest token now (null: none), read on the proxy's pool. */
+  readFence: (fenceKey: string) => Promise<bigint | null>;
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
 }
@@ -52,7 +57,23 @@ export class PgwireSession {
     // Built again when the guard's verdict changes (its state is a parameter of the fence).
     const fence = () => sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, gate.state());
     const planner = new Planner(fence());
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose });
+    // A backend lost mid-transaction because a newer leader's raise ended it (raise.ts): the writer
+    // hears FP409, as if its next statement had come after the raise.
+    const lostReason = async (): Promise<ErrorFields | null> => {
+      const pair = gate.pair();
+      if (pair === null) return null;
+      const highest = await opts.readFence(pair.fenceKey);
+      if (highest === null || highest <= pair.token) return null;
+      opts.onStale({ fenceKey: pair.fenceKey, token: pair.token, highestToken: highest });
+      return {
+        severity: 'FATAL',
+        code: STALE_TOKEN,
+        message: `stale fencing token: token ${pair.token} is below the highest token ${highest} of fence key ${JSON.stringify(pair.fenceKey)}`,
+        detail: staleDetailText(pair.fenceKey, pair.token, highest),
+        hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
+      };
+    };
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose, lostReason });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */

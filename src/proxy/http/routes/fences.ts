@@ -2,6 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { FenceRecord } from '../../../fence/store.ts';
 import { ApiError } from '../../errors.ts';
+import { LOCK_NOT_AVAILABLE, sqlState } from '../../../fence/pg-errors.ts';
 import { admitWrite, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
@@ -49,7 +50,16 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
       const fenceKey = req.params.fenceKey;
       const token = tokenHeader(req);
       await admitWrite(req, fenceKey, token);
-      const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
+      const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) }).catch(async (err: unknown) => {
+        // The fence is held past the lock timeout (a paused leader's transaction, say): a raise
+        // never waits on a zombie. The holders have had that long; end them now and raise.
+        if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
+        const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
+          throw err;
+        });
+        if (highest === null) throw err; // a raise above it won meanwhile: the retry reads it
+        return highest === token ? { accepted: true as const, highestToken: token } : { accepted: false as const, highestToken: highest };
+      });
       if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
       return { fenceKey, highestToken: result.highestToken.toString() };
     },

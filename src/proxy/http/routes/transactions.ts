@@ -35,6 +35,8 @@ export interface TransactionOptions {
   maxStatements: number;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
+  /** How long a raise waits for older tokens' transactions before it ends them (FENCEPOST_RAISE_WAIT_MS). */
+  raiseWaitMs: number;
   transactionTimeoutMs: number;
   maxResultBytes: number;
   /** Transactions running at once (FENCEPOST_TX_POOL_SIZE). */
@@ -221,6 +223,7 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     maxConcurrent: opts.maxConcurrent,
     statementTimeoutMs: opts.statementTimeoutMs,
     lockTimeoutMs: opts.lockTimeoutMs,
+    raiseWaitMs: opts.raiseWaitMs,
     transactionTimeoutMs: opts.transactionTimeoutMs,
     maxResultBytes: opts.maxResultBytes,
     retries: opts.retries,

@@ -69,6 +69,9 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
           sessions: ['stale', 'tokenless', 'otherKey', 'current'],
           timeLimitMs: o.durationMs,
           stats,
+          // A stalled session costs these waits (counted in the summary, not failures).
+          closeWaitMs: 1000,
+          lingerMs: 3000,
         });
       } catch (err) {
         failure = err instanceof Error ? err.message : String(err);

@@ -1,6 +1,8 @@
 // `npm run chaos -- --seed N --duration-s S [--writers 4] [--proxies 2] [--fence-keys 2]
 //   [--fence-mode strict|off|two-step] [--session-timeout-ms 2000] [--faults pause-writer,…]`
 // A seeded fault-injection run against real processes, checked afterwards; exits 1 on any violation.
+// `npm run chaos -- --fuzz-sql S [--seed N]` instead fuzzes the SQL endpoint's protocol for S seconds
+// (tools/chaos/sql-fuzz.ts); exits 1 on a violation.
 import { parseArgs } from 'node:util';
 import { FENCE_MODES, type FenceMode } from '../tools/unsafe-fence.ts';
 import { FAULT_KINDS, type FaultKind } from '../tools/chaos/nemesis.ts';
@@ -18,6 +20,7 @@ const { values } = parseArgs({
     'session-timeout-ms': { type: 'string', default: String(CHAOS_DEFAULTS.sessionTimeoutMs) },
     faults: { type: 'string' },
     dir: { type: 'string' },
+    'fuzz-sql': { type: 'string' },
   },
   strict: true,
 });
@@ -31,6 +34,18 @@ function whole(name: string, raw: string | undefined, min: number, max = Number.
 }
 
 const seed = values.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : whole('seed', values.seed, 0, MAX_SEED);
+if (values['fuzz-sql'] !== undefined) {
+  const { runSqlFuzz } = await import('../tools/chaos/sql-fuzz.ts');
+  const fuzz = await runSqlFuzz({ seed, durationMs: whole('fuzz-sql', values['fuzz-sql'], 1) * 1000 });
+  process.stdout.write(`\nfuzz-sql: seed ${fuzz.seed}, ${(fuzz.elapsedMs / 1000).toFixed(0)} s: ${fuzz.stats.summary()}\n`);
+  if (fuzz.failure !== null) {
+    process.stdout.write(`${fuzz.failure}\nFAIL: replay with npm run chaos -- --fuzz-sql <seconds> --seed ${fuzz.seed} (or FENCEPOST_FUZZ_SEED=${fuzz.seed} on test/proxy/sql/fuzz.test.ts)\n`);
+    process.exit(1);
+  }
+  process.stdout.write('PASS: no row landed in the protected table, no prepared transaction, the fence never moved\n');
+  process.exit(0);
+}
+
 const mode = values['fence-mode'] as FenceMode;
 if (!FENCE_MODES.includes(mode)) {
   process.stderr.write(`chaos: --fence-mode must be one of ${FENCE_MODES.join(', ')}\n`);

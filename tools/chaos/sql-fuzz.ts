@@ -1,0 +1,90 @@
+// `npm run chaos -- --fuzz-sql <seconds> [--seed N]`: the SQL endpoint's protocol fuzzer
+// (test/support/pgwire-fuzz.ts, the property test/proxy/sql/fuzz.test.ts runs a bounded number of
+// cases of in `npm test`) for as long as asked, with every session kind at once (stale, tokenless,
+// another fence key, and the current token as the control), on an embedded Postgres of its own
+// (prepared transactions enabled) and an in-process proxy. Prints the seed first, fast-check's
+// report (seed, path, the shrunk counterexample) on a violation.
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import pino from 'pino';
+import { startEmbeddedPostgres } from '../../src/fence/embedded-postgres.ts';
+import { migrate } from '../../src/fence/migrate.ts';
+import { loadConfig } from '../../src/proxy/config.ts';
+import { startProxy } from '../../src/proxy/server.ts';
+import { freePort } from '../zookeeper/local-server.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats } from '../../test/support/pgwire-fuzz.ts';
+
+export interface SqlFuzzOptions {
+  seed: number;
+  durationMs: number;
+  /** Messages per case at most. Default 12, as in npm test. */
+  maxMessages?: number;
+  print?: (line: string) => void;
+}
+
+export interface SqlFuzzResult {
+  ok: boolean;
+  seed: number;
+  stats: FuzzStats;
+  /** fast-check's report when the property failed. */
+  failure: string | null;
+  elapsedMs: number;
+}
+
+const CLIENT_ROLE = 'fpc_fuzz';
+
+export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
+  const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
+  const dir = mkdtempSync(join(tmpdir(), 'fencepost-fuzz-sql-'));
+  chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
+  const postgres = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_prepared_transactions=10'] });
+  const url = new URL(postgres.url);
+  url.pathname = '/fuzz';
+  const admin = new pg.Client({ connectionString: postgres.url });
+  await admin.connect();
+  await admin.query('CREATE DATABASE fuzz');
+  await admin.end();
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 4 });
+  pool.on('error', () => {});
+  const stats = new FuzzStats();
+  const started = Date.now();
+  try {
+    await migrate(pool);
+    const config = loadConfig({ DATABASE_URL: url.toString(), PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
+    const proxy = await startProxy(config, pino({ level: 'silent' }));
+    try {
+      await prepareFuzzDatabase(pool, CLIENT_ROLE);
+      const target = { pool, host: '127.0.0.1', port: proxy.pgwirePort!, database: 'fuzz', clientLogin: CLIENT_ROLE };
+      if ((await controlWrite(target, stats)) !== 1) throw new Error('control: a session at the current token could not write the protected table: the fuzzer would see nothing');
+      print(`fuzz-sql: seed ${o.seed}, ${(o.durationMs / 1000).toFixed(0)} s, sequences of at most ${o.maxMessages ?? 12} messages, sessions stale/tokenless/otherKey/current`);
+      const ticker = setInterval(() => print(`  ${((Date.now() - started) / 1000).toFixed(0)} s: ${stats.summary()}`), 30_000);
+      let failure: string | null = null;
+      try {
+        await assertFuzz(target, {
+          seed: o.seed,
+          numRuns: Number.MAX_SAFE_INTEGER,
+          maxMessages: o.maxMessages ?? 12,
+          sessions: ['stale', 'tokenless', 'otherKey', 'current'],
+          timeLimitMs: o.durationMs,
+          stats,
+          // A stalled session costs these waits (counted in the summary, not failures).
+          closeWaitMs: 1000,
+          lingerMs: 3000,
+        });
+      } catch (err) {
+        failure = err instanceof Error ? err.message : String(err);
+      } finally {
+        clearInterval(ticker);
+      }
+      return { ok: failure === null, seed: o.seed, stats, failure, elapsedMs: Date.now() - started };
+    } finally {
+      await proxy.close();
+    }
+  } finally {
+    await pool.end();
+    await postgres.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

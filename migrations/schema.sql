@@ -220,6 +220,11 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
+  -- Every transaction of a session, with a token or not, opens the temporary table: no PREPARE TRANSACTION.
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
+    CREATE TEMPORARY TABLE fencepost_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_no_prepare;
   v_raw := current_setting('fencepost.token', true);
   v_key := current_setting('fencepost.fence_key', true);
   IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN

@@ -12,10 +12,10 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
 
-export const DEFINITIONS_VERSION = 3;
+export const DEFINITIONS_VERSION = 4;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -304,6 +304,8 @@ DECLARE
   v_inside boolean;
 BEGIN
   ${refuseUnlessProxy('fence_session_bound', 'session_capability', boundCapabilitySql('v_secret', ['fence_key_prefixes', 'writer_id', 'guard']))}
+  -- Every transaction of a session, with a token or not, opens the temporary table: no PREPARE TRANSACTION.
+  ${NO_PREPARE}
   v_raw := current_setting('fencepost.token', true);
   v_key := current_setting('fencepost.fence_key', true);
   IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN

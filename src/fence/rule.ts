@@ -109,15 +109,21 @@ export const NO_PREPARE_TABLE = 'fencepost_no_prepare';
  * it until it ends). Marks it for protected tables and rules out PREPARE TRANSACTION.
  */
 export function markFenced(secret: string, fenceKey: string): string {
-  // Only a plain table of this function's owner is opened: a writer's own temporary view or table
-  // of that name (with a policy, say) would run its functions as the owner here. CREATE fails
-  // while a writer's object holds the name.
   return `PERFORM pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true);
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.${NO_PREPARE_TABLE}') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
+  ${NO_PREPARE}`;
+}
+
+/**
+ * plpgsql, in a SECURITY DEFINER function of a read-write transaction: opens the session's
+ * temporary table (made once per backend), so PREPARE TRANSACTION fails in this transaction. Only a
+ * plain table of this function's owner is opened: a writer's own temporary view or table of that
+ * name (with a policy, say) would run its functions as the owner here. CREATE fails while a
+ * writer's object holds the name.
+ */
+export const NO_PREPARE = `IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.${NO_PREPARE_TABLE}') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
     CREATE TEMPORARY TABLE ${NO_PREPARE_TABLE} ();
   END IF;
   PERFORM FROM pg_temp.${NO_PREPARE_TABLE};`;
-}
 
 /** plpgsql: refuse a caller whose `presented` capability is not `expected` (an SQL expression). */
 export function refuseUnlessProxy(fn: string, presented: string, expected: string): string {

@@ -13,7 +13,7 @@
 // raise's (a transaction at the raise's own token cannot hold it before the raise commits), and
 // other raises (application_name RAISE_APPLICATION) are left alone.
 import type pg from 'pg';
-import { fenceHolders, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
+import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -98,4 +98,20 @@ async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly str
 
 function quoteLiteral(s: string): string {
   return `'${s.replace(/'/g, "''")}'`;
+}
+
+/**
+ * After a writer's backend was terminated mid-transaction: was it a raise above `token`? The raise
+ * commits right after its holders are gone, so its fence is read again for up to `waitMs`. The
+ * fence's highest token when it is above `token`, else null.
+ */
+export async function raisedAbove(pool: pg.Pool, fenceKey: string, token: bigint, waitMs: number): Promise<bigint | null> {
+  const until = Date.now() + waitMs;
+  for (;;) {
+    const { rows } = await pool.query<{ h: string }>(highestToken(fenceKey));
+    const highest = rows[0] === undefined ? null : BigInt(rows[0].h);
+    if (highest !== null && highest > token) return highest;
+    if (Date.now() >= until) return null;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
 }

@@ -25,7 +25,7 @@ import * as q from './queries.ts';
 import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
-import { raiseFences } from './raise.ts';
+import { raisedAbove, raiseFences } from './raise.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
@@ -108,6 +108,9 @@ export class SessionUnusableError extends ConnectionLostError {
     this.name = 'SessionUnusableError';
   }
 }
+
+/** terminating connection due to administrator command: pg_terminate_backend, as a raise ends its holders. */
+const ADMIN_SHUTDOWN = '57P01';
 
 /** The transaction's fence is below its token (RAISE_FIRST): nothing ran; raise it and start again. */
 class RaiseFirstError extends Error {
@@ -316,7 +319,7 @@ export class TransactionRunner {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
     try {
-      const outcome = await retryOnConflict(
+      const outcome = await this.deposedOnLoss(sorted, () => retryOnConflict(
         async () => {
           for (let fresh = 0, raised = false; ; fresh++) {
             try {
@@ -336,7 +339,7 @@ export class TransactionRunner {
           }
         },
         { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },
-      );
+      ));
       // A committed one was counted by its fence (a row in pending_counts that commits with it,
       // folded into the counters later: migration 0012); no counter row is held by a writer's
       // transaction. A refused one is recorded outside the retries above: the log retries its
@@ -345,6 +348,27 @@ export class TransactionRunner {
       return outcome;
     } finally {
       this.slots.give();
+    }
+  }
+
+  /**
+   * A connection lost before COMMIT was sent: if a fence of the transaction is now above its token,
+   * a newer leader's raise ended it (raise.ts): the answer is stale, not "unavailable".
+   */
+  private async deposedOnLoss(fences: readonly TxFence[], run: () => Promise<TxResult>): Promise<TxResult> {
+    try {
+      return await run();
+    } catch (err) {
+      if (!(err instanceof ConnectionLostError)) throw err;
+      // Terminated by an administrator (57P01, what a raise does): give that raise its commit.
+      const wait = sqlState(err.cause) === ADMIN_SHUTDOWN ? this.opts.lockTimeoutMs : 0;
+      const stale: { fenceKey: string; token: bigint; highestToken: bigint }[] = [];
+      for (const f of fences) {
+        const highest = await raisedAbove(this.opts.owner, f.fenceKey, f.token, wait).catch(() => null);
+        if (highest !== null) stale.push({ fenceKey: f.fenceKey, token: f.token, highestToken: highest });
+      }
+      if (stale.length === 0) throw err;
+      return { committed: false, stale };
     }
   }
 

@@ -29,8 +29,7 @@ import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName,
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
-import { raiseFences } from '../../fence/raise.ts';
-import { highestToken } from '../../fence/queries.ts';
+import { raisedAbove, raiseFences } from '../../fence/raise.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
@@ -386,10 +385,8 @@ export class PgwireServer {
         writerId,
         guard: this.opts.guard ?? null,
         startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
-        readFence: async (fenceKey) => {
-          const { rows } = await this.opts.owner.query<{ h: string }>(highestToken(fenceKey));
-          return rows[0] === undefined ? null : BigInt(rows[0].h);
-        },
+        raisedAbove: (fenceKey, token, waitMs) => raisedAbove(this.opts.owner, fenceKey, token, waitMs),
+        raiseCommitMs: this.opts.lockTimeoutMs,
         raise: async (fenceKey, token) => {
           await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
         },

@@ -49,7 +49,7 @@ export interface RelayOptions {
    * The backend went away in the middle of a transaction: why, if the session can tell (a newer
    * leader's raise ended it: the writer gets that instead of a lost connection), else null.
    */
-  lostReason?: () => Promise<ErrorFields | null>;
+  lostReason?: (terminated: boolean) => Promise<ErrorFields | null>;
 }
 
 interface Pending extends Expect {
@@ -64,6 +64,9 @@ interface Pending extends Expect {
 /** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
 const INTERNAL_ERROR = 'XX000';
 const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
+
+/** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
+const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
 
 /**
  * Does a ReadyForQuery's status agree with the planner's prediction? A block ('T') must have been
@@ -168,6 +171,12 @@ export class Relay {
     this.opts.logger.warn({ inFlight }, 'SQL session: the database connection was lost');
     const finish = (reason: ErrorFields | null) => {
       if (this.closed) return;
+      if (reason !== null && !this.client.destroyed) {
+        // Told as the answer to the writer's next message (a paused writer reads it as its COMMIT's).
+        this.flushClient();
+        this.answerNextWith(errorResponse(reason));
+        return;
+      }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
       this.flushClient();
       if (!this.client.destroyed) {
@@ -185,8 +194,27 @@ export class Relay {
       this.close();
     };
     // Only a transaction that was open and not committing can have been ended by a raise.
-    if (inFlight && this.opts.lostReason) this.opts.lostReason().then(finish, () => finish(null));
+    // 57P01: terminated by an administrator, as a raise ends the transactions that hold its fence.
+    const terminated = this.backendFatal !== null && parseErrorFields(this.backendFatal.subarray(5)).get('C') === '57P01';
+    if (inFlight && this.opts.lostReason) this.opts.lostReason(terminated).then(finish, () => finish(null));
     else finish(null);
+  }
+
+  /** The backend is gone: answer the writer's next message (or its leaving) with `reply`, then close. */
+  private answerNextWith(reply: Buffer): void {
+    this.backend.socket.destroy();
+    const done = () => {
+      clearTimeout(timer);
+      if (!this.client.destroyed) this.client.end(reply);
+      this.close();
+    };
+    // A writer that never comes back is not waited for past this.
+    const timer = setTimeout(done, DEPOSED_REPLY_WAIT_MS);
+    timer.unref();
+    this.client.removeAllListeners('data');
+    this.client.once('data', done);
+    this.client.once('end', done);
+    this.client.resume();
   }
 
   private noteParameter(body: Buffer): void {

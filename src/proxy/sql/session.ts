@@ -30,8 +30,10 @@ export interface SessionOptions {
   startupSettings?: FenceSettings;
   /** Raises a fence to a token where it is absent or below (src/fence/raise.ts on the proxy's pool). */
   raise: (fenceKey: string, token: bigint) => Promise<void>;
-  /** A fence's highest token now (null: none), read on the proxy's pool. */
-  readFence: (fenceKey: string) => Promise<bigint | null>;
+  /** The fence's highest token once a raise above `token` commits (waiting a little), else null. */
+  raisedAbove: (fenceKey: string, token: bigint, waitMs: number) => Promise<bigint | null>;
+  /** How long a raise may take to commit once it ended its holders (the lock timeout). */
+  raiseCommitMs: number;
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
 }
@@ -59,11 +61,11 @@ export class PgwireSession {
     const planner = new Planner(fence());
     // A backend lost mid-transaction because a newer leader's raise ended it (raise.ts): the writer
     // hears FP409, as if its next statement had come after the raise.
-    const lostReason = async (): Promise<ErrorFields | null> => {
+    const lostReason = async (terminated: boolean): Promise<ErrorFields | null> => {
       const pair = gate.pair();
       if (pair === null) return null;
-      const highest = await opts.readFence(pair.fenceKey);
-      if (highest === null || highest <= pair.token) return null;
+      const highest = await opts.raisedAbove(pair.fenceKey, pair.token, terminated ? opts.raiseCommitMs : 0);
+      if (highest === null) return null;
       opts.onStale({ fenceKey: pair.fenceKey, token: pair.token, highestToken: highest });
       return {
         severity: 'FATAL',

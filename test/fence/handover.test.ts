@@ -1,0 +1,81 @@
+// Bounded handover: a new leader's raise never waits on a zombie. Whatever holds the fence with an
+// older token (a transaction left open on the SQL endpoint, a sleeping /v1/transactions transaction
+// that lifted its own statement timeout, a prepared transaction) is waited for
+// FENCEPOST_RAISE_WAIT_MS (300 ms here), then ended on the database side; the raise commits, the
+// zombie's writes roll back and the zombie hears it is stale. Invariant of each test: the new
+// leader's write commits, nothing of the older token's transaction does (read in Postgres).
+import { describe, expect } from 'vitest';
+import pg from 'pg';
+import { sqlTest } from '../support/fixtures.ts';
+import { fenceOptions, fenceRow, type SqlProxy } from '../support/sql.ts';
+import type { TestDatabase } from '../support/db.ts';
+import { protectTable } from '../../src/fence/protect.ts';
+
+const test = sqlTest
+  .extend('sqlEnv', { scope: 'file' }, { FENCEPOST_RAISE_WAIT_MS: '300' })
+  .extend('clientTables', { scope: 'file' }, [
+    { definition: 'public.ho_items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+    { definition: 'public.ho_guarded (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+  ]);
+
+const has = async (db: TestDatabase, id: number, table = 'ho_items') => (await db.pool.query(`SELECT 1 FROM public.${table} WHERE id = $1`, [id])).rowCount === 1;
+const putFence = (sql: SqlProxy, fenceKey: string, token: number) => fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
+const until = async (what: () => Promise<boolean>) => expect.poll(what, { interval: 20 }).toBe(true);
+
+describe('a raise past an older token\'s open transaction', () => {
+  test('on the SQL endpoint: the new leader\'s first write ends the zombie\'s open transaction and commits; the zombie\'s COMMIT fails with FP409', async ({ db, sql }) => {
+    await protectTable(db.pool, 'public.ho_guarded', 'ho/sql');
+    const zombie = await sql.connect('zombie', { options: fenceOptions(5, 'ho/sql') });
+    const seen: unknown[] = [];
+    zombie.on('error', (e) => seen.push(e));
+    await zombie.query('BEGIN');
+    await zombie.query(`INSERT INTO public.ho_guarded VALUES (1, 'zombie')`); // holds fence ho/sql at 5, then "pauses"
+    const leader = await sql.connect('leader', { options: fenceOptions(6, 'ho/sql') });
+    await leader.query(`INSERT INTO public.ho_guarded VALUES (2, 'leader')`);
+    expect(await fenceRow(db.pool, 'ho/sql')).toEqual({ highest_token: '6' });
+    const err = await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e);
+    expect((err as pg.DatabaseError).code, `${String(err)} ${seen.map(String).join(';')}`).toBe('FP409');
+    expect([await has(db, 1, 'ho_guarded'), await has(db, 2, 'ho_guarded')]).toEqual([false, true]);
+    await leader.end();
+  });
+
+  test('over HTTP: PUT /v1/fences past a sleeping /v1/transactions transaction that lifted its statement timeout answers 200; the sleeper answers 409 stale_token', async ({ db, sql }) => {
+    expect((await putFence(sql, 'ho/tx', 5)).status).toBe(200);
+    const sleeper = fetch(`${sql.proxy.url}/v1/transactions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ fences: [{ key: 'ho/tx', token: '5' }], statements: [{ sql: `INSERT INTO public.ho_items VALUES (3, 'sleeper')` }, { sql: ';SET LOCAL statement_timeout = 0' }, { sql: 'SELECT pg_sleep(25)' }] }),
+    });
+    await until(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`)).rowCount === 1);
+    const raise = await putFence(sql, 'ho/tx', 6);
+    expect(raise.status, await raise.clone().text()).toBe(200);
+    const answer = await sleeper;
+    expect(answer.status, await answer.clone().text()).toBe(409);
+    expect(await answer.json()).toMatchObject({ error: 'stale_token', fenceKey: 'ho/tx', token: '5', highestToken: '6' });
+    expect(await has(db, 3)).toBe(false);
+  });
+
+  test('a prepared transaction holding the fence is rolled back by the raise', async ({ db, sql }) => {
+    expect((await putFence(sql, 'ho/prep', 5)).status).toBe(200);
+    const c = await db.pool.connect();
+    try {
+      await c.query(`BEGIN; SELECT 1 FROM fencepost.fences WHERE fence_key = 'ho/prep' FOR SHARE; INSERT INTO public.ho_items VALUES (4, 'prepared'); PREPARE TRANSACTION 'ho-stuck'`);
+    } finally {
+      c.release();
+    }
+    const raise = await putFence(sql, 'ho/prep', 6);
+    expect(raise.status, await raise.clone().text()).toBe(200);
+    expect((await db.pool.query(`SELECT 1 FROM pg_prepared_xacts WHERE gid = 'ho-stuck'`)).rowCount).toBe(0);
+    expect(await has(db, 4)).toBe(false);
+  });
+
+  test('never ends a transaction at the raise\'s own token: a leader\'s open transaction survives a PUT /v1/fences at its token and commits', async ({ db, sql }) => {
+    const leader = await sql.connect('own', { options: fenceOptions(7, 'ho/own') });
+    await leader.query('BEGIN');
+    await leader.query(`INSERT INTO public.ho_items VALUES (5, 'own')`);
+    expect((await putFence(sql, 'ho/own', 7)).status).toBe(200);
+    await leader.query('COMMIT');
+    expect(await has(db, 5)).toBe(true);
+    await leader.end();
+  });
+});

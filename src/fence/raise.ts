@@ -6,6 +6,7 @@
 // of a writer's transaction (another session of the same leader starting meanwhile is not stalled).
 import type pg from 'pg';
 import { raiseFences as raiseFencesQuery } from './queries.ts';
+import { explainLockTimeout } from './prepared-holders.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -15,11 +16,13 @@ export interface RaisedFence {
 
 /**
  * Raises each fence to its token where it is absent or below, waiting at most `lockTimeoutMs` for
- * the transactions that hold it (55P03 after that).
+ * the transactions that hold it (55P03 after that; a FenceHeldByPreparedError, still 55P03, when
+ * a prepared transaction holds it: no wait would end that one).
  */
 export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: { lockTimeoutMs: number }): Promise<RaisedFence[]> {
   const client = await pool.connect();
   let open = false;
+  let released = false;
   try {
     await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${Math.max(1, Math.trunc(opts.lockTimeoutMs))}`);
     open = true;
@@ -27,8 +30,14 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
     await client.query('COMMIT');
     open = false;
     return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
+  } catch (err) {
+    if (open) await client.query('ROLLBACK').catch(() => {});
+    open = false;
+    client.release();
+    released = true;
+    throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
-    client.release();
+    if (!released) client.release();
   }
 }

@@ -667,3 +667,30 @@ WHERE a.datname IS NULL
 ORDER BY r.application_name, r.pid`,
   };
 }
+
+/**
+ * Prepared transactions that are the single locker of a fence row (its xmax), for a raise that hit
+ * the lock timeout (prepared-holders.ts).
+ */
+export function preparedFenceHolders(fenceKeys: readonly string[]): Query {
+  return {
+    text: `SELECT f.fence_key, p.gid, f.xmax::text AS xmax, (p.gid IS NOT NULL) AS direct
+FROM fencepost.fences f LEFT JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = f.xmax
+WHERE f.fence_key = ANY($1::text[]) AND f.xmax <> '0'::xid
+ORDER BY f.fence_key COLLATE "C", p.prepared`,
+    values: [fenceKeys],
+  };
+}
+
+/**
+ * Prepared transactions among the lockers of a MultiXactId (a row share-locked by several
+ * transactions). Fails when `xmax` is no MultiXactId (the caller asks only after the single-locker
+ * check found none, and treats a failure as "none").
+ */
+export function preparedMultiXactHolders(xmax: string): Query {
+  return {
+    text: `SELECT p.gid FROM pg_catalog.pg_get_multixact_members($1::text::xid) m
+JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = m.xid ORDER BY p.prepared`,
+    values: [xmax],
+  };
+}

@@ -14,6 +14,7 @@
 // other raises (application_name RAISE_APPLICATION) are left alone.
 import type pg from 'pg';
 import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
+import { explainLockTimeout } from './prepared-holders.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -69,6 +70,12 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
     await client.query('COMMIT');
     open = false;
     return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
+  } catch (err) {
+    if (open) await client.query('ROLLBACK').catch(() => {});
+    open = false;
+    await ender;
+    // Still held (a prepared transaction this role may not roll back, say): name what holds it.
+    throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
     client.release();

@@ -12,6 +12,7 @@ import type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 import { foldPendingCounts, startFolding } from './count-folding.ts';
 import { RejectionLog } from './rejection-log.ts';
 import { ProtectedPrefixes } from './protected-prefixes.ts';
+import { explainLockTimeout } from './prepared-holders.ts';
 
 export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
 export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
@@ -63,9 +64,14 @@ export class FenceStore {
     });
   }
 
-  /** Applies one fenced operation; resolves once it is committed (or rejected). */
+  /**
+   * Applies one fenced operation; resolves once it is committed (or rejected). A lock timeout on a
+   * fence row a prepared transaction holds rejects with a FenceHeldByPreparedError naming it.
+   */
   write(op: FencedOp): Promise<FencedResult> {
-    return this.coalescer.write(op);
+    return this.coalescer.write(op).catch(async (err: unknown) => {
+      throw await explainLockTimeout(this.pool, [op.fenceKey], err);
+    });
   }
 
   /** Resolves when no write is queued or running. */

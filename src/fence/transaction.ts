@@ -26,6 +26,7 @@ import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { raisedAbove, raiseFences } from './raise.ts';
+import { FenceHeldByPreparedError } from './prepared-holders.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
@@ -133,9 +134,13 @@ export class CommitUnknownError extends Error {
 
 /** A fence of the transaction is locked by another transaction past the lock timeout: nothing applied. */
 export class FenceBusyError extends Error {
+  /** When the holder is a prepared transaction (which no retry outwaits): which, on which fence. */
+  readonly heldBy: FenceHeldByPreparedError | null;
   constructor(cause: unknown) {
-    super('a fence of the transaction is locked by another transaction; nothing applied, safe to retry', { cause });
+    const heldBy = cause instanceof FenceHeldByPreparedError ? cause : null;
+    super(heldBy ? `${heldBy.message}; nothing applied` : 'a fence of the transaction is locked by another transaction; nothing applied, safe to retry', { cause });
     this.name = 'FenceBusyError';
+    this.heldBy = heldBy;
   }
 }
 

@@ -11,6 +11,7 @@ import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { withDatabase, createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, uniqueRole } from '../support/keys.ts';
+import { startSqlProxy } from '../support/sql.ts';
 
 const hex = randomBytes(4).toString('hex');
 const ownerRole = `fp_own_${hex}`;
@@ -169,5 +170,30 @@ describe('roles that would escape are refused', () => {
       other.release();
       await owner.end();
     }
+  });
+});
+
+describe('role-level settings of a client login', () => {
+  // Invariant: whatever was set on a client login's role (ALTER ROLE … SET, also IN DATABASE; a
+  // login may set its own, e.g. synchronous_commit = off), a proxy start removes: no
+  // pg_db_role_setting row is left for the login.
+  let db: TestDatabase;
+  beforeAll(async () => {
+    db = await createTestDatabase();
+  });
+  afterAll(async () => {
+    await db?.drop();
+  });
+  const settingsOf = async (role: string) =>
+    (await db.pool.query<{ setconfig: string[] }>('SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1', [role])).rows;
+
+  test('a proxy start resets synchronous_commit = off set on the login, for every database and for this one', async () => {
+    const login = clientRoleFor(db.url);
+    await (await startSqlProxy(db)).close(); // the first start creates the login
+    await adminQuery(`ALTER ROLE ${login} SET synchronous_commit = off`);
+    await db.pool.query(`ALTER ROLE ${login} IN DATABASE ${new URL(db.url).pathname.slice(1)} SET synchronous_commit = off`);
+    expect(await settingsOf(login)).toEqual([{ setconfig: ['synchronous_commit=off'] }, { setconfig: ['synchronous_commit=off'] }]);
+    await (await startSqlProxy(db)).close();
+    expect(await settingsOf(login)).toEqual([]);
   });
 });

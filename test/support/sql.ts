@@ -2,7 +2,7 @@
 // FENCEPOST_PGWIRE_PORT on a free port, and connection strings for real clients.
 import { connect as tcp } from 'node:net';
 import pg from 'pg';
-import pino from 'pino';
+import pino, { type Logger } from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { clientRoleFor, type TestDatabase } from './db.ts';
@@ -19,7 +19,8 @@ export interface SqlProxy {
   close(): Promise<void>;
 }
 
-export async function startSqlProxy(db: TestDatabase, env: Record<string, string> = {}): Promise<SqlProxy> {
+/** `opts.logger`: where the proxy logs (default: silent, or FENCEPOST_TEST_LOG's level on stdout). */
+export async function startSqlProxy(db: TestDatabase, env: Record<string, string> = {}, opts: { logger?: Logger } = {}): Promise<SqlProxy> {
   const config = loadConfig({
     DATABASE_URL: db.url,
     PORT: '0',
@@ -28,7 +29,7 @@ export async function startSqlProxy(db: TestDatabase, env: Record<string, string
     FENCEPOST_LOG_LEVEL: 'silent',
     ...env,
   });
-  const proxy = await startProxy(config, pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
+  const proxy = await startProxy(config, opts.logger ?? pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
   const port = proxy.pgwirePort!;
   const database = new URL(db.url).pathname.slice(1);
   const url = (user: string, opts: { password?: string; options?: string } = {}) => {

@@ -8,6 +8,7 @@ import type { Logger } from 'pino';
 import type { FenceStore } from '../../fence/store.ts';
 import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from '../../fence/pg-errors.ts';
 import { NOT_FENCED } from '../../fence/codes.ts';
+import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { ApiError } from '../errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
@@ -100,6 +101,10 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   // The protected-prefix trigger refused an object write (routes/objects.ts answers the ones it
   // expects with the prefix named): the statement rolled back.
   if (sqlState(err) === NOT_FENCED) return new ApiError('not_fenced', `${err.message}; nothing written`, {}, { cause: err });
+  // A prepared transaction holds the fence row: no retry outwaits it; the answer names it.
+  if (err instanceof FenceHeldByPreparedError) {
+    return new ApiError('unavailable', `${err.message}; nothing committed`, { fenceKey: err.fenceKey, preparedTransaction: err.preparedTransaction }, { cause: err });
+  }
   if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   const status = (err as FastifyError).statusCode;

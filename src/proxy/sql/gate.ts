@@ -11,6 +11,7 @@
 // after text that may change them.
 import type { Logger } from 'pino';
 import { keyProblem } from '../../fence/key.ts';
+import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { guardState } from './fence.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
@@ -154,7 +155,9 @@ export class FenceGate {
         await this.opts.raise(fenceKey, token);
         this.raised = pair;
       } catch (err) {
-        this.opts.logger.warn({ fenceKey, token: token.toString(), err: (err as Error).message }, 'could not raise the session\'s fence; its transaction is refused (FP428)');
+        // A prepared transaction holding the fence row is named (raise.ts): only an operator ends it.
+        const preparedTransaction = err instanceof FenceHeldByPreparedError ? err.preparedTransaction : undefined;
+        this.opts.logger.warn({ fenceKey, token: token.toString(), err: (err as Error).message, ...(preparedTransaction !== undefined ? { preparedTransaction } : {}) }, 'could not raise the session\'s fence; its transaction is refused (FP428)');
       }
     } finally {
       this.busy = false;

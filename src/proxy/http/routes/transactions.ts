@@ -197,6 +197,9 @@ function runnerApiError(err: unknown): unknown {
   }
   if (err instanceof ResultTooLargeError) return new ApiError('result_too_large', `${err.message} (FENCEPOST_TX_MAX_RESULT_BYTES)`, { limit: err.limit }, { cause: err });
   if (err instanceof TransactionTimeoutError) return new ApiError('sql_timeout', `${err.message} (FENCEPOST_TX_TIMEOUT_MS)`, { sqlState: null, statement: null }, { cause: err });
+  if (err instanceof FenceBusyError && err.heldBy) {
+    return new ApiError('unavailable', err.message, { fenceKey: err.heldBy.fenceKey, preparedTransaction: err.heldBy.preparedTransaction }, { cause: err });
+  }
   if (err instanceof ConnectionLostError || err instanceof FenceBusyError) return new ApiError('unavailable', `${err.message}; safe to retry`, {}, { cause: err });
   if (err instanceof CommitUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
   if (err instanceof LoginUnavailableError) {

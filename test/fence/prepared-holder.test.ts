@@ -1,0 +1,158 @@
+// A raise that finds its fence held by a prepared transaction says so. Client SQL cannot PREPARE
+// (the fence opens a session temp table), but one made straight on Postgres (an operator, an older
+// proxy) holds the fence row until COMMIT or ROLLBACK PREPARED; a raise past it waits for the lock
+// timeout (55P03). Invariant: the answer names the prepared transaction and what releases it, on
+// every door (HTTP fence and object writes: 503 `unavailable` with `preparedTransaction`; POST
+// /v1/transactions likewise; the SQL endpoint's gate logs it at warn), and nothing is raised.
+// The test Postgres allows prepared transactions (max_prepared_transactions, global-setup.ts).
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import pg from 'pg';
+import pino from 'pino';
+import { Writable } from 'node:stream';
+import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { fenceOptions, fenceRow, startSqlProxy, type SqlProxy } from '../support/sql.ts';
+
+let db: TestDatabase;
+let sql: SqlProxy;
+const logs: Record<string, unknown>[] = [];
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const line of chunk.toString().split('\n')) if (line.trim() !== '') logs.push(JSON.parse(line) as Record<string, unknown>);
+      done();
+    },
+  });
+  // A short lock timeout: a raise past the prepared transaction gives up quickly.
+  sql = await startSqlProxy(db, { FENCEPOST_LOCK_TIMEOUT_MS: '200' }, { logger: pino({ level: 'warn' }, sink) });
+  await db.pool.query('CREATE TABLE public.held_rows (id int PRIMARY KEY)');
+  await db.pool.query(`GRANT SELECT, INSERT ON public.held_rows TO ${clientRoleFor(db.url)}`);
+});
+
+afterEach(async () => {
+  const { rows } = await db.pool.query<{ gid: string }>('SELECT gid FROM pg_prepared_xacts WHERE database = current_database()');
+  for (const { gid } of rows) await db.pool.query(`ROLLBACK PREPARED ${pg.escapeLiteral(gid)}`);
+});
+
+afterAll(async () => {
+  await sql?.close();
+  await db?.drop();
+});
+
+async function put(path: string, token: number, headers: Record<string, string> = {}): Promise<{ status: number; body: Record<string, unknown> }> {
+  const res = await fetch(`${sql.proxy.url}${path}`, { method: 'PUT', headers: { 'fencing-token': String(token), ...headers }, body: 'x' });
+  return { status: res.status, body: (await res.json()) as Record<string, unknown> };
+}
+
+/** The fence at 1, then held FOR SHARE by prepared transaction `gid`, made as the owner straight on Postgres. */
+async function prepareHolding(fenceKey: string, gid: string): Promise<void> {
+  expect((await put(`/v1/fences/${encodeURIComponent(fenceKey)}`, 1)).status).toBe(200);
+  const c = new pg.Client({ connectionString: db.url });
+  await c.connect();
+  try {
+    await c.query('BEGIN');
+    await c.query('SELECT 1 FROM fencepost.fences WHERE fence_key = $1 FOR SHARE', [fenceKey]);
+    await c.query(`PREPARE TRANSACTION ${pg.escapeLiteral(gid)}`);
+  } finally {
+    await c.end();
+  }
+}
+
+const naming = (fenceKey: string, gid: string) => ({
+  error: 'unavailable',
+  fenceKey,
+  preparedTransaction: gid,
+  message: expect.stringContaining(`fence ${fenceKey} is held by prepared transaction '${gid}' (ROLLBACK PREPARED '${gid}' releases it)`),
+});
+
+describe('HTTP', () => {
+  test('PUT /v1/fences past a fence a prepared transaction holds: 503 naming it, nothing raised; after ROLLBACK PREPARED the raise goes through', async () => {
+    await prepareHolding('held/fence', 'stuck');
+    const r = await put('/v1/fences/held%2Ffence', 2);
+    expect(r.status).toBe(503);
+    expect(r.body).toMatchObject(naming('held/fence', 'stuck'));
+    expect(await fenceRow(db.pool, 'held/fence')).toEqual({ highest_token: '1' });
+    await db.pool.query("ROLLBACK PREPARED 'stuck'");
+    expect((await put('/v1/fences/held%2Ffence', 2)).status).toBe(200);
+  });
+
+  test('a prepared transaction among several share lockers of the fence row (a MultiXactId) is named too', async () => {
+    await prepareHolding('held/multi', 'stuck-among-others');
+    const other = new pg.Client({ connectionString: db.url });
+    await other.connect();
+    try {
+      await other.query('BEGIN');
+      await other.query("SELECT 1 FROM fencepost.fences WHERE fence_key = 'held/multi' FOR SHARE");
+      const r = await put('/v1/fences/held%2Fmulti', 2);
+      expect(r.status).toBe(503);
+      expect(r.body).toMatchObject(naming('held/multi', 'stuck-among-others'));
+    } finally {
+      await other.query('ROLLBACK');
+      await other.end();
+    }
+  });
+
+  test('an object write that raises the fence: 503 naming the prepared transaction, nothing written', async () => {
+    await prepareHolding('held/objects', 'stuck-objects');
+    const r = await put('/v1/objects/held%2Fobjects%2F1', 2, { 'fence-key': 'held/objects' });
+    expect(r.status).toBe(503);
+    expect(r.body).toMatchObject(naming('held/objects', 'stuck-objects'));
+    expect((await fetch(`${sql.proxy.url}/v1/objects/held%2Fobjects%2F1`)).status).toBe(404);
+  });
+
+  test('a lock timeout on a fence held by an open (not prepared) transaction stays the plain busy answer', async () => {
+    expect((await put('/v1/fences/held%2Fopen', 1)).status).toBe(200);
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    try {
+      await holder.query('BEGIN');
+      await holder.query("SELECT 1 FROM fencepost.fences WHERE fence_key = 'held/open' FOR SHARE");
+      const r = await put('/v1/fences/held%2Fopen', 2);
+      expect(r.status).toBe(503);
+      expect(r.body).toMatchObject({ error: 'unavailable', message: expect.stringMatching(/^fence busy/) });
+      expect(r.body).not.toHaveProperty('preparedTransaction');
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+  });
+
+  test('POST /v1/transactions at a token that raises the held fence: 503 naming the prepared transaction, nothing applied', async () => {
+    await prepareHolding('held/tx', 'stuck-tx');
+    const res = await fetch(`${sql.proxy.url}/v1/transactions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ fences: [{ key: 'held/tx', token: '2' }], statements: [{ sql: 'INSERT INTO public.held_rows VALUES (1)' }] }),
+    });
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject(naming('held/tx', 'stuck-tx'));
+    expect((await db.pool.query('SELECT 1 FROM public.held_rows WHERE id = 1')).rowCount).toBe(0);
+    expect(await fenceRow(db.pool, 'held/tx')).toEqual({ highest_token: '1' });
+  });
+});
+
+describe('SQL endpoint', () => {
+  test('the gate logs the prepared transaction that holds the fence at warn; the writer\'s transaction is refused (FP428), nothing written', async () => {
+    await prepareHolding('held/sql', 'stuck-sql');
+    const c = await sql.connect('held-writer', { options: fenceOptions(2, 'held/sql') });
+    try {
+      const err = await c.query('BEGIN').then(() => c.query('INSERT INTO public.held_rows VALUES (2)')).then(
+        () => null,
+        (e: unknown) => e as { code?: string },
+      );
+      expect(err?.code).toBe('FP428');
+      await c.query('ROLLBACK').catch(() => {});
+    } finally {
+      await c.end();
+    }
+    const line = logs.find((l) => l.fenceKey === 'held/sql' && l.preparedTransaction !== undefined);
+    expect(line).toMatchObject({
+      level: 40,
+      preparedTransaction: 'stuck-sql',
+      err: expect.stringContaining("fence held/sql is held by prepared transaction 'stuck-sql' (ROLLBACK PREPARED 'stuck-sql' releases it)"),
+    });
+    expect((await db.pool.query('SELECT 1 FROM public.held_rows WHERE id = 2')).rowCount).toBe(0);
+    expect(await fenceRow(db.pool, 'held/sql')).toEqual({ highest_token: '1' });
+  });
+});

@@ -10,8 +10,9 @@
 // raise terminated, prepared transactions holding the fence rolled back — and the raise commits.
 // Their uncommitted writes roll back; the new leader wins in bounded time. Only what blocks this
 // very raise is ended: a fence row is held only by transactions at its current token, below the
-// raise's (a transaction at the raise's own token cannot hold it before the raise commits), and
-// other raises (application_name RAISE_APPLICATION) are left alone.
+// raise's (a transaction at the raise's own token cannot hold it before the raise commits); the
+// proxy's own role's backends (other raises, the HTTP door's statements, short and under the lock
+// timeout) are left alone.
 import type pg from 'pg';
 import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
 import { explainLockTimeout } from './prepared-holders.ts';

@@ -25,7 +25,7 @@ import * as q from './queries.ts';
 import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
-import { raisedAbove, raiseFences } from './raise.ts';
+import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
 import { FenceHeldByPreparedError } from './prepared-holders.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
@@ -257,6 +257,8 @@ export interface TransactionRunnerOptions {
   lockTimeoutMs: number;
   /** A raise waits this long for older tokens' transactions, then ends them (raise.ts). */
   raiseWaitMs: number;
+  /** Where a raise says what it ended. */
+  raiseLogger?: RaiseLogger;
   /** Deadline of a whole transaction, from the request's turn in the queue to COMMIT. */
   transactionTimeoutMs: number;
   /** Most bytes of results (as Postgres sends them) per transaction. */
@@ -333,7 +335,7 @@ export class TransactionRunner {
               if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                 // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                 raised = true;
-                await raiseFences(this.opts.owner, sorted, opts.writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs }).catch((e: unknown) => {
+                await raiseFences(this.opts.owner, sorted, opts.writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, ...(this.opts.raiseLogger ? { logger: this.opts.raiseLogger } : {}) }).catch((e: unknown) => {
                   throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                 });
                 continue;

@@ -151,12 +151,13 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     : null;
   app.decorate('forgeryGuard', guard);
   if (guard) app.addHook('onClose', async () => await guard.close());
-  // The protected prefixes are read before the first request is served, then kept fresh. A failed
-  // read is no reason not to serve: Postgres refuses a misfenced object whatever the copy holds,
-  // and each refusal reads the list again.
+  // The protected prefixes are read when the app starts (not awaited: a pool with no free
+  // connection must not hold the start), then kept fresh. A read that fails or comes late is no
+  // reason not to serve: Postgres refuses a misfenced object whatever the copy holds, and each
+  // refusal reads the list again.
   let stopRefreshing = () => {};
   app.addHook('onReady', async () => {
-    await opts.store.protectedPrefixes.refresh().catch((err: unknown) => {
+    void opts.store.protectedPrefixes.refresh().catch((err: unknown) => {
       if (opts.logger) opts.logger.warn({ err }, 'reading the protected prefixes failed; they are read again on the interval and after a refused write');
     });
     stopRefreshing = opts.store.protectedPrefixes.refreshing(opts.protectedPrefixRefreshMs ?? PROTECT_DEFAULTS.prefixRefreshMs, opts.logger || undefined);

@@ -227,6 +227,7 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     statementTimeoutMs: opts.statementTimeoutMs,
     lockTimeoutMs: opts.lockTimeoutMs,
     raiseWaitMs: opts.raiseWaitMs,
+    raiseLogger: app.log,
     transactionTimeoutMs: opts.transactionTimeoutMs,
     maxResultBytes: opts.maxResultBytes,
     retries: opts.retries,

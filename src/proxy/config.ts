@@ -35,6 +35,8 @@ export interface ProxyConfig {
   statementTimeoutMs: number;
   /** Postgres lock_timeout of the main pool: a write waiting this long on a locked fence row fails (503). */
   lockTimeoutMs: number;
+  /** FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS: the SQL endpoint ends a transaction left idle this long (0: never). */
+  pgwireIdleInTransactionMs: number;
   /** FENCEPOST_RAISE_WAIT_MS: a raise waits this long for older tokens' transactions, then ends them. */
   raiseWaitMs: number;
   /** Fenced write batches (statements) in flight at once. */
@@ -121,6 +123,10 @@ export const PGWIRE_DEFAULTS = Object.freeze({
   // Each session holds a backend connection of its own: stay well below Postgres's max_connections.
   maxConnections: 100,
   startupTimeoutMs: 10_000,
+  // A transaction a writer leaves idle this long is ended by the proxy (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS):
+  // below an election's default session timeout (10 s), so a paused leader's open transaction is
+  // gone by the time a new leader is elected, whatever timeouts its own SQL set.
+  idleInTransactionMs: 5000,
 });
 
 export class ConfigError extends Error {
@@ -333,6 +339,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     tls: tlsFiles(env),
     pgwirePort: sqlPort,
     pgwireMaxConnections: int(env, 'FENCEPOST_PGWIRE_MAX_CONNECTIONS', PGWIRE_DEFAULTS.maxConnections, 1, 10_000),
+    pgwireIdleInTransactionMs: int(env, 'FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS', PGWIRE_DEFAULTS.idleInTransactionMs, 0, 24 * 3600 * 1000),
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
     writeConcurrency,

@@ -186,6 +186,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
           raiseWaitMs: config.raiseWaitMs,
+          idleInTransactionMs: config.pgwireIdleInTransactionMs,
           maxConnections: config.pgwireMaxConnections,
           startupTimeoutMs: PGWIRE_DEFAULTS.startupTimeoutMs,
           logger: logger.child({ component: 'pgwire' }),

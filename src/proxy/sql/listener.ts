@@ -55,6 +55,8 @@ export interface PgwireOptions {
   lockTimeoutMs: number;
   /** A raise waits this long for older tokens' transactions, then ends them (src/fence/raise.ts). */
   raiseWaitMs: number;
+  /** A session's transaction left idle this long is ended (0: never). */
+  idleInTransactionMs: number;
   maxConnections: number;
   /** Startup (packet, authentication, backend login) must finish within this. */
   startupTimeoutMs: number;
@@ -387,6 +389,7 @@ export class PgwireServer {
         startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
         raisedAbove: (fenceKey, token, waitMs) => raisedAbove(this.opts.owner, fenceKey, token, waitMs),
         raiseCommitMs: this.opts.lockTimeoutMs,
+        idleInTransactionMs: this.opts.idleInTransactionMs,
         raise: async (fenceKey, token) => {
           await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
         },

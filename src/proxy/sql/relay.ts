@@ -50,6 +50,11 @@ export interface RelayOptions {
    * leader's raise ended it: the writer gets that instead of a lost connection), else null.
    */
   lostReason?: (terminated: boolean) => Promise<ErrorFields | null>;
+  /**
+   * A transaction left idle this long (after a ReadyForQuery in a block, nothing of the writer's
+   * since) is ended by the proxy, whatever timeouts the writer set (0: never).
+   */
+  idleInTransactionMs?: number;
 }
 
 interface Pending extends Expect {
@@ -67,6 +72,7 @@ const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
 
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
+const IDLE_IN_TRANSACTION_TIMEOUT = '25P03';
 
 /**
  * Does a ReadyForQuery's status agree with the planner's prediction? A block ('T') must have been
@@ -96,6 +102,8 @@ export class Relay {
   private closed = false;
   /** The backend is gone; the writer is told why once lostReason() answers. */
   private losing = false;
+  /** Ends a transaction the writer leaves idle too long (armIdleInTransaction). */
+  private idleTimer: NodeJS.Timeout | undefined;
   /** A FATAL the backend sent outside any request, right before it went away. */
   private backendFatal: Buffer | null = null;
 
@@ -151,6 +159,7 @@ export class Relay {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.idleTimer);
     this.backend.socket.destroy();
     this.client.destroy();
     this.opts.onClose();
@@ -201,12 +210,17 @@ export class Relay {
   }
 
   /** The backend is gone: answer the writer's next message (or its leaving) with `reply`, then close. */
-  private answerNextWith(reply: Buffer): void {
+  private answerNextWith(reply: Buffer | (() => Promise<Buffer>)): void {
     this.backend.socket.destroy();
+    let answered = false;
     const done = () => {
+      if (answered) return;
+      answered = true;
       clearTimeout(timer);
-      if (!this.client.destroyed) this.client.end(reply);
-      this.close();
+      void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => {
+        if (!this.client.destroyed) this.client.end(bytes);
+        this.close();
+      });
     };
     // A writer that never comes back is not waited for past this.
     const timer = setTimeout(done, DEPOSED_REPLY_WAIT_MS);
@@ -226,6 +240,7 @@ export class Relay {
 
   private onClientData(chunk: Buffer): void {
     if (this.closed || this.losing) return;
+    clearTimeout(this.idleTimer);
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);
       for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next()) this.clientFrames.push({ frame: f, msg: decodeClient(f) });
@@ -498,6 +513,35 @@ export class Relay {
     if (e.forwardReady) this.toClient.push(f.bytes);
     if (e.refusal) this.toClient.push(...e.refusal);
     e.onReady?.();
+    this.armIdleInTransaction();
+  }
+
+  /** The writer now owes the next message of a transaction it holds open: bound how long. */
+  private armIdleInTransaction(): void {
+    const limit = this.opts.idleInTransactionMs ?? 0;
+    clearTimeout(this.idleTimer);
+    if (limit <= 0 || this.status === 'I' || this.queue.length > 0 || this.clientFrames.length > 0) return;
+    this.idleTimer = setTimeout(() => this.endIdleTransaction(limit), limit);
+    this.idleTimer.unref();
+  }
+
+  /**
+   * The writer held its transaction open past the limit (a paused writer, say): the backend goes,
+   * so the transaction rolls back and holds no fence; the writer hears it at its next message
+   * (FP409 if a newer leader has raised the fence by then, else 25P03).
+   */
+  private endIdleTransaction(limit: number): void {
+    if (this.closed || this.losing) return;
+    this.losing = true;
+    this.opts.logger.info({ limitMs: limit }, 'SQL session: a transaction idle past the limit was ended');
+    const idle: ErrorFields = {
+      severity: 'FATAL',
+      code: IDLE_IN_TRANSACTION_TIMEOUT,
+      message: `terminating the session: its transaction was idle longer than ${limit} ms (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS)`,
+      detail: 'the transaction rolled back: nothing of it was applied',
+    };
+    this.flushClient();
+    this.answerNextWith(async () => errorResponse((await this.opts.lostReason?.(false).catch(() => null)) ?? idle));
   }
 
   /** The backend's transaction state is not the planner's: end the session, never go on in a transaction the fence may not cover. */

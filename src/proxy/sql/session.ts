@@ -34,6 +34,8 @@ export interface SessionOptions {
   raisedAbove: (fenceKey: string, token: bigint, waitMs: number) => Promise<bigint | null>;
   /** How long a raise may take to commit once it ended its holders (the lock timeout). */
   raiseCommitMs: number;
+  /** A transaction left idle this long is ended (0: never). */
+  idleInTransactionMs: number;
   onStale: (refusal: StaleRefusal) => void;
   onClose: () => void;
 }
@@ -75,7 +77,7 @@ export class PgwireSession {
         hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
       };
     };
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose, lostReason });
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */

@@ -6,6 +6,11 @@
 //   one-fence        PUT of 5,000 objects under one fence key and token, 32 in flight, vs the upsert
 //   distinct-fences  PUT of 10,000 objects, each its own fence key, 32 in flight, vs the upsert
 //   transactions     POST /v1/transactions (one fence, one UPDATE), 16 in flight, vs BEGIN/UPDATE/COMMIT
+//   protected        the cost of the database check (bench/protected.ts): one-fence's PUTs run again
+//                    with their prefix protected (bench/ → the fence key they name), transactions'
+//                    POSTs with app.counters protected (→ bench-tx); each right after the unprotected
+//                    proxy run, on the same Postgres and proxy. Alone, it runs those two worlds'
+//                    proxy runs without the direct pgbench.
 //   raise            a fence raise (token 2) while token-1 writes run: its latency, and any token-1
 //                    write accepted though sent after the raise was acknowledged (must be none)
 //   reads            the read API with 1,000,000 fences and 1,000,000 rejections in the tables,
@@ -17,12 +22,14 @@ import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
+import { protectPrefix, protectTable } from '../src/fence/protect.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
+import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
 
-export const SCENARIOS = ['one-fence', 'distinct-fences', 'transactions', 'raise', 'reads'] as const;
+export const SCENARIOS = ['one-fence', 'distinct-fences', 'transactions', 'protected', 'raise', 'reads'] as const;
 export type Scenario = (typeof SCENARIOS)[number];
 
 export interface FenceKeyBenchOptions {
@@ -85,6 +92,8 @@ export interface ReadsResult {
 
 export interface FenceKeyReport {
   comparisons: Comparison[];
+  /** The `protected` scenario: each door's write unprotected and protected, back to back. */
+  protected: ProtectedPair[];
   raise: RaiseResult | null;
   reads: ReadsResult | null;
 }
@@ -183,22 +192,73 @@ async function probe(url: string, init: RequestInit): Promise<void> {
   if (!r.ok) throw new Error(`${init.method ?? 'GET'} ${url} answered ${r.status}: ${text}`);
 }
 
+/** What a door scenario measures: the comparison with direct Postgres, the protected variant, or both. */
+interface DoorParts {
+  direct: boolean;
+  protected: boolean;
+}
+
+/** The data a door's write goes to, protected for its second proxy run (the `protected` scenario). */
+interface Protection {
+  door: string;
+  protection: string;
+  /** The trigger function that checks it (fencepost schema), timed over the protected run. */
+  trigger: string;
+  /** Protects the data, then checks it is in force (refused straight to Postgres, the door still writes). */
+  apply(w: World): Promise<void>;
+}
+
+interface DoorResult {
+  comparison: Comparison | null;
+  protectedPair: ProtectedPair | null;
+}
+
+/**
+ * pgbench straight to Postgres (runs.direct), then wrk through the proxy; with runs.protection,
+ * that protection applied and wrk once more, right after the first (each after its own warm-up).
+ */
 async function compare(
   w: World,
   o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
   spec: Omit<Comparison, 'proxy' | 'direct'> & { wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>; pgbench: string },
+  runs: { direct: boolean; protection: Protection | null },
   log: (line: string) => void,
-): Promise<Comparison> {
+): Promise<DoorResult> {
   const pgb = { url: w.dbUrl, scriptSql: spec.pgbench, clients: spec.inFlight, mode: 'prepared' as const };
   const wrk = { ...spec.wrk, url: w.proxy.url, connections: spec.inFlight };
-  log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s`);
-  if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
-  const direct = await runPgbench({ ...pgb, durationS: o.durationS });
-  log(`${spec.name}: wrk, ${spec.inFlight} connections, ${o.durationS} s`);
-  if (o.warmupS > 0) await runWrk({ ...wrk, durationS: o.warmupS });
-  const proxy = await runWrk({ ...wrk, durationS: o.durationS });
+  const runProxy = async (what: string, afterWarmup: () => Promise<void> = async () => {}) => {
+    log(`${spec.name}${what}: wrk, ${spec.inFlight} connections, ${o.durationS} s`);
+    if (o.warmupS > 0) await runWrk({ ...wrk, durationS: o.warmupS });
+    await afterWarmup();
+    return runWrk({ ...wrk, durationS: o.durationS });
+  };
+  let direct: PgbenchResult | null = null;
+  if (runs.direct) {
+    log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s`);
+    if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+    direct = await runPgbench({ ...pgb, durationS: o.durationS });
+  }
+  const proxy = await runProxy('');
+  let protectedPair: ProtectedPair | null = null;
+  const p = runs.protection;
+  if (p !== null) {
+    await p.apply(w);
+    let before = { calls: 0, ms: 0 };
+    const protectedRun = await runProxy(`, ${p.protection}`, async () => {
+      before = await triggerCalls(w.sql, p.trigger);
+    });
+    const inPostgres = triggerTime(p.trigger, before, await triggerCalls(w.sql, p.trigger), protectedRun.requests);
+    protectedPair = { door: p.door, protection: p.protection, inFlight: spec.inFlight, unprotected: wrkRate(proxy), protected: wrkRate(protectedRun), inPostgres };
+  }
   const { wrk: _w, pgbench: _p, ...rest } = spec;
-  return { ...rest, proxy, direct };
+  return { comparison: direct === null ? null : { ...rest, proxy, direct }, protectedPair };
+}
+
+/** One request that must be answered `status` with error code `error`. */
+async function probeRefused(url: string, init: RequestInit, status: number, error: string): Promise<void> {
+  const r = await fetch(url, init);
+  const text = await r.text();
+  if (r.status !== status || !text.includes(`"error":"${error}"`)) throw new Error(`${init.method ?? 'GET'} ${url} answered ${r.status} (expected ${status} ${error}): ${text}`);
 }
 
 // ---- 1. one fence key, one token, 5,000 objects --------------------------------------------------
@@ -219,10 +279,30 @@ function leaderObjects(fenceKey: string, keySpace: number): Seed {
   };
 }
 
-async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, parts: DoorParts, log: (line: string) => void): Promise<DoorResult> {
   const keySpace = 5000;
   const fenceKey = 'bench-leader';
-  return withWorld('one-fence', leaderObjects(fenceKey, keySpace), async (w) => {
+  const prefix = 'bench/';
+  const protection: Protection = {
+    door: 'HTTP PUT /v1/objects, one fence key',
+    protection: `prefix ${prefix} (objects' row trigger)`,
+    trigger: 'refuse_misfenced_object',
+    apply: async (w) => {
+      await protectPrefix(w.sql, prefix, fenceKey);
+      await expectRefused(w.sql, `UPDATE fencepost.objects SET fence_key = 'bench-other' WHERE key = '${prefix}0'`);
+      // A write naming another fence key: 403 not_fenced, from the proxy's copy of the prefixes, or
+      // from Postgres when the copy predates the declaration (the proxy then reads it again at once).
+      const url = `${w.proxy.url}/v1/objects/${encodeURIComponent(`${prefix}0`)}`;
+      await probeRefused(url, { method: 'PUT', headers: { 'content-type': 'application/json', 'fence-key': 'bench-other', 'fencing-token': '1' }, body: '{}' }, 403, 'not_fenced');
+      await probe(url, { method: 'PUT', headers: { 'content-type': 'application/json', 'fence-key': fenceKey, 'fencing-token': '1' }, body: jsonBody(256) });
+    },
+  };
+  const seed = leaderObjects(fenceKey, keySpace);
+  const run = async (sql: pg.Pool) => {
+    await seed.run(sql);
+    if (parts.protected) await trackFunctions(sql);
+  };
+  return withWorld('one-fence', { run }, async (w) => {
     await probe(`${w.proxy.url}/v1/fences/${fenceKey}`, { method: 'PUT', headers: { 'fencing-token': '1' } }); // the leader's fence advance
     return compare(
       w,
@@ -238,8 +318,9 @@ async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'wa
           headers: { 'Content-Type': 'application/json', 'Fence-Key': fenceKey, 'Fencing-Token': '1' },
           body: jsonBody(256),
         },
-        pgbench: upsertScript('bench/', keySpace, fenceKey),
+        pgbench: upsertScript(prefix, keySpace, fenceKey),
       },
+      { direct: parts.direct, protection: parts.protected ? protection : null },
       log,
     );
   });
@@ -258,8 +339,8 @@ async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS'
       [keySpace],
     );
   };
-  return withWorld('distinct-fences', { run: seed }, (w) =>
-    compare(
+  return withWorld('distinct-fences', { run: seed }, async (w) => {
+    const { comparison } = await compare(
       w,
       o,
       {
@@ -274,27 +355,42 @@ async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS'
         },
         pgbench: upsertScript('bench-d/', keySpace, null),
       },
+      { direct: true, protection: null },
       log,
-    ),
-  );
+    );
+    return comparison!;
+  });
 }
 
 // ---- 3. /v1/transactions, one fence, one UPDATE --------------------------------------------------
 
-async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, parts: DoorParts, log: (line: string) => void): Promise<DoorResult> {
   const rows = 5000;
+  const fenceKey = 'bench-tx';
   const seed = async (sql: pg.Pool) => {
     await sql.query('CREATE SCHEMA app');
     await sql.query('CREATE TABLE app.counters (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)');
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [rows]);
+    if (parts.protected) await trackFunctions(sql);
   };
-  const [head, tail] = ['{"fences":[{"key":"bench-tx","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[', ']}]}'];
+  const [head, tail] = [`{"fences":[{"key":"${fenceKey}","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[`, ']}]}'];
+  const txInit = (id: number): RequestInit => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: `${head}${id}${tail}` });
+  const protection: Protection = {
+    door: 'HTTP POST /v1/transactions, one UPDATE',
+    protection: 'table app.counters (statement trigger)',
+    trigger: 'refuse_unfenced_write',
+    apply: async (w) => {
+      await protectTable(w.sql, 'app.counters', fenceKey);
+      await expectRefused(w.sql, 'UPDATE app.counters SET n = n WHERE id = 1');
+      await probe(`${w.proxy.url}/v1/transactions`, txInit(1));
+    },
+  };
   return withWorld('transactions', { run: seed }, async (w) => {
     // The proxy created its client login at start; client SQL may do what the operator grants it.
     const role = pg.escapeIdentifier(w.clientRole);
     await w.sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
     await w.sql.query(`GRANT SELECT, UPDATE ON app.counters TO ${role}`);
-    await probe(`${w.proxy.url}/v1/transactions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `${head}1${tail}` });
+    await probe(`${w.proxy.url}/v1/transactions`, txInit(1));
     return compare(
       w,
       o,
@@ -310,6 +406,7 @@ async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' |
         },
         pgbench: `\\set id random(1, ${rows})\nBEGIN;\nUPDATE app.counters SET n = n + 1 WHERE id = :id;\nCOMMIT;\n`,
       },
+      { direct: parts.direct, protection: parts.protected ? protection : null },
       log,
     );
   });
@@ -480,10 +577,15 @@ async function reads(o: { tableRows: number }, log: (line: string) => void): Pro
 export async function runFenceKeyBench(options: FenceKeyBenchOptions): Promise<FenceKeyReport> {
   const o = { warmupS: 1, scenarios: SCENARIOS, tableRows: 1_000_000, log: () => {}, ...options };
   const want = (s: Scenario) => o.scenarios.includes(s);
-  const report: FenceKeyReport = { comparisons: [], raise: null, reads: null };
-  if (want('one-fence')) report.comparisons.push(await oneFence(o, o.log));
+  const report: FenceKeyReport = { comparisons: [], protected: [], raise: null, reads: null };
+  const add = (r: DoorResult) => {
+    if (r.comparison) report.comparisons.push(r.comparison);
+    if (r.protectedPair) report.protected.push(r.protectedPair);
+  };
+  const parts = (s: Scenario): DoorParts => ({ direct: want(s), protected: want('protected') });
+  if (want('one-fence') || want('protected')) add(await oneFence(o, parts('one-fence'), o.log));
   if (want('distinct-fences')) report.comparisons.push(await distinctFences(o, o.log));
-  if (want('transactions')) report.comparisons.push(await transactions(o, o.log));
+  if (want('transactions') || want('protected')) add(await transactions(o, parts('transactions'), o.log));
   if (want('raise')) report.raise = await raise({ durationS: Math.max(2, Math.min(o.durationS, 6)) }, o.log);
   if (want('reads')) report.reads = await reads(o, o.log);
   return report;
@@ -561,7 +663,8 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     scenarios: asked.length > 0 ? (asked as Scenario[]) : SCENARIOS,
     log: (line) => process.stderr.write(`[bench] ${line}\n`),
   });
-  process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${fenceKeyTables(report, durationS)}\n`);
+  const tables = [fenceKeyTables(report, durationS), protectedTable(report.protected, durationS)].filter((t) => t !== '');
+  process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${tables.join('\n\n')}\n`);
 }
 
 /** BENCH_PROXY_ENV='{"FENCEPOST_WRITE_CONCURRENCY":"4"}' tries settings without editing code. */

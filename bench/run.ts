@@ -2,13 +2,15 @@
 // Postgres and the unfenced path, two proxy instances, proxy memory under load; a leader's writes
 // under one fence key, distinct fence keys and SQL transactions against direct Postgres with C load
 // generators (wrk, pgbench), a fence raise under load, reads with a million rows; pgbench through
-// the SQL endpoint against direct Postgres and PgBouncer; election handover
-// and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
+// the SQL endpoint against direct Postgres and PgBouncer; what protected data's database check
+// costs each door's write (bench/protected.ts: each door unprotected and protected, back to back);
+// election handover and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
 import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
+import { protectedTable } from './protected.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
@@ -20,9 +22,9 @@ const row = (name: string, d: Distribution, target: string) => `| ${name} | ${fm
 
 say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
-say(`fence keys: wrk and pgbench, ${durationS} s per path; a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
+say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also with their data protected); a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
-say(`SQL endpoint: pgbench direct, through the endpoint and through PgBouncer, ${durationS} s per path and mode`);
+say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected) and through PgBouncer, ${durationS} s per path and mode`);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
 say('election: handover with 2, 10, 50 candidates; crash failover');
 const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
@@ -44,6 +46,8 @@ const out = [
   fenceKeyTables(fenceKey, durationS),
   '',
   sqlEndpointTable(sqlEndpoint),
+  '',
+  protectedTable([...fenceKey.protected, ...sqlEndpoint.protected], durationS),
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',

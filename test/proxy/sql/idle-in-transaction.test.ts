@@ -25,7 +25,7 @@ test.for([
   const c = new pg.Client({ connectionString: sql.url('idler', { options: fenceOptions(1, 'idle/a') }), application_name: name });
   c.on('error', () => {});
   await c.connect();
-  if (lift !== null) await c.query(lift);
+  if (lift !== null && lift !== undefined) await c.query(lift);
   const id = lift === null ? 1 : 2;
   await c.query('BEGIN');
   await c.query(`INSERT INTO public.idle_items VALUES (${id})`);

@@ -55,6 +55,19 @@ describe('a raise past an older token\'s open transaction', () => {
     expect(await has(db, 3)).toBe(false);
   });
 
+  test('over HTTP: an object write that raises the fence past a zombie\'s open SQL transaction answers 200; the zombie\'s COMMIT fails with FP409', async ({ db, sql }) => {
+    const putObject = (token: number) =>
+      fetch(`${sql.proxy.url}/v1/objects/ho%2Fobj%2F1`, { method: 'PUT', headers: { 'fencing-token': String(token), 'fence-key': 'ho/obj' }, body: `at ${token}` });
+    expect((await putObject(5)).status).toBe(200);
+    const zombie = await sql.connect('obj-zombie', { options: fenceOptions(5, 'ho/obj') });
+    await zombie.query('BEGIN');
+    await zombie.query(`INSERT INTO public.ho_items VALUES (6, 'obj zombie')`);
+    const res = await putObject(6);
+    expect(res.status, await res.clone().text()).toBe(200);
+    expect((await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e) as pg.DatabaseError).code).toBe('FP409');
+    expect(await has(db, 6)).toBe(false);
+  });
+
   test('a prepared transaction holding the fence is rolled back by the raise', async ({ db, sql }) => {
     expect((await putFence(sql, 'ho/prep', 5)).status).toBe(200);
     const c = await db.pool.connect();

@@ -53,7 +53,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
       const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) }).catch(async (err: unknown) => {
         // The fence is held past the lock timeout (a paused leader's transaction, say): a raise
         // never waits on a zombie. The holders have had that long; end them now and raise.
-        if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
+        if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token) throw err;
         const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
           throw err;
         });

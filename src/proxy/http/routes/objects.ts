@@ -4,7 +4,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { FencedOp, FencedResult } from '../../../fence/store.ts';
 import { NOT_FENCED } from '../../../fence/codes.ts';
-import { sqlState } from '../../../fence/pg-errors.ts';
+import { LOCK_NOT_AVAILABLE, sqlState } from '../../../fence/pg-errors.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
 import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
@@ -127,6 +127,15 @@ async function fencedObjectWrite(req: FastifyRequest, key: string, token: bigint
   try {
     return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
   } catch (err) {
+    if (sqlState(err) === LOCK_NOT_AVAILABLE && ((await req.server.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) < token) {
+      // The fence was held past the lock timeout: if this write raises it, a raise never waits on a
+      // zombie (raise.ts ends the older token's holders now), then the write goes once more.
+      const highest = await req.server.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
+        throw err;
+      });
+      if (highest !== token) throw err;
+      return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
+    }
     if (sqlState(err) !== NOT_FENCED) throw err;
     req.log.info({ key, fenceKey }, 'Postgres refused a misfenced object: reading the protected prefixes again');
     await req.server.store.protectedPrefixes.refresh().catch((e: unknown) => req.log.warn({ err: e }, 'reading the protected prefixes failed'));

@@ -207,36 +207,58 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
 const PASSWORD_FAILED = '28P01';
 
 /** At most `n` holders at once; the rest wait in arrival order. */
+/**
+ * The transaction slots, shared by the keys: at most `perKey` of them held by one key, so a key
+ * that floods the door never takes the slots every other key needs. Waiters are granted in order
+ * of arrival, skipping those of a key already at its share.
+ */
 class Slots {
   private free: number;
-  private readonly waiters: (() => void)[] = [];
-  constructor(n: number) {
+  private readonly held = new Map<string, number>();
+  private readonly waiters: { key: string; grant: () => void }[] = [];
+  constructor(
+    n: number,
+    private readonly perKey: number,
+  ) {
     this.free = n;
   }
-  async take(signal: AbortSignal): Promise<void> {
+  async take(key: string, signal: AbortSignal): Promise<void> {
     if (signal.aborted) throw signal.reason;
-    if (this.free > 0) {
-      this.free--;
+    if (this.free > 0 && (this.held.get(key) ?? 0) < this.perKey) {
+      this.grantTo(key);
       return;
     }
     await new Promise<void>((resolve, reject) => {
-      const grant = () => {
-        signal.removeEventListener('abort', abort);
-        resolve();
+      const waiter = {
+        key,
+        grant: () => {
+          signal.removeEventListener('abort', abort);
+          resolve();
+        },
       };
       const abort = () => {
-        const i = this.waiters.indexOf(grant);
+        const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
         reject(signal.reason);
       };
-      this.waiters.push(grant);
+      this.waiters.push(waiter);
       signal.addEventListener('abort', abort, { once: true });
     });
   }
-  give(): void {
-    const next = this.waiters.shift();
-    if (next) next();
-    else this.free++;
+  give(key: string): void {
+    this.free++;
+    const n = (this.held.get(key) ?? 1) - 1;
+    if (n <= 0) this.held.delete(key);
+    else this.held.set(key, n);
+    const i = this.waiters.findIndex((w) => (this.held.get(w.key) ?? 0) < this.perKey);
+    if (i < 0) return;
+    const [w] = this.waiters.splice(i, 1);
+    this.grantTo(w!.key);
+    w!.grant();
+  }
+  private grantTo(key: string): void {
+    this.free--;
+    this.held.set(key, (this.held.get(key) ?? 0) + 1);
   }
 }
 
@@ -257,6 +279,8 @@ export interface TransactionRunnerOptions {
   lockTimeoutMs: number;
   /** A raise waits this long for older tokens' transactions, then ends them (raise.ts). */
   raiseWaitMs: number;
+  /** Of maxConcurrent, the most one key may hold at once (the others wait their turn). */
+  maxConcurrentPerKey: number;
   /** Where a raise says what it ended. */
   raiseLogger?: RaiseLogger;
   /** Deadline of a whole transaction, from the request's turn in the queue to COMMIT. */
@@ -285,7 +309,7 @@ export class TransactionRunner {
 
   constructor(opts: TransactionRunnerOptions) {
     this.opts = opts;
-    this.slots = new Slots(opts.maxConcurrent);
+    this.slots = new Slots(opts.maxConcurrent, Math.min(opts.maxConcurrent, opts.maxConcurrentPerKey));
   }
 
   /** Creates or checks the client logins (memoised; an incomplete result is retried after a while). */
@@ -321,7 +345,7 @@ export class TransactionRunner {
       throw new LoginUnavailableError(problems.get(keyName) ?? { login: '', message: `no client login for ${keyName === null ? 'open mode' : `key ${keyName}`}`, sql: [] });
     }
     try {
-      await this.slots.take(deadline);
+      await this.slots.take(keyName ?? '', deadline);
     } catch {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
@@ -354,7 +378,7 @@ export class TransactionRunner {
       if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
       return outcome;
     } finally {
-      this.slots.give();
+      this.slots.give(keyName ?? '');
     }
   }
 

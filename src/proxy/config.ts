@@ -35,6 +35,12 @@ export interface ProxyConfig {
   statementTimeoutMs: number;
   /** Postgres lock_timeout of the main pool: a write waiting this long on a locked fence row fails (503). */
   lockTimeoutMs: number;
+  /** FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS: connections in startup from one address at once. */
+  pgwireMaxStartupsPerAddress: number;
+  /** FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY: SQL endpoint sessions one key may hold. */
+  pgwireMaxSessionsPerKey: number;
+  /** FENCEPOST_TX_MAX_PER_KEY: of FENCEPOST_TX_POOL_SIZE, the transactions one key may run at once. */
+  txMaxPerKey: number;
   /** FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS: the SQL endpoint ends a transaction left idle this long (0: never). */
   pgwireIdleInTransactionMs: number;
   /** FENCEPOST_RAISE_WAIT_MS: a raise waits this long for older tokens' transactions, then ends them. */
@@ -127,7 +133,15 @@ export const PGWIRE_DEFAULTS = Object.freeze({
   // below an election's default session timeout (10 s), so a paused leader's open transaction is
   // gone by the time a new leader is elected, whatever timeouts its own SQL set.
   idleInTransactionMs: 5000,
+  // Connections still in startup (no key shown yet) from one address at once: a few idle TCP
+  // connections must not keep writers out (each lasts at most startupTimeoutMs).
+  maxStartupsPerAddress: 16,
 });
+
+/** A key's share of `total` when several keys share it: half (at least 1); all of it for one key or open mode. */
+function fairShare(keys: readonly AccessKey[], total: number): number {
+  return keys.length > 1 ? Math.max(1, Math.ceil(total / 2)) : total;
+}
 
 export class ConfigError extends Error {
   constructor(
@@ -330,6 +344,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   }
   const forgeryGuard = loadForgeryGuard(env);
   const sqlPort = pgwirePort(env);
+  const pgwireMax = int(env, 'FENCEPOST_PGWIRE_MAX_CONNECTIONS', PGWIRE_DEFAULTS.maxConnections, 1, 10_000);
+  const txPoolSize = int(env, 'FENCEPOST_TX_POOL_SIZE', TX_DEFAULTS.maxConcurrent, 1, 1000);
   return Object.freeze({
     databaseUrl,
     host,
@@ -338,8 +354,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 0, 0, 65535),
     tls: tlsFiles(env),
     pgwirePort: sqlPort,
-    pgwireMaxConnections: int(env, 'FENCEPOST_PGWIRE_MAX_CONNECTIONS', PGWIRE_DEFAULTS.maxConnections, 1, 10_000),
+    pgwireMaxConnections: pgwireMax,
     pgwireIdleInTransactionMs: int(env, 'FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS', PGWIRE_DEFAULTS.idleInTransactionMs, 0, 24 * 3600 * 1000),
+    pgwireMaxStartupsPerAddress: int(env, 'FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS', PGWIRE_DEFAULTS.maxStartupsPerAddress, 1, 10_000),
+    // With several keys, no key may hold more than half of what is shared, so another always finds room.
+    pgwireMaxSessionsPerKey: int(env, 'FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY', fairShare(keys, pgwireMax), 1, 10_000),
+    txMaxPerKey: int(env, 'FENCEPOST_TX_MAX_PER_KEY', fairShare(keys, txPoolSize), 1, 1000),
     bodyLimitBytes: int(env, 'FENCEPOST_BODY_LIMIT_BYTES', 1024 * 1024, 1, 512 * 1024 * 1024),
     poolSize,
     writeConcurrency,
@@ -359,7 +379,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     allowedOrigins: list(env, 'FENCEPOST_ALLOWED_ORIGINS', parseOrigin),
     allowedHosts: list(env, 'FENCEPOST_ALLOWED_HOSTS', parseHostName),
     forgeryGuard,
-    txPoolSize: int(env, 'FENCEPOST_TX_POOL_SIZE', TX_DEFAULTS.maxConcurrent, 1, 1000),
+    txPoolSize,
     txMaxStatements: int(env, 'FENCEPOST_TX_MAX_STATEMENTS', TX_DEFAULTS.maxStatements, 1, 10_000),
     txStatementTimeoutMs: int(env, 'FENCEPOST_TX_STATEMENT_TIMEOUT_MS', TX_DEFAULTS.statementTimeoutMs, 1, 3_600_000),
     txRetries: int(env, 'FENCEPOST_TX_RETRIES', TX_DEFAULTS.retries, 0, 100),

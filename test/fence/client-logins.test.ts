@@ -54,6 +54,7 @@ function runner(): TransactionRunner {
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
     raiseWaitMs: 1000,
+    maxConcurrentPerKey: 4,
     transactionTimeoutMs: 5000,
     maxResultBytes: 65536,
     retries: 0,

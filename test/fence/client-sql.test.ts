@@ -50,6 +50,7 @@ beforeAll(async () => {
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
     raiseWaitMs: 1000,
+    maxConcurrentPerKey: 4,
     transactionTimeoutMs: 3000,
     maxResultBytes: 64 * 1024,
     retries: 1,
@@ -433,5 +434,43 @@ test('the fence row lock of another transaction stalls a transaction no longer t
   } finally {
     await holder.query('ROLLBACK');
     await holder.end();
+  }
+});
+
+test('one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key\'s second transaction waits', async () => {
+  const fair = new TransactionRunner({
+    owner: db.pool,
+    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries }),
+    database: db.url,
+    clientRole: clientRoleFor(db.url),
+    logins: [
+      { keyName: 'writer', pgRole: role },
+      { keyName: 'other', pgRole: otherRole },
+    ],
+    maxConcurrent: 2,
+    maxConcurrentPerKey: 1,
+    statementTimeoutMs: 5000,
+    lockTimeoutMs: 500,
+    raiseWaitMs: 1000,
+    transactionTimeoutMs: 8000,
+    maxResultBytes: 64 * 1024,
+    retries: 1,
+    provisionRetryMs: 5000,
+  });
+  try {
+    const order: string[] = [];
+    const tx = (key: string, fence: string, sql: string) =>
+      fair.run(key, [{ fenceKey: fence, token: 1n }], [{ sql, params: [] }], { isolation: 'read committed', writerId: key }).then((r) => {
+        order.push(`${key}:${sql}`);
+        return r;
+      });
+    const first = tx('writer', 'w/fair', 'SELECT pg_sleep(1.5)');
+    const second = tx('writer', 'w/fair', 'SELECT 2');
+    const other = tx('other', 'o/fair', 'SELECT 3');
+    await Promise.all([first, second, other]);
+    // The other key's transaction took the free slot; the writer's second waited for its first.
+    expect(order).toEqual(['other:SELECT 3', 'writer:SELECT pg_sleep(1.5)', 'writer:SELECT 2']);
+  } finally {
+    await fair.close();
   }
 });

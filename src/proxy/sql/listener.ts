@@ -57,6 +57,10 @@ export interface PgwireOptions {
   raiseWaitMs: number;
   /** A session's transaction left idle this long is ended (0: never). */
   idleInTransactionMs: number;
+  /** Sessions one key (open mode: everyone) may hold at once. */
+  maxSessionsPerKey: number;
+  /** Connections still in startup (not yet authenticated) from one address at once. */
+  maxStartupsPerAddress: number;
   maxConnections: number;
   /** Startup (packet, authentication, backend login) must finish within this. */
   startupTimeoutMs: number;
@@ -112,6 +116,10 @@ export class PgwireServer {
   /** The TLS socket over each upgraded raw socket. */
   private readonly upgraded = new WeakMap<Socket, TLSSocket>();
   private readonly sessions = new Map<number, Registered>();
+  /** Sessions (and logins under way) per key name ('' in open mode). */
+  private readonly perKey = new Map<string, number>();
+  /** Connections in startup per remote address. */
+  private readonly startups = new Map<string, number>();
   private nextPid = 1;
   /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
   private readonly mockNonce = randomBytes(32);
@@ -151,22 +159,44 @@ export class PgwireServer {
   private accept(socket: Socket): void {
     socket.setNoDelay(true);
     socket.on('error', () => {});
-    const full = this.sockets.size >= this.opts.maxConnections;
+    // Sessions count against FENCEPOST_PGWIRE_MAX_CONNECTIONS, connections still starting (no key
+    // shown yet) against a cap of their own per address: idle unauthenticated connections cannot
+    // keep writers out.
+    const address = socket.remoteAddress ?? '';
+    const starting = this.startups.get(address) ?? 0;
+    const full = this.sessions.size >= this.opts.maxConnections || this.sockets.size >= this.server.maxConnections - 1;
+    const crowded = starting >= this.opts.maxStartupsPerAddress;
+    this.startups.set(address, starting + 1);
+    let startupDone = false;
+    const endStartup = () => {
+      if (startupDone) return;
+      startupDone = true;
+      const n = (this.startups.get(address) ?? 1) - 1;
+      if (n <= 0) this.startups.delete(address);
+      else this.startups.set(address, n);
+    };
     this.sockets.add(socket);
-    socket.on('close', () => this.sockets.delete(socket));
+    socket.on('close', () => {
+      this.sockets.delete(socket);
+      endStartup();
+    });
     // A full endpoint still answers the SSLRequest (and takes the TLS handshake) and refuses after
     // the startup packet, as Postgres does: libpq with sslmode=prefer (its default) shows an error
     // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
     // before the first packet makes the client's write fail with a reset. Counted until closed,
     // so a flood of refusals is bounded too, and closed within two seconds.
-    const refusal = full ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
-    if (full) {
+    const refusal = full
+      ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`)
+      : crowded
+        ? refuse('53300', `too many connections starting from ${address} at once (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress})`)
+        : null;
+    if (refusal !== null) {
       setTimeout(() => {
         this.upgraded.get(socket)?.destroy();
         socket.destroy();
       }, 2000).unref();
     }
-    void this.startup(socket, refusal).catch((err: unknown) => {
+    void this.startup(socket, refusal).finally(endStartup).catch((err: unknown) => {
       // Over TLS once upgraded: the refusal goes where the client reads.
       // Closed once the refusal is written: the socket may be paused with bytes unread (an
       // oversized message), so the client's own close would never be seen.
@@ -336,6 +366,22 @@ export class PgwireServer {
         const problem = problems.get(key?.name ?? null);
         throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
       }
+      // ---- the key's share of the endpoint
+      const keyName = key?.name ?? '';
+      const held = this.perKey.get(keyName) ?? 0;
+      if (held >= this.opts.maxSessionsPerKey) {
+        throw refuse('53300', `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`);
+      }
+      this.perKey.set(keyName, held + 1);
+      let counted = true;
+      const uncount = () => {
+        if (!counted) return;
+        counted = false;
+        const n = (this.perKey.get(keyName) ?? 1) - 1;
+        if (n <= 0) this.perKey.delete(keyName);
+        else this.perKey.set(keyName, n);
+      };
+      raw.once('close', uncount);
       const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
       if (login.pgRole !== null) settings.set('role', login.pgRole);
       for (const [k, v] of parseOptions(params.get('options') ?? '')) if (FENCE_SETTINGS.has(k)) settings.set(k, v);

@@ -41,6 +41,8 @@ export interface TransactionOptions {
   maxResultBytes: number;
   /** Transactions running at once (FENCEPOST_TX_POOL_SIZE). */
   maxConcurrent: number;
+  /** Of those, the most one key may run (FENCEPOST_TX_MAX_PER_KEY); default: all. */
+  maxConcurrentPerKey?: number;
   /** Extra attempts after 40001/40P01. */
   retries: number;
   /** A key whose login could not be provisioned is checked again after this. */
@@ -224,6 +226,7 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     clientRole: opts.clientRole,
     logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
     maxConcurrent: opts.maxConcurrent,
+    maxConcurrentPerKey: opts.maxConcurrentPerKey ?? opts.maxConcurrent,
     statementTimeoutMs: opts.statementTimeoutMs,
     lockTimeoutMs: opts.lockTimeoutMs,
     raiseWaitMs: opts.raiseWaitMs,

@@ -381,6 +381,14 @@ const COUNTS = `(coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c 
   coalesce((SELECT sum(c.rejected) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS rejected`;
 const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pending_counts s GROUP BY s.fence_key) p ON p.fence_key = f.fence_key`;
 
+/** Postgres's max_connections and the connections it keeps for superusers. */
+export function connectionBudget(): Query {
+  return {
+    name: 'fencepost_connection_budget',
+    text: "SELECT current_setting('max_connections')::int AS max, current_setting('superuser_reserved_connections')::int + coalesce(current_setting('reserved_connections', true)::int, 0) AS reserved",
+  };
+}
+
 /** A fence's highest token alone (the forgery guard's question): no counts to add up. */
 export function readHighestToken(fenceKey: string): Query {
   return {

@@ -12,6 +12,7 @@ import { DEFAULT_DATA_DIR, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type
 import { PgwireServer } from './sql/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
+import { connectionBudget } from '../fence/queries.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
@@ -209,6 +210,17 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       return unknownDurability();
     });
     for (const warning of durability.warnings) logger.warn({ component: 'durability' }, warning);
+    // What this proxy may open at most, against what Postgres takes: one tenant's sessions must not
+    // take the connections everyone else's need (each key's share is capped; the sum is said here).
+    const budget = await pool.query<{ max: number; reserved: number }>(connectionBudget()).catch(() => null);
+    const most = config.poolSize + config.txPoolSize + (config.pgwirePort === null ? 0 : config.pgwireMaxConnections);
+    const row = budget?.rows[0];
+    if (row && most > row.max - row.reserved) {
+      logger.warn(
+        { poolSize: config.poolSize, txPoolSize: config.txPoolSize, pgwireMaxConnections: config.pgwirePort === null ? 0 : config.pgwireMaxConnections, maxConnections: row.max },
+        `this proxy may open ${most} Postgres connections (FENCEPOST_POOL_SIZE + FENCEPOST_TX_POOL_SIZE + FENCEPOST_PGWIRE_MAX_CONNECTIONS) but Postgres takes ${row.max - row.reserved} (max_connections less the reserved): lower them, or raise max_connections`,
+      );
+    }
     // Client logins for SQL transactions: created now, or the log says what to run (see Security).
     await app.transactionRunner.provision();
     await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {

@@ -133,8 +133,8 @@ export const PGWIRE_DEFAULTS = Object.freeze({
   // below an election's default session timeout (10 s), so a paused leader's open transaction is
   // gone by the time a new leader is elected, whatever timeouts its own SQL set.
   idleInTransactionMs: 5000,
-  // Connections still in startup (no key shown yet) from one address at once: a few idle TCP
-  // connections must not keep writers out (each lasts at most startupTimeoutMs).
+  // Connections from one address that have sent nothing yet: past this, a new one closes the
+  // oldest silent for a second, so idle TCP connections cannot keep writers out.
   maxStartupsPerAddress: 16,
 });
 

@@ -71,6 +71,9 @@ export interface PgwireOptions {
   tls?: TlsMaterial | null;
 }
 
+/** A connection silent this long may be closed to make room for a new one from its address. */
+const SILENT_EVICTION_MS = 1000;
+
 class Refusal extends Error {
   constructor(readonly fields: ErrorFields) {
     super(fields.message);
@@ -118,8 +121,8 @@ export class PgwireServer {
   private readonly sessions = new Map<number, Registered>();
   /** Sessions (and logins under way) per key name ('' in open mode). */
   private readonly perKey = new Map<string, number>();
-  /** Connections in startup per remote address. */
-  private readonly startups = new Map<string, number>();
+  /** Connections per remote address that have sent nothing yet, with when each came. */
+  private readonly silent = new Map<string, Map<Socket, number>>();
   private nextPid = 1;
   /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
   private readonly mockNonce = randomBytes(32);
@@ -159,44 +162,47 @@ export class PgwireServer {
   private accept(socket: Socket): void {
     socket.setNoDelay(true);
     socket.on('error', () => {});
-    // Sessions count against FENCEPOST_PGWIRE_MAX_CONNECTIONS, connections still starting (no key
-    // shown yet) against a cap of their own per address: idle unauthenticated connections cannot
-    // keep writers out.
+    // Sessions count against FENCEPOST_PGWIRE_MAX_CONNECTIONS; connections that have sent nothing
+    // yet do not. Those are bounded per address instead: past FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS,
+    // each new connection closes the oldest one that has been silent for a second (a client that
+    // means to log in sends its startup packet at once), so idle connections cannot keep writers
+    // out, and a burst of real logins (a pool warming up) is never refused for it.
     const address = socket.remoteAddress ?? '';
-    const starting = this.startups.get(address) ?? 0;
     const full = this.sessions.size >= this.opts.maxConnections || this.sockets.size >= this.server.maxConnections - 1;
-    const crowded = starting >= this.opts.maxStartupsPerAddress;
-    this.startups.set(address, starting + 1);
-    let startupDone = false;
-    const endStartup = () => {
-      if (startupDone) return;
-      startupDone = true;
-      const n = (this.startups.get(address) ?? 1) - 1;
-      if (n <= 0) this.startups.delete(address);
-      else this.startups.set(address, n);
+    const silent = this.silent.get(address) ?? new Map<Socket, number>();
+    this.silent.set(address, silent);
+    if (silent.size >= this.opts.maxStartupsPerAddress) {
+      const [oldest, at] = silent.entries().next().value as [Socket, number];
+      if (Date.now() - at >= SILENT_EVICTION_MS) {
+        silent.delete(oldest);
+        this.opts.logger.info({ address }, 'SQL connection closed: silent since it connected, and its address has more waiting');
+        oldest.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing` }), () => oldest.destroy());
+      }
+    }
+    silent.set(socket, Date.now());
+    const spoke = () => {
+      silent.delete(socket);
+      if (silent.size === 0 && this.silent.get(address) === silent) this.silent.delete(address);
     };
+    socket.once('data', spoke);
     this.sockets.add(socket);
     socket.on('close', () => {
       this.sockets.delete(socket);
-      endStartup();
+      spoke();
     });
     // A full endpoint still answers the SSLRequest (and takes the TLS handshake) and refuses after
     // the startup packet, as Postgres does: libpq with sslmode=prefer (its default) shows an error
     // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
     // before the first packet makes the client's write fail with a reset. Counted until closed,
     // so a flood of refusals is bounded too, and closed within two seconds.
-    const refusal = full
-      ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`)
-      : crowded
-        ? refuse('53300', `too many connections starting from ${address} at once (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress})`)
-        : null;
+    const refusal = full ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
     if (refusal !== null) {
       setTimeout(() => {
         this.upgraded.get(socket)?.destroy();
         socket.destroy();
       }, 2000).unref();
     }
-    void this.startup(socket, refusal).finally(endStartup).catch((err: unknown) => {
+    void this.startup(socket, refusal).catch((err: unknown) => {
       // Over TLS once upgraded: the refusal goes where the client reads.
       // Closed once the refusal is written: the socket may be paused with bytes unread (an
       // oversized message), so the client's own close would never be seen.

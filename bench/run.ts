@@ -4,13 +4,15 @@
 // generators (wrk, pgbench), a fence raise under load, reads with a million rows; pgbench through
 // the SQL endpoint against direct Postgres and PgBouncer; what protected data's database check
 // costs each door's write (bench/protected.ts: each door unprotected and protected, back to back);
-// election handover and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
+// election handover and crash failover (in-process and with a real SIGKILL); the handover past a
+// zombie's open transaction (bench/handover.ts). Figures, not pass/fail.
 import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
+import { runHandoverBench } from './handover.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
@@ -31,6 +33,8 @@ const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
 const zk = process.env.ZK_CONNECT ? null : await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
 const sigkill = await benchSigkillFailover(process.env.ZK_CONNECT ?? zk!.connectString, 2000, 10).finally(() => zk?.stop());
+say('handover past a zombie\'s open transaction: `fencepost elect --proxy`, psycopg2 writers, the leader frozen between INSERT and COMMIT (about 16 s)');
+const handover = await runHandoverBench({ rounds: 3 });
 
 const a = proxy.find((r) => r.name.startsWith('(a)'))!;
 const b = proxy.find((r) => r.name.startsWith('(b)'))!;
@@ -54,6 +58,7 @@ const out = [
   ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, h.candidates === 2 ? 'p99 < 50' : 'flat in candidates')),
   row(`crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`, election.crash.failoverMs, `≤ ${bound} (T + tick + 200)`),
   row('crash failover (SIGKILL of `fencepost elect`), T = 2000', sigkill, `≤ ${bound}`),
+  row(`freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`, handover.freezeToFirstWriteMs, `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500)`),
   row('doctor: ZooKeeper round trip', election.doctor.rttMs, ''),
   row('doctor: event-loop stall', election.doctor.eventLoopStallMs, `recommends T = ${election.doctor.recommendedSessionTimeoutMs}`),
 ];

@@ -17,12 +17,13 @@ export async function demoCommand(argv: string[]): Promise<number> {
       'session-timeout-ms': { type: 'string' },
       'pause-ms': { type: 'string' },
       'interval-ms': { type: 'string' },
+      'pause-mid-transaction': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
   });
   if (values.help) {
-    process.stdout.write('usage: fencepost demo [--replicas 3] [--session-timeout-ms 3000] [--pause-ms 6000] [--interval-ms 200]\n');
+    process.stdout.write('usage: fencepost demo [--replicas 3] [--session-timeout-ms 3000] [--pause-ms 6000] [--interval-ms 200] [--pause-mid-transaction]\n');
     return 0;
   }
   const opts = {
@@ -30,6 +31,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
     sessionTimeoutMs: num(values['session-timeout-ms'], 'session-timeout-ms'),
     pauseMs: num(values['pause-ms'], 'pause-ms'),
     intervalMs: num(values['interval-ms'], 'interval-ms'),
+    pauseMidTransaction: values['pause-mid-transaction'],
   };
   const result = await runDemo(Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)));
   return result.ok ? 0 : 1;

@@ -1,0 +1,108 @@
+// The demo's SQL writer in --pause-mid-transaction mode: each write is an explicit transaction on
+// the proxy's SQL endpoint with node-postgres, `BEGIN; INSERT …; COMMIT`, on a session per fence key
+// and token (the token and fence key as startup options, as tools/sql-door.ts). The INSERT adds a row
+// of the write's own to an application table (demoLedgerTable: the demo creates it, grants it to the
+// client login and protects it with the demo's fence key), so the database can be asked afterwards
+// whether a given transaction committed: its row is there or it is not.
+//
+// Between the INSERT and the COMMIT the transaction holds the fence at its token. `betweenInsertAndCommit`
+// runs there: the demo freezes the writer at that point (SIGSTOP), a newer leader's raise ends the
+// open transaction on the database side, and the COMMIT sent after SIGCONT fails with FP409, thrown
+// as the HTTP client's StaleTokenError so a FencedWriter steps down on it as on a 409.
+import pg from 'pg';
+import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../../src/writer/index.ts';
+import { SqlDoorError, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
+
+/** The table the transactions insert into: one row per write, its key the primary key. */
+export function demoLedgerTable(table: string): string {
+  return `CREATE TABLE ${table} (key text PRIMARY KEY, token bigint NOT NULL, body text NOT NULL)`;
+}
+
+export interface SqlTransactionOptions {
+  /** The endpoint: postgres://host:port/database (user and password are not read). */
+  url: string;
+  writerId: string;
+  password?: string;
+  /** Schema-qualified table of demoLedgerTable's shape. */
+  table: string;
+  /** Runs after the INSERT, before the COMMIT is sent. */
+  betweenInsertAndCommit: (key: string, token: bigint) => Promise<void>;
+}
+
+interface Session {
+  token: bigint;
+  client: pg.Client;
+  ready: Promise<void>;
+}
+
+/** Connection loss, shutdown, resources, internal errors: the server may have committed before it. */
+const MAYBE_COMMITTED = /^(08|57|53|58|XX|40P)/;
+
+/** A ProxyClient whose object writes are SQL transactions; fence advances stay HTTP. */
+export class SqlTransactionClient extends ProxyClient {
+  private readonly sessions = new Map<string, Session>();
+
+  constructor(baseUrl: string, clientOptions: ProxyClientOptions, private readonly tx: SqlTransactionOptions) {
+    super(baseUrl, clientOptions);
+  }
+
+  override async put(key: string, body: string | Uint8Array, o: { token: bigint; fenceKey?: string }): Promise<PutResult> {
+    const fenceKey = o.fenceKey ?? key;
+    const s = this.session(fenceKey, o.token);
+    let stage: 'connect' | 'BEGIN' | 'INSERT' | 'COMMIT' = 'connect';
+    try {
+      await s.ready;
+      stage = 'BEGIN';
+      await s.client.query('BEGIN');
+      stage = 'INSERT';
+      await s.client.query({ text: `INSERT INTO ${this.tx.table} (key, token, body) VALUES ($1, $2, $3)`, values: [key, o.token.toString(), typeof body === 'string' ? body : Buffer.from(body).toString('utf8')] });
+      await this.tx.betweenInsertAndCommit(key, o.token);
+      stage = 'COMMIT';
+      await s.client.query('COMMIT');
+      return { key, fenceKey, token: o.token, version: 1 };
+    } catch (err) {
+      const e = err as { code?: string; message?: string; detail?: string };
+      const code = typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) ? e.code : null;
+      // The transaction is over either way: a session that failed in one is not used again.
+      this.drop(fenceKey, s);
+      if (code === STALE_TOKEN_SQLSTATE) {
+        const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
+        throw new StaleTokenError(409, { error: 'stale_token', message: e.message, fenceKey, token: o.token.toString(), highestToken: highest ?? '0' });
+      }
+      const indeterminate = stage === 'COMMIT' && (code === null || MAYBE_COMMITTED.test(code));
+      throw new SqlDoorError(`SQL ${stage} ${code ?? 'failed'}: ${e.message ?? String(err)}`, code, indeterminate, stage === 'connect' && (err as { code?: string }).code === 'ECONNREFUSED', err);
+    }
+  }
+
+  async close(): Promise<void> {
+    const all = [...this.sessions.values()];
+    this.sessions.clear();
+    await Promise.all(all.map((s) => s.client.end().catch(() => {})));
+  }
+
+  private session(fenceKey: string, token: bigint): Session {
+    const cur = this.sessions.get(fenceKey);
+    if (cur && cur.token === token) return cur;
+    if (cur) this.drop(fenceKey, cur);
+    const u = new URL(this.tx.url);
+    const client = new pg.Client({
+      host: u.hostname,
+      port: Number(u.port || 5432),
+      database: decodeURIComponent(u.pathname.replace(/^\//, '')),
+      user: this.tx.writerId,
+      password: this.tx.password ?? '',
+      options: `-c fencepost.token=${token} -c fencepost.fence_key=${fenceKey}`,
+      connectionTimeoutMillis: 10_000,
+    });
+    const s: Session = { token, client, ready: client.connect().then(() => undefined) };
+    client.on('error', () => this.drop(fenceKey, s));
+    s.ready.catch(() => {});
+    this.sessions.set(fenceKey, s);
+    return s;
+  }
+
+  private drop(fenceKey: string, s: Session): void {
+    if (this.sessions.get(fenceKey) === s) this.sessions.delete(fenceKey);
+    s.client.end().catch(() => {});
+  }
+}

@@ -5,6 +5,7 @@
 // zombie's writes roll back and the zombie hears it is stale. Invariant of each test: the new
 // leader's write commits, nothing of the older token's transaction does (read in Postgres).
 import { describe, expect } from 'vitest';
+import { spawn } from 'node:child_process';
 import pg from 'pg';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow, type SqlProxy } from '../support/sql.ts';
@@ -36,6 +37,39 @@ describe('a raise past an older token\'s open transaction', () => {
     const err = await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e);
     expect((err as pg.DatabaseError).code, `${String(err)} ${seen.map(String).join(';')}`).toBe('FP409');
     expect([await has(db, 1, 'ho_guarded'), await has(db, 2, 'ho_guarded')]).toEqual([false, true]);
+    await leader.end();
+  });
+
+  test('psycopg2 (libpq) hears the raise as FP409 on its COMMIT, and the session is usable no further', async ({ db, sql }) => {
+    const script = `
+import psycopg2, sys
+c = psycopg2.connect(host='127.0.0.1', port=${sql.port}, dbname=${JSON.stringify(sql.database)}, user='py-zombie', options='-c fencepost.token=5 -c fencepost.fence_key=ho/py')
+cur = c.cursor()
+cur.execute("INSERT INTO public.ho_items VALUES (7, 'psycopg2 zombie')")
+print("held", flush=True)
+sys.stdin.readline()
+try:
+    c.commit()
+    print("committed", flush=True)
+except psycopg2.Error as e:
+    print("refused", e.pgcode, flush=True)
+try:
+    c.cursor().execute("SELECT 1")
+    print("usable", flush=True)
+except psycopg2.Error:
+    print("gone", flush=True)
+`;
+    const py = spawn('/usr/bin/python3', ['-c', script], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    py.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    py.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    await expect.poll(() => out).toContain('held');
+    const leader = await sql.connect('py-leader', { options: fenceOptions(6, 'ho/py') });
+    await leader.query(`INSERT INTO public.ho_items VALUES (8, 'leader')`);
+    py.stdin.write('\n');
+    await new Promise((resolve) => py.on('close', resolve));
+    expect(out.trim().split('\n').slice(1)).toEqual(['refused FP409', 'gone']);
+    expect([await has(db, 7), await has(db, 8)]).toEqual([false, true]);
     await leader.end();
   });
 

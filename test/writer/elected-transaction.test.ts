@@ -46,7 +46,7 @@ test('a leader frozen between INSERT and COMMIT: the new leader\'s first transac
   expect(r.missingCommitted).toEqual([]);
 }, 90_000);
 
-test.fails('known gap: psycopg2 hears the zombie\'s COMMIT refused with FP409 (today: a lost connection without SQLSTATE)', async ({ db, sql }) => {
+test('psycopg2 hears the zombie\'s COMMIT refused with FP409', async ({ db, sql }) => {
   const r = await scenario(db, sql, 'public.et_ledger2');
   expect(r.zombieCommit).toMatchObject({ event: 'commit-failed', code: 'FP409' });
 }, 90_000);

@@ -63,6 +63,8 @@ export class FenceGate {
   private checked: (Pair & { verdict: 'verified' | 'unavailable' | 'refused' }) | null = null;
   /** The pair whose fence was raised (or found at or above its token). */
   private raised: Pair | null = null;
+  /** The pair of the settings as last known when a transaction was let through. */
+  private lastPair: Pair | null = null;
   private busy = false;
   /** The gate could not prepare this pair: let the next transaction through (its fence decides), try again after. */
   private pass = false;
@@ -79,9 +81,12 @@ export class FenceGate {
     return guardState(guard.prefixes, c === null || c.verdict === 'refused' ? null : { fenceKey: c.fenceKey, token: c.token, verdict: c.verdict });
   }
 
-  /** The session's (fence key, token) as last known, if the proxy could raise its fence. */
+  /**
+   * The (fence key, token) the session's transaction in progress started with (the settings may
+   * have been marked unknown since: text that mentions `fencepost`), if the proxy could raise its fence.
+   */
   pair(): { fenceKey: string; token: bigint } | null {
-    return this.settings === null ? null : this.pairOf(this.settings);
+    return this.lastPair;
   }
 
   /** The writer's text may change its fencepost settings: read them back before the next transaction. */
@@ -94,11 +99,14 @@ export class FenceGate {
     if (this.busy) return false;
     if (this.pass) {
       this.pass = false;
+      if (this.settings !== null) this.lastPair = this.pairOf(this.settings);
       return true;
     }
     if (this.settings === null) return false;
     const pair = this.pairOf(this.settings);
-    return pair === null || samePair(pair, this.raised);
+    const go = pair === null || samePair(pair, this.raised);
+    if (go) this.lastPair = pair;
+    return go;
   }
 
   /** Reads the settings back if needed, asks the guard, raises; host.done() after. */

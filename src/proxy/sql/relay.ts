@@ -18,7 +18,7 @@
 // is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { MessageReader, commandTag, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
+import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
@@ -161,9 +161,23 @@ export class Relay {
     this.closed = true;
     clearTimeout(this.idleTimer);
     this.backend.socket.destroy();
-    this.client.destroy();
+    // A last message written with end() (an error the writer must read: libpq reads it only after
+    // its own write) goes out before the socket does; a destroy would drop it.
+    // Bytes the writer still sends are read and dropped meanwhile: closing with them unread would
+    // reset the connection, and the writer's side could drop the error before reading it.
+    if (this.client.writableEnded && !this.client.destroyed) {
+      const timer = setTimeout(() => this.client.destroy(), 2000);
+      timer.unref();
+      this.client.removeAllListeners('data');
+      this.client.on('data', () => {});
+      this.client.once('close', () => clearTimeout(timer));
+      this.client.resume();
+    } else {
+      this.client.destroy();
+    }
     this.opts.onClose();
   }
+
 
   /** The writer went away or broke the protocol; the backend rolls back what was open. */
   private fail(reason: string, err?: unknown): void {
@@ -181,9 +195,11 @@ export class Relay {
     const finish = (reason: ErrorFields | null) => {
       if (this.closed) return;
       if (reason !== null && !this.client.destroyed) {
-        // Told as the answer to the writer's next message (a paused writer reads it as its COMMIT's).
+        // Told as the answer to the writer's next message (a paused writer reads it as its
+        // COMMIT's), as an ERROR and a ReadyForQuery: libpq (psycopg2) keeps the SQLSTATE of an
+        // error only when the connection outlives it. The message after that ends the session.
         this.flushClient();
-        this.answerNextWith(errorResponse(reason));
+        this.answerNextWith(Buffer.concat([errorResponse({ ...reason, severity: 'ERROR' }), readyForQuery('I')]), true);
         return;
       }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
@@ -209,18 +225,35 @@ export class Relay {
     else finish(null);
   }
 
+  /** Writes `bytes` and ends the writer's connection once they are out (a destroy would drop them), then closes. */
+  private endWith(bytes: Buffer): void {
+    if (this.client.destroyed) {
+      this.close();
+      return;
+    }
+    const timer = setTimeout(() => this.close(), 2000);
+    timer.unref();
+    this.client.end(bytes, () => {
+      clearTimeout(timer);
+      this.close();
+    });
+  }
+
   /** The backend is gone: answer the writer's next message (or its leaving) with `reply`, then close. */
-  private answerNextWith(reply: Buffer | (() => Promise<Buffer>)): void {
+  private answerNextWith(reply: Buffer | (() => Promise<Buffer>), thenLost = false): void {
     this.backend.socket.destroy();
     let answered = false;
     const done = () => {
       if (answered) return;
       answered = true;
       clearTimeout(timer);
-      void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => {
-        if (!this.client.destroyed) this.client.end(bytes);
-        this.close();
-      });
+      if (thenLost && !this.client.destroyed && !this.client.readableEnded) {
+        // An answer that keeps the connection: the next message hears that the session is gone.
+        this.client.write(reply as Buffer);
+        this.answerNextWith(errorResponse({ severity: 'FATAL', code: '08006', message: 'this session\'s database connection was ended by a newer leader\'s raise: reconnect' }));
+        return;
+      }
+      void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => this.endWith(bytes));
     };
     // A writer that never comes back is not waited for past this.
     const timer = setTimeout(done, DEPOSED_REPLY_WAIT_MS);

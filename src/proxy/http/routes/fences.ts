@@ -57,8 +57,9 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
         const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
           throw err;
         });
-        if (highest === null) throw err; // a raise above it won meanwhile: the retry reads it
-        return highest === token ? { accepted: true as const, highestToken: token } : { accepted: false as const, highestToken: highest };
+        if (highest === null || highest !== token) throw err; // a raise above it won meanwhile: the retry reads it
+        // Raised: the write goes once more, at the fence's own token now, and counts as any does.
+        return await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
       });
       if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
       return { fenceKey, highestToken: result.highestToken.toString() };

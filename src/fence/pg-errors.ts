@@ -35,6 +35,8 @@ export const INTERNAL_ERROR_CLASSES: ReadonlySet<string> = new Set([
 
 /** lock_timeout expired waiting for a row lock (class 55): nothing of the statement applied. */
 export const LOCK_NOT_AVAILABLE = '55P03';
+/** cannot execute … in a read-only transaction: a standby, or a primary still promoting. */
+export const READ_ONLY_SQL_TRANSACTION = '25006';
 
 export const UNDEFINED_TABLE = '42P01';
 export const UNIQUE_VIOLATION = '23505';

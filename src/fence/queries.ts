@@ -381,6 +381,11 @@ const COUNTS = `(coalesce((SELECT sum(c.accepted) FROM fencepost.fence_counts c 
   coalesce((SELECT sum(c.rejected) FROM fencepost.fence_counts c WHERE c.fence_key = f.fence_key), 0)::bigint AS rejected`;
 const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pending_counts s GROUP BY s.fence_key) p ON p.fence_key = f.fence_key`;
 
+/** Whether the database takes writes: in recovery (a standby), or read-only by default. */
+export function writability(): Query {
+  return { name: 'fencepost_writability', text: "SELECT pg_is_in_recovery() AS recovery, current_setting('default_transaction_read_only') AS read_only" };
+}
+
 /** Postgres's max_connections and the connections it keeps for superusers. */
 export function connectionBudget(): Query {
   return {

@@ -11,7 +11,7 @@ export const ERRORS = {
   payload_too_large: { status: 413, description: 'body over `FENCEPOST_BODY_LIMIT_BYTES`' },
   not_found: { status: 404, description: 'no such object, fence or route' },
   precondition_failed: { status: 412, description: '`If-Match` or `If-None-Match: *` of a PUT or DELETE does not hold for the object (checked in the write statement); nothing written, the fence still raised to the token' },
-  unavailable: { status: 503, description: 'database unreachable, the proxy is shutting down, or the fence row is locked past `FENCEPOST_LOCK_TIMEOUT_MS`; safe to retry' },
+  unavailable: { status: 503, description: 'database unreachable or read-only (a standby, a primary still promoting), the proxy is shutting down, or the fence row is locked past `FENCEPOST_LOCK_TIMEOUT_MS`; nothing committed, safe to retry' },
   unauthorized: { status: 401, description: 'keys are configured and `Authorization: Bearer <key>` is missing or matches no key' },
   forbidden: { status: 403, description: 'the key may not do this: a read-only key writing, a fence or object key outside its prefixes, or a transaction without a Postgres role' },
   forbidden_origin: { status: 403, description: 'the request carries an `Origin` that is neither the proxy\'s own nor in `FENCEPOST_ALLOWED_ORIGINS` (a page from another site)' },

@@ -11,6 +11,8 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 export interface ReplicatedPostgres {
   /** The primary's admin URL (superuser). */
   url: string;
+  /** The same on the standby (read-only, in recovery). */
+  standbyUrl: string;
   standbyName: string;
   stop(): Promise<void>;
 }
@@ -70,7 +72,9 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     } finally {
       await client.end();
     }
-    return { url, standbyName, stop };
+    const standbyUrl = new URL(url);
+    standbyUrl.port = String(standbyPort);
+    return { url, standbyUrl: standbyUrl.toString(), standbyName, stop };
   } catch (err) {
     await stop().catch(() => {});
     throw err;

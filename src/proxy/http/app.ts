@@ -6,7 +6,7 @@ import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { FenceStore } from '../../fence/store.ts';
-import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from '../../fence/pg-errors.ts';
+import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE, READ_ONLY_SQL_TRANSACTION } from '../../fence/pg-errors.ts';
 import { NOT_FENCED } from '../../fence/codes.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { ApiError } from '../errors.ts';
@@ -107,6 +107,8 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   }
   if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
+  // A standby, or a primary still promoting: nothing can have committed, and it passes.
+  if (sqlState(err) === READ_ONLY_SQL_TRANSACTION) return new ApiError('unavailable', 'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry', {}, { cause: err });
   const status = (err as FastifyError).statusCode;
   if (status !== undefined && status >= 400 && status < 500) return new ApiError('bad_request', err.message);
   return new ApiError('internal', 'internal error; the write may not have committed: read it back or retry', {}, { cause: err });

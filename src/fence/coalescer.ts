@@ -20,7 +20,7 @@
 import type pg from 'pg';
 import type * as q from './queries.ts';
 import type { WriteRow } from './queries.ts';
-import { sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { isLostAfterSend, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { NOT_FENCED } from './codes.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
@@ -45,6 +45,15 @@ const HOLD_BACK_MS = 2;
  * fencedWrite): `ifMatch` is `*` (the object exists) or ETags without their quotes, one of which
  * the object must have; `ifNoneMatch` (If-None-Match: *) that it does not exist.
  */
+
+/** The connection was lost after a write statement was sent: it may or may not have committed. */
+export class WriteOutcomeUnknownError extends Error {
+  constructor(cause: unknown) {
+    super('the database connection was lost after the write was sent: it may or may not have committed', { cause });
+    this.name = 'WriteOutcomeUnknownError';
+  }
+}
+
 export interface Precondition {
   ifMatch?: '*' | readonly string[] | null;
   ifNoneMatch?: boolean;
@@ -361,7 +370,23 @@ export class WriteCoalescer {
   }
 
   private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>
-    (await this.withRetry(() => this.pool.query<R>(statement))).rows;
+    this.withRetry(async () => {
+      // Connecting sends nothing: its failure is "unavailable". Once the statement is sent, a lost
+      // connection means an autocommit write may have committed: never "safe to retry".
+      const client = await this.pool.connect();
+      let broken: unknown;
+      try {
+        return (await client.query<R>(statement)).rows;
+      } catch (err) {
+        if (isLostAfterSend(err)) {
+          broken = err;
+          throw new WriteOutcomeUnknownError(err);
+        }
+        throw err;
+      } finally {
+        client.release(broken instanceof Error ? broken : undefined);
+      }
+    });
 
   private withRetry<T>(fn: () => Promise<T>): Promise<T> {
     return retryOnConflict(fn, { retries: this.retries, backoffMs: STATEMENT_BACKOFF_MS });

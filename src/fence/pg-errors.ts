@@ -56,6 +56,19 @@ export function isRetryable(err: unknown): boolean {
 }
 
 /** True when the error means "database unreachable", not "the statement is wrong". */
+/**
+ * The connection was lost (or the client stopped waiting) after a statement was sent, with no
+ * answer from the server: it may have committed. (An error the server reported means it did not;
+ * a failure to connect means nothing was sent.)
+ */
+export function isLostAfterSend(err: unknown): boolean {
+  if (sqlState(err) !== undefined || typeof err !== 'object' || err === null) return false;
+  const e = err as { code?: unknown; message?: unknown };
+  if (e.code === 'ECONNRESET' || e.code === 'EPIPE') return true;
+  const msg = typeof e.message === 'string' ? e.message : '';
+  return /Connection terminated unexpectedly|Query read timeout|Client has encountered a connection error/.test(msg);
+}
+
 export function isUnavailable(err: unknown): boolean {
   const code = sqlState(err);
   if (code !== undefined) return UNAVAILABLE_ERROR_CLASSES.has(code.slice(0, 2));

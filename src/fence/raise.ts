@@ -58,14 +58,17 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
     const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
     await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`);
     open = true;
+    let finish = () => {};
+    const finished = new Promise<void>((resolve) => (finish = resolve));
     const timer = setTimeout(() => {
-      ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, opts.logger);
+      ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, finished, opts.logger);
     }, opts.waitMs);
     let rows: { fence_key: string; highest_token: string | null }[];
     try {
       rows = (await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId))).rows;
     } finally {
       done = true;
+      finish();
       clearTimeout(timer);
     }
     await client.query('COMMIT');
@@ -85,7 +88,7 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
 }
 
 /** Ends what blocks backend `raiser` on `fenceKeys`, again every END_POLL_MS until `finished()`. */
-async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly string[], finished: () => boolean, logger?: RaiseLogger): Promise<void> {
+async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly string[], finished: () => boolean, raised: Promise<void>, logger?: RaiseLogger): Promise<void> {
   const ended = new Set<string>();
   while (!finished()) {
     try {
@@ -100,7 +103,10 @@ async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly str
     } catch (err) {
       logger?.warn({ fenceKeys, err: (err as Error).message }, 'raise: could not end a holder of the fence');
     }
-    await new Promise((resolve) => setTimeout(resolve, END_POLL_MS));
+    // Again in a while, or not at all once the raise is through (its caller waits for this).
+    let wake: NodeJS.Timeout | undefined;
+    await Promise.race([raised, new Promise((resolve) => (wake = setTimeout(resolve, END_POLL_MS)))]);
+    clearTimeout(wake);
   }
 }
 

@@ -28,7 +28,7 @@ export const ERRORS = {
   sql_timeout: { status: 504, description: 'a statement ran past `FENCEPOST_TX_STATEMENT_TIMEOUT_MS` (SQLSTATE 57014), or the whole transaction past `FENCEPOST_TX_TIMEOUT_MS`; nothing applied' },
   result_too_large: { status: 400, description: 'the transaction\'s results passed `FENCEPOST_TX_MAX_RESULT_BYTES` while streaming in; the connection was dropped; nothing applied' },
   transactions_unavailable: { status: 503, description: 'the key\'s client login for SQL transactions does not exist or is unsafe; the proxy log has the SQL that fixes it' },
-  commit_unknown: { status: 503, description: 'the database connection was lost during COMMIT: the transaction may or may not have committed; read back before retrying' },
+  commit_unknown: { status: 503, description: 'the database connection was lost after a write or a transaction\'s COMMIT was sent, before its answer: it may or may not have committed; read back before retrying' },
   request_timeout: { status: 408, description: 'the request (headers and body) did not arrive within `FENCEPOST_REQUEST_TIMEOUT_MS`; the connection is closed' },
   headers_too_large: { status: 431, description: 'request headers over 16 KiB; the connection is closed' },
   internal: { status: 500, description: 'a bug; the write may not have committed: read it back or retry' },

@@ -50,17 +50,30 @@ describe('a batch whose rejection log write fails', () => {
 function recordingPool(pool: pg.Pool): { pool: pg.Pool; names: string[]; arm(name: string): void } {
   const names: string[] = [];
   let armed: string | null = null;
+  const recorded = (query: (...a: unknown[]) => unknown) => (config: { name?: string }, ...rest: unknown[]) => {
+    if (config?.name) names.push(config.name);
+    if (config?.name !== undefined && config.name === armed) {
+      armed = null;
+      return Promise.reject(Object.assign(new Error('deadlock detected'), { code: '40P01' }));
+    }
+    return query(config, ...rest);
+  };
+  // The store sends its statements on clients it takes with connect(), and reads with query().
   const wrapped = new Proxy(pool, {
     get(target, prop, receiver) {
-      if (prop !== 'query') return Reflect.get(target, prop, receiver) as unknown;
-      return (config: { name?: string }, ...rest: unknown[]) => {
-        if (config?.name) names.push(config.name);
-        if (config?.name !== undefined && config.name === armed) {
-          armed = null;
-          return Promise.reject(Object.assign(new Error('deadlock detected'), { code: '40P01' }));
-        }
-        return (target.query as (...a: unknown[]) => unknown)(config, ...rest);
-      };
+      if (prop === 'query') return recorded((...a) => (target.query as (...x: unknown[]) => unknown).apply(target, a));
+      if (prop === 'connect') {
+        return async () => {
+          const client = await target.connect();
+          return new Proxy(client, {
+            get(c, p, r) {
+              if (p !== 'query') return Reflect.get(c, p, r) as unknown;
+              return recorded((...a) => (c.query as (...x: unknown[]) => unknown).apply(c, a));
+            },
+          });
+        };
+      }
+      return Reflect.get(target, prop, receiver) as unknown;
     },
   });
   return { pool: wrapped, names, arm: (name) => (armed = name) };

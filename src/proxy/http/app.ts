@@ -24,6 +24,7 @@ import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 import { PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
 import { raiseFences } from '../../fence/raise.ts';
+import { WriteOutcomeUnknownError } from '../../fence/coalescer.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';
@@ -106,6 +107,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
     return new ApiError('unavailable', `${err.message}; nothing committed`, { fenceKey: err.fenceKey, preparedTransaction: err.preparedTransaction }, { cause: err });
   }
   if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
+  if (err instanceof WriteOutcomeUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   // A standby, or a primary still promoting: nothing can have committed, and it passes.
   if (sqlState(err) === READ_ONLY_SQL_TRANSACTION) return new ApiError('unavailable', 'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry', {}, { cause: err });

@@ -102,6 +102,8 @@ export class Relay {
   private closed = false;
   /** The backend is gone; the writer is told why once lostReason() answers. */
   private losing = false;
+  /** The writer sent something meanwhile: answer it at once. */
+  private spokeWhileLosing = false;
   /** Ends a transaction the writer leaves idle too long (armIdleInTransaction). */
   private idleTimer: NodeJS.Timeout | undefined;
   /** A FATAL the backend sent outside any request, right before it went away. */
@@ -262,6 +264,10 @@ export class Relay {
     this.client.once('data', done);
     this.client.once('end', done);
     this.client.resume();
+    if (this.spokeWhileLosing) {
+      this.spokeWhileLosing = false;
+      done();
+    }
   }
 
   private noteParameter(body: Buffer): void {
@@ -272,7 +278,12 @@ export class Relay {
   // ---- writer → backend -------------------------------------------------------------------------
 
   private onClientData(chunk: Buffer): void {
-    if (this.closed || this.losing) return;
+    if (this.closed) return;
+    if (this.losing) {
+      // The backend is gone and the writer's answer not known yet: it is owed one (answerNextWith).
+      if (chunk.length > 0) this.spokeWhileLosing = true;
+      return;
+    }
     clearTimeout(this.idleTimer);
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);

@@ -4,13 +4,16 @@
 // generators (wrk, pgbench), a fence raise under load, reads with a million rows; pgbench through
 // the SQL endpoint against direct Postgres and PgBouncer; what protected data's database check
 // costs each door's write (bench/protected.ts: each door unprotected and protected, back to back);
-// election handover and crash failover (in-process and with a real SIGKILL). Figures, not pass/fail.
+// bounded handover: a raise's latency past each kind of older-token holder, on both raise doors
+// (bench/handover.ts, BENCH_HANDOVER_ROUNDS rounds each); election handover and crash failover
+// (in-process and with a real SIGKILL). Figures, not pass/fail.
 import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
+import { runHandoverBench, handoverTable } from './handover.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
@@ -26,6 +29,9 @@ say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also w
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
 say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected) and through PgBouncer, ${durationS} s per path and mode`);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
+const handoverRounds = Number(process.env.BENCH_HANDOVER_ROUNDS ?? 20);
+say(`bounded handover: a raise past each kind of older-token holder, PUT /v1/fences and the SQL endpoint, ${handoverRounds} rounds each`);
+const handover = await runHandoverBench({ rounds: handoverRounds, log: say });
 say('election: handover with 2, 10, 50 candidates; crash failover');
 const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
@@ -48,6 +54,8 @@ const out = [
   sqlEndpointTable(sqlEndpoint),
   '',
   protectedTable([...fenceKey.protected, ...sqlEndpoint.protected], durationS),
+  '',
+  handoverTable(handover),
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',

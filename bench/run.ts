@@ -4,8 +4,10 @@
 // generators (wrk, pgbench), a fence raise under load, reads with a million rows; pgbench through
 // the SQL endpoint against direct Postgres and PgBouncer; what protected data's database check
 // costs each door's write (bench/protected.ts: each door unprotected and protected, back to back);
-// election handover and crash failover (in-process and with a real SIGKILL); the handover past a
-// zombie's open transaction (bench/handover.ts). Figures, not pass/fail.
+// bounded handover: a raise's latency past each kind of older-token holder, on both raise doors
+// (bench/raise-latency.ts, BENCH_RAISE_ROUNDS rounds each); election handover and crash failover
+// (in-process and with a real SIGKILL); the handover past a zombie's open transaction
+// (bench/handover.ts). Figures, not pass/fail.
 import { runProxyBench, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
 import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
@@ -13,6 +15,7 @@ import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
 import { runHandoverBench } from './handover.ts';
+import { runRaiseLatencyBench, raiseLatencyTable } from './raise-latency.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
@@ -28,6 +31,9 @@ say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also w
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
 say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected) and through PgBouncer, ${durationS} s per path and mode`);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
+const raiseRounds = Number(process.env.BENCH_RAISE_ROUNDS ?? 20);
+say(`bounded handover: a raise past each kind of older-token holder, PUT /v1/fences and the SQL endpoint, ${raiseRounds} rounds each`);
+const raiseLatency = await runRaiseLatencyBench({ rounds: raiseRounds, log: say });
 say('election: handover with 2, 10, 50 candidates; crash failover');
 const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
@@ -52,6 +58,8 @@ const out = [
   sqlEndpointTable(sqlEndpoint),
   '',
   protectedTable([...fenceKey.protected, ...sqlEndpoint.protected], durationS),
+  '',
+  raiseLatencyTable(raiseLatency),
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',

@@ -18,14 +18,15 @@ export interface BenchPostgres {
  * embedded one runs with wal_init_zero = off: a fresh cluster has no WAL segments to recycle, and
  * zero-filling each new 16 MB segment stalled every statement for ~50 ms about once a second,
  * charged to whichever path ran first; a server in service recycles its segments instead.
+ * `postgresFlags` go to the embedded server only (a DATABASE_URL server keeps its own settings).
  */
-export async function benchPostgres(name: string): Promise<BenchPostgres> {
+export async function benchPostgres(name: string, opts: { postgresFlags?: readonly string[] } = {}): Promise<BenchPostgres> {
   let stopServer = async () => {};
   let adminUrl = process.env.DATABASE_URL;
   if (!adminUrl) {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-bench-pg-'));
     chmodSync(dir, 0o755);
-    const server = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off'] });
+    const server = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off', ...(opts.postgresFlags ?? [])] });
     adminUrl = server.url;
     stopServer = async () => {
       await server.stop();

@@ -2,7 +2,9 @@
 // POST /v1/transactions (transaction.ts) and the SQL endpoint (proxy/sql/listener.ts). One statement
 // counts each rejection on its fence, in the totals and per minute, and logs it with its door
 // (queries.ts recordRejections); a deadlock or serialization failure runs it again, `retries`
-// times. A recording that still fails is logged here, once, at warn with the door.
+// times. A recording that still fails is logged here, at warn with the door, and told to whoever
+// watches (onUnrecorded: the proxy's fencepost_rejections_unrecorded_total): the database counts
+// miss it, so /metrics says how many.
 // Reading and pruning the log: rejections.ts, retention.ts.
 import type pg from 'pg';
 import type { Logger } from 'pino';
@@ -19,11 +21,22 @@ export interface RejectionLogOptions {
   logger?: Logger;
 }
 
+/** Told of rejections that could not be recorded: their door and how many. */
+export type UnrecordedListener = (door: Door, count: number) => void;
+
 export class RejectionLog {
+  private readonly unrecorded = new Set<UnrecordedListener>();
+
   constructor(
     private readonly pool: pg.Pool,
     private readonly opts: RejectionLogOptions,
   ) {}
+
+  /** Calls `listener` for each recording that fails; returns the function that stops it. */
+  onUnrecorded(listener: UnrecordedListener): () => void {
+    this.unrecorded.add(listener);
+    return () => this.unrecorded.delete(listener);
+  }
 
   /**
    * Records `rows`, refused at `door`; resolves to each fence's highest token, read after the
@@ -37,6 +50,7 @@ export class RejectionLog {
         backoffMs: STATEMENT_BACKOFF_MS,
       });
     } catch (err) {
+      for (const listener of this.unrecorded) listener(door, rows.length);
       this.opts.logger?.warn({ err, door, fenceKeys: [...new Set(rows.map((r) => r.fenceKey))], rejections: rows.length }, 'could not record a rejection');
       throw err;
     }

@@ -185,6 +185,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           provision: () => app.transactionRunner.provision(),
           owner: pool,
           rejections: store.rejections,
+          metrics,
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
           raiseWaitMs: config.raiseWaitMs,

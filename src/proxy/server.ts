@@ -186,6 +186,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           owner: pool,
           rejections: store.rejections,
           metrics,
+          staleLog: app.staleLog,
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
           raiseWaitMs: config.raiseWaitMs,

@@ -35,6 +35,7 @@ import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
 import type { ProxyMetrics } from '../metrics.ts';
+import type { StaleDigest } from '../../logging/stale-digest.ts';
 
 const PASSWORD_FAILED = '28P01';
 
@@ -54,6 +55,8 @@ export interface PgwireOptions {
   rejections: RejectionLog;
   /** Where the door's transactions and refusals are counted (fencepost_writes_total{door="sql"}); absent: nowhere. */
   metrics?: ProxyMetrics;
+  /** Where refusals are logged, summed per interval (the app's staleLog); absent: a line each. */
+  staleLog?: StaleDigest;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
   /** A raise waits this long for older tokens' transactions, then ends them (src/fence/raise.ts). */
@@ -474,7 +477,8 @@ export class PgwireServer {
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
     this.opts.metrics?.countSqlRejection('stale_token');
-    logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
+    if (this.opts.staleLog) this.opts.staleLog.note({ door: 'sql', fenceKey: s.fenceKey, token: s.token, highestToken: s.highestToken, writerId }, logger);
+    else logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
     this.opts.rejections.recordInBackground('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
   }
 }

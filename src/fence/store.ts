@@ -34,6 +34,8 @@ export interface FenceStoreOptions {
   onBatch?: (size: number) => void;
   /** Where a rejection that could not be recorded is reported (warn, with the door); absent: nowhere. */
   logger?: Logger;
+  /** Repeats of a failure to record within this are counted into one line (STORE_DEFAULTS). */
+  logRepeatWindowMs: number;
   /**
    * Test seam: another way to write a batch, handed in by the checker's self-tests and the
    * benchmark's unfenced baseline (tools/unsafe-fence.ts). Nothing in the product sets it.
@@ -51,7 +53,7 @@ export class FenceStore {
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
-    this.rejections = new RejectionLog(pool, { retries: opts.retries, ...(opts.logger ? { logger: opts.logger } : {}) });
+    this.rejections = new RejectionLog(pool, { retries: opts.retries, logRepeatWindowMs: opts.logRepeatWindowMs, ...(opts.logger ? { logger: opts.logger } : {}) });
     this.protectedPrefixes = new ProtectedPrefixes(pool);
     this.coalescer = new WriteCoalescer(pool, {
       concurrency: opts.concurrency,

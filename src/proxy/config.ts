@@ -94,6 +94,16 @@ export const STORE_DEFAULTS = Object.freeze({
   maxBatchBytes: 4 * 1024 * 1024,
   // After a deadlock or serialization failure: of a write statement, and of recording a rejection (every door's).
   retries: 5,
+  // Failures to record a rejection: the first of a kind logged, repeats counted per window (src/logging/repeat-limiter.ts).
+  logRepeatWindowMs: 5_000,
+});
+
+/** How the log is kept small under floods (src/logging): stale rejections summed per interval, repeated errors counted per window. */
+export const LOG_DEFAULTS = Object.freeze({
+  staleIntervalMs: 10_000,
+  staleMaxFenceKeys: 20,
+  repeatWindowMs: 5_000,
+  repeatMaxKinds: 100,
 });
 
 /** Defaults of POST /v1/transactions (also buildApp's, for tests and embedding). */

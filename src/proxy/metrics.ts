@@ -1,21 +1,45 @@
 // Prometheus metrics for one proxy instance, on a registry of its own (tests build many apps in
 // one process; prom-client's global registry would mix them up).
 //
-// Write counts come from an onResponse hook keyed on the route's `config.operation` and the
-// status code: no SQL and no per-key work on the write path. Labels are bounded sets only
-// (operation, outcome, route pattern, status code): never a fence key, object key or writer id,
-// whose number is unbounded. Per-fence numbers come from the database (/v1/stats, the dashboard).
+// Every door is counted the same way, in fencepost_writes_total{door, operation, outcome}:
+// - `http` (object writes and fences) and `transaction` (POST /v1/transactions): an onResponse
+//   hook keyed on the route's `config.operation` and the status code (observe below).
+// - `sql` (the SQL endpoint): one count per fenced transaction when it ends, from the relay
+//   (proxy/sql/relay.ts: the fence passed, then the backend's COMMIT or end of the implicit
+//   transaction, as the database counts it in pending_counts), and one rejected per FP409 refusal
+//   (the same refusal the listener records in the rejection log).
+// So `accepted` summed over doors is what the database counts as accepted, and `rejected` what it
+// counts as rejected (fence_stats, /v1/stats), as long as each rejection was recorded: the ones
+// the rejection log could not record are counted in fencepost_rejections_unrecorded_total.
+// No SQL and no per-key work on the write path. Labels are bounded sets only (door, operation,
+// outcome, reason, route pattern, status code): never a fence key, object key or writer id, whose
+// number is unbounded. Per-fence numbers come from the database (/v1/stats, the dashboard).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { OpKind } from '../fence/queries.ts';
+import type { Door, OpKind } from '../fence/queries.ts';
 import './http/route-config.ts'; // config.operation
 
-export type WriteOutcome = 'accepted' | 'rejected' | 'precondition_failed' | 'invalid' | 'error';
+export type { Door };
+export type WriteOperation = OpKind | 'transaction';
+/**
+ * rolled_back: the SQL endpoint only, a fenced transaction the writer rolled back (or left by
+ * closing its connection): nothing was asked to commit.
+ */
+export type WriteOutcome = 'accepted' | 'rejected' | 'precondition_failed' | 'invalid' | 'rolled_back' | 'error';
+export type RejectionReason = 'stale_token' | 'unverified_token';
 
-/** Every label value of fencepost_writes_total: each combination exists (at 0) from the start. */
-export const WRITE_OPERATIONS = ['put', 'delete', 'fence', 'transaction'] as const satisfies readonly (OpKind | 'transaction')[];
-export const WRITE_OUTCOMES = ['accepted', 'rejected', 'precondition_failed', 'invalid', 'error'] as const satisfies readonly WriteOutcome[];
+/** Every label value of fencepost_writes_total: each door's combinations exist (at 0) from the start. */
+export const DOORS = ['http', 'transaction', 'sql'] as const satisfies readonly Door[];
+export const WRITE_OPERATIONS = ['put', 'delete', 'fence', 'transaction'] as const satisfies readonly WriteOperation[];
+export const WRITE_OUTCOMES = ['accepted', 'rejected', 'precondition_failed', 'invalid', 'rolled_back', 'error'] as const satisfies readonly WriteOutcome[];
+export const REJECTION_REASONS = ['stale_token', 'unverified_token'] as const satisfies readonly RejectionReason[];
+/** What each door can answer: the series exposed at 0 from the start. */
+export const DOOR_SERIES: Readonly<Record<Door, { operations: readonly WriteOperation[]; outcomes: readonly WriteOutcome[] }>> = {
+  http: { operations: ['put', 'delete', 'fence'], outcomes: ['accepted', 'rejected', 'precondition_failed', 'invalid', 'error'] },
+  transaction: { operations: ['transaction'], outcomes: ['accepted', 'rejected', 'invalid', 'error'] },
+  sql: { operations: ['transaction'], outcomes: ['accepted', 'rejected', 'invalid', 'rolled_back', 'error'] },
+};
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -31,6 +55,9 @@ function processMetrics(): Registry {
   if (processRegistry === null) {
     processRegistry = new Registry();
     collectDefaultMetrics({ register: processRegistry });
+    // Gauges named `_total` (the sums of nodejs_active_handles, _requests and _resources by type,
+    // which stay): `promtool check metrics` refuses them, since `_total` names a counter.
+    for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) processRegistry.removeSingleMetric(name);
   }
   return processRegistry;
 }
@@ -43,8 +70,8 @@ export class ProxyMetrics {
 
   readonly writes = new Counter({
     name: 'fencepost_writes_total',
-    help: 'Fenced writes answered, by operation (put, delete, fence, transaction) and outcome: accepted (2xx), rejected (stale_token or unverified_token), precondition_failed (412), invalid (other 4xx), error (5xx).',
-    labelNames: ['operation', 'outcome'] as const,
+    help: 'Fenced writes answered, by door (http, transaction: POST /v1/transactions, sql: the SQL endpoint), operation (put, delete, fence, transaction) and outcome: accepted (2xx; sql: committed), rejected (stale_token or unverified_token; sql: FP409), precondition_failed (412), invalid (other 4xx; sql: failed on its own error), rolled_back (sql: rolled back by the writer), error (5xx; sql: the database connection lost mid-transaction).',
+    labelNames: ['door', 'operation', 'outcome'] as const,
     registers: [this.registry],
   });
 
@@ -70,6 +97,20 @@ export class ProxyMetrics {
     registers: [this.registry],
   });
 
+  readonly rejections = new Counter({
+    name: 'fencepost_rejections_total',
+    help: 'Writes refused by a fence, by door and reason (stale_token: below the fence; unverified_token: the forgery guard did not find the token in ZooKeeper).',
+    labelNames: ['door', 'reason'] as const,
+    registers: [this.registry],
+  });
+
+  readonly rejectionsUnrecorded = new Counter({
+    name: 'fencepost_rejections_unrecorded_total',
+    help: 'Rejections the rejection log could not record (the database failed): refused all the same, but missing from the database counts, /v1/stats and /v1/rejections.',
+    labelNames: ['door'] as const,
+    registers: [this.registry],
+  });
+
   readonly rejectionsPruned = new Counter({
     name: 'fencepost_rejection_log_pruned_total',
     help: 'Rows this instance deleted from the rejection log under the retention limits.',
@@ -80,7 +121,11 @@ export class ProxyMetrics {
     this.includeProcess = opts.processMetrics ?? true;
     // A series that first appears at 1 is invisible to increase() and rate(): the first rejection
     // after a start would fire no alert. So every operation × outcome starts at 0.
-    for (const operation of WRITE_OPERATIONS) for (const outcome of WRITE_OUTCOMES) this.writes.inc({ operation, outcome }, 0);
+    for (const door of DOORS) {
+      for (const operation of DOOR_SERIES[door].operations) for (const outcome of DOOR_SERIES[door].outcomes) this.writes.inc({ door, operation, outcome }, 0);
+      for (const reason of REJECTION_REASONS) this.rejections.inc({ door, reason }, 0);
+      this.rejectionsUnrecorded.inc({ door }, 0);
+    }
     const gauge = (name: string, help: string, read: () => number) =>
       new Gauge({
         name,
@@ -104,10 +149,23 @@ export class ProxyMetrics {
     const operation = req.routeOptions.config.operation;
     if (operation === undefined) return;
     const code = reply.errorCode;
-    const outcome: WriteOutcome =
-      status < 400 ? 'accepted' : code === 'stale_token' || code === 'unverified_token' ? 'rejected' : code === 'precondition_failed' ? 'precondition_failed' : status < 500 ? 'invalid' : 'error';
-    this.writes.inc({ operation, outcome });
+    const rejected = code === 'stale_token' || code === 'unverified_token';
+    const outcome: WriteOutcome = status < 400 ? 'accepted' : rejected ? 'rejected' : code === 'precondition_failed' ? 'precondition_failed' : status < 500 ? 'invalid' : 'error';
+    const door: Door = operation === 'transaction' ? 'transaction' : 'http';
+    this.countWrite(door, operation, outcome);
+    if (rejected) this.rejections.inc({ door, reason: code });
     this.writeDuration.observe({ operation, outcome }, reply.elapsedTime / 1000);
+  }
+
+  /** One write (HTTP: a request; sql: a fenced transaction) answered at `door`. */
+  countWrite(door: Door, operation: WriteOperation, outcome: WriteOutcome): void {
+    this.writes.inc({ door, operation, outcome });
+  }
+
+  /** One refusal at the SQL endpoint (FP409): rejected, with its reason. */
+  countSqlRejection(reason: RejectionReason): void {
+    this.writes.inc({ door: 'sql', operation: 'transaction', outcome: 'rejected' });
+    this.rejections.inc({ door: 'sql', reason });
   }
 
   readonly contentType = Registry.PROMETHEUS_CONTENT_TYPE;
@@ -122,6 +180,9 @@ export class ProxyMetrics {
 /** Decorates `app.metrics` and counts every response. Called on the root instance, not as a plugin. */
 export function installMetrics(app: FastifyInstance, metrics: ProxyMetrics): void {
   app.decorate('metrics', metrics);
+  // Rejections the log could not record, whichever door refused them (the store's log is shared).
+  const unwatch = app.store.rejections.onUnrecorded((door, count) => metrics.rejectionsUnrecorded.inc({ door }, count));
+  app.addHook('onClose', async () => unwatch());
   app.addHook('onResponse', async (req, reply) => {
     metrics.observe(req, reply);
   });

@@ -185,6 +185,8 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           provision: () => app.transactionRunner.provision(),
           owner: pool,
           rejections: store.rejections,
+          metrics,
+          staleLog: app.staleLog,
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
           raiseWaitMs: config.raiseWaitMs,

@@ -46,7 +46,7 @@ afterAll(async () => {
 function runner(): TransactionRunner {
   return new TransactionRunner({
     owner: ownerPool,
-    rejections: new RejectionLog(ownerPool, { retries: STORE_DEFAULTS.retries }),
+    rejections: new RejectionLog(ownerPool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
     database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
     clientRole,
     logins: [{ keyName: null, pgRole: null }],

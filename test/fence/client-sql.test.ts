@@ -39,7 +39,7 @@ beforeAll(async () => {
   await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
   runner = new TransactionRunner({
     owner: db.pool,
-    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries }),
+    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
     database: db.url,
     clientRole: clientRoleFor(db.url),
     logins: [
@@ -440,7 +440,7 @@ test('the fence row lock of another transaction stalls a transaction no longer t
 test('one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key\'s second transaction waits', async () => {
   const fair = new TransactionRunner({
     owner: db.pool,
-    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries }),
+    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
     database: db.url,
     clientRole: clientRoleFor(db.url),
     logins: [

@@ -7,7 +7,7 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from '../support/db.ts';
 import { appTest as test } from '../support/fixtures.ts';
 import { testApp } from '../support/proxy.ts';
-import { WRITE_OPERATIONS, WRITE_OUTCOMES } from '../../src/proxy/metrics.ts';
+import { DOOR_SERIES, DOORS, WRITE_OPERATIONS, WRITE_OUTCOMES } from '../../src/proxy/metrics.ts';
 
 /** Parses the exposition text into `name{labels}` → value (labels in the order printed). */
 async function scrape(target: FastifyInstance): Promise<Map<string, number>> {
@@ -23,8 +23,9 @@ async function scrape(target: FastifyInstance): Promise<Map<string, number>> {
   return out;
 }
 
+/** The HTTP door's series; POST /v1/transactions is door "transaction". */
 const writes = (m: Map<string, number>, operation: string, outcome: string) =>
-  m.get(`fencepost_writes_total{operation="${operation}",outcome="${outcome}"}`) ?? 0;
+  m.get(`fencepost_writes_total{door="${operation === 'transaction' ? 'transaction' : 'http'}",operation="${operation}",outcome="${outcome}"}`) ?? 0;
 const latencyCount = (m: Map<string, number>, operation: string, outcome: string) =>
   m.get(`fencepost_write_duration_seconds_count{operation="${operation}",outcome="${outcome}"}`) ?? 0;
 
@@ -34,15 +35,20 @@ const put = (target: FastifyInstance, key: string, token: string) =>
 describe('write counters', () => {
   // A counter that first appears at 1 is invisible to increase(): the first rejection after a
   // start (a lone zombie) would fire no alert. So every combination exists at 0 from the start.
-  test('every operation × outcome is exposed at 0 before any write', async ({ db }) => {
+  test('every door × operation × outcome it can answer is exposed at 0 before any write', async ({ db }) => {
     const fresh = testApp(db.pool);
     try {
       const m = await scrape(fresh);
-      for (const operation of WRITE_OPERATIONS) {
-        for (const outcome of WRITE_OUTCOMES) expect(m.get(`fencepost_writes_total{operation="${operation}",outcome="${outcome}"}`), `${operation} ${outcome}`).toBe(0);
+      for (const door of DOORS) {
+        for (const operation of DOOR_SERIES[door].operations) {
+          for (const outcome of DOOR_SERIES[door].outcomes) expect(m.get(`fencepost_writes_total{door="${door}",operation="${operation}",outcome="${outcome}"}`), `${door} ${operation} ${outcome}`).toBe(0);
+        }
+        expect(m.get(`fencepost_rejections_total{door="${door}",reason="stale_token"}`), door).toBe(0);
+        expect(m.get(`fencepost_rejections_unrecorded_total{door="${door}"}`), door).toBe(0);
       }
+      expect(DOORS).toEqual(['http', 'transaction', 'sql']);
       expect(WRITE_OPERATIONS).toEqual(['put', 'delete', 'fence', 'transaction']);
-      expect(WRITE_OUTCOMES).toEqual(['accepted', 'rejected', 'precondition_failed', 'invalid', 'error']);
+      expect(WRITE_OUTCOMES).toEqual(['accepted', 'rejected', 'precondition_failed', 'invalid', 'rolled_back', 'error']);
     } finally {
       await fresh.close();
     }

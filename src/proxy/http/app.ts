@@ -22,7 +22,9 @@ import { registerAuth, type AuthConfig } from './auth.ts';
 import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
-import { PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
+import { LOG_DEFAULTS, PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
+import { StaleDigest } from '../../logging/stale-digest.ts';
+import { RepeatLimiter } from '../../logging/repeat-limiter.ts';
 import { raiseFences } from '../../fence/raise.ts';
 import { WriteOutcomeUnknownError } from '../../fence/coalescer.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
@@ -54,6 +56,8 @@ export interface AppOptions {
    * read when the app is ready); default PROTECT_DEFAULTS.prefixRefreshMs.
    */
   protectedPrefixRefreshMs?: number;
+  /** How stale rejections and repeated errors are kept short in the log; default LOG_DEFAULTS. */
+  logDigest?: Partial<Record<keyof typeof LOG_DEFAULTS, number>>;
 }
 
 declare module 'fastify' {
@@ -63,6 +67,8 @@ declare module 'fastify' {
     closing: boolean;
     /** Null when the forgery guard is off. */
     forgeryGuard: ForgeryGuard | null;
+    /** Stale rejections in the log, summed per interval (every door's: the SQL endpoint logs into it too). */
+    staleLog: StaleDigest;
     /** Raises a fence in a transaction of its own, ending its older token's holders after `waitMs` (raise.ts): its highest token after. */
     raiseFence: (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) => Promise<bigint | null>;
   }
@@ -154,6 +160,15 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: (k) => opts.store.readHighestToken(k), ...(opts.logger ? { logger: opts.logger } : {}) })
     : null;
   app.decorate('forgeryGuard', guard);
+  const logs = { ...LOG_DEFAULTS, ...opts.logDigest };
+  const staleLog = new StaleDigest(opts.logger || null, { intervalMs: logs.staleIntervalMs, maxFenceKeys: logs.staleMaxFenceKeys });
+  // 5xx answers: the first of a kind with its message (the stack at debug), then a count per window.
+  const failures = new RepeatLimiter(opts.logger || null, { windowMs: logs.repeatWindowMs, maxKinds: logs.repeatMaxKinds });
+  app.decorate('staleLog', staleLog);
+  app.addHook('onClose', async () => {
+    staleLog.flush();
+    failures.flush();
+  });
   if (guard) app.addHook('onClose', async () => await guard.close());
   // The protected prefixes are read when the app starts (not awaited: a pool with no free
   // connection must not hold the start), then kept fresh. A read that fails or comes late is no
@@ -184,7 +199,11 @@ export function buildApp(opts: AppOptions): FastifyInstance {
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const apiErr = toApiError(err, req.url);
-    if (apiErr.status >= 500) req.log.error({ err: apiErr.cause ?? err, code: apiErr.code }, 'request failed');
+    if (apiErr.status >= 500) {
+      const cause = apiErr.cause ?? err;
+      const kind = `${apiErr.code}:${(cause as { code?: unknown }).code ?? (cause instanceof Error ? cause.name : '')}`;
+      failures.log('error', kind, { code: apiErr.code }, cause, 'request failed', { reqId: req.id, route: req.routeOptions.url ?? null });
+    }
     sendError(reply, apiErr);
   });
   app.setNotFoundHandler((req, reply) => {

@@ -34,6 +34,8 @@ import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
+import type { ProxyMetrics } from '../metrics.ts';
+import type { StaleDigest } from '../../logging/stale-digest.ts';
 
 const PASSWORD_FAILED = '28P01';
 
@@ -51,6 +53,10 @@ export interface PgwireOptions {
   owner: pg.Pool;
   /** Where a refused transaction is recorded (door `sql`): the store's log. */
   rejections: RejectionLog;
+  /** Where the door's transactions and refusals are counted (fencepost_writes_total{door="sql"}); absent: nowhere. */
+  metrics?: ProxyMetrics;
+  /** Where refusals are logged, summed per interval (the app's staleLog); absent: a line each. */
+  staleLog?: StaleDigest;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
   /** A raise waits this long for older tokens' transactions, then ends them (src/fence/raise.ts). */
@@ -446,6 +452,7 @@ export class PgwireServer {
           await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
+        onTransactionEnd: (end) => this.opts.metrics?.countWrite('sql', 'transaction', end),
         onClose: () => this.sessions.delete(pid),
       });
       session.start();
@@ -469,7 +476,9 @@ export class PgwireServer {
   }
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
-    logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
+    this.opts.metrics?.countSqlRejection('stale_token');
+    if (this.opts.staleLog) this.opts.staleLog.note({ door: 'sql', fenceKey: s.fenceKey, token: s.token, highestToken: s.highestToken, writerId }, logger);
+    else logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
     this.opts.rejections.recordInBackground('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
   }
 }

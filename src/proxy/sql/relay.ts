@@ -23,6 +23,13 @@ import { staleDetail, STALE_TOKEN } from './fence.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
 
+/**
+ * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on
+ * an error (invalid), rolled back by the writer or left open when it went (rolled_back), or its
+ * database connection lost (error; a COMMIT in flight then may or may not have committed).
+ */
+export type TransactionEnd = 'accepted' | 'invalid' | 'rolled_back' | 'error';
+
 export interface StaleRefusal {
   fenceKey: string;
   token: bigint;
@@ -44,6 +51,8 @@ export interface RelayOptions {
   /** null: none. */
   gate: Gate | null;
   onStale: (refusal: StaleRefusal) => void;
+  /** Each fenced transaction's end, once (metrics: fencepost_writes_total{door="sql"}). */
+  onTransactionEnd?: (end: TransactionEnd) => void;
   onClose: () => void;
   /**
    * The backend went away in the middle of a transaction: why, if the session can tell (a newer
@@ -108,6 +117,19 @@ export class Relay {
   private idleTimer: NodeJS.Timeout | undefined;
   /** A FATAL the backend sent outside any request, right before it went away. */
   private backendFatal: Buffer | null = null;
+  /**
+   * Counting fenced transactions the way the database does: fence_session_bound() adds a
+   * pending_counts row when a transaction passes the fence with a token (the fence statement then
+   * returns no row: CommandComplete "SELECT 0"; a session without a token gets "SELECT 1"), and
+   * that row counts once the transaction commits. So a transaction is `fenced` from that
+   * CommandComplete; it committed at a CommandComplete "COMMIT" of the writer's (the backend sends
+   * it after the commit; a failed block's COMMIT answers "ROLLBACK"), or at a ReadyForQuery 'I'
+   * that ends an implicit transaction with no error and no ROLLBACK in it (`spoiled`). A
+   * ReadyForQuery 'T' clears `spoiled` (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and revives a
+   * failed block); 'E' sets it.
+   */
+  private fenced = false;
+  private spoiled: 'invalid' | 'rolled_back' | null = null;
 
   constructor(
     private readonly client: Socket,
@@ -160,6 +182,7 @@ export class Relay {
 
   close(): void {
     if (this.closed) return;
+    this.endFenced(this.losing ? 'error' : 'rolled_back');
     this.closed = true;
     clearTimeout(this.idleTimer);
     this.backend.socket.destroy();
@@ -196,6 +219,9 @@ export class Relay {
     this.opts.logger.warn({ inFlight }, 'SQL session: the database connection was lost');
     const finish = (reason: ErrorFields | null) => {
       if (this.closed) return;
+      // A reason is a newer leader's raise (FP409): counted as rejected by onStale, not here.
+      if (reason !== null) this.fenced = false;
+      this.endFenced('error');
       if (reason !== null && !this.client.destroyed) {
         // Told as the answer to the writer's next message (a paused writer reads it as its
         // COMMIT's), as an ERROR and a ReadyForQuery: libpq (psycopg2) keeps the SQLSTATE of an
@@ -436,6 +462,7 @@ export class Relay {
       case 'I':
       case 's': {
         if (head === undefined || !head.injected) this.noteCommand(f, head?.kind === 'execute');
+        else if (head.fence && f.type === 'C') this.noteFence(f);
         if (head?.kind === 'execute') this.forward(f, this.pop(['execute'], f));
         else this.forward(f, head);
         return;
@@ -459,7 +486,10 @@ export class Relay {
     }
     const ours = e.plan?.[e.at ?? 0] ?? false;
     if (f.type === 'C' || f.type === 'I') e.at = (e.at ?? 0) + 1;
-    if (ours) return;
+    if (ours) {
+      if (f.type === 'C') this.noteFence(f);
+      return;
+    }
     this.noteCommand(f, false);
     this.toClient.push(f.bytes);
   }
@@ -483,6 +513,23 @@ export class Relay {
     return message('E', ...parts);
   }
 
+  /** The fence statement's CommandComplete ("SET" of its first statement is not it). */
+  private noteFence(f: Frame): void {
+    const tag = commandTag(f.body);
+    if (tag === 'SELECT 0') {
+      this.fenced = true;
+      this.spoiled = null;
+    }
+  }
+
+  /** The fenced transaction, if one is open, ended so. */
+  private endFenced(end: TransactionEnd): void {
+    if (!this.fenced) return;
+    this.fenced = false;
+    this.spoiled = null;
+    this.opts.onTransactionEnd?.(end);
+  }
+
   /** The writer's Parse, Bind or Close took effect: the planner records what it changes. */
   private confirmed(e: Pending): Pending {
     if (!e.injected && e.change !== undefined) this.planner.confirm(e.change);
@@ -496,12 +543,15 @@ export class Relay {
   private noteCommand(f: Frame, extended: boolean): void {
     if (f.type !== 'C') return;
     const tag = commandTag(f.body);
+    if (tag === 'COMMIT') this.endFenced('accepted');
+    else if (tag === 'ROLLBACK') this.spoiled ??= 'rolled_back';
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
     if (tag === 'DISCARD ALL' || tag === 'DEALLOCATE ALL' || (tag === 'DEALLOCATE' && extended)) this.planner.writerStatementsDropped();
   }
 
   private onError(f: Frame, head: Pending | undefined): void {
     this.failed = true;
+    if (this.fenced) this.spoiled = 'invalid';
     if (head?.kind === 'query') {
       if (head.injected) return;
       if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
@@ -539,6 +589,10 @@ export class Relay {
     const e = this.pop(['sync', 'query'], f);
     this.pendingReady--;
     this.status = String.fromCharCode(f.body[0] ?? 73);
+    // Counted as the backend reports it, before any check of the planner's prediction.
+    if (this.status === 'T') this.spoiled = null;
+    else if (this.status === 'E') this.spoiled ??= 'invalid';
+    else this.endFenced(this.spoiled ?? 'accepted');
     const failed = this.failed;
     this.failed = false;
     if (e.fenceFailed && this.status === 'E') {
@@ -585,7 +639,13 @@ export class Relay {
       detail: 'the transaction rolled back: nothing of it was applied',
     };
     this.flushClient();
-    this.answerNextWith(async () => errorResponse((await this.opts.lostReason?.(false).catch(() => null)) ?? idle));
+    this.answerNextWith(async () => {
+      const stale = (await this.opts.lostReason?.(false).catch(() => null)) ?? null;
+      // Stale: counted as rejected (onStale). Else ended for the writer's idleness: invalid.
+      if (stale !== null) this.fenced = false;
+      this.endFenced('invalid');
+      return errorResponse(stale ?? idle);
+    });
   }
 
   /** The backend's transaction state is not the planner's: end the session, never go on in a transaction the fence may not cover. */

@@ -8,7 +8,7 @@ import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { MessageReader } from './framing.ts';
 import { Planner, sessionFence } from './planner.ts';
-import { Relay, type StaleRefusal } from './relay.ts';
+import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
 import type { ErrorFields } from './framing.ts';
@@ -16,7 +16,7 @@ import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
 
 export type { SessionGuard } from './gate.ts';
-export type { StaleRefusal } from './relay.ts';
+export type { StaleRefusal, TransactionEnd } from './relay.ts';
 
 export interface SessionOptions {
   logger: Logger;
@@ -37,6 +37,8 @@ export interface SessionOptions {
   /** A transaction left idle this long is ended (0: never). */
   idleInTransactionMs: number;
   onStale: (refusal: StaleRefusal) => void;
+  /** Each fenced transaction's end, once (relay.ts TransactionEnd); absent: not counted. */
+  onTransactionEnd?: (end: TransactionEnd) => void;
   onClose: () => void;
 }
 
@@ -77,7 +79,7 @@ export class PgwireSession {
         hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
       };
     };
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, onClose: opts.onClose, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), onClose: opts.onClose, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */

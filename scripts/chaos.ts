@@ -1,6 +1,7 @@
 // `npm run chaos -- --seed N --duration-s S [--writers 4] [--proxies 2] [--fence-keys 2]
 //   [--fence-mode strict|off|two-step] [--session-timeout-ms 2000] [--faults pause-writer,…]`
-// A seeded fault-injection run against real processes, checked afterwards; exits 1 on any violation.
+// A seeded fault-injection run against real processes, checked afterwards: exit 0 PASS, 1 FAIL (a
+// violation, or a planned fault that could not be applied), 3 INCONCLUSIVE (tools/chaos/verdict.ts).
 // `npm run chaos -- --fuzz-sql S [--seed N]` instead fuzzes the SQL endpoint's protocol for S seconds
 // (tools/chaos/sql-fuzz.ts); exits 1 on a violation.
 import { parseArgs } from 'node:util';
@@ -9,21 +10,43 @@ import { FAULT_KINDS, type FaultKind } from '../tools/chaos/nemesis.ts';
 import { MAX_SEED } from '../tools/chaos/prng.ts';
 import { CHAOS_DEFAULTS, runChaos } from '../tools/chaos/run.ts';
 
-const { values } = parseArgs({
-  options: {
-    seed: { type: 'string' },
-    'duration-s': { type: 'string', default: String(CHAOS_DEFAULTS.durationS) },
-    writers: { type: 'string', default: String(CHAOS_DEFAULTS.writers) },
-    proxies: { type: 'string', default: String(CHAOS_DEFAULTS.proxies) },
-    'fence-keys': { type: 'string', default: String(CHAOS_DEFAULTS.fenceKeyCount) },
-    'fence-mode': { type: 'string', default: CHAOS_DEFAULTS.fenceMode },
-    'session-timeout-ms': { type: 'string', default: String(CHAOS_DEFAULTS.sessionTimeoutMs) },
-    faults: { type: 'string' },
-    dir: { type: 'string' },
-    'fuzz-sql': { type: 'string' },
-  },
-  strict: true,
-});
+const USAGE = `usage: npm run chaos -- [--seed <n>] [--duration-s <s>] [--writers <n>] [--proxies <n>] [--fence-keys <n>]
+                      [--fence-mode ${FENCE_MODES.join('|')}] [--session-timeout-ms <n>]
+                      [--faults <kind,…>] [--dir <run-dir>]
+       npm run chaos -- --fuzz-sql <seconds> [--seed <n>]
+  A seeded fault-injection run against real processes (3 ZooKeeper servers, Postgres, proxies, writers),
+  checked afterwards. Exit 0 PASS, 1 FAIL (a violation, or a planned fault that could not be applied),
+  3 INCONCLUSIVE (nothing written or no fault injected). --fuzz-sql fuzzes the SQL endpoint's protocol.
+  defaults: --duration-s ${CHAOS_DEFAULTS.durationS} --writers ${CHAOS_DEFAULTS.writers} --proxies ${CHAOS_DEFAULTS.proxies} --fence-keys ${CHAOS_DEFAULTS.fenceKeyCount} --fence-mode ${CHAOS_DEFAULTS.fenceMode} --session-timeout-ms ${CHAOS_DEFAULTS.sessionTimeoutMs}; --seed random
+  fault kinds: ${FAULT_KINDS.join(', ')}`;
+
+let parsed;
+try {
+  parsed = parseArgs({
+    options: {
+      seed: { type: 'string' },
+      'duration-s': { type: 'string', default: String(CHAOS_DEFAULTS.durationS) },
+      writers: { type: 'string', default: String(CHAOS_DEFAULTS.writers) },
+      proxies: { type: 'string', default: String(CHAOS_DEFAULTS.proxies) },
+      'fence-keys': { type: 'string', default: String(CHAOS_DEFAULTS.fenceKeyCount) },
+      'fence-mode': { type: 'string', default: CHAOS_DEFAULTS.fenceMode },
+      'session-timeout-ms': { type: 'string', default: String(CHAOS_DEFAULTS.sessionTimeoutMs) },
+      faults: { type: 'string' },
+      dir: { type: 'string' },
+      'fuzz-sql': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+} catch (err) {
+  process.stderr.write(`chaos: ${(err as Error).message}\n${USAGE}\n`);
+  process.exit(2);
+}
+const { values } = parsed;
+if (values.help) {
+  process.stdout.write(USAGE + '\n');
+  process.exit(0);
+}
 
 function whole(name: string, raw: string | undefined, min: number, max = Number.MAX_SAFE_INTEGER): number {
   if (raw === undefined || !/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
@@ -77,13 +100,6 @@ const result = await runChaos({
   process.stderr.write(`${(err as Error).message}; every process stopped\n`);
   process.exit(130);
 });
+// The report ends with the verdict's line: PASS, FAIL (a violation, or a fault not applied), INCONCLUSIVE.
 process.stdout.write('\n' + result.report + '\n');
-if (!result.ok) process.exit(1);
-// No violation is only evidence if something was written and something was broken.
-const acknowledged = result.ops.filter((op) => op.outcome === 'ok').length;
-const injected = result.faults.filter((f) => f.error === undefined).length;
-if (acknowledged === 0 || (result.schedule.length > 0 && injected === 0)) {
-  process.stderr.write(`INCONCLUSIVE: ${acknowledged} writes acknowledged, ${injected} of ${result.schedule.length} faults injected\n`);
-  process.exit(3);
-}
-process.exit(0);
+process.exit(result.verdict.exitCode);

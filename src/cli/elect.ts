@@ -16,7 +16,11 @@
 //   is killed by its guardian (guardian.ts) within ~500 ms, long before a standby can be elected;
 // - with --zk-auth / ZK_AUTH, election nodes get ACLs nobody else can write (src/election/acl.ts);
 // - with --status-port, serves /healthz and /leader (status-server.ts);
-// - logs state changes as JSON lines (pino) on stderr.
+// - logs state changes as JSON lines (pino) on stderr;
+// - cannot start or go on for a reason the user can fix (a command that is not there or not
+//   executable, checked before campaigning; ZooKeeper unreachable within ZK_CONNECT_WAIT_MS; the
+//   status port taken; a fence advance that keeps failing): one line `fencepost elect: …` naming
+//   the flag, exit 1.
 // `--advise` measures this cluster and prints a session-timeout recommendation, then exits.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
@@ -33,6 +37,8 @@ import { doctorCommand } from './doctor.ts';
 import { Guardian } from './guardian.ts';
 import { defaultCandidateId, electionPathProblem } from '../election/sequence.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
+import { CommandFailure, firstLine } from './command-failure.ts';
+import { commandProblem } from './resolve-command.ts';
 
 export { doctorCommand };
 
@@ -46,6 +52,8 @@ export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path 
 const GUARDIAN_KILL_AFTER_MAX_MS = 500;
 /** How often a process started by npm checks that its launcher is still there. */
 const LAUNCHER_CHECK_MS = 100;
+/** How long elect waits for its first ZooKeeper session before it gives up (said in the message). */
+export const ZK_CONNECT_WAIT_MS = 5000;
 
 /** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
 export const ELECT_OPTIONS = {
@@ -108,7 +116,10 @@ export interface ElectCommandOptions {
 
 class UsageError extends Error {}
 
-/** Thrown by a `beforeChildStart` hook for a condition no new term will fix: the command exits 1. */
+/**
+ * Thrown by a `beforeChildStart` hook for a condition no new term will fix: elect leaves the
+ * election (a standby takes over at once) and exits 1, printing the message as its one line.
+ */
 export class FatalHookError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
@@ -186,6 +197,11 @@ export async function electCommand(argv: string[], opts: ElectCommandOptions = {
     process.stderr.write(`fencepost elect: ${err.message}\n${ELECT_USAGE}\n`);
     return 2;
   }
+  if (!config.advise) {
+    // Before campaigning: a command that cannot start must not take a term (and its token).
+    const problem = commandProblem(config.command[0]!);
+    if (problem !== null) throw new CommandFailure('elect', `${problem}: nothing started, no election joined`);
+  }
   if (config.advise) {
     const advice = await measureSessionTimeoutAdvice({ connect: config.zk, windowMs: 5000 });
     process.stdout.write(formatAdvice(advice, config.sessionTimeoutMs) + '\n');
@@ -246,17 +262,15 @@ class ElectRunner {
             stopping: () => this.stopSignalName !== null,
           });
         } catch (err) {
-          this.log.error({ err, host: this.config.statusHost, port: this.config.statusPort }, 'could not start the status server');
-          return 1;
+          throw new CommandFailure('elect', statusPortProblem(err, this.config.statusHost, this.config.statusPort), { cause: err });
         }
         this.log.info({ host: this.config.statusHost, port: status.port }, 'status server listening (/healthz, /leader)');
       }
       try {
-        await this.election.start();
+        await this.joinWithin(ZK_CONNECT_WAIT_MS);
       } catch (err) {
         if (this.stopSignalName) return this.signalExitCode();
-        this.log.error({ err }, 'could not join the election');
-        return 1;
+        throw err;
       }
       void this.checkAdvice();
       return await this.loop();
@@ -266,6 +280,28 @@ class ElectRunner {
       clearInterval(launcherWatch);
       await this.election.close();
       await status?.close();
+    }
+  }
+
+  /**
+   * Joins the election, giving up after `waitMs` without a ZooKeeper session (the election keeps
+   * retrying otherwise; close() in run()'s finally stops it).
+   */
+  private async joinWithin(waitMs: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const started = this.election.start();
+    const gaveUp = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), waitMs)));
+    try {
+      const first = await Promise.race([started.then(() => 'joined' as const), gaveUp]);
+      if (first === 'timeout') {
+        started.catch(() => {}); // rejects once close() aborts it
+        throw new CommandFailure('elect', `cannot reach ZooKeeper at ${this.config.zk} (--zk) within ${waitMs / 1000} s`);
+      }
+    } catch (err) {
+      if (err instanceof CommandFailure) throw err;
+      throw new CommandFailure('elect', `could not join the election at --path ${this.config.path}: ${firstLine(err)}`, { cause: err });
+    } finally {
+      clearTimeout(timer);
     }
   }
 
@@ -295,8 +331,7 @@ class ElectRunner {
         token = await this.election.waitForLeadership(this.stop.signal);
       } catch (err) {
         if (this.stopSignalName) return this.signalExitCode();
-        this.log.error({ err }, 'election failed');
-        return 1;
+        throw new CommandFailure('elect', `the election at --path ${this.config.path} stopped: ${firstLine(err)}`, { cause: err });
       }
       const termSignal = this.election.signal;
       if (termSignal.aborted || this.election.token !== token) continue;
@@ -309,8 +344,9 @@ class ElectRunner {
           extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal })) ?? {};
         } catch (err) {
           if (err instanceof FatalHookError) {
-            termLog.error({ err }, 'cannot lead: leaving the election');
-            return 1;
+            // One JSON line for the logs (no stack: the message is the cause); main prints it once more, alone.
+            termLog.error({ reason: err.message }, 'cannot lead: leaving the election');
+            throw new CommandFailure('elect', err.message, { cause: err });
           }
           termLog.error({ err }, 'beforeChildStart failed; resigning this term');
           await this.election.resign();
@@ -413,6 +449,24 @@ class ElectRunner {
     } catch (err) {
       this.log.debug({ err }, 'session timeout check skipped');
     }
+  }
+}
+
+/** A status server that could not listen, in one line naming --status-port (or --status-host). */
+function statusPortProblem(err: unknown, host: string, port: number | null): string {
+  const at = `${host.includes(':') ? `[${host}]` : host}:${port}`;
+  switch ((err as { code?: unknown } | null)?.code) {
+    case 'EADDRINUSE':
+      return `--status-port: ${at} is already in use (another fencepost elect on this host? pick another --status-port)`;
+    case 'EACCES':
+      return `--status-port: not allowed to listen on ${at} (ports below 1024 need privileges)`;
+    case 'EADDRNOTAVAIL':
+      return `--status-host: ${host} is not an address of this machine`;
+    case 'ENOTFOUND':
+    case 'EAI_AGAIN':
+      return `--status-host: cannot resolve ${host}`;
+    default:
+      return `--status-port: cannot listen on ${at}: ${firstLine(err)}`;
   }
 }
 

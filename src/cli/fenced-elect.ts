@@ -2,9 +2,22 @@
 // fence at the proxy to the new token (locking a zombie predecessor out of every key of that fence),
 // and pass FENCEPOST_URL and FENCE_KEY to the command. A 409 means a newer leader exists: resign.
 // Another 4xx (bad key, forbidden fence) is a setup error: exit 1.
+// A proxy that does not answer (or answers 5xx) is retried ADVANCE_ATTEMPTS times, ADVANCE_RETRY_MS
+// apart; then elect leaves the election, so a standby (which may reach the proxy) is elected at once,
+// and exits 1 with one line naming --proxy. Not resign-and-rejoin: with a wrong --proxy on every
+// replica that would pass leadership round forever with the command never running; an exit is what
+// a supervisor (systemd, Kubernetes) shows and restarts with its own backoff.
 import { electCommand, FatalHookError, type BeforeChildStart, type ElectConfig } from './elect.ts';
 import { ProxyClient } from '../writer/index.ts';
 import { advanceFence } from '../writer/advance.ts';
+import { firstLine } from './command-failure.ts';
+
+/** Failed fence advances in a row (proxy unreachable or 5xx) after which elect gives up leading. */
+export const ADVANCE_ATTEMPTS = 5;
+/** Pause between them: 5 attempts span at least 4 s, enough for a proxy restart to finish. */
+const ADVANCE_RETRY_MS = 1000;
+/** Longest wait for one answer (a raise may first wait FENCEPOST_RAISE_WAIT_MS for older transactions). */
+const ADVANCE_TIMEOUT_MS = 10_000;
 
 export async function fencedElectCommand(argv: string[]): Promise<number> {
   return await electCommand(argv, {
@@ -25,10 +38,19 @@ function checkProxyFlags(config: ElectConfig): string | null {
 async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string, string> | void> {
   const { proxy: url, 'fence-key': fenceKey } = ctx.config.values;
   if (typeof url !== 'string' || typeof fenceKey !== 'string') return; // checked at start: both or neither
-  const client = new ProxyClient(url, { writerId: ctx.config.id, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) });
+  const client = new ProxyClient(url, { writerId: ctx.config.id, timeoutMs: ADVANCE_TIMEOUT_MS, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) });
+  const giveUp = new AbortController();
+  let failures = 0;
+  let lastError: unknown;
   const outcome = await advanceFence(client, fenceKey, ctx.token, {
-    signal: ctx.signal,
-    onRetry: (err) => ctx.logger.warn({ err, fenceKey }, 'fence advance failed; retrying'),
+    signal: AbortSignal.any([ctx.signal, giveUp.signal]),
+    retryDelayMs: ADVANCE_RETRY_MS,
+    onRetry: (err) => {
+      failures++;
+      lastError = err;
+      if (failures >= ADVANCE_ATTEMPTS) return giveUp.abort();
+      ctx.logger.warn({ reason: describeFailure(err), fenceKey, attempt: failures, of: ADVANCE_ATTEMPTS }, 'fence advance failed; retrying');
+    },
   });
   switch (outcome.kind) {
     case 'advanced':
@@ -39,8 +61,21 @@ async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string,
       throw outcome.error; // resigns this term
     case 'refused':
       // 401/403/400 will not go away by retrying: stop instead of resigning forever.
-      throw new FatalHookError(`the proxy refused the fence advance: ${outcome.error.message}`, { cause: outcome.error });
+      throw new FatalHookError(`--proxy ${client.baseUrl} refused the fence advance of ${JSON.stringify(fenceKey)}: ${outcome.error.message}`, { cause: outcome.error });
     case 'aborted':
-      return;
+      if (!giveUp.signal.aborted || ctx.signal.aborted) return; // the term ended or elect was stopped
+      throw new FatalHookError(
+        `--proxy ${client.baseUrl}: the fence advance of ${JSON.stringify(fenceKey)} failed ${failures} times in a row (${describeFailure(lastError)}): left the election so a standby can lead`,
+        { cause: lastError },
+      );
   }
+}
+
+/** fetch's "fetch failed" hides the reason in its cause (ECONNREFUSED, a timeout…). */
+function describeFailure(err: unknown): string {
+  const cause = (err as { cause?: unknown } | null)?.cause;
+  const code = (cause as { code?: unknown } | null)?.code;
+  if (typeof code === 'string') return `${firstLine(cause)}`.includes(code) ? firstLine(cause) : `${code}: ${firstLine(cause)}`;
+  if (err instanceof Error && err.name === 'TimeoutError') return `no answer within ${ADVANCE_TIMEOUT_MS / 1000} s`;
+  return cause instanceof Error ? `${firstLine(err)}: ${firstLine(cause)}` : firstLine(err);
 }

@@ -2,7 +2,9 @@
 // token. Reads the lowest candidate under the election path (as every candidate does); needs no
 // credentials, since election nodes are readable by everyone.
 //   exit 0: a leader (text `<id> token <token>`, or JSON {"electionPath","id","token"})
-//   exit 3: nobody leads (JSON with id and token null)
+//   exit 3: nobody leads: the election path exists, no candidate is in it (JSON with id and token null)
+//   exit 4: no such election: the path does not exist in ZooKeeper (a typo in --path, or no
+//           candidate has ever joined); JSON adds "pathExists": false, and stderr says so
 //   exit 1: ZooKeeper unreachable; exit 2: usage error
 import { parseArgs } from 'node:util';
 import { readLeader } from '../election/election.ts';
@@ -40,13 +42,18 @@ export async function leaderCommand(argv: string[]): Promise<number> {
     return 1;
   }
   try {
+    if ((await session.exists(path)) === null) {
+      if (values.json) process.stdout.write(JSON.stringify({ electionPath: path, id: null, token: null, pathExists: false }) + '\n');
+      process.stderr.write(`fencepost leader: no election at ${path}: the path does not exist in ZooKeeper (check --path; it is created when the first candidate joins)\n`);
+      return 4;
+    }
     const leader = await readLeader(session, path);
     if (values.json) {
       process.stdout.write(JSON.stringify({ electionPath: path, id: leader?.id ?? null, token: leader?.token.toString() ?? null }) + '\n');
     } else if (leader) {
       process.stdout.write(`${leader.id} token ${leader.token}\n`);
     } else {
-      process.stderr.write(`fencepost leader: nobody leads ${path}\n`);
+      process.stderr.write(`fencepost leader: nobody leads ${path} (the election exists; no candidate is in it)\n`);
     }
     return leader ? 0 : 3;
   } catch (err) {

@@ -2,6 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../proxy/config.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
+import { CommandFailure } from './command-failure.ts';
 
 const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
@@ -71,6 +72,7 @@ main(process.argv.slice(2)).then(
     // Settings that are wrong or cannot be used: one line naming the setting, no stack.
     if (err instanceof ConfigError) process.stderr.write(`fencepost: invalid configuration: ${err.message}\n`);
     else if (err instanceof StartupError) process.stderr.write(`fencepost: cannot start: ${err.message}\n`);
+    else if (err instanceof CommandFailure) process.stderr.write(`fencepost ${err.command}: ${err.message}\n`);
     else process.stderr.write(`fencepost: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exit(1);
   },

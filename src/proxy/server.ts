@@ -119,10 +119,11 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
 
 export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel), seams: ProxySeams = {}): Promise<RunningProxy> {
   assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
-  // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP port,
-  // the forgery guard's ZooKeeper. Each failure is a ConfigError or StartupError naming the setting.
+  // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP and SQL
+  // ports, the forgery guard's ZooKeeper. Each failure is a ConfigError or StartupError naming the setting.
   const tls = config.tls ? TlsMaterial.load(config.tls) : null;
   await checkListenAddress(config.host, config.port);
+  if (config.pgwirePort !== null && config.pgwirePort !== 0) await checkListenAddress(config.host, config.pgwirePort, 'FENCEPOST_PGWIRE_PORT');
   if (config.forgeryGuard) await checkZooKeeper(config.forgeryGuard);
   let embedded: RunningPostgres | null = null;
   let databaseUrl = config.databaseUrl;
@@ -228,7 +229,11 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
       throw listenError(err, config.host, config.port); // taken since the bind test
     });
-    if (pgwire) pgwirePort = await pgwire.listen();
+    if (pgwire) {
+      pgwirePort = await pgwire.listen().catch((err: unknown) => {
+        throw listenError(err, config.host, config.pgwirePort ?? 0, 'FENCEPOST_PGWIRE_PORT'); // taken since the bind test
+      });
+    }
     pruner.start(); // after migrate: the table exists
     stopFolding = store.folding((err) => logger.debug({ err }, 'folding transaction counts failed; the next read or tick folds them'));
   } catch (err) {

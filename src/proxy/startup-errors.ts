@@ -36,33 +36,42 @@ function hostPort(host: string, port: number): string {
   return `${host.includes(':') ? `[${host}]` : host}:${port}`;
 }
 
+/** The settings that choose a listening port: the HTTP door's and the SQL endpoint's. */
+export type PortSetting = 'PORT' | 'FENCEPOST_PGWIRE_PORT';
+
+/** What to change when the port is taken, per setting. */
+const PORT_HINTS: Readonly<Record<PortSetting, string>> = {
+  PORT: 'set PORT or --port',
+  FENCEPOST_PGWIRE_PORT: 'set FENCEPOST_PGWIRE_PORT',
+};
+
 /**
- * A bind test of the HTTP address, before Postgres starts: the port in use (or a HOST that is not
- * this machine's) fails in a moment, not after a cluster start.
+ * A bind test of a listening address, before Postgres starts: the port in use (or a HOST that is
+ * not this machine's) fails in a moment, not after a cluster start. `setting` names the port's.
  */
-export async function checkListenAddress(host: string, port: number): Promise<void> {
+export async function checkListenAddress(host: string, port: number, setting: PortSetting = 'PORT'): Promise<void> {
   await new Promise<void>((resolve, reject) => {
     const server = createServer();
-    server.once('error', (err) => reject(listenError(err, host, port)));
+    server.once('error', (err) => reject(listenError(err, host, port, setting)));
     server.listen({ host, port, exclusive: true }, () => server.close(() => resolve()));
   });
 }
 
-/** A failed listen on the HTTP address, described. */
-export function listenError(err: unknown, host: string, port: number): StartupError {
+/** A failed listen on the HTTP door's address (PORT) or the SQL endpoint's (FENCEPOST_PGWIRE_PORT), described. */
+export function listenError(err: unknown, host: string, port: number, setting: PortSetting = 'PORT'): StartupError {
   const at = hostPort(host, port);
   switch (systemCode(err)) {
     case 'EADDRINUSE':
-      return new StartupError('PORT', `${at} is already in use (another fencepost serve? set PORT or --port)`, { cause: err });
+      return new StartupError(setting, `${at} is already in use (another fencepost serve? ${PORT_HINTS[setting]})`, { cause: err });
     case 'EACCES':
-      return new StartupError('PORT', `not allowed to listen on ${at} (ports below 1024 need privileges)`, { cause: err });
+      return new StartupError(setting, `not allowed to listen on ${at} (ports below 1024 need privileges)`, { cause: err });
     case 'EADDRNOTAVAIL':
       return new StartupError('HOST', `${host} is not an address of this machine`, { cause: err });
     case 'ENOTFOUND':
     case 'EAI_AGAIN':
       return new StartupError('HOST', `cannot resolve ${host}`, { cause: err });
     default:
-      return new StartupError('PORT', `cannot listen on ${at}: ${firstLine(err)}`, { cause: err });
+      return new StartupError(setting, `cannot listen on ${at}: ${firstLine(err)}`, { cause: err });
   }
 }
 

@@ -1,7 +1,7 @@
 // The `fencepost` command as users run it (bin/fencepost.js over dist/): flags of every subcommand,
 // and start-up failures told in one line naming the setting.
 import { describe, expect, inject, test } from 'vitest';
-import { spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -11,22 +11,7 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { startPgbouncer } from '../../tools/pgbouncer.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 import { BIN, REPO } from '../support/proxy.ts';
-
-/** Runs `fencepost …args` to the end; DATABASE_URL and the like come only from `env`. */
-function run(args: string[], env: Record<string, string> = {}, timeout = 60_000): SpawnSyncReturns<string> {
-  const base = { ...process.env };
-  for (const name of ['DATABASE_URL', 'PORT', 'HOST', 'ZK_CONNECT', 'ZK_AUTH', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_DATA_DIR']) delete base[name];
-  return spawnSync(process.execPath, [BIN, ...args], { env: { ...base, FENCEPOST_LOG_LEVEL: 'warn', ...env }, encoding: 'utf8', timeout });
-}
-
-/** Exit 1 and one line that is not a JSON log line: `fencepost: …`, with no stack trace. */
-function oneLineFailure(r: SpawnSyncReturns<string>): string {
-  expect(r.status, r.stderr).toBe(1);
-  const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
-  expect(lines, r.stderr).toHaveLength(1);
-  expect(r.stderr).not.toMatch(/^\s+at /m);
-  return lines[0]!;
-}
+import { oneLineFailure, run } from '../support/cli.ts';
 
 function occupy(port: number): Promise<Server> {
   return new Promise((resolve) => {

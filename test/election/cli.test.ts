@@ -255,11 +255,12 @@ test('SIGKILL of fencepost elect alone (not its group): its command\'s whole pro
   console.info(`orphaned command group gone ${goneAfterMs!.toFixed(0)} ms after SIGKILL of fencepost elect (SIGTERM ignored: SIGKILL after the guardian's wait)`);
 });
 
-test('fencepost leader prints who leads and with which token, as text or --json; exit 3 when nobody leads, 2 on bad usage', async () => {
+test('fencepost leader prints who leads and with which token, as text or --json; exit 4 before the path exists, 2 on bad usage', async () => {
+  // Exit 3 (the path exists, nobody in it): test/cli/elect-failures.test.ts.
   const path = uniquePath('cli-leader');
   const none = await run(['leader', '--zk', connect, '--path', path, '--json']);
-  expect(none.code).toBe(3);
-  expect(JSON.parse(none.stdout)).toEqual({ electionPath: path, id: null, token: null });
+  expect(none.code).toBe(4);
+  expect(JSON.parse(none.stdout)).toEqual({ electionPath: path, id: null, token: null, pathExists: false });
   const out = join(dir, 'leader.log');
   elect(['--id', 'lead-1', '--zk', connect, '--path', path, '--', process.execPath, '-e', CHILD], { OUT: out });
   await waitFor(() => starts(out).length === 1, 20_000, 'the leader runs its command');

@@ -2,6 +2,7 @@
 import { INVARIANTS, INVARIANT_TITLES, type CheckResult } from './checker.ts';
 import { DOORS, type Operation, type OpKind, type Outcome } from './history.ts';
 import { FAULT_KINDS, type FaultEvent } from './nemesis.ts';
+import type { Verdict } from './verdict.ts';
 
 const OUTCOMES: readonly Outcome[] = ['ok', 'rejected', 'failed', 'indeterminate'];
 const KINDS: readonly OpKind[] = ['object', 'ledger', 'fence'];
@@ -15,6 +16,8 @@ export interface ReportInput {
   ops: readonly Operation[];
   faults: readonly FaultEvent[];
   check: CheckResult;
+  /** The last line (verdict.ts): PASS only with no violation and every started fault applied. */
+  verdict: Verdict;
   dir: string;
   /** Violations listed in full, per invariant. Default 5. */
   listPerInvariant?: number;
@@ -66,6 +69,6 @@ export function formatReport(r: ReportInput): string {
   for (const f of r.faults.filter((x) => x.error)) out.push(`  fault #${f.n} ${f.kind} failed: ${f.error}`);
   out.push('');
   out.push(`history, schedule and logs: ${r.dir}`);
-  out.push(r.check.ok ? 'PASS: no violations' : `FAIL: ${r.check.violations.length} violations`);
+  out.push(r.verdict.line);
   return out.join('\n');
 }

@@ -13,6 +13,7 @@ import { readFinalState } from './final-state.ts';
 import { readHistory, writeOperations, type Door, type Operation } from './history.ts';
 import { describeFault, planSchedule, runNemesis, type FaultEvent, type FaultKind, type PlannedFault } from './nemesis.ts';
 import { formatReport } from './report.ts';
+import { verdictOf, type Verdict } from './verdict.ts';
 
 /** The defaults of a chaos run, in one place (npm run chaos's flags show the same). */
 export const CHAOS_DEFAULTS = Object.freeze({
@@ -64,7 +65,9 @@ export interface ChaosOptions {
 }
 
 export interface ChaosResult {
+  /** The verdict passed: no violation, every started fault applied, writes acknowledged (verdict.ts). */
   ok: boolean;
+  verdict: Verdict;
   seed: number;
   schedule: PlannedFault[];
   faults: FaultEvent[];
@@ -163,8 +166,9 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     const keys = [...new Set(ops.map((op) => op.key).filter((k): k is string => k !== null))];
     const final = await readFinalState(cluster.databaseUrl, cluster.proxyUrls[0]!, keys);
     const result = check(ops, final);
-    const report = formatReport({ seed: o.seed, loadMs, fenceMode, writers, proxies, ops, faults, check: result, dir });
-    return { ok: result.ok, seed: o.seed, schedule, faults, ops, check: result, report, loadMs, dir };
+    const verdict = verdictOf({ check: result, schedule, faults, ops });
+    const report = formatReport({ seed: o.seed, loadMs, fenceMode, writers, proxies, ops, faults, check: result, verdict, dir });
+    return { ok: verdict.outcome === 'pass', verdict, seed: o.seed, schedule, faults, ops, check: result, report, loadMs, dir };
   } finally {
     await cluster?.stop();
     if (o.cleanup) rmSync(dir, { recursive: true, force: true });

@@ -82,6 +82,19 @@ const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
 const IDLE_IN_TRANSACTION_TIMEOUT = '25P03';
+const READ_ONLY_SQL_TRANSACTION = '25006';
+const READ_ONLY_HINT = 'on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = \'<token>\' and fencepost.fence_key = \'<fence key>\' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only';
+
+/** A writer's "read-only transaction" error (25006) with a hint naming fencepost.token, unless it has a hint of its own. */
+function withReadOnlyHint(bytes: Buffer): Buffer {
+  const fields = parseErrorFields(bytes.subarray(5));
+  if (fields.get('C') !== READ_ONLY_SQL_TRANSACTION || fields.has('H')) return bytes;
+  fields.set('H', READ_ONLY_HINT);
+  const parts: Buffer[] = [];
+  for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), Buffer.from(`${value}\u0000`, 'utf8'));
+  parts.push(Buffer.from([0]));
+  return message('E', ...parts);
+}
 
 /**
  * Does a ReadyForQuery's status agree with the planner's prediction? A block ('T') must have been
@@ -555,7 +568,7 @@ export class Relay {
     if (head?.kind === 'query') {
       if (head.injected) return;
       if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
-      this.toClient.push(this.queryError(f, head));
+      this.toClient.push(withReadOnlyHint(this.queryError(f, head)));
       return; // a simple Query ends with its ReadyForQuery
     }
     if (head === undefined) {
@@ -564,7 +577,7 @@ export class Relay {
       this.backendFatal = f.bytes;
       return;
     }
-    this.toClient.push(f.bytes);
+    this.toClient.push(head.injected ? f.bytes : withReadOnlyHint(f.bytes));
     if (head.injected) {
       const fields = parseErrorFields(f.body);
       if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();

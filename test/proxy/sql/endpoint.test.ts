@@ -72,6 +72,16 @@ describe('a session without a token', () => {
     await c.end();
   });
 
+  test('a write\'s 25006 carries a hint naming fencepost.token, in either protocol', async ({ sql }) => {
+    const c = await sql.connect('hinted');
+    for (const attempt of [c.query(`INSERT INTO items VALUES (${id()}, 'x')`), c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'x'])]) {
+      const err = (await attempt.catch((e: pg.DatabaseError) => e)) as pg.DatabaseError;
+      expect(err.code).toBe('25006');
+      expect(err.hint).toContain('fencepost.token');
+    }
+    await c.end();
+  });
+
   test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async ({ sql, db }) => {
     const c = await sql.connect('writer-m', { options: fenceOptions(2, 'm') });
     const [x, y] = [id(), id()];

@@ -375,6 +375,9 @@ export class WriteCoalescer {
       // connection means an autocommit write may have committed: never "safe to retry".
       const client = await this.pool.connect();
       let broken: unknown;
+      // A connection lost mid-statement also emits 'error' on the client: the statement's rejection says it.
+      const onError = (err: unknown) => (broken = err);
+      client.on('error', onError);
       try {
         return (await client.query<R>(statement)).rows;
       } catch (err) {
@@ -384,6 +387,7 @@ export class WriteCoalescer {
         }
         throw err;
       } finally {
+        client.off('error', onError);
         client.release(broken instanceof Error ? broken : undefined);
       }
     });

@@ -49,6 +49,9 @@ const END_POLL_MS = 100;
 /** Raises each fence to its token where it is absent or below; returns each fence's highest token after. */
 export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: RaiseOptions): Promise<RaisedFence[]> {
   const client = await pool.connect();
+  // A connection lost mid-raise also emits 'error' on the client: the statement's rejection says it.
+  const onError = () => {};
+  client.on('error', onError);
   let open = false;
   let done = false;
   let ender: Promise<void> = Promise.resolve();
@@ -82,6 +85,7 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
     throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
+    client.off('error', onError);
     client.release();
     await ender;
   }

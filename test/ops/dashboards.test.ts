@@ -73,6 +73,8 @@ test('every Grafana panel queries the dashboard\'s Prometheus datasource for met
   for (const name of ['fencepost_writes_total', 'fencepost_write_duration_seconds_bucket', 'fencepost_db_pool_waiting_requests', 'fencepost_db_pool_connections', 'nodejs_eventloop_lag_p99_seconds']) {
     expect(all).toContain(name);
   }
+  // And every election metric of `fencepost elect --status-port`: who leads, the token, changes, failures.
+  for (const name of electionSeries) expect(all, name).toContain(name);
 });
 
 // Imported through Grafana's UI, `__inputs` asks for a Prometheus datasource and replaces

@@ -15,7 +15,7 @@
 // - if this process dies without stopping the child (SIGKILL, OOM killer), the child's process group
 //   is killed by its guardian (guardian.ts) within ~500 ms, long before a standby can be elected;
 // - with --zk-auth / ZK_AUTH, election nodes get ACLs nobody else can write (src/election/acl.ts);
-// - with --status-port, serves /healthz and /leader (status-server.ts);
+// - with --status-port, serves /healthz, /leader (status-server.ts) and /metrics (election-metrics.ts);
 // - logs state changes as JSON lines (pino) on stderr;
 // - cannot start or go on for a reason the user can fix (a command that is not there or not
 //   executable, checked before campaigning; ZooKeeper unreachable within ZK_CONNECT_WAIT_MS; the
@@ -37,6 +37,7 @@ import { doctorCommand } from './doctor.ts';
 import { Guardian } from './guardian.ts';
 import { defaultCandidateId, electionPathProblem } from '../election/sequence.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
+import { ElectionMetrics } from './election-metrics.ts';
 import { CommandFailure, firstLine } from './command-failure.ts';
 import { commandProblem } from './resolve-command.ts';
 
@@ -79,7 +80,7 @@ export interface ElectConfig {
   policy: ElectionPolicy;
   /** Digest credentials for ZooKeeper (--zk-auth, else ZK_AUTH); null: election nodes are open to anyone. */
   auth: DigestAuth | null;
-  /** Port of the status server (/healthz, /leader); null: none. 0 picks a free port (logged). */
+  /** Port of the status server (/healthz, /leader, /metrics); null: none. 0 picks a free port (logged). */
   statusPort: number | null;
   statusHost: string;
   advise: boolean;
@@ -93,6 +94,8 @@ export interface BeforeChildStart {
   election: Election;
   config: ElectConfig;
   logger: Logger;
+  /** This run's metrics (e.g. to count failed fence advances). */
+  metrics: ElectionMetrics;
   /** Aborts when the term ends or `fencepost elect` is told to stop (SIGTERM/SIGINT). */
   signal: AbortSignal;
 }
@@ -108,6 +111,8 @@ export interface ElectCommandOptions {
    * not started and the command waits for the next term.
    */
   beforeChildStart?: (ctx: BeforeChildStart) => Promise<Record<string, string> | void>;
+  /** True when the hook advances a fence at a proxy (e.g. --proxy given): /metrics exposes fencepost_election_fence_advance_failures_total. */
+  fenceAdvance?: (config: ElectConfig) => boolean;
   /** Logger (default: pino JSON lines on stderr). */
   logger?: Logger;
   /** Window of the start-up advice check (0 disables it). Default 2000 ms. */
@@ -220,6 +225,7 @@ class ElectRunner {
   private runningToken: bigint | null = null;
 
   private readonly log: Logger;
+  private readonly metrics: ElectionMetrics;
 
   constructor(
     private readonly config: ElectConfig,
@@ -237,6 +243,7 @@ class ElectRunner {
       logger: baseLog,
       ...(config.auth ? { auth: config.auth } : {}),
     });
+    this.metrics = new ElectionMetrics(this.election, { fenceAdvance: opts.fenceAdvance?.(config) ?? false });
   }
 
   async run(): Promise<number> {
@@ -260,6 +267,7 @@ class ElectRunner {
             leadingToken: () => (this.runningToken !== null && this.election.token === this.runningToken ? this.runningToken : null),
             zookeeper: () => this.election.currentSession?.state ?? 'connecting',
             stopping: () => this.stopSignalName !== null,
+            metrics: this.metrics,
           });
         } catch (err) {
           throw new CommandFailure('elect', statusPortProblem(err, this.config.statusHost, this.config.statusPort), { cause: err });
@@ -341,7 +349,7 @@ class ElectRunner {
         try {
           // Also aborted by SIGTERM/SIGINT: a hook that retries (proxy unreachable) must not outlive a stop.
           const signal = AbortSignal.any([termSignal, this.stop.signal]);
-          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, signal })) ?? {};
+          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, metrics: this.metrics, signal })) ?? {};
         } catch (err) {
           if (err instanceof FatalHookError) {
             // One JSON line for the logs (no stack: the message is the cause); main prints it once more, alone.

@@ -24,6 +24,7 @@ export async function fencedElectCommand(argv: string[]): Promise<number> {
     options: { proxy: { type: 'string' }, 'fence-key': { type: 'string' } },
     validate: checkProxyFlags,
     beforeChildStart: advanceBeforeChild,
+    fenceAdvance: (config) => typeof config.values.proxy === 'string',
   });
 }
 
@@ -48,6 +49,7 @@ async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string,
     onRetry: (err) => {
       failures++;
       lastError = err;
+      ctx.metrics.fenceAdvanceFailed();
       if (failures >= ADVANCE_ATTEMPTS) return giveUp.abort();
       ctx.logger.warn({ reason: describeFailure(err), fenceKey, attempt: failures, of: ADVANCE_ATTEMPTS }, 'fence advance failed; retrying');
     },

@@ -3,6 +3,7 @@
 //   GET /leader   200 {"id","token","electionPath"} while this replica leads and its command runs,
 //                 503 {"leader":false,…} otherwise: a readiness probe, or a load balancer's check,
 //                 sends traffic to the leader only.
+//   GET /metrics  Prometheus exposition of this candidate (election-metrics.ts).
 // Plain node:http (the election side loads no web framework). Read-only; tokens are not secrets.
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -15,6 +16,8 @@ export interface StatusSource {
   /** ZooKeeper session state, for /healthz. */
   zookeeper(): string;
   stopping(): boolean;
+  /** GET /metrics. */
+  metrics: { readonly contentType: string; text(): Promise<string> };
 }
 
 export interface StatusServer {
@@ -35,6 +38,16 @@ export async function startStatusServer(host: string, port: number, source: Stat
     if (path === '/healthz') {
       const stopping = source.stopping();
       return send(stopping ? 503 : 200, { status: stopping ? 'stopping' : 'ok', ...base, leader: token !== null, zookeeper: source.zookeeper() });
+    }
+    if (path === '/metrics') {
+      source.metrics.text().then(
+        (text) => {
+          res.writeHead(200, { 'content-type': source.metrics.contentType, 'cache-control': 'no-store' });
+          res.end(req.method === 'HEAD' ? undefined : text);
+        },
+        () => send(500, { error: 'metrics_failed' }),
+      );
+      return;
     }
     if (path === '/leader') {
       return token === null ? send(503, { leader: false, ...base }) : send(200, { leader: true, ...base, token: token.toString() });

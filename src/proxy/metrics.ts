@@ -16,7 +16,8 @@
 // number is unbounded. Per-fence numbers come from the database (/v1/stats, the dashboard).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { processMetrics } from '../metrics/process.ts';
 import type { Door, OpKind } from '../fence/queries.ts';
 import './http/route-config.ts'; // config.operation
 
@@ -45,21 +46,6 @@ declare module 'fastify' {
   interface FastifyInstance {
     metrics: ProxyMetrics;
   }
-}
-
-// Process metrics (CPU, memory, event loop, GC, handles) describe the process, not an app, and
-// prom-client's collectors install observers that cannot be removed: collect them once per
-// process on a registry of their own, merged into each app's output at scrape time.
-let processRegistry: Registry | null = null;
-function processMetrics(): Registry {
-  if (processRegistry === null) {
-    processRegistry = new Registry();
-    collectDefaultMetrics({ register: processRegistry });
-    // Gauges named `_total` (the sums of nodejs_active_handles, _requests and _resources by type,
-    // which stay): `promtool check metrics` refuses them, since `_total` names a counter.
-    for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) processRegistry.removeSingleMetric(name);
-  }
-  return processRegistry;
 }
 
 const SECONDS_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];

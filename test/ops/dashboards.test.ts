@@ -1,5 +1,6 @@
-// dashboards/: the Grafana dashboard and Prometheus alert rules only use metrics the proxy really
-// exposes, and docker-compose.yml runs Prometheus and Grafana on those files.
+// dashboards/: the Grafana dashboard and Prometheus alert rules only use metrics the proxy or
+// `fencepost elect --status-port` really expose, and docker-compose.yml runs Prometheus and Grafana
+// on those files.
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
@@ -8,11 +9,17 @@ import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, testApp } from '../support/proxy.ts';
 import { WRITE_OUTCOMES } from '../../src/proxy/metrics.ts';
+import { Election } from '../../src/election/election.ts';
+import { ElectionMetrics } from '../../src/cli/election-metrics.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
-/** Series names the proxy exposes (histograms expanded to _bucket/_sum/_count). */
+/** Series names the proxy and elect expose (histograms expanded to _bucket/_sum/_count). */
 let exposed: Set<string>;
+/** Those of `fencepost elect --status-port` (with --proxy) alone. */
+let electionSeries: Set<string>;
+
+const seriesNames = (text: string): string[] => [...text.matchAll(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )/gm)].map((m) => m[1]!);
 
 beforeAll(async () => {
   db = await createTestDatabase();
@@ -21,7 +28,11 @@ beforeAll(async () => {
   await app.inject({ method: 'PUT', url: '/v1/objects/d', headers: { 'fencing-token': '2' }, payload: 'x' });
   await app.inject({ method: 'PUT', url: '/v1/objects/d', headers: { 'fencing-token': '1' }, payload: 'x' });
   const text = (await app.inject({ url: '/metrics' })).body;
-  exposed = new Set([...text.matchAll(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )/gm)].map((m) => m[1]!));
+  exposed = new Set(seriesNames(text));
+  // An election that never connects exposes every series but the token, which exists while leading.
+  const election = new Election({ connect: '127.0.0.1:1', path: '/dashboards', id: 'd' });
+  electionSeries = new Set([...seriesNames(await new ElectionMetrics(election, { fenceAdvance: true, processMetrics: false }).text()), 'fencepost_election_token']);
+  for (const name of electionSeries) exposed.add(name);
   // Histograms with no observation yet in this app still exist with these suffixes.
   for (const m of text.matchAll(/^# TYPE (\S+) histogram$/gm)) for (const s of ['_bucket', '_sum', '_count']) exposed.add(m[1]! + s);
 });
@@ -62,6 +73,8 @@ test('every Grafana panel queries the dashboard\'s Prometheus datasource for met
   for (const name of ['fencepost_writes_total', 'fencepost_write_duration_seconds_bucket', 'fencepost_db_pool_waiting_requests', 'fencepost_db_pool_connections', 'nodejs_eventloop_lag_p99_seconds']) {
     expect(all).toContain(name);
   }
+  // And every election metric of `fencepost elect --status-port`: who leads, the token, changes, failures.
+  for (const name of electionSeries) expect(all, name).toContain(name);
 });
 
 // Imported through Grafana's UI, `__inputs` asks for a Prometheus datasource and replaces
@@ -84,16 +97,21 @@ test('the Grafana dashboard imports into any Grafana: one datasource input, refe
   expect(provisioned).toMatch(/^\s*isDefault: true$/m);
 });
 
-test('the Prometheus alert rules use metrics the proxy exposes', () => {
+test('the Prometheus alert rules use metrics the proxy or elect expose, and every election metric but the token is alerted on', () => {
   const rules = readFileSync(join(REPO, 'dashboards', 'prometheus-alerts.yml'), 'utf8');
-  const exprs = [...rules.matchAll(/^\s*expr: (.+)$/gm)].map((m) => m[1]!);
-  expect(exprs.length).toBeGreaterThanOrEqual(4);
+  // One-line exprs, and folded ones (`expr: >-` and the indented lines under it).
+  const exprs = [...rules.matchAll(/^(\s*)expr: (?:>-\n((?:\1 {2}.+\n)+)|(.+)$)/gm)].map((m) => (m[2] ?? m[3]!).trim());
+  expect(exprs.length).toBeGreaterThanOrEqual(8);
   for (const e of exprs) checkExpr('alert rule', e);
+  const used = new Set(exprs.flatMap(metricNames));
+  for (const name of ['fencepost_election_is_leader', 'fencepost_election_leadership_changes_total', 'fencepost_election_fence_advance_failures_total']) expect(used, name).toContain(name);
 });
 
-test('Prometheus scrapes /metrics of the compose proxy service', () => {
+test('Prometheus scrapes /metrics of the compose proxy service, and has a job for elect status ports', () => {
   const prom = readFileSync(join(REPO, 'dashboards', 'prometheus.yml'), 'utf8');
   expect(prom).toMatch(/metrics_path: \/metrics/);
+  // FencepostElectDown matches this job name.
+  expect(prom).toMatch(/^ {2}- job_name: fencepost-elect$/m);
   expect(prom).toContain("targets: ['proxy:8080']");
   // Relative to prometheus.yml, so promtool and docker-compose.yml find it beside it (test/ops/promtool.test.ts).
   expect(prom).toMatch(/^rule_files:\n {2}- prometheus-alerts\.yml$/m);

@@ -242,10 +242,6 @@ BEGIN
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
     PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE fencepost_no_prepare ();
-  END IF;
-  PERFORM FROM pg_temp.fencepost_no_prepare;
     RETURN true;
   END IF;
     END IF;
@@ -292,10 +288,6 @@ BEGIN
       v_raise := v_raise || format('%s to %s', to_json(r.k), r.t);
     ELSIF r.h = r.t THEN
       PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(capability || '|' || txid_current()::text || '|' || r.k || '|' || capability, 'UTF8')), 'hex'), true);
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE fencepost_no_prepare ();
-  END IF;
-  PERFORM FROM pg_temp.fencepost_no_prepare;
     END IF;
     v_ords := v_ords || r.o;
     v_highest := v_highest || CASE WHEN r.h = r.t THEN r.h WHEN r.h IS NULL THEN r.t END;
@@ -336,16 +328,17 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
+  -- Every fenced transaction opens the temporary table: no PREPARE TRANSACTION.
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
+    CREATE TEMPORARY TABLE fencepost_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_no_prepare;
   IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
     v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
     PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
   IF FOUND THEN
     INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
     PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE fencepost_no_prepare ();
-  END IF;
-  PERFORM FROM pg_temp.fencepost_no_prepare;
     RETURN QUERY SELECT 0, tokens::bigint, txid_current();
     RETURN;
   END IF;
@@ -370,7 +363,7 @@ BEGIN
   SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
   WHERE starts_with(object_key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
   IF FOUND AND v_fence_key IS DISTINCT FROM object_fence_ok.fence_key THEN
-    RAISE EXCEPTION 'object % is under protected prefix %: it is deleted under fence key %, not %', to_json(object_key), to_json(v_prefix), to_json(v_fence_key), to_json(object_fence_ok.fence_key)
+    RAISE EXCEPTION 'object % is under protected prefix %: it is fenced by fence key %, not %', to_json(object_key), to_json(v_prefix), to_json(v_fence_key), to_json(object_fence_ok.fence_key)
       USING ERRCODE = 'FP403',
             DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
             HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
@@ -398,18 +391,8 @@ CREATE OR REPLACE FUNCTION fencepost.refuse_misfenced_object()
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-  v_prefix text;
-  v_fence_key text;
 BEGIN
-  SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
-  WHERE starts_with(NEW.key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
-  IF FOUND AND v_fence_key IS DISTINCT FROM NEW.fence_key THEN
-    RAISE EXCEPTION 'object % is under protected prefix %: it is written under fence key %, not %', to_json(NEW.key), to_json(v_prefix), to_json(v_fence_key), to_json(NEW.fence_key)
-      USING ERRCODE = 'FP403',
-            DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
-            HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
-  END IF;
+  PERFORM fencepost.object_fence_ok(NEW.key, NEW.fence_key);
   RETURN NEW;
 END $function$;
 -- fencepost.refuse_misfenced_object(): privileges {<owner>=X/<owner>}

@@ -15,7 +15,7 @@ import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
 import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
 
-export const DEFINITIONS_VERSION = 4;
+export const DEFINITIONS_VERSION = 5;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -144,6 +144,8 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
+  -- Every fenced transaction opens the temporary table: no PREPARE TRANSACTION.
+  ${NO_PREPARE}
   IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
     v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
     ${leaderFastPath('v_secret', 'v_key', 'tokens::bigint', 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;')}
@@ -362,24 +364,16 @@ END $$`,
     sql: `
 CREATE OR REPLACE FUNCTION fencepost.refuse_misfenced_object() RETURNS trigger
 ${PROXY_FUNCTION} AS $$
-DECLARE
-  v_prefix text;
-  v_fence_key text;
 BEGIN
-  SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
-  WHERE starts_with(NEW.key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
-  IF FOUND AND v_fence_key IS DISTINCT FROM NEW.fence_key THEN
-    RAISE EXCEPTION 'object % is under protected prefix %: it is written under fence key %, not %', to_json(NEW.key), to_json(v_prefix), to_json(v_fence_key), to_json(NEW.fence_key)
-      USING ERRCODE = '${NOT_FENCED}',
-            DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
-            HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);
-  END IF;
+  PERFORM fencepost.object_fence_ok(NEW.key, NEW.fence_key);
   RETURN NEW;
 END $$`,
   },
   {
-    // The same check for a DELETE of the HTTP door (queries.ts fencedWrite calls it in the delete's
-    // WHERE; a row trigger cannot see the fence key a delete was sent with): true, or FP403.
+    // The check itself: true, or FP403 for an object under a protected prefix (the longest that
+    // matches) with another fence key. The objects trigger calls it for INSERT and UPDATE; a DELETE
+    // of the HTTP door calls it in its WHERE (queries.ts fencedWrite: a row trigger cannot see the
+    // fence key a delete was sent with).
     name: 'fencepost.object_fence_ok(text, text)',
     revoke: true,
     client: false,
@@ -393,7 +387,7 @@ BEGIN
   SELECT p.prefix, p.fence_key INTO v_prefix, v_fence_key FROM fencepost.protected_prefixes p
   WHERE starts_with(object_key, p.prefix) ORDER BY octet_length(p.prefix) DESC LIMIT 1;
   IF FOUND AND v_fence_key IS DISTINCT FROM object_fence_ok.fence_key THEN
-    RAISE EXCEPTION 'object % is under protected prefix %: it is deleted under fence key %, not %', to_json(object_key), to_json(v_prefix), to_json(v_fence_key), to_json(object_fence_ok.fence_key)
+    RAISE EXCEPTION 'object % is under protected prefix %: it is fenced by fence key %, not %', to_json(object_key), to_json(v_prefix), to_json(v_fence_key), to_json(object_fence_ok.fence_key)
       USING ERRCODE = '${NOT_FENCED}',
             DETAIL = format('protected prefix %s, fence key %s', to_json(v_prefix), to_json(v_fence_key)),
             HINT = format('send Fence-Key: %s with the leader''s token; nothing was applied', v_fence_key);

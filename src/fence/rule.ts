@@ -106,11 +106,11 @@ export const NO_PREPARE_TABLE = 'fencepost_no_prepare';
 
 /**
  * plpgsql, in a SECURITY DEFINER function: this transaction passed the fence `fenceKey` (holding
- * it until it ends). Marks it for protected tables and rules out PREPARE TRANSACTION.
+ * it until it ends). Marks it for protected tables. (The door's entry function has ruled out
+ * PREPARE TRANSACTION already: NO_PREPARE, once per transaction.)
  */
 export function markFenced(secret: string, fenceKey: string): string {
-  return `PERFORM pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true);
-  ${NO_PREPARE}`;
+  return `PERFORM pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true);`;
 }
 
 /**

@@ -411,6 +411,22 @@ export function readFence(fenceKey: string): Query {
   };
 }
 
+/**
+ * The fence with the highest token among those whose keys start with `prefix` (an election's
+ * fences, GET /v1/elections): where its leader's raise shows. Walks fences_key_bytes over the
+ * prefix's range.
+ */
+export function leadingFence(prefix: string): Query {
+  const end = prefix === '' ? null : prefixEnd(prefix);
+  return {
+    name: end === null ? 'fencepost_leading_fence' : 'fencepost_leading_fence_below',
+    text: `SELECT fence_key, highest_token, raised_by, updated_at FROM fencepost.fences
+WHERE fence_key COLLATE "C" >= $1::text COLLATE "C"${end === null ? '' : ' AND fence_key COLLATE "C" < $2::text COLLATE "C"'}
+ORDER BY highest_token DESC, fence_key COLLATE "C" LIMIT 1`,
+    values: end === null ? [prefix] : [prefix, end],
+  };
+}
+
 /** A fence's highest token alone (text), no row when it has none. */
 export function highestToken(fenceKey: string): Query {
   return { name: 'fencepost_highest_token', text: 'SELECT f.highest_token::text AS h FROM fencepost.fences f WHERE f.fence_key = $1', values: [fenceKey] };
@@ -556,7 +572,7 @@ raised_keys AS (
 picked AS (
   SELECT fence_key, 0 AS part FROM rejected_keys UNION ALL SELECT fence_key, 1 FROM raised_keys
 )
-SELECT f.fence_key, f.highest_token, f.raised_by, ${COUNTS}
+SELECT f.fence_key, f.highest_token, f.raised_by, f.updated_at, ${COUNTS}
 FROM picked pk JOIN fencepost.fences f ON f.fence_key = pk.fence_key ${PENDING}
 ORDER BY pk.part, rejected DESC, accepted DESC, f.fence_key COLLATE "C"
 LIMIT $1`,

@@ -40,7 +40,7 @@ export interface Stats {
   fences: number;
   accepted: bigint;
   rejected: bigint;
-  perFence: { fenceKey: string; highestToken: bigint; raisedBy: string | null; accepted: bigint; rejected: bigint }[];
+  perFence: { fenceKey: string; highestToken: bigint; raisedBy: string | null; raisedAt: Date; accepted: bigint; rejected: bigint }[];
 }
 
 export async function readObject(pool: pg.Pool, key: string): Promise<StoredObject | null> {
@@ -82,6 +82,13 @@ export async function readHighestToken(pool: pg.Pool, fenceKey: string): Promise
   return rows[0] ? BigInt(rows[0].highest_token) : null;
 }
 
+/** The fence with the highest token under `prefix` (queries.ts leadingFence); null when none. */
+export async function readLeadingFence(pool: pg.Pool, prefix: string): Promise<{ fenceKey: string; highestToken: bigint; raisedBy: string | null; raisedAt: Date } | null> {
+  const { rows } = await pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date }>(q.leadingFence(prefix));
+  const r = rows[0];
+  return r ? { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, raisedAt: r.updated_at } : null;
+}
+
 export async function readFence(pool: pg.Pool, fenceKey: string): Promise<FenceRecord | null> {
   const { rows } = await pool.query<FenceRow>(q.readFence(fenceKey));
   return rows[0] ? toFence(rows[0]) : null;
@@ -97,14 +104,14 @@ export async function listFences(pool: pg.Pool, after: string | null, limit: num
 export async function readStats(pool: pg.Pool, perFenceLimit: number): Promise<Stats> {
   const [totals, per] = await Promise.all([
     pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
-    pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
+    pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
   ]);
   const t = totals.rows[0]!;
   return {
     fences: Number(t.fences),
     accepted: BigInt(t.accepted),
     rejected: BigInt(t.rejected),
-    perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
+    perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, raisedAt: r.updated_at, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
   };
 }
 

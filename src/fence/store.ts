@@ -94,6 +94,10 @@ export class FenceStore {
     return reads.readHighestToken(this.pool, fenceKey);
   }
 
+  readLeadingFence(prefix: string): ReturnType<typeof reads.readLeadingFence> {
+    return reads.readLeadingFence(this.pool, prefix);
+  }
+
   readFence(fenceKey: string): Promise<FenceRecord | null> {
     return reads.readFence(this.pool, fenceKey);
   }

@@ -66,6 +66,24 @@ export interface ForgeryGuardOptions extends ForgeryGuardConfig {
   recheckDelaysMs?: readonly number[];
 }
 
+/** One mapped election, as GET /v1/elections shows it. */
+export interface ElectionView {
+  electionPath: string;
+  fenceKeyPrefix: string;
+  /** Live candidates, the leader among them. */
+  candidates: number;
+  /** The trusted lowest candidate: its sequence is the token that may raise the fences; since: its node's creation. */
+  leader: { token: bigint; since: Date } | null;
+  /** Why no node under this path is trusted; null when they are. */
+  untrusted: string | null;
+}
+
+interface ElectionRead {
+  candidates: number;
+  leader: { seq: number; since: Date } | null;
+  untrusted: string | null;
+}
+
 const INT32_MAX = 2n ** 31n - 1n;
 const MAX_VERIFIED = 10_000;
 const MAX_HIGHEST = 100_000;
@@ -172,16 +190,40 @@ export class ForgeryGuard {
 
   /** The sequence of the lowest candidate under `path`, if it is a node the election identity made. */
   private async leaderSequence(path: string): Promise<number | null> {
+    const view = await this.readElection(path, 'cannot verify a token that raises a fence; safe to retry');
+    if (view.untrusted !== null) this.untrusted(path, view.untrusted);
+    return view.leader?.seq ?? null;
+  }
+
+  /**
+   * Every mapped election as the guard sees it now (GET /v1/elections): who leads, since when, how
+   * many queue. Throws 503 unavailable when ZooKeeper cannot answer.
+   */
+  async elections(): Promise<ElectionView[]> {
+    const byPath = new Map<string, Promise<ElectionRead>>();
+    const views = this.mappings.map(async (m) => {
+      let read = byPath.get(m.electionPath);
+      if (!read) byPath.set(m.electionPath, (read = this.readElection(m.electionPath, 'cannot read the elections')));
+      const r = await read;
+      return { electionPath: m.electionPath, fenceKeyPrefix: m.prefix, candidates: r.candidates, leader: r.leader && { token: BigInt(r.leader.seq), since: r.leader.since }, untrusted: r.untrusted };
+    });
+    return (await Promise.all(views)).sort((a, b) => (a.electionPath === b.electionPath ? a.fenceKeyPrefix.localeCompare(b.fenceKeyPrefix) : a.electionPath < b.electionPath ? -1 : 1));
+  }
+
+  /**
+   * The lowest candidate under `path`, when it is an ephemeral node the election identity made (a
+   * path whose ACL lets anyone else create or delete nodes has no trusted leader: `untrusted` says
+   * why). A missing path is an election nobody has joined.
+   */
+  private async readElection(path: string, unavailable: string): Promise<ElectionRead> {
     const identity = this.identity;
-    if (identity === null) {
-      this.untrusted(path, 'no election identity is configured (ZK_AUTH): no election node is trusted');
-      return null;
-    }
+    if (identity === null) return { candidates: 0, leader: null, untrusted: 'no election identity is configured (ZK_AUTH): no election node is trusted' };
     try {
       const s = await this.zk();
       this.zkReads++;
       const { children } = await s.getChildren(path);
       let lowest: { name: string; seq: number } | null = null;
+      let candidates = 0;
       for (const name of children) {
         let seq: number;
         try {
@@ -191,23 +233,24 @@ export class ForgeryGuard {
         } catch {
           continue; // a wrapped sequence is never a valid token
         }
+        candidates++;
         if (lowest === null || seq < lowest.seq) lowest = { name, seq };
       }
-      if (lowest === null) return null;
+      if (lowest === null) return { candidates, leader: null, untrusted: null };
       // Who could have made that node: only the identity, if the path's ACL says so and always has.
       const { acl, stat } = await s.getAcl(path);
       if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
-        this.untrusted(path, stat.aversion !== 0
+        const why = stat.aversion !== 0
           ? `its ACL was changed after it was created (ACL version ${stat.aversion}): nodes planted before the change may remain`
-          : `its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`);
-        return null;
+          : `its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
+        return { candidates, leader: null, untrusted: why };
       }
       const node = await s.exists(`${path}/${lowest.name}`);
-      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return null; // gone meanwhile, or not a candidate's
-      return lowest.seq;
+      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null }; // gone meanwhile, or not a candidate's
+      return { candidates, leader: { seq: lowest.seq, since: new Date(Number(node.ctime.readBigInt64BE(0))) }, untrusted: null };
     } catch (err) {
-      if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return null;
-      throw new ApiError('unavailable', 'ZooKeeper unreachable: cannot verify a token that raises a fence; safe to retry', {}, { cause: err });
+      if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return { candidates: 0, leader: null, untrusted: null };
+      throw new ApiError('unavailable', `ZooKeeper unreachable: ${unavailable}`, {}, { cause: err });
     }
   }
 

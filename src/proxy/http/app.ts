@@ -12,6 +12,7 @@ import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { ApiError } from '../errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
+import { electionRoutes } from './routes/elections.ts';
 import { statsRoutes } from './routes/stats.ts';
 import { healthRoutes } from './routes/health.ts';
 import { ProxyMetrics, installMetrics } from '../metrics.ts';
@@ -216,6 +217,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(objectRoutes);
   app.register(fenceRoutes);
   app.register(statsRoutes);
+  app.register(electionRoutes);
   app.register(healthRoutes);
   app.register(metricsRoutes);
   app.register(rejectionRoutes);

@@ -64,11 +64,70 @@
       cell(tr, f.highestToken, 'num highest-token');
       // The writer that raised the fence to its highest token: who holds the fence now.
       cell(tr, f.raisedBy ?? '—', f.raisedBy ? 'raised-by' : 'raised-by muted').title = f.raisedBy ?? 'no Writer-Id sent';
+      cell(tr, `${age(f.raisedAt)} ago`, 'raised-at muted').title = f.raisedAt;
       cell(tr, fmt.format(f.accepted), 'num accepted');
       cell(tr, fmt.format(f.rejected), f.rejected > 0 ? 'num rejected bad' : 'num rejected muted');
       tbody.appendChild(tr);
     }
     $('fences-empty').hidden = stats.byFenceKey.length > 0;
+  }
+
+  /** "4 s", "3 min 12 s", "2 h 5 min": how long ago `iso` was, by this browser's clock. */
+  function age(iso) {
+    const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (s < 60) return `${s} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+  }
+
+  // A leader whose fence is still below its token this long after it took over is one whose fence
+  // advance keeps failing: it leads in ZooKeeper but its writes are refused.
+  const RAISE_GRACE_MS = 10_000;
+
+  function renderElections(view) {
+    const tbody = $('elections').tBodies[0];
+    tbody.replaceChildren();
+    const note = $('elections-note');
+    if (view.error) {
+      note.textContent = `cannot read the elections: ${view.error}`;
+      note.hidden = false;
+      return;
+    }
+    if (!view.guard) {
+      note.textContent = 'No election paths are mapped to fence keys here (FENCEPOST_FORGERY_GUARD). Who holds each fence, and since when, is in Fences below.';
+      note.hidden = false;
+      return;
+    }
+    note.hidden = true;
+    for (const e of view.elections) {
+      const tr = document.createElement('tr');
+      tr.dataset.electionPath = e.electionPath;
+      cell(tr, e.electionPath, 'key').title = e.electionPath;
+      cell(tr, `${e.fenceKeyPrefix}…`, 'key');
+      let state, cls;
+      if (e.leader === null) {
+        cell(tr, '—', 'num leader-token muted');
+        cell(tr, '—', 'muted');
+        [state, cls] = e.untrusted ? [`not trusted: ${e.untrusted}`, 'fence-state bad'] : ['nobody leads', 'fence-state bad'];
+      } else {
+        cell(tr, e.leader.token, 'num leader-token');
+        cell(tr, age(e.leader.since), 'leading-for').title = e.leader.since;
+        const waited = Date.now() - Date.parse(e.leader.since);
+        if (e.fenceRaised) [state, cls] = ['raised', 'fence-state good'];
+        else if (waited < RAISE_GRACE_MS) [state, cls] = ['raising…', 'fence-state muted'];
+        else [state, cls] = [`not raised for ${age(e.leader.since)}`, 'fence-state bad'];
+      }
+      cell(tr, fmt.format(e.candidates), 'num candidates');
+      cell(tr, e.fence ? e.fence.highestToken : '—', e.fence ? 'num fence-token' : 'num fence-token muted').title = e.fence ? e.fence.fenceKey : 'no fence under this prefix yet';
+      const st = cell(tr, state, cls);
+      st.dataset.state = e.leader === null ? 'leaderless' : e.fenceRaised ? 'raised' : 'behind';
+      tbody.appendChild(tr);
+    }
+    if (view.elections.length === 0) {
+      note.textContent = 'No elections mapped.';
+      note.hidden = false;
+    }
   }
 
   function renderRejections(page) {
@@ -142,12 +201,15 @@
 
   async function refresh() {
     try {
-      const [stats, page, hist] = await Promise.all([
+      // The elections come from ZooKeeper: when it cannot answer, the panel says so and the rest stays live.
+      const [stats, page, hist, elections] = await Promise.all([
         getJson('v1/stats?limit=25'),
         getJson('v1/rejections?limit=15'),
         getJson(`v1/rejections/histogram?minutes=${MINUTES}`),
+        getJson('v1/elections').catch((err) => ({ error: err instanceof Error ? err.message : String(err) })),
       ]);
       renderTotals(stats, hist);
+      renderElections(elections);
       renderFences(stats);
       renderRejections(page);
       renderChart(hist);

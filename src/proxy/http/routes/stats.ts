@@ -9,6 +9,7 @@ const countSchema = {
     fenceKey: { type: 'string' },
     highestToken: { type: 'string' },
     raisedBy: { type: ['string', 'null'], description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none' },
+    raisedAt: { type: 'string', format: 'date-time', description: 'when the fence was raised to highestToken: since when its holder leads' },
     accepted: { type: 'integer' },
     rejected: { type: 'integer' },
   },
@@ -42,7 +43,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
         accepted: Number(s.accepted),
         rejected: Number(s.rejected),
         fenceCount: s.fences,
-        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), raisedBy: f.raisedBy, accepted: Number(f.accepted), rejected: Number(f.rejected) })),
+        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), raisedBy: f.raisedBy, raisedAt: f.raisedAt.toISOString(), accepted: Number(f.accepted), rejected: Number(f.rejected) })),
       };
     },
   );

@@ -1,0 +1,77 @@
+// GET /v1/elections — the elections the forgery guard maps (FENCEPOST_FORGERY_GUARD), read from
+// ZooKeeper now: who leads each, since when, how many candidates queue, and whether the leader has
+// raised its fence yet (the fence with the highest token under the mapped prefix, from the
+// database). A leader whose token stays above its fence is one whose advance keeps failing: it
+// leads in ZooKeeper but cannot write. Without the guard the proxy knows no election paths and the
+// list is empty.
+import type { FastifyInstance } from 'fastify';
+
+const election = {
+  type: 'object',
+  properties: {
+    electionPath: { type: 'string' },
+    fenceKeyPrefix: { type: 'string' },
+    candidates: { type: 'integer', description: 'live candidates, the leader among them' },
+    leader: {
+      type: ['object', 'null'],
+      description: 'the trusted lowest candidate; null when nobody leads (or no node is trusted, see untrusted)',
+      properties: {
+        token: { type: 'string', description: 'its znode sequence: the token that may raise the fences under the prefix' },
+        since: { type: 'string', format: 'date-time', description: 'when its znode was created (ZooKeeper time)' },
+      },
+    },
+    untrusted: { type: ['string', 'null'], description: 'why no node under this path is trusted to lead' },
+    fence: {
+      type: ['object', 'null'],
+      description: 'the fence with the highest token under the prefix; null when none exists yet',
+      properties: {
+        fenceKey: { type: 'string' },
+        highestToken: { type: 'string' },
+        raisedBy: { type: ['string', 'null'] },
+        raisedAt: { type: 'string', format: 'date-time' },
+      },
+    },
+    fenceRaised: { type: ['boolean', 'null'], description: 'the fence is at the leader\'s token (or above it); null when nobody leads' },
+  },
+};
+
+export async function electionRoutes(app: FastifyInstance): Promise<void> {
+  app.get(
+    '/v1/elections',
+    {
+      config: { access: 'read' },
+      schema: {
+        summary: 'The elections the forgery guard maps: leader, since when, candidates, and whether the leader has raised its fence',
+        response: {
+          200: {
+            type: 'object',
+            properties: {
+              guard: { type: 'boolean', description: 'false: FENCEPOST_FORGERY_GUARD is not set, so no election paths are known' },
+              elections: { type: 'array', items: election },
+            },
+          },
+        },
+      },
+    },
+    async () => {
+      const guard = app.forgeryGuard;
+      if (guard === null) return { guard: false, elections: [] };
+      const views = await guard.elections();
+      const elections = await Promise.all(
+        views.map(async (v) => {
+          const fence = await app.store.readLeadingFence(v.fenceKeyPrefix);
+          return {
+            electionPath: v.electionPath,
+            fenceKeyPrefix: v.fenceKeyPrefix,
+            candidates: v.candidates,
+            leader: v.leader && { token: v.leader.token.toString(), since: v.leader.since.toISOString() },
+            untrusted: v.untrusted,
+            fence: fence && { fenceKey: fence.fenceKey, highestToken: fence.highestToken.toString(), raisedBy: fence.raisedBy, raisedAt: fence.raisedAt.toISOString() },
+            fenceRaised: v.leader === null ? null : fence !== null && fence.highestToken >= v.leader.token,
+          };
+        }),
+      );
+      return { guard: true, elections };
+    },
+  );
+}

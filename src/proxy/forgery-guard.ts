@@ -72,15 +72,19 @@ export interface ElectionView {
   fenceKeyPrefix: string;
   /** Live candidates, the leader among them. */
   candidates: number;
-  /** The trusted lowest candidate: its sequence is the token that may raise the fences; since: its node's creation. */
-  leader: { token: bigint; since: Date } | null;
+  /**
+   * The trusted lowest candidate: its sequence is the token that may raise the fences. joinedAt:
+   * its node's creation (it queued from then); seenSince: when this proxy first saw it lead (at
+   * most its leadership's start; ZooKeeper keeps no time of the handover).
+   */
+  leader: { token: bigint; joinedAt: Date; seenSince: Date } | null;
   /** Why no node under this path is trusted; null when they are. */
   untrusted: string | null;
 }
 
 interface ElectionRead {
   candidates: number;
-  leader: { seq: number; since: Date } | null;
+  leader: { seq: number; joinedAt: Date } | null;
   untrusted: string | null;
 }
 
@@ -95,6 +99,8 @@ export class ForgeryGuard {
   private readonly verified = new LRUCache<string, true>({ max: MAX_VERIFIED });
   private readonly highest = new LRUCache<string, bigint>({ max: MAX_HIGHEST });
   private readonly inFlight = new Map<string, Promise<boolean>>();
+  /** Per mapped election path, the leader elections() last saw and when it first saw it lead. */
+  private readonly leaderSeen = new Map<string, { seq: number; at: Date }>();
   /** Election paths already logged as untrusted (once each). */
   private readonly untrustedLogged = new Set<string>();
   private session: Promise<ZkSession> | null = null;
@@ -205,7 +211,13 @@ export class ForgeryGuard {
       let read = byPath.get(m.electionPath);
       if (!read) byPath.set(m.electionPath, (read = this.readElection(m.electionPath, 'cannot read the elections')));
       const r = await read;
-      return { electionPath: m.electionPath, fenceKeyPrefix: m.prefix, candidates: r.candidates, leader: r.leader && { token: BigInt(r.leader.seq), since: r.leader.since }, untrusted: r.untrusted };
+      let leader: ElectionView['leader'] = null;
+      if (r.leader) {
+        let seen = this.leaderSeen.get(m.electionPath);
+        if (seen?.seq !== r.leader.seq) this.leaderSeen.set(m.electionPath, (seen = { seq: r.leader.seq, at: new Date() }));
+        leader = { token: BigInt(r.leader.seq), joinedAt: r.leader.joinedAt, seenSince: seen.at };
+      }
+      return { electionPath: m.electionPath, fenceKeyPrefix: m.prefix, candidates: r.candidates, leader, untrusted: r.untrusted };
     });
     return (await Promise.all(views)).sort((a, b) => (a.electionPath === b.electionPath ? a.fenceKeyPrefix.localeCompare(b.fenceKeyPrefix) : a.electionPath < b.electionPath ? -1 : 1));
   }
@@ -247,7 +259,7 @@ export class ForgeryGuard {
       }
       const node = await s.exists(`${path}/${lowest.name}`);
       if (node === null || node.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null }; // gone meanwhile, or not a candidate's
-      return { candidates, leader: { seq: lowest.seq, since: new Date(Number(node.ctime.readBigInt64BE(0))) }, untrusted: null };
+      return { candidates, leader: { seq: lowest.seq, joinedAt: new Date(Number(node.ctime.readBigInt64BE(0))) }, untrusted: null };
     } catch (err) {
       if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return { candidates: 0, leader: null, untrusted: null };
       throw new ApiError('unavailable', `ZooKeeper unreachable: ${unavailable}`, {}, { cause: err });

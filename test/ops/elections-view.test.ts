@@ -68,7 +68,7 @@ interface View {
     electionPath: string;
     fenceKeyPrefix: string;
     candidates: number;
-    leader: { token: string; since: string } | null;
+    leader: { token: string; joinedAt: string; seenSince: string } | null;
     untrusted: string | null;
     fence: { fenceKey: string; highestToken: string; raisedBy: string | null } | null;
     fenceRaised: boolean | null;
@@ -94,7 +94,8 @@ describe('GET /v1/elections', () => {
     const b = await candidate('replica-b');
     const before = await electionAt(jobs);
     expect(before).toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
-    expect(Date.parse(before.leader!.since)).toBeGreaterThan(Date.now() - 60_000);
+    expect(Date.parse(before.leader!.joinedAt)).toBeGreaterThan(Date.now() - 60_000);
+    expect(Date.parse(before.leader!.seenSince)).toBeGreaterThanOrEqual(Date.parse(before.leader!.joinedAt) - 5_000); // clocks: ZooKeeper's and ours
 
     expect((await raise(tokenA, 'replica-a')).status).toBe(200);
     expect(await electionAt(jobs)).toMatchObject({ leader: { token: tokenA.toString() }, fenceRaised: true, fence: { fenceKey: 'nightly/report', highestToken: tokenA.toString(), raisedBy: 'replica-a' } });
@@ -138,7 +139,7 @@ describe('GET /v1/elections', () => {
 });
 
 describe('the dashboard\'s Elections panel, in headless Chromium', () => {
-  test('shows the leader and its fence, follows a handover, and says when nobody leads', async () => {
+  test('shows the leader and its fence, flags a leader that does not raise it, follows a handover, and says when nobody leads', async () => {
     const c = await candidate('replica-c');
     const tokenC = await c.waitForLeadership();
     const d = await candidate('replica-d');
@@ -147,7 +148,7 @@ describe('the dashboard\'s Elections panel, in headless Chromium', () => {
     const problems: string[] = [];
     page.on('pageerror', (e) => problems.push(`pageerror: ${e.message}`));
     try {
-      await page.goto(`${url}/dashboard?refreshMs=300`);
+      await page.goto(`${url}/dashboard?refreshMs=300&raiseGraceMs=1000`);
       const row = (path: string) => page.locator(`#elections tbody tr[data-election-path="${path}"]`);
       await expect.poll(() => row(jobs).locator('.leader-token').textContent(), { timeout: 10_000 }).toBe(tokenC.toString());
       expect(await row(jobs).locator('.fence-state').getAttribute('data-state')).toBe('raised');
@@ -158,6 +159,9 @@ describe('the dashboard\'s Elections panel, in headless Chromium', () => {
       const tokenD = await d.waitForLeadership();
       await expect.poll(() => row(jobs).locator('.leader-token').textContent(), { timeout: 10_000 }).toBe(tokenD.toString());
       expect(await row(jobs).locator('.fence-state').getAttribute('data-state')).toBe('behind');
+      // A leader that does not raise its fence past the grace is flagged: it leads but cannot write.
+      await expect.poll(() => row(jobs).locator('.fence-state').textContent(), { timeout: 10_000 }).toMatch(/^not raised for ≥ \d+ s$/);
+      expect(await row(jobs).locator('.fence-state').getAttribute('class')).toContain('bad');
       expect((await raise(tokenD, 'replica-d')).status).toBe(200);
       await expect.poll(() => row(jobs).locator('.fence-state').getAttribute('data-state'), { timeout: 10_000 }).toBe('raised');
       expect(await row(jobs).locator('.fence-token').textContent()).toBe(tokenD.toString());

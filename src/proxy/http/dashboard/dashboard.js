@@ -72,18 +72,18 @@
     $('fences-empty').hidden = stats.byFenceKey.length > 0;
   }
 
-  /** "4 s", "3 min 12 s", "2 h 5 min": how long ago `iso` was, by this browser's clock. */
+  /** "4 s", "3 min", "2 h 5 min", "3 d": how long ago `iso` was, by this browser's clock. */
   function age(iso) {
     const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
     if (s < 60) return `${s} s`;
-    if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min`;
     if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
-    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+    return `${Math.floor(s / 86400)} d`;
   }
 
   // A leader whose fence is still below its token this long after it took over is one whose fence
   // advance keeps failing: it leads in ZooKeeper but its writes are refused.
-  const RAISE_GRACE_MS = 10_000;
+  const RAISE_GRACE_MS = Math.max(0, Number(params.get('raiseGraceMs') ?? NaN) || 10_000);
 
   function renderElections(view) {
     const tbody = $('elections').tBodies[0];
@@ -112,11 +112,15 @@
         [state, cls] = e.untrusted ? [`not trusted: ${e.untrusted}`, 'fence-state bad'] : ['nobody leads', 'fence-state bad'];
       } else {
         cell(tr, e.leader.token, 'num leader-token');
-        cell(tr, age(e.leader.since), 'leading-for').title = e.leader.since;
-        const waited = Date.now() - Date.parse(e.leader.since);
+        // A leader raises its fence as it takes over: then the raise dates its leadership. Until then,
+        // what this proxy saw is a lower bound ("≥").
+        const atToken = e.fence !== null && e.fence.highestToken === e.leader.token;
+        const since = atToken ? e.fence.raisedAt : e.leader.seenSince;
+        cell(tr, `${atToken ? '' : '≥ '}${age(since)}`, 'leading-for').title = `queued since ${e.leader.joinedAt}`;
+        const waited = Date.now() - Date.parse(e.leader.seenSince);
         if (e.fenceRaised) [state, cls] = ['raised', 'fence-state good'];
         else if (waited < RAISE_GRACE_MS) [state, cls] = ['raising…', 'fence-state muted'];
-        else [state, cls] = [`not raised for ${age(e.leader.since)}`, 'fence-state bad'];
+        else [state, cls] = [`not raised for ≥ ${age(e.leader.seenSince)}`, 'fence-state bad'];
       }
       cell(tr, fmt.format(e.candidates), 'num candidates');
       cell(tr, e.fence ? e.fence.highestToken : '—', e.fence ? 'num fence-token' : 'num fence-token muted').title = e.fence ? e.fence.fenceKey : 'no fence under this prefix yet';

@@ -1,6 +1,6 @@
 // Regenerates docs/dashboard.png: a throwaway embedded Postgres, a proxy, an hour of realistic
-// traffic (leaders writing, a zombie ex-leader and a flapping election being refused), then the
-// dashboard in headless Chromium. Usage: npx tsx scripts/screenshot-dashboard.ts [out.png]
+// traffic (leaders writing, a zombie ex-leader and a flapping election being refused), a ZooKeeper
+// with two real elections the forgery guard maps, then the dashboard in headless Chromium. Usage: npx tsx scripts/screenshot-dashboard.ts [out.png]
 import { STORE_DEFAULTS } from '../src/proxy/config.ts';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -10,7 +10,9 @@ import { migrate } from '../src/fence/migrate.ts';
 import { FenceStore } from '../src/fence/store.ts';
 import { buildApp } from '../src/proxy/http/app.ts';
 import { createPool } from '../src/proxy/server.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
+import { freePort, LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { Election } from '../src/election/election.ts';
+import { ZkSession } from '../src/election/zk-session.ts';
 import { launchChromium } from '../test/support/chromium.ts';
 
 const REPO = join(import.meta.dirname, '..');
@@ -24,8 +26,31 @@ async function main(): Promise<void> {
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
   const pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port: await freePort() });
   const pool = createPool(pg.url, 10);
-  const app = buildApp({ store: new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 8 }), bodyLimitBytes: 1 << 20 });
+  // Two real elections the forgery guard maps: jobs/ (its leader has raised its fence) and
+  // billing/ (a new leader whose fence advance has not arrived).
+  const zkServer = await LocalZooKeeper.start({ baseDir: join(dir, 'zk') });
+  const auth = { user: 'elector', password: 'screenshot' };
+  const app = buildApp({
+    store: new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 8 }),
+    bodyLimitBytes: 1 << 20,
+    forgeryGuard: { zkConnect: zkServer.connectString, electionAuth: auth, mappings: [{ prefix: 'jobs/', electionPath: '/prod/jobs' }, { prefix: 'billing/', electionPath: '/prod/billing' }] },
+  });
+  const elections: Election[] = [];
   try {
+    const root = await ZkSession.open({ connect: zkServer.connectString, sessionTimeoutMs: 4000 });
+    await root.mkdirp('/prod');
+    await root.close();
+    const candidates = async (path: string, n: number) => {
+      for (let i = 0; i < n; i++) {
+        const e = new Election({ connect: zkServer.connectString, path, id: `${path.split('/').pop()}-${i}`, sessionTimeoutMs: 4000, auth });
+        elections.push(e);
+        await e.start();
+      }
+    };
+    await candidates('/prod/billing', 1);
+    await elections[0]!.close(); // billing's first leader left: its successor has not raised yet
+    await candidates('/prod/billing', 2);
+    await candidates('/prod/jobs', 3);
     await migrate(pool);
     const url = await app.listen({ host: '127.0.0.1', port: 0 });
     const write = async (key: string, fenceKey: string, token: number, writer: string) => {
@@ -36,6 +61,8 @@ async function main(): Promise<void> {
       });
       if (res.status !== 200 && res.status !== 409) throw new Error(`${key}: HTTP ${res.status}`);
     };
+    await write('billing/invoices', 'billing/invoices', 0, 'billing-0');
+    await write('jobs/nightly', 'jobs/nightly', 0, 'jobs-0');
     const leaders: [fenceKey: string, token: number, writes: number][] = [
       ['orders', 412, 1480],
       ['payments', 391, 960],
@@ -71,11 +98,22 @@ async function main(): Promise<void> {
        FROM unnest($1::bigint[], $2::float8[]) AS a(id, secs) WHERE r.id = a.id`,
       [rows.map((r) => r.id), agoSeconds],
     );
+    // The chart reads per-minute counts kept as rejections are recorded: count them again as dated.
+    await pool.query(`DELETE FROM fencepost.rejection_minutes`);
+    await pool.query(`INSERT INTO fencepost.rejection_minutes (minute, shard, count)
+      SELECT date_trunc('minute', rejected_at), 0, count(*) FROM fencepost.rejections GROUP BY 1`);
+    // When each leader raised its fence (the Fences table's "since"), as the story above has it.
+    const raised: Record<string, number> = { payments: 16, 'inventory/eu-west': 35, ledger: 190, orders: 52, 'inventory/us-east': 130, sessions: 300, 'reports/daily': 1200 };
+    await pool.query(
+      `UPDATE fencepost.fences f SET updated_at = now() - make_interval(mins => a.mins)
+       FROM unnest($1::text[], $2::int[]) AS a(fence_key, mins) WHERE f.fence_key = a.fence_key`,
+      [Object.keys(raised), Object.values(raised)],
+    );
 
     const browser = await launchChromium();
     try {
       const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-      await page.goto(`${url}/dashboard`);
+      await page.goto(`${url}/dashboard?raiseGraceMs=0`);
       await page.locator('#status[data-state="live"]').waitFor();
       await page.screenshot({ path: out, fullPage: true });
       process.stdout.write(`wrote ${out}\n`);
@@ -83,7 +121,9 @@ async function main(): Promise<void> {
       await browser.close();
     }
   } finally {
+    await Promise.all(elections.map((e) => e.close()));
     await app.close();
+    await zkServer.stop();
     await pool.end();
     await pg.stop();
     rmSync(dir, { recursive: true, force: true });

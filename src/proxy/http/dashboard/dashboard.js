@@ -83,7 +83,7 @@
 
   // A leader whose fence is still below its token this long after it took over is one whose fence
   // advance keeps failing: it leads in ZooKeeper but its writes are refused.
-  const RAISE_GRACE_MS = Math.max(0, Number(params.get('raiseGraceMs') ?? NaN) || 10_000);
+  const RAISE_GRACE_MS = params.has('raiseGraceMs') && Number(params.get('raiseGraceMs')) >= 0 ? Number(params.get('raiseGraceMs')) : 10_000;
 
   function renderElections(view) {
     const tbody = $('elections').tBodies[0];

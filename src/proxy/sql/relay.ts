@@ -73,7 +73,20 @@ interface Pending extends Expect {
   onReady?: () => void;
   /** query: the fence after a lone BEGIN failed (see undoBeginOnFenceError). */
   fenceFailed?: boolean;
+  /** How many CopyDone/CopyFail of the writer's had gone to the backend when this was sent. */
+  copyEndsAt?: number;
 }
+
+/**
+ * COPY FROM STDIN, as the backend runs it: from its CopyInResponse it reads only CopyData, CopyDone
+ * and CopyFail, ignores Flush and Sync, and takes any other message as an error it cannot be matched
+ * with. So while the writer's copy stream is open its copy messages, Flushes and Syncs go straight
+ * through (never held for an answer that comes only after the copy ends), and anything else ends
+ * the session. A COPY started by an extended-protocol Execute still needs a Sync after the copy
+ * (libpq sends one after CopyDone): that Sync answers the group's first one, which the backend
+ * ignored.
+ */
+const NOT_COPY_DATA = 'a message other than CopyData, CopyDone, CopyFail, Flush or Sync during COPY FROM STDIN';
 
 /** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
 const INTERNAL_ERROR = 'XX000';
@@ -143,6 +156,14 @@ export class Relay {
    */
   private fenced = false;
   private spoiled: 'invalid' | 'rolled_back' | null = null;
+  /** CopyDone and CopyFail messages of the writer's sent to the backend so far. */
+  private copyEnds = 0;
+  /** The backend is in COPY IN (CopyInResponse, no CommandComplete or error since). */
+  private copyActive = false;
+  /** The writer's copy stream is open: the backend is in COPY IN and the writer has not ended it. */
+  private copyStream: { extended: boolean } | null = null;
+  /** The backend needs one more Sync for a COPY started by an Execute (see NOT_COPY_DATA). */
+  private owedSync = false;
 
   constructor(
     private readonly client: Socket,
@@ -338,6 +359,18 @@ export class Relay {
     let i = 0;
     while (i < this.clientFrames.length && !this.closed) {
       const { frame, msg } = this.clientFrames[i]!;
+      if ((this.copyStream !== null || this.owedSync) && msg.type !== 'copy') {
+        if (msg.type === 'sync' || msg.type === 'flush') {
+          // Ignored by the backend in COPY IN; after it, the Sync the copy's group still needs.
+          i++;
+          this.toBackend.push(frame.bytes);
+          if (msg.type === 'sync' && this.copyStream === null) this.owedSync = false;
+          continue;
+        }
+        this.flushBackend();
+        this.fail(this.copyStream !== null ? NOT_COPY_DATA : 'a message other than Sync after the copy data of a COPY FROM STDIN started by Execute');
+        return;
+      }
       if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
       const gate = this.opts.gate;
       if (gate && this.status === 'I' && this.planner.startsTransaction(msg) && !gate.ready()) {
@@ -348,6 +381,7 @@ export class Relay {
       i++;
       if (gate && (msg.type === 'query' || msg.type === 'parse')) gate.noteText(msg.text);
       this.apply(frame, this.planner.plan(msg, { status: this.status, awaiting: this.queue.length > 0 }));
+      if (frame.type === 'c' || frame.type === 'f') this.endCopyStream();
     }
     this.clientFrames.splice(0, i);
     this.holding = this.clientFrames.length > 0;
@@ -383,6 +417,7 @@ export class Relay {
   }
 
   private expect(e: Pending): void {
+    e.copyEndsAt = this.copyEnds;
     if (this.skipping) {
       if (e.kind !== 'sync' && e.kind !== 'query') {
         this.skipped(e); // no response comes
@@ -417,7 +452,7 @@ export class Relay {
       return;
     }
     this.flushClient();
-    if (this.pendingReady === 0 && this.clientFrames.length > 0) this.pumpClient();
+    if ((this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0) this.pumpClient();
   }
 
   private flushClient(): void {
@@ -437,8 +472,48 @@ export class Relay {
     return e;
   }
 
+  /** The writer's CopyDone or CopyFail went to the backend. */
+  private endCopyStream(): void {
+    this.copyEnds++;
+    if (this.copyStream === null) return;
+    if (this.copyStream.extended) this.owedSync = true;
+    this.copyStream = null;
+  }
+
+  /** CopyInResponse to `head`, the writer's Query or Execute (see NOT_COPY_DATA). */
+  private onCopyIn(head: Pending | undefined): void {
+    if (head === undefined) throw new Error('CopyInResponse from the database answers nothing');
+    this.copyActive = true;
+    const extended = head.kind === 'execute';
+    if (extended) {
+      // What the writer sent after the Execute reached the backend in COPY IN, up to its copy end.
+      const during = this.queue.slice(1).filter((e) => e.copyEndsAt === head.copyEndsAt);
+      if (during.some((e) => e.kind !== 'sync')) {
+        this.fail(NOT_COPY_DATA);
+        return;
+      }
+      // Ignored Syncs: the first one's ReadyForQuery comes after the copy (owedSync); no other one's does.
+      for (const e of during.slice(1)) {
+        this.queue.splice(this.queue.indexOf(e), 1);
+        this.pendingReady--;
+      }
+    }
+    if (this.copyEnds === head.copyEndsAt) this.copyStream = { extended };
+    else if (extended) this.owedSync = true; // the writer's copy end went with its pipeline
+  }
+
   private onBackendFrame(f: Frame): void {
     const head = this.queue[0];
+    if (f.type === 'G') {
+      this.onCopyIn(head);
+      if (this.closed) return;
+    } else if (this.copyActive && (f.type === 'C' || f.type === 'E')) {
+      // The copy is over on the backend's side (an error aborts it: the backend drops the rest of
+      // the writer's copy data; after an Execute it waits for a Sync).
+      this.copyActive = false;
+      if (this.copyStream?.extended) this.owedSync = true;
+      this.copyStream = null;
+    }
     if (head?.kind === 'query' && f.type !== 'Z' && f.type !== 'E' && f.type !== 'S' && f.type !== 'A') {
       this.onQueryMessage(f, head);
       return;

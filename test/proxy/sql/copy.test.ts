@@ -6,6 +6,8 @@ import { execFile } from 'node:child_process';
 import type { TestDatabase } from '../../support/db.ts';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { message } from '../../../src/proxy/sql/framing.ts';
+import { B, E, P, Q, RawClient, S } from './raw-client.ts';
 
 const PSQL = '/usr/bin/psql';
 
@@ -228,5 +230,51 @@ describe('COPY TO STDOUT', () => {
       expect(lines[99_999]).toBe('100000\tline 100000');
       expect(lines[100_000]).toBe('');
     }
+  });
+});
+
+describe('COPY FROM STDIN, message by message', () => {
+  const copyData = (text: string) => message('d', Buffer.from(text));
+  const COPY_DONE = message('c');
+
+  test('over the extended protocol as libpq sends it (Parse/Bind/Execute/Sync, the data, CopyDone, Sync): the rows land, fenced', async ({ sql, db }) => {
+    // Invariant: the backend ignores a Sync during COPY IN; the one after CopyDone answers the
+    // group. The endpoint neither waits for an answer that cannot come nor adds one.
+    const raw = await RawClient.connect(sql.port, sql.database, 'copier-ext', fenceOptions(6, 'copy/ext'));
+    try {
+      raw.write(P('COPY copied (id, v) FROM STDIN'), B(), E(), S());
+      await new Promise((r) => setTimeout(r, 100)); // the backend is in COPY IN now
+      const done = await raw.send([copyData('31\tthirty-one\n32\tthirty-two\n'), COPY_DONE, S()], 1);
+      expect(done.errors).toEqual([]);
+      expect(done.tags).toContain('COPY 2');
+      expect(done.status).toBe('I');
+      expect(await inRange(db, 31, 32)).toEqual([[31, 'thirty-one'], [32, 'thirty-two']]);
+      expect(await fenceRow(db.pool, 'copy/ext')).toEqual({ highest_token: '6' });
+      // The whole exchange in one write (a pipeline), and a COPY whose data the backend refuses.
+      const piped = await raw.send([P('COPY copied (id, v) FROM STDIN'), B(), E(), S(), copyData('33\tthirty-three\n'), COPY_DONE, S()], 1);
+      expect(piped).toMatchObject({ errors: [], status: 'I' });
+      expect(piped.tags).toContain('COPY 1');
+      raw.write(P('COPY copied (id, v) FROM STDIN'), B(), E(), S());
+      await new Promise((r) => setTimeout(r, 100));
+      const refused = await raw.send([copyData('not a number\tx\n'), COPY_DONE, S()], 1);
+      expect(refused).toMatchObject({ errors: ['22P02'], status: 'I' });
+      expect(await inRange(db, 31, 34)).toEqual([[31, 'thirty-one'], [32, 'thirty-two'], [33, 'thirty-three']]);
+      // The session goes on.
+      expect((await raw.send([Q('SELECT 1')], 1)).tags).toEqual(['SELECT 1']);
+    } finally {
+      raw.close();
+    }
+  });
+
+  test('a message other than copy data, Flush or Sync inside a COPY IN ends the session with 08P01 (no hang), nothing of the COPY lands', async ({ sql, db }) => {
+    // Found by the protocol fuzzer: an Execute after COPY … FROM STDIN waited for the Query's
+    // ReadyForQuery while the backend waited for the end of the copy data behind it.
+    const raw = await RawClient.connect(sql.port, sql.database, 'copier-bad', fenceOptions(6, 'copy/ext'));
+    raw.write(Q('COPY copied (id, v) FROM STDIN'), copyData('41\tforty-one\n'));
+    await new Promise((r) => setTimeout(r, 100));
+    const out = await raw.send([E(), copyData('42\tforty-two\n'), message('f', 'given up'), S(), Q('SELECT 1')], 2);
+    expect(out.closed).toBe(true);
+    expect(out.errors).toContain('08P01');
+    expect(await countInRange(db, 41, 42)).toBe(0);
   });
 });

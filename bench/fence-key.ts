@@ -2,6 +2,9 @@
 // (one leader, one fence key, many objects), measured with C load generators (bench/loadgen.ts):
 // wrk against a `fencepost serve` process, pgbench -M prepared sending the same statement straight
 // to the same Postgres. Each scenario gets a fresh Postgres, migrated, and a proxy of its own.
+// Every measured run also reads CPU per operation of Postgres, the proxy and wrk or pgbench
+// (bench/cpu.ts), and the door scenarios run once more with Postgres pinned to one core
+// (bench/placement.ts, BENCH_PLACEMENT).
 //
 //   one-fence        PUT of 5,000 objects under one fence key and token, 32 in flight, vs the upsert
 //   distinct-fences  PUT of 10,000 objects, each its own fence key, 32 in flight, vs the upsert
@@ -28,6 +31,8 @@ import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
 import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
+import { cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
+import { pinnedDescription, place, placements, type Placement } from './placement.ts';
 
 export const SCENARIOS = ['one-fence', 'distinct-fences', 'transactions', 'protected', 'raise', 'reads'] as const;
 export type Scenario = (typeof SCENARIOS)[number];
@@ -53,6 +58,12 @@ export interface Comparison {
   goalRatio: number;
   /** proxy p99 ÷ direct p99 at most this (when the scenario sets one). */
   goalP99Ratio?: number;
+  /** Issue 26's goals on CPU per operation (the CPU table). */
+  cpuGoals?: readonly CpuGoal[];
+  placement: Placement;
+  /** CPU over each measured run: Postgres, the proxy (its run only) and wrk or pgbench. */
+  proxyCpu: CpuWindow;
+  directCpu: CpuWindow;
 }
 
 export interface RaiseResult {
@@ -91,7 +102,10 @@ export interface ReadsResult {
 }
 
 export interface FenceKeyReport {
+  /** Every placement's (the main table shows the shared ones, the CPU table all). */
   comparisons: Comparison[];
+  /** Runs measured beside the comparisons: the protected runs. */
+  cpu: CpuRow[];
   /** The `protected` scenario: each door's write unprotected and protected, back to back. */
   protected: ProtectedPair[];
   raise: RaiseResult | null;
@@ -99,6 +113,11 @@ export interface FenceKeyReport {
 }
 
 const READ_GOAL_MS = 20;
+/** Issue 26: a fenced object write costs Postgres at most 0.4× a lone direct upsert, the proxy at most 35 µs. */
+const HTTP_OBJECT_CPU_GOALS: readonly CpuGoal[] = [
+  { part: 'postgres', maxRatio: 0.4 },
+  { part: 'proxy', maxUs: 35 },
+];
 const CLIENT_ROLE_PREFIX = 'fpbench';
 
 /** A JSON body of exactly `bytes` bytes. */
@@ -124,6 +143,8 @@ interface World {
   proxy: ServeProcess;
   /** The open-mode login client SQL runs as (FENCEPOST_CLIENT_ROLE). */
   clientRole: string;
+  /** Postgres's postmaster (bench/cpu.ts); null: a server not on this machine. */
+  postmaster: number | null;
   /** Migrations applied after the seed, over its rows, and how long they took. */
   upgrade: { migrations: string[]; seconds: number };
 }
@@ -161,7 +182,7 @@ async function withWorld<T>(name: Scenario, seed: Seed, body: (w: World) => Prom
     const migrations = await migrate(sql);
     const upgrade = { migrations, seconds: (performance.now() - t) / 1000 };
     proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, ...extraEnv() });
-    return await body({ dbUrl: db.url, sql, proxy, clientRole, upgrade });
+    return await body({ dbUrl: db.url, sql, proxy, clientRole, upgrade, postmaster: await postmasterPid(db.url) });
   } finally {
     await proxy?.stop();
     await sql.end();
@@ -209,49 +230,94 @@ interface Protection {
 }
 
 interface DoorResult {
-  comparison: Comparison | null;
+  /** One per placement. */
+  comparisons: Comparison[];
   protectedPair: ProtectedPair | null;
+  /** The protected run's CPU. */
+  protectedCpu: CpuRow | null;
 }
 
 /**
- * pgbench straight to Postgres (runs.direct), then wrk through the proxy; with runs.protection,
- * that protection applied and wrk once more, right after the first (each after its own warm-up).
+ * For each placement (pinned first): pgbench straight to Postgres (runs.direct), then wrk through
+ * the proxy; with runs.protection, that protection applied and wrk once more, sharing the cores,
+ * right after the shared run (each after its own warm-up; a protected prefix stays protected, and
+ * would refuse the direct upsert). Every measured run reads its processes' CPU (bench/cpu.ts).
  */
 async function compare(
   w: World,
   o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
-  spec: Omit<Comparison, 'proxy' | 'direct'> & { wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>; pgbench: string },
+  spec: Omit<Comparison, 'proxy' | 'direct' | 'placement' | 'proxyCpu' | 'directCpu'> & { wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>; pgbench: string },
   runs: { direct: boolean; protection: Protection | null },
   log: (line: string) => void,
 ): Promise<DoorResult> {
   const pgb = { url: w.dbUrl, scriptSql: spec.pgbench, clients: spec.inFlight, mode: 'prepared' as const };
   const wrk = { ...spec.wrk, url: w.proxy.url, connections: spec.inFlight };
-  const runProxy = async (what: string, afterWarmup: () => Promise<void> = async () => {}) => {
-    log(`${spec.name}${what}: wrk, ${spec.inFlight} connections, ${o.durationS} s`);
+  const placed = { postgres: w.postmaster, others: [w.proxy.pid] };
+  const probes = (viaProxy: boolean): CpuProbe[] => [
+    ...(w.postmaster === null ? [] : [treeProbe('postgres', w.postmaster)]),
+    ...(viaProxy ? [treeProbe('proxy', w.proxy.pid)] : []),
+    exitedChildrenProbe(),
+  ];
+  const runProxy = async (what: string, placement: Placement, afterWarmup: () => Promise<void> = async () => {}) => {
+    log(`${spec.name}${what}: wrk, ${spec.inFlight} connections, ${o.durationS} s, ${placement}`);
+    place(placement, placed);
     if (o.warmupS > 0) await runWrk({ ...wrk, durationS: o.warmupS });
     await afterWarmup();
-    return runWrk({ ...wrk, durationS: o.durationS });
+    return measureCpu(probes(true), () => runWrk({ ...wrk, durationS: o.durationS }));
   };
-  let direct: PgbenchResult | null = null;
-  if (runs.direct) {
-    log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s`);
-    if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
-    direct = await runPgbench({ ...pgb, durationS: o.durationS });
+  const { wrk: _w, pgbench: _p, ...rest } = spec;
+  const comparisons: Comparison[] = [];
+  let proxyShared: WrkResult | null = null;
+  try {
+    // Without the direct run (the protected pair alone) only the shared run, the pair's first half.
+    const order: Placement[] = runs.direct ? [...placements()].sort((a, b) => (a === 'pinned' ? -1 : b === 'pinned' ? 1 : 0)) : ['shared'];
+    for (const placement of order) {
+      let direct: { result: PgbenchResult; cpu: CpuWindow } | null = null;
+      if (runs.direct) {
+        log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s, ${placement}`);
+        place(placement, placed);
+        if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+        direct = await measureCpu(probes(false), () => runPgbench({ ...pgb, durationS: o.durationS }));
+      }
+      const proxy = await runProxy('', placement);
+      if (placement === 'shared') proxyShared = proxy.result;
+      if (direct !== null) comparisons.push({ ...rest, placement, proxy: proxy.result, direct: direct.result, proxyCpu: proxy.cpu, directCpu: direct.cpu });
+    }
+  } finally {
+    place('shared', placed);
   }
-  const proxy = await runProxy('');
   let protectedPair: ProtectedPair | null = null;
+  let protectedCpu: CpuRow | null = null;
   const p = runs.protection;
-  if (p !== null) {
+  if (p !== null && proxyShared !== null) {
     await p.apply(w);
     let before = { calls: 0, ms: 0 };
-    const protectedRun = await runProxy(`, ${p.protection}`, async () => {
+    const { result: protectedRun, cpu } = await runProxy(`, ${p.protection}`, 'shared', async () => {
       before = await triggerCalls(w.sql, p.trigger);
     });
     const inPostgres = triggerTime(p.trigger, before, await triggerCalls(w.sql, p.trigger), protectedRun.requests);
-    protectedPair = { door: p.door, protection: p.protection, inFlight: spec.inFlight, unprotected: wrkRate(proxy), protected: wrkRate(protectedRun), inPostgres };
+    protectedPair = { door: p.door, protection: p.protection, inFlight: spec.inFlight, unprotected: wrkRate(proxyShared), protected: wrkRate(protectedRun), inPostgres };
+    protectedCpu = { ...wrkCpuRow(spec.name, `proxy (wrk), ${p.protection}`, 'shared', protectedRun, cpu), ...(spec.cpuGoals ? { goals: spec.cpuGoals } : {}) };
   }
-  const { wrk: _w, pgbench: _p, ...rest } = spec;
-  return { comparison: direct === null ? null : { ...rest, proxy, direct }, protectedPair };
+  return { comparisons, protectedPair, protectedCpu };
+}
+
+function wrkCpuRow(scenario: string, path: string, placement: Placement, r: WrkResult, cpu: CpuWindow): CpuRow {
+  return { scenario, path, direct: false, placement, perS: r.rps, p50Ms: r.p50Ms, p99Ms: r.p99Ms, ops: r.requests, failed: r.non2xx + r.errors, cpu };
+}
+
+/** The CPU table's rows: each comparison's direct and proxy runs, then the protected runs. */
+export function fenceKeyCpuRows(r: FenceKeyReport): CpuRow[] {
+  const rows = r.comparisons.flatMap((c): CpuRow[] => [
+    { scenario: c.name, path: 'direct (pgbench -M prepared)', direct: true, placement: c.placement, perS: c.direct.tps, p50Ms: c.direct.p50Ms, p99Ms: c.direct.p99Ms, ops: c.direct.transactions, failed: c.direct.failed, cpu: c.directCpu },
+    { ...wrkCpuRow(c.name, 'proxy (wrk)', c.placement, c.proxy, c.proxyCpu), ...(c.cpuGoals ? { goals: c.cpuGoals } : {}) },
+  ]);
+  // A protected run after its scenario's shared rows (compared with their direct row).
+  for (const p of r.cpu) {
+    const at = rows.findLastIndex((x) => x.scenario === p.scenario && x.placement === p.placement);
+    rows.splice(at < 0 ? rows.length : at + 1, 0, p);
+  }
+  return rows;
 }
 
 /** One request that must be answered `status` with error code `error`. */
@@ -310,8 +376,9 @@ async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'wa
       {
         name: `one fence key, one token, ${keySpace.toLocaleString('en')} objects`,
         inFlight: 32,
-        goalRatio: 0.6,
+        goalRatio: 0.8,
         goalP99Ratio: 3,
+        cpuGoals: HTTP_OBJECT_CPU_GOALS,
         wrk: {
           method: 'PUT',
           path: { lua: `"/v1/objects/bench%2F" .. math.random(0, ${keySpace - 1})` },
@@ -328,7 +395,7 @@ async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'wa
 
 // ---- 2. distinct fence keys ----------------------------------------------------------------------
 
-async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison> {
+async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison[]> {
   const keySpace = 10_000;
   const seed = async (sql: pg.Pool) => {
     // Every object and its fence (fence key = object key) already written once.
@@ -340,13 +407,15 @@ async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS'
     );
   };
   return withWorld('distinct-fences', { run: seed }, async (w) => {
-    const { comparison } = await compare(
+    const { comparisons } = await compare(
       w,
       o,
       {
         name: `distinct fence keys (fence key = object key), ${keySpace.toLocaleString('en')} objects`,
         inFlight: 32,
         goalRatio: 0.8,
+        goalP99Ratio: 3,
+        cpuGoals: HTTP_OBJECT_CPU_GOALS,
         wrk: {
           method: 'PUT',
           path: { lua: `"/v1/objects/bench-d%2F" .. math.random(0, ${keySpace - 1})` },
@@ -358,7 +427,7 @@ async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS'
       { direct: true, protection: null },
       log,
     );
-    return comparison!;
+    return comparisons;
   });
 }
 
@@ -398,6 +467,7 @@ async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' |
         name: '/v1/transactions: one fence, one UPDATE',
         inFlight: 16,
         goalRatio: 0.4,
+        cpuGoals: [{ part: 'postgres', maxRatio: 1.5 }],
         wrk: {
           method: 'POST',
           path: '/v1/transactions',
@@ -577,14 +647,15 @@ async function reads(o: { tableRows: number }, log: (line: string) => void): Pro
 export async function runFenceKeyBench(options: FenceKeyBenchOptions): Promise<FenceKeyReport> {
   const o = { warmupS: 1, scenarios: SCENARIOS, tableRows: 1_000_000, log: () => {}, ...options };
   const want = (s: Scenario) => o.scenarios.includes(s);
-  const report: FenceKeyReport = { comparisons: [], protected: [], raise: null, reads: null };
+  const report: FenceKeyReport = { comparisons: [], cpu: [], protected: [], raise: null, reads: null };
   const add = (r: DoorResult) => {
-    if (r.comparison) report.comparisons.push(r.comparison);
+    report.comparisons.push(...r.comparisons);
+    if (r.protectedCpu) report.cpu.push(r.protectedCpu);
     if (r.protectedPair) report.protected.push(r.protectedPair);
   };
   const parts = (s: Scenario): DoorParts => ({ direct: want(s), protected: want('protected') });
   if (want('one-fence') || want('protected')) add(await oneFence(o, parts('one-fence'), o.log));
-  if (want('distinct-fences')) report.comparisons.push(await distinctFences(o, o.log));
+  if (want('distinct-fences')) report.comparisons.push(...(await distinctFences(o, o.log)));
   if (want('transactions') || want('protected')) add(await transactions(o, parts('transactions'), o.log));
   if (want('raise')) report.raise = await raise({ durationS: Math.max(2, Math.min(o.durationS, 6)) }, o.log);
   if (want('reads')) report.reads = await reads(o, o.log);
@@ -600,15 +671,16 @@ function non2xx(r: WrkResult): string {
 
 export function fenceKeyTables(r: FenceKeyReport, durationS: number): string {
   const out: string[] = [];
-  if (r.comparisons.length > 0) {
+  const shared = r.comparisons.filter((c) => c.placement === 'shared');
+  if (shared.length > 0) {
     const v = loadGeneratorVersions();
     out.push(
-      `Load from C programs, not the bench process: wrk ${v.wrk} (2 threads) against a \`fencepost serve\` process with default settings, pgbench ${v.pgbench} (\`-M prepared\`, 2 threads) sending the same statement straight to the same database; ${durationS} s each after 1 s of warm-up; a fresh Postgres per scenario.`,
+      `Load from C programs, not the bench process: wrk ${v.wrk} (2 threads) against a \`fencepost serve\` process with default settings, pgbench ${v.pgbench} (\`-M prepared\`, 2 threads) sending the same statement straight to the same database; ${durationS} s each after 1 s of warm-up; a fresh Postgres per scenario; every process on every core (the CPU table has the pinned runs).`,
       '',
       '| scenario | in flight | proxy req/s | direct tx/s | ratio | goal | p50 ms proxy / direct | p99 ms proxy / direct | p99 ratio | goal | proxy non-2xx | direct failed |',
       '|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|',
     );
-    for (const c of r.comparisons) {
+    for (const c of shared) {
       const ratio = c.proxy.rps / c.direct.tps;
       const p99 = c.proxy.p99Ms / c.direct.p99Ms;
       out.push(
@@ -663,7 +735,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     scenarios: asked.length > 0 ? (asked as Scenario[]) : SCENARIOS,
     log: (line) => process.stderr.write(`[bench] ${line}\n`),
   });
-  const tables = [fenceKeyTables(report, durationS), protectedTable(report.protected, durationS)].filter((t) => t !== '');
+  const tables = [fenceKeyTables(report, durationS), cpuTable(fenceKeyCpuRows(report), { pinnedCpus: pinnedDescription() }), protectedTable(report.protected, durationS)].filter((t) => t !== '');
   process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${tables.join('\n\n')}\n`);
 }
 

@@ -7,10 +7,16 @@
 // bounded handover: a raise's latency past each kind of older-token holder, on both raise doors
 // (bench/raise-latency.ts, BENCH_RAISE_ROUNDS rounds each); election handover and crash failover
 // (in-process and with a real SIGKILL); the handover past a zombie's open transaction
-// (bench/handover.ts). Figures, not pass/fail.
-import { runProxyBench, proxyTable } from './proxy.ts';
-import { runFenceKeyBench, fenceKeyTables } from './fence-key.ts';
-import { runSqlEndpointBench, sqlEndpointTable } from './sql-endpoint.ts';
+// (bench/handover.ts); CPU per operation of Postgres, the proxy, PgBouncer and the load generator
+// for every throughput row, each also with Postgres pinned to one core (bench/cpu.ts,
+// bench/placement.ts; BENCH_PLACEMENT); the proxy's RSS over a soak on each door (bench/soak.ts,
+// BENCH_SOAK_S). Figures, not pass/fail.
+import { runProxyBench, proxyCpuRows, proxyTable } from './proxy.ts';
+import { runFenceKeyBench, fenceKeyCpuRows, fenceKeyTables } from './fence-key.ts';
+import { runSqlEndpointBench, sqlEndpointCpuRows, sqlEndpointTable } from './sql-endpoint.ts';
+import { runSoakBench, soakTable } from './soak.ts';
+import { cpuTable } from './cpu.ts';
+import { pinnedDescription, placements } from './placement.ts';
 import { runElectionBench } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
@@ -21,16 +27,20 @@ import { fmt, machine } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
 
 const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+const soakS = Number(process.env.BENCH_SOAK_S ?? 20);
 const tableRows = Number(process.env.BENCH_TABLE_ROWS ?? 1_000_000);
 const say = (s: string) => process.stderr.write(`[bench] ${s}\n`);
 const row = (name: string, d: Distribution, target: string) => `| ${name} | ${fmt(d.median)} | ${fmt(d.p99)} | ${fmt(d.max)} | ${d.samples} | ${target} |`;
 
+say(`placements: ${placements().join(', ')} (BENCH_PLACEMENT); pinned: ${pinnedDescription()}`);
 say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
 say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also with their data protected); a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
 say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected) and through PgBouncer, ${durationS} s per path and mode`);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
+say(`proxy memory: a ${soakS} s soak on each door (BENCH_SOAK_S)`);
+const soak = await runSoakBench({ seconds: soakS, log: say });
 const raiseRounds = Number(process.env.BENCH_RAISE_ROUNDS ?? 20);
 say(`bounded handover: a raise past each kind of older-token holder, PUT /v1/fences and the SQL endpoint, ${raiseRounds} rounds each`);
 const raiseLatency = await runRaiseLatencyBench({ rounds: raiseRounds, log: say });
@@ -56,6 +66,10 @@ const out = [
   fenceKeyTables(fenceKey, durationS),
   '',
   sqlEndpointTable(sqlEndpoint),
+  '',
+  cpuTable([...fenceKeyCpuRows(fenceKey), ...sqlEndpointCpuRows(sqlEndpoint), ...proxyCpuRows(proxy)], { pinnedCpus: pinnedDescription() }),
+  '',
+  soakTable(soak),
   '',
   protectedTable([...fenceKey.protected, ...sqlEndpoint.protected], durationS),
   '',

@@ -1,15 +1,20 @@
 // Issue 15, the SQL endpoint (FENCEPOST_PGWIRE_PORT): pgbench through the endpoint against pgbench
 // straight to Postgres, and through PgBouncer (transaction pooling) as the reference protocol proxy.
 // 16 clients, one fence key and one token for every session of the endpoint (the leader's
-// writes), each transaction BEGIN; UPDATE one of 5,000 rows; COMMIT. The endpoint fences every
+// writes), two scripts over 5,000 rows: `transaction`, BEGIN; UPDATE one row; COMMIT, and
+// `upsert`, one INSERT … ON CONFLICT DO UPDATE in an implicit transaction. The endpoint fences every
 // transaction inside itself; client SQL runs as the open-mode client login, granted the table.
 // One fresh Postgres, one `fencepost serve` with the endpoint on, one PgBouncer, for all runs.
+// Every run also reads CPU per transaction of Postgres, the proxy, PgBouncer and pgbench
+// (bench/cpu.ts), and runs once more with Postgres pinned to one core (bench/placement.ts).
 // The path `protected` is the endpoint again, right after it, with app.counters protected by the
-// sessions' fence key (`fencepost protect`, bench/protected.ts): the cost of the database check.
+// sessions' fence key (`fencepost protect`, bench/protected.ts): the cost of the database check
+// (the transaction script, shared placement only).
 // The table is unprotected again before the next path (direct and PgBouncer writes would be refused).
 //
-// `node --import tsx bench/sql-endpoint.ts [direct|endpoint|protected|pgbouncer…]` runs it alone
-// (default: every path; `protected` brings `endpoint`, its pair) and prints its tables (BENCH_DURATION_S).
+// `node --import tsx bench/sql-endpoint.ts [direct|endpoint|protected|pgbouncer|transaction|upsert…]`
+// runs it alone (default: every path and script; `protected` brings `endpoint`, its pair) and prints
+// its tables (BENCH_DURATION_S, BENCH_PLACEMENT).
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
@@ -20,18 +25,26 @@ import { spawnServe } from './serve.ts';
 import { benchPostgres, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
 import { expectRefused, pgbenchRate, protectedTable, trackFunctions, triggerCalls, triggerTime, type ProtectedPair } from './protected.ts';
+import { childNamed, cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
+import { pinnedDescription, place, placements, type Placement } from './placement.ts';
 
 export type PgbenchMode = PgbenchOptions['mode'];
 /** In the order they run, for each mode: `protected` right after `endpoint`, its pair. */
 export const SQL_PATHS = ['direct', 'endpoint', 'protected', 'pgbouncer'] as const;
 export type SqlPath = (typeof SQL_PATHS)[number];
+export const SQL_SCRIPTS = ['transaction', 'upsert'] as const;
+export type SqlScript = (typeof SQL_SCRIPTS)[number];
 
 export interface SqlEndpointRun {
   mode: PgbenchMode;
   path: SqlPath;
+  script: SqlScript;
+  placement: Placement;
   /** The mode pgbench ran in (PgBouncer 1.18 in transaction pooling cannot keep prepared statements: extended). */
   ranAs: PgbenchMode;
   result: PgbenchResult | null;
+  /** CPU of Postgres, pgbench and (on their paths) the proxy or PgBouncer over the measured run. */
+  cpu: CpuWindow | null;
   /** Why there is no result (e.g. pgbouncer not installed). */
   skipped?: string;
 }
@@ -52,19 +65,36 @@ export interface SqlEndpointBenchOptions {
   modes?: readonly PgbenchMode[];
   /** Default all; `protected` runs `endpoint` too. */
   paths?: readonly SqlPath[];
+  /** Default both. */
+  scripts?: readonly SqlScript[];
+  /** Default from BENCH_PLACEMENT (both). */
+  placements?: readonly Placement[];
   log?: (line: string) => void;
 }
 
-export const GOAL_RATIO = 0.5;
+/** The implicit-transaction upsert through the endpoint, against direct (issue 26). */
+export const UPSERT_GOAL_RATIO = 0.5;
 const ROWS = 5000;
 const FENCE_KEY = 'bench-sql';
-const SCRIPT = `\\set id random(1, ${ROWS})\nBEGIN;\nUPDATE app.counters SET n = n + 1 WHERE id = :id;\nCOMMIT;\n`;
+const SCRIPTS: Record<SqlScript, string> = {
+  transaction: `\\set id random(1, ${ROWS})\nBEGIN;\nUPDATE app.counters SET n = n + 1 WHERE id = :id;\nCOMMIT;\n`,
+  upsert: `\\set id random(1, ${ROWS})\nINSERT INTO app.counters AS c (id, n) VALUES (:id, 1) ON CONFLICT (id) DO UPDATE SET n = c.n + 1;\n`,
+};
+const SCRIPT_NAMES: Record<SqlScript, string> = {
+  transaction: '`BEGIN; UPDATE; COMMIT`',
+  upsert: 'upsert, implicit transaction',
+};
 const TABLE = 'app.counters';
 /** The protected table's trigger function (fencepost schema). */
 const TRIGGER = 'refuse_unfenced_write';
+/** Issue 26's goals for a fenced transaction through the endpoint. */
+const ENDPOINT_CPU_GOALS: readonly CpuGoal[] = [
+  { part: 'postgres', maxRatio: 1.3 },
+  { part: 'proxy', maxUs: 50 },
+];
 
 export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Promise<SqlEndpointReport> {
-  const o = { warmupS: 1, clients: 16, modes: ['prepared', 'simple'] as readonly PgbenchMode[], paths: SQL_PATHS, log: () => {}, ...options };
+  const o = { warmupS: 1, clients: 16, modes: ['prepared', 'simple'] as readonly PgbenchMode[], paths: SQL_PATHS, scripts: SQL_SCRIPTS, placements: placements(), log: () => {}, ...options };
   const want = (p: SqlPath) => o.paths.includes(p) || (p === 'endpoint' && o.paths.includes('protected'));
   const db = await benchPostgres('fencepost_bench_sql_endpoint');
   const clientRole = `fpbench_sql_${process.pid}`;
@@ -85,7 +115,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     // The proxy created its client login at start; the endpoint's client SQL runs as it.
     const role = pg.escapeIdentifier(clientRole);
     await sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
-    await sql.query(`GRANT SELECT, UPDATE ON app.counters TO ${role}`);
+    await sql.query(`GRANT SELECT, INSERT, UPDATE ON app.counters TO ${role}`);
     const endpointUrl = new URL(db.url);
     endpointUrl.username = 'bench-leader';
     endpointUrl.password = '';
@@ -105,47 +135,69 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     };
     await probe();
     if (version !== 'not installed' && want('pgbouncer')) bouncer = await startPgbouncer(db.url, o.clients);
+    const postmaster = await postmasterPid(db.url);
+    const bouncerPid = bouncer ? childNamed('pgbouncer') : null;
+    const placed = { postgres: postmaster, others: [proxy.pid, ...(bouncerPid === null ? [] : [bouncerPid])] };
+    const probes = (path: SqlPath): CpuProbe[] => [
+      ...(postmaster === null ? [] : [treeProbe('postgres', postmaster)]),
+      ...(path === 'endpoint' || path === 'protected' ? [treeProbe('proxy', proxy!.pid)] : []),
+      ...(path === 'pgbouncer' && bouncerPid !== null ? [treeProbe('pgbouncer', bouncerPid)] : []),
+      exitedChildrenProbe(),
+    ];
     const runs: SqlEndpointRun[] = [];
     const pairs: ProtectedPair[] = [];
-    for (const mode of o.modes) {
-      for (const path of SQL_PATHS.filter(want)) {
-        const ranAs: PgbenchMode = path === 'pgbouncer' && mode === 'prepared' ? 'extended' : mode;
-        if (path === 'pgbouncer' && !bouncer) {
-          runs.push({ mode, path, ranAs, result: null, skipped: 'pgbouncer not installed (scripts/setup.sh --bench)' });
-          continue;
-        }
-        const viaEndpoint = path === 'endpoint' || path === 'protected';
-        const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : bouncer!.url;
-        const pgb: PgbenchOptions = { url, scriptSql: SCRIPT, clients: o.clients, mode: ranAs, durationS: o.durationS, ...(viaEndpoint ? { env: endpointEnv } : {}) };
-        if (path === 'protected') {
-          await protectTable(sql, TABLE, FENCE_KEY);
-          await expectRefused(sql, `UPDATE ${TABLE} SET n = n WHERE id = 1`);
-          await probe();
-        }
-        let before = { calls: 0, ms: 0 };
-        let after = before;
-        try {
-          o.log(`sql endpoint: pgbench -M ${ranAs} ${path}, ${o.clients} clients, ${o.durationS} s`);
-          if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
-          if (path === 'protected') before = await triggerCalls(sql, TRIGGER);
-          runs.push({ mode, path, ranAs, result: await runPgbench(pgb) });
-          if (path === 'protected') after = await triggerCalls(sql, TRIGGER);
-        } finally {
-          if (path === 'protected') await unprotectTable(sql, TABLE);
-        }
-        const unprotected = path === 'protected' ? runs.find((r) => r.mode === mode && r.path === 'endpoint')?.result : undefined;
-        if (unprotected) {
-          const run = runs.at(-1)!.result!;
-          pairs.push({
-            door: `SQL endpoint, pgbench -M ${mode}`,
-            protection: `table ${TABLE} (statement trigger)`,
-            inFlight: o.clients,
-            unprotected: pgbenchRate(unprotected),
-            protected: pgbenchRate(run),
-            inPostgres: triggerTime(TRIGGER, before, after, run.transactions),
-          });
+    try {
+      for (const placement of o.placements) {
+        for (const mode of o.modes) {
+          for (const script of o.scripts) {
+            // The protected pair measures the database check: once, on the transaction, sharing the cores.
+            const paths = SQL_PATHS.filter((p) => want(p) && (p !== 'protected' || (script === 'transaction' && placement === 'shared')));
+            for (const path of paths) {
+              const ranAs: PgbenchMode = path === 'pgbouncer' && mode === 'prepared' ? 'extended' : mode;
+              const at = { mode, path, script, placement, ranAs };
+              if (path === 'pgbouncer' && !bouncer) {
+                runs.push({ ...at, result: null, cpu: null, skipped: 'pgbouncer not installed (scripts/setup.sh --bench)' });
+                continue;
+              }
+              const viaEndpoint = path === 'endpoint' || path === 'protected';
+              const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : bouncer!.url;
+              const pgb: PgbenchOptions = { url, scriptSql: SCRIPTS[script], clients: o.clients, mode: ranAs, durationS: o.durationS, ...(viaEndpoint ? { env: endpointEnv } : {}) };
+              if (path === 'protected') {
+                await protectTable(sql, TABLE, FENCE_KEY);
+                await expectRefused(sql, `UPDATE ${TABLE} SET n = n WHERE id = 1`);
+                await probe();
+              }
+              let before = { calls: 0, ms: 0 };
+              let after = before;
+              try {
+                o.log(`sql endpoint: pgbench -M ${ranAs} ${script} ${path}, ${placement}, ${o.clients} clients, ${o.durationS} s`);
+                place(placement, placed);
+                if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+                if (path === 'protected') before = await triggerCalls(sql, TRIGGER);
+                const { result, cpu } = await measureCpu(probes(path), () => runPgbench(pgb));
+                runs.push({ ...at, result, cpu });
+                if (path === 'protected') after = await triggerCalls(sql, TRIGGER);
+              } finally {
+                if (path === 'protected') await unprotectTable(sql, TABLE);
+              }
+              const unprotected = path === 'protected' ? runs.find((r) => r.mode === mode && r.path === 'endpoint' && r.script === script && r.placement === placement)?.result : undefined;
+              if (unprotected) {
+                const run = runs.at(-1)!.result!;
+                pairs.push({
+                  door: `SQL endpoint, pgbench -M ${mode}`,
+                  protection: `table ${TABLE} (statement trigger)`,
+                  inFlight: o.clients,
+                  unprotected: pgbenchRate(unprotected),
+                  protected: pgbenchRate(run),
+                  inPostgres: triggerTime(TRIGGER, before, after, run.transactions),
+                });
+              }
+            }
+          }
         }
       }
+    } finally {
+      place('shared', placed);
     }
     return { clients: o.clients, durationS: o.durationS, runs, protected: pairs, pgbouncerVersion: version };
   } finally {
@@ -171,37 +223,76 @@ const PATH_NAMES: Record<SqlPath, string> = {
 export function sqlEndpointTable(r: SqlEndpointReport): string {
   const v = loadGeneratorVersions();
   const out = [
-    `SQL endpoint: pgbench ${v.pgbench} (2 threads), ${r.clients} clients, \`BEGIN; UPDATE app.counters SET n = n + 1 WHERE id = :id; COMMIT;\` over 5,000 rows; through the endpoint every session has token 1 on one fence key (\`PGOPTIONS='-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}'\`), so every transaction is fenced; PgBouncer ${r.pgbouncerVersion} (transaction pooling, pool ${r.clients}, SCRAM) as the reference protocol proxy; ${r.durationS} s each after 1 s of warm-up, one Postgres and one \`fencepost serve\` for all runs.`,
+    `SQL endpoint: pgbench ${v.pgbench} (2 threads), ${r.clients} clients, over 5,000 rows of app.counters: \`BEGIN; UPDATE app.counters SET n = n + 1 WHERE id = :id; COMMIT;\`, and the upsert \`INSERT INTO app.counters AS c (id, n) VALUES (:id, 1) ON CONFLICT (id) DO UPDATE SET n = c.n + 1;\` alone (an implicit transaction); through the endpoint every session has token 1 on one fence key (\`PGOPTIONS='-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}'\`), so every transaction is fenced; PgBouncer ${r.pgbouncerVersion} (transaction pooling, pool ${r.clients}, SCRAM) as the reference protocol proxy; ${r.durationS} s each after 1 s of warm-up, one Postgres and one \`fencepost serve\` for all runs, every process on every core (the CPU table has the pinned runs).`,
     '',
-    '| pgbench -M | path | tx/s | × direct | goal | p50 ms | p99 ms | p99 × direct | failed |',
-    '|---|---|---:|---:|---|---:|---:|---:|---:|',
+    '| pgbench -M | statement | path | tx/s | × direct | goal | p50 ms | p99 ms | p99 × direct | failed |',
+    '|---|---|---|---:|---:|---|---:|---:|---:|---:|',
   ];
-  for (const run of r.runs) {
-    const direct = r.runs.find((x) => x.mode === run.mode && x.path === 'direct')?.result;
+  const shared = r.runs.filter((x) => x.placement === 'shared');
+  for (const run of shared) {
+    const same = (path: SqlPath) => shared.find((x) => x.mode === run.mode && x.script === run.script && x.path === path)?.result;
+    const direct = same('direct');
     const mode = run.ranAs === run.mode ? run.mode : `${run.ranAs} (for ${run.mode})`;
     if (!run.result) {
-      out.push(`| ${mode} | ${PATH_NAMES[run.path]} | – | | | | | | ${run.skipped ?? ''} |`);
+      out.push(`| ${mode} | ${SCRIPT_NAMES[run.script]} | ${PATH_NAMES[run.path]} | – | | | | | | ${run.skipped ?? ''} |`);
       continue;
     }
     const x = run.result;
     const ratio = direct ? x.tps / direct.tps : NaN;
-    const goal = direct && (run.path === 'endpoint' || run.path === 'protected') ? `≥ ${GOAL_RATIO}×: ${ratio >= GOAL_RATIO ? 'yes' : '**no**'}` : '';
+    let goal = '';
+    if (run.path === 'endpoint' || run.path === 'protected') {
+      const bouncer = same('pgbouncer');
+      if (run.script === 'upsert' && direct) goal = `≥ ${UPSERT_GOAL_RATIO}× direct: ${ratio >= UPSERT_GOAL_RATIO ? 'yes' : '**no**'}`;
+      else if (run.script === 'transaction' && bouncer) goal = `≥ PgBouncer: ${x.tps >= bouncer.tps ? 'yes' : '**no**'}`;
+    }
     out.push(
-      `| ${mode} | ${PATH_NAMES[run.path]} | ${fmt(x.tps, 0)} | ${run.path === 'direct' ? '1' : fmt(ratio, 2)}× | ${goal} | ${fmt(x.p50Ms, 2)} | ${fmt(x.p99Ms, 2)} | ${direct ? fmt(x.p99Ms / direct.p99Ms, 1) : '–'}× | ${x.failed} |`,
+      `| ${mode} | ${SCRIPT_NAMES[run.script]} | ${PATH_NAMES[run.path]} | ${fmt(x.tps, 0)} | ${run.path === 'direct' ? '1' : fmt(ratio, 2)}× | ${goal} | ${fmt(x.p50Ms, 2)} | ${fmt(x.p99Ms, 2)} | ${direct ? fmt(x.p99Ms / direct.p99Ms, 1) : '–'}× | ${x.failed} |`,
     );
   }
   return out.join('\n');
 }
 
+/** The runs for the CPU table (bench/cpu.ts): a scenario per pgbench mode and statement. */
+export function sqlEndpointCpuRows(r: SqlEndpointReport): CpuRow[] {
+  return r.runs.flatMap((run): CpuRow[] => {
+    if (!run.result || !run.cpu) return [];
+    const x = run.result;
+    const mode = run.ranAs === run.mode ? run.mode : `${run.ranAs} (for ${run.mode})`;
+    return [
+      {
+        scenario: `SQL endpoint, ${SCRIPT_NAMES[run.script]}, pgbench -M ${run.mode}`,
+        path: `${PATH_NAMES[run.path]}${mode === run.mode ? '' : `, -M ${mode}`}`,
+        direct: run.path === 'direct',
+        placement: run.placement,
+        perS: x.tps,
+        p50Ms: x.p50Ms,
+        p99Ms: x.p99Ms,
+        ops: x.transactions,
+        failed: x.failed,
+        cpu: run.cpu,
+        ...(run.path === 'endpoint' && run.script === 'transaction' ? { goals: ENDPOINT_CPU_GOALS } : {}),
+      },
+    ];
+  });
+}
+
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const asked = process.argv.slice(2);
-  const unknown = asked.filter((a) => !(SQL_PATHS as readonly string[]).includes(a));
+  const known = [...SQL_PATHS, ...SQL_SCRIPTS] as readonly string[];
+  const unknown = asked.filter((a) => !known.includes(a));
   if (unknown.length > 0) {
-    process.stderr.write(`unknown path ${unknown.join(', ')}; choose from ${SQL_PATHS.join(', ')}\n`);
+    process.stderr.write(`unknown path or script ${unknown.join(', ')}; choose from ${known.join(', ')}\n`);
     process.exit(2);
   }
+  const paths = asked.filter((a): a is SqlPath => (SQL_PATHS as readonly string[]).includes(a));
+  const scripts = asked.filter((a): a is SqlScript => (SQL_SCRIPTS as readonly string[]).includes(a));
   const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
-  const report = await runSqlEndpointBench({ durationS, paths: asked.length > 0 ? (asked as SqlPath[]) : SQL_PATHS, log: (line) => process.stderr.write(`[bench] ${line}\n`) });
-  const tables = [sqlEndpointTable(report), protectedTable(report.protected, durationS)].filter((t) => t !== '');
+  const report = await runSqlEndpointBench({
+    durationS,
+    paths: paths.length > 0 ? paths : SQL_PATHS,
+    scripts: scripts.length > 0 ? scripts : SQL_SCRIPTS,
+    log: (line) => process.stderr.write(`[bench] ${line}\n`),
+  });
+  const tables = [sqlEndpointTable(report), cpuTable(sqlEndpointCpuRows(report), { pinnedCpus: pinnedDescription() }), protectedTable(report.protected, durationS)].filter((t) => t !== '');
   process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${tables.join('\n\n')}\n`);
 }

@@ -69,10 +69,13 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
           sessions: ['stale', 'tokenless', 'otherKey', 'current'],
           timeLimitMs: o.durationMs,
           stats,
-          // A stalled session costs these waits (counted in the summary, not failures).
-          closeWaitMs: 1000,
+          // A session still open 2 s after its Terminate, or a backend 3 s after its session: a failure.
+          closeWaitMs: 2000,
           lingerMs: 3000,
         });
+        if (stats.stalled > 0 || stats.lingeringBackends > 0) {
+          failure = `${stats.stalled} stalled sessions, ${stats.lingeringBackends} lingering backends:\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => `lingering: ${l}`)].join('\n\n')}`;
+        }
       } catch (err) {
         failure = err instanceof Error ? err.message : String(err);
       } finally {

@@ -2,9 +2,9 @@
 // interleavings of Parse/Bind/Describe/Execute/Close/Flush/Sync/Query and COPY messages from a
 // stale, a tokenless and another fence key's session never land a row in a protected table, never
 // leave a prepared transaction and never move the fence (read in Postgres by the owner after each
-// case). The control proves the check can see a write. FENCEPOST_FUZZ_SEED / FENCEPOST_FUZZ_RUNS
-// override the fixed seed and the number of runs; `npm run chaos -- --fuzz-sql <seconds>` runs it
-// for longer with a random seed.
+// case), and never hang a session or keep its backend. The control proves the check can see a
+// write. FENCEPOST_FUZZ_SEED / FENCEPOST_FUZZ_RUNS override the fixed seed and the number of runs;
+// `npm run chaos -- --fuzz-sql <seconds>` runs it for longer with a random seed.
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { clientRoleFor } from '../../support/db.ts';
@@ -13,8 +13,12 @@ import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, INTR
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20240611);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 150);
 const MAX_MESSAGES = 12;
-/** A stalled session is dropped after 0.5 s more; a backend that outlives its session by 1 s is ended (both counted, not failures). */
-const WAITS = { closeWaitMs: 500, lingerMs: 1000 };
+/**
+ * A session the endpoint has not closed 2 s after its Terminate is stalled; a backend that outlives
+ * its session by 3 s lingers: each is dropped, counted, and fails the run (no message order may
+ * hang a session or keep a backend).
+ */
+const WAITS = { closeWaitMs: 2000, lingerMs: 3000 };
 
 /**
  * Counterexamples the fuzzer found, shrunk, replayed on every run (they fail until fixed).
@@ -74,11 +78,13 @@ describe('the SQL endpoint under a protocol fuzzer', () => {
     // Not vacuous: the sequences reached the fence and the table's trigger.
     expect(stats.errors.get('FP409') ?? 0).toBeGreaterThan(0);
     expect(stats.errors.get('FP403') ?? 0).toBeGreaterThan(0);
+    expect({ stalled: stats.stalled, lingering: stats.lingeringBackends }).toEqual({ stalled: 0, lingering: 0 });
   }, 120_000);
 
   test(`random message sequences of a session at the current token never move the fence nor leave a prepared transaction (seed ${SEED})`, async () => {
     const stats = new FuzzStats();
     await assertFuzz(target!, { seed: SEED + 1, numRuns: Math.ceil(RUNS / 4), maxMessages: MAX_MESSAGES, sessions: ['current'], stats, ...WAITS });
     console.log(`fuzz (current token): ${stats.summary()}\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => 'lingering: ' + l)].join('\n\n')}`);
+    expect({ stalled: stats.stalled, lingering: stats.lingeringBackends }).toEqual({ stalled: 0, lingering: 0 });
   }, 120_000);
 });

@@ -235,9 +235,18 @@ export class Relay {
     const commitInFlight = !this.failed && this.queue.some((e) => !e.injected && e.mayCommit === true);
     this.opts.logger.warn({ inFlight, commitInFlight }, 'SQL session: the database connection was lost');
     if (commitInFlight) {
-      this.commitUnknown();
+      // No raise's FP409 here: a backend ended while committing (waiting for the synchronous
+      // standby, say) has committed locally.
+      this.endFenced('error');
+      this.answerLost({
+        severity: 'ERROR',
+        code: TRANSACTION_RESOLUTION_UNKNOWN,
+        message: 'the database connection was lost while a commit was in flight: the transaction may or may not have committed',
+        hint: 'read back what it wrote before retrying it',
+      });
       return;
     }
+    const writerWaits = this.queue.some((e) => !e.injected);
     const finish = (reason: ErrorFields | null) => {
       if (this.closed) return;
       // A reason is a newer leader's raise (FP409): counted as rejected by onStale, not here.
@@ -249,6 +258,10 @@ export class Relay {
         // error only when the connection outlives it. The message after that ends the session.
         this.flushClient();
         this.answerNextWith(Buffer.concat([errorResponse({ ...reason, severity: 'ERROR' }), readyForQuery('I')]), true);
+        return;
+      }
+      if (reason === null && writerWaits) {
+        this.answerLost({ severity: 'ERROR', code: '08006', message: 'the database connection was lost', detail: 'nothing of the open transaction committed (no commit was in flight)' });
         return;
       }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
@@ -275,30 +288,17 @@ export class Relay {
   }
 
   /**
-   * The backend went while a commit of the writer's was in flight: 08007 transaction_resolution_unknown
-   * answers it at once, as an ERROR and a ReadyForQuery (libpq keeps the SQLSTATE of an error only
-   * when the connection outlives it); the writer's next message hears that the session is gone.
-   * No raise's FP409 here: a backend terminated while committing (waiting for the synchronous
-   * standby, say) has committed locally.
+   * The backend went while the writer waits for an answer: `error` answers it at once, with a
+   * ReadyForQuery (libpq keeps the SQLSTATE of an error only when the connection outlives it);
+   * the writer's next message hears that the session is gone.
    */
-  private commitUnknown(): void {
-    this.endFenced('error');
+  private answerLost(error: ErrorFields): void {
     this.flushClient();
     if (this.client.destroyed) {
       this.close();
       return;
     }
-    this.client.write(
-      Buffer.concat([
-        errorResponse({
-          severity: 'ERROR',
-          code: TRANSACTION_RESOLUTION_UNKNOWN,
-          message: 'the database connection was lost while a commit was in flight: the transaction may or may not have committed',
-          hint: 'read back what it wrote before retrying it',
-        }),
-        readyForQuery('I'),
-      ]),
-    );
+    this.client.write(Buffer.concat([errorResponse(error), readyForQuery('I')]));
     this.answerNextWith(errorResponse({ severity: 'FATAL', code: '08006', message: 'this session\'s database connection was lost: reconnect' }));
   }
 

@@ -128,6 +128,25 @@ test('a PUT whose wait for the standby is cancelled answers 503 commit_unknown w
   expect(await objectBody('sync/c1')).toBe('local');
 }, 30_000);
 
+test('a DELETE and a PUT /v1/fences whose waits for the standby are cancelled answer 503 commit_unknown; both landed on the primary', async () => {
+  expect((await put('sync/d1', 1, 'sync-d', 'doomed')).statusCode).toBe(200);
+  stalled = await stallStandby(repl);
+  const del = proxy.proxy.app.inject({ method: 'DELETE', url: '/v1/objects/sync%2Fd1', headers: { 'fencing-token': '1', 'fence-key': 'sync-d' } }).then((r) => r);
+  const [deleter] = await syncRepWaiters(db.url, 1);
+  await db.pool.query('SELECT pg_cancel_backend($1)', [deleter]);
+  const deleted = await del;
+  expect(deleted.statusCode, deleted.body).toBe(503);
+  expect(deleted.json().error).toBe('commit_unknown');
+  expect(await objectBody('sync/d1')).toBeNull();
+  const raise = proxy.proxy.app.inject({ method: 'PUT', url: '/v1/fences/sync-d', headers: { 'fencing-token': '5' } }).then((r) => r);
+  const [raiser] = await syncRepWaiters(db.url, 1);
+  await db.pool.query('SELECT pg_cancel_backend($1)', [raiser]);
+  const raised = await raise;
+  expect(raised.statusCode, raised.body).toBe(503);
+  expect(raised.json().error).toBe('commit_unknown');
+  expect(await highestToken('sync-d')).toBe('5');
+}, 30_000);
+
 test('a transaction whose COMMIT waits on the stalled standby past its deadline answers 503 commit_unknown, and its row is there afterwards', async () => {
   expect((await transaction('sync-t', 1, [{ sql: 'INSERT INTO public.items VALUES (1, $1)', params: ['warm'] }])).statusCode).toBe(200);
   stalled = await stallStandby(repl);

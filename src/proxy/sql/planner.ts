@@ -74,8 +74,9 @@ export interface Expect {
   undoBeginOnFenceError?: boolean;
   /**
    * sync/query of the writer's: a transaction may commit before its ReadyForQuery (an implicit
-   * transaction's statement, a COMMIT or ROLLBACK, a kind the proxy cannot tell). A backend lost
-   * before that ReadyForQuery leaves the outcome unknown (relay.ts: 08007, not 08006).
+   * transaction's statement, a COMMIT or ROLLBACK, a kind the proxy cannot tell); execute: this
+   * Execute may (a COMMIT in a block). A backend lost before the answer leaves the outcome unknown
+   * (relay.ts: 08007, not 08006).
    */
   mayCommit?: boolean;
 }
@@ -403,14 +404,16 @@ export class Planner {
       case 'close':
         steps.push({ do: 'forward', expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }] });
         return steps;
-      case 'execute':
-        this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
-        steps.push(forward('execute'));
+      case 'execute': {
+        // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
+        const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
+        steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, ...(commitsHere ? { mayCommit: true } : {}) }] });
         if (this.fenceAfterExecute) {
           this.fenceAfterExecute = false;
           this.inject(steps);
         }
         return steps;
+      }
       case 'sync':
         this.groupOpen = false;
         this.fenceAfterExecute = false;
@@ -433,9 +436,12 @@ export class Planner {
    * Before a writer's Execute in an extended group: fence the transaction a COMMIT earlier in the
    * group left behind, refuse a CALL or DO outside a block, and predict the block state after it.
    * A prediction that an error makes wrong does not matter: the backend skips the rest to Sync.
+   * True when this Execute itself may commit (a COMMIT in a block; outside one the Sync commits).
    */
-  private beforeExecute(kind: StatementKind, steps: Step[]): void {
-    if (mayCommit(this.commitState, [kind])) this.groupMayCommit = true;
+  private beforeExecute(kind: StatementKind, steps: Step[]): boolean {
+    const commits = mayCommit(this.commitState, [kind]);
+    if (commits) this.groupMayCommit = true;
+    const commitsHere = commits && this.commitState === 'T';
     this.commitState = commitStateAfter(this.commitState, kind);
     if (this.fenceBeforeExecute) {
       this.fenceBeforeExecute = false;
@@ -458,6 +464,7 @@ export class Planner {
       this.fenceBeforeExecute = true;
       this.unsure = true;
     }
+    return commitsHere;
   }
 
   /**

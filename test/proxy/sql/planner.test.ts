@@ -232,6 +232,15 @@ describe('whether a commit may be in flight (mayCommit: a backend lost before th
     expect(mayCommit(FAILED, parse('ROLLBACK'), bind(), execute(), sync)).toEqual([false]);
     expect(mayCommit(IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([false, false]);
   });
+
+  test('extended protocol in a block: the Execute of a COMMIT may commit before any Sync is sent', () => {
+    const p = planner();
+    const executes = [parse('COMMIT'), bind(), execute()].flatMap((m) => p.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    expect(executes).toEqual([{ kind: 'execute', injected: false, mayCommit: true }]);
+    const q = planner();
+    const insert = [parse('INSERT INTO t VALUES ($1)'), bind(), execute()].flatMap((m) => q.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    expect(insert).toEqual([{ kind: 'execute', injected: false }]);
+  });
 });
 
 describe('other messages', () => {

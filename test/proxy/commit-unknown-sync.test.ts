@@ -31,8 +31,8 @@ beforeAll(async () => {
   await makeStandbySynchronous(repl);
   // Statements are cut server-side at 300 ms, and the pool stops waiting 5 s later: a commit
   // waiting for the standby is past any statement_timeout, so only that query timeout ends it.
-  // A transaction's deadline is 1.5 s.
-  proxy = await startSqlProxy(db, { FENCEPOST_STATEMENT_TIMEOUT_MS: '300', FENCEPOST_LOCK_TIMEOUT_MS: '100', FENCEPOST_TX_TIMEOUT_MS: '1500', FENCEPOST_RAISE_WAIT_MS: '0' });
+  // A transaction's deadline is 3 s.
+  proxy = await startSqlProxy(db, { FENCEPOST_STATEMENT_TIMEOUT_MS: '300', FENCEPOST_LOCK_TIMEOUT_MS: '100', FENCEPOST_TX_TIMEOUT_MS: '3000', FENCEPOST_RAISE_WAIT_MS: '0' });
   await pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(url)}`);
 }, 120_000);
 

@@ -26,6 +26,9 @@ import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 import { readObjectFences } from './reads.ts';
 import type { RejectionLog } from './rejection-log.ts';
+import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+
+export { WriteOutcomeUnknownError } from './commit-outcome.ts';
 
 /**
  * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless
@@ -45,14 +48,6 @@ const HOLD_BACK_MS = 2;
  * fencedWrite): `ifMatch` is `*` (the object exists) or ETags without their quotes, one of which
  * the object must have; `ifNoneMatch` (If-None-Match: *) that it does not exist.
  */
-
-/** The connection was lost after a write statement was sent: it may or may not have committed. */
-export class WriteOutcomeUnknownError extends Error {
-  constructor(cause: unknown) {
-    super('the database connection was lost after the write was sent: it may or may not have committed', { cause });
-    this.name = 'WriteOutcomeUnknownError';
-  }
-}
 
 export interface Precondition {
   ifMatch?: '*' | readonly string[] | null;
@@ -372,14 +367,20 @@ export class WriteCoalescer {
   private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>
     this.withRetry(async () => {
       // Connecting sends nothing: its failure is "unavailable". Once the statement is sent, a lost
-      // connection means an autocommit write may have committed: never "safe to retry".
+      // connection or the pool's query timeout (a commit waiting for a stalled synchronous standby
+      // waits past any statement_timeout) means an autocommit write may have committed, and a
+      // commit Postgres warned about is not durable (commit-outcome.ts): never "safe to retry",
+      // never a 200. An error Postgres answered with means nothing of the statement committed.
       const client = await this.pool.connect();
       let broken: unknown;
       // A connection lost mid-statement also emits 'error' on the client: the statement's rejection says it.
       const onError = (err: unknown) => (broken = err);
       client.on('error', onError);
+      const commit = watchCommit(client);
       try {
-        return (await client.query<R>(statement)).rows;
+        const { rows } = await client.query<R>(statement);
+        commit.check();
+        return rows;
       } catch (err) {
         if (isLostAfterSend(err)) {
           broken = err;
@@ -387,6 +388,7 @@ export class WriteCoalescer {
         }
         throw err;
       } finally {
+        commit.stop();
         client.off('error', onError);
         client.release(broken instanceof Error ? broken : undefined);
       }

@@ -16,6 +16,8 @@
 import type pg from 'pg';
 import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
+import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { coerceError, isLostAfterSend } from './pg-errors.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -46,11 +48,17 @@ export interface EndedHolder {
 
 const END_POLL_MS = 100;
 
-/** Raises each fence to its token where it is absent or below; returns each fence's highest token after. */
+/**
+ * Raises each fence to its token where it is absent or below; returns each fence's highest token
+ * after. A COMMIT sent and not confirmed (connection lost, the pool's query timeout, a wait for the
+ * synchronous standby cancelled) rejects with a WriteOutcomeUnknownError: the raise may have
+ * committed. Any other failure committed nothing.
+ */
 export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: RaiseOptions): Promise<RaisedFence[]> {
   const client = await pool.connect();
   // A connection lost mid-raise also emits 'error' on the client: the statement's rejection says it.
-  const onError = () => {};
+  let broken: Error | undefined;
+  const onError = (err: Error) => (broken = err);
   client.on('error', onError);
   let open = false;
   let done = false;
@@ -74,10 +82,22 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
       finish();
       clearTimeout(timer);
     }
-    await client.query('COMMIT');
     open = false;
+    const commit = watchCommit(client);
+    try {
+      await client.query('COMMIT');
+      commit.check();
+    } catch (err) {
+      if (!isLostAfterSend(err)) throw err;
+      // A client that stopped waiting still has the COMMIT in flight: it must not serve another.
+      broken = coerceError(err);
+      throw new WriteOutcomeUnknownError(err, 'the raise\'s COMMIT was sent and not answered: the fence may or may not have been raised');
+    } finally {
+      commit.stop();
+    }
     return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
   } catch (err) {
+    if (err instanceof WriteOutcomeUnknownError) throw err;
     if (open) await client.query('ROLLBACK').catch(() => {});
     open = false;
     await ender;
@@ -86,7 +106,7 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
     client.off('error', onError);
-    client.release();
+    client.release(broken);
     await ender;
   }
 }

@@ -26,6 +26,7 @@ import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
 import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
 import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
+import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import { FenceHeldByPreparedError } from './prepared-holders.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
@@ -124,10 +125,14 @@ class RaiseFirstError extends Error {
 /** Fresh connections tried after a SessionUnusableError, per attempt. */
 const SESSION_RETRIES = 3;
 
-/** The connection was lost after COMMIT was sent: the outcome is unknown. */
+/**
+ * COMMIT was sent and not confirmed: the connection was lost (or the deadline ended the backend)
+ * before its answer, or Postgres answered with a warning that the synchronous standby may not have
+ * it (commit-outcome.ts). Or the raise before the statements was (they did not run).
+ */
 export class CommitUnknownError extends Error {
-  constructor(cause: unknown) {
-    super('the database connection was lost during COMMIT; the transaction may or may not have committed', { cause });
+  constructor(cause: unknown, message = 'the database connection was lost during COMMIT; the transaction may or may not have committed') {
+    super(message, { cause });
     this.name = 'CommitUnknownError';
   }
 }
@@ -360,6 +365,7 @@ export class TransactionRunner {
                 // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                 raised = true;
                 await raiseFences(this.opts.owner, sorted, opts.writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, ...(this.opts.raiseLogger ? { logger: this.opts.raiseLogger } : {}) }).catch((e: unknown) => {
+                  if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
                   throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                 });
                 continue;
@@ -534,16 +540,24 @@ export class TransactionRunner {
         }
         results.push({ rowCount: r.rowCount ?? null, rows: toRows(r) });
       }
+      const commit = watchCommit(client);
       try {
         commitSent = true;
         await client.query(q.sealAndCommit(xact));
+        commit.check();
       } catch (err) {
+        if (err instanceof WriteOutcomeUnknownError) {
+          reusable = true;
+          throw new CommitUnknownError(err.cause, err.message);
+        }
         if (sqlState(err) === FENCED_TRANSACTION_ENDED && !lost && !tooLarge && !deadline.aborted) {
           // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
           reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
           throw new TransactionEndedError(statements.length - 1);
         }
         return await fail(err, null);
+      } finally {
+        commit.stop();
       }
       reusable = true;
       return { committed: true, results };

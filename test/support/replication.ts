@@ -80,3 +80,83 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     throw err;
   }
 }
+
+/**
+ * Makes the standby synchronous (synchronous_standby_names names it): from now on every commit on
+ * the primary waits until the standby has flushed its WAL. Resolves once the primary reports it
+ * `sync`.
+ */
+export async function makeStandbySynchronous(repl: ReplicatedPostgres): Promise<void> {
+  const client = new pg.Client({ connectionString: repl.url });
+  await client.connect();
+  try {
+    await client.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(`"${repl.standbyName}"`)}`);
+    await client.query('SELECT pg_reload_conf()');
+    for (let i = 0; ; i++) {
+      const { rows } = await client.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND sync_state = 'sync'`, [repl.standbyName]);
+      if (rows.length > 0) return;
+      if (i > 300) throw new Error('the standby did not become synchronous');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await client.end();
+  }
+}
+
+export interface StalledStandby {
+  /** The walreceiver's pid on the standby (stopped with SIGSTOP). */
+  pid: number;
+  /** SIGCONT: the standby flushes again, and the commits waiting for it complete. */
+  resume(): void;
+}
+
+/**
+ * Stalls the standby's WAL receiver (SIGSTOP): a synchronous standby then never confirms, so every
+ * commit on the primary waits in SyncRep until resume(). Resume well within wal_sender_timeout
+ * (60 s), or the primary drops the replication connection.
+ */
+export async function stallStandby(repl: ReplicatedPostgres): Promise<StalledStandby> {
+  const client = new pg.Client({ connectionString: repl.standbyUrl });
+  await client.connect();
+  let pid: number;
+  try {
+    for (let i = 0; ; i++) {
+      const { rows } = await client.query<{ pid: number }>(`SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'`);
+      if (rows[0] !== undefined) {
+        pid = rows[0].pid;
+        break;
+      }
+      if (i > 300) throw new Error('the standby has no streaming WAL receiver');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await client.end();
+  }
+  process.kill(pid, 'SIGSTOP');
+  let resumed = false;
+  return {
+    pid,
+    resume: () => {
+      if (resumed) return;
+      resumed = true;
+      process.kill(pid, 'SIGCONT');
+    },
+  };
+}
+
+/** Backend pids on the primary waiting for the synchronous standby (wait_event SyncRep), polled until at least `n` or `timeoutMs`. */
+export async function syncRepWaiters(url: string, n = 1, timeoutMs = 20_000): Promise<number[]> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const { rows } = await client.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' ORDER BY backend_start`);
+      if (rows.length >= n) return rows.map((r) => r.pid);
+      if (Date.now() > until) throw new Error(`${rows.length} backends wait on the synchronous standby after ${timeoutMs} ms, expected ${n}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  } finally {
+    await client.end();
+  }
+}

@@ -27,7 +27,7 @@ import { LOG_DEFAULTS, PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
 import { StaleDigest } from '../../logging/stale-digest.ts';
 import { RepeatLimiter } from '../../logging/repeat-limiter.ts';
 import { raiseFences } from '../../fence/raise.ts';
-import { WriteOutcomeUnknownError } from '../../fence/coalescer.ts';
+import { WriteOutcomeUnknownError } from '../../fence/commit-outcome.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';

@@ -72,6 +72,13 @@ export interface Expect {
   predict?: 'I' | 'T';
   /** query: a lone BEGIN; if the fence after it fails, the proxy rolls the block back (as if BEGIN had failed). */
   undoBeginOnFenceError?: boolean;
+  /**
+   * sync/query of the writer's: a transaction may commit before its ReadyForQuery (an implicit
+   * transaction's statement, a COMMIT or ROLLBACK, a kind the proxy cannot tell); execute: this
+   * Execute may (a COMMIT in a block). A backend lost before the answer leaves the outcome unknown
+   * (relay.ts: 08007, not 08006).
+   */
+  mayCommit?: boolean;
 }
 
 /** A statement's or portal's kind as the planner records it once the backend confirms the message (null: closed). */
@@ -150,6 +157,10 @@ export class Planner {
   private inBlock = false;
   /** Extended group: an Execute of a statement of unknown kind ran in a block; the state after it is a guess. */
   private unsure = false;
+  /** Extended group: the block state as mayCommit follows it ('E': the group opened in a failed block). */
+  private commitState: CommitState = 'I';
+  /** Extended group: an Execute may commit a transaction by the group's Sync (Expect.mayCommit). */
+  private groupMayCommit = false;
   /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one), as the backend confirmed it. */
   private readonly statementKinds = new Map<string, StatementKind>();
   /** The kind of each portal's statement (by portal name), as the backend confirmed it. */
@@ -251,15 +262,16 @@ export class Planner {
     const dropped = deallocatedStatements(text);
     if (dropped === 'all') this.writerStatementsDropped();
     else for (const name of dropped) this.statementKinds.delete(name);
-    if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true }] }];
+    if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
     if (idle && runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
       return [
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I' }] },
+        // None of them writes data: nothing of the writer's commits.
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ];
     }
-    const planned = this.fenceQuery(text, idle);
+    const planned = this.fenceQuery(text, idle, commitStateOf(ctx.status));
     if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
     if (planned.text === text) return [{ do: 'forward', expect: [planned.expect] }];
     return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
@@ -277,13 +289,14 @@ export class Planner {
    * A writer's Query: the text to send with the fence in front of every transaction that starts
    * in it, or a refusal. `idle`: the Query starts a transaction (else it continues one).
    */
-  private fenceQuery(text: string, idle: boolean): { text: string; expect: Expect } | { refuse: [string, string, string] } {
+  private fenceQuery(text: string, idle: boolean, status: CommitState): { text: string; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
     const start = idle ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.
-      const predicted = withPrediction(base, predictAfter(start, [statementKind(text)]));
+      const kind = statementKind(text);
+      const predicted = { ...withPrediction(base, predictAfter(start, [kind])), mayCommit: mayCommit(status, [kind]) };
       if (!idle) return { text, expect: predicted };
       if (startsTransactionBlock(text) && !hasSeveralStatements(text)) {
         // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
@@ -343,7 +356,7 @@ export class Planner {
     });
     copyTo(bytes.length);
     const predicted = withPrediction(base, predictAfter(start, stmts.map((st) => st.kind)));
-    return { text: parts.join(''), expect: { ...predicted, plan, insertions } };
+    return { text: parts.join(''), expect: { ...predicted, plan, insertions, mayCommit: mayCommit(status, stmts.map((st) => st.kind)) } };
   }
 
   private planExtended(m: Extended, ctx: PlanContext): Step[] {
@@ -354,6 +367,8 @@ export class Planner {
       this.fenceBeforeExecute = false;
       this.unsure = false;
       this.inBlock = ctx.status !== 'I';
+      this.commitState = commitStateOf(ctx.status);
+      this.groupMayCommit = false;
       // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
       // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
       if (ctx.status !== 'E') this.ensurePrepared(steps);
@@ -389,19 +404,22 @@ export class Planner {
       case 'close':
         steps.push({ do: 'forward', expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }] });
         return steps;
-      case 'execute':
-        this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
-        steps.push(forward('execute'));
+      case 'execute': {
+        // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
+        const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
+        steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, ...(commitsHere ? { mayCommit: true } : {}) }] });
         if (this.fenceAfterExecute) {
           this.fenceAfterExecute = false;
           this.inject(steps);
         }
         return steps;
+      }
       case 'sync':
         this.groupOpen = false;
         this.fenceAfterExecute = false;
         this.fenceBeforeExecute = false;
-        steps.push({ do: 'forward', expect: [withPrediction({ kind: 'sync', injected: false, forwardReady: true }, this.unsure ? undefined : this.inBlock ? 'T' : 'I')] });
+        // An implicit transaction (outside a block) commits at this Sync.
+        steps.push({ do: 'forward', expect: [withPrediction({ kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit }, this.unsure ? undefined : this.inBlock ? 'T' : 'I')] });
         return steps;
       case 'flush': // no response of its own
         steps.push({ do: 'forward', expect: [] });
@@ -418,8 +436,13 @@ export class Planner {
    * Before a writer's Execute in an extended group: fence the transaction a COMMIT earlier in the
    * group left behind, refuse a CALL or DO outside a block, and predict the block state after it.
    * A prediction that an error makes wrong does not matter: the backend skips the rest to Sync.
+   * True when this Execute itself may commit (a COMMIT in a block; outside one the Sync commits).
    */
-  private beforeExecute(kind: StatementKind, steps: Step[]): void {
+  private beforeExecute(kind: StatementKind, steps: Step[]): boolean {
+    const commits = mayCommit(this.commitState, [kind]);
+    if (commits) this.groupMayCommit = true;
+    const commitsHere = commits && this.commitState === 'T';
+    this.commitState = commitStateAfter(this.commitState, kind);
     if (this.fenceBeforeExecute) {
       this.fenceBeforeExecute = false;
       if (kind === 'begin') this.fenceAfterExecute = true;
@@ -441,6 +464,7 @@ export class Planner {
       this.fenceBeforeExecute = true;
       this.unsure = true;
     }
+    return commitsHere;
   }
 
   /**
@@ -488,6 +512,37 @@ function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 
     if (k === 'begin' || k === 'chain') state = 'T';
     else if (k === 'end') state = 'I';
   }
+  return state;
+}
+
+/** The block state as mayCommit follows it: idle (an implicit transaction), in a block, in a failed block. */
+type CommitState = 'I' | 'T' | 'E';
+
+function commitStateOf(status: string): CommitState {
+  return status === 'T' ? 'T' : status === 'E' ? 'E' : 'I';
+}
+
+/**
+ * Can statements of these kinds, run from `start`, commit a transaction? Conservative: a statement
+ * outside a block runs in an implicit transaction that commits; in a block a COMMIT or ROLLBACK
+ * (the kinds do not tell them apart) or a kind the proxy cannot tell may; in a failed block only
+ * what follows its ROLLBACK can (anything else fails, and the rest of a Query is skipped).
+ */
+function mayCommit(start: CommitState, kinds: readonly StatementKind[]): boolean {
+  let state = start;
+  for (const k of kinds) {
+    if (state === 'I' && k !== 'begin') return true;
+    if (state === 'T' && (k === 'end' || k === 'chain' || k === 'unknown')) return true;
+    if (state === 'E' && k !== 'end' && k !== 'chain') return false;
+    state = commitStateAfter(state, k);
+  }
+  return false;
+}
+
+function commitStateAfter(state: CommitState, k: StatementKind): CommitState {
+  if (k === 'begin') return state === 'I' ? 'T' : state;
+  if (k === 'chain') return 'T';
+  if (k === 'end') return 'I';
   return state;
 }
 

@@ -95,6 +95,7 @@ const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
 const IDLE_IN_TRANSACTION_TIMEOUT = '25P03';
+const TRANSACTION_RESOLUTION_UNKNOWN = '08007';
 const READ_ONLY_SQL_TRANSACTION = '25006';
 const READ_ONLY_HINT = 'on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = \'<token>\' and fencepost.fence_key = \'<fence key>\' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only';
 
@@ -250,7 +251,23 @@ export class Relay {
     if (this.closed || this.losing) return;
     this.losing = true;
     const inFlight = this.queue.length > 0 || this.status !== 'I';
-    this.opts.logger.warn({ inFlight }, 'SQL session: the database connection was lost');
+    // A request of the writer's that may commit (planner.ts mayCommit: a COMMIT, a statement of an
+    // implicit transaction), not answered by its ReadyForQuery nor failed: it may have committed.
+    const commitInFlight = !this.failed && this.queue.some((e) => !e.injected && e.mayCommit === true);
+    this.opts.logger.warn({ inFlight, commitInFlight }, 'SQL session: the database connection was lost');
+    if (commitInFlight) {
+      // No raise's FP409 here: a backend ended while committing (waiting for the synchronous
+      // standby, say) has committed locally.
+      this.endFenced('error');
+      this.answerLost({
+        severity: 'ERROR',
+        code: TRANSACTION_RESOLUTION_UNKNOWN,
+        message: 'the database connection was lost while a commit was in flight: the transaction may or may not have committed',
+        hint: 'read back what it wrote before retrying it',
+      });
+      return;
+    }
+    const writerWaits = this.queue.some((e) => !e.injected);
     const finish = (reason: ErrorFields | null) => {
       if (this.closed) return;
       // A reason is a newer leader's raise (FP409): counted as rejected by onStale, not here.
@@ -264,6 +281,10 @@ export class Relay {
         this.answerNextWith(Buffer.concat([errorResponse({ ...reason, severity: 'ERROR' }), readyForQuery('I')]), true);
         return;
       }
+      if (reason === null && writerWaits) {
+        this.answerLost({ severity: 'ERROR', code: '08006', message: 'the database connection was lost', detail: 'nothing of the open transaction committed (no commit was in flight)' });
+        return;
+      }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
       this.flushClient();
       if (!this.client.destroyed) {
@@ -273,7 +294,7 @@ export class Relay {
               severity: 'FATAL',
               code: '08006',
               message: 'the database connection was lost',
-              detail: inFlight ? 'an open transaction did not commit; a COMMIT that was in flight may or may not have committed' : undefined,
+              detail: inFlight ? 'nothing of the open transaction committed (no commit was in flight)' : undefined,
             },
           ),
         );
@@ -285,6 +306,21 @@ export class Relay {
     const terminated = this.backendFatal !== null && parseErrorFields(this.backendFatal.subarray(5)).get('C') === '57P01';
     if (inFlight && this.opts.lostReason) this.opts.lostReason(terminated).then(finish, () => finish(null));
     else finish(null);
+  }
+
+  /**
+   * The backend went while the writer waits for an answer: `error` answers it at once, with a
+   * ReadyForQuery (libpq keeps the SQLSTATE of an error only when the connection outlives it);
+   * the writer's next message hears that the session is gone.
+   */
+  private answerLost(error: ErrorFields): void {
+    this.flushClient();
+    if (this.client.destroyed) {
+      this.close();
+      return;
+    }
+    this.client.write(Buffer.concat([errorResponse(error), readyForQuery('I')]));
+    this.answerNextWith(errorResponse({ severity: 'FATAL', code: '08006', message: 'this session\'s database connection was lost: reconnect' }));
   }
 
   /** Writes `bytes` and ends the writer's connection once they are out (a destroy would drop them), then closes. */

@@ -42,7 +42,7 @@ describe('simple protocol', () => {
 
   test('inside a transaction a Query goes as it came, nothing injected', () => {
     // Still in the block at its ReadyForQuery (the relay checks).
-    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T' }] }]);
+    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T', mayCommit: false }] }]);
   });
 
   test('in a failed transaction ROLLBACK goes through unfenced', () => {
@@ -76,7 +76,7 @@ describe('simple protocol', () => {
       const steps = planner().plan(query(text), IDLE);
       expect(steps).toEqual([
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I' }] },
+        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ]);
     }
   });
@@ -192,6 +192,54 @@ describe('what the planner believes', () => {
     p.plan(bind('never-parsed'), IN_BLOCK);
     p.plan(execute(), IN_BLOCK);
     expect(predict(p.plan(sync, IN_BLOCK))).toBeUndefined();
+  });
+});
+
+describe('whether a commit may be in flight (mayCommit: a backend lost before the ReadyForQuery answers 08007)', () => {
+  /** The writer's sync/query expectation of these steps. */
+  const writers = (steps: Step[]) => steps.flatMap((s) => (s.do === 'forward' || s.do === 'send' ? s.expect : [])).filter((e) => !e.injected && (e.kind === 'query' || e.kind === 'sync'));
+  const queryMayCommit = (text: string, ctx: PlanContext) => writers(planner().plan(query(text), ctx)).map((e) => e.mayCommit);
+
+  test.each([
+    ['INSERT INTO t VALUES (1)', IDLE, true], // an implicit transaction commits at its end
+    ['BEGIN', IDLE, false],
+    ['BEGIN; INSERT INTO t VALUES (1)', IDLE, false],
+    ['BEGIN; INSERT INTO t VALUES (1); COMMIT', IDLE, true],
+    ['INSERT INTO t VALUES (1)', IN_BLOCK, false],
+    ['COMMIT', IN_BLOCK, true],
+    ['END', IN_BLOCK, true],
+    ['COMMIT AND CHAIN', IN_BLOCK, true],
+    ['INSERT INTO t VALUES (1); COMMIT', IN_BLOCK, true],
+    ['COMMIT', FAILED, false], // a failed block's COMMIT rolls back
+    ['INSERT INTO t VALUES (1)', FAILED, false],
+    ['ROLLBACK; INSERT INTO t VALUES (1)', FAILED, true],
+    ['DISCARD ALL', IDLE, false], // unfenced, read-only: writes nothing
+    ['', IDLE, false],
+  ] as const)('%j from status %o: %s', (text, ctx, want) => {
+    expect(queryMayCommit(text, ctx)).toEqual([want]);
+  });
+
+  test('extended protocol: an Execute outside a block commits at the Sync; inside one only an Execute of COMMIT may', () => {
+    const mayCommit = (ctx: PlanContext, ...messages: ClientMessage[]) => {
+      const p = planner();
+      const steps = messages.flatMap((m) => p.plan(m, ctx));
+      return writers(steps).map((e) => e.mayCommit);
+    };
+    expect(mayCommit(IDLE, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([true]);
+    expect(mayCommit(IDLE, parse('BEGIN'), bind(), execute(), sync)).toEqual([false]);
+    expect(mayCommit(IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([false]);
+    expect(mayCommit(IN_BLOCK, parse('COMMIT'), bind(), execute(), sync)).toEqual([true]);
+    expect(mayCommit(FAILED, parse('ROLLBACK'), bind(), execute(), sync)).toEqual([false]);
+    expect(mayCommit(IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([false, false]);
+  });
+
+  test('extended protocol in a block: the Execute of a COMMIT may commit before any Sync is sent', () => {
+    const p = planner();
+    const executes = [parse('COMMIT'), bind(), execute()].flatMap((m) => p.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    expect(executes).toEqual([{ kind: 'execute', injected: false, mayCommit: true }]);
+    const q = planner();
+    const insert = [parse('INSERT INTO t VALUES ($1)'), bind(), execute()].flatMap((m) => q.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    expect(insert).toEqual([{ kind: 'execute', injected: false }]);
   });
 });
 

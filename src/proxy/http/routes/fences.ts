@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import type { FenceRecord } from '../../../fence/store.ts';
 import { ApiError } from '../../errors.ts';
 import { LOCK_NOT_AVAILABLE, sqlState } from '../../../fence/pg-errors.ts';
+import { WriteOutcomeUnknownError } from '../../../fence/commit-outcome.ts';
 import { admitWrite, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
@@ -54,8 +55,9 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
         // The fence is held past the lock timeout (a paused leader's transaction, say): a raise
         // never waits on a zombie. The holders have had that long; end them now and raise.
         if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token) throw err;
-        const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
-          throw err;
+        // A raise whose COMMIT went unanswered may have raised the fence: that answer, not the lock's.
+        const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch((e: unknown) => {
+          throw e instanceof WriteOutcomeUnknownError ? e : err;
         });
         if (highest === null || highest !== token) throw err; // a raise above it won meanwhile: the retry reads it
         // Raised: the write goes once more, at the fence's own token now, and counts as any does.

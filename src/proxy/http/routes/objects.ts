@@ -5,6 +5,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { FencedOp, FencedResult } from '../../../fence/store.ts';
 import { NOT_FENCED } from '../../../fence/codes.ts';
 import { LOCK_NOT_AVAILABLE, sqlState } from '../../../fence/pg-errors.ts';
+import { WriteOutcomeUnknownError } from '../../../fence/commit-outcome.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
 import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
@@ -130,8 +131,10 @@ async function fencedObjectWrite(req: FastifyRequest, key: string, token: bigint
     if (sqlState(err) === LOCK_NOT_AVAILABLE && ((await req.server.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) < token) {
       // The fence was held past the lock timeout: if this write raises it, a raise never waits on a
       // zombie (raise.ts ends the older token's holders now), then the write goes once more.
-      const highest = await req.server.raiseFence(fenceKey, token, writerId(req), 0).catch(() => {
-        throw err;
+      // A raise whose COMMIT went unanswered may have raised the fence: commit_unknown (the
+      // object itself was not written), not the lock's "nothing committed".
+      const highest = await req.server.raiseFence(fenceKey, token, writerId(req), 0).catch((e: unknown) => {
+        throw e instanceof WriteOutcomeUnknownError ? e : err;
       });
       if (highest !== token) throw err;
       return { fenceKey, result: await req.server.store.write(op(fenceKey)) };

@@ -1,0 +1,202 @@
+// The SQL endpoint says what happened when the backend connection goes mid-commit: a COMMIT (or a
+// statement of an implicit transaction, which commits at its end) that was forwarded and not
+// answered gets 08007 transaction_resolution_unknown, with a ReadyForQuery so libpq (psycopg2) and
+// node-postgres keep the SQLSTATE; a connection lost before any commit was in flight stays 08006,
+// and nothing of it lands. A real synchronous standby, stalled (its WAL receiver stopped), holds
+// the commit in SyncRep; the network between the proxy and Postgres (tools/faults/tcp-proxy.ts)
+// is cut meanwhile. The backend, committed locally, finishes once the standby resumes.
+//
+// (Terminating such a backend instead does not free the writer: Postgres warns and commits, then
+// on its way out drops the session's temporary table, a commit of its own that waits for the
+// standby again, with SIGTERM ignored, until the standby resumes.)
+import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
+import { spawn } from 'node:child_process';
+import pg from 'pg';
+import { makeStandbySynchronous, stallStandby, startReplicatedPostgres, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
+import { clientRoleFor, withDatabase, type TestDatabase } from '../../support/db.ts';
+import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
+import { migrate } from '../../../src/fence/migrate.ts';
+import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
+
+const PYTHON = '/usr/bin/python3';
+
+let repl: ReplicatedPostgres;
+let db: TestDatabase;
+let sql: SqlProxy;
+let stalled: StalledStandby | null = null;
+let net: TcpProxy;
+
+beforeAll(async () => {
+  repl = await startReplicatedPostgres('fp_sql_commit_unknown');
+  const admin = new pg.Client({ connectionString: repl.url });
+  await admin.connect();
+  await admin.query('CREATE DATABASE fp_cu_sql');
+  await admin.end();
+  const url = withDatabase(repl.url, 'fp_cu_sql');
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  pool.on('error', () => {});
+  await migrate(pool);
+  await pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
+  await makeStandbySynchronous(repl);
+  const target = new URL(url);
+  net = await TcpProxy.start({ targetHost: target.hostname, targetPort: Number(target.port) });
+  const via = new URL(url);
+  via.port = String(net.port);
+  db = { url, pool, drop: async () => {} };
+  sql = await startSqlProxy({ ...db, url: via.toString() });
+  await pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(url)}`);
+}, 120_000);
+
+/** Resumes the standby and waits until no commit waits for it. */
+async function resume(): Promise<void> {
+  stalled?.resume();
+  stalled = null;
+  for (let i = 0; (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'`)).rows.length > 0; i++) {
+    if (i > 400) throw new Error('commits still wait for the standby after it resumed');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+afterEach(resume);
+
+afterAll(async () => {
+  stalled?.resume();
+  await sql?.close();
+  await net?.close();
+  await db?.pool.end();
+  await repl?.stop();
+});
+
+const present = async (...ns: number[]) => (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
+
+/** Cuts the proxy's connections to Postgres once a commit waits for the standby (so it is in flight). */
+async function cutDuringCommit(): Promise<void> {
+  await syncRepWaiters(db.url, 1);
+  net.cut();
+}
+
+/**
+ * Runs a psycopg2 program (argv[1]: the endpoint's URL). When it prints `ready` the standby is
+ * stalled and the program told to go on; when it prints `waiting`, `then` runs. Resolves with the
+ * lines it printed.
+ */
+function python(program: string, user: string, then: () => Promise<void>): Promise<string[]> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(PYTHON, ['-u', '-c', program, sql.url(user)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const lines: string[] = [];
+    let out = '';
+    let err = '';
+    const fail = (e: unknown) => {
+      child.kill();
+      reject(e instanceof Error ? e : new Error(String(e)));
+    };
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      for (let nl = out.indexOf('\n'); nl >= 0; nl = out.indexOf('\n')) {
+        const line = out.slice(0, nl);
+        out = out.slice(nl + 1);
+        lines.push(line);
+        if (line === 'ready') {
+          void stallStandby(repl).then((s) => {
+            stalled = s;
+            child.stdin.write('\n');
+          }, fail);
+        }
+        if (line === 'waiting') void then().catch(fail);
+      }
+    });
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    child.on('error', reject);
+    child.on('exit', (code) => (code === 0 ? resolve(lines) : reject(new Error(`python exited ${code}: ${err}`))));
+  });
+}
+
+test('psycopg2: a COMMIT whose backend connection is lost while it waits for the synchronous standby raises 08007, and the row is there', async () => {
+  const program = `
+import sys, psycopg2
+conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/a')}')
+cur = conn.cursor()
+cur.execute("INSERT INTO items VALUES (1, 'maybe')")
+print('ready')
+sys.stdin.readline()
+print('waiting')
+try:
+    conn.commit()
+    print('committed')
+except psycopg2.Error as e:
+    print(e.pgcode)
+`;
+  const lines = await python(program, 'py-commit', cutDuringCommit);
+  expect(lines.slice(2)).toEqual(['08007']);
+  await resume();
+  expect(await present(1)).toEqual([1]);
+}, 60_000);
+
+test('psycopg2 in autocommit: a lone INSERT whose backend connection is lost during its implicit commit raises 08007, and the row is there', async () => {
+  const program = `
+import sys, psycopg2
+conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/b')}')
+conn.autocommit = True
+cur = conn.cursor()
+cur.execute("SELECT 1")
+print('ready')
+sys.stdin.readline()
+print('waiting')
+try:
+    cur.execute("INSERT INTO items VALUES (2, 'maybe')")
+    print('committed')
+except psycopg2.Error as e:
+    print(e.pgcode)
+`;
+  const lines = await python(program, 'py-auto', cutDuringCommit);
+  expect(lines.slice(2)).toEqual(['08007']);
+  await resume();
+  expect(await present(2)).toEqual([2]);
+}, 60_000);
+
+test('node-postgres, extended protocol: an autocommit INSERT whose backend connection is lost at its Sync gets 08007, and the next query hears the session is gone', async () => {
+  const client = await sql.connect('pg-extended', { options: fenceOptions(1, 'sqlcu/c') });
+  try {
+    await client.query('SELECT 1');
+    stalled = await stallStandby(repl);
+    const insert = client.query('INSERT INTO items VALUES ($1, $2)', [3, 'maybe']).then(() => null, (e: unknown) => e as { code?: string });
+    await cutDuringCommit();
+    expect((await insert)?.code).toBe('08007');
+    const next = await client.query('SELECT 1').then(() => null, (e: unknown) => e as { code?: string; message?: string });
+    expect(next).not.toBeNull();
+    expect(next?.code).not.toBe('08007');
+  } finally {
+    await client.end().catch(() => {});
+  }
+  await resume();
+  expect(await present(3)).toEqual([3]);
+}, 60_000);
+
+test('psycopg2: a transaction whose backend connection is lost before COMMIT was sent raises 08006, and its row never lands', async () => {
+  const program = `
+import sys, psycopg2
+conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/d')}')
+cur = conn.cursor()
+cur.execute("INSERT INTO items VALUES (4, 'never')")
+print('ready')
+sys.stdin.readline()
+print('waiting')
+try:
+    cur.execute("SELECT pg_sleep(30)")
+    conn.commit()
+    print('committed')
+except psycopg2.Error as e:
+    print(e.pgcode)
+`;
+  const cutDuringSleep = async () => {
+    for (let i = 0; (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()`)).rows.length === 0; i++) {
+      if (i > 400) throw new Error('the sleeping statement never showed');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    net.cut();
+  };
+  const lines = await python(program, 'py-before', cutDuringSleep);
+  expect(lines.slice(2)).toEqual(['08006']);
+  await resume();
+  expect(await present(4)).toEqual([]);
+}, 60_000);

@@ -198,7 +198,7 @@ describe('GET /v1/stats', () => {
     const after = (await app.inject({ url: '/v1/stats?limit=1000' })).json();
     expect(after.accepted - before.accepted).toBe(2);
     expect(after.rejected - before.rejected).toBe(2);
-    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({ fenceKey: fence, highestToken: '3', raisedBy: null, accepted: 2, rejected: 2 });
+    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({ fenceKey: fence, highestToken: '3', raisedBy: null, raisedAt: expect.any(String), accepted: 2, rejected: 2 });
   });
 
   test('logs each rejection with fence key, object key, tokens and writer id', async ({ app, db }) => {

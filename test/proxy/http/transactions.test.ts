@@ -230,7 +230,7 @@ describe('concurrency', () => {
     await post([{ key: 'w/s', token: '9' }], [{ sql: 'SELECT 1' }]);
     await app.inject({ method: 'PUT', url: '/v1/fences/w%2Fs', headers: { ...bearer(SECRET.writer), 'fencing-token': '11' } });
     const stats = (await app.inject({ url: '/v1/stats', headers: bearer(SECRET.reader) })).json();
-    expect(stats.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === 'w/s')).toEqual({ fenceKey: 'w/s', highestToken: '11', raisedBy: null, accepted: 2, rejected: 1 });
+    expect(stats.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === 'w/s')).toEqual({ fenceKey: 'w/s', highestToken: '11', raisedBy: null, raisedAt: expect.any(String), accepted: 2, rejected: 1 });
   });
 });
 

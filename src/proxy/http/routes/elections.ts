@@ -43,6 +43,7 @@ export async function electionRoutes(app: FastifyInstance): Promise<void> {
       config: { access: 'read' },
       schema: {
         summary: 'The elections the forgery guard maps: leader, since when, candidates, and whether the leader has raised its fence',
+        querystring: { type: 'object', additionalProperties: false, properties: {} },
         response: {
           200: {
             type: 'object',

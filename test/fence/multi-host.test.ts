@@ -1,0 +1,189 @@
+// A DATABASE_URL that lists several hosts with target_session_attrs=read-write: every door (HTTP
+// objects, /v1/transactions, the SQL endpoint) writes to the host that takes writes, whatever its
+// place in the list, and follows it when the roles switch, without a restart: the writes in the
+// gap answer 503 (nothing committed), never 500. Real streaming replication, a real promotion.
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import pg from 'pg';
+import pino from 'pino';
+import { startFailoverPair, type FailoverPair } from '../support/replication.ts';
+import { fenceOptions } from '../support/sql.ts';
+import { loadConfig } from '../../src/proxy/config.ts';
+import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
+import { freePort } from '../../tools/zookeeper/local-server.ts';
+
+const CLIENT_ROLE = 'fpc_multi_host';
+
+let pair: FailoverPair;
+/** Credentials and database of the pair's admin URL, for URLs of our own. */
+let auth: { user: string; password: string; database: string };
+
+function multiHostUrl(ports: number[], query = 'target_session_attrs=read-write'): string {
+  return `postgresql://${auth.user}:${auth.password}@${ports.map((p) => `127.0.0.1:${p}`).join(',')}/${auth.database}?${query}`;
+}
+
+async function start(databaseUrl: string): Promise<RunningProxy> {
+  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
+  return await startProxy(config, pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
+}
+
+async function on<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
+  const c = new pg.Client({ connectionString: url });
+  c.on('error', () => {});
+  await c.connect();
+  try {
+    return await fn(c);
+  } finally {
+    await c.end().catch(() => {});
+  }
+}
+
+async function put(proxy: RunningProxy, key: string, token: number, body: string): Promise<{ status: number; json: { error?: string; message?: string } }> {
+  const r = await fetch(`${proxy.url}/v1/objects/${encodeURIComponent(key)}`, { method: 'PUT', headers: { 'fencing-token': String(token), 'fence-key': 'mh' }, body });
+  return { status: r.status, json: (await r.json()) as { error?: string; message?: string } };
+}
+
+async function transaction(proxy: RunningProxy, token: number): Promise<{ status: number; json: { error?: string; message?: string } }> {
+  const r = await fetch(`${proxy.url}/v1/transactions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ fences: [{ key: 'mh-tx', token: String(token) }], statements: [{ sql: 'UPDATE public.counters SET n = n + 1 WHERE id = 1' }] }),
+  });
+  return { status: r.status, json: (await r.json()) as { error?: string; message?: string } };
+}
+
+/** A fenced UPDATE through the SQL endpoint, on a session of its own. */
+async function sqlWrite(proxy: RunningProxy, token: number): Promise<void> {
+  const c = new pg.Client({ host: '127.0.0.1', port: proxy.pgwirePort!, user: 'mh-writer', database: auth.database, options: fenceOptions(token, 'mh-sql') });
+  c.on('error', () => {});
+  await c.connect();
+  try {
+    await c.query('UPDATE public.counters SET n = n + 1 WHERE id = 2');
+  } finally {
+    await c.end().catch(() => {});
+  }
+}
+
+async function counters(url: string): Promise<number[]> {
+  return await on(url, async (c) => (await c.query<{ n: number }>('SELECT n FROM public.counters ORDER BY id')).rows.map((r) => r.n));
+}
+
+beforeAll(async () => {
+  pair = await startFailoverPair('fp_multi_host');
+  const u = new URL(pair.primaryUrl);
+  auth = { user: decodeURIComponent(u.username), password: decodeURIComponent(u.password), database: u.pathname.slice(1) };
+  await on(pair.primaryUrl, async (c) => {
+    await c.query('CREATE TABLE public.counters (id int PRIMARY KEY, n int NOT NULL)');
+    await c.query('INSERT INTO public.counters VALUES (1, 0), (2, 0)');
+  });
+}, 120_000);
+
+afterAll(async () => {
+  await pair?.stop();
+});
+
+describe('starting against the list', () => {
+  test('the first host down: the proxy writes to the next that takes writes', async () => {
+    const proxy = await start(multiHostUrl([await freePort(), pair.standbyPort, pair.primaryPort]));
+    try {
+      expect((await put(proxy, 'mh/0', 1, 'zero')).status).toBe(200);
+      expect(await on(pair.primaryUrl, async (c) => (await c.query("SELECT 1 FROM fencepost.objects WHERE key = 'mh/0'")).rowCount)).toBe(1);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test('no host takes writes: the proxy does not start, and says why in one line naming DATABASE_URL', async () => {
+    const down = await freePort();
+    const err = await start(multiHostUrl([pair.standbyPort, down])).then(() => null, (e: Error) => e);
+    expect(err?.message).toBe(`DATABASE_URL: no host takes writes (target_session_attrs=read-write): 127.0.0.1:${pair.standbyPort} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
+  });
+});
+
+describe('the standby listed first, the primary second', () => {
+  let proxy: RunningProxy;
+  beforeAll(async () => {
+    proxy = await start(multiHostUrl([pair.standbyPort, pair.primaryPort]));
+    await on(pair.primaryUrl, (c) => c.query(`GRANT SELECT, UPDATE ON public.counters TO ${CLIENT_ROLE}`));
+  }, 60_000);
+  afterAll(async () => {
+    await proxy?.close();
+  });
+
+  test('writes at every door land on the primary, and /readyz is ready', async () => {
+    expect((await put(proxy, 'mh/1', 1, 'one')).status).toBe(200);
+    expect((await transaction(proxy, 1)).status).toBe(200);
+    await sqlWrite(proxy, 1);
+    const stored = await on(pair.primaryUrl, async (c) => (await c.query<{ body: Buffer }>("SELECT body FROM fencepost.objects WHERE key = 'mh/1'")).rows);
+    expect(stored.map((r) => r.body.toString())).toEqual(['one']);
+    expect(await counters(pair.primaryUrl)).toEqual([1, 1]);
+    expect((await fetch(`${proxy.url}/readyz`)).status).toBe(200);
+  });
+
+  test('the primary turns read-only under open connections: 503, never 500, and the proxy looks again; writable again, writes commit', async () => {
+    expect((await put(proxy, 'mh/ro-before', 1, 'x')).status).toBe(200); // a pooled connection to the primary exists
+    await on(pair.primaryUrl, async (c) => {
+      await c.query('ALTER SYSTEM SET default_transaction_read_only = on');
+      await c.query('SELECT pg_reload_conf()');
+    });
+    try {
+      // Open sessions see the reload at their next statement: 25006 (read-only), then the search says why.
+      const answers: { status: number; json: { error?: string; message?: string } }[] = [];
+      for (let i = 0; i < 50 && !answers.some((a) => /no host takes writes/.test(a.json.message ?? '')); i++) {
+        answers.push(await put(proxy, `mh/ro-${i}`, 1, 'x'));
+        if (answers.at(-1)!.status === 200) await new Promise((r) => setTimeout(r, 100)); // the reload not seen yet
+      }
+      const refused = answers.filter((a) => a.status !== 200);
+      expect(refused.length).toBeGreaterThan(0);
+      expect(refused.map((a) => [a.status, a.json.error])).toEqual(refused.map(() => [503, 'unavailable']));
+      expect(refused.at(-1)!.json.message).toMatch(new RegExp(`127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} is read-only \\(default_transaction_read_only\\)`));
+    } finally {
+      await on(pair.primaryUrl, async (c) => {
+        await c.query('ALTER SYSTEM RESET default_transaction_read_only');
+        await c.query('SELECT pg_reload_conf()');
+      });
+    }
+    let status = 0;
+    for (let i = 0; i < 50 && status !== 200; i++) {
+      if (i > 0) await new Promise((r) => setTimeout(r, 100));
+      status = (await put(proxy, 'mh/ro-after', 1, 'x')).status;
+    }
+    expect(status).toBe(200);
+  });
+
+  test('the primary stops: writes answer 503 naming each host, /readyz 503, the SQL endpoint 08001; none 500', async () => {
+    await pair.stopPrimary();
+    const w = await put(proxy, 'mh/gap', 2, 'gap');
+    expect(w.status, JSON.stringify(w.json)).toBe(503);
+    expect(w.json.error).toBe('unavailable');
+    // The primary's host refused the connection, or (a search during its shutdown) said it is shutting down.
+    expect(w.json.message).toMatch(new RegExp(`no host takes writes \\(target_session_attrs=read-write\\): 127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} (refused the connection|cannot be reached: the database system is shutting down)`));
+    expect((await transaction(proxy, 2)).status).toBe(503);
+    const ready = await fetch(`${proxy.url}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { message: string }).message).toMatch(/no host takes writes/);
+    const refused = await sqlWrite(proxy, 2).then(() => null, (e: pg.DatabaseError) => e);
+    expect(refused?.code).toBe('08001');
+    expect(refused?.message).toMatch(/no host takes writes/);
+  });
+
+  test('the standby is promoted: writes commit on it at every door, with no restart of the proxy', async () => {
+    await pair.promoteStandby();
+    // The first write after the promotion may meet the search that found nothing (reused 250 ms).
+    const statuses: number[] = [];
+    for (let i = 0; i < 100; i++) {
+      const w = await put(proxy, 'mh/2', 2, 'two');
+      statuses.push(w.status);
+      if (w.status === 200) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(statuses.at(-1)).toBe(200);
+    expect(statuses.filter((s) => s !== 200 && s !== 503)).toEqual([]);
+    expect((await transaction(proxy, 2)).status).toBe(200);
+    await sqlWrite(proxy, 2);
+    const stored = await on(pair.standbyUrl, async (c) => (await c.query<{ key: string }>("SELECT key FROM fencepost.objects WHERE key LIKE 'mh/%' ORDER BY key")).rows.map((r) => r.key));
+    expect(stored.filter((k) => !k.startsWith('mh/ro-'))).toEqual(['mh/0', 'mh/1', 'mh/2']); // the gap's write committed nowhere
+    expect(await counters(pair.standbyUrl)).toEqual([2, 2]);
+    expect((await fetch(`${proxy.url}/readyz`)).status).toBe(200);
+  });
+});
+

@@ -61,7 +61,9 @@ async function probeHost(config: pg.ClientConfig, h: DatabaseHost, attrs: Sessio
   try {
     await client.connect();
   } catch (err) {
-    const code = sqlState(err) ?? (err as { code?: unknown }).code;
+    const state = sqlState(err);
+    if (state !== undefined) return `refused: ${firstLine(err)} (SQLSTATE ${state})`; // a login refused, a server starting or stopping
+    const code = (err as { code?: unknown }).code;
     if (code === 'ECONNREFUSED') return 'refused the connection';
     if (/timeout/i.test(firstLine(err))) return `did not answer within ${timeoutMs} ms`;
     return `cannot be reached: ${firstLine(err)}${typeof code === 'string' ? ` (${code})` : ''}`;

@@ -56,7 +56,7 @@ export class NoWritableHostError extends Error {
 
 /** Why a host does not qualify, in a few words after its name; null when it does. */
 async function probeHost(config: pg.ClientConfig, h: DatabaseHost, attrs: SessionAttrs, timeoutMs: number): Promise<string | null> {
-  const client = new pg.Client({ ...config, host: h.host, port: h.port, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs });
+  const client = new pg.Client({ application_name: 'fencepost-probe', ...config, host: h.host, port: h.port, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs });
   client.on('error', () => {});
   try {
     await client.connect();

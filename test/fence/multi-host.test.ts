@@ -5,11 +5,15 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import pino from 'pino';
+import { connect, createServer, type AddressInfo, type Server } from 'node:net';
 import { startFailoverPair, type FailoverPair } from '../support/replication.ts';
 import { fenceOptions } from '../support/sql.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { clientConfig, databaseTarget, primaryFinder } from '../../src/fence/database-url.ts';
+import { newClient } from '../../src/fence/primary-finder.ts';
+import { BackendStartupError, openBackend } from '../../src/proxy/sql/backend.ts';
 
 const CLIENT_ROLE = 'fpc_multi_host';
 
@@ -96,6 +100,58 @@ describe('starting against the list', () => {
     const down = await freePort();
     const err = await start(multiHostUrl([pair.standbyPort, down])).then(() => null, (e: Error) => e);
     expect(err?.message).toBe(`DATABASE_URL: no host takes writes (target_session_attrs=read-write): 127.0.0.1:${pair.standbyPort} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
+  });
+});
+
+/** A TCP port that forwards each new connection to `to` (a name or address that moves, as a VIP does). */
+async function forwarder(to: number): Promise<{ port: number; to: number; close(): Promise<void> }> {
+  const f = { port: 0, to, close: async () => {} };
+  const server: Server = createServer((socket) => {
+    const up = connect(f.to, '127.0.0.1');
+    socket.pipe(up).pipe(socket);
+    socket.on('error', () => up.destroy());
+    up.on('error', () => socket.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  f.port = (server.address() as AddressInfo).port;
+  f.close = () => new Promise<void>((r) => server.close(() => r()));
+  return f;
+}
+
+describe('a host that is now a standby, under a name the proxy found writable', () => {
+  test('a new connection that logs in to a hot standby is left, at both kinds of dial, and the search says why', async () => {
+    const moving = await forwarder(pair.primaryPort);
+    const down = await freePort();
+    try {
+      const url = multiHostUrl([moving.port, down]);
+      const finder = primaryFinder(url)!;
+      const foundAgain = async () => {
+        for (let i = 0; ; i++) {
+          const h = await finder.target().catch(() => null); // a search that found nothing is reused 250 ms
+          if (h !== null || i > 50) return h;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      };
+      expect(await foundAgain()).toEqual({ host: '127.0.0.1', port: moving.port });
+      const hot = `127.0.0.1:${moving.port} is in hot standby (target_session_attrs=read-write); looking for the primary again`;
+      // The SQL endpoint's dial.
+      moving.to = pair.standbyPort; // the name now reaches the standby; no connection of the proxy failed
+      const login = { user: auth.user, password: auth.password, parameters: new Map<string, string>(), settings: new Map<string, string>() };
+      const backend = await openBackend(databaseTarget(url), login, 5000).then(() => null, (e: Error) => e);
+      expect(backend).toBeInstanceOf(BackendStartupError);
+      expect([(backend as BackendStartupError).code, backend?.message]).toEqual(['08001', hot]);
+      // node-postgres's, for the pools and the checks.
+      moving.to = pair.primaryPort;
+      expect(await foundAgain()).toEqual({ host: '127.0.0.1', port: moving.port });
+      moving.to = pair.standbyPort;
+      const pooled = await newClient(clientConfig(url)).connect().then(() => null, (e: Error & { code?: string }) => e);
+      expect([pooled?.code, pooled?.message]).toEqual(['08001', hot]);
+      // Both told the finder, whose search now says why no host fits.
+      const why = await finder.target().then(() => null, (e: Error) => e.message);
+      expect(why).toBe(`no host takes writes (target_session_attrs=read-write): 127.0.0.1:${moving.port} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
+    } finally {
+      await moving.close();
+    }
   });
 });
 

@@ -12,7 +12,7 @@ import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientConfig, databaseTarget, primaryFinder } from '../../src/fence/database-url.ts';
-import { newClient } from '../../src/fence/primary-finder.ts';
+import { leaveOldHosts, newClient } from '../../src/fence/primary-finder.ts';
 import { BackendStartupError, openBackend } from '../../src/proxy/sql/backend.ts';
 
 const CLIENT_ROLE = 'fpc_multi_host';
@@ -151,6 +151,33 @@ describe('a host that is now a standby, under a name the proxy found writable', 
       expect(why).toBe(`no host takes writes (target_session_attrs=read-write): 127.0.0.1:${moving.port} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
     } finally {
       await moving.close();
+    }
+  });
+});
+
+describe("a pool of the finder's clients", () => {
+  test('a connection that saw 25006 is closed when released, not reused; one that did not is kept', async () => {
+    const pool = leaveOldHosts(new pg.Pool({ ...clientConfig(multiHostUrl([pair.standbyPort, pair.primaryPort])), max: 1 }));
+    pool.on('error', () => {});
+    const pidOf = async (c: pg.PoolClient) => (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    try {
+      const kept = await pool.connect();
+      const first = await pidOf(kept);
+      kept.release();
+      const refused = await pool.connect();
+      expect(await pidOf(refused)).toBe(first);
+      await refused.query('BEGIN READ ONLY');
+      expect(await refused.query('CREATE TABLE public.never_made (id int)').then(() => null, (e: pg.DatabaseError) => e.code)).toBe('25006');
+      await refused.query('ROLLBACK');
+      refused.release(); // without an error, as a caller that handled it would
+      const next = await pool.connect();
+      try {
+        expect(await pidOf(next)).not.toBe(first);
+      } finally {
+        next.release();
+      }
+    } finally {
+      await pool.end();
     }
   });
 });

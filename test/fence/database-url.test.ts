@@ -3,6 +3,8 @@
 // settings the proxy forces on its sessions winning over the URL's own `options`.
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { openBackend } from '../../src/proxy/sql/backend.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { clientConfig, databaseTarget, describeTarget, primaryFinder } from '../../src/fence/database-url.ts';
 import { createPool } from '../../src/proxy/server.ts';
@@ -132,6 +134,8 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
   let db: TestDatabase;
   let sql: SqlProxy | null = null;
   let socketUrl: string | null = null;
+  /** The socket folder and port of socketUrl. */
+  let socket = { dir: '', port: '' };
   beforeAll(async () => {
     db = await createTestDatabase();
     const dirs = (await db.pool.query<{ unix_socket_directories: string }>('SHOW unix_socket_directories')).rows[0]!.unix_socket_directories;
@@ -141,6 +145,7 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
     const u = new URL(db.url);
     // Every way a URL could set what the proxy forces: options, and the timeouts as parameters.
     const options = encodeURIComponent('-c synchronous_commit=off -c statement_timeout=0');
+    socket = { dir, port };
     socketUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(dir)}&port=${port}&options=${options}&statement_timeout=0&lock_timeout=0`;
     sql = await startSqlProxy(db, { DATABASE_URL: socketUrl, FENCEPOST_STATEMENT_TIMEOUT_MS: '7000', FENCEPOST_TX_STATEMENT_TIMEOUT_MS: '6000' });
     await db.pool.query('CREATE TABLE public.counters (id int PRIMARY KEY, n int NOT NULL)');
@@ -170,6 +175,25 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
     expect(r.status).toBe(200);
     const stored = await db.pool.query<{ body: Buffer }>("SELECT body FROM fencepost.objects WHERE key = 'socket-1'");
     expect(stored.rows[0]!.body.toString()).toBe('{"over":"socket"}');
+  });
+
+  test('a host= list of socket folders: the pool and the SQL endpoint dial the first that takes writes', async (ctx) => {
+    if (socketUrl === null) ctx.skip();
+    const u = new URL(db.url);
+    const { dir, port } = socket;
+    const gone = join(tmpdir(), `fencepost-no-socket-${process.pid}`);
+    const listUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(`${gone},${dir}`)}&port=${port}&target_session_attrs=read-write`;
+    expect(describeTarget(databaseTarget(listUrl))).toBe(`${gone}/.s.PGSQL.${port}, ${dir}/.s.PGSQL.${port}`);
+    const pool = createPool(listUrl, 1);
+    try {
+      expect((await pool.query<{ path: string | null }>('SELECT client_addr::text AS path FROM pg_stat_activity WHERE pid = pg_backend_pid()')).rows).toEqual([{ path: null }]);
+    } finally {
+      await pool.end();
+    }
+    const login = { user: decodeURIComponent(u.username), password: decodeURIComponent(u.password), parameters: new Map<string, string>(), settings: new Map<string, string>() };
+    const backend = await openBackend(databaseTarget(listUrl), login, 5000);
+    backend.socket.destroy();
+    expect(backend.target).toMatchObject({ host: dir, port: Number(port) });
   });
 
   test('/v1/transactions logs its client login in over the socket, with durable commits', async (ctx) => {

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import pino from 'pino';
 import { connect, createServer, type AddressInfo, type Server } from 'node:net';
+import { Writable } from 'node:stream';
 import { startFailoverPair, type FailoverPair } from '../support/replication.ts';
 import { fenceOptions } from '../support/sql.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
@@ -25,9 +26,16 @@ function multiHostUrl(ports: number[], query = 'target_session_attrs=read-write'
   return `postgresql://${auth.user}:${auth.password}@${ports.map((p) => `127.0.0.1:${p}`).join(',')}/${auth.database}?${query}`;
 }
 
-async function start(databaseUrl: string): Promise<RunningProxy> {
+/** `log`: the proxy's log lines at info and above, parsed. */
+async function start(databaseUrl: string, log?: Record<string, unknown>[]): Promise<RunningProxy> {
   const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
-  return await startProxy(config, pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const line of chunk.toString().split('\n').filter(Boolean)) log!.push(JSON.parse(line) as Record<string, unknown>);
+      done();
+    },
+  });
+  return await startProxy(config, log ? pino({ level: 'info' }, sink) : pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
 }
 
 async function on<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
@@ -184,8 +192,9 @@ describe("a pool of the finder's clients", () => {
 
 describe('the standby listed first, the primary second', () => {
   let proxy: RunningProxy;
+  const log: Record<string, unknown>[] = [];
   beforeAll(async () => {
-    proxy = await start(multiHostUrl([pair.standbyPort, pair.primaryPort]));
+    proxy = await start(multiHostUrl([pair.standbyPort, pair.primaryPort]), log);
     await on(pair.primaryUrl, (c) => c.query(`GRANT SELECT, UPDATE ON public.counters TO ${CLIENT_ROLE}`));
   }, 60_000);
   afterAll(async () => {
@@ -298,6 +307,20 @@ describe('the standby listed first, the primary second', () => {
     expect(ok.filter((a) => !stored.has(a.key))).toEqual([]);
     expect(load.answers.filter((a) => a.error === 'unavailable' && stored.has(a.key))).toEqual([]);
     expect(load.answers.some((a) => a.status === 503)).toBe(true); // the gap was seen
+  });
+
+  test('the log says where new connections go, and when no host fits, once per change', () => {
+    const said = log.filter((l) => typeof l.msg === 'string' && l.msg.startsWith('DATABASE_URL')).map((l) => [l.msg, l.host ?? String(l.reason).split(':')[0]]);
+    const found = 'DATABASE_URL: new connections go to this host';
+    const lost = 'DATABASE_URL: no host fits target_session_attrs; writes answer 503 until one does';
+    const none = 'no host takes writes (target_session_attrs=read-write)';
+    // This proxy started after the URL's finder (the process's) had found the primary: it logs the changes since.
+    expect(said).toEqual([
+      [lost, none], // the primary read-only
+      [found, `127.0.0.1:${pair.primaryPort}`],
+      [lost, none], // the primary stopped
+      [found, `127.0.0.1:${pair.standbyPort}`], // the standby promoted
+    ]);
   });
 });
 

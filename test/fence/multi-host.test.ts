@@ -104,6 +104,16 @@ describe('starting against the list', () => {
     }
   });
 
+  test("without target_session_attrs, libpq's `any`: the first host that answers, a standby too, and a warning at start", async () => {
+    const log: Record<string, unknown>[] = [];
+    const proxy = await start(multiHostUrl([pair.standbyPort, pair.primaryPort], 'application_name=mh'), log).catch((e: Error) => e);
+    // The standby answers first, and the migrations need the primary: the start fails, as it would on the standby alone.
+    expect((proxy as Error).message).toMatch(new RegExp(`^DATABASE_URL: 127\\.0\\.0\\.1:${pair.standbyPort}, 127\\.0\\.0\\.1:${pair.primaryPort} \\(database ${auth.database}\\): cannot execute .* in a read-only transaction \\(SQLSTATE 25006\\)$`));
+    expect(log.filter((l) => l.level === 40).map((l) => l.msg)).toContain(
+      'DATABASE_URL lists several hosts without target_session_attrs=read-write (or primary): connections go to the first that answers, even a standby, as libpq does',
+    );
+  });
+
   test('no host takes writes: the proxy does not start, and says why in one line naming DATABASE_URL', async () => {
     const down = await freePort();
     const err = await start(multiHostUrl([pair.standbyPort, down])).then(() => null, (e: Error) => e);

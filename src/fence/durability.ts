@@ -6,6 +6,7 @@
 import pg from 'pg';
 import * as q from './queries.ts';
 import { clientConfig } from './database-url.ts';
+import { newClient } from './primary-finder.ts';
 
 export type SyncState = 'async' | 'potential' | 'sync' | 'quorum' | 'unknown';
 
@@ -49,7 +50,7 @@ const BELOW_ON: Readonly<Record<string, string>> = {
  */
 export async function checkDurability(pool: pg.Pool): Promise<DurabilityReport> {
   // options ' ', not '': node-postgres takes PGOPTIONS from the proxy's environment for an empty one.
-  const client = new pg.Client({ ...clientConfig(pool.options), options: ' ', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
+  const client = newClient({ ...clientConfig(pool.options), options: ' ', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
   client.on('error', () => {}); // a connection lost while idle: the next query reports it
   await client.connect();
   try {

@@ -31,6 +31,7 @@ import { FenceHeldByPreparedError } from './prepared-holders.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
+import { leaveOldHosts } from './primary-finder.ts';
 import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
 
 export type { Isolation };
@@ -423,7 +424,7 @@ export class TransactionRunner {
         application_name: 'fencepost-client-sql',
       });
       pool.on('error', () => {}); // an idle connection that dies is dropped; the next checkout reports
-      this.pools.set(login.login, pool);
+      this.pools.set(login.login, leaveOldHosts(pool));
     }
     return pool;
   }

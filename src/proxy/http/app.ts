@@ -7,6 +7,7 @@ import Fastify, { LogController, type FastifyInstance, type FastifyError, type F
 import type { Logger } from 'pino';
 import type { FenceStore } from '../../fence/store.ts';
 import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE, READ_ONLY_SQL_TRANSACTION } from '../../fence/pg-errors.ts';
+import { NoWritableHostError } from '../../fence/primary-finder.ts';
 import { NOT_FENCED } from '../../fence/codes.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { ApiError } from '../errors.ts';
@@ -115,6 +116,8 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   }
   if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (err instanceof WriteOutcomeUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
+  // DATABASE_URL lists several hosts and none takes writes now (a failover under way): say which.
+  if (err instanceof NoWritableHostError) return new ApiError('unavailable', `database unavailable: ${err.message}; nothing committed, safe to retry`, {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   // A standby, or a primary still promoting: nothing can have committed, and it passes.
   if (sqlState(err) === READ_ONLY_SQL_TRANSACTION) return new ApiError('unavailable', 'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry', {}, { cause: err });

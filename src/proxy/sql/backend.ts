@@ -8,10 +8,14 @@ import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from
 import { PROTOCOL_3_0, optionArg } from './startup.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
+import { describeHost, type DatabaseHost } from '../../fence/primary-finder.ts';
 
 export type BackendTarget = DatabaseTarget;
 
-/** Where DATABASE_URL points (a host starting with `/` is a Unix socket folder), and its TLS. */
+/**
+ * Where DATABASE_URL points (a host starting with `/` is a Unix socket folder), and its TLS. With
+ * several hosts, `follow` picks the host at each openBackend.
+ */
 export function backendTarget(databaseUrl: string): BackendTarget {
   return databaseTarget(databaseUrl);
 }
@@ -90,6 +94,8 @@ export interface Backend {
   parameterStatus: Buffer[];
   /** Framing of what the backend sends next (bytes after ReadyForQuery may already be in it). */
   reader: MessageReader;
+  /** The host it runs on (of several, the one picked): a cancel goes there. */
+  target: BackendTarget;
 }
 
 /** A backend's ErrorResponse during startup, with its SQLSTATE. */
@@ -100,14 +106,49 @@ export class BackendStartupError extends Error {
   }
 }
 
-/** Opens and logs in a backend connection; resolves at its first ReadyForQuery. */
-export async function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
-  const started = Date.now();
-  const socket = await dial(target, timeoutMs);
-  return logIn(socket, login, target.database, Math.max(1, timeoutMs - (Date.now() - started)));
+/** A ParameterStatus message's name and value. */
+function statusOf(b: Buffer): [string, string] {
+  const end = b.indexOf(0, 5);
+  return [b.toString('latin1', 5, end), b.toString('utf8', end + 1, b.indexOf(0, end + 1))];
 }
 
-function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs: number): Promise<Backend> {
+/**
+ * Opens and logs in a backend connection; resolves at its first ReadyForQuery. With several hosts:
+ * on the one the finder picks (none: 08001); a host that fails tells the finder, and one that
+ * reports in_hot_standby at login (Postgres 14+) is left (08001) as node-postgres's pools leave it.
+ */
+export async function openBackend(target: BackendTarget, login: BackendLogin, timeoutMs: number): Promise<Backend> {
+  const started = Date.now();
+  const follow = target.follow;
+  let at: BackendTarget = target;
+  let host: DatabaseHost | null = null;
+  if (follow) {
+    try {
+      host = await follow.target();
+    } catch (err) {
+      throw new BackendStartupError('08001', err instanceof Error ? err.message : String(err));
+    }
+    at = { host: host.host, port: host.port, database: target.database, tls: target.tls };
+  }
+  let backend: Backend;
+  try {
+    const socket = await dial(at, Math.max(1, timeoutMs - (Date.now() - started)));
+    backend = await logIn(socket, login, at, Math.max(1, timeoutMs - (Date.now() - started)));
+  } catch (err) {
+    const code = err instanceof BackendStartupError ? err.code : undefined;
+    if (follow && host && (code === undefined || code.startsWith('08') || code.startsWith('57P'))) follow.suspect(host);
+    throw err;
+  }
+  if (follow && host && follow.opts.attrs !== 'any' && backend.parameterStatus.some((b) => statusOf(b)[0] === 'in_hot_standby' && statusOf(b)[1] === 'on')) {
+    backend.socket.destroy();
+    follow.suspect(host);
+    throw new BackendStartupError('08001', `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`);
+  }
+  return backend;
+}
+
+function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeoutMs: number): Promise<Backend> {
+  const database = target.database;
   return new Promise((resolve, reject) => {
     const reader = new MessageReader();
     const parameterStatus: Buffer[] = [];
@@ -184,7 +225,7 @@ function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs:
         case 'Z':
           settled = true;
           cleanup();
-          resolve({ socket, pid, secret, parameterStatus, reader });
+          resolve({ socket, pid, secret, parameterStatus, reader, target });
           return;
         default:
           throw new BackendStartupError('08P01', `unexpected message ${JSON.stringify(f.type)} during startup`);
@@ -209,7 +250,7 @@ function logIn(socket: Socket, login: BackendLogin, database: string, timeoutMs:
   });
 }
 
-/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's). */
+/** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's): `target` is the backend's. */
 export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
   dial(target, 5000).then(
     (s) => {

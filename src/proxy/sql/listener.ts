@@ -465,6 +465,8 @@ export class PgwireServer {
   }
 
   private backendRefusal(err: unknown): Refusal {
+    // DATABASE_URL lists several hosts and none takes writes now: the reason names each.
+    if (err instanceof BackendStartupError && err.code === '08001') return refuse('08001', `cannot reach a writable database: ${err.message}`);
     if (err instanceof BackendStartupError) return refuse(err.code === PASSWORD_FAILED ? '28000' : err.code, `the database refused the session's login: ${err.message}`);
     return refuse('08006', `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
   }
@@ -472,7 +474,7 @@ export class PgwireServer {
   private cancel(pid: number, secret: Buffer): void {
     const s = this.sessions.get(pid);
     if (!s || s.secret.length !== secret.length || !timingSafeEqual(s.secret, secret)) return;
-    cancelBackend(this.target, s.backend.pid, s.backend.secret);
+    cancelBackend(s.backend.target, s.backend.pid, s.backend.secret); // the host it runs on (of several)
   }
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {

@@ -156,3 +156,43 @@ describe('what the URL asks for is what the endpoint does', () => {
     }
   });
 });
+
+describe('a DATABASE_URL listing several hosts, over TLS', () => {
+  let multi: SqlProxy;
+  beforeAll(async () => {
+    // The first host is down; the second is the TLS-only server, its certificate checked for 127.0.0.1.
+    const u = new URL(tlsUrl);
+    const hosts = `127.0.0.1:${await freePort()},127.0.0.1:${u.port}`;
+    multi = await startSqlProxy(db, { DATABASE_URL: `${tlsUrl.replace(u.host, hosts)}&target_session_attrs=read-write` });
+  });
+  afterAll(async () => {
+    await multi?.close();
+  });
+
+  test('the SQL endpoint dials the host picked over TLS, and a cancel reaches that host', async () => {
+    const c = await multi.connect('tls-multi', { options: fenceOptions(3, 'tls-multi') });
+    try {
+      expect((await c.query('SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()')).rows).toEqual([{ ssl: true }]);
+      await c.query("INSERT INTO items VALUES (3, 'picked over tls')");
+      const sleeping = code(c.query('SELECT pg_sleep(10)'));
+      await new Promise((r) => setTimeout(r, 200));
+      sendCancel(multi.port, c);
+      expect(await sleeping).toBe('57014');
+    } finally {
+      await c.end();
+    }
+    expect((await db.pool.query('SELECT v FROM public.items WHERE id = 3')).rows).toEqual([{ v: 'picked over tls' }]);
+  });
+
+  test('the write path and /v1/transactions reach it over TLS', async () => {
+    const put = await fetch(`${multi.proxy.url}/v1/objects/tls-multi-1`, { method: 'PUT', headers: { 'fencing-token': '1' }, body: 'x' });
+    expect(put.status).toBe(200);
+    const r = await fetch(`${multi.proxy.url}/v1/transactions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ fences: [{ key: 'tls-multi-tx', token: '1' }], statements: [{ sql: 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' }] }),
+    });
+    expect(r.status).toBe(200);
+    expect(((await r.json()) as { results: { rows: unknown[] }[] }).results[0]!.rows).toEqual([{ ssl: true }]);
+  });
+});

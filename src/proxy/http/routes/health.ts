@@ -5,6 +5,7 @@ import { migrationsApplied } from '../../../fence/migrate.ts';
 import { checkDurability, unknownDurability } from '../../../fence/durability.ts';
 import { ApiError } from '../../errors.ts';
 import { writability } from '../../../fence/queries.ts';
+import { NoWritableHostError } from '../../../fence/primary-finder.ts';
 
 export async function healthRoutes(app: FastifyInstance): Promise<void> {
   app.get('/healthz', { config: { access: 'open' }, schema: { summary: 'Liveness: the process answers' } }, async () => ({ status: 'ok' }));
@@ -13,7 +14,8 @@ export async function healthRoutes(app: FastifyInstance): Promise<void> {
     try {
       ready = await migrationsApplied(app.store.pool);
     } catch (err) {
-      throw new ApiError('unavailable', 'database unreachable', {}, { cause: err });
+      // Several hosts in DATABASE_URL: the reason names each and why it does not fit.
+      throw new ApiError('unavailable', err instanceof NoWritableHostError ? `database unreachable: ${err.message}` : 'database unreachable', {}, { cause: err });
     }
     if (!ready) throw new ApiError('unavailable', 'migrations not applied');
     // A standby (or a primary set read-only) answers reads and refuses every write: not ready.

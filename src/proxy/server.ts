@@ -48,7 +48,9 @@ export function createLogger(level: string): Logger {
 
 /**
  * `statementTimeoutMs` bounds every statement server-side (a cancelled statement did not commit:
- * 503, safe to retry), and, 5 s later, client-side too, for a database that stopped answering.
+ * 503, safe to retry), and, 5 s later, client-side too, for a database that stopped answering or
+ * a commit waiting for a synchronous standby (Postgres does not apply statement_timeout to that
+ * wait): a write cut off there may have committed, so it answers commit_unknown (commit-outcome.ts).
  * `lockTimeoutMs` bounds every wait for a lock (55P03, nothing of the statement committed): the
  * proxy's main pool, so a fence row held by a long transaction fails only that fence's writes
  * (FenceStore splits the batch) instead of stalling the write slots. Set on the connection, not

@@ -155,7 +155,8 @@ export class ProxyMetrics {
       });
     count('fencepost_fence_durability_sync_standbys', 'Synchronous standbys streaming from the database (sync_state sync or quorum), at the latest durability check; NaN: unknown.', () => {
       const standbys = monitor.latest()?.standbys;
-      return standbys === undefined || standbys === 'unknown' ? 'unknown' : standbys.filter((s) => s.state === 'streaming' && (s.syncState === 'sync' || s.syncState === 'quorum')).length;
+      // sync_state reads null without pg_read_all_stats: not known then.
+      return standbys === undefined || standbys === 'unknown' || standbys.some((s) => s.syncState === 'unknown') ? 'unknown' : standbys.filter((s) => s.state === 'streaming' && (s.syncState === 'sync' || s.syncState === 'quorum')).length;
     });
     count('fencepost_fence_durability_waiting_backends', 'Backends waiting 1 s or more for a synchronous standby to confirm their commit (wait_event SyncRep), at the latest durability check; NaN: unknown.', () => monitor.latest()?.waitingOnStandby);
     count('fencepost_fence_durability_refusing_writes', 'Whether this proxy refuses writes now (1) because a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1), or not (0).', () => (monitor.refusal() === null ? 0 : 1));

@@ -1,6 +1,8 @@
-// Postgres failover warnings: asynchronous standbys and a server or database default of
-// synchronous_commit below `on` can lose an acknowledged fence raise in a failover. They are
-// reported at start and in GET /readyz, which stays ready.
+// Postgres failover warnings, each with its reason: asynchronous standbys and a server or database
+// default of synchronous_commit below `on` can lose an acknowledged fence raise in a failover;
+// synchronous_standby_names asking for more standbys than stream makes commits hang. They are
+// reported at start and in GET /readyz, which stays ready (unless writes are refused for them:
+// durability-monitor.test.ts).
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, withDatabase, type TestDatabase } from '../support/db.ts';

@@ -39,7 +39,8 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // could lose a fence raise; src/fence/durability-monitor.ts), in its place after the SET LOCAL: a
 // session with a token (one that writes) fails its transaction, which applies nothing; one without
 // gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
-// own settings as they are in this transaction.
+// own settings as they are in this transaction. (The read-only one does not open the temporary
+// table that rules out PREPARE TRANSACTION: a prepared read-only transaction holds no fence.)
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
   IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'

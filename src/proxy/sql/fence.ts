@@ -39,8 +39,9 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // could lose a fence raise; src/fence/durability-monitor.ts), in its place after the SET LOCAL: a
 // session with a token (one that writes) fails its transaction, which applies nothing; one without
 // gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
-// own settings as they are in this transaction. (The read-only one does not open the temporary
-// table that rules out PREPARE TRANSACTION: a prepared read-only transaction holds no fence.)
+// own settings as they are in this transaction. Like the fence, it touches a temporary table, so
+// PREPARE TRANSACTION fails: a table of the session's role, under a name of its own (the fence's
+// must be owned by the fence functions' owner, rule.ts NO_PREPARE).
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
   IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'
@@ -48,6 +49,10 @@ const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
             DETAIL = 'Nothing of this transaction was applied.',
             HINT = 'Retry once the database is safe again: the proxy''s GET /readyz says when, and why not now.';
   END IF;
+  IF pg_catalog.to_regclass('pg_temp.fencepost_refused_no_prepare') IS NULL THEN
+    CREATE TEMPORARY TABLE fencepost_refused_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_refused_no_prepare;
   PERFORM pg_catalog.set_config('transaction_read_only', 'on', true);
 END$fencepost$`;
 

@@ -41,7 +41,7 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
 // own settings as they are in this transaction. Like the fence, it touches a temporary table, so
 // PREPARE TRANSACTION fails: a table of the session's role, under a name of its own (the fence's
-// must be owned by the fence functions' owner, rule.ts NO_PREPARE).
+// must be owned by the fence functions' owner, rule.ts NO_PREPARE), made once per backend.
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
   IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'
@@ -50,6 +50,9 @@ const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
             HINT = 'Retry once the database is safe again: the proxy''s GET /readyz says when, and why not now.';
   END IF;
   IF pg_catalog.to_regclass('pg_temp.fencepost_refused_no_prepare') IS NULL THEN
+    -- A catalog write of a transaction that writes nothing else: its commit need not wait for a
+    -- synchronous standby, which may be the very one not streaming now.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     CREATE TEMPORARY TABLE fencepost_refused_no_prepare ();
   END IF;
   PERFORM FROM pg_temp.fencepost_refused_no_prepare;

@@ -13,7 +13,7 @@ import { startReplicatedPostgres, type ReplicatedPostgres } from '../support/rep
 import { fenceOptions } from '../support/sql.ts';
 import { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
 import { createPool, startProxy, type RunningProxy } from '../../src/proxy/server.ts';
-import { loadConfig } from '../../src/proxy/config.ts';
+import { ConfigError, loadConfig } from '../../src/proxy/config.ts';
 import { ProxyMetrics } from '../../src/proxy/metrics.ts';
 import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
 
@@ -45,6 +45,22 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>, timeo
     await new Promise((r) => setTimeout(r, 50));
   }
 }
+
+describe('configuration', () => {
+  test('FENCEPOST_DURABILITY_CHECK_MS defaults to 10 s and FENCEPOST_REQUIRE_SYNC_STANDBY to off', () => {
+    expect(loadConfig({})).toMatchObject({ durabilityCheckMs: 10_000, requireSyncStandby: false });
+    expect(loadConfig({ FENCEPOST_DURABILITY_CHECK_MS: '500', FENCEPOST_REQUIRE_SYNC_STANDBY: '1' })).toMatchObject({ durabilityCheckMs: 500, requireSyncStandby: true });
+  });
+
+  test.each([
+    ['FENCEPOST_DURABILITY_CHECK_MS', '10'],
+    ['FENCEPOST_DURABILITY_CHECK_MS', 'soon'],
+    ['FENCEPOST_REQUIRE_SYNC_STANDBY', 'yes'],
+  ])('a bad %s (%j) fails fast naming the variable', (name, value) => {
+    expect(() => loadConfig({ [name]: value })).toThrow(ConfigError);
+    expect(() => loadConfig({ [name]: value })).toThrow(name);
+  });
+});
 
 describe('the monitor on a database without standbys', () => {
   let db: TestDatabase;

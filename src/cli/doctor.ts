@@ -1,17 +1,32 @@
-// `fencepost doctor --zk <connect> [--window-ms <n>] [--session-timeout-ms <n>] [--json]`: measures
-// ZooKeeper round trips and this process's event-loop stalls and recommends a session timeout.
+// `fencepost doctor [--zk <connect>] [--database-url <url>] [--require-sync-standby] [--window-ms <n>]
+// [--session-timeout-ms <n>] [--json]`: with --zk, measures ZooKeeper round trips and this
+// process's event-loop stalls and recommends a session timeout; with --database-url (or
+// DATABASE_URL), checks whether a Postgres failover keeps every fence raise (src/fence/durability.ts)
+// and prints each warning. Exit 0: nothing to warn of; 3: Postgres failover warnings; 1: a check
+// could not run (one line, naming the flag); 2: usage.
 import { parseArgs } from 'node:util';
+import pg from 'pg';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
+import { checkDurability, type DurabilityReport } from '../fence/durability.ts';
+import { clientConfig, checkDatabaseUrl } from '../fence/database-url.ts';
+import { databaseError } from '../proxy/startup-errors.ts';
 
-export const DOCTOR_USAGE = 'usage: fencepost doctor --zk <connect-string> [--window-ms <n>] [--session-timeout-ms <n>] [--json]';
+export const DOCTOR_USAGE =
+  'usage: fencepost doctor [--zk <connect-string>] [--database-url <postgres-url>] [--require-sync-standby] [--window-ms <n>] [--session-timeout-ms <n>] [--json]\n' +
+  '  (at least one of --zk and --database-url; DATABASE_URL stands in for --database-url)';
 
-export async function doctorCommand(argv: string[]): Promise<number> {
+/** Exit status when Postgres failover warnings were found (the check ran). */
+export const DOCTOR_UNSAFE_EXIT = 3;
+
+export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
   let values;
   try {
     ({ values } = parseArgs({
       args: argv,
       options: {
         zk: { type: 'string' },
+        'database-url': { type: 'string' },
+        'require-sync-standby': { type: 'boolean' },
         'window-ms': { type: 'string' },
         'session-timeout-ms': { type: 'string' },
         json: { type: 'boolean' },
@@ -33,26 +48,70 @@ export async function doctorCommand(argv: string[]): Promise<number> {
   };
   const windowMs = positiveInt(values['window-ms'], '--window-ms');
   const configured = positiveInt(values['session-timeout-ms'], '--session-timeout-ms');
-  if (!values.zk || windowMs === null || configured === null) {
-    if (!values.zk) process.stderr.write(`fencepost doctor: --zk is required\n${DOCTOR_USAGE}\n`);
+  const urlFlag = values['database-url'] !== undefined ? '--database-url' : 'DATABASE_URL';
+  const databaseUrl = values['database-url'] ?? (env.DATABASE_URL || undefined);
+  if (windowMs === null || configured === null) return 2;
+  if (!values.zk && databaseUrl === undefined) {
+    process.stderr.write(`fencepost doctor: --zk or --database-url is required\n${DOCTOR_USAGE}\n`);
     return 2;
   }
+  if (databaseUrl !== undefined) {
+    try {
+      if (!/^postgres(ql)?:\/\//.test(databaseUrl)) throw new Error('must be a postgres:// or postgresql:// URL');
+      checkDatabaseUrl(databaseUrl);
+    } catch (err) {
+      process.stderr.write(`fencepost doctor: ${urlFlag}: ${(err as Error).message.split('\n')[0]}\n`);
+      return 2;
+    }
+  }
   // Progress on stderr (stdout carries the result, e.g. --json for scripts).
+  const progress = (step: string) => process.stderr.write(`fencepost doctor: ${step}…\n`);
   let advice;
-  try {
-    advice = await measureSessionTimeoutAdvice({
-      connect: values.zk,
-      windowMs: windowMs ?? 5000,
-      onProgress: (step) => process.stderr.write(`fencepost doctor: ${step}…\n`),
-    });
-  } catch (err) {
-    process.stderr.write(`fencepost doctor: --zk ${values.zk}: ${(err as Error).message.split('\n')[0]}\n`);
-    return 1;
+  if (values.zk) {
+    try {
+      advice = await measureSessionTimeoutAdvice({ connect: values.zk, windowMs: windowMs ?? 5000, onProgress: progress });
+    } catch (err) {
+      process.stderr.write(`fencepost doctor: --zk ${values.zk}: ${(err as Error).message.split('\n')[0]}\n`);
+      return 1;
+    }
+  }
+  let durability: DurabilityReport | undefined;
+  if (databaseUrl !== undefined) {
+    progress('checking whether a Postgres failover keeps every fence raise');
+    const pool = new pg.Pool({ ...clientConfig(databaseUrl), max: 1 });
+    pool.on('error', () => {});
+    try {
+      durability = await checkDurability(pool, { requireSyncStandby: values['require-sync-standby'] ?? false });
+    } catch (err) {
+      // Where and why, never the URL's password.
+      process.stderr.write(`fencepost doctor: ${databaseError(err, urlFlag, databaseUrl).message.split('\n')[0]}\n`);
+      return 1;
+    } finally {
+      await pool.end().catch(() => {});
+    }
   }
   if (values.json) {
-    process.stdout.write(JSON.stringify({ ...advice, configuredSessionTimeoutMs: configured ?? null }) + '\n');
+    const out = { ...(advice ? { ...advice, configuredSessionTimeoutMs: configured ?? null } : {}), ...(durability ? { postgres: durability } : {}) };
+    process.stdout.write(JSON.stringify(out) + '\n');
   } else {
-    process.stdout.write(formatAdvice(advice, configured) + '\n');
+    const parts = [...(advice ? [formatAdvice(advice, configured)] : []), ...(durability ? [formatDurability(durability)] : [])];
+    process.stdout.write(parts.join('\n\n') + '\n');
   }
-  return 0;
+  return durability !== undefined && durability.reasons.length > 0 ? DOCTOR_UNSAFE_EXIT : 0;
+}
+
+/** The Postgres part of the report, one warning per unsafe condition with its reason. */
+export function formatDurability(r: DurabilityReport): string {
+  const standbys =
+    r.standbys === 'unknown' ? 'unknown (pg_stat_replication not readable)' : r.standbys.length === 0 ? 'none' : r.standbys.map((s) => `${s.name ?? '?'} (${s.state ?? '?'}, ${s.syncState})`).join(', ');
+  const lines = [
+    'Postgres failover durability:',
+    `  synchronous_commit (new sessions): ${r.synchronousCommit}`,
+    `  synchronous_standby_names: ${r.synchronousStandbyNames === '' ? '(empty)' : r.synchronousStandbyNames}`,
+    `  standbys: ${standbys}`,
+    `  backends waiting on a synchronous standby: ${r.waitingOnStandby}`,
+  ];
+  if (r.warnings.length === 0) lines.push('  no warnings: a failover to a synchronous standby keeps every acknowledged fence raise');
+  else r.warnings.forEach((w, i) => lines.push(`  warning [${r.reasons[i]}]: ${w}`));
+  return lines.join('\n');
 }

@@ -8,7 +8,7 @@ const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
   migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
   elect     run a command only while elected leader through ZooKeeper
-  doctor    measure ZooKeeper latency and event-loop stalls; advise a session timeout
+  doctor    measure ZooKeeper latency and event-loop stalls, advise a session timeout; check Postgres failover durability
   leader    print the current leader of an election path and its token
   protect   declare a table or an object-key prefix protected by a fence key (Postgres enforces it)
   unprotect take that protection off`;

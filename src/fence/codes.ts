@@ -10,6 +10,12 @@ export const INVALID_FENCE_SETTING = 'FP400';
 export const FENCED_TRANSACTION_ENDED = 'FP410';
 /** The forgery guard could not reach ZooKeeper for this very (fence key, token): safe to retry. */
 export const GUARD_UNAVAILABLE = 'FP503';
+/**
+ * Not raised by a definition: the SQL endpoint's refusal of a fenced transaction while a Postgres
+ * failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY; src/proxy/sql/fence.ts).
+ * Nothing of the transaction was applied: safe to retry.
+ */
+export const DURABILITY_UNSAFE = 'FP533';
 /** A write to protected data by a transaction that did not pass its fence (src/fence/protect.ts). */
 export const NOT_FENCED = 'FP403';
 /**

@@ -702,6 +702,20 @@ ORDER BY r.application_name, r.pid`,
 }
 
 /**
+ * Backends waiting this long or longer for a synchronous standby to confirm their commit
+ * (wait_event SyncRep): written here, not yet acknowledged. A commit waits so briefly on a healthy
+ * standby that a shorter wait is not counted. Without pg_read_all_stats, other roles' backends
+ * read a null wait_event and are not counted.
+ */
+export function syncRepWaiters(minWaitMs: number): Query {
+  return {
+    text: `SELECT count(*)::int AS waiting FROM pg_stat_activity
+WHERE wait_event_type = 'IPC' AND wait_event = 'SyncRep' AND clock_timestamp() - coalesce(query_start, backend_start) >= make_interval(secs => $1::float8 / 1000)`,
+    values: [minWaitMs],
+  };
+}
+
+/**
  * Prepared transactions that are the single locker of a fence row (its xmax), for a raise that hit
  * the lock timeout (prepared-holders.ts).
  */

@@ -85,6 +85,10 @@ export interface ProxyConfig {
   clientRole: string;
   /** How often the HTTP door reads the protected object-key prefixes again (it also does after Postgres refused a write as misfenced). */
   protectedPrefixRefreshMs: number;
+  /** FENCEPOST_DURABILITY_CHECK_MS: time between checks of whether a Postgres failover keeps every fence raise (src/fence/durability-monitor.ts). */
+  durabilityCheckMs: number;
+  /** FENCEPOST_REQUIRE_SYNC_STANDBY=1: refuse writes (503 durability_unsafe) while a failover could lose a fence raise. */
+  requireSyncStandby: boolean;
 }
 
 /** Defaults of the fenced write path (FenceStore); writeConcurrency is capped below the pool size. */
@@ -132,6 +136,13 @@ export const PROTECT_DEFAULTS = Object.freeze({
   // write one refused statement and a re-read, so the interval only bounds how long a prefix
   // declared elsewhere waits to be resolved without that detour.
   prefixRefreshMs: 5000,
+});
+
+/** Defaults of the durability monitor (src/fence/durability-monitor.ts). */
+export const DURABILITY_DEFAULTS = Object.freeze({
+  // Each check opens one short connection and runs three reads: cheap at this pace, and a standby
+  // that stops streaming is seen (and, with FENCEPOST_REQUIRE_SYNC_STANDBY, writes refused) within it.
+  checkMs: 10_000,
 });
 
 /** Defaults of the SQL endpoint (FENCEPOST_PGWIRE_PORT). */
@@ -348,6 +359,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   const allowOpenRaw = env.FENCEPOST_ALLOW_OPEN ?? '';
   if (!['', '0', '1'].includes(allowOpenRaw)) throw new ConfigError('FENCEPOST_ALLOW_OPEN', 'must be 0 or 1');
   const allowOpen = allowOpenRaw === '1';
+  const requireSyncRaw = env.FENCEPOST_REQUIRE_SYNC_STANDBY ?? '';
+  if (!['', '0', '1'].includes(requireSyncRaw)) throw new ConfigError('FENCEPOST_REQUIRE_SYNC_STANDBY', 'must be 0 or 1');
   assertSafeBind({ host, keys, allowOpen });
   if (env.FENCEPOST_PG_PORT !== undefined && env.FENCEPOST_PG_PORT !== '') {
     throw new ConfigError('FENCEPOST_PG_PORT', 'was renamed FENCEPOST_EMBEDDED_PG_PORT (the embedded Postgres\'s port; the SQL endpoint\'s is FENCEPOST_PGWIRE_PORT)');
@@ -397,5 +410,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     txMaxResultBytes: int(env, 'FENCEPOST_TX_MAX_RESULT_BYTES', TX_DEFAULTS.maxResultBytes, 1024, 1024 * 1024 * 1024),
     clientRole: clientRole(env),
     protectedPrefixRefreshMs: int(env, 'FENCEPOST_PROTECTED_PREFIX_REFRESH_MS', PROTECT_DEFAULTS.prefixRefreshMs, 100, 3_600_000),
+    durabilityCheckMs: int(env, 'FENCEPOST_DURABILITY_CHECK_MS', DURABILITY_DEFAULTS.checkMs, 100, 3_600_000),
+    requireSyncStandby: requireSyncRaw === '1',
   });
 }

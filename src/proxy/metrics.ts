@@ -18,6 +18,8 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { processMetrics } from '../metrics/process.ts';
+import { DURABILITY_REASONS } from '../fence/durability.ts';
+import type { DurabilityMonitor } from '../fence/durability-monitor.ts';
 import type { Door, OpKind } from '../fence/queries.ts';
 import './http/route-config.ts'; // config.operation
 
@@ -103,7 +105,7 @@ export class ProxyMetrics {
     registers: [this.registry],
   });
 
-  constructor(pool: pg.Pool, opts: { processMetrics?: boolean } = {}) {
+  constructor(pool: pg.Pool, opts: { processMetrics?: boolean; durability?: DurabilityMonitor } = {}) {
     this.includeProcess = opts.processMetrics ?? true;
     // A series that first appears at 1 is invisible to increase() and rate(): the first rejection
     // after a start would fire no alert. So every operation × outcome starts at 0.
@@ -125,6 +127,39 @@ export class ProxyMetrics {
     gauge('fencepost_db_pool_idle_connections', 'Open Postgres connections not in use.', () => pool.idleCount);
     gauge('fencepost_db_pool_waiting_requests', 'Queries waiting for a pool connection (above 0 for long = pool too small or the database slow).', () => pool.waitingCount);
     gauge('fencepost_db_pool_max_connections', 'Pool size limit (FENCEPOST_POOL_SIZE).', () => pool.options.max ?? 10);
+    if (opts.durability) this.durabilityGauges(opts.durability);
+  }
+
+  /** The durability monitor's latest report (no query at scrape time); every reason's series exists from the start. */
+  private durabilityGauges(monitor: DurabilityMonitor): void {
+    const registers = [this.registry];
+    new Gauge({
+      name: 'fencepost_fence_durability_unsafe',
+      help: 'Whether the latest durability check found this reason a Postgres failover could lose a fence raise (1) or not (0): synchronous_commit_below_on, async_standby, no_sync_standby_streaming (writes hang), waiting_on_standby, no_sync_standby (FENCEPOST_REQUIRE_SYNC_STANDBY only), check_failed.',
+      labelNames: ['reason'] as const,
+      registers,
+      collect() {
+        const reasons = new Set(monitor.latest()?.reasons ?? []);
+        for (const reason of DURABILITY_REASONS) this.set({ reason }, reasons.has(reason) ? 1 : 0);
+      },
+    });
+    const count = (name: string, help: string, read: () => number | 'unknown' | undefined) =>
+      new Gauge({
+        name,
+        help,
+        registers,
+        collect() {
+          const n = read();
+          this.set(typeof n === 'number' ? n : NaN);
+        },
+      });
+    count('fencepost_fence_durability_sync_standbys', 'Synchronous standbys streaming from the database (sync_state sync or quorum), at the latest durability check; NaN: unknown.', () => {
+      const standbys = monitor.latest()?.standbys;
+      // sync_state reads null without pg_read_all_stats: not known then.
+      return standbys === undefined || standbys === 'unknown' || standbys.some((s) => s.syncState === 'unknown') ? 'unknown' : standbys.filter((s) => s.state === 'streaming' && (s.syncState === 'sync' || s.syncState === 'quorum')).length;
+    });
+    count('fencepost_fence_durability_waiting_backends', 'Backends waiting 1 s or more for a synchronous standby to confirm their commit (wait_event SyncRep), at the latest durability check; NaN: unknown.', () => monitor.latest()?.waitingOnStandby);
+    count('fencepost_fence_durability_refusing_writes', 'Whether this proxy refuses writes now (1) because a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1), or not (0).', () => (monitor.refusal() === null ? 0 : 1));
   }
 
   /** Called for every response; cheap (a few map lookups). */

@@ -15,7 +15,7 @@ import { migrate } from '../fence/migrate.ts';
 import { connectionBudget } from '../fence/queries.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
-import { checkDurability, unknownDurability } from '../fence/durability.ts';
+import { DurabilityMonitor } from '../fence/durability-monitor.ts';
 import { clientConfig, primaryFinder } from '../fence/database-url.ts';
 import { leaveOldHosts, describeHost, type DatabaseHost } from '../fence/primary-finder.ts';
 import { ProxyMetrics } from './metrics.ts';
@@ -146,7 +146,9 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     follow.on('found', onFound).on('lost', onLost);
   }
   const stopFollowing = () => follow?.off('found', onFound).off('lost', onLost);
-  const metrics = new ProxyMetrics(pool);
+  // Whether a Postgres failover keeps every fence raise, checked on a timer (the first check before listening).
+  const durability = new DurabilityMonitor(pool, { intervalMs: config.durabilityCheckMs, requireSyncStandby: config.requireSyncStandby, logger });
+  const metrics = new ProxyMetrics(pool, { durability });
   const store = new FenceStore(pool, {
     ...STORE_DEFAULTS,
     concurrency: config.writeConcurrency,
@@ -177,6 +179,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       retries: config.txRetries,
     },
     requestTimeoutMs: config.requestTimeoutMs,
+    durability,
     protectedPrefixRefreshMs: config.protectedPrefixRefreshMs,
     ...(tls ? { https: tls.pem() } : {}),
   });
@@ -211,6 +214,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           logger: logger.child({ component: 'pgwire' }),
           tls,
           guard: app.forgeryGuard,
+          durability,
         });
   let pgwirePort: number | null = null;
   let stopFolding = () => {};
@@ -220,11 +224,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       throw databaseError(err, databaseSetting, databaseUrl);
     });
     if (applied.length > 0) logger.info({ applied }, 'migrations applied');
-    const durability = await checkDurability(pool).catch((err: unknown) => {
-      logger.warn({ err }, 'durability check failed');
-      return unknownDurability();
-    });
-    for (const warning of durability.warnings) logger.warn({ component: 'durability' }, warning);
+    await durability.start(); // logs each warning (and, with FENCEPOST_REQUIRE_SYNC_STANDBY, that writes are refused)
     // What this proxy may open at most, against what Postgres takes: one tenant's sessions must not
     // take the connections everyone else's need (each key's share is capped; the sum is said here).
     const budget = await pool.query<{ max: number; reserved: number }>(connectionBudget()).catch(() => null);
@@ -250,6 +250,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     stopFolding = store.folding((err) => logger.debug({ err }, 'folding transaction counts failed; the next read or tick folds them'));
   } catch (err) {
     await pgwire?.close().catch(() => {});
+    await durability.stop();
     await pruner.stop().catch(() => {});
     stopFolding();
     await app.close().catch(() => {});
@@ -277,6 +278,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await pgwire?.close();
       await store.idle();
       await pruner.stop();
+      await durability.stop();
       stopFolding();
       await pool.end();
       stopFollowing();

@@ -1,6 +1,8 @@
-// Postgres failover warnings: asynchronous standbys and a server or database default of
-// synchronous_commit below `on` can lose an acknowledged fence raise in a failover. They are
-// reported at start and in GET /readyz, which stays ready.
+// Postgres failover warnings, each with its reason: asynchronous standbys and a server or database
+// default of synchronous_commit below `on` can lose an acknowledged fence raise in a failover;
+// synchronous_standby_names asking for more standbys than stream makes commits hang. They are
+// reported at start and in GET /readyz, which stays ready (unless writes are refused for them:
+// durability-monitor.test.ts).
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, withDatabase, type TestDatabase } from '../support/db.ts';
@@ -26,7 +28,7 @@ describe('on the test Postgres (no standbys)', () => {
   });
 
   test('with the default synchronous_commit, the check warns of nothing', async () => {
-    expect(await checkDurability(pool)).toEqual({ warnings: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '' });
+    expect(await checkDurability(pool)).toEqual({ warnings: [], reasons: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '', waitingOnStandby: 0 });
   });
 
   test("the proxy's own PGOPTIONS does not colour the report: it reads what other sessions get", async () => {
@@ -45,7 +47,7 @@ describe('on the test Postgres (no standbys)', () => {
     try {
       const res = await app.inject({ method: 'GET', url: '/readyz' });
       expect(res.statusCode).toBe(200);
-      expect(res.json()).toEqual({ status: 'ready', durability: { warnings: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '' } });
+      expect(res.json()).toEqual({ status: 'ready', durability: { warnings: [], reasons: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '', waitingOnStandby: 0 } });
     } finally {
       await app.close();
     }
@@ -60,7 +62,7 @@ describe('on the test Postgres (no standbys)', () => {
         expect(rows[0]!.synchronous_commit).toBe('on');
         const report = await checkDurability(pool);
         expect(report.synchronousCommit).toBe(value);
-        expect(report.warnings).toHaveLength(1);
+        expect(report.reasons).toEqual(['synchronous_commit_below_on']);
         expect(report.warnings[0]).toContain(`synchronous_commit is ${value}`);
         expect(report.warnings[0]).toContain(`database "${database()}"`);
       }
@@ -142,8 +144,14 @@ describe('with a real streaming standby', () => {
     const report = await checkDurability(pool);
     expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
     expect(report.synchronousStandbyNames).toBe('');
-    expect(report.warnings).toHaveLength(1);
+    expect(report.reasons).toEqual(['async_standby']);
     expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby" \(synchronous_standby_names is empty\)/);
+  });
+
+  test('requiring a synchronous standby, an empty synchronous_standby_names is a reason of its own', async () => {
+    const report = await checkDurability(pool, { requireSyncStandby: true });
+    expect(report.reasons).toEqual(['async_standby', 'no_sync_standby']);
+    expect(report.warnings[1]).toMatch(/^no synchronous standby: synchronous_standby_names is empty/);
   });
 
   test('a role that may not read pg_stat_replication in detail still gets the warning, with the sync state unknown', async () => {
@@ -165,15 +173,23 @@ describe('with a real streaming standby', () => {
   test('a standby that synchronous_standby_names covers (sync_state sync) is not warned about', async () => {
     await syncNames(repl.standbyName, 'sync');
     const report = await checkDurability(pool);
-    expect(report).toEqual({ warnings: [], standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }], synchronousCommit: 'on', synchronousStandbyNames: 'fp_standby' });
+    expect(report).toEqual({ warnings: [], reasons: [], standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }], synchronousCommit: 'on', synchronousStandbyNames: 'fp_standby', waitingOnStandby: 0 });
   });
 
-  test('a standby that synchronous_standby_names leaves out is warned about as asynchronous', async () => {
+  test('a standby that synchronous_standby_names leaves out is warned about as asynchronous, and commits would hang', async () => {
     // Reads only: with no standby named here connected, commits would wait; this test commits nothing.
     await syncNames('some_other_standby', 'async');
     const report = await checkDurability(pool);
     expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
-    expect(report.warnings).toHaveLength(1);
+    expect(report.reasons).toEqual(['async_standby', 'no_sync_standby_streaming']);
     expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby": /);
+    expect(report.warnings[1]).toMatch(/^synchronous_standby_names is "some_other_standby" but no synchronous standby is streaming: every commit that waits for them .* hangs/);
+  });
+
+  test('synchronous_standby_names asking for more synchronous standbys than stream: writes would hang', async () => {
+    await syncNames(`FIRST 2 (${repl.standbyName}, other)`, 'sync');
+    const report = await checkDurability(pool);
+    expect(report.reasons).toEqual(['no_sync_standby_streaming']);
+    expect(report.warnings[0]).toContain('only 1 of the 2 synchronous standbys it asks for is streaming');
   });
 });

@@ -13,6 +13,7 @@ import { REPO, listen, testApp } from '../support/proxy.ts';
 import { protectTable } from '../../src/fence/protect.ts';
 import { SECRET, adminQuery, bearer, rawHttp, securedApp, uniqueRole } from '../support/keys.ts';
 import { inject } from 'vitest';
+import { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;
@@ -239,6 +240,22 @@ describe('browser errors (test/proxy/http/browser-guard.test.ts has the rest)', 
     await expectError('forbidden_origin', { ...putWith('1'), headers: { 'fencing-token': '1', origin: 'https://evil.example' } });
     await expectError('forbidden_host', { ...putWith('1'), headers: { 'fencing-token': '1', host: 'evil.example:8080' } });
   });
+});
+
+test('a write while a failover could lose a fence raise, a synchronous standby required, gets 503 durability_unsafe and writes nothing', async () => {
+  // The test Postgres has no standby: with one required, its empty synchronous_standby_names is the reason.
+  const monitor = new DurabilityMonitor(db.pool, { intervalMs: 0, requireSyncStandby: true, logger: null });
+  await monitor.check();
+  const strict = testApp(db.pool, { durability: monitor });
+  try {
+    const before = await counts();
+    const res = await expectError('durability_unsafe', putWith('1', '/v1/objects/unsafe'), strict);
+    expect(res.json()).toMatchObject({ reasons: ['no_sync_standby'] });
+    expect(res.headers['retry-after']).toBe('1');
+    expect(await counts()).toBe(before);
+  } finally {
+    await strict.close();
+  }
 });
 
 test('every registry code except internal is produced above, and the HTTP API doc\'s error table matches the registry', () => {

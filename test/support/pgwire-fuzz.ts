@@ -424,7 +424,7 @@ let caseNo = 0;
  * `openTable`: also hold stale and tokenless sessions that passed no fence to the unprotected
  * table (the proxy's own fence, no trigger behind it).
  */
-export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats, opts: RunOptions & { openTable?: boolean } = {}): Promise<void> {
+export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats, opts: RunOptions & { openTable?: boolean; nothingLands?: boolean } = {}): Promise<void> {
   const otherKey = `fuzz/other/${process.pid}/${++caseNo}`;
   const before = await snapshot(target.pool);
   if (before.prepared.length > 0) {
@@ -487,6 +487,12 @@ export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats,
   if (opts.openTable && (c.session === 'stale' || c.session === 'tokenless') && after.open !== before.open && !(await fenceExists(target.pool, otherKey))) {
     problems.push(`the unprotected table got ${after.open - before.open} rows from a session that passed no fence`);
   }
+  // The proxy refuses every write (FENCEPOST_REQUIRE_SYNC_STANDBY while unsafe): whatever the session, nothing lands, no fence is made.
+  if (opts.nothingLands) {
+    if (c.session === 'current' && after.guarded !== before.guarded) problems.push(`the protected table changed while writes are refused: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`);
+    if (after.open !== before.open) problems.push(`the unprotected table got ${after.open - before.open} rows while writes are refused`);
+    if (await fenceExists(target.pool, otherKey)) problems.push('a fence was made while writes are refused');
+  }
   if (problems.length > 0) throw new Error(`${c.session} session: ${problems.join('; ')}`);
 }
 
@@ -536,6 +542,8 @@ export interface FuzzRunOptions {
   /** Stop starting cases after this long (the chaos tool's --fuzz-sql); the runs done count. */
   timeLimitMs?: number;
   openTable?: boolean;
+  /** Every write is refused: no session lands anything anywhere (runCase). */
+  nothingLands?: boolean;
   stats: FuzzStats;
   closeWaitMs?: number;
   lingerMs?: number;
@@ -544,7 +552,7 @@ export interface FuzzRunOptions {
 /** Runs the property; rejects with fast-check's report (seed, path, the shrunk counterexample) on a violation. */
 export async function assertFuzz(target: FuzzTarget, o: FuzzRunOptions): Promise<void> {
   const property = fc.asyncProperty(fuzzCase(o.sessions, o.maxMessages), (c) =>
-    runCase(target, c, o.stats, { openTable: o.openTable ?? false, ...(o.closeWaitMs !== undefined ? { closeWaitMs: o.closeWaitMs } : {}), ...(o.lingerMs !== undefined ? { lingerMs: o.lingerMs } : {}) }),
+    runCase(target, c, o.stats, { openTable: o.openTable ?? false, nothingLands: o.nothingLands ?? false, ...(o.closeWaitMs !== undefined ? { closeWaitMs: o.closeWaitMs } : {}), ...(o.lingerMs !== undefined ? { lingerMs: o.lingerMs } : {}) }),
   );
   await fc.assert(property, {
     seed: o.seed,

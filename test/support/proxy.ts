@@ -11,17 +11,19 @@ import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from './db.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import type { FenceMode } from '../../tools/unsafe-fence.ts';
+import type { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
 
-export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number; protectedPrefixRefreshMs?: number } = {}): FastifyInstance {
-  const { bodyLimitBytes, protectedPrefixRefreshMs, ...store } = opts;
+export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number; protectedPrefixRefreshMs?: number; durability?: DurabilityMonitor } = {}): FastifyInstance {
+  const { bodyLimitBytes, protectedPrefixRefreshMs, durability, ...store } = opts;
   return buildApp({
     store: new FenceStore(pool, { ...STORE_DEFAULTS, ...store }),
     bodyLimitBytes: bodyLimitBytes ?? 1024 * 1024,
     transactions: { clientRole: clientRoleFor(pool) },
     ...(protectedPrefixRefreshMs === undefined ? {} : { protectedPrefixRefreshMs }),
+    ...(durability === undefined ? {} : { durability }),
   });
 }
 

@@ -34,6 +34,8 @@ import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts
 import { registerOpenApi } from './openapi.ts';
 import type { TlsPem } from '../access/tls.ts';
 import { docsRoutes } from './routes/docs.ts';
+import { DurabilityMonitor } from '../../fence/durability-monitor.ts';
+import { registerDurabilityGate } from './durability-gate.ts';
 
 export interface AppOptions {
   store: FenceStore;
@@ -60,6 +62,12 @@ export interface AppOptions {
   protectedPrefixRefreshMs?: number;
   /** How stale rejections and repeated errors are kept short in the log; default LOG_DEFAULTS. */
   logDigest?: Partial<Record<keyof typeof LOG_DEFAULTS, number>>;
+  /**
+   * The durability monitor (started and stopped by its owner, server.ts): GET /readyz reports its
+   * latest report, and every write is refused while it refuses (FENCEPOST_REQUIRE_SYNC_STANDBY).
+   * Default: one with no timer and no refusal (GET /readyz checks afresh).
+   */
+  durability?: DurabilityMonitor;
 }
 
 declare module 'fastify' {
@@ -71,6 +79,8 @@ declare module 'fastify' {
     forgeryGuard: ForgeryGuard | null;
     /** Stale rejections in the log, summed per interval (every door's: the SQL endpoint logs into it too). */
     staleLog: StaleDigest;
+    /** Whether a Postgres failover keeps every fence raise (durability-monitor.ts). */
+    durability: DurabilityMonitor;
     /** Raises a fence in a transaction of its own, ending its older token's holders after `waitMs` (raise.ts): its highest token after. */
     raiseFence: (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) => Promise<bigint | null>;
   }
@@ -128,7 +138,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
 
 function sendError(reply: FastifyReply, err: ApiError): void {
   reply.errorCode = err.code;
-  if (err.code === 'unavailable') void reply.header('retry-after', '1');
+  if (err.code === 'unavailable' || err.code === 'durability_unsafe') void reply.header('retry-after', '1');
   if (err.code === 'unauthorized') void reply.header('www-authenticate', 'Bearer');
   void reply.code(err.status).type('application/json').send(err.toJSON());
 }
@@ -159,6 +169,8 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   }) as unknown as FastifyInstance;
   app.decorate('store', opts.store);
   app.decorate('closing', false);
+  const durability = opts.durability ?? new DurabilityMonitor(opts.store.pool, { intervalMs: 0, requireSyncStandby: false, logger: null });
+  app.decorate('durability', durability);
   app.decorateReply('errorCode', null);
   const guard = opts.forgeryGuard
     ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: (k) => opts.store.readHighestToken(k), ...(opts.logger ? { logger: opts.logger } : {}) })
@@ -187,7 +199,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   });
   app.addHook('onClose', async () => stopRefreshing());
   registerRequestId(app);
-  installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool));
+  installMetrics(app, opts.metrics ?? new ProxyMetrics(opts.store.pool, { durability }));
 
   // Object bodies are stored raw, whatever their content type. POST /v1/transactions parses its
   // JSON body with a parser of its own (routes/transactions.ts).
@@ -200,6 +212,7 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   // Before auth and before any route: foreign pages are refused first; POST routes take JSON only.
   registerBrowserGuard(app, opts.browser ?? { allowedOrigins: [], allowedHosts: [] }, { open: (opts.auth?.keys.length ?? 0) === 0 });
   registerAuth(app, opts.auth ?? { keys: [], readAccess: 'open' });
+  registerDurabilityGate(app, durability);
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
     const apiErr = toApiError(err, req.url);

@@ -64,6 +64,8 @@ export function routeErrors(schema: FastifySchema | undefined, access: RouteAcce
   if (hasKey(s.params) || hasKey(s.querystring)) codes.add('invalid_key');
   if (s.headers?.required?.includes('fencing-token')) for (const c of TOKEN_ERRORS) codes.add(c);
   for (const c of OPERATION_ERRORS[operation ?? ''] ?? []) codes.add(c);
+  // Every write, while a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY, durability-gate.ts).
+  if (operation !== undefined) codes.add('durability_unsafe');
   if (method === 'GET' && s.params !== undefined) codes.add('not_found');
   return (Object.keys(ERRORS) as ErrorCode[]).filter((c) => codes.has(c));
 }
@@ -101,7 +103,7 @@ function errorResponses(codes: readonly ErrorCode[]): Record<string, unknown> {
 /** Headers app.ts sendError adds to some errors. */
 const ERROR_HEADERS: Record<number, Record<string, unknown>> = {
   401: { 'www-authenticate': { type: 'string', description: '`Bearer`' } },
-  503: { 'retry-after': { type: 'string', description: '`1` (seconds) with `unavailable`: safe to retry' } },
+  503: { 'retry-after': { type: 'string', description: '`1` (seconds) with `unavailable` and `durability_unsafe`: safe to retry' } },
 };
 
 const REQUEST_ID_RESPONSE = { type: 'string', description: 'the request\'s id (the client\'s X-Request-Id when it sent a usable one), also in the proxy\'s log lines for it' };

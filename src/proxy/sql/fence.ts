@@ -14,11 +14,13 @@ import pg from 'pg';
 import { boundCapability } from '../../fence/rule.ts';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
+import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
 import { encode } from './framing.ts';
 
 export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
 export const REFUSE_ROUTINE_STATEMENT = '__fencepost_refuse_routine';
+export const REFUSE_UNSAFE_STATEMENT = '__fencepost_refuse_unsafe';
 const RW_SQL = 'SET LOCAL transaction_read_only = off';
 // The session capability (a hash bound to this backend, see sessionCapability), not the capability
 // itself: a writer that makes this statement fail with its parameters in the error report (it may
@@ -33,13 +35,37 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
         DETAIL = 'A procedure or DO block run on its own may COMMIT and go on in a transaction the fence does not cover.',
         HINT = 'Send BEGIN first (or use the simple protocol, where it runs in the fenced implicit transaction).'; END$fencepost$`;
 
+// The fence's stand-in while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY and a failover
+// could lose a fence raise; src/fence/durability-monitor.ts), in its place after the SET LOCAL: a
+// session with a token (one that writes) fails its transaction, which applies nothing; one without
+// gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
+// own settings as they are in this transaction. Like the fence, it touches a temporary table, so
+// PREPARE TRANSACTION fails: a table of the session's role, under a name of its own (the fence's
+// must be owned by the fence functions' owner, rule.ts NO_PREPARE), made once per backend.
+const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
+  IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
+    RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'
+      USING ERRCODE = '${DURABILITY_UNSAFE}',
+            DETAIL = 'Nothing of this transaction was applied.',
+            HINT = 'Retry once the database is safe again: the proxy''s GET /readyz says when, and why not now.';
+  END IF;
+  IF pg_catalog.to_regclass('pg_temp.fencepost_refused_no_prepare') IS NULL THEN
+    -- A catalog write of a transaction that writes nothing else: its commit need not wait for a
+    -- synchronous standby, which may be the very one not streaming now.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+    CREATE TEMPORARY TABLE fencepost_refused_no_prepare ();
+  END IF;
+  PERFORM FROM pg_temp.fencepost_refused_no_prepare;
+  PERFORM pg_catalog.set_config('transaction_read_only', 'on', true);
+END$fencepost$`;
+
 const TEXT_OID = 25;
 
 /** SQLSTATE a tokenless write meets: the transaction is read-only. */
 export const READ_ONLY_TRANSACTION = '25006';
 
 /** How many Close and Parse messages prepareFence() sends (one each per statement). */
-export const PREPARED_STATEMENTS = 3;
+export const PREPARED_STATEMENTS = 4;
 
 /**
  * The fence for a transaction that starts in the middle of a pipeline whose statements are not
@@ -55,6 +81,8 @@ export function prepareAndRunFence(run: Buffer): Buffer {
     run.subarray(0, rwRun),
     closeStatement(FENCE_STATEMENT),
     FENCE_PARSE,
+    closeStatement(REFUSE_UNSAFE_STATEMENT),
+    REFUSE_UNSAFE_PARSE,
     run.subarray(rwRun),
     closeStatement(REFUSE_ROUTINE_STATEMENT),
     REFUSE_ROUTINE_PARSE,
@@ -63,7 +91,16 @@ export function prepareAndRunFence(run: Buffer): Buffer {
 
 /** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse the statements. */
 export function prepareFence(): Buffer {
-  return Buffer.concat([closeStatement(RW_STATEMENT), closeStatement(FENCE_STATEMENT), closeStatement(REFUSE_ROUTINE_STATEMENT), RW_PARSE, FENCE_PARSE, REFUSE_ROUTINE_PARSE]);
+  return Buffer.concat([
+    closeStatement(RW_STATEMENT),
+    closeStatement(FENCE_STATEMENT),
+    closeStatement(REFUSE_UNSAFE_STATEMENT),
+    closeStatement(REFUSE_ROUTINE_STATEMENT),
+    RW_PARSE,
+    FENCE_PARSE,
+    REFUSE_UNSAFE_PARSE,
+    REFUSE_ROUTINE_PARSE,
+  ]);
 }
 
 /** Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
@@ -81,6 +118,7 @@ export function textArrayLiteral(items: readonly string[]): string {
 
 const RW_PARSE = encode({ type: 'parse', name: RW_STATEMENT, text: RW_SQL, paramTypes: [] });
 const FENCE_PARSE = encode({ type: 'parse', name: FENCE_STATEMENT, text: FENCE_SQL, paramTypes: [TEXT_OID, TEXT_OID, TEXT_OID, TEXT_OID] });
+const REFUSE_UNSAFE_PARSE = encode({ type: 'parse', name: REFUSE_UNSAFE_STATEMENT, text: REFUSE_UNSAFE_SQL, paramTypes: [] });
 const REFUSE_ROUTINE_PARSE = encode({ type: 'parse', name: REFUSE_ROUTINE_STATEMENT, text: REFUSE_ROUTINE_SQL, paramTypes: [] });
 const EXECUTE = encode({ type: 'execute', portal: '', maxRows: 0 });
 
@@ -96,6 +134,11 @@ function bindUnnamed(statement: string, values: readonly (string | null)[]): Buf
 /** Bind/Execute of both statements for one transaction (built once per session). */
 function runRw(): Buffer {
   return Buffer.concat([bindUnnamed(RW_STATEMENT, []), EXECUTE]);
+}
+
+/** The refusal in the fence's place (REFUSE_UNSAFE_SQL): Bind/Execute bytes and Query text, of the fence's shape (two statements). */
+export function refusalInPlaceOfFence(): { run: Buffer; text: string } {
+  return { run: Buffer.concat([runRw(), bindUnnamed(REFUSE_UNSAFE_STATEMENT, []), EXECUTE]), text: `${RW_SQL};${REFUSE_UNSAFE_SQL};` };
 }
 
 /** `prefixes` as textArrayLiteral gives them, the form sessionCapability hashes. */

@@ -46,6 +46,8 @@ export interface GateOptions {
   /** Raises the fence to the token where it is absent or below (raise.ts); throws when it could not. */
   raise: (fenceKey: string, token: bigint) => Promise<void>;
   startupSettings: FenceSettings;
+  /** Writes are refused now (FENCEPOST_REQUIRE_SYNC_STANDBY): no raise, the refusal in the fence's place fails the transaction. */
+  refusing?: () => boolean;
   host: GateHost;
   logger: Logger;
 }
@@ -145,7 +147,7 @@ export class FenceGate {
     await Promise.resolve(); // never done() from inside start(): the relay is in the middle of its loop
     const pair = this.settings === null ? null : this.pairOf(this.settings);
     try {
-      if (pair === null || samePair(pair, this.raised)) return;
+      if (pair === null || samePair(pair, this.raised) || this.opts.refusing?.()) return;
       const { fenceKey, token } = pair;
       const guard = this.opts.guard;
       if (guard !== null && guard.guards(fenceKey)) {

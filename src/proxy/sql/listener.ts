@@ -28,6 +28,7 @@ import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backend
 import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
+import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { raisedAbove, raiseFences } from '../../fence/raise.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
@@ -73,6 +74,8 @@ export interface PgwireOptions {
   logger: Logger;
   /** The token forgery guard (FENCEPOST_FORGERY_GUARD); null or absent: none. */
   guard?: SessionGuard | null;
+  /** Writes refused while a failover could lose a fence raise (src/fence/durability-monitor.ts); null or absent: never. */
+  durability?: DurabilityMonitor | null;
   /** The proxy's TLS material: SSLRequest is answered 'S' and TLS is required; null = 'N', plain TCP. */
   tls?: TlsMaterial | null;
 }
@@ -453,6 +456,7 @@ export class PgwireServer {
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onTransactionEnd: (end) => this.opts.metrics?.countWrite('sql', 'transaction', end),
+        durability: this.opts.durability ?? null,
         onClose: () => this.sessions.delete(pid),
       });
       session.start();

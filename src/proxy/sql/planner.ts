@@ -39,7 +39,7 @@
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { encode, errorResponse, readyForQuery, type ClientMessage } from './framing.ts';
-import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
+import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, refusalInPlaceOfFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
 /** The message a response answers. */
@@ -122,6 +122,12 @@ export interface SessionFence {
   text: string;
   /** Characters of `text`. */
   chars: number;
+}
+
+/** In place of the fence while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY): fence.ts refusalInPlaceOfFence. */
+export function refusalFence(): SessionFence {
+  const { run, text } = refusalInPlaceOfFence();
+  return { run, text, chars: [...text].length };
 }
 
 /** The session's fence; `guard`: the forgery guard's state (null without a guard). */
@@ -485,7 +491,7 @@ export class Planner {
   private inject(steps: Step[]): void {
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
+      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
       steps.push({ do: 'send', what: 'prepareAndFence', bytes: prepareAndRunFence(this.fence.run), expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
       this.prepared = true;
       return;

@@ -7,7 +7,7 @@
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { MessageReader } from './framing.ts';
-import { Planner, sessionFence } from './planner.ts';
+import { Planner, refusalFence, sessionFence } from './planner.ts';
 import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
@@ -37,6 +37,12 @@ export interface SessionOptions {
   /** A transaction left idle this long is ended (0: never). */
   idleInTransactionMs: number;
   onStale: (refusal: StaleRefusal) => void;
+  /**
+   * While this refuses (FENCEPOST_REQUIRE_SYNC_STANDBY and a failover could lose a fence raise,
+   * src/fence/durability-monitor.ts), each transaction the session starts gets the refusal in the
+   * fence's place (fence.ts REFUSE_UNSAFE_SQL) and no raise; absent: never refused.
+   */
+  durability?: { refusal(): unknown; onChange(listener: () => void): () => void } | null;
   /** Each fenced transaction's end, once (relay.ts TransactionEnd); absent: not counted. */
   onTransactionEnd?: (end: TransactionEnd) => void;
   onClose: () => void;
@@ -46,11 +52,14 @@ export class PgwireSession {
   private readonly relay: Relay;
 
   constructor(client: Socket, clientReader: MessageReader, backend: Backend, opts: SessionOptions) {
+    const durability = opts.durability ?? null;
+    const refusing = () => durability !== null && durability.refusal() !== null;
     const gate = new FenceGate({
       guard: opts.guard ?? null,
       prefixes: opts.prefixes,
       raise: opts.raise,
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
+      refusing,
       host: {
         query: (sql, onRow, then) => this.relay.query(sql, onRow, then),
         done: () => {
@@ -60,9 +69,11 @@ export class PgwireSession {
       },
       logger: opts.logger,
     });
-    // Built again when the guard's verdict changes (its state is a parameter of the fence).
-    const fence = () => sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, gate.state());
+    // Built again when the guard's verdict changes (its state is a parameter of the fence), and
+    // when writes start or stop being refused.
+    const fence = () => (refusing() ? refusalFence() : sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, gate.state()));
     const planner = new Planner(fence());
+    const unwatch = durability?.onChange(() => (planner.fence = fence())) ?? (() => {});
     // A backend lost mid-transaction because a newer leader's raise ended it (raise.ts): the writer
     // hears FP409, as if its next statement had come after the raise.
     const lostReason = async (terminated: boolean): Promise<ErrorFields | null> => {
@@ -79,7 +90,10 @@ export class PgwireSession {
         hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
       };
     };
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), onClose: opts.onClose, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), onClose: () => {
+        unwatch();
+        opts.onClose();
+      }, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */

@@ -1,15 +1,16 @@
-// GET /healthz (the process answers) and GET /readyz (database reachable, migrations applied; with
-// `durability`, the failover warnings of src/fence/durability.ts, which do not make it unready).
+// GET /healthz (the process answers) and GET /readyz (database reachable, migrations applied, the
+// database takes writes; with `durability`, the durability monitor's latest report: failover
+// warnings, which make it unready only while writes are refused for them, FENCEPOST_REQUIRE_SYNC_STANDBY).
 import type { FastifyInstance } from 'fastify';
 import { migrationsApplied } from '../../../fence/migrate.ts';
-import { checkDurability, unknownDurability } from '../../../fence/durability.ts';
 import { ApiError } from '../../errors.ts';
 import { writability } from '../../../fence/queries.ts';
 import { NoWritableHostError } from '../../../fence/primary-finder.ts';
+import { durabilityUnsafe } from '../durability-gate.ts';
 
 export async function healthRoutes(app: FastifyInstance): Promise<void> {
   app.get('/healthz', { config: { access: 'open' }, schema: { summary: 'Liveness: the process answers' } }, async () => ({ status: 'ok' }));
-  app.get('/readyz', { config: { access: 'open' }, schema: { summary: 'Readiness: database reachable, migrations applied; `durability` lists failover warnings (which do not make it unready)' } }, async (req) => {
+  app.get('/readyz', { config: { access: 'open' }, schema: { summary: 'Readiness: database reachable, migrations applied; `durability` lists failover warnings (unready for them only with FENCEPOST_REQUIRE_SYNC_STANDBY=1)' } }, async () => {
     let ready: boolean;
     try {
       ready = await migrationsApplied(app.store.pool);
@@ -25,10 +26,10 @@ export async function healthRoutes(app: FastifyInstance): Promise<void> {
     const m = mode.rows[0];
     if (m?.recovery) throw new ApiError('unavailable', 'the database is in recovery (a standby): it takes no writes');
     if (m?.read_only === 'on') throw new ApiError('unavailable', 'the database is read-only (default_transaction_read_only): it takes no writes');
-    const durability = await checkDurability(app.store.pool).catch((err: unknown) => {
-      req.log.warn({ err }, 'durability check failed');
-      return unknownDurability();
-    });
+    // The monitor's latest report (a check of its own only when no timer runs: buildApp without one).
+    const durability = await app.durability.report();
+    const refusal = app.durability.refusal();
+    if (refusal !== null) throw durabilityUnsafe(refusal, { durability });
     return { status: 'ready', durability };
   });
 }

@@ -1,0 +1,64 @@
+// The SQL endpoint's refusal while a Postgres failover could lose a fence raise
+// (FENCEPOST_REQUIRE_SYNC_STANDBY=1; the test Postgres has no standby, so the reason is
+// no_sync_standby for the whole file) under the seeded protocol fuzzer (test/support/pgwire-fuzz.ts):
+// random message sequences of every kind of session, the current token's included, land no row in
+// any table, make no fence, move no fence and leave no prepared transaction.
+import { describe, expect } from 'vitest';
+import { sqlTest } from '../support/fixtures.ts';
+import { clientRoleFor } from '../support/db.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, INTRUDERS, type FuzzCase, type FuzzTarget } from '../support/pgwire-fuzz.ts';
+import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
+
+const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20261201);
+const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 100);
+const WAITS = { closeWaitMs: 500, lingerMs: 1000 };
+
+/** The fuzzer's finds of test/proxy/sql/fuzz.test.ts that concern a stand-in for the fence: a tokenless PREPARE TRANSACTION. */
+const PREPARES: { name: string; case: FuzzCase }[] = [
+  {
+    name: "tokenless: Parse/Bind/Execute PREPARE TRANSACTION 'fz', then BEGIN",
+    case: {
+      session: 'tokenless',
+      delivery: 'fragmented',
+      pieces: [1],
+      messages: [
+        { type: 'Parse', name: '', sql: "PREPARE TRANSACTION 'fz'" },
+        { type: 'Bind', portal: '', statement: '', values: [] },
+        { type: 'Execute', portal: '', maxRows: 0 },
+        { type: 'Parse', name: '', sql: 'BEGIN' },
+        { type: 'Bind', portal: '', statement: '', values: [] },
+        { type: 'Execute', portal: '', maxRows: 0 },
+      ],
+    },
+  },
+  { name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'", case: { session: 'tokenless', delivery: 'pipelined', pieces: [1], messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }] } },
+];
+
+const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_REQUIRE_SYNC_STANDBY: '1' });
+let target: FuzzTarget | undefined;
+
+test.beforeAll(async ({ db, sql }) => {
+  const clientLogin = clientRoleFor(db.url);
+  await prepareFuzzDatabase(db.pool, clientLogin);
+  target = { pool: db.pool, host: '127.0.0.1', port: sql.port, database: sql.database, clientLogin };
+});
+
+describe('the SQL endpoint refusing writes, under a protocol fuzzer', () => {
+  test('the control write of a session at the current token lands nothing', async () => {
+    expect(await controlWrite(target!, new FuzzStats())).toBe(0);
+  });
+
+  for (const p of PREPARES) {
+    test(`${p.name} leaves no prepared transaction: the refusal's read-only transaction rules it out as the fence does`, async () => {
+      await runCase(target!, p.case, new FuzzStats(), { ...WAITS, nothingLands: true });
+    });
+  }
+
+  test(`random message sequences of current, stale, tokenless and other-key sessions land nothing anywhere and leave no prepared transaction (seed ${SEED}, ${RUNS} runs)`, async () => {
+    const stats = new FuzzStats();
+    await assertFuzz(target!, { seed: SEED, numRuns: RUNS, maxMessages: 12, sessions: ['current', ...INTRUDERS], openTable: true, nothingLands: true, stats, ...WAITS });
+    console.log(`fuzz (refusing writes): ${stats.summary()}`);
+    // Not vacuous: the sequences met the refusal.
+    expect(stats.errors.get(DURABILITY_UNSAFE) ?? 0).toBeGreaterThan(0);
+  }, 180_000);
+});

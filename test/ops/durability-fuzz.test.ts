@@ -6,33 +6,11 @@
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../support/fixtures.ts';
 import { clientRoleFor } from '../support/db.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, INTRUDERS, type FuzzCase, type FuzzTarget } from '../support/pgwire-fuzz.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, FUZZ_WAITS as WAITS, INTRUDERS, PREPARE_FINDS as PREPARES, type FuzzTarget } from '../support/pgwire-fuzz.ts';
 import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20261201);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 100);
-const WAITS = { closeWaitMs: 500, lingerMs: 1000 };
-
-/** The fuzzer's finds of test/proxy/sql/fuzz.test.ts that concern a stand-in for the fence: a tokenless PREPARE TRANSACTION. */
-const PREPARES: { name: string; case: FuzzCase }[] = [
-  {
-    name: "tokenless: Parse/Bind/Execute PREPARE TRANSACTION 'fz', then BEGIN",
-    case: {
-      session: 'tokenless',
-      delivery: 'fragmented',
-      pieces: [1],
-      messages: [
-        { type: 'Parse', name: '', sql: "PREPARE TRANSACTION 'fz'" },
-        { type: 'Bind', portal: '', statement: '', values: [] },
-        { type: 'Execute', portal: '', maxRows: 0 },
-        { type: 'Parse', name: '', sql: 'BEGIN' },
-        { type: 'Bind', portal: '', statement: '', values: [] },
-        { type: 'Execute', portal: '', maxRows: 0 },
-      ],
-    },
-  },
-  { name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'", case: { session: 'tokenless', delivery: 'pipelined', pieces: [1], messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }] } },
-];
 
 const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_REQUIRE_SYNC_STANDBY: '1' });
 let target: FuzzTarget | undefined;
@@ -60,5 +38,6 @@ describe('the SQL endpoint refusing writes, under a protocol fuzzer', () => {
     console.log(`fuzz (refusing writes): ${stats.summary()}`);
     // Not vacuous: the sequences met the refusal.
     expect(stats.errors.get(DURABILITY_UNSAFE) ?? 0).toBeGreaterThan(0);
+    expect({ stalled: stats.stalled, lingering: stats.lingeringBackends }).toEqual({ stalled: 0, lingering: 0 });
   }, 180_000);
 });

@@ -571,3 +571,39 @@ export function describeMessages(messages: readonly FuzzMessage[]): string {
     })
     .join('\n');
 }
+
+/**
+ * The case waits of the SQL endpoint's fuzz tests: a session the endpoint has not closed 2 s after
+ * its Terminate is stalled; a backend that outlives its session by 3 s lingers. Each is dropped,
+ * counted, and fails a run (no message order may hang a session or keep a backend).
+ */
+export const FUZZ_WAITS = { closeWaitMs: 2000, lingerMs: 3000 } as const;
+
+/**
+ * Counterexamples the fuzzer found, shrunk, replayed on every run.
+ * seed 777 (FENCEPOST_FUZZ_RUNS=400, openTable hunt): a tokenless session's transaction was not
+ * fenced, so nothing opened the fence's temporary table, and PREPARE TRANSACTION succeeded: a
+ * prepared transaction of the client login was left in pg_prepared_xacts (read-only, but holding
+ * its locks and the xmin horizon until an operator ended it; max_prepared_transactions of them
+ * exhaust the slots). Shrunk by fast-check to the extended form; the simple
+ * `BEGIN; PREPARE TRANSACTION 'fz'` does the same.
+ */
+export const PREPARE_FINDS: readonly { name: string; case: FuzzCase }[] = [
+  {
+    name: "tokenless: Parse/Bind/Execute PREPARE TRANSACTION 'fz', then BEGIN",
+    case: {
+      session: 'tokenless',
+      delivery: 'fragmented',
+      pieces: [1],
+      messages: [
+        { type: 'Parse', name: '', sql: "PREPARE TRANSACTION 'fz'" },
+        { type: 'Bind', portal: '', statement: '', values: [] },
+        { type: 'Execute', portal: '', maxRows: 0 },
+        { type: 'Parse', name: '', sql: 'BEGIN' },
+        { type: 'Bind', portal: '', statement: '', values: [] },
+        { type: 'Execute', portal: '', maxRows: 0 },
+      ],
+    },
+  },
+  { name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'", case: { session: 'tokenless', delivery: 'pipelined', pieces: [1], messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }] } },
+];

@@ -45,12 +45,12 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
   const port = await freePort();
   let primary: RunningPostgres | undefined;
   let standby: ChildProcess | undefined;
-  let paused: number | null = null;
+  let paused: StalledStandby | null = null;
   let output = '';
   let url = '';
   let standbyPort = 0;
   const stopStandby = async () => {
-    if (paused !== null) process.kill(paused, 'SIGCONT');
+    paused?.resume();
     paused = null;
     if (standby && standby.exitCode === null) {
       const exited = new Promise((r) => standby!.once('exit', r));
@@ -96,19 +96,10 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     const standbyUrl = new URL(url);
     standbyUrl.port = String(standbyPort);
     const pauseStandby = async () => {
-      const c = new pg.Client({ connectionString: standbyUrl.toString() });
-      await c.connect();
-      try {
-        const { rows } = await c.query<{ pid: number }>('SELECT pid FROM pg_stat_wal_receiver');
-        if (rows[0] === undefined) throw new Error('the standby has no walreceiver');
-        paused = rows[0].pid;
-        process.kill(paused, 'SIGSTOP');
-      } finally {
-        await c.end();
-      }
+      paused = await stallStandby({ standbyUrl: standbyUrl.toString() });
     };
     const resumeStandby = async () => {
-      if (paused !== null) process.kill(paused, 'SIGCONT');
+      paused?.resume();
       paused = null;
     };
     return { url, standbyUrl: standbyUrl.toString(), standbyName, pauseStandby, resumeStandby, stopStandby, startStandby, stop };
@@ -152,7 +143,7 @@ export interface StalledStandby {
  * commit on the primary waits in SyncRep until resume(). Resume well within wal_sender_timeout
  * (60 s), or the primary drops the replication connection.
  */
-export async function stallStandby(repl: ReplicatedPostgres): Promise<StalledStandby> {
+export async function stallStandby(repl: Pick<ReplicatedPostgres, 'standbyUrl'>): Promise<StalledStandby> {
   const client = new pg.Client({ connectionString: repl.standbyUrl });
   await client.connect();
   let pid: number;
@@ -179,6 +170,14 @@ export async function stallStandby(repl: ReplicatedPostgres): Promise<StalledSta
       process.kill(pid, 'SIGCONT');
     },
   };
+}
+
+/** Waits until no commit on the primary waits for the synchronous standby (after it resumed). */
+export async function drainSyncRep(pool: pg.Pool): Promise<void> {
+  for (let i = 0; (await pool.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'`)).rows.length > 0; i++) {
+    if (i > 400) throw new Error('commits still wait for the standby after it resumed');
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 /** Backend pids on the primary waiting for the synchronous standby (wait_event SyncRep), polled until at least `n` or `timeoutMs`. */

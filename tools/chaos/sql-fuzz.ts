@@ -14,7 +14,7 @@ import { migrate } from '../../src/fence/migrate.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
 import { freePort } from '../zookeeper/local-server.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats } from '../../test/support/pgwire-fuzz.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats, FUZZ_WAITS } from '../../test/support/pgwire-fuzz.ts';
 
 export interface SqlFuzzOptions {
   seed: number;
@@ -70,8 +70,7 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
           timeLimitMs: o.durationMs,
           stats,
           // A session still open 2 s after its Terminate, or a backend 3 s after its session: a failure.
-          closeWaitMs: 2000,
-          lingerMs: 3000,
+          ...FUZZ_WAITS,
         });
         if (stats.stalled > 0 || stats.lingeringBackends > 0) {
           failure = `${stats.stalled} stalled sessions, ${stats.lingeringBackends} lingering backends:\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => `lingering: ${l}`)].join('\n\n')}`;

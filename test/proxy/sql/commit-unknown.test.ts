@@ -12,7 +12,7 @@
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
 import { spawn } from 'node:child_process';
 import pg from 'pg';
-import { makeStandbySynchronous, stallStandby, startReplicatedPostgres, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
+import { makeStandbySynchronous, stallStandby, drainSyncRep, startReplicatedPostgres, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
 import { clientRoleFor, withDatabase, type TestDatabase } from '../../support/db.ts';
 import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { migrate } from '../../../src/fence/migrate.ts';
@@ -51,10 +51,7 @@ beforeAll(async () => {
 async function resume(): Promise<void> {
   stalled?.resume();
   stalled = null;
-  for (let i = 0; (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'`)).rows.length > 0; i++) {
-    if (i > 400) throw new Error('commits still wait for the standby after it resumed');
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  await drainSyncRep(db.pool);
 }
 
 afterEach(resume);

@@ -8,46 +8,11 @@
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { clientRoleFor } from '../../support/db.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, INTRUDERS, type FuzzCase, type FuzzTarget } from '../../support/pgwire-fuzz.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, FUZZ_WAITS as WAITS, INTRUDERS, PREPARE_FINDS, type FuzzTarget } from '../../support/pgwire-fuzz.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20240611);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 150);
 const MAX_MESSAGES = 12;
-/**
- * A session the endpoint has not closed 2 s after its Terminate is stalled; a backend that outlives
- * its session by 3 s lingers: each is dropped, counted, and fails the run (no message order may
- * hang a session or keep a backend).
- */
-const WAITS = { closeWaitMs: 2000, lingerMs: 3000 };
-
-/**
- * Counterexamples the fuzzer found, shrunk, replayed on every run (they fail until fixed).
- * 1. seed 777 (FENCEPOST_FUZZ_RUNS=400, openTable hunt): a tokenless session's transaction is not
- *    fenced, so nothing opens the fence's temporary table, and PREPARE TRANSACTION succeeds: a
- *    prepared transaction of the client login is left in pg_prepared_xacts (read-only, but it
- *    holds its locks and the xmin horizon until an operator ends it; max_prepared_transactions of
- *    them exhaust the slots). Shrunk by fast-check to the extended form below; the simple
- *    `BEGIN; PREPARE TRANSACTION 'fz'` does the same.
- */
-const FOUND: { name: string; case: FuzzCase }[] = [
-  {
-    name: "tokenless: Parse/Bind/Execute PREPARE TRANSACTION 'fz', then BEGIN",
-    case: {
-      session: 'tokenless',
-      delivery: 'fragmented',
-      pieces: [1],
-      messages: [
-        { type: 'Parse', name: '', sql: "PREPARE TRANSACTION 'fz'" },
-        { type: 'Bind', portal: '', statement: '', values: [] },
-        { type: 'Execute', portal: '', maxRows: 0 },
-        { type: 'Parse', name: '', sql: 'BEGIN' },
-        { type: 'Bind', portal: '', statement: '', values: [] },
-        { type: 'Execute', portal: '', maxRows: 0 },
-      ],
-    },
-  },
-  { name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'", case: { session: 'tokenless', delivery: 'pipelined', pieces: [1], messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }] } },
-];
 
 const test = sqlTest;
 let target: FuzzTarget | undefined;
@@ -64,8 +29,7 @@ describe('the SQL endpoint under a protocol fuzzer', () => {
     expect(await controlWrite(target!, stats)).toBe(1);
   });
 
-  for (const found of FOUND) {
-    // Known hole, reported (a tokenless session may PREPARE TRANSACTION): left failing until fixed.
+  for (const found of PREPARE_FINDS) {
     test(`found by the fuzzer: ${found.name} leaves no prepared transaction`, async () => {
       await runCase(target!, found.case, new FuzzStats(), WAITS);
     });

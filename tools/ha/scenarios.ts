@@ -1,0 +1,169 @@
+// The HA run's scenarios, each on the running cluster under load from two leaders of a fence key
+// of its own: the old leader (token 1) writes from the start; the new one (token 2) raises the
+// fence, writes, and the fault strikes; both go on writing through the failover until the new
+// leader has written again on the new primary. Then the new primary is read back and checked.
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { check, type Verdict } from './checker.ts';
+import type { HaCluster } from './cluster.ts';
+import { TwoLeaders, type WriteRecord } from './load.ts';
+import type { PatroniNode } from './patroni-node.ts';
+
+export type ScenarioName = 'crash' | 'switchover' | 'stall-then-crash' | 'async-control';
+
+export const SCENARIOS: Readonly<Record<ScenarioName, string>> = {
+  crash: 'primary crash: Patroni and Postgres SIGKILLed together',
+  switchover: 'switchover to a synchronous standby (Patroni REST POST /switchover)',
+  'stall-then-crash': "a synchronous standby's walsender SIGSTOPped (commits wait), then a primary crash",
+  'async-control': 'control: asynchronous replication, walsenders stalled before the raise, then a primary crash (must fail the check)',
+};
+
+export interface ScenarioResult {
+  name: ScenarioName;
+  verdict: Verdict;
+  /** The primary before and after. */
+  from: string;
+  to: string;
+  /** The synchronous standbys at the fault (none: asynchronous). */
+  syncStandbys: string[];
+  /** When the fault struck (the stall, for stall-then-crash) and, for a crash, when the primary died. */
+  faultAt: number;
+  crashAt: number | null;
+  /** When HAProxy's check (GET /primary) first found another node primary. */
+  newPrimaryAt: number | null;
+  /** The write gap: the longest time between two 200 answers to writes (either leader) over the run. */
+  writeGapMs: number;
+  durationMs: number;
+}
+
+export interface ScenarioOptions {
+  /** Requests in flight per leader. */
+  concurrency: number;
+  requestTimeoutMs: number;
+  /** Writes of the new leader, sent after the fault, to see answered 200 before the run stops. */
+  writesAfterFault: number;
+  /** Bound on the wait for them. */
+  recoveryTimeoutMs: number;
+  log: (line: string) => void;
+}
+
+export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: ScenarioOptions): Promise<ScenarioResult> {
+  const started = Date.now();
+  const sync = name !== 'async-control';
+  const primary = await cluster.waitHealthy({ sync, timeoutMs: 90_000 });
+  const syncStandbys = sync ? await cluster.syncStandbys(primary) : [];
+  const fenceKey = `ha-${name}`;
+  const load = new TwoLeaders({ proxyUrl: cluster.proxyUrl, fenceKey, prefix: `ha/${name}/`, concurrency: opts.concurrency, requestTimeoutMs: opts.requestTimeoutMs });
+  let faultAt = 0;
+  let crashAt: number | null = null;
+  let newPrimaryAt: number | null = null;
+  try {
+    load.startOldLeader();
+    await until('the old leader to write', 30_000, () => load.acceptedSince(1, started) >= 5);
+    if (name === 'async-control') {
+      // Nothing the primary commits from here on reaches a standby: the raise and the new leader's
+      // writes are acknowledged (asynchronous commit) and exist only on the primary.
+      const stalled = await stallWalsenders(cluster, primary, 'all');
+      faultAt = Date.now();
+      opts.log(`${name}: SIGSTOP the walsenders to ${stalled.join(', ')} on ${primary.name}`);
+    }
+    await withTimeout('the raise to token 2', 30_000, load.raise());
+    opts.log(`${name}: token 2 raised the fence`);
+    await until('the new leader to write', 30_000, () => load.acceptedSince(2, started) >= 5);
+    if (name === 'crash' || name === 'async-control') {
+      if (name === 'crash') faultAt = Date.now();
+      crashAt = Date.now();
+      await primary.crash();
+      opts.log(`${name}: crashed ${primary.name} (Patroni and Postgres, SIGKILL)`);
+    } else if (name === 'switchover') {
+      faultAt = Date.now();
+      const candidate = syncStandbys[0];
+      const r = await primary.rest('POST', '/switchover', { leader: primary.name, candidate }, 30_000);
+      opts.log(`${name}: POST /switchover ${primary.name} → ${candidate}: ${r?.status ?? 'no answer'} ${typeof r?.json === 'string' ? r.json.trim() : JSON.stringify(r?.json)}`);
+      if (r?.status !== 200) throw new Error(`switchover refused: ${r?.status ?? 'no answer'}`);
+    } else {
+      const stalled = await stallWalsenders(cluster, primary, 'one-sync');
+      faultAt = Date.now();
+      opts.log(`${name}: SIGSTOP the walsender to ${stalled.join(', ')} on ${primary.name}; commits now wait`);
+      await sleep(4000);
+      crashAt = Date.now();
+      await primary.crash();
+      opts.log(`${name}: crashed ${primary.name} (Patroni and Postgres, SIGKILL)`);
+    }
+    // Writes on the new primary: sent once HAProxy's check finds it (GET /primary 200).
+    let next: PatroniNode | null = null;
+    await cluster.waitFor('a new primary', opts.recoveryTimeoutMs, async () => (next = await cluster.leader()) !== null && next !== primary);
+    newPrimaryAt = Date.now();
+    opts.log(`${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault`);
+    await until(`${opts.writesAfterFault} writes of the new leader on the new primary`, opts.recoveryTimeoutMs, () => load.acceptedSince(2, newPrimaryAt!) >= opts.writesAfterFault);
+  } finally {
+    await load.stop();
+    writeFileSync(join(cluster.dir, `${name}.history.jsonl`), load.records.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  }
+  const next = await waitForPrimary(cluster, 30_000);
+  const [rows, fence] = await Promise.all([
+    cluster.queryVia<{ key: string; token: string }>(next.spec.pgPort, 'SELECT key, token FROM fencepost.objects WHERE starts_with(key, $1)', [`ha/${name}/`]),
+    cluster.queryVia<{ highest_token: string }>(next.spec.pgPort, 'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1', [fenceKey]),
+  ]);
+  const verdict = check({
+    records: load.records,
+    raiseAcknowledgedAt: load.raiseAcknowledgedAt,
+    stored: new Map(rows.map((r) => [r.key, BigInt(r.token)])),
+    finalFenceToken: fence[0] ? BigInt(fence[0].highest_token) : null,
+  });
+  return {
+    name,
+    verdict,
+    from: primary.name,
+    to: next.name,
+    syncStandbys,
+    faultAt,
+    crashAt,
+    newPrimaryAt,
+    writeGapMs: longestSilence(load.records),
+    durationMs: Date.now() - started,
+  };
+}
+
+/** SIGSTOPs the primary's walsenders: all of them, or one synchronous standby's. Returns the standbys' names. */
+async function stallWalsenders(cluster: HaCluster, primary: PatroniNode, which: 'all' | 'one-sync'): Promise<string[]> {
+  const rows = await cluster.queryVia<{ pid: number; application_name: string }>(
+    primary.spec.pgPort,
+    `SELECT pid, application_name FROM pg_stat_replication${which === 'one-sync' ? ` WHERE sync_state = 'sync' ORDER BY application_name LIMIT 1` : ''}`,
+  );
+  if (rows.length === 0) throw new Error(`no ${which === 'one-sync' ? 'synchronous ' : ''}walsender on ${primary.name}`);
+  for (const r of rows) process.kill(r.pid, 'SIGSTOP');
+  return rows.map((r) => r.application_name);
+}
+
+async function waitForPrimary(cluster: HaCluster, timeoutMs: number): Promise<PatroniNode> {
+  let found: PatroniNode | null = null;
+  await cluster.waitFor('a primary to read back from', timeoutMs, async () => (found = await cluster.leader()) !== null);
+  return found!;
+}
+
+/** Longest time between consecutive 200 answers to writes. */
+export function longestSilence(records: readonly WriteRecord[]): number {
+  const times = records.filter((r) => r.kind === 'write' && r.status === 200).map((r) => r.answeredAt).sort((a, b) => a - b);
+  let longest = 0;
+  for (let i = 1; i < times.length; i++) longest = Math.max(longest, times[i]! - times[i - 1]!);
+  return longest;
+}
+
+async function until(what: string, timeoutMs: number, cond: () => boolean): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+async function withTimeout<T>(what: string, timeoutMs: number, p: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -5,12 +5,14 @@
 // next scenario. Exits 0 only when the synchronous scenarios pass and the control run fails the
 // check. Every process and the run folder are removed at the end, on failure and on a hard
 // timeout too (--keep keeps the folder: logs of every process).
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { summarizeViolations, type LeaderCounts } from './checker.ts';
 import { HaCluster } from './cluster.ts';
+import { ZOOKEEPER_JAR } from '../zookeeper/local-server.ts';
 import { runScenario, SCENARIOS, type ScenarioName, type ScenarioResult } from './scenarios.ts';
 
 const USAGE = `usage: npm run ha -- [--only <scenario>[,…]] [--timeout-s <n>] [--keep]
@@ -39,6 +41,11 @@ async function main(): Promise<number> {
   if (!Number.isFinite(timeoutS) || timeoutS <= 0) {
     console.error(`--timeout-s must be a positive number\n${USAGE}`);
     return 2;
+  }
+  const missing = missingPrerequisites();
+  if (missing.length > 0) {
+    console.error(`FAIL: the HA run needs ${missing.join('; ')}. scripts/setup.sh --ha installs them.`);
+    return 1;
   }
   const t0 = Date.now();
   const log = (line: string) => console.log(`+${((Date.now() - t0) / 1000).toFixed(1).padStart(6)}s  ${line}`);
@@ -96,6 +103,19 @@ async function main(): Promise<number> {
   }
   log(failures.length === 0 ? 'PASS: the fence survived every failover, and the check caught the asynchronous control run' : `FAIL: ${failures.join('; ')}`);
   return failures.length === 0 ? 0 : 1;
+}
+
+/** What the run needs and this machine lacks, each named with its Debian package. */
+function missingPrerequisites(): string[] {
+  const missing: string[] = [];
+  const runs = (cmd: string, args: string[]) => spawnSync(cmd, args, { stdio: 'ignore' }).status === 0;
+  if (!runs('patroni', ['--version'])) missing.push('patroni (apt-get install patroni)');
+  if (!runs('/usr/bin/python3', ['-c', 'import kazoo'])) missing.push("Patroni's ZooKeeper client (apt-get install python3-kazoo)");
+  if (!runs('haproxy', ['-v'])) missing.push('haproxy (apt-get install haproxy)');
+  if (!existsSync('/usr/lib/postgresql/15/bin/postgres')) missing.push('Postgres 15 (apt-get install postgresql-15)');
+  if (!existsSync(ZOOKEEPER_JAR)) missing.push('ZooKeeper (apt-get install zookeeper)');
+  if (!existsSync(join(import.meta.dirname, '..', '..', 'dist', 'cli', 'main.js'))) missing.push('a built proxy (npm run build)');
+  return missing;
 }
 
 function printReport(results: readonly ScenarioResult[]): void {

@@ -15,18 +15,21 @@ import { HaCluster } from './cluster.ts';
 import { ZOOKEEPER_JAR } from '../zookeeper/local-server.ts';
 import { runScenario, SCENARIOS, type ScenarioName, type ScenarioResult } from './scenarios.ts';
 
-const USAGE = `usage: npm run ha -- [--only <scenario>[,…]] [--timeout-s <n>] [--keep]
+const USAGE = `usage: npm run ha -- [--only <scenario>[,…]] [--stall-ms <n>] [--timeout-s <n>] [--keep]
   Starts ZooKeeper, three Patroni nodes (Postgres 15, synchronous_mode_strict), HAProxy and the
   fencepost proxy on loopback, and runs, under load from two leaders:
 ${Object.entries(SCENARIOS).map(([k, v]) => `    ${k.padEnd(17)} ${v}`).join('\n')}
   --only       a comma-separated subset, in that order (default: all)
+  --stall-ms   stall-then-crash: how long commits wait on the stalled standby before the crash
+               (default 4000; past the proxy's query timeout, 15 s, its answer to a commit still
+               waiting is tested too)
   --timeout-s  hard bound on the whole run (default 360): past it, everything is stopped, exit 1
   --keep       keep the run folder (every process's log) instead of removing it`;
 
 const ALL = Object.keys(SCENARIOS) as ScenarioName[];
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({ options: { only: { type: 'string' }, 'timeout-s': { type: 'string' }, keep: { type: 'boolean' }, help: { type: 'boolean' } } });
+  const { values } = parseArgs({ options: { only: { type: 'string' }, 'stall-ms': { type: 'string' }, 'timeout-s': { type: 'string' }, keep: { type: 'boolean' }, help: { type: 'boolean' } } });
   if (values.help) {
     console.log(USAGE);
     return 0;
@@ -46,6 +49,11 @@ async function main(): Promise<number> {
   if (missing.length > 0) {
     console.error(`FAIL: the HA run needs ${missing.join('; ')}. scripts/setup.sh --ha installs them.`);
     return 1;
+  }
+  const stallMs = Number(values['stall-ms'] ?? 4000);
+  if (!Number.isInteger(stallMs) || stallMs < 0) {
+    console.error(`--stall-ms must be a whole number of milliseconds\n${USAGE}`);
+    return 2;
   }
   const t0 = Date.now();
   const log = (line: string) => console.log(`+${((Date.now() - t0) / 1000).toFixed(1).padStart(6)}s  ${line}`);
@@ -77,7 +85,7 @@ async function main(): Promise<number> {
         log('asynchronous replication: synchronous_mode off, maximum_lag_on_failover 1 GiB');
       }
       log(`scenario ${name}: ${SCENARIOS[name]}`);
-      const r = await runScenario(cluster, name, { concurrency: 2, requestTimeoutMs: 20_000, writesAfterFault: 10, recoveryTimeoutMs: 60_000, log });
+      const r = await runScenario(cluster, name, { concurrency: 2, requestTimeoutMs: 20_000, writesAfterFault: 10, recoveryTimeoutMs: 60_000, stallMs, log });
       results.push(r);
       log(`scenario ${name}: ${r.from} → ${r.to}, write gap ${r.writeGapMs} ms, ${r.verdict.violations.length} violation(s)`);
       // A crashed node comes back as a standby of the new primary before the next scenario.
@@ -101,7 +109,8 @@ async function main(): Promise<number> {
       failures.push(`${r.name}: ${r.verdict.violations.length} violation(s)`);
     }
   }
-  log(failures.length === 0 ? 'PASS: the fence survived every failover, and the check caught the asynchronous control run' : `FAIL: ${failures.join('; ')}`);
+  const passed = results.some((r) => r.name === 'async-control') ? 'PASS: the fence survived every failover, and the check caught the asynchronous control run' : 'PASS: the fence survived every failover';
+  log(failures.length === 0 ? passed : `FAIL: ${failures.join('; ')}`);
   return failures.length === 0 ? 0 : 1;
 }
 

@@ -45,6 +45,8 @@ export interface ScenarioOptions {
   writesAfterFault: number;
   /** Bound on the wait for them. */
   recoveryTimeoutMs: number;
+  /** stall-then-crash: how long commits wait on the stalled standby before the crash. */
+  stallMs: number;
   log: (line: string) => void;
 }
 
@@ -86,7 +88,7 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
       const stalled = await stallWalsenders(cluster, primary, 'one-sync');
       faultAt = Date.now();
       opts.log(`${name}: SIGSTOP the walsender to ${stalled.join(', ')} on ${primary.name}; commits now wait`);
-      await sleep(4000);
+      await sleep(opts.stallMs);
       crashAt = Date.now();
       await primary.crash();
       opts.log(`${name}: crashed ${primary.name} (Patroni and Postgres, SIGKILL)`);

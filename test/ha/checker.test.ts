@@ -82,4 +82,9 @@ describe('the HA check', () => {
   it('reports a fence that went back below the raise', () => {
     expect(kinds({ ...heldRun(), finalFenceToken: 1n })).toEqual(['fence_went_back']);
   });
+
+  it('reports a new primary that took over with the fence below the raise, though the new leader raised it again since', () => {
+    expect(kinds({ ...heldRun(), fenceAtTakeover: 1n })).toEqual(['fence_went_back']);
+    expect(kinds({ ...heldRun(), fenceAtTakeover: 2n })).toEqual([]);
+  });
 });

@@ -2,7 +2,7 @@
 // afterwards. The fence survived the failover when
 //   - every write answered 200 is on the new primary, with the token it was sent with;
 //   - no write of token 1 sent after the raise to 2 was answered 200 (nor is it on the primary);
-//   - the fence on the new primary is at 2;
+//   - the fence on the new primary is at 2, when it takes over and at the end;
 //   - every answer is one the proxy may give: 200, 409 stale_token (token 1 only), 503;
 //   - a 503 other than commit_unknown ("nothing committed, safe to retry") left nothing behind.
 import type { WriteRecord } from './load.ts';
@@ -39,6 +39,11 @@ export interface CheckInput {
   stored: ReadonlyMap<string, bigint>;
   /** The fence's highest token on the new primary (null: no fence row). */
   finalFenceToken: bigint | null;
+  /**
+   * The same, read on the new primary the moment Patroni made it primary, before writes reach it
+   * (undefined: not read). Below 2, the old leader could write again until the new one next wrote.
+   */
+  fenceAtTakeover?: bigint | null;
 }
 
 export function check(input: CheckInput): Verdict {
@@ -79,6 +84,9 @@ export function check(input: CheckInput): Verdict {
         violations.push({ kind: 'retry_safe_committed', detail: `${r.key} (token ${r.leader}) was answered 503 ${r.code ?? ''} (nothing committed, safe to retry) but is on the new primary` });
       }
     }
+  }
+  if (raisedAt !== null && input.fenceAtTakeover !== undefined && (input.fenceAtTakeover === null || input.fenceAtTakeover < 2n)) {
+    violations.push({ kind: 'fence_went_back', detail: `the new primary took over with the fence at ${input.fenceAtTakeover ?? 'nothing'}, below the raise's 2` });
   }
   if (raisedAt !== null && (input.finalFenceToken === null || input.finalFenceToken < 2n)) {
     violations.push({ kind: 'fence_went_back', detail: `the fence is at ${input.finalFenceToken ?? 'nothing'} on the new primary, below the raise's 2` });

@@ -60,6 +60,7 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
   let faultAt = 0;
   let crashAt: number | null = null;
   let newPrimaryAt: number | null = null;
+  let fenceAtTakeover: bigint | null | undefined;
   try {
     load.startOldLeader();
     await until('the old leader to write', 30_000, () => load.acceptedSince(1, started) >= 5);
@@ -97,22 +98,25 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
     let next: PatroniNode | null = null;
     await cluster.waitFor('a new primary', opts.recoveryTimeoutMs, async () => (next = await cluster.leader()) !== null && next !== primary);
     newPrimaryAt = Date.now();
-    opts.log(`${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault`);
+    // Read at once, on the node itself: HAProxy sends it writes only after its next check.
+    fenceAtTakeover = await readFenceAtTakeover(cluster, next!, fenceKey);
+    opts.log(`${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault; the fence there: ${fenceAtTakeover ?? 'not read'}`);
     await until(`${opts.writesAfterFault} writes of the new leader on the new primary`, opts.recoveryTimeoutMs, () => load.acceptedSince(2, newPrimaryAt!) >= opts.writesAfterFault);
   } finally {
     await load.stop();
     writeFileSync(join(cluster.dir, `${name}.history.jsonl`), load.records.map((r) => JSON.stringify(r)).join('\n') + '\n');
   }
   const next = await waitForPrimary(cluster, 30_000);
-  const [rows, fence] = await Promise.all([
+  const [rows, finalFenceToken] = await Promise.all([
     cluster.queryVia<{ key: string; token: string }>(next.spec.pgPort, 'SELECT key, token FROM fencepost.objects WHERE starts_with(key, $1)', [`ha/${name}/`]),
-    cluster.queryVia<{ highest_token: string }>(next.spec.pgPort, 'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1', [fenceKey]),
+    readFence(cluster, next, fenceKey),
   ]);
   const verdict = check({
     records: load.records,
     raiseAcknowledgedAt: load.raiseAcknowledgedAt,
     stored: new Map(rows.map((r) => [r.key, BigInt(r.token)])),
-    finalFenceToken: fence[0] ? BigInt(fence[0].highest_token) : null,
+    finalFenceToken,
+    ...(fenceAtTakeover === undefined ? {} : { fenceAtTakeover }),
   });
   return {
     name,
@@ -137,6 +141,35 @@ async function stallWalsenders(cluster: HaCluster, primary: PatroniNode, which: 
   if (rows.length === 0) throw new Error(`no ${which === 'one-sync' ? 'synchronous ' : ''}walsender on ${primary.name}`);
   for (const r of rows) process.kill(r.pid, 'SIGSTOP');
   return rows.map((r) => r.application_name);
+}
+
+/** The fence's highest token as one node holds it (null: no fence row). */
+async function readFence(cluster: HaCluster, node: PatroniNode, fenceKey: string): Promise<bigint | null> {
+  const rows = await cluster.queryVia<{ highest_token: string }>(node.spec.pgPort, 'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  return rows[0] ? BigInt(rows[0].highest_token) : null;
+}
+
+/**
+ * The fence as a node that just took over holds it: read once it has replayed all the WAL it
+ * received (a standby acknowledges a synchronous commit when it has flushed it, and may replay it a
+ * little later), or once its promotion has ended. Undefined when it could not be read within 5 s.
+ */
+async function readFenceAtTakeover(cluster: HaCluster, node: PatroniNode, fenceKey: string): Promise<bigint | null | undefined> {
+  const deadline = Date.now() + 5000;
+  while (Date.now() < deadline) {
+    const rows = await cluster
+      .queryVia<{ settled: boolean; highest_token: string | null }>(
+        node.spec.pgPort,
+        `SELECT NOT pg_is_in_recovery() OR coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true) AS settled,
+                (SELECT highest_token FROM fencepost.fences WHERE fence_key = $1) AS highest_token`,
+        [fenceKey],
+      )
+      .catch(() => []);
+    const r = rows[0];
+    if (r?.settled) return r.highest_token === null ? null : BigInt(r.highest_token);
+    await sleep(50);
+  }
+  return undefined;
 }
 
 async function waitForPrimary(cluster: HaCluster, timeoutMs: number): Promise<PatroniNode> {

@@ -71,7 +71,9 @@ export class HaCluster {
     await this.waitFor('HAProxy to reach the primary', 30_000, async () => (await this.queryVia(this.haproxy!.port, 'SELECT NOT pg_is_in_recovery() AS primary').catch(() => null))?.[0]?.primary === true);
     this.log(`HAProxy at 127.0.0.1:${this.haproxy.port}`);
     await this.startProxy();
-    this.log(`fencepost proxy at ${this.proxyUrl} (DATABASE_URL at HAProxy)`);
+    const ready = (await (await fetch(`${this.proxyUrl}/readyz`)).json()) as { durability?: { warnings?: string[] } };
+    const warnings = ready.durability?.warnings ?? [];
+    this.log(`fencepost proxy at ${this.proxyUrl} (DATABASE_URL at HAProxy); durability warnings in /readyz: ${warnings.length === 0 ? 'none' : warnings.join(' | ')}`);
   }
 
   private async startProxy(): Promise<void> {

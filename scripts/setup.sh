@@ -84,7 +84,7 @@ if [ "${1:-}" = "--test" ]; then
   fi
   if ! pgbench --version >/dev/null 2>&1; then
     say "installing pgbench for the SQL endpoint's tests (apt-get install postgresql; see --bench)"
-    apt_install postgresql
+    apt_install_postgres_server postgresql
   fi
   if ! /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1; then
     say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"

@@ -4,7 +4,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fillTemplate, type PatroniNodeSpec } from './patroni-node.ts';
+import type { PatroniNodeSpec } from './patroni-node.ts';
+import { fillTemplate } from './template.ts';
 
 export const HAPROXY_TEMPLATE = join(import.meta.dirname, 'haproxy.cfg');
 

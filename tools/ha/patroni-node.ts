@@ -8,6 +8,7 @@ import { chownSync, createWriteStream, existsSync, mkdirSync, readFileSync, writ
 import { userInfo } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { fillTemplate } from './template.ts';
 
 export const PATRONI_TEMPLATE = join(import.meta.dirname, 'patroni.yml');
 
@@ -37,16 +38,6 @@ export interface ClusterMember {
 export function postgresUser(): { uid: number; gid: number } | null {
   if (userInfo().uid !== 0) return null;
   return { uid: Number(execFileSync('id', ['-u', 'postgres']).toString()), gid: Number(execFileSync('id', ['-g', 'postgres']).toString()) };
-}
-
-/** Replaces each `{{NAME}}` of a template; an unfilled one is an error. */
-export function fillTemplate(text: string, values: Record<string, string | number>): string {
-  const out = text.replace(/\{\{([A-Z0-9_]+)\}\}/g, (whole, name: string) => {
-    const v = values[name];
-    if (v === undefined) throw new Error(`no value for ${whole}`);
-    return String(v);
-  });
-  return out;
 }
 
 export class PatroniNode {

@@ -30,7 +30,7 @@ export interface ScenarioResult {
   /** When the fault struck (the stall, for stall-then-crash) and, for a crash, when the primary died. */
   faultAt: number;
   crashAt: number | null;
-  /** When HAProxy's check (GET /primary) first found another node primary. */
+  /** When another node first answered GET /primary 200 (the check HAProxy routes by). */
   newPrimaryAt: number | null;
   /** The write gap: the longest time between two 200 answers to writes (either leader) over the run. */
   writeGapMs: number;

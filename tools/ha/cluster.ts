@@ -127,7 +127,7 @@ export class HaCluster {
    */
   async waitHealthy(opts: { sync: boolean; timeoutMs: number }): Promise<PatroniNode> {
     let primary: PatroniNode | null = null;
-    await this.waitFor(`all three nodes streaming${opts.sync ? ', one synchronously' : ''}`, opts.timeoutMs, async () => {
+    await this.waitFor(`all three nodes streaming${opts.sync ? ', each synchronously' : ''}`, opts.timeoutMs, async () => {
       primary = await this.leader();
       if (!primary) return false;
       const rows = await this.queryVia<{ application_name: string; sync_state: string }>(
@@ -144,6 +144,15 @@ export class HaCluster {
       return answers.every((a) => a?.status === 200);
     });
     return primary!;
+  }
+
+  /** Nodes that are neither the primary nor streaming from it (all but the primary when there is none). */
+  async notStreaming(): Promise<PatroniNode[]> {
+    const primary = await this.leader();
+    if (!primary) return this.nodes.slice();
+    const rows = await this.queryVia<{ application_name: string }>(primary.spec.pgPort, `SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'`).catch(() => []);
+    const streaming = new Set(rows.map((r) => r.application_name));
+    return this.nodes.filter((n) => n !== primary && !streaming.has(n.name));
   }
 
   /** The synchronous standbys' names, as the primary reports them. */

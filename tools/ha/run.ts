@@ -164,6 +164,7 @@ function printReport(results: readonly ScenarioResult[]): void {
     const crash = r.crashAt === null || r.crashAt === r.faultAt ? '' : `the crash ${r.crashAt - r.faultAt} ms after the fault, `;
     const promoted = r.newPrimaryAt === null ? '' : `new primary (GET /primary 200) ${r.newPrimaryAt - r.faultAt} ms after the fault; `;
     console.log(`${''.padEnd(17)} ${crash}${promoted}write gap (longest time without a 200) ${r.writeGapMs} ms; ${(r.durationMs / 1000).toFixed(1)} s`);
+    console.log(`${''.padEnd(17)} GET /readyz every 500 ms: ${Object.entries(r.readyz).map(([status, n]) => `${n} × ${status === '0' ? 'no answer' : status}`).join(', ')}`);
     const summary = summarizeViolations(r.verdict.violations);
     console.log(summary.length === 0 ? `${''.padEnd(17)} check: OK` : `${''.padEnd(17)} check: ${r.verdict.violations.length} violation(s)\n${summary.map((l) => `${''.padEnd(19)}${l}`).join('\n')}`);
   }

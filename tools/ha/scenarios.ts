@@ -34,6 +34,8 @@ export interface ScenarioResult {
   newPrimaryAt: number | null;
   /** The write gap: the longest time between two 200 answers to writes (either leader) over the run. */
   writeGapMs: number;
+  /** The proxy's GET /readyz, asked every 500 ms over the run: answers by status (0: none). */
+  readyz: Record<string, number>;
   durationMs: number;
 }
 
@@ -61,6 +63,7 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
   let crashAt: number | null = null;
   let newPrimaryAt: number | null = null;
   let fenceAtTakeover: bigint | null | undefined;
+  const readiness = probeReadiness(cluster.proxyUrl);
   try {
     load.startOldLeader();
     await until('the old leader to write', 30_000, () => load.acceptedSince(1, started) >= 5);
@@ -103,7 +106,7 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
     opts.log(`${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault; the fence there: ${fenceAtTakeover ?? 'not read'}`);
     await until(`${opts.writesAfterFault} writes of the new leader on the new primary`, opts.recoveryTimeoutMs, () => load.acceptedSince(2, newPrimaryAt!) >= opts.writesAfterFault);
   } finally {
-    await load.stop();
+    await Promise.all([load.stop(), readiness.stop()]);
     writeFileSync(join(cluster.dir, `${name}.history.jsonl`), load.records.map((r) => JSON.stringify(r)).join('\n') + '\n');
   }
   const next = await waitForPrimary(cluster, 30_000);
@@ -128,7 +131,34 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
     crashAt,
     newPrimaryAt,
     writeGapMs: longestSilence(load.records),
+    readyz: readiness.counts,
     durationMs: Date.now() - started,
+  };
+}
+
+/** Asks the proxy's GET /readyz every 500 ms until stopped, counting the answers by status. */
+function probeReadiness(proxyUrl: string): { counts: Record<string, number>; stop(): Promise<void> } {
+  const counts: Record<string, number> = {};
+  let stopped = false;
+  const loop = (async () => {
+    while (!stopped) {
+      const status = await fetch(`${proxyUrl}/readyz`, { signal: AbortSignal.timeout(5000) }).then(
+        async (r) => {
+          await r.arrayBuffer();
+          return r.status;
+        },
+        () => 0,
+      );
+      counts[status] = (counts[status] ?? 0) + 1;
+      await sleep(500);
+    }
+  })();
+  return {
+    counts,
+    stop: async () => {
+      stopped = true;
+      await loop;
+    },
   };
 }
 

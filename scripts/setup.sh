@@ -8,6 +8,8 @@
 #                 endpoint's clients (psql, pgbench, psycopg2) and PgBouncer
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
 #                 PgBouncer (the SQL endpoint's reference protocol proxy)
+#   with --ha     also the HA run's cluster (npm run ha, tools/ha): Patroni with its ZooKeeper
+#                 client (python3-kazoo), HAProxy, and Postgres 15's server binaries
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,19 @@ apt_install_unused_service() {
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$2" 2>/dev/null; then
     say "stopping the $2 service the package just started (unused)"
     $SUDO systemctl disable --now "$2" >/dev/null 2>&1 || true
+  fi
+}
+
+# Debian's Postgres server package creates and starts a cluster "main" on a fresh install; nothing
+# here uses it (each test, bench or HA run starts Postgres of its own), so drop one created just now.
+apt_install_postgres_server() {
+  had_clusters=$(ls /etc/postgresql 2>/dev/null || true)
+  apt_install "$1"
+  if [ -z "$had_clusters" ] && command -v pg_lsclusters >/dev/null; then
+    pg_lsclusters -h | while read -r version cluster _; do
+      say "dropping the cluster $version/$cluster the package just created (unused)"
+      $SUDO pg_dropcluster --stop "$version" "$cluster"
+    done
   fi
 }
 
@@ -69,7 +84,7 @@ if [ "${1:-}" = "--test" ]; then
   fi
   if ! pgbench --version >/dev/null 2>&1; then
     say "installing pgbench for the SQL endpoint's tests (apt-get install postgresql; see --bench)"
-    apt_install postgresql
+    apt_install_postgres_server postgresql
   fi
   if ! /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1; then
     say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"
@@ -93,18 +108,28 @@ if [ "${1:-}" = "--bench" ]; then
     apt_install wrk
   fi
   # Debian ships pgbench with the server (postgresql-NN), not postgresql-client: /usr/bin/pgbench is
-  # only a wrapper until a server package is installed. That package creates and starts a cluster
-  # "main" on a fresh install; the bench starts Postgres of its own, so drop one created just now.
+  # only a wrapper until a server package is installed.
   if ! pgbench --version >/dev/null 2>&1; then
     say "installing pgbench, the benchmark's Postgres load generator (apt-get install postgresql: Debian ships pgbench with the server)"
-    had_clusters=$(ls /etc/postgresql 2>/dev/null || true)
-    apt_install postgresql
-    if [ -z "$had_clusters" ] && command -v pg_lsclusters >/dev/null; then
-      pg_lsclusters -h | while read -r version cluster _; do
-        say "dropping the cluster $version/$cluster the package just created (unused)"
-        $SUDO pg_dropcluster --stop "$version" "$cluster"
-      done
-    fi
+    apt_install_postgres_server postgresql
   fi
   install_pgbouncer
+fi
+
+if [ "${1:-}" = "--ha" ]; then
+  # The HA run (tools/ha) starts three Patroni nodes of its own, each running Debian's Postgres 15
+  # from /usr/lib/postgresql/15/bin, on ZooKeeper (python3-kazoo), behind HAProxy.
+  if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+    say "installing Postgres 15's server binaries for the HA run (apt-get install postgresql-15)"
+    apt_install_postgres_server postgresql-15
+  fi
+  if ! command -v patroni >/dev/null || ! /usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1; then
+    say "installing Patroni and its ZooKeeper client for the HA run (apt-get install patroni python3-kazoo)"
+    apt_install_unused_service patroni patroni
+    apt_install python3-kazoo
+  fi
+  if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
+    say "installing HAProxy for the HA run (apt-get install haproxy)"
+    apt_install_unused_service haproxy haproxy
+  fi
 fi

@@ -68,7 +68,15 @@ export class HaCluster {
     for (const n of this.nodes.slice(1)) n.start();
     await this.waitHealthy({ sync: true, timeoutMs: 120_000 });
     this.haproxy = await HaProxy.start(this.dir, await freePort(), this.nodes.map((n) => n.spec));
-    await this.waitFor('HAProxy to reach the primary', 30_000, async () => (await this.queryVia(this.haproxy!.port, 'SELECT NOT pg_is_in_recovery() AS primary').catch(() => null))?.[0]?.primary === true);
+    // HAProxy takes every server for up until its checks say otherwise (2 s here): until then it
+    // sends connections round robin to standbys too. Six connections in a row on the primary: the
+    // standbys are marked down.
+    await this.waitFor('HAProxy to reach the primary only', 30_000, async () => {
+      for (let i = 0; i < 6; i++) {
+        if ((await this.queryVia(this.haproxy!.port, 'SELECT NOT pg_is_in_recovery() AS primary').catch(() => null))?.[0]?.primary !== true) return false;
+      }
+      return true;
+    });
     this.log(`HAProxy at 127.0.0.1:${this.haproxy.port}`);
     await this.startProxy();
     const ready = (await (await fetch(`${this.proxyUrl}/readyz`)).json()) as { durability?: { warnings?: string[] } };

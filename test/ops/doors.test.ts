@@ -86,6 +86,10 @@ describe('every door in /metrics', () => {
     expect(await code(zombie.query('INSERT INTO door_items VALUES (20)'))).toBe('FP409');
     expect(await code(zombie.query('INSERT INTO door_items VALUES (21)'))).toBe('FP409');
     await zombie.end();
+    // A malformed token on each of the two doors that read one from the writer: invalid, not an error.
+    const malformed = await sql.connect('door-malformed', { options: fenceOptions('5x', 'doors') });
+    expect(await code(malformed.query('INSERT INTO door_items VALUES (30)'))).toBe('FP400');
+    await malformed.end();
 
     // The SQL endpoint records its refusals after it answers.
     await expect.poll(async () => (await rejectionsByDoor(db)).get('sql') ?? 0).toBe(2);
@@ -97,7 +101,7 @@ describe('every door in /metrics', () => {
     expect(writes(m, { door: 'sql', operation: 'transaction', outcome: 'accepted' })).toBe(4);
     expect(writes(m, { door: 'sql', outcome: 'rejected' })).toBe(2);
     expect(writes(m, { door: 'sql', outcome: 'rolled_back' })).toBe(1);
-    expect(writes(m, { door: 'sql', outcome: 'invalid' })).toBe(2);
+    expect(writes(m, { door: 'sql', outcome: 'invalid' })).toBe(3); // two failed transactions, one malformed token
     expect(writes(m, { outcome: 'error' })).toBe(0);
     for (const door of DOORS) expect(m.get(`fencepost_rejections_unrecorded_total{door="${door}"}`), door).toBe(0);
     expect(m.get('fencepost_rejections_total{door="sql",reason="stale_token"}')).toBe(2);

@@ -254,6 +254,8 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
       expect(text).toContain('fencepost_fence_durability_refusing_writes 1');
       expect(text).toContain('fencepost_fence_durability_sync_standbys 0');
       expect(text).toContain('fencepost_writes_total{door="http",operation="put",outcome="error"} 1');
+      // Counted alike on the SQL endpoint: its three refused transactions.
+      expect(text).toContain('fencepost_writes_total{door="sql",operation="transaction",outcome="error"} 3');
 
       await repl.startStandby();
       await until('/readyz to be ready again', async () => ((await ready()).status === 200 ? true : undefined));

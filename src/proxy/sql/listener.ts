@@ -456,6 +456,7 @@ export class PgwireServer {
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onTransactionEnd: (end) => this.opts.metrics?.countWrite('sql', 'transaction', end),
+        onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
         durability: this.opts.durability ?? null,
         onClose: () => this.sessions.delete(pid),
       });

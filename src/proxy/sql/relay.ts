@@ -20,6 +20,8 @@ import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
+import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING } from '../../fence/codes.ts';
+import { LOCK_NOT_AVAILABLE, QUERY_CANCELED } from '../../fence/pg-errors.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
 
@@ -53,6 +55,8 @@ export interface RelayOptions {
   onStale: (refusal: StaleRefusal) => void;
   /** Each fenced transaction's end, once (metrics: fencepost_writes_total{door="sql"}). */
   onTransactionEnd?: (end: TransactionEnd) => void;
+  /** A transaction whose fence failed for a reason other than a stale token (FENCE_ERROR_OUTCOMES). */
+  onFenceError?: (outcome: 'error' | 'invalid') => void;
   onClose: () => void;
   /**
    * The backend went away in the middle of a transaction: why, if the session can tell (a newer
@@ -87,6 +91,19 @@ interface Pending extends Expect {
  * ignored.
  */
 const NOT_COPY_DATA = 'a message other than CopyData, CopyDone, CopyFail, Flush or Sync during COPY FROM STDIN';
+
+/**
+ * A fence statement's errors other than stale, as the HTTP door counts its answers: the fence could
+ * not be checked (the guard or the durability check refused, the fence row stayed locked, a
+ * timeout: `error`), or the session's fence settings are malformed (`invalid`).
+ */
+const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
+  [GUARD_UNAVAILABLE]: 'error',
+  [DURABILITY_UNSAFE]: 'error',
+  [LOCK_NOT_AVAILABLE]: 'error',
+  [QUERY_CANCELED]: 'error',
+  [INVALID_FENCE_SETTING]: 'invalid',
+};
 
 /** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
 const INTERNAL_ERROR = 'XX000';
@@ -621,10 +638,7 @@ export class Relay {
   /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
   private queryError(f: Frame, e: Pending): Buffer {
     const fields = parseErrorFields(f.body);
-    if (fields.get('C') === STALE_TOKEN && (e.plan?.[e.at ?? 0] ?? false)) {
-      const stale = staleDetail(fields.get('D'));
-      if (stale) this.opts.onStale(stale);
-    }
+    if (e.plan?.[e.at ?? 0] ?? false) this.onFenceError(fields);
     const position = Number(fields.get('P'));
     if (e.insertions === undefined || e.insertions.length === 0 || !Number.isInteger(position)) return f.bytes;
     // 1-based, in the text sent: back to the writer's text, minus the fence inserted before it.
@@ -692,15 +706,24 @@ export class Relay {
     if (head.injected) {
       const fields = parseErrorFields(f.body);
       if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();
-      if (head.fence && fields.get('C') === STALE_TOKEN) {
-        const stale = staleDetail(fields.get('D'));
-        if (stale) this.opts.onStale(stale);
-      }
+      if (head.fence) this.onFenceError(fields);
     }
     // Extended protocol: the backend skips everything up to the next Sync (no Query is sent inside
     // a group: planner.ts). Without one sent yet, it skips what comes until the writer's.
     while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.queue.shift()!);
     if (this.queue.length === 0) this.skipping = true;
+  }
+
+  /** The fence statement failed: a stale token is a rejection (onStale), some others are counted as the HTTP door counts them. */
+  private onFenceError(fields: Map<string, string>): void {
+    const code = fields.get('C') ?? '';
+    if (code === STALE_TOKEN) {
+      const stale = staleDetail(fields.get('D'));
+      if (stale) this.opts.onStale(stale);
+      return;
+    }
+    const outcome = FENCE_ERROR_OUTCOMES[code];
+    if (outcome !== undefined) this.opts.onFenceError?.(outcome);
   }
 
   /** A message the backend refused or skipped: what it would change, changes nothing; fence statements it would prepare are not. */

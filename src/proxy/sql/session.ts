@@ -45,6 +45,8 @@ export interface SessionOptions {
   durability?: { refusal(): unknown; onChange(listener: () => void): () => void } | null;
   /** Each fenced transaction's end, once (relay.ts TransactionEnd); absent: not counted. */
   onTransactionEnd?: (end: TransactionEnd) => void;
+  /** A fence that failed for another reason than a stale token (relay.ts FENCE_ERROR_OUTCOMES). */
+  onFenceError?: (outcome: 'error' | 'invalid') => void;
   onClose: () => void;
 }
 
@@ -90,7 +92,7 @@ export class PgwireSession {
         hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
       };
     };
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), onClose: () => {
+    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), ...(opts.onFenceError ? { onFenceError: opts.onFenceError } : {}), onClose: () => {
         unwatch();
         opts.onClose();
       }, lostReason, idleInTransactionMs: opts.idleInTransactionMs });

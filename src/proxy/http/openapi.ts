@@ -55,7 +55,7 @@ function hasKey(s: JsonSchema | undefined): boolean {
 }
 
 /** The registry codes a route can answer, in registry order. */
-export function routeErrors(schema: FastifySchema | undefined, access: RouteAccess, operation: string | undefined, method: string): ErrorCode[] {
+export function routeErrors(schema: FastifySchema | undefined, access: RouteAccess, operation: string | undefined, method: string, url = ''): ErrorCode[] {
   const s = (schema ?? {}) as Record<string, JsonSchema | undefined>;
   const codes = new Set<ErrorCode>(ANY_ROUTE);
   if (access !== 'open') codes.add('unauthorized');
@@ -66,6 +66,8 @@ export function routeErrors(schema: FastifySchema | undefined, access: RouteAcce
   for (const c of OPERATION_ERRORS[operation ?? ''] ?? []) codes.add(c);
   // Every write, while a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY, durability-gate.ts).
   if (operation !== undefined) codes.add('durability_unsafe');
+  // Readiness says so too, while writes are refused for it (routes/health.ts).
+  if (url === '/readyz') codes.add('durability_unsafe');
   if (method === 'GET' && s.params !== undefined) codes.add('not_found');
   return (Object.keys(ERRORS) as ErrorCode[]).filter((c) => codes.has(c));
 }
@@ -131,7 +133,7 @@ function documentRoute(auth: AuthConfig): SwaggerTransform {
     if (url.length > 1 && url.endsWith('/')) return { schema: { ...schema, hide: true }, url };
     const method = Array.isArray(route.method) ? String(route.method[0]) : String(route.method);
     const access = route.config?.access ?? (method === 'GET' ? 'read' : 'write');
-    const codes = routeErrors(schema, access, route.config?.operation, method);
+    const codes = routeErrors(schema, access, route.config?.operation, method, url);
     const s = { ...(schema ?? {}) } as Record<string, unknown>;
     let path = url;
     // The object key is a wildcard (it may hold `/`): name it.

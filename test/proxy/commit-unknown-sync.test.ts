@@ -5,11 +5,9 @@
 // `commit_unknown`, and once the standby resumes it is there: a `unavailable` ("safe to retry")
 // would have lied. A write that failed before its commit answers `unavailable` and is never there.
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
-import pg from 'pg';
-import { makeStandbySynchronous, stallStandby, drainSyncRep, startReplicatedPostgres, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../support/replication.ts';
-import { clientRoleFor, withDatabase, type TestDatabase } from '../support/db.ts';
+import { stallStandby, drainSyncRep, startSynchronousDatabase, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../support/replication.ts';
+import { clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, type SqlProxy } from '../support/sql.ts';
-import { migrate } from '../../src/fence/migrate.ts';
 
 let repl: ReplicatedPostgres;
 let db: TestDatabase;
@@ -17,23 +15,12 @@ let proxy: SqlProxy;
 let stalled: StalledStandby | null = null;
 
 beforeAll(async () => {
-  repl = await startReplicatedPostgres('fp_commit_unknown');
-  const admin = new pg.Client({ connectionString: repl.url });
-  await admin.connect();
-  await admin.query('CREATE DATABASE fp_cu_http');
-  await admin.end();
-  const url = withDatabase(repl.url, 'fp_cu_http');
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
-  pool.on('error', () => {});
-  await migrate(pool);
-  await pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
-  db = { url, pool, drop: async () => {} };
-  await makeStandbySynchronous(repl);
+  ({ repl, db } = await startSynchronousDatabase('fp_commit_unknown', 'fp_cu_http'));
   // Statements are cut server-side at 300 ms, and the pool stops waiting 5 s later: a commit
   // waiting for the standby is past any statement_timeout, so only that query timeout ends it.
   // A transaction's deadline is 3 s.
   proxy = await startSqlProxy(db, { FENCEPOST_STATEMENT_TIMEOUT_MS: '300', FENCEPOST_LOCK_TIMEOUT_MS: '100', FENCEPOST_TX_TIMEOUT_MS: '3000', FENCEPOST_RAISE_WAIT_MS: '0' });
-  await pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(url)}`);
+  await db.pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(db.url)}`);
 }, 120_000);
 
 /** Resumes the standby and waits until no commit waits for it. */

@@ -7,6 +7,8 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { migrate } from '../../src/fence/migrate.ts';
+import { withDatabase, type TestDatabase } from './db.ts';
 
 export interface ReplicatedPostgres {
   /** The primary's admin URL (superuser). */
@@ -170,6 +172,26 @@ export async function stallStandby(repl: Pick<ReplicatedPostgres, 'standbyUrl'>)
       process.kill(pid, 'SIGCONT');
     },
   };
+}
+
+/**
+ * A primary with a synchronous standby (`makeStandbySynchronous`) and a migrated database
+ * `database` on it, with a table `public.items (id int PRIMARY KEY, v text)` for the writers'
+ * rows; its pool is the owner's. Stopped with the pair (`repl.stop()`).
+ */
+export async function startSynchronousDatabase(standbyName: string, database: string): Promise<{ repl: ReplicatedPostgres; db: TestDatabase }> {
+  const repl = await startReplicatedPostgres(standbyName);
+  const admin = new pg.Client({ connectionString: repl.url });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${pg.escapeIdentifier(database)}`);
+  await admin.end();
+  const url = withDatabase(repl.url, database);
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  pool.on('error', () => {});
+  await migrate(pool);
+  await pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
+  await makeStandbySynchronous(repl);
+  return { repl, db: { url, pool, drop: async () => {} } };
 }
 
 /** Waits until no commit on the primary waits for the synchronous standby (after it resumed). */

@@ -11,11 +11,9 @@
 // standby again, with SIGTERM ignored, until the standby resumes.)
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
 import { spawn } from 'node:child_process';
-import pg from 'pg';
-import { makeStandbySynchronous, stallStandby, drainSyncRep, startReplicatedPostgres, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
-import { clientRoleFor, withDatabase, type TestDatabase } from '../../support/db.ts';
+import { stallStandby, drainSyncRep, startSynchronousDatabase, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
+import { clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
-import { migrate } from '../../../src/fence/migrate.ts';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
 
 const PYTHON = '/usr/bin/python3';
@@ -27,24 +25,14 @@ let stalled: StalledStandby | null = null;
 let net: TcpProxy;
 
 beforeAll(async () => {
-  repl = await startReplicatedPostgres('fp_sql_commit_unknown');
-  const admin = new pg.Client({ connectionString: repl.url });
-  await admin.connect();
-  await admin.query('CREATE DATABASE fp_cu_sql');
-  await admin.end();
-  const url = withDatabase(repl.url, 'fp_cu_sql');
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
-  pool.on('error', () => {});
-  await migrate(pool);
-  await pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
-  await makeStandbySynchronous(repl);
+  ({ repl, db } = await startSynchronousDatabase('fp_sql_commit_unknown', 'fp_cu_sql'));
+  const url = db.url;
   const target = new URL(url);
   net = await TcpProxy.start({ targetHost: target.hostname, targetPort: Number(target.port) });
   const via = new URL(url);
   via.port = String(net.port);
-  db = { url, pool, drop: async () => {} };
   sql = await startSqlProxy({ ...db, url: via.toString() });
-  await pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(url)}`);
+  await db.pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(url)}`);
 }, 120_000);
 
 /** Resumes the standby and waits until no commit waits for it. */

@@ -3,7 +3,7 @@
 // connect (one line, no password); 2: usage.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
-import { startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
+import { setSynchronousStandbyNames, startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
 import { run } from '../support/cli.ts';
 
 describe('fencepost doctor --database-url', () => {
@@ -18,17 +18,6 @@ describe('fencepost doctor --database-url', () => {
     await admin?.end();
     await repl?.stop();
   });
-
-  async function syncNames(names: string, state: string): Promise<void> {
-    await admin.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(names)}`);
-    await admin.query('SELECT pg_reload_conf()');
-    for (let i = 0; ; i++) {
-      const { rows } = await admin.query<{ sync_state: string }>('SELECT sync_state FROM pg_stat_replication WHERE application_name = $1', [repl.standbyName]);
-      if (rows[0]?.sync_state === state) return;
-      if (i > 100) throw new Error(`sync_state stayed ${rows[0]?.sync_state}, expected ${state}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
 
   test('an asynchronous standby: prints the warning with its reason and exits 3, ZooKeeper not needed', () => {
     const r = run(['doctor', '--database-url', repl.url]);
@@ -49,7 +38,7 @@ describe('fencepost doctor --database-url', () => {
   });
 
   test('a synchronous standby streaming: no warnings, exit 0; stopped: no synchronous standby streaming, exit 3', async () => {
-    await syncNames(repl.standbyName, 'sync');
+    await setSynchronousStandbyNames(repl, repl.standbyName, 'sync');
     try {
       const ok = run(['doctor', '--database-url', repl.url]);
       expect(ok.status, ok.stderr).toBe(0);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, withDatabase, type TestDatabase } from '../support/db.ts';
 import { testApp } from '../support/proxy.ts';
-import { startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
+import { setSynchronousStandbyNames, startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
 import pino from 'pino';
 import { Writable } from 'node:stream';
 import { createPool, startProxy } from '../../src/proxy/server.ts';
@@ -128,18 +128,6 @@ describe('with a real streaming standby', () => {
     await repl?.stop();
   });
 
-  /** Sets synchronous_standby_names and waits until the standby's sync_state is `state`. */
-  async function syncNames(names: string, state: string): Promise<void> {
-    await admin.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(names)}`);
-    await admin.query('SELECT pg_reload_conf()');
-    for (let i = 0; ; i++) {
-      const { rows } = await admin.query<{ sync_state: string }>('SELECT sync_state FROM pg_stat_replication WHERE application_name = $1', [repl.standbyName]);
-      if (rows[0]?.sync_state === state) return;
-      if (i > 100) throw new Error(`sync_state stayed ${rows[0]?.sync_state}, expected ${state}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
-
   test('an asynchronous standby (synchronous_standby_names empty) is warned about by name', async () => {
     const report = await checkDurability(pool);
     expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
@@ -171,14 +159,14 @@ describe('with a real streaming standby', () => {
   });
 
   test('a standby that synchronous_standby_names covers (sync_state sync) is not warned about', async () => {
-    await syncNames(repl.standbyName, 'sync');
+    await setSynchronousStandbyNames(repl, repl.standbyName, 'sync');
     const report = await checkDurability(pool);
     expect(report).toEqual({ warnings: [], reasons: [], standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }], synchronousCommit: 'on', synchronousStandbyNames: 'fp_standby', waitingOnStandby: 0 });
   });
 
   test('a standby that synchronous_standby_names leaves out is warned about as asynchronous, and commits would hang', async () => {
     // Reads only: with no standby named here connected, commits would wait; this test commits nothing.
-    await syncNames('some_other_standby', 'async');
+    await setSynchronousStandbyNames(repl, 'some_other_standby', 'async');
     const report = await checkDurability(pool);
     expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
     expect(report.reasons).toEqual(['async_standby', 'no_sync_standby_streaming']);
@@ -187,7 +175,7 @@ describe('with a real streaming standby', () => {
   });
 
   test('synchronous_standby_names asking for more synchronous standbys than stream: writes would hang', async () => {
-    await syncNames(`FIRST 2 (${repl.standbyName}, other)`, 'sync');
+    await setSynchronousStandbyNames(repl, `FIRST 2 (${repl.standbyName}, other)`, 'sync');
     const report = await checkDurability(pool);
     expect(report.reasons).toEqual(['no_sync_standby_streaming']);
     expect(report.warnings[0]).toContain('only 1 of the 2 synchronous standbys it asks for is streaming');

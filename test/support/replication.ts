@@ -117,15 +117,20 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
  * `sync`.
  */
 export async function makeStandbySynchronous(repl: ReplicatedPostgres): Promise<void> {
+  await setSynchronousStandbyNames(repl, `"${repl.standbyName}"`, 'sync');
+}
+
+/** Sets synchronous_standby_names on the primary and waits until the standby's sync_state is `state`. */
+export async function setSynchronousStandbyNames(repl: ReplicatedPostgres, names: string, state: string): Promise<void> {
   const client = new pg.Client({ connectionString: repl.url });
   await client.connect();
   try {
-    await client.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(`"${repl.standbyName}"`)}`);
+    await client.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(names)}`);
     await client.query('SELECT pg_reload_conf()');
     for (let i = 0; ; i++) {
-      const { rows } = await client.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND sync_state = 'sync'`, [repl.standbyName]);
-      if (rows.length > 0) return;
-      if (i > 300) throw new Error('the standby did not become synchronous');
+      const { rows } = await client.query<{ sync_state: string }>('SELECT sync_state FROM pg_stat_replication WHERE application_name = $1', [repl.standbyName]);
+      if (rows[0]?.sync_state === state) return;
+      if (i > 300) throw new Error(`the standby's sync_state stayed ${rows[0]?.sync_state}, expected ${state}`);
       await new Promise((r) => setTimeout(r, 100));
     }
   } finally {

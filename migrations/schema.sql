@@ -197,7 +197,7 @@ CREATE OR REPLACE FUNCTION fencepost.discard_temp()
 AS $function$
 BEGIN
   IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
-             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.fencepost_no_prepare'), 0))) THEN
+             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.fencepost_no_prepare_seq'), 0))) THEN
     DISCARD TEMP;
   END IF;
 END $function$;
@@ -210,23 +210,13 @@ CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-  v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
-  v_raw    text;
-  v_key    text;
+  v_raw    text := pg_catalog.current_setting('fencepost.token', true);
+  v_key    text := pg_catalog.current_setting('fencepost.fence_key', true);
+  v_secret text;
   v_prefix text;
   v_inside boolean;
+  v_mark   text;
 BEGIN
-  IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_key_prefixes, 'NULL') || '|' || coalesce(writer_id, 'NULL') || '|' || coalesce(guard, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
-    RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  -- Every transaction of a session, with a token or not, opens the temporary table: no PREPARE TRANSACTION.
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE fencepost_no_prepare ();
-  END IF;
-  PERFORM FROM pg_temp.fencepost_no_prepare;
-  v_raw := current_setting('fencepost.token', true);
-  v_key := current_setting('fencepost.fence_key', true);
   IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN
     v_inside := fence_key_prefixes IS NULL;
     IF NOT v_inside THEN
@@ -238,14 +228,49 @@ BEGIN
       END LOOP;
     END IF;
     IF v_inside THEN
-      PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = v_raw::bigint FOR SHARE OF f;
+      -- The share step reads the secret too; a caller other than the proxy fails right after it,
+      -- which rolls back its lock and count with its (sub)transaction.
+      INSERT INTO fencepost.pending_counts (fence_key)
+    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = v_raw::bigint FOR SHARE OF f
+    RETURNING (SELECT c.secret FROM fencepost.fence_capability c) INTO v_secret;
   IF FOUND THEN
-    INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
-    PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
+    IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_key_prefixes, 'NULL') || '|' || coalesce(writer_id, 'NULL') || '|' || coalesce(guard, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
+    RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+    DECLARE
+      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+    BEGIN
+      IF v_no_prepare IS NULL THEN
+        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+      END IF;
+      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
+        NULL;
+      END IF;
+    END;
+    v_mark := pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
     RETURN true;
   END IF;
     END IF;
   END IF;
+  v_secret := (SELECT c.secret FROM fencepost.fence_capability c);
+  IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_key_prefixes, 'NULL') || '|' || coalesce(writer_id, 'NULL') || '|' || coalesce(guard, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
+    RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- Every transaction of a session, with a token or not, reads the temporary sequence: no PREPARE TRANSACTION.
+  DECLARE
+      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+    BEGIN
+      IF v_no_prepare IS NULL THEN
+        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+      END IF;
+      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
+        NULL;
+      END IF;
+    END;
   IF guard IS NOT NULL THEN
     PERFORM fencepost.session_guard_check(guard::jsonb);
   END IF;
@@ -319,6 +344,7 @@ AS $function$
 DECLARE
   v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
   v_key    text;
+  v_mark   text;
 BEGIN
   IF transaction_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_keys_hex, 'NULL') || '|' || coalesce(tokens, 'NULL') || '|' || coalesce(writer_id_hex, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
@@ -328,21 +354,40 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
-  -- Every fenced transaction opens the temporary table: no PREPARE TRANSACTION.
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencepost_no_prepare') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE fencepost_no_prepare ();
-  END IF;
-  PERFORM FROM pg_temp.fencepost_no_prepare;
   IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
     v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
-    PERFORM FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
+    INSERT INTO fencepost.pending_counts (fence_key)
+    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
   IF FOUND THEN
-    INSERT INTO fencepost.pending_counts (fence_key) VALUES (v_key);
-    PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
+    
+    DECLARE
+      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+    BEGIN
+      IF v_no_prepare IS NULL THEN
+        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+      END IF;
+      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
+        NULL;
+      END IF;
+    END;
+    v_mark := pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
     RETURN QUERY SELECT 0, tokens::bigint, txid_current();
     RETURN;
   END IF;
   END IF;
+  -- Every fenced transaction reads the temporary sequence: no PREPARE TRANSACTION.
+  DECLARE
+      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+    BEGIN
+      IF v_no_prepare IS NULL THEN
+        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+      END IF;
+      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
+        NULL;
+      END IF;
+    END;
   RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
     ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),
     string_to_array(tokens, ',')::bigint[],

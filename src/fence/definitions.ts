@@ -12,10 +12,10 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { FENCED_TRANSACTION_ENDED, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql, unverifiedDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE, NO_PREPARE_TABLE, refuseUnlessProxy, transactionMark } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, leaderFastPath, shareFences, markFenced, MARK_SETTING, NO_PREPARE, NO_PREPARE_SEQUENCE, refuseUnlessProxy, transactionMark } from './rule.ts';
 import { RESET_SESSION_HEAD } from './session-reset.ts';
 
-export const DEFINITIONS_VERSION = 5;
+export const DEFINITIONS_VERSION = 6;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -138,18 +138,19 @@ ${PROXY_FUNCTION} AS $$
 DECLARE
   v_secret text := ${CAPABILITY_SECRET_SQL};
   v_key    text;
+  v_mark   text;
 BEGIN
   ${refuseUnlessProxy('fence_transaction_bound', 'transaction_capability', boundCapabilitySql('v_secret', ['fence_keys_hex', 'tokens', 'writer_id_hex']))}
   IF NOT starts_with(current_query(), ${pg.escapeLiteral(RESET_SESSION_HEAD)}) THEN
     RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
-  -- Every fenced transaction opens the temporary table: no PREPARE TRANSACTION.
-  ${NO_PREPARE}
   IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
     v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
-    ${leaderFastPath('v_secret', 'v_key', 'tokens::bigint', 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;')}
+    ${leaderFastPath({ secret: 'v_secret', fenceKey: 'v_key', token: 'tokens::bigint', onHeld: 'RETURN QUERY SELECT 0, tokens::bigint, txid_current();\n    RETURN;' })}
   END IF;
+  -- Every fenced transaction reads the temporary sequence: no PREPARE TRANSACTION.
+  ${NO_PREPARE}
   RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
     ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),
     string_to_array(tokens, ',')::bigint[],
@@ -177,7 +178,7 @@ END $$`,
   },
   {
     // The session reset's DISCARD TEMP (session-reset.ts), done only when the session has temporary
-    // objects besides the fence's own table (rule.ts NO_PREPARE_TABLE), which would otherwise be
+    // objects besides the fence's own sequence (rule.ts NO_PREPARE_SEQUENCE), which would otherwise be
     // dropped and made again by every transaction (a catalog write each).
     name: 'fencepost.discard_temp()',
     revoke: true,
@@ -187,7 +188,7 @@ CREATE OR REPLACE FUNCTION fencepost.discard_temp() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
-             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.${NO_PREPARE_TABLE}'), 0))) THEN
+             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}'), 0))) THEN
     DISCARD TEMP;
   END IF;
 END $$`,
@@ -299,17 +300,13 @@ CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text
 RETURNS boolean
 ${PROXY_FUNCTION} AS $$
 DECLARE
-  v_secret text := ${CAPABILITY_SECRET_SQL};
-  v_raw    text;
-  v_key    text;
+  v_raw    text := pg_catalog.current_setting('fencepost.token', true);
+  v_key    text := pg_catalog.current_setting('fencepost.fence_key', true);
+  v_secret text;
   v_prefix text;
   v_inside boolean;
+  v_mark   text;
 BEGIN
-  ${refuseUnlessProxy('fence_session_bound', 'session_capability', boundCapabilitySql('v_secret', ['fence_key_prefixes', 'writer_id', 'guard']))}
-  -- Every transaction of a session, with a token or not, opens the temporary table: no PREPARE TRANSACTION.
-  ${NO_PREPARE}
-  v_raw := current_setting('fencepost.token', true);
-  v_key := current_setting('fencepost.fence_key', true);
   IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN
     v_inside := fence_key_prefixes IS NULL;
     IF NOT v_inside THEN
@@ -321,9 +318,15 @@ BEGIN
       END LOOP;
     END IF;
     IF v_inside THEN
-      ${leaderFastPath('v_secret', 'v_key', 'v_raw::bigint', 'RETURN true;')}
+      -- The share step reads the secret too; a caller other than the proxy fails right after it,
+      -- which rolls back its lock and count with its (sub)transaction.
+      ${leaderFastPath({ secret: 'v_secret', fenceKey: 'v_key', token: 'v_raw::bigint', secretInto: 'v_secret', onShared: refuseUnlessProxy('fence_session_bound', 'session_capability', boundCapabilitySql('v_secret', ['fence_key_prefixes', 'writer_id', 'guard'])), onHeld: 'RETURN true;' })}
     END IF;
   END IF;
+  v_secret := ${CAPABILITY_SECRET_SQL};
+  ${refuseUnlessProxy('fence_session_bound', 'session_capability', boundCapabilitySql('v_secret', ['fence_key_prefixes', 'writer_id', 'guard']))}
+  -- Every transaction of a session, with a token or not, reads the temporary sequence: no PREPARE TRANSACTION.
+  ${NO_PREPARE}
   IF guard IS NOT NULL THEN
     PERFORM fencepost.session_guard_check(guard::jsonb);
   END IF;

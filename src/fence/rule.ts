@@ -21,7 +21,7 @@
 // that fence key, a hash of the capability secret, the transaction id and the key. Anyone may set
 // the setting; nobody without the secret can compute a mark, and a mark is good for its own
 // transaction only. A protected table's trigger (refuse_unfenced_write) checks for the mark of its
-// fence key. The same step opens a temporary table of the session's, so PREPARE TRANSACTION fails
+// fence key. The same step reads a temporary sequence of the session's, so PREPARE TRANSACTION fails
 // in every fenced transaction ("operated on temporary objects"): a prepared transaction would hold
 // its fence across restarts, and commit whenever someone says so.
 //
@@ -80,16 +80,22 @@ fence AS (
 }
 
 /**
- * plpgsql: the leader's case, one fence at exactly `token`: the share step alone, then its count
- * (one pending_counts row, committed with the transaction), the mark and `onHeld`. Anything else
- * (a raise, a new fence, a stale token) falls through to the full rule.
+ * plpgsql: the leader's case, one fence at exactly `token`, in one statement: the share step alone
+ * with its count (one pending_counts row, committed with the transaction); then, if it passed,
+ * `onShared` (the caller's checks), NO_PREPARE, the mark and `onHeld`. `secretInto` receives the
+ * capability secret from the same statement (when the caller has not read it yet). Anything else
+ * (a raise, a new fence, a stale token) falls through to the full rule. The function declares
+ * `v_mark text` (markFenced).
  */
-export function leaderFastPath(secret: string, fenceKey: string, token: string, onHeld: string): string {
-  return `PERFORM FROM fencepost.fences f WHERE f.fence_key = ${fenceKey} AND f.highest_token = ${token} FOR SHARE OF f;
+export function leaderFastPath(o: { secret: string; fenceKey: string; token: string; secretInto?: string; onShared?: string; onHeld: string }): string {
+  const returning = o.secretInto === undefined ? '' : `\n    RETURNING ${CAPABILITY_SECRET_SQL} INTO ${o.secretInto}`;
+  return `INSERT INTO fencepost.pending_counts (fence_key)
+    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = ${o.fenceKey} AND f.highest_token = ${o.token} FOR SHARE OF f${returning};
   IF FOUND THEN
-    INSERT INTO fencepost.pending_counts (fence_key) VALUES (${fenceKey});
-    ${markFenced(secret, fenceKey)}
-    ${onHeld}
+    ${o.onShared ?? ''}
+    ${NO_PREPARE}
+    ${markFenced(o.secret, o.fenceKey, 'v_mark')}
+    ${o.onHeld}
   END IF;`;
 }
 
@@ -101,29 +107,40 @@ export function transactionMark(secret: string, fenceKey: string): string {
 /** The setting that holds a transaction's marks (transaction-local). */
 export const MARK_SETTING = 'fencepost.fenced';
 
-/** The session's temporary table every fenced transaction opens (no PREPARE TRANSACTION). */
-export const NO_PREPARE_TABLE = 'fencepost_no_prepare';
+/** The session's temporary sequence every fenced transaction reads (no PREPARE TRANSACTION). */
+export const NO_PREPARE_SEQUENCE = 'fencepost_no_prepare_seq';
 
 /**
  * plpgsql, in a SECURITY DEFINER function: this transaction passed the fence `fenceKey` (holding
  * it until it ends). Marks it for protected tables. (The door's entry function has ruled out
- * PREPARE TRANSACTION already: NO_PREPARE, once per transaction.)
+ * PREPARE TRANSACTION already: NO_PREPARE, once per transaction.) With `into`, an assignment to
+ * that text variable: an expression plpgsql evaluates itself, without a statement of SPI's.
  */
-export function markFenced(secret: string, fenceKey: string): string {
-  return `PERFORM pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true);`;
+export function markFenced(secret: string, fenceKey: string, into?: string): string {
+  const set = `pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true)`;
+  return into === undefined ? `PERFORM ${set};` : `${into} := ${set};`;
 }
 
 /**
- * plpgsql, in a SECURITY DEFINER function of a read-write transaction: opens the session's
- * temporary table (made once per backend), so PREPARE TRANSACTION fails in this transaction. Only a
- * plain table of this function's owner is opened: a writer's own temporary view or table of that
- * name (with a policy, say) would run its functions as the owner here. CREATE fails while a
- * writer's object holds the name.
+ * plpgsql, in a SECURITY DEFINER function of a read-write transaction: reads the session's
+ * temporary sequence (made once per backend), so PREPARE TRANSACTION fails in this transaction
+ * ("operated on temporary objects"). Expressions only, no SQL statement: the name is looked up in
+ * the session's temporary schema and read with pg_sequence_last_value, which opens nothing but a
+ * sequence. A writer's own object of that name (a view or a table with a policy, whose code would
+ * run as this function's owner if it were queried) fails it unread (42809), and so does a writer's
+ * sequence the owner may not read (42501); a sequence runs no code of anyone's.
  */
-export const NO_PREPARE = `IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.${NO_PREPARE_TABLE}') AND c.relkind = 'r' AND c.relowner = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
-    CREATE TEMPORARY TABLE ${NO_PREPARE_TABLE} ();
-  END IF;
-  PERFORM FROM pg_temp.${NO_PREPARE_TABLE};`;
+export const NO_PREPARE = `DECLARE
+      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
+    BEGIN
+      IF v_no_prepare IS NULL THEN
+        CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};
+        v_no_prepare := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
+      END IF;
+      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
+        NULL;
+      END IF;
+    END;`;
 
 /** plpgsql: refuse a caller whose `presented` capability is not `expected` (an SQL expression). */
 export function refuseUnlessProxy(fn: string, presented: string, expected: string): string {

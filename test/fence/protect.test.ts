@@ -133,7 +133,7 @@ describe('a protected table', () => {
     await c.end();
   });
 
-  test('a writer\'s temporary object in place of the fence\'s own table fails the fence; it is never opened as the fence\'s owner', async ({ db, sql }) => {
+  test('a writer\'s temporary object in place of the fence\'s own sequence fails the fence; it is never queried as the fence\'s owner', async ({ db, sql }) => {
     void sql;
     await setup(db);
     // Through the proxy the fence comes first in every read-write transaction; straight to Postgres
@@ -141,12 +141,29 @@ describe('a protected table', () => {
     const c = await clientLogin(db);
     const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
     const secret = (await db.pool.query<{ secret: string }>('SELECT secret FROM fencepost.fence_capability')).rows[0]!.secret;
-    await c.query(`SET fencepost.fence_key = '${FENCE}'; SET fencepost.token = '6'; BEGIN`);
-    // A view of that name would run its functions as the fence's owner when opened.
-    await c.query('CREATE TEMPORARY VIEW fencepost_no_prepare AS SELECT current_user AS who');
-    const fence = c.query('SELECT fencepost.fence_session_bound($1, NULL, $2, NULL)', [sessionCapability(secret, pid, null, 'w', null), 'w']);
-    expect(await code(fence)).toBe('42P07');
+    // Each would run pg_temp.who() as the fence's owner if it were queried: a view, a table with a
+    // policy. A sequence of the writer's runs no code: read or refused, PREPARE stays refused.
+    await c.query(`CREATE FUNCTION pg_temp.who() RETURNS text LANGUAGE sql AS $$ SELECT set_config('fp.test.ran_as', current_user, false) $$`);
+    await c.query(`SET fencepost.fence_key = '${FENCE}'; SET fencepost.token = '6'`);
+    const fence = () => c.query('SELECT fencepost.fence_session_bound($1, NULL, $2, NULL)', [sessionCapability(secret, pid, null, 'w', null), 'w']);
+    const squatters: [string, string][] = [
+      ['CREATE TEMPORARY VIEW fencepost_no_prepare_seq AS SELECT pg_temp.who() AS who', '42809'],
+      [`CREATE TEMPORARY TABLE fencepost_no_prepare_seq (who text); ALTER TABLE fencepost_no_prepare_seq ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY p ON fencepost_no_prepare_seq USING (pg_temp.who() IS NOT NULL); GRANT ALL ON fencepost_no_prepare_seq TO PUBLIC`, '42809'],
+    ];
+    for (const [squat, expected] of squatters) {
+      await c.query('BEGIN');
+      await c.query(squat);
+      expect(await code(fence())).toBe(expected);
+      await c.query('ROLLBACK');
+    }
+    await c.query('BEGIN; CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq');
+    const read = await code(fence());
+    expect(['ok', '42501']).toContain(read); // the owner reads it if it may (a superuser may)
+    if (read === 'ok') expect(await code(c.query(`PREPARE TRANSACTION 'fp-squat'`))).toBe('0A000');
     await c.query('ROLLBACK');
+    expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts')).rowCount).toBe(0);
+    expect((await c.query(`SELECT current_setting('fp.test.ran_as', true) AS who`)).rows[0]!.who ?? '').toBe('');
     await c.end();
   });
 

@@ -39,9 +39,10 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // could lose a fence raise; src/fence/durability-monitor.ts), in its place after the SET LOCAL: a
 // session with a token (one that writes) fails its transaction, which applies nothing; one without
 // gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
-// own settings as they are in this transaction. Like the fence, it touches a temporary table, so
-// PREPARE TRANSACTION fails: a table of the session's role, under a name of its own (the fence's
-// must be owned by the fence functions' owner, rule.ts NO_PREPARE), made once per backend.
+// own settings as they are in this transaction. Like the fence, it touches a temporary object, so
+// PREPARE TRANSACTION fails: a table of the session's role, under a name of its own (it runs as the
+// session's role, so a writer's object of that name can do nothing the writer could not; the
+// fence's reads a sequence, rule.ts NO_PREPARE), made once per backend.
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
   IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'

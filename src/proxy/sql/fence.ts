@@ -156,6 +156,19 @@ export const staleDetail = parseStaleDetail;
  * first. A wrong guess costs an error (25001), never an unfenced write: an unfenced transaction
  * is read-only.
  */
+const BEGIN_MODE = '(?:ISOLATION\\s+LEVEL\\s+(?:SERIALIZABLE|REPEATABLE\\s+READ|READ\\s+COMMITTED|READ\\s+UNCOMMITTED)|READ\\s+WRITE|READ\\s+ONLY|(?:NOT\\s+)?DEFERRABLE)';
+const DEFERRABLE_BEGIN = new RegExp(`^\\s*(?:(BEGIN)(?:\\s+(?:WORK|TRANSACTION))?|(START)\\s+TRANSACTION)(?:\\s+${BEGIN_MODE}(?:\\s*,?\\s*${BEGIN_MODE})*)?\\s*;?\\s*$`, 'i');
+
+/**
+ * A lone BEGIN or START TRANSACTION, with transaction modes at most (no comment, nothing else) —
+ * one the proxy may answer itself and send later (planner.ts): its CommandComplete tag, else null.
+ */
+export function deferrableBegin(sql: string): string | null {
+  const m = DEFERRABLE_BEGIN.exec(sql);
+  if (m === null) return null;
+  return m[2] !== undefined ? 'START TRANSACTION' : 'BEGIN';
+}
+
 export function startsTransactionBlock(sql: string): boolean {
   const m = /^(?:\s|--[^\n]*\n|\/\*[^]*?\*\/)*(begin|start)\b/i.exec(sql);
   return m !== null;

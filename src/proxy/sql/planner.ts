@@ -7,7 +7,11 @@
 // first message of an extended-protocol group up to Sync), the proxy sends the fence first
 // (fence.ts: Bind/Execute of two prepared statements, no Sync), so the fence and the writer's
 // statements are one backend transaction. A lone `BEGIN …` goes first and the fence right after it
-// (in the same round trip), so an isolation level still applies. Inside a transaction ('T')
+// (in the same round trip), so an isolation level still applies. A lone plain `BEGIN` Query at
+// idle (fence.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
+// front of the writer's next message: one round trip to the database fewer per transaction, and a
+// writer paused after its BEGIN holds nothing. (The transaction's start, now(), is then its first
+// statement's.) Inside a transaction ('T')
 // nothing is injected: it was fenced when it began. In a failed one ('E') neither: the writer's
 // ROLLBACK must go through. A FunctionCall is refused: it runs a function outside any statement.
 //
@@ -38,8 +42,8 @@
 //   group's implicit transaction mid-pipeline, and no client library sends one.
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
-import { encode, errorResponse, readyForQuery, type ClientMessage } from './framing.ts';
-import { fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, refusalInPlaceOfFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
+import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
+import { deferrableBegin, fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, refusalInPlaceOfFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
 /** The message a response answers. */
@@ -86,6 +90,8 @@ export interface KindChange {
   of: 'statement' | 'portal';
   name: string;
   kind: StatementKind | null;
+  /** statement: a BEGIN the proxy may answer itself (fence.ts deferrableBegin), its tag. */
+  beginTag?: string;
 }
 
 /** Messages of the proxy's own. */
@@ -103,7 +109,9 @@ export type Injection =
   /** The writer's Query text with the fence written into it. */
   | 'fencedQuery'
   /** An empty Query standing in for a refused one behind responses still owed. */
-  | 'standIn';
+  | 'standIn'
+  /** The writer's BEGIN the proxy answered, sent in front of the next message. */
+  | 'heldBegin';
 
 export type Step =
   /** The writer's message, as it came. */
@@ -111,6 +119,8 @@ export type Step =
   | { do: 'send'; what: Injection; bytes: Buffer; expect: Expect[]; text?: string }
   /** The proxy answers the writer itself. */
   | { do: 'reply'; bytes: Buffer[] }
+  /** The proxy answers the writer's BEGIN itself (the session is in a block now) and holds it for the next message. */
+  | { do: 'holdBegin'; bytes: Buffer[] }
   /** The writer said goodbye. */
   | { do: 'terminate' }
   /** The writer broke the protocol. */
@@ -153,6 +163,8 @@ const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ kind, injecte
 export class Planner {
   /** The fence statements are prepared on the backend connection. */
   private prepared = false;
+  /** The writer's BEGIN, answered by the proxy and not sent yet: it goes, with the fence, in front of the next message. */
+  private heldBegin: { text: string } | { bytes: Buffer } | null = null;
   /** An extended group is open (up to its Sync). */
   private groupOpen = false;
   /** Extended group: fence right after the next Execute (it runs a BEGIN or … AND CHAIN). */
@@ -169,6 +181,8 @@ export class Planner {
   private groupMayCommit = false;
   /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one), as the backend confirmed it. */
   private readonly statementKinds = new Map<string, StatementKind>();
+  /** Prepared statements of the writer's that are a BEGIN the proxy may answer itself: their CommandComplete tag. */
+  private readonly beginTags = new Map<string, string>();
   /** The kind of each portal's statement (by portal name), as the backend confirmed it. */
   private readonly portalKinds = new Map<string, StatementKind>();
   /** Changes of the writer's Parse, Bind and Close sent but not confirmed yet, in order: a refused message changes nothing. */
@@ -194,6 +208,7 @@ export class Planner {
   /** The writer's prepared statements may be gone or replaced (DEALLOCATE, DISCARD ALL): their kinds are unknown from now on. */
   writerStatementsDropped(): void {
     this.statementKinds.clear();
+    this.beginTags.clear();
     this.portalKinds.clear();
     this.pending.length = 0;
   }
@@ -203,6 +218,10 @@ export class Planner {
     const i = this.pending.indexOf(change);
     if (i < 0) return; // dropped since (an error, a DEALLOCATE): stay unknown
     this.pending.splice(i, 1);
+    if (change.of === 'statement') {
+      if (change.beginTag !== undefined) this.beginTags.set(change.name, change.beginTag);
+      else this.beginTags.delete(change.name);
+    }
     const kinds = change.of === 'statement' ? this.statementKinds : this.portalKinds;
     if (change.kind === null) kinds.delete(change.name);
     else kinds.set(change.name, change.kind);
@@ -224,15 +243,47 @@ export class Planner {
   }
 
   /** A change the writer's message makes once confirmed. */
-  private change(of: KindChange['of'], name: string, kind: StatementKind | null): KindChange {
-    const c = { of, name, kind };
+  private change(of: KindChange['of'], name: string, kind: StatementKind | null, beginTag?: string): KindChange {
+    const c: KindChange = beginTag === undefined ? { of, name, kind } : { of, name, kind, beginTag };
     this.pending.push(c);
     return c;
+  }
+
+  private forgetStatement(name: string): void {
+    this.statementKinds.delete(name);
+    this.beginTags.delete(name);
+  }
+
+  /**
+   * At idle with nothing owed, the writer's next group (`next`, as many messages as have come) is
+   * a lone BEGIN of a prepared statement, Bind/[Describe]/Execute/Sync on the unnamed portal: the
+   * proxy answers it itself and holds Bind and Execute (`frames`, their bytes) for the next
+   * message, as it holds a BEGIN Query. Returns how many messages it took and the answer, or null.
+   */
+  holdExtendedBegin(next: readonly ClientMessage[], frames: readonly Buffer[], ctx: PlanContext): { taken: number; reply: Buffer[] } | null {
+    if (ctx.status !== 'I' || ctx.awaiting || this.groupOpen || this.heldBegin !== null || this.pending.length > 0) return null;
+    const [b, d, e, s] = next;
+    if (b?.type !== 'bind' || b.portal !== '') return null;
+    const tag = this.beginTags.get(b.statement);
+    if (tag === undefined || this.statementKinds.get(b.statement) !== 'begin') return null;
+    const describe = d?.type === 'describe' && d.target === 'P' && d.name === '';
+    const [ex, sy] = describe ? [e, s] : [d, e];
+    if (ex?.type !== 'execute' || ex.portal !== '' || sy?.type !== 'sync') return null;
+    this.heldBegin = { bytes: Buffer.concat([frames[0]!, frames[describe ? 2 : 1]!]) };
+    const reply = [message('2')];
+    if (describe) reply.push(message('n'));
+    reply.push(message('C', cstr(tag)), readyForQuery('T'));
+    return { taken: describe ? 4 : 3, reply };
   }
 
   /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */
   opensGroup(m: ClientMessage): boolean {
     return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
+  }
+
+  /** A BEGIN of the writer's is held: the backend is idle, the writer was told it is in a block. */
+  holdsBegin(): boolean {
+    return this.heldBegin !== null;
   }
 
   /** Would this message start a transaction, if the session is idle? */
@@ -267,8 +318,20 @@ export class Planner {
     const idle = ctx.status === 'I';
     const dropped = deallocatedStatements(text);
     if (dropped === 'all') this.writerStatementsDropped();
-    else for (const name of dropped) this.statementKinds.delete(name);
+    else for (const name of dropped) this.forgetStatement(name);
     if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
+    if (idle && !ctx.awaiting && deferrableBegin(text) !== null) {
+      this.heldBegin = { text };
+      return [{ do: 'holdBegin', bytes: [message('C', cstr(deferrableBegin(text)!)), readyForQuery('T')] }];
+    }
+    const begin = this.sendHeldBegin('query');
+    if (begin !== null) {
+      // The block the writer was told of opens now; the fence goes in front of the writer's text.
+      const planned = this.fenceQuery(text, true, 'T');
+      if ('refuse' in planned) return [...begin, ...this.refuseQuery({ ...ctx, awaiting: true }, ...planned.refuse)];
+      const step: Step = { do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] };
+      return [...begin, step];
+    }
     if (idle && runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
       return [
@@ -281,6 +344,18 @@ export class Planner {
     if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
     if (planned.text === text) return [{ do: 'forward', expect: [planned.expect] }];
     return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
+  }
+
+  /** The held BEGIN as a Query of its own (its responses swallowed), once: null when none is held. */
+  private sendHeldBegin(before: 'query' | 'group'): Step[] | null {
+    const held = this.heldBegin;
+    if (held === null) return null;
+    this.heldBegin = null;
+    if ('text' in held) return [{ do: 'send', what: 'heldBegin', bytes: encode({ type: 'query', text: held.text }), text: held.text, expect: [{ kind: 'query', injected: true, forwardReady: false }] }];
+    // Bind/Execute of the writer's BEGIN: at the head of the writer's group, or with a Sync of its own before a Query.
+    const expect: Expect[] = [{ kind: 'bind', injected: true }, { kind: 'execute', injected: true }];
+    if (before === 'group') return [{ do: 'send', what: 'heldBegin', bytes: held.bytes, expect }];
+    return [{ do: 'send', what: 'heldBegin', bytes: Buffer.concat([held.bytes, encode({ type: 'sync' })]), expect: [...expect, { kind: 'sync', injected: true, forwardReady: false }] }];
   }
 
   /** An ErrorResponse and ReadyForQuery of the proxy's for a Query it does not send. */
@@ -297,7 +372,7 @@ export class Planner {
    */
   private fenceQuery(text: string, idle: boolean, status: CommitState): { text: string; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
-    const start = idle ? 'I' : 'T';
+    const start = status === 'T' ? 'T' : idle ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.
@@ -378,6 +453,12 @@ export class Planner {
       // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
       // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
       if (ctx.status !== 'E') this.ensurePrepared(steps);
+      const begin = this.sendHeldBegin('group');
+      if (begin !== null) {
+        // The block the writer was told of opens now, fenced before anything of the group.
+        steps.push(...begin);
+        this.inject(steps);
+      }
       if (ctx.status === 'I') {
         // A group that opens with a BEGIN gets the fence right after its Execute.
         const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
@@ -394,7 +475,8 @@ export class Planner {
       case 'parse': {
         const kind = parsedKind!;
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind) }] });
+        const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
+        steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }] });
         return steps;
       }
       case 'bind': {

@@ -426,10 +426,23 @@ export class Relay {
       }
       if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
       const gate = this.opts.gate;
-      if (gate && this.status === 'I' && this.planner.startsTransaction(msg) && !gate.ready()) {
-        // Before a transaction starts (only between ReadyForQuery and the next message: idle).
+      if (gate && (this.status === 'I' || this.planner.holdsBegin()) && this.planner.startsTransaction(msg) && !gate.ready()) {
+        // Before a transaction starts (only between ReadyForQuery and the next message: idle, or
+        // a BEGIN the proxy answered and holds).
         gate.start();
         break;
+      }
+      if (msg.type === 'bind' && this.status === 'I' && this.pendingReady === 0) {
+        // A lone BEGIN group: answered here, held for the next message (planner.ts holdExtendedBegin).
+        const next = this.clientFrames.slice(i, i + 4);
+        const held = this.planner.holdExtendedBegin(next.map((f) => f.msg), next.map((f) => f.frame.bytes), { status: this.status, awaiting: this.queue.length > 0 });
+        if (held !== null) {
+          i += held.taken;
+          this.status = 'T';
+          this.toClient.push(...held.reply);
+          this.flushClient();
+          continue;
+        }
       }
       i++;
       if (gate && (msg.type === 'query' || msg.type === 'parse')) gate.noteText(msg.text);
@@ -455,6 +468,12 @@ export class Relay {
           for (const e of step.expect) this.expect(e);
           break;
         case 'reply':
+          this.toClient.push(...step.bytes);
+          this.flushClient();
+          break;
+        case 'holdBegin':
+          // The writer is told it is in a block; the backend stays idle until its next message.
+          this.status = 'T';
           this.toClient.push(...step.bytes);
           this.flushClient();
           break;

@@ -101,12 +101,46 @@ describe('one fence, two doors', () => {
     expect(simple).toMatchObject({ code: 'FP409', detail: 'fence key "z", token 10, highest token 11' });
     expect((simple as Error).message).toContain('token 10 is below the highest token 11');
     expect(await code(zombie.query('INSERT INTO items VALUES ($1, $2)', [y, 'zombie']))).toBe('FP409');
-    expect(await code(zombie.query('BEGIN'))).toBe('FP409'); // BEGIN goes first, the fence right after it
-    await zombie.query('ROLLBACK');
-    expect([await exists(db, x), await exists(db, y)]).toEqual([false, false]);
+    // The proxy answers BEGIN itself; the fence goes with the block's first statement.
+    await zombie.query('BEGIN');
+    const w = id();
+    expect(await code(zombie.query('INSERT INTO items VALUES ($1, $2)', [w, 'zombie']))).toBe('FP409');
+    expect((await zombie.query('COMMIT')).command).toBe('ROLLBACK');
+    expect([await exists(db, x), await exists(db, y), await exists(db, w)]).toEqual([false, false, false]);
     expect(await fenceRow(db.pool, 'z')).toEqual({ highest_token: '11' });
     await expect.poll(async () => (await db.pool.query("SELECT count(*)::int AS n FROM fencepost.rejections WHERE fence_key = 'z' AND writer_id = 'old-leader' AND token = 10")).rows[0].n).toBe(3);
     await zombie.end();
+  });
+
+  test('a BEGIN the proxy answers itself (a Query, or a prepared statement in the extended protocol) is fenced with the first statement of its block', async ({ sql, db }) => {
+    // Invariant: the block's fence is checked when its first statement runs, not when the writer's
+    // BEGIN was answered: a raise in between makes that statement fail FP409 and nothing commits;
+    // with the current token every statement commits at COMMIT.
+    const c = await sql.connect('deferred', { options: fenceOptions(40, 'd') });
+    const begins = [() => c.query('BEGIN'), () => c.query({ name: 'begin', text: 'BEGIN' })];
+    await begins[1]!(); // parsed once; the second time it is Bind/Execute/Sync only
+    await c.query('ROLLBACK');
+    for (const begin of begins) {
+      const x = id();
+      await begin();
+      await c.query('INSERT INTO items VALUES ($1, $2)', [x, 'current']);
+      expect((await c.query('COMMIT')).command).toBe('COMMIT');
+      expect(await exists(db, x)).toBe(true);
+    }
+    await begin40ThenRaise(begins[0]!, 41);
+    await begin40ThenRaise(begins[1]!, 42);
+    async function begin40ThenRaise(begin: () => Promise<unknown>, next: number) {
+      await begin();
+      // The writer sits after its BEGIN: it holds nothing, so the raise goes through at once.
+      expect((await advanceOverHttp(sql, 'd', next)).status).toBe(200);
+      const y = id();
+      expect(await code(c.query('INSERT INTO items VALUES ($1, $2)', [y, 'stale']))).toBe('FP409');
+      expect((await c.query('COMMIT')).command).toBe('ROLLBACK');
+      expect(await exists(db, y)).toBe(false);
+      await c.query(`SET fencepost.token = '${next}'`);
+    }
+    expect(await fenceRow(db.pool, 'd')).toEqual({ highest_token: '42' });
+    await c.end();
   });
 
   test('a SQL writer raising the fence locks out an HTTP zombie', async ({ sql }) => {

@@ -3,7 +3,7 @@
 // the fence's statements in a Query's `plan`).
 import { describe, expect, test } from 'vitest';
 import { Planner, sessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
-import { encode, parseErrorFields, type ClientMessage } from '../../../src/proxy/sql/framing.ts';
+import { cstr, encode, message, parseErrorFields, readyForQuery, type ClientMessage } from '../../../src/proxy/sql/framing.ts';
 import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/fence.ts';
 
 const IDLE: PlanContext = { status: 'I', awaiting: false };
@@ -49,11 +49,38 @@ describe('simple protocol', () => {
     expect(sent(planner().plan(query('ROLLBACK'), FAILED))).toEqual(['writer']);
   });
 
-  test('a lone BEGIN goes first and the fence right after it, so its isolation level applies', () => {
+  test('a lone BEGIN the proxy cannot answer itself (a comment in it) goes first and the fence right after it, so its isolation level applies', () => {
     const p = planner();
-    const q = fencedQuery(p.plan(query('BEGIN ISOLATION LEVEL SERIALIZABLE'), IDLE));
-    expect(q.text).toBe(`BEGIN ISOLATION LEVEL SERIALIZABLE\n;${p.fence.text}`);
+    const q = fencedQuery(p.plan(query('BEGIN /* batch */ ISOLATION LEVEL SERIALIZABLE'), IDLE));
+    expect(q.text).toBe(`BEGIN /* batch */ ISOLATION LEVEL SERIALIZABLE\n;${p.fence.text}`);
     expect(q.expect.plan).toEqual([false, true, true]);
+  });
+
+  test('a plain lone BEGIN is answered by the proxy; it goes, with the fence, in front of the next Query', () => {
+    const p = planner();
+    const held = p.plan(query('BEGIN ISOLATION LEVEL SERIALIZABLE'), IDLE);
+    expect(held).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('BEGIN')), readyForQuery('T')] }]);
+    expect(p.holdsBegin()).toBe(true);
+    // The relay reports the block it told the writer of.
+    const steps = p.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK);
+    expect(sent(steps)).toEqual(['heldBegin', 'fencedQuery']);
+    expect(steps[0]).toMatchObject({ text: 'BEGIN ISOLATION LEVEL SERIALIZABLE', expect: [{ kind: 'query', injected: true, forwardReady: false }] });
+    expect(steps[1]).toMatchObject({ text: `${p.fence.text}INSERT INTO t VALUES (1)`, expect: [{ plan: [true, true], predict: 'T', mayCommit: false }] });
+    expect(p.holdsBegin()).toBe(false);
+    // Once: the block is open now, the next Query goes as it came.
+    expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);
+  });
+
+  test('START TRANSACTION is answered with its own tag; an extended group after a held BEGIN opens with it and the fence', () => {
+    const p = planner();
+    expect(p.plan(query('start transaction read write;'), IDLE)).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('START TRANSACTION')), readyForQuery('T')] }]);
+    expect(group(p, IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([['prepare', 'heldBegin', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+  });
+
+  test('a BEGIN is held only at idle with nothing owed, and never with anything after it', () => {
+    expect(sent(planner().plan(query('BEGIN'), { status: 'I', awaiting: true }))).toEqual(['fencedQuery']);
+    expect(sent(planner().plan(query('BEGIN; INSERT INTO t VALUES (1)'), IDLE))).toEqual(['fencedQuery']);
+    expect(sent(planner().plan(query('BEGIN'), IN_BLOCK))).toEqual(['writer']);
   });
 
   test('a multi-statement Query with COMMIT in the middle gets a fence after the COMMIT too', () => {
@@ -202,7 +229,7 @@ describe('whether a commit may be in flight (mayCommit: a backend lost before th
 
   test.each([
     ['INSERT INTO t VALUES (1)', IDLE, true], // an implicit transaction commits at its end
-    ['BEGIN', IDLE, false],
+    ['BEGIN -- not held\n', IDLE, false],
     ['BEGIN; INSERT INTO t VALUES (1)', IDLE, false],
     ['BEGIN; INSERT INTO t VALUES (1); COMMIT', IDLE, true],
     ['INSERT INTO t VALUES (1)', IN_BLOCK, false],

@@ -238,7 +238,10 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
       // The SQL endpoint, simple and extended protocol: FP533, nothing of the transaction applied.
       await expect(sql.query(`INSERT INTO public.ledger (id) VALUES ('sql-2')`)).rejects.toMatchObject({ code: DURABILITY_UNSAFE });
       await expect(sql.query('INSERT INTO public.ledger (id) VALUES ($1)', ['sql-2'])).rejects.toMatchObject({ code: DURABILITY_UNSAFE });
-      await expect(sql.query('BEGIN')).rejects.toMatchObject({ code: DURABILITY_UNSAFE });
+      // A BEGIN the proxy answers itself: the refusal comes with the block's first statement.
+      await sql.query('BEGIN');
+      await expect(sql.query(`INSERT INTO public.ledger (id) VALUES ('sql-3')`)).rejects.toMatchObject({ code: DURABILITY_UNSAFE });
+      expect((await sql.query('COMMIT')).command).toBe('ROLLBACK');
 
       // Reads: HTTP, and a SQL session without a token.
       const read = await fetch(`${url}/v1/objects/dur/http/1`);

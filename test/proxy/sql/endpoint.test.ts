@@ -116,7 +116,7 @@ describe('one fence, two doors', () => {
     // Invariant: the block's fence is checked when its first statement runs, not when the writer's
     // BEGIN was answered: a raise in between makes that statement fail FP409 and nothing commits;
     // with the current token every statement commits at COMMIT.
-    const c = await sql.connect('deferred', { options: fenceOptions(40, 'd') });
+    const c = await sql.connect('deferred', { options: fenceOptions(40, 'held') });
     const begins = [() => c.query('BEGIN'), () => c.query({ name: 'begin', text: 'BEGIN' })];
     await begins[1]!(); // parsed once; the second time it is Bind/Execute/Sync only
     await c.query('ROLLBACK');
@@ -132,14 +132,14 @@ describe('one fence, two doors', () => {
     async function begin40ThenRaise(begin: () => Promise<unknown>, next: number) {
       await begin();
       // The writer sits after its BEGIN: it holds nothing, so the raise goes through at once.
-      expect((await advanceOverHttp(sql, 'd', next)).status).toBe(200);
+      expect((await advanceOverHttp(sql, 'held', next)).status).toBe(200);
       const y = id();
       expect(await code(c.query('INSERT INTO items VALUES ($1, $2)', [y, 'stale']))).toBe('FP409');
       expect((await c.query('COMMIT')).command).toBe('ROLLBACK');
       expect(await exists(db, y)).toBe(false);
       await c.query(`SET fencepost.token = '${next}'`);
     }
-    expect(await fenceRow(db.pool, 'd')).toEqual({ highest_token: '42' });
+    expect(await fenceRow(db.pool, 'held')).toEqual({ highest_token: '42' });
     await c.end();
   });
 

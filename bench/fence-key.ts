@@ -28,7 +28,7 @@ import { migrate } from '../src/fence/migrate.ts';
 import { protectPrefix, protectTable } from '../src/fence/protect.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, fmt, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
 import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
 import { cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
@@ -187,22 +187,7 @@ async function withWorld<T>(name: Scenario, seed: Seed, body: (w: World) => Prom
     await proxy?.stop();
     await sql.end();
     await db.stop();
-    await dropRole(clientRole);
-  }
-}
-
-/** On a DATABASE_URL server the login outlives the dropped database: remove it (best effort). */
-async function dropRole(role: string): Promise<void> {
-  const admin = process.env.DATABASE_URL;
-  if (!admin) return; // the embedded server, and its roles, are gone
-  const c = new pg.Client({ connectionString: admin });
-  try {
-    await c.connect();
-    await c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(role)}`);
-  } catch {
-    /* left for the operator: harmless, and named after this bench */
-  } finally {
-    await c.end().catch(() => {});
+    await dropBenchRole(clientRole);
   }
 }
 

@@ -14,7 +14,7 @@ import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, fmt, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
 import { luaString, runPgbench, runWrk } from './loadgen.ts';
 
 export const SOAK_DOORS = ['objects', 'transactions', 'sql'] as const;
@@ -160,11 +160,7 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
     await proxy?.stop();
     await sql.end();
     await db.stop();
-    if (process.env.DATABASE_URL) {
-      const c = new pg.Client({ connectionString: process.env.DATABASE_URL });
-      await c.connect().then(() => c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(clientRole)}`)).catch(() => {});
-      await c.end().catch(() => {});
-    }
+    await dropBenchRole(clientRole);
   }
 }
 

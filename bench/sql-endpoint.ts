@@ -22,7 +22,7 @@ import { protectTable, unprotectTable } from '../src/fence/protect.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { pgbouncerVersion, startPgbouncer, type Bouncer } from '../tools/pgbouncer.ts';
 import { spawnServe } from './serve.ts';
-import { benchPostgres, fmt, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
 import { expectRefused, pgbenchRate, protectedTable, trackFunctions, triggerCalls, triggerTime, type ProtectedPair } from './protected.ts';
 import { childNamed, cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
@@ -205,11 +205,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     await proxy?.stop();
     await sql.end();
     await db.stop();
-    if (process.env.DATABASE_URL) {
-      const c = new pg.Client({ connectionString: process.env.DATABASE_URL });
-      await c.connect().then(() => c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(clientRole)}`)).catch(() => {});
-      await c.end().catch(() => {});
-    }
+    await dropBenchRole(clientRole);
   }
 }
 

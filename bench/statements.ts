@@ -9,7 +9,7 @@ import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe } from './serve.ts';
-import { benchPostgres } from './support.ts';
+import { benchPostgres, dropBenchRole } from './support.ts';
 import { runPgbench, type PgbenchOptions } from './loadgen.ts';
 
 const ROWS = 5000;
@@ -82,6 +82,7 @@ async function main(): Promise<void> {
     await proxy?.stop();
     await sql.end();
     await db.stop();
+    await dropBenchRole(clientRole);
   }
 }
 

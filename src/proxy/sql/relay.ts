@@ -438,9 +438,7 @@ export class Relay {
         const held = this.planner.holdExtendedBegin(next.map((f) => f.msg), next.map((f) => f.frame.bytes), { status: this.status, awaiting: this.queue.length > 0 });
         if (held !== null) {
           i += held.taken;
-          this.status = 'T';
-          this.toClient.push(...held.reply);
-          this.flushClient();
+          this.answerBegin(held.reply);
           continue;
         }
       }
@@ -454,6 +452,13 @@ export class Relay {
     this.flushBackend();
     if (this.holding || this.backendBlocked) this.client.pause();
     else if (!this.closed) this.client.resume();
+  }
+
+  /** The proxy answered the writer's BEGIN: the writer is told it is in a block; the backend stays idle until its next message. */
+  private answerBegin(reply: Buffer[]): void {
+    this.status = 'T';
+    this.toClient.push(...reply);
+    this.flushClient();
   }
 
   private apply(frame: Frame, steps: Step[]): void {
@@ -472,10 +477,7 @@ export class Relay {
           this.flushClient();
           break;
         case 'holdBegin':
-          // The writer is told it is in a block; the backend stays idle until its next message.
-          this.status = 'T';
-          this.toClient.push(...step.bytes);
-          this.flushClient();
+          this.answerBegin(step.bytes);
           break;
         case 'terminate':
           this.flushBackend();

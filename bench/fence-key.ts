@@ -28,7 +28,7 @@ import { migrate } from '../src/fence/migrate.ts';
 import { protectPrefix, protectTable } from '../src/fence/protect.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, jsonBody, machine } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
 import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
 import { cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
@@ -120,10 +120,6 @@ const HTTP_OBJECT_CPU_GOALS: readonly CpuGoal[] = [
 ];
 const CLIENT_ROLE_PREFIX = 'fpbench';
 
-/** A JSON body of exactly `bytes` bytes. */
-function jsonBody(bytes: number): string {
-  return `{"payload":"${'x'.repeat(Math.max(0, bytes - 14))}"}`;
-}
 
 /** The direct upsert: the statement of a fenced PUT minus the fence, as pgbench sends it. */
 function upsertScript(keyPrefix: string, keySpace: number, fenceKey: string | null): string {

@@ -10,11 +10,13 @@
 // (bench/handover.ts); CPU per operation of Postgres, the proxy, PgBouncer and the load generator
 // for every throughput row, each also with Postgres pinned to one core (bench/cpu.ts,
 // bench/placement.ts; BENCH_PLACEMENT); the proxy's RSS over a soak on each door (bench/soak.ts,
-// BENCH_SOAK_S). Figures, not pass/fail.
+// BENCH_SOAK_S); the runtime's floor, Node servers with no logic under the same loads
+// (bench/floor.ts, the SQL endpoint's path `relay`). Figures, not pass/fail.
 import { runProxyBench, proxyCpuRows, proxyTable } from './proxy.ts';
 import { runFenceKeyBench, fenceKeyCpuRows, fenceKeyTables } from './fence-key.ts';
 import { runSqlEndpointBench, sqlEndpointCpuRows, sqlEndpointTable } from './sql-endpoint.ts';
 import { runSoakBench, soakTable } from './soak.ts';
+import { httpFloorTable, runHttpFloorBench } from './floor.ts';
 import { cpuTable } from './cpu.ts';
 import { pinnedDescription, placements } from './placement.ts';
 import { runElectionBench } from './election.ts';
@@ -37,7 +39,9 @@ say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
 say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also with their data protected); a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
-say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected) and through PgBouncer, ${durationS} s per path and mode`);
+say(`the runtime's floor: node:http and a bare fastify route under the one-fence wrk load, ${durationS} s each`);
+const floor = await runHttpFloorBench({ durationS, log: say });
+say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected), through PgBouncer and through a bare Node TCP relay, ${durationS} s per path and mode`);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
 say(`proxy memory: a ${soakS} s soak on each door (BENCH_SOAK_S)`);
 const soak = await runSoakBench({ seconds: soakS, log: say });
@@ -64,6 +68,8 @@ const out = [
   `Fenced PUT: ${fmt(fenced.rps / a.rps, 2)}× direct pg (target ≥ 0.6×), fence cost ${fmt(100 * (1 - fenced.rps / b.rps), 0)}% against the unfenced path (target ≤ 20%), p99 ${fmt(fenced.p99Ms, 1)} ms (target ≤ 10 ms).`,
   '',
   fenceKeyTables(fenceKey, durationS),
+  '',
+  httpFloorTable(floor, durationS),
   '',
   sqlEndpointTable(sqlEndpoint),
   '',

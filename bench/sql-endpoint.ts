@@ -11,8 +11,11 @@
 // sessions' fence key (`fencepost protect`, bench/protected.ts): the cost of the database check
 // (the transaction script, shared placement only).
 // The table is unprotected again before the next path (direct and PgBouncer writes would be refused).
+// The path `relay` is the runtime's floor: a Node TCP relay with no logic (bench/floor-servers.ts)
+// between pgbench and Postgres, its CPU in the proxy's column: what Node costs before the
+// endpoint does anything.
 //
-// `node --import tsx bench/sql-endpoint.ts [direct|endpoint|protected|pgbouncer|transaction|upsert…]`
+// `node --import tsx bench/sql-endpoint.ts [direct|endpoint|protected|pgbouncer|relay|transaction|upsert…]`
 // runs it alone (default: every path and script; `protected` brings `endpoint`, its pair) and prints
 // its tables (BENCH_DURATION_S, BENCH_PLACEMENT).
 import { pathToFileURL } from 'node:url';
@@ -22,6 +25,7 @@ import { protectTable, unprotectTable } from '../src/fence/protect.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { pgbouncerVersion, startPgbouncer, type Bouncer } from '../tools/pgbouncer.ts';
 import { spawnServe } from './serve.ts';
+import { startFloorServer, type FloorServer } from './floor.ts';
 import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
 import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
 import { expectRefused, pgbenchRate, protectedTable, trackFunctions, triggerCalls, triggerTime, type ProtectedPair } from './protected.ts';
@@ -30,7 +34,7 @@ import { pinnedDescription, place, placements, type Placement } from './placemen
 
 export type PgbenchMode = PgbenchOptions['mode'];
 /** In the order they run, for each mode: `protected` right after `endpoint`, its pair. */
-export const SQL_PATHS = ['direct', 'endpoint', 'protected', 'pgbouncer'] as const;
+export const SQL_PATHS = ['direct', 'endpoint', 'protected', 'pgbouncer', 'relay'] as const;
 export type SqlPath = (typeof SQL_PATHS)[number];
 export const SQL_SCRIPTS = ['transaction', 'upsert'] as const;
 export type SqlScript = (typeof SQL_SCRIPTS)[number];
@@ -103,6 +107,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
   const pgwirePort = await freePort();
   let proxy: Awaited<ReturnType<typeof spawnServe>> | null = null;
   let bouncer: Bouncer | null = null;
+  let relay: FloorServer | null = null;
   const version = pgbouncerVersion();
   try {
     await migrate(sql);
@@ -135,12 +140,17 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     };
     await probe();
     if (version !== 'not installed' && want('pgbouncer')) bouncer = await startPgbouncer(db.url, o.clients);
+    const dbUrl = new URL(db.url);
+    if (want('relay')) relay = await startFloorServer('relay', [dbUrl.hostname, dbUrl.port || '5432']);
+    const relayUrl = new URL(db.url);
+    if (relay) relayUrl.port = String(relay.port);
     const postmaster = await postmasterPid(db.url);
     const bouncerPid = bouncer ? childNamed('pgbouncer') : null;
-    const placed = { postgres: postmaster, others: [proxy.pid, ...(bouncerPid === null ? [] : [bouncerPid])] };
+    const placed = { postgres: postmaster, others: [proxy.pid, ...(bouncerPid === null ? [] : [bouncerPid]), ...(relay ? [relay.pid] : [])] };
     const probes = (path: SqlPath): CpuProbe[] => [
       ...(postmaster === null ? [] : [treeProbe('postgres', postmaster)]),
       ...(path === 'endpoint' || path === 'protected' ? [treeProbe('proxy', proxy!.pid)] : []),
+      ...(path === 'relay' && relay ? [treeProbe('proxy', relay.pid)] : []),
       ...(path === 'pgbouncer' && bouncerPid !== null ? [treeProbe('pgbouncer', bouncerPid)] : []),
       exitedChildrenProbe(),
     ];
@@ -160,7 +170,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
                 continue;
               }
               const viaEndpoint = path === 'endpoint' || path === 'protected';
-              const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : bouncer!.url;
+              const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : path === 'relay' ? relayUrl.toString() : bouncer!.url;
               const pgb: PgbenchOptions = { url, scriptSql: SCRIPTS[script], clients: o.clients, mode: ranAs, durationS: o.durationS, ...(viaEndpoint ? { env: endpointEnv } : {}) };
               if (path === 'protected') {
                 await protectTable(sql, TABLE, FENCE_KEY);
@@ -202,6 +212,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     return { clients: o.clients, durationS: o.durationS, runs, protected: pairs, pgbouncerVersion: version };
   } finally {
     await bouncer?.stop().catch(() => {});
+    await relay?.stop().catch(() => {});
     await proxy?.stop();
     await sql.end();
     await db.stop();
@@ -214,6 +225,7 @@ const PATH_NAMES: Record<SqlPath, string> = {
   endpoint: 'fencepost SQL endpoint (fenced)',
   protected: `fencepost SQL endpoint (fenced), ${TABLE} protected`,
   pgbouncer: 'PgBouncer, transaction pooling',
+  relay: 'Node TCP relay, no logic (the floor)',
 };
 
 export function sqlEndpointTable(r: SqlEndpointReport): string {

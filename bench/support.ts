@@ -53,6 +53,11 @@ export async function benchPostgres(name: string, opts: { postgresFlags?: readon
   };
 }
 
+/** A JSON body of exactly `bytes` bytes. */
+export function jsonBody(bytes: number): string {
+  return `{"payload":"${'x'.repeat(Math.max(0, bytes - 14))}"}`;
+}
+
 export function fmt(n: number, digits = 1): string {
   return Number.isFinite(n) ? n.toFixed(digits) : '–';
 }

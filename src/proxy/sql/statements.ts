@@ -58,12 +58,32 @@ function kindOf(node: RawStmt['stmt']): StatementKind {
   }
 }
 
-function splitNodes(sql: string): RawStmt[] | null {
-  try {
-    return (parseSync(sql) as { stmts?: RawStmt[] }).stmts ?? [];
-  } catch {
-    return null;
+/**
+ * Parse trees of recent texts. A session in the simple protocol sends the same COMMIT (or other
+ * short statement) in every transaction; the parse is a pure function of the text, and the trees
+ * are only read. Bounded: texts up to CACHED_TEXT_CHARS, CACHED_TEXTS of them, the oldest dropped.
+ */
+const CACHED_TEXTS = 256;
+const CACHED_TEXT_CHARS = 1024;
+const parsed = new Map<string, readonly RawStmt[] | null>();
+
+function splitNodes(sql: string): readonly RawStmt[] | null {
+  const cacheable = sql.length <= CACHED_TEXT_CHARS;
+  if (cacheable) {
+    const hit = parsed.get(sql);
+    if (hit !== undefined) return hit;
   }
+  let stmts: readonly RawStmt[] | null;
+  try {
+    stmts = (parseSync(sql) as { stmts?: RawStmt[] }).stmts ?? [];
+  } catch {
+    stmts = null;
+  }
+  if (cacheable) {
+    if (parsed.size >= CACHED_TEXTS) parsed.delete(parsed.keys().next().value!);
+    parsed.set(sql, stmts);
+  }
+  return stmts;
 }
 
 /** The statements of a text, or null when the parser refuses it. */

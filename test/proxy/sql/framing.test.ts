@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
 import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../../src/proxy/sql/fence.ts';
-import { runsUnfenced } from '../../../src/proxy/sql/statements.ts';
+import { runsUnfenced, splitStatements, statementKind } from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
 describe('framing', () => {
@@ -58,6 +58,21 @@ describe('startup options and statement guesses', () => {
     expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([true, false]);
     expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
     expect(['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced)).toEqual([true, true, false, false, false]);
+  });
+
+  test('statement kinds stay right through the parse cache: repeated, refused, long and evicted texts', () => {
+    // Invariant: a text's kind is the same on every call, however many other texts came between
+    // (the cache holds 256 texts up to 1,024 characters, the oldest dropped first).
+    const texts = ['COMMIT', 'COMMIT AND CHAIN', 'BEGIN; SELECT 1', 'CALL p()', 'COMMIT garbage', `SELECT 1; COMMIT -- ${'x'.repeat(2000)}`];
+    const expected = ['end', 'chain', 'begin', 'routine', 'unknown', 'end'];
+    expect(texts.map(statementKind)).toEqual(expected);
+    for (let i = 0; i < 600; i++) expect(statementKind(`SELECT ${i}; COMMIT`)).toBe('end');
+    expect(texts.map(statementKind)).toEqual(expected);
+    expect(texts.map(statementKind)).toEqual(expected);
+    expect(splitStatements('SELECT 1; BEGIN')?.map((s) => s.kind)).toEqual(['other', 'begin']);
+    expect(splitStatements('SELECT 1; BEGIN')?.map((s) => s.start)).toEqual([0, 10]);
+    expect(splitStatements('SELECT (')).toBeNull();
+    expect(splitStatements('SELECT (')).toBeNull();
   });
 
   test('the stale detail of fence_session parses back', () => {

@@ -2,8 +2,12 @@
 // fence_session_bound): two statements the proxy prepares once per backend connection under
 // reserved names and runs with Bind/Execute before the writer's first statement of each transaction.
 //
-//   1. SET LOCAL transaction_read_only = off — sessions start read-only; this must run before the
-//      transaction's first snapshot (a SET takes none), so it comes first.
+//   1. SET transaction_read_only = off — sessions start read-only; this must run before the
+//      transaction's first snapshot (a SET takes none), so it comes first. It lasts this
+//      transaction only: every transaction starts from default_transaction_read_only. Not SET
+//      LOCAL: outside a transaction block (an implicit transaction up to Sync, the autocommit
+//      statement of most drivers) that writes a WARNING to the server log and a notice to the
+//      proxy in every transaction.
 //   2. fence_session_bound(session capability, prefixes, writer, guard state): check and raise the
 //      fence; when the session has no token it returns false and the same statement makes the
 //      transaction read-only again.
@@ -21,7 +25,8 @@ export const RW_STATEMENT = '__fencepost_rw';
 export const FENCE_STATEMENT = '__fencepost_fence';
 export const REFUSE_ROUTINE_STATEMENT = '__fencepost_refuse_routine';
 export const REFUSE_UNSAFE_STATEMENT = '__fencepost_refuse_unsafe';
-const RW_SQL = 'SET LOCAL transaction_read_only = off';
+/** The statement that makes a fenced transaction read-write (the first of the two above). */
+export const RW_SQL = 'SET transaction_read_only = off';
 // The session capability (a hash bound to this backend, see sessionCapability), not the capability
 // itself: a writer that makes this statement fail with its parameters in the error report (it may
 // set log_parameter_max_length_on_error) learns nothing it could use beyond its own session.
@@ -36,7 +41,7 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
         HINT = 'Send BEGIN first (or use the simple protocol, where it runs in the fenced implicit transaction).'; END$fencepost$`;
 
 // The fence's stand-in while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY and a failover
-// could lose a fence raise; src/fence/durability-monitor.ts), in its place after the SET LOCAL: a
+// could lose a fence raise; src/fence/durability-monitor.ts), in its place after the read-write SET: a
 // session with a token (one that writes) fails its transaction, which applies nothing; one without
 // gets a read-only transaction, as the fence gives it. Decided in the database, from the session's
 // own settings as they are in this transaction. Like the fence, it touches a temporary object, so
@@ -71,7 +76,7 @@ export const PREPARED_STATEMENTS = 4;
 /**
  * The fence for a transaction that starts in the middle of a pipeline whose statements are not
  * prepared yet (the group began in a failed transaction, where Parse is refused): Close and Parse
- * each statement right before its Bind/Execute, the SET LOCAL before the SELECT's snapshot.
+ * each statement right before its Bind/Execute, the read-write SET before the SELECT's snapshot.
  * `run` is the session's runFence() bytes.
  */
 export function prepareAndRunFence(run: Buffer): Buffer {
@@ -176,7 +181,7 @@ export function startsTransactionBlock(sql: string): boolean {
 
 // ---- simple protocol ----------------------------------------------------------------------------
 // A Query can only carry text, and a Query sent after Bind/Execute without a Sync leaves the
-// backend's transaction state confused, so the fence is prepended as SQL: SET LOCAL, then
+// backend's transaction state confused, so the fence is prepended as SQL: the read-write SET, then
 // fence_session_bound() with a session capability (src/fence/definitions.ts) — a hash of the
 // capability, the backend's pid, the prefixes and the writer, useless to anyone but this backend
 // doing what the proxy does for it anyway. The capability itself never appears in text.

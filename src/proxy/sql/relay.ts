@@ -593,7 +593,7 @@ export class Relay {
       return;
     }
     switch (f.type) {
-      case 'N': // notices of injected statements (SET LOCAL outside a block warns) are ours
+      case 'N': // notices of injected statements are ours
         this.forward(f, head);
         return;
       case 'S':

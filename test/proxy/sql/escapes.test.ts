@@ -15,6 +15,8 @@ import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { MessageReader, cstr, int16, int32, message, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { RW_SQL } from '../../../src/proxy/sql/fence.ts';
+import pg from 'pg';
 
 const run = promisify(execFile);
 const PSQL = '/usr/bin/psql';
@@ -134,6 +136,40 @@ async function staleInFailedBlock(fenceKey: string): Promise<Raw> {
 
 const LIFT = "SET default_transaction_read_only = off; SET TRANSACTION READ WRITE";
 const LIFT_SET_CONFIG = "SELECT set_config('default_transaction_read_only', 'off', false), set_config('transaction_read_only', 'off', true)";
+
+describe('the read-write statement the fence runs first', () => {
+  // Invariant: it makes only its own transaction read-write, and says nothing doing it (no
+  // warning in the server log, no notice) in the implicit transaction of an autocommit statement.
+  test('straight to Postgres: no notice in an implicit transaction, and the next transaction is read-only again', async () => {
+    const c = new pg.Client({ connectionString: db.url, options: '-c default_transaction_read_only=on' });
+    await c.connect();
+    const notices: string[] = [];
+    c.on('notice', (n) => notices.push(n.message ?? ''));
+    try {
+      await c.query(Object.assign({ text: RW_SQL }, { queryMode: 'extended' as const }));
+      await c.query(`BEGIN; ${RW_SQL}; INSERT INTO public.items VALUES (${id()}, 'rw'); COMMIT`);
+      expect(notices).toEqual([]);
+      expect((await c.query('SHOW transaction_read_only')).rows[0].transaction_read_only).toBe('on');
+      expect(await code(c.query(`INSERT INTO public.items VALUES (${id()}, 'after')`))).toBe('25006');
+    } finally {
+      await c.end();
+    }
+  });
+
+  test('through the endpoint: an autocommit write with a token commits; the same session without one writes nothing', async () => {
+    await raise('rw-once', 3);
+    const c = await sql.connect('rw-once', { options: fenceOptions(3, 'rw-once') });
+    const [a, b] = [id(), id()];
+    try {
+      await c.query({ text: 'INSERT INTO public.items VALUES ($1, $2)', values: [a, 'fenced'] });
+      await c.query("SET fencepost.token = ''");
+      expect(await code(c.query({ text: 'INSERT INTO public.items VALUES ($1, $2)', values: [b, 'tokenless'] }))).toBe('25006');
+    } finally {
+      await c.end();
+    }
+    expect(await present(a, b)).toEqual([a]);
+  });
+});
 
 describe('simple protocol: a transaction ended in the middle of a Query is fenced again', () => {
   const escapes: [string, (n: number) => string][] = [

@@ -195,8 +195,10 @@ export function fencedPuts(rows: readonly WriteRow[]): Query {
     name: 'fencepost_fenced_puts',
     text: `
 WITH input AS (
-  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[])
-    AS t(ord, fence_key, key, token, content_type, body)
+  SELECT t.ord, t.fence_key, t.key, t.token, t.content_type,
+    CASE WHEN t.body_length IS NOT NULL THEN substring($6::bytea FROM t.body_start FOR t.body_length) END AS body
+  FROM unnest($1::int[], $2::text[], $3::text[], $4::bigint[], $5::text[], $7::int[], $8::int[])
+    AS t(ord, fence_key, key, token, content_type, body_start, body_length)
 ),
 held AS (
   ${shareFences('(SELECT DISTINCT fence_key, token FROM input)', '=')}
@@ -221,9 +223,26 @@ SELECT i.ord, p.token AS highest_token, p.version, p.etag FROM input i JOIN put 
       rows.map((r) => r.key),
       rows.map((r) => r.token.toString()),
       rows.map((r) => r.contentType),
-      rows.map((r) => r.body),
+      ...concatenatedBodies(rows),
     ],
   };
+}
+
+/**
+ * The bodies of a batch as one bytea ($6) with each row's 1-based start ($7) and length ($8, null
+ * for no body): Postgres decodes one hex string instead of parsing an array literal of them
+ * character by character (array_in was 7 % of its CPU on the leader's object writes).
+ */
+function concatenatedBodies(rows: readonly WriteRow[]): [Buffer, (number | null)[], (number | null)[]] {
+  const starts: (number | null)[] = [];
+  const lengths: (number | null)[] = [];
+  let at = 1;
+  for (const r of rows) {
+    starts.push(r.body === null ? null : at);
+    lengths.push(r.body === null ? null : r.body.length);
+    at += r.body?.length ?? 0;
+  }
+  return [Buffer.concat(rows.flatMap((r) => (r.body === null ? [] : [r.body]))), starts, lengths];
 }
 
 /**

@@ -2,6 +2,7 @@
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
+import { randomBytes } from 'node:crypto';
 import { foldPendingCounts } from '../../src/fence/queries.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { FenceStore } from '../../src/fence/store.ts';
@@ -130,6 +131,25 @@ describe('a batch of plain puts', () => {
       'fencepost_fenced_puts', // lean/slot-object2
       'fencepost_fenced_write', // stale and raising: the full statement alone
     ]);
+  });
+
+  // Invariant: in one batch of the cheaper statement (its bodies travel as one bytea with offsets),
+  // every object reads back exactly its own bytes: empty, one byte, binary, large, side by side.
+  test('bodies of one batch of the cheaper statement come back byte for byte', async () => {
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('bodies/f', 4)`);
+    const rec = recordingPool(db.pool);
+    const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
+    const put = (key: string, body: Buffer) => store.write({ kind: 'put', key, fenceKey: 'bodies/f', token: 4n, contentType: 'application/octet-stream', body, writerId: null });
+    await expect(put('bodies/seed', Buffer.from('seed'))).resolves.toMatchObject({ accepted: true });
+    const bodies = [Buffer.alloc(0), Buffer.from([0]), Buffer.from([0x5c, 0x78, 0x22, 0x7b, 0x2c, 0x7d, 0xff]), Buffer.alloc(70_000, 7), Buffer.alloc(0), Buffer.from('{"a":"\\x00"}'), randomBytes(513)];
+    const blocker = put('bodies/blocker', Buffer.from('b')); // takes the only slot; the rest queue into one batch
+    const writes = bodies.map((b, i) => put(`bodies/${i}`, b));
+    await blocker;
+    for (const w of writes) await expect(w).resolves.toMatchObject({ accepted: true, version: 1n });
+    await store.idle();
+    const { rows } = await db.pool.query<{ key: string; body: Buffer }>(`SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/_' ORDER BY key`);
+    expect(rows.map((r) => r.body.toString('hex'))).toEqual(bodies.map((b) => b.toString('hex')));
+    expect(rec.names.filter((n) => n.startsWith('fencepost_fenced')).slice(-1)).toEqual(['fencepost_fenced_puts']);
   });
 
   // Invariant: a retry repeats only the statement that failed: puts the cheaper statement

@@ -3,15 +3,16 @@
 // by `tools/cli.ts serve --fence-mode …`; nothing in src/ can reach them.
 //   off       no fence at all: objects are written whatever the token
 //   two-step  the classic race: read the fence in one statement, write in another, no lock between
-import { writeValues, type Query, type WriteRow } from '../src/fence/queries.ts';
+import { bodyOf, bodyOffsets, writeValues, type Query, type WriteRow } from '../src/fence/queries.ts';
 import type { WriteOutcome, WriteStrategy } from '../src/fence/store.ts';
 
 export type FenceMode = 'strict' | 'off' | 'two-step';
 export const FENCE_MODES: readonly FenceMode[] = ['strict', 'off', 'two-step'];
 
 const INPUT = `input AS (
-  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
-    AS t(ord, kind, fence_key, key, token, content_type, body)
+  SELECT t.ord, t.kind, t.fence_key, t.key, t.token, t.content_type, ${bodyOf('$7', 't')} AS body
+  FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $8::int[], $9::int[])
+    AS t(ord, kind, fence_key, key, token, content_type, body_start, body_length)
 )`;
 
 const OBJECT_WRITES = `put AS (
@@ -32,7 +33,7 @@ function unfencedWrite(rows: readonly WriteRow[]): Query {
     name: 'fencepost_unsafe_unfenced_write',
     text: `WITH ${INPUT}, ${OBJECT_WRITES}
 SELECT i.ord, i.token::text AS highest_token, put.version FROM input i LEFT JOIN put ON i.kind = 'put' AND put.key = i.key ORDER BY i.ord`,
-    values: writeValues(rows),
+    values: [...writeValues(rows), ...bodyOffsets(rows)],
   };
 }
 
@@ -48,7 +49,7 @@ fence AS (
   RETURNING f.fence_key
 ), ${OBJECT_WRITES}
 SELECT i.ord, i.token::text AS highest_token, put.version FROM input i LEFT JOIN put ON i.kind = 'put' AND put.key = i.key ORDER BY i.ord`,
-    values: writeValues(rows),
+    values: [...writeValues(rows), ...bodyOffsets(rows)],
   };
 }
 

@@ -85,8 +85,11 @@ export function fencedWrite(rows: readonly WriteRow[]): Query {
     name: 'fencepost_fenced_write',
     text: `
 WITH input AS (
-  SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[], $8::text[], $9::boolean[])
-    AS t(ord, kind, fence_key, key, token, content_type, body, if_match, if_none_match)
+  SELECT t.ord, t.kind, t.fence_key, t.key, t.token, t.content_type,
+    ${bodyOf('$7', 't')} AS body,
+    t.if_match, t.if_none_match
+  FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $11::int[], $12::int[], $8::text[], $9::boolean[])
+    AS t(ord, kind, fence_key, key, token, content_type, body_start, body_length, if_match, if_none_match)
 ),
 keys AS (
   SELECT i.fence_key, max(i.token) AS token, (array_agg(w.writer_id ORDER BY i.token DESC, i.ord))[1] AS writer_id
@@ -171,7 +174,7 @@ totalled AS (
 )
 SELECT ord, highest_token, version, etag, unapplied AND NOT precondition_failed AS object_refused, precondition_failed
 FROM result ORDER BY ord`,
-    values: [...writeValues(rows), ...preconditionValues(rows), rows.map((r) => r.writerId ?? null)],
+    values: [...writeValues(rows), ...preconditionValues(rows), rows.map((r) => r.writerId ?? null), ...bodyOffsets(rows)],
   };
 }
 
@@ -196,7 +199,7 @@ export function fencedPuts(rows: readonly WriteRow[]): Query {
     text: `
 WITH input AS (
   SELECT t.ord, t.fence_key, t.key, t.token, t.content_type,
-    CASE WHEN t.body_length IS NOT NULL THEN substring($6::bytea FROM t.body_start FOR t.body_length) END AS body
+    ${bodyOf('$6', 't')} AS body
   FROM unnest($1::int[], $2::text[], $3::text[], $4::bigint[], $5::text[], $7::int[], $8::int[])
     AS t(ord, fence_key, key, token, content_type, body_start, body_length)
 ),
@@ -223,17 +226,28 @@ SELECT i.ord, p.token AS highest_token, p.version, p.etag FROM input i JOIN put 
       rows.map((r) => r.key),
       rows.map((r) => r.token.toString()),
       rows.map((r) => r.contentType),
-      ...concatenatedBodies(rows),
+      concatenatedBodies(rows),
+      ...bodyOffsets(rows),
     ],
   };
 }
 
 /**
- * The bodies of a batch as one bytea ($6) with each row's 1-based start ($7) and length ($8, null
- * for no body): Postgres decodes one hex string instead of parsing an array literal of them
+ * The bodies of a batch as one bytea, each row's at its 1-based start for its length (bodyOffsets;
+ * null for no body): Postgres decodes one hex string instead of parsing an array literal of them
  * character by character (array_in was 7 % of its CPU on the leader's object writes).
  */
-function concatenatedBodies(rows: readonly WriteRow[]): [Buffer, (number | null)[], (number | null)[]] {
+function concatenatedBodies(rows: readonly WriteRow[]): Buffer {
+  return Buffer.concat(rows.flatMap((r) => (r.body === null ? [] : [r.body])));
+}
+
+/** SQL: row `t`'s body out of the bytea parameter `param` (columns body_start, body_length). */
+export function bodyOf(param: string, t: string): string {
+  return `CASE WHEN ${t}.body_length IS NOT NULL THEN substring(${param}::bytea FROM ${t}.body_start FOR ${t}.body_length) END`;
+}
+
+/** Each row's body_start and body_length in concatenatedBodies (null: no body). */
+export function bodyOffsets(rows: readonly WriteRow[]): [(number | null)[], (number | null)[]] {
   const starts: (number | null)[] = [];
   const lengths: (number | null)[] = [];
   let at = 1;
@@ -242,7 +256,7 @@ function concatenatedBodies(rows: readonly WriteRow[]): [Buffer, (number | null)
     lengths.push(r.body === null ? null : r.body.length);
     at += r.body?.length ?? 0;
   }
-  return [Buffer.concat(rows.flatMap((r) => (r.body === null ? [] : [r.body]))), starts, lengths];
+  return [starts, lengths];
 }
 
 /**
@@ -261,8 +275,9 @@ WHERE o.key = ANY($1::text[])`,
 }
 
 /**
- * The parameters of a batch, in fencedWrite's order ($1…$7); its preconditions follow
- * (preconditionValues, $8 and $9), then the writer ids ($10).
+ * The parameters of a batch, in fencedWrite's order ($1…$7, $7 every body in one bytea); its
+ * preconditions follow (preconditionValues, $8 and $9), then the writer ids ($10), then where
+ * each body starts in $7 and its length ($11, $12: bodyOffsets).
  */
 export function writeValues(rows: readonly WriteRow[]): unknown[] {
   return [
@@ -272,7 +287,7 @@ export function writeValues(rows: readonly WriteRow[]): unknown[] {
     rows.map((r) => r.key),
     rows.map((r) => r.token.toString()),
     rows.map((r) => r.contentType),
-    rows.map((r) => r.body),
+    concatenatedBodies(rows),
   ];
 }
 

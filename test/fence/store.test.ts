@@ -150,6 +150,19 @@ describe('a batch of plain puts', () => {
     const { rows } = await db.pool.query<{ key: string; body: Buffer }>(`SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/_' ORDER BY key`);
     expect(rows.map((r) => r.body.toString('hex'))).toEqual(bodies.map((b) => b.toString('hex')));
     expect(rec.names.filter((n) => n.startsWith('fencepost_fenced')).slice(-1)).toEqual(['fencepost_fenced_puts']);
+    // The same through the full statement: a batch that raises a fence and deletes an object.
+    const putG = (key: string, body: Buffer) => store.write({ kind: 'put', key, fenceKey: 'bodies/g', token: 2n, contentType: 'application/octet-stream', body, writerId: null });
+    const blocker2 = put('bodies/blocker', Buffer.from('c'));
+    const del = store.write({ kind: 'delete', key: 'bodies/0', fenceKey: 'bodies/f', token: 4n, writerId: null });
+    const raised = bodies.map((b, i) => putG(`bodies/g${i}`, b));
+    await blocker2;
+    await expect(del).resolves.toMatchObject({ accepted: true });
+    for (const w of raised) await expect(w).resolves.toMatchObject({ accepted: true, version: 1n });
+    await store.idle();
+    const g = await db.pool.query<{ key: string; body: Buffer }>(`SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/g_' ORDER BY key`);
+    expect(g.rows.map((r) => r.body.toString('hex'))).toEqual(bodies.map((b) => b.toString('hex')));
+    expect((await db.pool.query(`SELECT 1 FROM fencepost.objects WHERE key = 'bodies/0'`)).rowCount).toBe(0);
+    expect(rec.names.filter((n) => n.startsWith('fencepost_fenced')).slice(-1)).toEqual(['fencepost_fenced_write']);
   });
 
   // Invariant: a retry repeats only the statement that failed: puts the cheaper statement

@@ -26,10 +26,13 @@ export interface SoakRow {
   /** Operations per second over the soak, and the failed ones (non-2xx, socket errors, failed transactions). */
   perS: number;
   failed: number;
-  /** RSS (bytes) at the soak's first and last sample, and the highest sample. */
+  /** RSS (bytes) at the soak's first and last sample, the lowest and the highest sample. */
   startRss: number;
   endRss: number;
+  minRss: number;
   maxRss: number;
+  /** The least-squares line through every sample, from the first sample to the last (bytes): growth, not one sample's place in the heap's swing. */
+  fittedRss: number;
   samples: number;
 }
 
@@ -42,6 +45,21 @@ export interface SoakOptions {
 /** A tenth of the soak, 1 to 30 s: long enough for the heap to reach its working size. */
 export function warmUpSeconds(soakS: number): number {
   return Math.min(30, Math.max(1, Math.round(soakS / 10)));
+}
+
+/** The rise of the least-squares line through `samples` (one per second) from the first to the last. */
+export function fittedChange(samples: readonly number[]): number {
+  const n = samples.length;
+  if (n < 2) return 0;
+  const meanX = (n - 1) / 2;
+  const meanY = samples.reduce((a, b) => a + b, 0) / n;
+  let sxy = 0;
+  let sxx = 0;
+  samples.forEach((y, x) => {
+    sxy += (x - meanX) * (y - meanY);
+    sxx += (x - meanX) ** 2;
+  });
+  return (sxy / sxx) * (n - 1);
 }
 
 /** RSS flat within this many bytes over the soak (end − start). */
@@ -153,7 +171,7 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
       const t = performance.now();
       const { result, rss } = await sampled(proxy, () => loads[door](o.seconds));
       const seconds = (performance.now() - t) / 1000;
-      rows.push({ door, seconds, perS: result.ops / seconds, failed: result.failed, startRss: rss[0]!, endRss: rss.at(-1)!, maxRss: Math.max(...rss), samples: rss.length });
+      rows.push({ door, seconds, perS: result.ops / seconds, failed: result.failed, startRss: rss[0]!, endRss: rss.at(-1)!, minRss: Math.min(...rss), maxRss: Math.max(...rss), fittedRss: fittedChange(rss), samples: rss.length });
     }
     return rows;
   } finally {
@@ -169,15 +187,15 @@ const mib = (bytes: number, digits = 0) => fmt(bytes / 2 ** 20, digits);
 export function soakTable(rows: readonly SoakRow[]): string {
   if (rows.length === 0) return '';
   const out = [
-    `Proxy memory under steady load: a fresh \`fencepost serve\` (HTTP and the SQL endpoint) for each door, on one Postgres, each door in turn after a warm-up of a tenth of the soak (1 to 30 s), its RSS (/proc VmRSS) read every second; goal: end − start within ± ${mib(SOAK_GOAL_BYTES)} MiB (issue 26 states it over 300 s: BENCH_SOAK_S=300).`,
+    `Proxy memory under steady load: a fresh \`fencepost serve\` (HTTP and the SQL endpoint) for each door, on one Postgres, each door in turn after a warm-up of a tenth of the soak (1 to 30 s), its RSS (/proc VmRSS) read every second; goal: end − start within ± ${mib(SOAK_GOAL_BYTES)} MiB (issue 26 states it over 300 s: BENCH_SOAK_S=300). Fitted: the rise of the least-squares line through every sample over the soak, which one sample's place in the heap's swing does not move.`,
     '',
-    '| door | seconds | op/s | RSS start MiB | RSS end MiB | RSS max MiB | end − start MiB | goal | samples | failed |',
-    '|---|---:|---:|---:|---:|---:|---:|---|---:|---:|',
+    '| door | seconds | op/s | RSS start MiB | RSS end MiB | RSS min / max MiB | end − start MiB | goal | fitted MiB | samples | failed |',
+    '|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|',
   ];
   for (const r of rows) {
     const delta = r.endRss - r.startRss;
     out.push(
-      `| ${DOOR_NAMES[r.door]} | ${fmt(r.seconds, 0)} | ${fmt(r.perS, 0)} | ${mib(r.startRss)} | ${mib(r.endRss)} | ${mib(r.maxRss)} | ${delta > 0 ? '+' : ''}${mib(delta, 1)} | ± ${mib(SOAK_GOAL_BYTES)}: ${Math.abs(delta) <= SOAK_GOAL_BYTES ? 'yes' : '**no**'} | ${r.samples} | ${r.failed} |`,
+      `| ${DOOR_NAMES[r.door]} | ${fmt(r.seconds, 0)} | ${fmt(r.perS, 0)} | ${mib(r.startRss)} | ${mib(r.endRss)} | ${mib(r.minRss)} / ${mib(r.maxRss)} | ${delta > 0 ? '+' : ''}${mib(delta, 1)} | ± ${mib(SOAK_GOAL_BYTES)}: ${Math.abs(delta) <= SOAK_GOAL_BYTES ? 'yes' : '**no**'} | ${r.fittedRss > 0 ? '+' : ''}${mib(r.fittedRss, 1)} | ${r.samples} | ${r.failed} |`,
     );
   }
   return out.join('\n');

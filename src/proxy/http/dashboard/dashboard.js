@@ -20,7 +20,9 @@
     const key = sessionStorage.getItem(KEY_STORAGE);
     if (key) headers.authorization = `Bearer ${key}`;
     const res = await fetch(path, { headers, cache: 'no-store', credentials: 'same-origin' });
-    if (res.status === 401 || (res.status === 403 && key)) $('key-form').hidden = false;
+    // A poll sent before a key was given (or changed) answers for the old key: it must not ask again.
+    const current = sessionStorage.getItem(KEY_STORAGE) === key;
+    if (current && (res.status === 401 || (res.status === 403 && key))) $('key-form').hidden = false;
     if (!res.ok) {
       let code = `HTTP ${res.status}`;
       try { code = (await res.json()).error || code; } catch { /* not JSON */ }

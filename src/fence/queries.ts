@@ -234,7 +234,7 @@ SELECT i.ord, p.token AS highest_token, p.version, p.etag FROM input i JOIN put 
 
 /**
  * The bodies of a batch as one bytea, each row's at its 1-based start for its length (bodyOffsets;
- * null for no body): Postgres decodes one hex string instead of parsing an array literal of them
+ * null for no body): node-postgres sends a Buffer in binary, so Postgres parses nothing, where it parsed an array literal of them
  * character by character (array_in was 7 % of its CPU on the leader's object writes).
  */
 function concatenatedBodies(rows: readonly WriteRow[]): Buffer {

@@ -28,7 +28,7 @@ import { migrate } from '../src/fence/migrate.ts';
 import { protectPrefix, protectTable } from '../src/fence/protect.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, dropBenchRole, fmt, jsonBody, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, jsonBody, machine, settleDisk } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
 import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
 import { cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
@@ -244,6 +244,7 @@ async function compare(
     place(placement, placed);
     if (o.warmupS > 0) await runWrk({ ...wrk, durationS: o.warmupS });
     await afterWarmup();
+    await settleDisk(w.sql);
     return measureCpu(probes(true), () => runWrk({ ...wrk, durationS: o.durationS }));
   };
   const { wrk: _w, pgbench: _p, ...rest } = spec;
@@ -258,6 +259,7 @@ async function compare(
         log(`${spec.name}: pgbench -M prepared, ${spec.inFlight} clients, ${o.durationS} s, ${placement}`);
         place(placement, placed);
         if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+        await settleDisk(w.sql);
         direct = await measureCpu(probes(false), () => runPgbench({ ...pgb, durationS: o.durationS }));
       }
       const proxy = await runProxy('', placement);

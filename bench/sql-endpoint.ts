@@ -26,7 +26,7 @@ import { freePort } from '../tools/zookeeper/local-server.ts';
 import { pgbouncerVersion, startPgbouncer, type Bouncer } from '../tools/pgbouncer.ts';
 import { spawnServe } from './serve.ts';
 import { startFloorServer, type FloorServer } from './floor.ts';
-import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
+import { benchPostgres, dropBenchRole, fmt, machine, settleDisk } from './support.ts';
 import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
 import { expectRefused, pgbenchRate, protectedTable, trackFunctions, triggerCalls, triggerTime, type ProtectedPair } from './protected.ts';
 import { childNamed, cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
@@ -184,6 +184,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
                 place(placement, placed);
                 if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
                 if (path === 'protected') before = await triggerCalls(sql, TRIGGER);
+                await settleDisk(sql);
                 const { result, cpu } = await measureCpu(probes(path), () => runPgbench(pgb));
                 runs.push({ ...at, result, cpu });
                 if (path === 'protected') after = await triggerCalls(sql, TRIGGER);

@@ -88,3 +88,18 @@ export async function dropBenchRole(role: string): Promise<void> {
     await c.end().catch(() => {});
   }
 }
+
+/**
+ * Before each measured window: CHECKPOINT, then sync(1), so the window does not pay for the disk
+ * writes of the one before it. Without it the second window on a fresh cluster (the proxy's, after
+ * the direct run) met WAL fsyncs of 0.1–2.6 s in about half the runs on this VM (pg_stat_activity:
+ * one backend in IO/WalSync, the rest in LWLock/WALWrite), a p99 of 87–2530 ms against 12–25 ms
+ * without; run first, the proxy's window had none. A login that may not CHECKPOINT (not superuser,
+ * not pg_checkpoint) still syncs.
+ */
+export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
+  await sql.query('CHECKPOINT').catch((err: unknown) => {
+    if ((err as { code?: string }).code !== '42501') throw err;
+  });
+  execFileSync('sync');
+}

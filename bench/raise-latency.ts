@@ -37,7 +37,7 @@ import { loadConfig } from '../src/proxy/config.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, fmt, machine } from './support.ts';
+import { benchPostgres, fmt, machine, watchWalSync, type WalSyncWatch } from './support.ts';
 
 export const HOLDERS = ['writers', 'idle', 'sigstop', 'sleeper', 'prepared'] as const;
 export type HolderKind = (typeof HOLDERS)[number];
@@ -63,6 +63,9 @@ export interface HandoverRow {
   olderCommits: number;
   /** What the holder heard when it tried to commit after the raise, by answer, over all rounds. */
   heard: Record<string, number>;
+  /** Rounds whose raise took longer than the goal; of them, rounds in which a WAL fsync took ≥ DISK_STALL_MS (watchWalSync). */
+  overGoal: number;
+  overGoalDisk: number;
   /** Why the row did not run. */
   skipped?: string;
 }
@@ -94,7 +97,14 @@ const WRITERS_AFTER_MS = 300;
 const PSYCOPG2_WRITER = join(import.meta.dirname, 'handover-writer.py');
 const PYTHON = process.env.BENCH_PYTHON ?? '/usr/bin/python3';
 
+/** A WAL fsync at least this long in a round is the disk's stall, not the raise's (watchWalSync). */
+const DISK_STALL_MS = 100;
+
 interface World {
+  /** WAL fsyncs seen in Postgres, per round. */
+  wal: WalSyncWatch;
+  /** The raise's bound: goalMs(). */
+  goalMs: number;
   owner: pg.Pool;
   proxy: ServeProcess;
   dbUrl: string;
@@ -321,6 +331,8 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
   const failed: Record<string, number> = {};
   const heard: Record<string, number> = {};
   let olderCommits = 0;
+  let overGoal = 0;
+  let overGoalDisk = 0;
   for (let i = 0; i < rounds; i++) {
     const fenceKey = `ho/${holder}/${door}/${i}`;
     const up = await request(w.agent, `${w.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, 'PUT', { 'fencing-token': '1' });
@@ -332,8 +344,13 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
     let acceptedAfter = 0;
     try {
       raiser = await prepareRaise(w, door, fenceKey);
+      w.wal.mark();
       const r = await raiser.raise();
       ms.push(r.ms);
+      if (r.ms > w.goalMs) {
+        overGoal++;
+        if (w.wal.longestMs() >= DISK_STALL_MS) overGoalDisk++;
+      }
       if (r.failure !== null) failed[r.failure] = (failed[r.failure] ?? 0) + 1;
       for (const said of await h.resume()) {
         const [what = said, n = '1'] = said.split('×');
@@ -348,7 +365,7 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
   }
   const d = distribution(ms);
   log(`${holder} / ${door}: p50 ${fmt(d.median, 0)} ms, p99 ${fmt(d.p99, 0)} ms, older-token commits after the raise ${olderCommits}`);
-  return { holder, door, raiseMs: d, failed, olderCommits, heard };
+  return { holder, door, raiseMs: d, failed, olderCommits, heard, overGoal, overGoalDisk };
 }
 
 /**
@@ -382,8 +399,10 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
   owner.on('error', () => {});
   const agent = new http.Agent({ keepAlive: true, maxSockets: 4 });
   let proxy: ServeProcess | null = null;
+  let wal: WalSyncWatch | null = null;
   try {
     await migrate(owner);
+    wal = await watchWalSync(db.url);
     await owner.query('CREATE SCHEMA app');
     await owner.query('CREATE TABLE app.ho_rows (id bigserial PRIMARY KEY, fence_key text NOT NULL, token bigint NOT NULL, who text NOT NULL)');
     const pgwirePort = await freePort();
@@ -398,6 +417,8 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
     const setting = async (name: string) => (await owner.query<{ v: string }>(`SELECT current_setting('${name}') AS v`)).rows[0]!.v;
     const preparedSlots = Number(await setting('max_prepared_transactions'));
     const w: World = {
+      wal,
+      goalMs: goalMs(config),
       owner,
       proxy,
       dbUrl: db.url,
@@ -416,7 +437,7 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
     for (const holder of o.holders) {
       for (const door of o.doors) {
         if (holder === 'prepared' && preparedSlots === 0) {
-          report.rows.push({ holder, door, raiseMs: distribution([]), failed: {}, olderCommits: 0, heard: {}, skipped: 'max_prepared_transactions = 0 on the DATABASE_URL server' });
+          report.rows.push({ holder, door, raiseMs: distribution([]), failed: {}, olderCommits: 0, heard: {}, overGoal: 0, overGoalDisk: 0, skipped: 'max_prepared_transactions = 0 on the DATABASE_URL server' });
           continue;
         }
         report.rows.push(await runRow(w, holder, door, o.rounds, o.log));
@@ -425,6 +446,7 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
     return report;
   } finally {
     agent.destroy();
+    await wal?.stop();
     await proxy?.stop();
     await owner.end();
     await db.stop();
@@ -439,18 +461,18 @@ export function raiseLatencyTable(r: HandoverReport): string {
   const out = [
     `Bounded handover (bench/raise-latency.ts): FENCEPOST_RAISE_WAIT_MS = ${r.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS = ${r.lockTimeoutMs} (defaults unless BENCH_PROXY_ENV); ${r.rounds} rounds per row, a fence key per round, raise from token 1 to 2 timed from request to answer; ${r.commitTimestamps ? 'older-token commits: token-1 rows of the round\'s fence committed after the raise, by commit timestamp in Postgres' : 'older-token commits (track_commit_timestamp off): the held holders\' rows in Postgres, the writers\' 200s to writes sent after the raise\'s answer'}. The writers' "heard" is their writes sent after the raise's answer, by status.`,
     '',
-    '| holder at the old token | raise door | rounds | p50 ms | p99 ms | max ms | goal (raise wait + 200) | met? | raise failures | older-token commits after the raise | what the holder heard after the raise |',
-    '|---|---|---:|---:|---:|---:|---|---|---:|---:|---|',
+    `| holder at the old token | raise door | rounds | p50 ms | p99 ms | max ms | goal (raise wait + 200) | met? | rounds over the goal: all / with a WAL fsync ≥ ${DISK_STALL_MS} ms | raise failures | older-token commits after the raise | what the holder heard after the raise |`,
+    '|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|',
   ];
   for (const x of r.rows) {
     if (x.skipped) {
-      out.push(`| ${HOLDER_NAMES[x.holder]} | ${DOOR_NAMES[x.door]} | 0 | – | – | – | ≤ ${goal} | skipped: ${x.skipped} | | | |`);
+      out.push(`| ${HOLDER_NAMES[x.holder]} | ${DOOR_NAMES[x.door]} | 0 | – | – | – | ≤ ${goal} | skipped: ${x.skipped} | | | | |`);
       continue;
     }
     const failures = Object.values(x.failed).reduce((a, b) => a + b, 0);
     const ok = x.raiseMs.p99 <= goal && failures === 0 && x.olderCommits === 0;
     out.push(
-      `| ${HOLDER_NAMES[x.holder]} | ${DOOR_NAMES[x.door]} | ${x.raiseMs.samples} | ${fmt(x.raiseMs.median, 0)} | ${fmt(x.raiseMs.p99, 0)} | ${fmt(x.raiseMs.max, 0)} | ≤ ${goal} | ${met(ok)} | ${failures === 0 ? 0 : `${failures} (${counts(x.failed)})`} | ${x.olderCommits} | ${counts(x.heard)} |`,
+      `| ${HOLDER_NAMES[x.holder]} | ${DOOR_NAMES[x.door]} | ${x.raiseMs.samples} | ${fmt(x.raiseMs.median, 0)} | ${fmt(x.raiseMs.p99, 0)} | ${fmt(x.raiseMs.max, 0)} | ≤ ${goal} | ${met(ok)} | ${x.overGoal} / ${x.overGoalDisk} | ${failures === 0 ? 0 : `${failures} (${counts(x.failed)})`} | ${x.olderCommits} | ${counts(x.heard)} |`,
     );
   }
   return out.join('\n');

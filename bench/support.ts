@@ -103,3 +103,50 @@ export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
   });
   execFileSync('sync');
 }
+
+/**
+ * Watches Postgres for WAL fsyncs (pg_stat_activity wait_event WalSync) every 10 ms from a
+ * connection of its own: a stall's length is how long one backend was seen in it (a lower bound).
+ * This VM's disk takes 0.1–0.4 s for an fsync now and then; a round that met one says so.
+ */
+export interface WalSyncWatch {
+  /** Starts a new window. */
+  mark(): void;
+  /** The longest WAL fsync seen since mark(), in ms (one still going counts up to now). */
+  longestMs(): number;
+  stop(): Promise<void>;
+}
+
+export async function watchWalSync(url: string): Promise<WalSyncWatch> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  const since = new Map<number, number>(); // pid → first seen in WalSync
+  let longest = 0;
+  let stopped = false;
+  const loop = (async () => {
+    while (!stopped) {
+      const { rows } = await c.query<{ pid: number }>("SELECT pid FROM pg_catalog.pg_stat_activity WHERE wait_event = 'WalSync'");
+      const now = performance.now();
+      const seen = new Set(rows.map((r) => r.pid));
+      for (const pid of seen) if (!since.has(pid)) since.set(pid, now);
+      for (const [pid, at] of since) {
+        longest = Math.max(longest, now - at);
+        if (!seen.has(pid)) since.delete(pid);
+      }
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  })();
+  return {
+    mark: () => {
+      longest = 0;
+      const now = performance.now();
+      for (const pid of since.keys()) since.set(pid, now);
+    },
+    longestMs: () => longest,
+    stop: async () => {
+      stopped = true;
+      await loop.catch(() => {});
+      await c.end();
+    },
+  };
+}

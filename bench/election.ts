@@ -12,12 +12,31 @@ import { pathToFileURL } from 'node:url';
 import { Election } from '../src/election/election.ts';
 import { distribution, measureSessionTimeoutAdvice } from '../src/election/advice.ts';
 import type { Distribution, SessionTimeoutAdvice } from '../src/election/advice.ts';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper, fourLetterWord } from '../tools/zookeeper/local-server.ts';
+
+/** A graceful handover over this is slow (the target is p99 < 50 ms). */
+const SLOW_HANDOVER_MS = 50;
+/** A ZooKeeper transaction-log fsync at least this long in a slow round is the disk's doing. */
+const ZK_FSYNC_STALL_MS = 25;
 
 export interface HandoverFigures {
   candidates: number;
   /** resign() called → another candidate's 'elected', in ms. */
   handoverMs: Distribution;
+  /**
+   * Rounds over SLOW_HANDOVER_MS; of them, rounds in which ZooKeeper's longest transaction-log fsync
+   * (mntr zk_max_fsynctime after srst) was ZK_FSYNC_STALL_MS or more. Null without the bench's own server.
+   */
+  slow: { rounds: number; withFsyncStall: number } | null;
+}
+
+/** ZooKeeper's longest fsync since the last srst (ms), or null when its four-letter words are not allowed. */
+async function maxFsyncMs(port: number | null, reset: boolean): Promise<number | null> {
+  if (port === null) return null;
+  const reply = await fourLetterWord(port, reset ? 'srst' : 'mntr').catch(() => '');
+  if (reset) return null;
+  const m = /^zk_max_fsynctime\s+(\d+)/m.exec(reply);
+  return m ? Number(m[1]) : null;
 }
 
 export interface ElectionBenchResult {
@@ -64,25 +83,34 @@ async function settled(es: readonly Election[]): Promise<Election> {
   }
 }
 
-export async function benchHandover(connect: string, candidates: number, rounds: number): Promise<HandoverFigures> {
+/** `zkPort`: the client port of the bench's own ZooKeeper (its fsyncs are read per round), else null. */
+export async function benchHandover(connect: string, candidates: number, rounds: number, zkPort: number | null = null): Promise<HandoverFigures> {
   const path = benchPath(`handover-${candidates}`);
   const es = Array.from({ length: candidates }, (_, i) => new Election({ connect, path, id: `c${i}`, sessionTimeoutMs: 10_000 }));
   await Promise.all(es.map((e) => e.start()));
   const samples: number[] = [];
+  let slow = 0;
+  let withFsyncStall = 0;
   try {
     for (let i = 0; i < rounds + 2; i++) {
       const leader = await settled(es);
       await new Promise((r) => setTimeout(r, 20)); // let the previous round's traffic drain
+      await maxFsyncMs(zkPort, true);
       const next = nextElected(es, leader);
       const t0 = now();
       void leader.resign();
       const t1 = await next;
-      if (i >= 2) samples.push(t1 - t0); // two warm-up rounds
+      if (i < 2) continue; // two warm-up rounds
+      samples.push(t1 - t0);
+      if (t1 - t0 > SLOW_HANDOVER_MS) {
+        slow++;
+        if (((await maxFsyncMs(zkPort, false)) ?? 0) >= ZK_FSYNC_STALL_MS) withFsyncStall++;
+      }
     }
   } finally {
     await Promise.all(es.map((e) => e.close()));
   }
-  return { candidates, handoverMs: distribution(samples) };
+  return { candidates, handoverMs: distribution(samples), slow: zkPort === null ? null : { rounds: slow, withFsyncStall } };
 }
 
 export async function benchCrash(connect: string, sessionTimeoutMs: number, rounds: number): Promise<Distribution> {
@@ -119,7 +147,7 @@ export async function runElectionBench(opts: { rounds?: number; crashRounds?: nu
   const tickTimeMs = own ? own.tickTimeMs : Number(process.env.ZK_TICK_MS ?? 2000);
   try {
     const byCandidates: HandoverFigures[] = [];
-    for (const n of [2, 10, 50]) byCandidates.push(await benchHandover(connect, n, rounds));
+    for (const n of [2, 10, 50]) byCandidates.push(await benchHandover(connect, n, rounds, own?.nodes[0]!.clientPort ?? null));
     const crashMs = await benchCrash(connect, sessionTimeoutMs, crashRounds);
     const doctor = await measureSessionTimeoutAdvice({ connect, windowMs: 3000 });
     const boundMs = sessionTimeoutMs + tickTimeMs + 200;
@@ -154,11 +182,16 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
   });
   const out = [
     `ZooKeeper ${r.zookeeper.ownServer ? 'standalone (started by the bench)' : r.zookeeper.connect}, tickTime ${r.zookeeper.tickTimeMs} ms`,
-    ...r.byCandidates.map((b) => `graceful handover, ${String(b.candidates).padStart(2)} candidates: ${fmt(b.handoverMs)}`),
+    ...r.byCandidates.map((b) => `graceful handover, ${String(b.candidates).padStart(2)} candidates: ${fmt(b.handoverMs)}${b.slow ? `; ${slowRounds(b)}` : ''}`),
     `crash failover, session timeout ${r.crash.sessionTimeoutMs} ms: ${fmt(r.crash.failoverMs)}; bound ${r.crash.boundMs} ms → ${r.crash.withinBound ? 'within' : 'EXCEEDED'}`,
     `doctor: RTT ${fmt(r.doctor.rttMs)}; event-loop stall ${fmt(r.doctor.eventLoopStallMs)}; recommends ${r.doctor.recommendedSessionTimeoutMs} ms`,
     `targets: ${JSON.stringify(r.targets)}`,
   ];
   process.stdout.write(out.join('\n') + '\n');
   process.stdout.write(JSON.stringify(r, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)) + '\n');
+}
+
+/** "rounds over 50 ms: 2, with a ZooKeeper fsync ≥ 25 ms: 2" (the report's wording). */
+export function slowRounds(h: HandoverFigures): string {
+  return h.slow === null ? '' : `rounds over ${SLOW_HANDOVER_MS} ms: ${h.slow.rounds}, with a ZooKeeper fsync ≥ ${ZK_FSYNC_STALL_MS} ms: ${h.slow.withFsyncStall}`;
 }

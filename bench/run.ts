@@ -19,7 +19,7 @@ import { runSoakBench, soakTable } from './soak.ts';
 import { httpFloorTable, runHttpFloorBench } from './floor.ts';
 import { cpuTable } from './cpu.ts';
 import { pinnedDescription, placements } from './placement.ts';
-import { runElectionBench } from './election.ts';
+import { runElectionBench, slowRounds } from './election.ts';
 import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
 import { runHandoverBench } from './handover.ts';
@@ -83,7 +83,7 @@ const out = [
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',
-  ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, h.candidates === 2 ? 'p99 < 50' : 'flat in candidates')),
+  ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, `${h.candidates === 2 ? 'p99 < 50' : 'flat in candidates'}${h.slow ? `; ${slowRounds(h)}` : ''}`)),
   row(`crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`, election.crash.failoverMs, `≤ ${bound} (T + tick + 200)`),
   row('crash failover (SIGKILL of `fencepost elect`), T = 2000', sigkill, `≤ ${bound}`),
   row(`freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`, handover.freezeToFirstWriteMs, `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500)`),

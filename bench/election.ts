@@ -31,7 +31,7 @@ export interface HandoverFigures {
 }
 
 /** ZooKeeper's longest fsync since the last srst (ms), or null when its four-letter words are not allowed. */
-async function maxFsyncMs(port: number | null, reset: boolean): Promise<number | null> {
+export async function maxFsyncMs(port: number | null, reset: boolean): Promise<number | null> {
   if (port === null) return null;
   const reply = await fourLetterWord(port, reset ? 'srst' : 'mntr').catch(() => '');
   if (reset) return null;

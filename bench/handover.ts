@@ -13,7 +13,11 @@ import { startProxy } from '../src/proxy/server.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { LocalZooKeeper, freePort } from '../tools/zookeeper/local-server.ts';
 import { runElectedTransaction } from '../tools/demo/elected-transaction.ts';
-import { benchPostgres } from './support.ts';
+import { benchPostgres, watchWalSync } from './support.ts';
+import { maxFsyncMs } from './election.ts';
+
+/** A WAL or ZooKeeper fsync at least this long in a round over the bound is the disk's doing. */
+const DISK_STALL_MS = 100;
 
 export interface HandoverBenchResult {
   sessionTimeoutMs: number;
@@ -22,6 +26,9 @@ export interface HandoverBenchResult {
   freezeToFirstWriteMs: Distribution;
   /** Every round: the zombie's COMMIT failed and its row is absent. */
   zombieRefused: boolean;
+  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of DISK_STALL_MS or more. */
+  overBound: number;
+  overBoundDisk: number;
 }
 
 export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs?: number } = {}): Promise<HandoverBenchResult> {
@@ -34,11 +41,18 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
   const owner = new pg.Pool({ connectionString: db.url, max: 2 });
   const samples: number[] = [];
   let zombieRefused = true;
+  const boundMs = sessionTimeoutMs + config.raiseWaitMs + 500;
+  const zkPort = zk?.nodes[0]!.clientPort ?? null;
+  const wal = await watchWalSync(db.url);
+  let overBound = 0;
+  let overBoundDisk = 0;
   try {
     for (let i = 0; i < rounds; i++) {
       const table = `public.handover_${i}`;
       await owner.query(`CREATE TABLE ${table} (key text PRIMARY KEY, token bigint NOT NULL)`);
       await owner.query(`GRANT SELECT, INSERT ON ${table} TO ${pg.escapeIdentifier(config.clientRole)}`);
+      wal.mark();
+      await maxFsyncMs(zkPort, true);
       const r = await runElectedTransaction({
         zkConnect: process.env.ZK_CONNECT ?? zk!.connectString,
         electionPath: `/fencepost-bench/handover-${process.pid}-${i}-${Date.now()}`,
@@ -50,15 +64,20 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
         sessionTimeoutMs,
       });
       samples.push(r.freezeToFirstWriteMs);
+      if (r.freezeToFirstWriteMs > boundMs) {
+        overBound++;
+        if (wal.longestMs() >= DISK_STALL_MS || ((await maxFsyncMs(zkPort, false)) ?? 0) >= DISK_STALL_MS) overBoundDisk++;
+      }
       zombieRefused &&= r.zombieCommit.event === 'commit-failed' && !r.zombieRowPresent;
     }
   } finally {
+    await wal.stop();
     await owner.end();
     await proxy.close();
     await zk?.stop();
     await db.stop();
   }
-  return { sessionTimeoutMs, raiseWaitMs: config.raiseWaitMs, boundMs: sessionTimeoutMs + config.raiseWaitMs + 500, freezeToFirstWriteMs: distribution(samples), zombieRefused };
+  return { sessionTimeoutMs, raiseWaitMs: config.raiseWaitMs, boundMs, freezeToFirstWriteMs: distribution(samples), zombieRefused, overBound, overBoundDisk };
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {

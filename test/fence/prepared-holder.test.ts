@@ -26,8 +26,10 @@ beforeAll(async () => {
       done();
     },
   });
-  // A short lock timeout: a raise past the prepared transaction gives up quickly.
-  sql = await startSqlProxy(db, { FENCEPOST_LOCK_TIMEOUT_MS: '200', FENCEPOST_RAISE_WAIT_MS: '200' }, { logger: pino({ level: 'warn' }, sink) });
+  // A short raise wait, so the raise ends the prepared transaction soon. The lock timeout is what
+  // the ending may take: ROLLBACK PREPARED waits for a WAL fsync, which on a loaded CI box's disk
+  // took longer than 200 ms now and then (the raise then failed: FP428 at the SQL door).
+  sql = await startSqlProxy(db, { FENCEPOST_LOCK_TIMEOUT_MS: '2000', FENCEPOST_RAISE_WAIT_MS: '200' }, { logger: pino({ level: 'warn' }, sink) });
   await db.pool.query('CREATE TABLE public.held_rows (id int PRIMARY KEY)');
   await db.pool.query(`GRANT SELECT, INSERT ON public.held_rows TO ${clientRoleFor(db.url)}`);
 });

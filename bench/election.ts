@@ -12,7 +12,8 @@ import { pathToFileURL } from 'node:url';
 import { Election } from '../src/election/election.ts';
 import { distribution, measureSessionTimeoutAdvice } from '../src/election/advice.ts';
 import type { Distribution, SessionTimeoutAdvice } from '../src/election/advice.ts';
-import { LocalZooKeeper, fourLetterWord } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { resetZooKeeperStats, zooKeeperMaxFsyncMs } from './support.ts';
 
 /** A graceful handover over this is slow (the target is p99 < 50 ms). */
 const SLOW_HANDOVER_MS = 50;
@@ -30,14 +31,6 @@ export interface HandoverFigures {
   slow: { rounds: number; withFsyncStall: number } | null;
 }
 
-/** ZooKeeper's longest fsync since the last srst (ms), or null when its four-letter words are not allowed. */
-export async function maxFsyncMs(port: number | null, reset: boolean): Promise<number | null> {
-  if (port === null) return null;
-  const reply = await fourLetterWord(port, reset ? 'srst' : 'mntr').catch(() => '');
-  if (reset) return null;
-  const m = /^zk_max_fsynctime\s+(\d+)/m.exec(reply);
-  return m ? Number(m[1]) : null;
-}
 
 export interface ElectionBenchResult {
   zookeeper: { connect: string; tickTimeMs: number; ownServer: boolean };
@@ -95,7 +88,7 @@ export async function benchHandover(connect: string, candidates: number, rounds:
     for (let i = 0; i < rounds + 2; i++) {
       const leader = await settled(es);
       await new Promise((r) => setTimeout(r, 20)); // let the previous round's traffic drain
-      await maxFsyncMs(zkPort, true);
+      await resetZooKeeperStats(zkPort);
       const next = nextElected(es, leader);
       const t0 = now();
       void leader.resign();
@@ -104,7 +97,7 @@ export async function benchHandover(connect: string, candidates: number, rounds:
       samples.push(t1 - t0);
       if (t1 - t0 > SLOW_HANDOVER_MS) {
         slow++;
-        if (((await maxFsyncMs(zkPort, false)) ?? 0) >= ZK_FSYNC_STALL_MS) withFsyncStall++;
+        if (((await zooKeeperMaxFsyncMs(zkPort)) ?? 0) >= ZK_FSYNC_STALL_MS) withFsyncStall++;
       }
     }
   } finally {

@@ -13,11 +13,7 @@ import { startProxy } from '../src/proxy/server.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { LocalZooKeeper, freePort } from '../tools/zookeeper/local-server.ts';
 import { runElectedTransaction } from '../tools/demo/elected-transaction.ts';
-import { benchPostgres, watchWalSync } from './support.ts';
-import { maxFsyncMs } from './election.ts';
-
-/** A WAL or ZooKeeper fsync at least this long in a round over the bound is the disk's doing. */
-const DISK_STALL_MS = 100;
+import { benchPostgres, resetZooKeeperStats, WAL_FSYNC_STALL_MS, watchWalSync, zooKeeperMaxFsyncMs } from './support.ts';
 
 export interface HandoverBenchResult {
   sessionTimeoutMs: number;
@@ -26,7 +22,7 @@ export interface HandoverBenchResult {
   freezeToFirstWriteMs: Distribution;
   /** Every round: the zombie's COMMIT failed and its row is absent. */
   zombieRefused: boolean;
-  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of DISK_STALL_MS or more. */
+  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of WAL_FSYNC_STALL_MS or more. */
   overBound: number;
   overBoundDisk: number;
 }
@@ -52,7 +48,7 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
       await owner.query(`CREATE TABLE ${table} (key text PRIMARY KEY, token bigint NOT NULL)`);
       await owner.query(`GRANT SELECT, INSERT ON ${table} TO ${pg.escapeIdentifier(config.clientRole)}`);
       wal.mark();
-      await maxFsyncMs(zkPort, true);
+      await resetZooKeeperStats(zkPort);
       const r = await runElectedTransaction({
         zkConnect: process.env.ZK_CONNECT ?? zk!.connectString,
         electionPath: `/fencepost-bench/handover-${process.pid}-${i}-${Date.now()}`,
@@ -66,7 +62,7 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
       samples.push(r.freezeToFirstWriteMs);
       if (r.freezeToFirstWriteMs > boundMs) {
         overBound++;
-        if (wal.longestMs() >= DISK_STALL_MS || ((await maxFsyncMs(zkPort, false)) ?? 0) >= DISK_STALL_MS) overBoundDisk++;
+        if (wal.longestMs() >= WAL_FSYNC_STALL_MS || ((await zooKeeperMaxFsyncMs(zkPort)) ?? 0) >= WAL_FSYNC_STALL_MS) overBoundDisk++;
       }
       zombieRefused &&= r.zombieCommit.event === 'commit-failed' && !r.zombieRowPresent;
     }

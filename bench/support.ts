@@ -5,7 +5,7 @@ import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
+import { fourLetterWord, freePort } from '../tools/zookeeper/local-server.ts';
 
 export interface BenchPostgres {
   /** URL of a fresh database for this benchmark. */
@@ -94,7 +94,8 @@ export async function dropBenchRole(role: string): Promise<void> {
  * writes of the one before it. Without it the second window on a fresh cluster (the proxy's, after
  * the direct run) met WAL fsyncs of 0.1–2.6 s in about half the runs on this VM (pg_stat_activity:
  * one backend in IO/WalSync, the rest in LWLock/WALWrite), a p99 of 87–2530 ms against 12–25 ms
- * without; run first, the proxy's window had none. A login that may not CHECKPOINT (not superuser,
+ * without; run first, the proxy's window had none. With it such stalls are rarer, not gone (the
+ * disk stalls on its own too: WAL_FSYNC_STALL_MS). A login that may not CHECKPOINT (not superuser,
  * not pg_checkpoint) still syncs.
  */
 export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
@@ -109,6 +110,9 @@ export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
  * connection of its own: a stall's length is how long one backend was seen in it (a lower bound).
  * This VM's disk takes 0.1–0.4 s for an fsync now and then; a round that met one says so.
  */
+/** A WAL or ZooKeeper fsync at least this long in a slow round is the disk's stall, not ours. */
+export const WAL_FSYNC_STALL_MS = 100;
+
 export interface WalSyncWatch {
   /** Starts a new window. */
   mark(): void;
@@ -135,7 +139,7 @@ export async function watchWalSync(url: string): Promise<WalSyncWatch> {
       }
       await new Promise((r) => setTimeout(r, 10));
     }
-  })();
+  })().catch(() => {}); // Postgres gone: nothing more to watch
   return {
     mark: () => {
       longest = 0;
@@ -145,8 +149,20 @@ export async function watchWalSync(url: string): Promise<WalSyncWatch> {
     longestMs: () => longest,
     stop: async () => {
       stopped = true;
-      await loop.catch(() => {});
+      await loop;
       await c.end();
     },
   };
+}
+
+/** Resets a ZooKeeper server's statistics (srst), so zooKeeperMaxFsyncMs() reads from now. */
+export async function resetZooKeeperStats(port: number | null): Promise<void> {
+  if (port !== null) await fourLetterWord(port, 'srst').catch(() => '');
+}
+
+/** The server's longest transaction-log fsync since the last reset (mntr zk_max_fsynctime), in ms; null when it cannot be read. */
+export async function zooKeeperMaxFsyncMs(port: number | null): Promise<number | null> {
+  if (port === null) return null;
+  const m = /^zk_max_fsynctime\s+(\d+)/m.exec(await fourLetterWord(port, 'mntr').catch(() => ''));
+  return m ? Number(m[1]) : null;
 }

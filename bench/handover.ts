@@ -13,7 +13,7 @@ import { startProxy } from '../src/proxy/server.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { LocalZooKeeper, freePort } from '../tools/zookeeper/local-server.ts';
 import { runElectedTransaction } from '../tools/demo/elected-transaction.ts';
-import { benchPostgres, resetZooKeeperStats, WAL_FSYNC_STALL_MS, watchWalSync, zooKeeperMaxFsyncMs } from './support.ts';
+import { benchPostgres, resetZooKeeperStats, FSYNC_STALL_MS, watchWalSync, zooKeeperMaxFsyncMs } from './support.ts';
 
 export interface HandoverBenchResult {
   sessionTimeoutMs: number;
@@ -22,7 +22,7 @@ export interface HandoverBenchResult {
   freezeToFirstWriteMs: Distribution;
   /** Every round: the zombie's COMMIT failed and its row is absent. */
   zombieRefused: boolean;
-  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of WAL_FSYNC_STALL_MS or more. */
+  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of FSYNC_STALL_MS or more. */
   overBound: number;
   overBoundDisk: number;
 }
@@ -62,7 +62,7 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
       samples.push(r.freezeToFirstWriteMs);
       if (r.freezeToFirstWriteMs > boundMs) {
         overBound++;
-        if (wal.longestMs() >= WAL_FSYNC_STALL_MS || ((await zooKeeperMaxFsyncMs(zkPort)) ?? 0) >= WAL_FSYNC_STALL_MS) overBoundDisk++;
+        if (wal.longestMs() >= FSYNC_STALL_MS || ((await zooKeeperMaxFsyncMs(zkPort)) ?? 0) >= FSYNC_STALL_MS) overBoundDisk++;
       }
       zombieRefused &&= r.zombieCommit.event === 'commit-failed' && !r.zombieRowPresent;
     }

@@ -37,7 +37,7 @@ import { loadConfig } from '../src/proxy/config.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
-import { benchPostgres, fmt, machine, WAL_FSYNC_STALL_MS, watchWalSync, type WalSyncWatch } from './support.ts';
+import { benchPostgres, fmt, machine, FSYNC_STALL_MS, watchWalSync, type WalSyncWatch } from './support.ts';
 
 export const HOLDERS = ['writers', 'idle', 'sigstop', 'sleeper', 'prepared'] as const;
 export type HolderKind = (typeof HOLDERS)[number];
@@ -63,7 +63,7 @@ export interface HandoverRow {
   olderCommits: number;
   /** What the holder heard when it tried to commit after the raise, by answer, over all rounds. */
   heard: Record<string, number>;
-  /** Rounds whose raise took longer than the goal; of them, rounds in which a WAL fsync took ≥ WAL_FSYNC_STALL_MS (watchWalSync). */
+  /** Rounds whose raise took longer than the goal; of them, rounds in which a WAL fsync took ≥ FSYNC_STALL_MS (watchWalSync). */
   overGoal: number;
   overGoalDisk: number;
   /** Why the row did not run. */
@@ -346,7 +346,7 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
       ms.push(r.ms);
       if (r.ms > w.goalMs) {
         overGoal++;
-        if (w.wal.longestMs() >= WAL_FSYNC_STALL_MS) overGoalDisk++;
+        if (w.wal.longestMs() >= FSYNC_STALL_MS) overGoalDisk++;
       }
       if (r.failure !== null) failed[r.failure] = (failed[r.failure] ?? 0) + 1;
       for (const said of await h.resume()) {
@@ -458,7 +458,7 @@ export function raiseLatencyTable(r: HandoverReport): string {
   const out = [
     `Bounded handover (bench/raise-latency.ts): FENCEPOST_RAISE_WAIT_MS = ${r.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS = ${r.lockTimeoutMs} (defaults unless BENCH_PROXY_ENV); ${r.rounds} rounds per row, a fence key per round, raise from token 1 to 2 timed from request to answer; ${r.commitTimestamps ? 'older-token commits: token-1 rows of the round\'s fence committed after the raise, by commit timestamp in Postgres' : 'older-token commits (track_commit_timestamp off): the held holders\' rows in Postgres, the writers\' 200s to writes sent after the raise\'s answer'}. The writers' "heard" is their writes sent after the raise's answer, by status.`,
     '',
-    `| holder at the old token | raise door | rounds | p50 ms | p99 ms | max ms | goal (raise wait + 200) | met? | rounds over the goal: all / with a WAL fsync ≥ ${WAL_FSYNC_STALL_MS} ms | raise failures | older-token commits after the raise | what the holder heard after the raise |`,
+    `| holder at the old token | raise door | rounds | p50 ms | p99 ms | max ms | goal (raise wait + 200) | met? | rounds over the goal: all / with a WAL fsync ≥ ${FSYNC_STALL_MS} ms | raise failures | older-token commits after the raise | what the holder heard after the raise |`,
     '|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|',
   ];
   for (const x of r.rows) {

@@ -25,7 +25,7 @@ import { protectedTable } from './protected.ts';
 import { runHandoverBench } from './handover.ts';
 import { runRaiseLatencyBench, raiseLatencyTable } from './raise-latency.ts';
 import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
-import { fmt, machine, WAL_FSYNC_STALL_MS } from './support.ts';
+import { fmt, machine, FSYNC_STALL_MS } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
 
 const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
@@ -86,7 +86,7 @@ const out = [
   ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, `${h.candidates === 2 ? 'p99 < 50' : 'flat in candidates'}${h.slow ? `; ${slowRounds(h)}` : ''}`)),
   row(`crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`, election.crash.failoverMs, `≤ ${bound} (T + tick + 200)`),
   row('crash failover (SIGKILL of `fencepost elect`), T = 2000', sigkill, `≤ ${bound}`),
-  row(`freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`, handover.freezeToFirstWriteMs, `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500); rounds over it: ${handover.overBound}, with a WAL or ZooKeeper fsync ≥ ${WAL_FSYNC_STALL_MS} ms: ${handover.overBoundDisk}`),
+  row(`freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`, handover.freezeToFirstWriteMs, `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500); rounds over it: ${handover.overBound}, with a WAL or ZooKeeper fsync ≥ ${FSYNC_STALL_MS} ms: ${handover.overBoundDisk}`),
   row('doctor: ZooKeeper round trip', election.doctor.rttMs, ''),
   row('doctor: event-loop stall', election.doctor.eventLoopStallMs, `recommends T = ${election.doctor.recommendedSessionTimeoutMs}`),
 ];

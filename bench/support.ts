@@ -95,7 +95,7 @@ export async function dropBenchRole(role: string): Promise<void> {
  * the direct run) met WAL fsyncs of 0.1–2.6 s in about half the runs on this VM (pg_stat_activity:
  * one backend in IO/WalSync, the rest in LWLock/WALWrite), a p99 of 87–2530 ms against 12–25 ms
  * without; run first, the proxy's window had none. With it such stalls are rarer, not gone (the
- * disk stalls on its own too: WAL_FSYNC_STALL_MS). A login that may not CHECKPOINT (not superuser,
+ * disk stalls on its own too: FSYNC_STALL_MS). A login that may not CHECKPOINT (not superuser,
  * not pg_checkpoint) still syncs.
  */
 export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
@@ -105,14 +105,14 @@ export async function settleDisk(sql: pg.Pool | pg.Client): Promise<void> {
   execFileSync('sync');
 }
 
+/** A WAL or ZooKeeper fsync at least this long in a slow round is the disk's stall, not ours. */
+export const FSYNC_STALL_MS = 100;
+
 /**
  * Watches Postgres for WAL fsyncs (pg_stat_activity wait_event WalSync) every 10 ms from a
  * connection of its own: a stall's length is how long one backend was seen in it (a lower bound).
  * This VM's disk takes 0.1–0.4 s for an fsync now and then; a round that met one says so.
  */
-/** A WAL or ZooKeeper fsync at least this long in a slow round is the disk's stall, not ours. */
-export const WAL_FSYNC_STALL_MS = 100;
-
 export interface WalSyncWatch {
   /** Starts a new window. */
   mark(): void;

@@ -27,6 +27,7 @@ import { boundCapabilitySql, CAPABILITY_SECRET_SQL } from '../src/fence/rule.ts'
 import { measureCpu, postmasterPid, treeProbe } from './cpu.ts';
 import { runPgbench } from './loadgen.ts';
 import { benchPostgres, fmt, machine, settleDisk } from './support.ts';
+import { distribution } from '../src/election/advice.ts';
 
 const ROWS = 5000;
 const CLIENTS = 16;
@@ -71,16 +72,14 @@ async function fenceVariant(sql: pg.Pool, name: string, step: string): Promise<s
 }
 
 interface Row {
+  id: string;
   name: string;
   script: string;
   tps: number[];
   pgUs: number[];
 }
 
-const median = (xs: readonly number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
+const median = (xs: readonly number[]) => distribution(xs).median;
 
 async function main(): Promise<void> {
   const durationS = Number(process.env.BENCH_DURATION_S ?? 5);
@@ -104,15 +103,15 @@ async function main(): Promise<void> {
     const withFence = async (name: string, step: string) => `${oneQuery(open.replace('fence_transaction_bound', await fenceVariant(sql, name, step)))}${UPDATE}${oneQuery(seal)}`;
     const countRow = 'INSERT INTO fencepost.pending_counts (fence_key) SELECT f.fence_key FROM fencepost.fences f WHERE $1;';
     const rows: Row[] = [
-      { name: 'proxy: open Query with the fence, UPDATE, seal and COMMIT', script: `${oneQuery(open)}${UPDATE}${oneQuery(seal)}` },
+      { id: 'proxy', name: 'proxy: open Query with the fence, UPDATE, seal and COMMIT', script: `${oneQuery(open)}${UPDATE}${oneQuery(seal)}` },
       // Not a fence (a raise would not wait for it): what the lock costs, and what one in memory would.
-      { name: 'the share step as a shared advisory lock, then the count row', script: await withFence('bench_fence_advisory', `PERFORM pg_catalog.pg_advisory_xact_lock_shared(0, pg_catalog.hashtext(v_key));\n    ${countRow}`) },
-      { name: 'the share step without its lock (the count row only)', script: await withFence('bench_fence_count_only', countRow) },
-      { name: 'the share step as a plain read (no lock, no count row)', script: await withFence('bench_fence_read_only', 'PERFORM FROM fencepost.fences f WHERE $1;') },
-      { name: '`SELECT 1` in the fence call\'s place', script: `${oneQuery(openSelect1)}${UPDATE}${oneQuery(seal)}` },
-      { name: '… and no session reset', script: `${oneQuery(openSelect1.slice(RESET_SESSION.length))}${UPDATE}${oneQuery(seal)}` },
-      { name: '… and `COMMIT` for the seal Query', script: `${oneQuery(openSelect1.slice(RESET_SESSION.length))}${UPDATE}COMMIT;\n` },
-      { name: 'direct: `BEGIN; UPDATE; COMMIT`', script: `BEGIN;\n${UPDATE}COMMIT;\n` },
+      { id: 'advisory', name: 'the share step as a shared advisory lock, then the count row', script: await withFence('bench_fence_advisory', `PERFORM pg_catalog.pg_advisory_xact_lock_shared(0, pg_catalog.hashtext(v_key));\n    ${countRow}`) },
+      { id: 'count', name: 'the share step without its lock (the count row only)', script: await withFence('bench_fence_count_only', countRow) },
+      { id: 'read', name: 'the share step as a plain read (no lock, no count row)', script: await withFence('bench_fence_read_only', 'PERFORM FROM fencepost.fences f WHERE $1;') },
+      { id: 'select1', name: '`SELECT 1` in the fence call\'s place', script: `${oneQuery(openSelect1)}${UPDATE}${oneQuery(seal)}` },
+      { id: 'noReset', name: '… and no session reset', script: `${oneQuery(openSelect1.slice(RESET_SESSION.length))}${UPDATE}${oneQuery(seal)}` },
+      { id: 'noSeal', name: '… and `COMMIT` for the seal Query', script: `${oneQuery(openSelect1.slice(RESET_SESSION.length))}${UPDATE}COMMIT;\n` },
+      { id: 'direct', name: 'direct: `BEGIN; UPDATE; COMMIT`', script: `BEGIN;\n${UPDATE}COMMIT;\n` },
     ].map((r) => ({ ...r, tps: [], pgUs: [] }));
     for (let round = 0; round < rounds; round++) {
       for (let k = 0; k < rows.length; k++) {
@@ -134,22 +133,23 @@ async function main(): Promise<void> {
       '| script | tx/s (median) | Postgres µs/tx (median) | Postgres µs/tx by round | × direct |',
       '|---|---:|---:|---|---:|',
     ];
-    const direct = median(rows.at(-1)!.pgUs);
+    const us = (id: string) => rows.find((r) => r.id === id)!.pgUs;
+    const direct = median(us('direct'));
     for (const r of rows) out.push(`| ${r.name} | ${Math.round(median(r.tps))} | ${fmt(median(r.pgUs))} | ${r.pgUs.map((x) => fmt(x, 0)).join(', ')} | ${fmt(median(r.pgUs) / direct, 2)}× |`);
     // Each part: the median over rounds of the difference between neighbouring rows of that round.
-    const part = (a: number, b: number) => fmt(median(rows[a]!.pgUs.map((x, k) => x - rows[b]!.pgUs[k]!)));
+    const part = (a: string, b: string) => fmt(median(us(a).map((x, k) => x - us(b)[k]!)));
     out.push(
       '',
       '| part | Postgres µs/tx (median of per-round differences) |',
       '|---|---:|',
-      `| the share step's row lock (FOR SHARE) | ${part(0, 2)} |`,
-      `| a shared advisory lock in its place | ${part(1, 2)} |`,
-      `| the count row | ${part(2, 3)} |`,
-      `| the rest of fence_transaction_bound (capability, NO_PREPARE, mark, result) | ${part(3, 4)} |`,
-      `| the session reset | ${part(4, 5)} |`,
-      `| the seal Query in COMMIT's place | ${part(5, 6)} |`,
-      `| BEGIN's modes and the SET LOCALs (with SELECT 1, against direct) | ${part(6, 7)} |`,
-      `| direct: BEGIN, UPDATE, COMMIT | ${fmt(median(rows[7]!.pgUs))} |`,
+      `| the share step's row lock (FOR SHARE) | ${part('proxy', 'count')} |`,
+      `| a shared advisory lock in its place | ${part('advisory', 'count')} |`,
+      `| the count row | ${part('count', 'read')} |`,
+      `| the rest of fence_transaction_bound (capability, NO_PREPARE, mark, result) | ${part('read', 'select1')} |`,
+      `| the session reset | ${part('select1', 'noReset')} |`,
+      `| the seal Query in COMMIT's place | ${part('noReset', 'noSeal')} |`,
+      `| BEGIN's modes and the SET LOCALs (with SELECT 1, against direct) | ${part('noSeal', 'direct')} |`,
+      `| direct: BEGIN, UPDATE, COMMIT | ${fmt(direct)} |`,
     );
     process.stdout.write(out.join('\n') + '\n');
   } finally {

@@ -527,14 +527,15 @@ FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key LEFT JOIN raised r ON
 
 /**
  * What holds `fenceKeys` against a raise by backend `raiser`: the backends blocking it (but the
- * proxy's own role's: its statements are short and run under the lock timeout, and may be another
+ * proxy's own role's, known by the login role, which nothing a client sets changes; its statements
+ * are short and run under the lock timeout, and may be another
  * raise at this very token), and prepared transactions holding a fence row.
  */
 export function fenceHolders(raiser: number, fenceKeys: readonly string[]): Query {
   return {
     name: 'fencepost_fence_holders',
     text: `SELECT 'backend' AS kind, b.pid::text AS id, a.usename::text AS role FROM unnest(pg_blocking_pids($1)) AS b(pid)
-  JOIN pg_stat_activity a ON a.pid = b.pid WHERE b.pid <> 0 AND a.application_name IS DISTINCT FROM '${RAISE_APPLICATION}' AND a.usename IS DISTINCT FROM current_user
+  JOIN pg_stat_activity a ON a.pid = b.pid WHERE b.pid <> 0 AND a.usename IS DISTINCT FROM current_user
 UNION
 SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared_xacts p ON p.transaction = f.xmax AND p.database = current_database()
   WHERE f.fence_key = ANY($2::text[]) AND 0 = ANY(pg_blocking_pids($1))`,
@@ -542,7 +543,7 @@ SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared
   };
 }
 
-/** The application_name of a raise's transaction (never ended by another raise). */
+/** The application_name of a raise's transaction: a label for operators, never a pass (a client can name itself anything). */
 export const RAISE_APPLICATION = 'fencepost-raise';
 
 export function foldPendingCounts(): Query {

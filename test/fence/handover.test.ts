@@ -40,6 +40,23 @@ describe('a raise past an older token\'s open transaction', () => {
     await leader.end();
   });
 
+  test('a zombie that names itself as a raise (application_name fencepost-raise) is ended all the same', async ({ db, sql }) => {
+    // Nothing a client can set exempts its backend: the proxy's own raises are known by their login role.
+    const zombie = await sql.connect('named-zombie', { options: fenceOptions(5, 'ho/named') });
+    zombie.on('error', () => {});
+    await zombie.query("SET application_name = 'fencepost-raise'");
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'fencepost-raise'`)).rows[0].n).toBeGreaterThan(0);
+    await zombie.query('BEGIN');
+    await zombie.query(`INSERT INTO public.ho_items VALUES (11, 'named zombie')`);
+    const leader = await sql.connect('named-leader', { options: fenceOptions(6, 'ho/named') });
+    await leader.query(`INSERT INTO public.ho_items VALUES (12, 'leader')`);
+    expect(await fenceRow(db.pool, 'ho/named')).toEqual({ highest_token: '6' });
+    const err = await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e);
+    expect((err as pg.DatabaseError).code).toBe('FP409');
+    expect([await has(db, 11), await has(db, 12)]).toEqual([false, true]);
+    await leader.end();
+  });
+
   test('psycopg2 (libpq) hears the raise as FP409 on its COMMIT, and the session is usable no further', async ({ db, sql }) => {
     const script = `
 import psycopg2, sys

@@ -526,10 +526,10 @@ FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key LEFT JOIN raised r ON
 }
 
 /**
- * What holds `fenceKeys` against a raise by backend `raiser`: the backends blocking it (but the
- * proxy's own role's, known by the login role, which nothing a client sets changes; its statements
- * are short and run under the lock timeout, and may be another
- * raise at this very token), and prepared transactions holding a fence row.
+ * What holds `fenceKeys` against a raise by backend `raiser`: the backends blocking it, and
+ * prepared transactions holding a fence row. The proxy's own role's backends are left alone (other
+ * raises, maybe at this very token; statements short and under the lock timeout), known by their
+ * login role (`usename`), which nothing a client sets changes.
  */
 export function fenceHolders(raiser: number, fenceKeys: readonly string[]): Query {
   return {

@@ -13,6 +13,9 @@
 //                       SQL endpoint, SIGSTOPped after its INSERT, SIGCONTed after the raise's answer
 //             sleeper   POST /v1/transactions that inserts, lifts its statement timeout
 //                       (`;SET LOCAL statement_timeout = 0`) and runs `SELECT pg_sleep(25)`
+//             zombies   32 pooled SQL endpoint sessions (node-postgres) at token 1 running overlapping
+//                       BEGIN; INSERT; pg_sleep(0.2); COMMIT back to back, reconnecting when ended,
+//                       before, during and 300 ms after the raise
 //             prepared  a prepared transaction made straight on Postgres as the owner (FOR SHARE on
 //                       the fence row, an insert, PREPARE TRANSACTION), COMMIT PREPARED tried after
 //   doors     put       PUT /v1/fences at token 2 (its own statement waits the lock timeout, then the raise)
@@ -39,7 +42,7 @@ import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, fmt, machine, FSYNC_STALL_MS, watchWalSync, type WalSyncWatch } from './support.ts';
 
-export const HOLDERS = ['writers', 'idle', 'sigstop', 'sleeper', 'prepared'] as const;
+export const HOLDERS = ['writers', 'zombies', 'idle', 'sigstop', 'sleeper', 'prepared'] as const;
 export type HolderKind = (typeof HOLDERS)[number];
 export const DOORS = ['put', 'sql'] as const;
 export type Door = (typeof DOORS)[number];
@@ -84,6 +87,7 @@ export const goalMs = (r: Pick<HandoverReport, 'raiseWaitMs'>) => r.raiseWaitMs 
 
 const HOLDER_NAMES: Record<HolderKind, string> = {
   writers: '32 HTTP object writers in flight',
+  zombies: '32 busy pooled SQL sessions, reconnecting',
   idle: 'idle SQL endpoint transaction (node-postgres)',
   sigstop: 'SIGSTOPped psycopg2 writer inside BEGIN…COMMIT',
   sleeper: 'sleeping /v1/transactions (statement timeout lifted, pg_sleep(25))',
@@ -199,6 +203,54 @@ async function writersHolder(w: World, fenceKey: string): Promise<Holder> {
   };
 }
 
+async function zombiesHolder(w: World, fenceKey: string): Promise<Holder> {
+  let stopAt = Infinity;
+  let raisedAt = Infinity;
+  const after: Record<string, number> = {};
+  let committed = 0;
+  const loop = async (i: number) => {
+    while (performance.now() < stopAt) {
+      let c: pg.Client | null = null;
+      try {
+        c = await endpointSession(w, `ho-zombie-${i % 4}`, 1, fenceKey);
+        while (performance.now() < stopAt) {
+          const sent = performance.now();
+          const answer = await (async () => {
+            await c!.query('BEGIN');
+            await c!.query(insertRow('zombie'), [fenceKey, 1]);
+            await c!.query('SELECT pg_sleep(0.2)');
+            await c!.query('COMMIT');
+            committed++;
+            return 'committed';
+          })().catch(answerOf);
+          if (sent > raisedAt) after[answer] = (after[answer] ?? 0) + 1;
+          if (answer !== 'committed') break;
+        }
+      } catch (e) {
+        if (performance.now() > raisedAt) after[answerOf(e)] = (after[answerOf(e)] ?? 0) + 1;
+      } finally {
+        await c?.end().catch(() => {});
+      }
+    }
+  };
+  const loops = Promise.all(Array.from({ length: WRITERS }, (_, i) => loop(i)));
+  // Busy: every session has committed, and they keep going.
+  await until(async () => committed >= WRITERS, 20_000, 'the busy zombies');
+  return {
+    resume: async () => {
+      raisedAt = performance.now();
+      await new Promise((r) => setTimeout(r, WRITERS_AFTER_MS));
+      stopAt = 0;
+      await loops;
+      return Object.entries(after).map(([s, n]) => `${s}×${n}`);
+    },
+    dispose: async () => {
+      stopAt = 0;
+      await loops;
+    },
+  };
+}
+
 async function idleHolder(w: World, fenceKey: string): Promise<Holder> {
   const c = await endpointSession(w, 'ho-idle', 1, fenceKey);
   await c.query('BEGIN');
@@ -284,6 +336,7 @@ async function preparedHolder(w: World, fenceKey: string): Promise<Holder> {
 
 const MAKE_HOLDER: Record<HolderKind, (w: World, fenceKey: string) => Promise<Holder>> = {
   writers: writersHolder,
+  zombies: zombiesHolder,
   idle: idleHolder,
   sigstop: sigstopHolder,
   sleeper: sleeperHolder,
@@ -352,13 +405,13 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
       for (const said of await h.resume()) {
         const [what = said, n = '1'] = said.split('×');
         heard[what] = (heard[what] ?? 0) + Number(n);
-        if (holder === 'writers' && what === '200') acceptedAfter += Number(n);
+        if ((holder === 'writers' && what === '200') || (holder === 'zombies' && what === 'committed')) acceptedAfter += Number(n);
       }
     } finally {
       await h.dispose();
       await raiser?.dispose();
     }
-    olderCommits += w.commitTimestamps || holder !== 'writers' ? await olderCommitsAfterRaise(w, holder, fenceKey) : acceptedAfter;
+    olderCommits += w.commitTimestamps || (holder !== 'writers' && holder !== 'zombies') ? await olderCommitsAfterRaise(w, holder, fenceKey) : acceptedAfter;
   }
   const d = distribution(ms);
   log(`${holder} / ${door}: p50 ${fmt(d.median, 0)} ms, p99 ${fmt(d.p99, 0)} ms, older-token commits after the raise ${olderCommits}`);

@@ -74,6 +74,7 @@ CREATE INDEX fences_updated_at ON fencepost.fences USING btree (updated_at DESC)
 CREATE TRIGGER fences_never_deleted BEFORE DELETE ON fencepost.fences FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_fence_change();
 CREATE TRIGGER fences_never_lower BEFORE UPDATE ON fencepost.fences FOR EACH ROW WHEN (((new.highest_token < old.highest_token) OR (new.fence_key <> old.fence_key))) EXECUTE FUNCTION fencepost.refuse_fence_change();
 CREATE TRIGGER fences_never_truncated BEFORE TRUNCATE ON fencepost.fences FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_fence_change();
+CREATE TRIGGER fences_next_epoch AFTER UPDATE OF highest_token ON fencepost.fences FOR EACH ROW WHEN ((new.highest_token > old.highest_token)) EXECUTE FUNCTION fencepost.next_epoch();
 -- fencepost.fences: privileges {<owner>=arwdDxtm/<owner>}
 
 CREATE TABLE fencepost.migrations (
@@ -203,197 +204,80 @@ BEGIN
 END $function$;
 -- fencepost.discard_temp(): privileges {<owner>=X/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.fence_session_bound(session_capability text, fence_key_prefixes text, writer_id text, guard text)
- RETURNS boolean
- LANGUAGE plpgsql
- SECURITY DEFINER
+CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-DECLARE
-  v_raw    text := pg_catalog.current_setting('fencepost.token', true);
-  v_key    text := pg_catalog.current_setting('fencepost.fence_key', true);
-  v_secret text;
-  v_prefix text;
-  v_inside boolean;
-  v_mark   text;
-BEGIN
-  IF v_raw ~ '^[0-9]{1,18}$' AND v_key <> '' THEN
-    v_inside := fence_key_prefixes IS NULL;
-    IF NOT v_inside THEN
-      FOREACH v_prefix IN ARRAY fence_key_prefixes::text[] LOOP
-        IF starts_with(v_key, v_prefix) THEN
-          v_inside := true;
-          EXIT;
-        END IF;
-      END LOOP;
-    END IF;
-    IF v_inside THEN
-      -- The share step reads the secret too; a caller other than the proxy fails right after it,
-      -- which rolls back its lock and count with its (sub)transaction.
-      INSERT INTO fencepost.pending_counts (fence_key)
-    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = v_raw::bigint FOR SHARE OF f
-    RETURNING (SELECT c.secret FROM fencepost.fence_capability c) INTO v_secret;
-  IF FOUND THEN
-    IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_key_prefixes, 'NULL') || '|' || coalesce(writer_id, 'NULL') || '|' || coalesce(guard, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
-    RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-    DECLARE
-      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-    BEGIN
-      IF v_no_prepare IS NULL THEN
-        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-      END IF;
-      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
-        NULL;
-      END IF;
-    END;
-    v_mark := pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-    RETURN true;
-  END IF;
-    END IF;
-  END IF;
-  v_secret := (SELECT c.secret FROM fencepost.fence_capability c);
-  IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_key_prefixes, 'NULL') || '|' || coalesce(writer_id, 'NULL') || '|' || coalesce(guard, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
-    RAISE EXCEPTION 'fencepost.fence_session_bound may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  -- Every transaction of a session, with a token or not, reads the temporary sequence: no PREPARE TRANSACTION.
-  DECLARE
-      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-    BEGIN
-      IF v_no_prepare IS NULL THEN
-        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-      END IF;
-      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
-        NULL;
-      END IF;
-    END;
-  IF guard IS NOT NULL THEN
-    PERFORM fencepost.session_guard_check(guard::jsonb);
-  END IF;
-  RETURN fencepost.session_fence_check(fence_key_prefixes::text[], writer_id);
-END $function$;
--- fencepost.fence_session_bound(text,text,text,text): privileges {<owner>=X/<owner>}
+AS $function$ SELECT 'epoch_' || left(encode(sha256(convert_to(fence_key, 'UTF8')), 'hex'), 56) $function$;
+-- fencepost.epoch_name(text): privileges (default)
 
-CREATE OR REPLACE FUNCTION fencepost.fence_transaction(capability text, fence_keys text[], tokens bigint[], writer_id text)
- RETURNS TABLE(ord integer, highest_token bigint, xact bigint)
+CREATE OR REPLACE FUNCTION fencepost.fence_session(session_capability text, fence_key text, token bigint)
+ RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-#variable_conflict use_column
-DECLARE
-  r record;
-  v_ords int[] := '{}';
-  v_highest bigint[] := '{}';
-  v_raise text[] := '{}';
-  v_stale boolean := false;
-BEGIN
-  IF capability IS DISTINCT FROM (SELECT c.secret FROM fencepost.fence_capability c) THEN
-    RAISE EXCEPTION 'fencepost.fence_transaction may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  FOR r IN
-    WITH input AS (
-      SELECT (t.n - 1)::int AS ord, t.fence_key, t.token FROM unnest(fence_keys, tokens) WITH ORDINALITY AS t(fence_key, token, n)
-    ),
-    held AS (
-      SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN input k ON k.fence_key = f.fence_key AND f.highest_token >= k.token
-  ORDER BY f.fence_key COLLATE "C"
-  FOR SHARE OF f
-    )
-    SELECT i.ord AS o, i.fence_key AS k, i.token AS t, h.highest_token AS h
-    FROM input i LEFT JOIN held h ON h.fence_key = i.fence_key
-    ORDER BY i.ord
-  LOOP
-    IF r.h IS NULL THEN
-      v_raise := v_raise || format('%s to %s', to_json(r.k), r.t);
-    ELSIF r.h = r.t THEN
-      PERFORM pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(capability || '|' || txid_current()::text || '|' || r.k || '|' || capability, 'UTF8')), 'hex'), true);
-    END IF;
-    v_ords := v_ords || r.o;
-    v_highest := v_highest || CASE WHEN r.h = r.t THEN r.h WHEN r.h IS NULL THEN r.t END;
-    v_stale := v_stale OR r.h > r.t;
-  END LOOP;
-  IF v_stale THEN
-    -- Refused whatever else it holds: no fence of it is raised (a fence to raise reads as passed;
-    -- it is not marked, and the proxy rolls the transaction back).
-    RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
-    RETURN;
-  END IF;
-  IF cardinality(v_raise) > 0 THEN
-    RAISE EXCEPTION 'fence % must be raised before a transaction at its token', array_to_string(v_raise, ', ')
-      USING ERRCODE = 'FP428',
-            HINT = 'the proxy raises a fence in a transaction of its own, then starts the transaction again; nothing of this transaction was applied';
-  END IF;
-  INSERT INTO fencepost.pending_counts (fence_key) SELECT DISTINCT k FROM unnest(fence_keys) AS k;
-  RETURN QUERY SELECT o, h, txid_current() FROM unnest(v_ords, v_highest) AS x(o, h);
-END $function$;
--- fencepost.fence_transaction(text,text[],bigint[],text): privileges {<owner>=X/<owner>}
-
-CREATE OR REPLACE FUNCTION fencepost.fence_transaction_bound(transaction_capability text, fence_keys_hex text, tokens text, writer_id_hex text)
- RETURNS TABLE(ord integer, highest_token bigint, xact bigint)
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-#variable_conflict use_column
 DECLARE
   v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
-  v_key    text;
-  v_mark   text;
+  v_highest bigint;
+  v_name text;
+  v_seq regclass;
 BEGIN
-  IF transaction_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce(fence_keys_hex, 'NULL') || '|' || coalesce(tokens, 'NULL') || '|' || coalesce(writer_id_hex, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
-    RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
+  IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce('fence_session', 'NULL') || '|' || coalesce(fence_key, 'NULL') || '|' || coalesce(token::text, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
+    RAISE EXCEPTION 'fencepost.fence_session may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
-  IF NOT starts_with(current_query(), 'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; ') THEN
-    RAISE EXCEPTION 'fencepost.fence_transaction_bound may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
+  IF to_regclass('pg_temp.fencepost_no_prepare_seq') IS NULL THEN
+    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+    GRANT SELECT ON SEQUENCE pg_temp.fencepost_no_prepare_seq TO PUBLIC;
   END IF;
-  IF strpos(fence_keys_hex, ',') = 0 AND tokens ~ '^[0-9]{1,18}$' THEN
-    v_key := convert_from(decode(fence_keys_hex, 'hex'), 'UTF8');
-    INSERT INTO fencepost.pending_counts (fence_key)
-    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = v_key AND f.highest_token = tokens::bigint FOR SHARE OF f;
-  IF FOUND THEN
-    
-    DECLARE
-      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+  IF fence_key IS NULL OR token IS NULL THEN
+    RETURN NULL;
+  END IF;
+  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
+  IF v_highest IS DISTINCT FROM token THEN
+    RETURN v_highest;
+  END IF;
+  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key FOR SHARE;
+  IF v_highest IS DISTINCT FROM token THEN
+    RETURN v_highest;
+  END IF;
+  v_name := fencepost.epoch_name(fence_key);
+  v_seq := to_regclass('fencepost.' || quote_ident(v_name));
+  IF v_seq IS NULL THEN
+    -- The fence's first session: its epoch (a concurrent first session may make it first).
     BEGIN
-      IF v_no_prepare IS NULL THEN
-        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-      END IF;
-      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
-        NULL;
-      END IF;
+      EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
+      EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
+    EXCEPTION WHEN unique_violation OR duplicate_table THEN
+      NULL;
     END;
-    v_mark := pg_catalog.set_config('fencepost.fenced', coalesce(pg_catalog.current_setting('fencepost.fenced', true), '') || encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || v_key || '|' || v_secret, 'UTF8')), 'hex'), true);
-    RETURN QUERY SELECT 0, tokens::bigint, txid_current();
-    RETURN;
+    v_seq := to_regclass('fencepost.' || quote_ident(v_name));
   END IF;
-  END IF;
-  -- Every fenced transaction reads the temporary sequence: no PREPARE TRANSACTION.
-  DECLARE
-      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-    BEGIN
-      IF v_no_prepare IS NULL THEN
-        CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-        v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
-      END IF;
-      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
-        NULL;
-      END IF;
-    END;
-  RETURN QUERY SELECT f.ord, f.highest_token, f.xact FROM fencepost.fence_transaction(v_secret,
-    ARRAY(SELECT convert_from(decode(h, 'hex'), 'UTF8') FROM unnest(string_to_array(fence_keys_hex, ',')) WITH ORDINALITY AS t(h, n) ORDER BY t.n),
-    string_to_array(tokens, ',')::bigint[],
-    convert_from(decode(writer_id_hex, 'hex'), 'UTF8')) f;
+  PERFORM nextval(v_seq);
+  RETURN v_highest;
 END $function$;
--- fencepost.fence_transaction_bound(text,text,text,text): privileges {<owner>=X/<owner>}
+-- fencepost.fence_session(text,text,bigint): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost.next_epoch()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_name text := fencepost.epoch_name(NEW.fence_key);
+BEGIN
+  IF to_regclass('fencepost.' || quote_ident(v_name)) IS NOT NULL THEN
+    EXECUTE format('DROP SEQUENCE fencepost.%I', v_name);
+    EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
+    -- currval only (nextval needs UPDATE or USAGE): the proof, never the fence.
+    EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
+  END IF;
+  RETURN NULL;
+END $function$;
+-- fencepost.next_epoch(): privileges {<owner>=X/<owner>}
 
 CREATE OR REPLACE FUNCTION fencepost.object_fence_ok(object_key text, fence_key text)
  RETURNS boolean
@@ -442,118 +326,63 @@ BEGIN
 END $function$;
 -- fencepost.refuse_misfenced_object(): privileges {<owner>=X/<owner>}
 
+CREATE OR REPLACE FUNCTION fencepost.refuse_transaction(code text, message text, detail text, hint text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
+END $function$;
+-- fencepost.refuse_transaction(text,text,text,text): privileges (default)
+
 CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-  v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
 BEGIN
-  IF strpos(coalesce(current_setting('fencepost.fenced', true), ''), encode(sha256(convert_to(v_secret || '|' || txid_current()::text || '|' || TG_ARGV[0] || '|' || v_secret, 'UTF8')), 'hex')) = 0 THEN
-    RAISE EXCEPTION '% on %.% refused: this transaction did not pass the fence of fence key %', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
+  BEGIN
+    PERFORM pg_catalog.currval(CASE WHEN TG_NARGS > 1 THEN TG_ARGV[1] ELSE 'fencepost.' || fencepost.epoch_name(TG_ARGV[0]) END::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  EXCEPTION WHEN object_not_in_prerequisite_state OR undefined_table OR internal_error THEN
+    RAISE EXCEPTION '% on %.% refused: this session did not pass the fence of fence key % in its current epoch', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
       USING ERRCODE = 'FP403',
             DETAIL = format('protected table %s.%s, fence key %s', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])),
-            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', to_json(TG_ARGV[0]));
-  END IF;
+            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; a newer leader''s raise ends an older token''s sessions; nothing of this statement was applied', to_json(TG_ARGV[0]));
+  END;
   RETURN NULL;
 END $function$;
 -- fencepost.refuse_unfenced_write(): privileges {<owner>=X/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.seal_client_transaction(fenced_xact bigint)
+CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-BEGIN
-  IF txid_current() IS DISTINCT FROM fenced_xact THEN
-    RAISE EXCEPTION 'a statement ended the fenced transaction'
-      USING ERRCODE = 'FP410';
-  END IF;
-  PERFORM set_config('synchronous_commit', 'on', true);
-END $function$;
--- fencepost.seal_client_transaction(bigint): privileges {<owner>=X/<owner>}
-
-CREATE OR REPLACE FUNCTION fencepost.session_fence_check(fence_key_prefixes text[], writer_id text)
- RETURNS boolean
- LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-  v_raw   text := current_setting('fencepost.token', true);
-  v_key   text := current_setting('fencepost.fence_key', true);
-  v_token bigint;
-  v_highest bigint;
+  v_highest bigint := (SELECT f.highest_token FROM fencepost.fences f WHERE f.fence_key = refuse_unproven_session.fence_key);
 BEGIN
-  IF v_raw IS NULL OR v_raw = '' THEN
-    RETURN false;
-  END IF;
-  IF NOT (v_raw ~ '^[0-9]+$' AND ltrim(v_raw, '0') ~ '^[0-9]{0,19}$' AND v_raw::numeric <= 9223372036854775807) THEN
-    RAISE EXCEPTION 'fencepost.token must be decimal digits, 0 to 9223372036854775807, got %', to_json(v_raw)
-      USING ERRCODE = 'FP400';
-  END IF;
-  v_token := v_raw::numeric::bigint;
-  IF v_key IS NULL OR v_key = '' THEN
-    RAISE EXCEPTION 'fencepost.token is set but fencepost.fence_key is not'
-      USING ERRCODE = 'FP400', HINT = 'SET fencepost.fence_key = ''…'' or -c fencepost.fence_key=… in the startup options';
-  END IF;
-  IF octet_length(v_key) > 1024 OR v_key ~ '[\x01-\x1f\x7f-\x9f\ufffd]' THEN
-    RAISE EXCEPTION 'fencepost.fence_key must be at most 1024 bytes without control characters'
-      USING ERRCODE = 'FP400';
-  END IF;
-  IF fence_key_prefixes IS NOT NULL AND NOT EXISTS (SELECT 1 FROM unnest(fence_key_prefixes) p WHERE starts_with(v_key, p)) THEN
-    RAISE EXCEPTION 'key % may not write fence key %: it is outside its fence-key prefixes', writer_id, to_json(v_key)
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  SELECT f.highest_token INTO v_highest
-  FROM fencepost.fence_transaction((SELECT c.secret FROM fencepost.fence_capability c), ARRAY[v_key], ARRAY[v_token], writer_id) f;
-  IF v_highest IS NULL THEN
-    -- A statement of its own, so it sees the fence as it is now (the raise that made us stale).
-    SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = v_key;
-    RAISE EXCEPTION 'stale fencing token: token % is below the highest token % of fence key %', v_token, v_highest, to_json(v_key)
+  IF v_highest > token THEN
+    RAISE EXCEPTION 'stale fencing token: token % is below the highest token % of fence key %', token, v_highest, to_json(fence_key)
       USING ERRCODE = 'FP409',
-            DETAIL = format('fence key %s, token %s, highest token %s', to_json(v_key), v_token, v_highest),
+            DETAIL = format('fence key %s, token %s, highest token %s', to_json(fence_key), token, v_highest),
             HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
   END IF;
-  RETURN true;
+  RAISE EXCEPTION 'this session is no longer fenced at token % of fence key %', token, to_json(fence_key)
+    USING ERRCODE = 'FP428',
+          HINT = 'the proxy fences the session again before its next transaction; nothing of this transaction was applied, safe to retry';
 END $function$;
--- fencepost.session_fence_check(text[],text): privileges {<owner>=X/<owner>}
+-- fencepost.refuse_unproven_session(text,bigint): privileges {<owner>=X/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.session_guard_check(guard jsonb)
+CREATE OR REPLACE FUNCTION fencepost.session_proof(epoch text, fence_key text, token bigint)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-  v_raw   text := current_setting('fencepost.token', true);
-  v_key   text := current_setting('fencepost.fence_key', true);
-  v_token bigint;
-  v_highest bigint;
 BEGIN
-  IF guard IS NULL OR v_raw IS NULL OR NOT (v_raw ~ '^[0-9]+$' AND ltrim(v_raw, '0') ~ '^[0-9]{0,19}$' AND v_raw::numeric <= 9223372036854775807) OR v_key IS NULL OR v_key = '' THEN
-    RETURN;
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(guard -> 'prefixes') p WHERE starts_with(v_key, p)) THEN
-    RETURN;
-  END IF;
-  v_token := v_raw::numeric::bigint;
-  IF guard ->> 'fenceKey' = v_key AND guard ->> 'token' = v_token::text AND NOT coalesce((guard ->> 'unavailable')::boolean, false) THEN
-    RETURN;
-  END IF;
-  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = v_key;
-  IF v_highest IS NOT NULL AND v_token <= v_highest THEN
-    RETURN;
-  END IF;
-  IF guard ->> 'fenceKey' = v_key AND guard ->> 'token' = v_token::text THEN
-    RAISE EXCEPTION 'cannot verify fencing token % of fence key %: ZooKeeper unreachable', v_token, to_json(v_key)
-      USING ERRCODE = 'FP503',
-            DETAIL = format('unverified token: fence key %s, token %s, highest token %s', to_json(v_key), v_token, v_highest),
-            HINT = 'the forgery guard could not ask ZooKeeper whether this token is the current leader''s; nothing was applied, safe to retry';
-  END IF;
-  RAISE EXCEPTION 'unverified fencing token: token % would raise fence key % but is not the current leader''s', v_token, to_json(v_key)
-    USING ERRCODE = 'FP409',
-          DETAIL = format('unverified token: fence key %s, token %s, highest token %s', to_json(v_key), v_token, v_highest),
-          HINT = 'the forgery guard did not verify this token as the sequence of the current leader''s election node; nothing of this transaction was applied';
+  PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+EXCEPTION WHEN object_not_in_prerequisite_state OR internal_error THEN
+  PERFORM fencepost.refuse_unproven_session(fence_key, token);
 END $function$;
--- fencepost.session_guard_check(jsonb): privileges {<owner>=X/<owner>}
+-- fencepost.session_proof(text,text,bigint): privileges {<owner>=X/<owner>}

@@ -77,7 +77,8 @@ if [ "${1:-}" = "--test" ]; then
     apt_install chromium
   fi
   # The SQL endpoint's tests drive it with clients nobody here wrote: psql, pgbench (Debian ships it
-  # with the server package, see --bench) and Python's psycopg2 (run as /usr/bin/python3).
+  # with the server package, see --bench) and Python's psycopg2, psycopg 3 and asyncpg (run as
+  # /usr/bin/python3): each sends its own message orders and startup parameters.
   if ! command -v psql >/dev/null; then
     say "installing psql for the SQL endpoint's tests (apt-get install postgresql-client)"
     apt_install postgresql-client
@@ -90,6 +91,12 @@ if [ "${1:-}" = "--test" ]; then
     say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"
     apt_install python3-psycopg2
   fi
+  for driver in psycopg asyncpg; do
+    if ! /usr/bin/python3 -c "import $driver" >/dev/null 2>&1; then
+      say "installing $driver for the SQL endpoint's tests (apt-get install python3-$driver)"
+      apt_install "python3-$driver"
+    fi
+  done
   if ! command -v docker-compose >/dev/null; then
     say "installing docker-compose (the tests validate docker-compose.yml with it)"
     apt_install docker-compose

@@ -35,6 +35,10 @@ export const INTERNAL_ERROR_CLASSES: ReadonlySet<string> = new Set([
 
 /** lock_timeout expired waiting for a row lock (class 55): nothing of the statement applied. */
 export const LOCK_NOT_AVAILABLE = '55P03';
+/** currval() of a sequence this session never advanced: an epoch it did not pass (rule.ts epochProof). */
+export const OBJECT_NOT_IN_PREREQUISITE_STATE = '55000';
+/** A relation dropped under a statement that had looked it up (an epoch a raise replaced meanwhile). */
+export const INTERNAL_ERROR = 'XX000';
 /** cannot execute … in a read-only transaction: a standby, or a primary still promoting. */
 export const READ_ONLY_SQL_TRANSACTION = '25006';
 

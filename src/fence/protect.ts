@@ -2,7 +2,8 @@
 // stored in the database (migration 0017). Postgres enforces it, not the proxy:
 // - a protected table gets the trigger `fencepost_fence` (definitions.ts refuse_unfenced_write),
 //   FOR EACH STATEMENT before INSERT, UPDATE, DELETE and TRUNCATE (COPY FROM and MERGE fire them
-//   too): a statement of a transaction that did not pass that fence key's fence fails with FP403,
+//   too), with the fence key and its epoch sequence (rule.ts) as arguments: a statement of a
+//   session that did not pass that fence key's fence in its current epoch fails with FP403,
 //   through either SQL door and straight to Postgres alike. Partitions and inheritance children
 //   present when the table is protected get the trigger too (a write to a child fires only the
 //   child's statement triggers).
@@ -14,6 +15,7 @@
 import pg from 'pg';
 import type { Query } from './queries.ts';
 import { keyProblem } from './key.ts';
+import { epochSequence } from './rule.ts';
 import { INSUFFICIENT_PRIVILEGE, sqlState } from './pg-errors.ts';
 
 export const PROTECT_TRIGGER = 'fencepost_fence';
@@ -80,7 +82,7 @@ const q = {
 const ddl = {
   dropTrigger: (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`,
   tableTrigger: (rel: string, fenceKey: string) =>
-    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)})`,
+    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)}, ${pg.escapeLiteral(epochSequence(fenceKey))})`,
   objectsTrigger: () => `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`,
 };
 

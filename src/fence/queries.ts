@@ -2,7 +2,7 @@
 // Named statements are prepared once per connection by node-postgres.
 import type { QueryConfig } from 'pg';
 import { ROLE_NAME } from './client-logins.ts';
-import { boundCapability, fenceCtes, raiseFences as raiseFencesStep, shareFences } from './rule.ts';
+import { epochProof, epochSequence, fenceCtes, NO_PREPARE_READ, raiseFences as raiseFencesStep, shareFences } from './rule.ts';
 import { RESET_SESSION } from './session-reset.ts';
 import { shardSql } from './shards.ts';
 
@@ -546,6 +546,29 @@ SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared
 /** The application_name of a raise's transaction: a label for operators, never a pass (a client can name itself anything). */
 export const RAISE_APPLICATION = 'fencepost-raise';
 
+/** Adds accepted counts (accepted-counts.ts) to the counters, in the fold shards (shards.ts). */
+export function addAcceptedCounts(fenceKeys: readonly string[], counts: readonly number[]): Query {
+  return {
+    text: `
+WITH local_commit AS (
+  -- A count, not a fence: its commit need not wait for a synchronous standby (which may be down).
+  SELECT pg_catalog.set_config('synchronous_commit', 'local', true) AS s
+),
+per_fence AS (
+  SELECT t.fence_key, t.n FROM unnest($1::text[], $2::bigint[]) AS t(fence_key, n), local_commit
+),
+counted AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, ${shardSql('fold')}, n FROM per_fence ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
+)
+INSERT INTO fencepost.totals AS t (shard, accepted)
+SELECT ${shardSql('fold')}, sum(n) FROM per_fence HAVING count(*) > 0
+ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
+    values: [fenceKeys, counts.map(String)],
+  };
+}
+
 export function foldPendingCounts(): Query {
   return {
     // Unnamed, so planned at each run: a plan cached while the table was empty re-ran the locking
@@ -616,9 +639,8 @@ LIMIT $1`,
 }
 
 // ---- fenced SQL transactions (src/fence/transaction.ts) ------------------------------------------
-// A transaction's fences are checked and raised by fencepost.fence_transaction_bound()
-// (definitions.ts: the fence rule, inside the writer's own transaction); these are the statements
-// around it.
+// A pooled connection is fenced once per set of (fence key, token) it serves (fenceSession; rule.ts
+// session fence); each transaction then carries only the epoch proof (openClientTransaction).
 
 export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
 
@@ -631,74 +653,76 @@ const BEGIN: Record<Isolation, string> = {
 export { RESET_SESSION };
 
 /**
- * The first round trip of a fenced transaction on a pooled client-login connection, one simple
- * Query: reset the session (RESET_SESSION), BEGIN (read-write, whatever the login's defaults
- * say) with the statement and lock timeouts, no bind parameters in error reports and the key's
- * role, then the fence check and raise (definitions.ts).
- *
- * Everything spliced is the proxy's own, ASCII only, so no setting an earlier transaction left
- * (client_encoding, standard_conforming_strings) changes how Postgres reads it: the isolation
- * from a fixed table, the timeouts validated integers, the role a configured key's pgRole (a
- * plain identifier, quoted), the fence keys and writer id in hex, tokens in decimal. `bound` is transactionCapability()'s
- * hash over the same strings and the backend's pid; the capability itself never appears in text.
+ * Fences a pooled connection for `fences` (fence key order), in a Query of its own: DISCARD
+ * SEQUENCES first (what the connection was fenced for before is forgotten: a transaction of one set
+ * of fences never writes with another's), then fence_session() for each, with capabilities bound to
+ * this backend (rule.ts sessionFenceCapability). One row per fence, in order: its highest token
+ * (null: no fence yet). The session passed each fence whose highest token is its token.
  */
-export function openClientTransaction(
-  isolation: Isolation,
-  statementTimeoutMs: number,
-  lockTimeoutMs: number,
-  role: string | null,
-  fence: BoundFenceArgs & { bound: string },
-): Query {
+export function fenceSession(fences: readonly { fenceKey: string; token: bigint; capability: string }[]): Query {
+  const values: unknown[] = [];
+  const calls = fences.map((f, i) => {
+    values.push(f.capability, f.fenceKey, f.token.toString());
+    return `SELECT ${i} AS ord, fencepost.fence_session($${3 * i + 1}, $${3 * i + 2}, $${3 * i + 3}::bigint)::text AS highest_token`;
+  });
+  return { text: calls.join(' UNION ALL '), values };
+}
+
+/**
+ * Forgets every fence the connection passed (before it serves another set of fences), with the
+ * settings and role an earlier transaction may have left, so fenceSession() runs as the login, and
+ * opens the transaction it runs in (endFenceSession).
+ */
+export function unfenceSession(): Query {
+  return { text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DISCARD SEQUENCES; BEGIN; SET LOCAL synchronous_commit = local' };
+}
+
+/**
+ * Ends the transaction unfenceSession() opened around fenceSession(): committed locally (a catalog
+ * write of the session's, not a fence raise), so it never waits for a synchronous standby.
+ */
+export function endFenceSession(): Query {
+  return { text: 'COMMIT' };
+}
+
+/**
+ * The first round trip of a fenced transaction on a pooled client-login connection fenced for its
+ * fences (fenceSession), one simple Query: reset the session (RESET_SESSION), BEGIN (read-write,
+ * whatever the login's defaults say) with the statement and lock timeouts, no bind parameters in
+ * error reports and the key's role, then the epoch proof of each fence (rule.ts epochProof, C
+ * functions only): it fails (55000, XX000) when a raise replaced an epoch since the connection was
+ * fenced, and holds each epoch until the transaction ends.
+ *
+ * Everything spliced is the proxy's own, ASCII only: the isolation from a fixed table, the
+ * timeouts validated integers, the role a configured key's pgRole (a plain identifier, quoted), the
+ * epoch sequences' names (hex).
+ */
+export function openClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null, fenceKeys: readonly string[]): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
   if (role !== null && !ROLE_NAME.test(role)) throw new Error('role must be a plain identifier');
-  if (!/^[0-9a-f]{64}$/.test(fence.bound) || !/^[0-9a-f]+(,[0-9a-f]+)*$/.test(fence.keysHex) || !/^[0-9]+(,[0-9]+)*$/.test(fence.tokens) || (fence.writerHex !== null && !/^[0-9a-f]*$/.test(fence.writerHex))) {
-    throw new Error('fence arguments must be hex and decimal');
-  }
+  if (fenceKeys.length === 0) throw new Error('a fenced transaction needs a fence');
   const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
-  const writer = fence.writerHex === null ? 'NULL' : `'${fence.writerHex}'`;
+  const proofs = fenceKeys.map((k) => epochProof(`'${epochSequence(k)}'`)).join(', ');
   return {
     text:
       `${RESET_SESSION}${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
-      `SELECT ord, highest_token, xact FROM fencepost.fence_transaction_bound('${fence.bound}', '${fence.keysHex}', '${fence.tokens}', ${writer})`,
+      `SELECT ${proofs}, ${NO_PREPARE_READ}`,
   };
-}
-
-/** fence_transaction_bound()'s arguments (definitions.ts), as the hash covers them. */
-export interface BoundFenceArgs {
-  keysHex: string;
-  tokens: string;
-  writerHex: string | null;
-}
-
-export function boundFenceArgs(fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): BoundFenceArgs {
-  if (fences.length === 0) throw new Error('a fenced transaction needs a fence');
-  return {
-    keysHex: fences.map((f) => Buffer.from(f.fenceKey, 'utf8').toString('hex')).join(','),
-    tokens: fences.map((f) => f.token.toString()).join(','),
-    writerHex: writerId === null ? null : Buffer.from(writerId, 'utf8').toString('hex'),
-  };
-}
-
-/** The capability fence_transaction_bound() checks: bound to one backend and these arguments. */
-export function transactionCapability(capability: string, backendPid: number, a: BoundFenceArgs): string {
-  return boundCapability(capability, backendPid, [a.keysHex, a.tokens, a.writerHex]);
 }
 
 /**
  * The last round trip, one simple Query with nothing the writer can shadow: close every cursor (a
  * WITH HOLD cursor's query would run inside COMMIT), fire every deferred trigger now, stop
  * listening and release session advisory locks (nothing of the session stays active while the
- * connection waits in the pool; the rest is reset by the next transaction), check that
- * the transaction is still the fenced one and force durability on (seal_client_transaction(),
- * definitions.ts: FP410 otherwise, and COMMIT is never reached), then COMMIT.
+ * connection waits in the pool; the rest is reset by the next transaction), force durability on,
+ * then COMMIT. A statement that ended the transaction is caught before (transaction.ts: its
+ * command tag, or the block state).
  */
-export function sealAndCommit(xact: string): Query {
-  if (!/^[0-9]+$/.test(xact)) throw new Error('xact must be decimal');
+export function sealAndCommit(): Query {
   return {
-    text: `SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost.seal_client_transaction(${xact}); COMMIT`,
+    text: "SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SET LOCAL synchronous_commit = on; COMMIT",
   };
 }
-
 
 export function terminateBackend(pid: number): Query {
   return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };

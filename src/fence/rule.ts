@@ -1,9 +1,6 @@
-// The fence rule, in one place: how a write with token T takes its fence inside its own
-// transaction, on every door. The object writes' statements (queries.ts fencedWrite, fencedPuts)
-// and the SQL functions of transactions and the SQL endpoint (definitions.ts) are all built from
-// the fragments below; nothing else takes a fence.
+// The fence rule, in one place. Two forms, both built from the fragments below:
 //
-// Per fence key:
+// The object writes (HTTP door; queries.ts fencedWrite, fencedPuts) take the fence per statement:
 // - share: a fence whose highest token is T (the leader's own) is locked FOR SHARE. A leader's
 //   concurrent writes share the row and never wait for one another. The lock waits for a raise in
 //   flight and re-reads the row's committed version (READ COMMITTED re-checks it), so a raise that
@@ -16,19 +13,27 @@
 //   exclusive, so statements over several fences never deadlock on them.
 // A fence row is never lowered or deleted (triggers of migration 0003 refuse it, whoever asks).
 //
-// Protected data (migration 0017, src/fence/protect.ts): a transaction that passed a fence is
-// marked (markFenced): `fencepost.fenced`, a transaction-local setting, gets transactionMark() of
-// that fence key, a hash of the capability secret, the transaction id and the key. Anyone may set
-// the setting; nobody without the secret can compute a mark, and a mark is good for its own
-// transaction only. A protected table's trigger (refuse_unfenced_write) checks for the mark of its
-// fence key. The same step reads a temporary sequence of the session's, so PREPARE TRANSACTION fails
-// in every fenced transaction ("operated on temporary objects"): a prepared transaction would hold
-// its fence across restarts, and commit whenever someone says so.
+// The SQL doors (the SQL endpoint, POST /v1/transactions) fence the session, not the transaction
+// (migration 0018, definitions.ts). Each fence key that a session fences has an epoch: the
+// sequence fencepost.<epochName(fence key)>, dropped and made anew by every raise of that fence
+// (trigger fences_next_epoch, so every raise path does it). fence_session(), called by the proxy
+// with a capability bound to the backend and its arguments (sessionFenceCapability), checks the
+// token against the fence and calls nextval() on the epoch: from then on currval() of the epoch is
+// defined in that session, for that epoch only, and nothing else can define it (writers may read
+// the sequence, not advance it). The proof of a transaction is epochProof(): C functions only. It
+// holds the epoch until the transaction ends, so a raise's DROP waits for every transaction that
+// passed it, and its lock request queues ahead of every later one: a busy zombie cannot starve it
+// (raise.ts ends what still holds the epoch after its wait). A raise voids every older session at
+// once, idle or not.
+//
+// Protected data (migration 0017, src/fence/protect.ts): a protected table's trigger
+// (refuse_unfenced_write) runs epochProof() for its fence key, and reads a temporary sequence of
+// the session's (NO_PREPARE_READ) so PREPARE TRANSACTION fails.
 //
 // The capability: the proxy's SQL functions run as the schema owner (SECURITY DEFINER) for client
-// logins that may execute them, so each checks that its caller is the proxy: the raw secret of
-// fencepost.fence_capability as a bind parameter, or a hash of it bound to one backend and the
-// call's arguments where the call travels as SQL text (boundCapability, boundCapabilitySql).
+// logins that may execute them, so each checks that its caller is the proxy: a hash of the
+// capability secret bound to one backend and the call's arguments, a domain tag first
+// (boundCapability, boundCapabilitySql).
 import { createHash } from 'node:crypto';
 
 /** SQL: the proxy's capability secret. */
@@ -79,68 +84,41 @@ fence AS (
 )`;
 }
 
-/**
- * plpgsql: the leader's case, one fence at exactly `token`, in one statement: the share step alone
- * with its count (one pending_counts row, committed with the transaction); then, if it passed,
- * `onShared` (the caller's checks), NO_PREPARE, the mark and `onHeld`. `secretInto` receives the
- * capability secret from the same statement (when the caller has not read it yet). Anything else
- * (a raise, a new fence, a stale token) falls through to the full rule. The function declares
- * `v_mark text` (markFenced).
- */
-export function leaderFastPath(o: { secret: string; fenceKey: string; token: string; secretInto?: string; onShared?: string; onHeld: string }): string {
-  const returning = o.secretInto === undefined ? '' : `\n    RETURNING ${CAPABILITY_SECRET_SQL} INTO ${o.secretInto}`;
-  return `INSERT INTO fencepost.pending_counts (fence_key)
-    SELECT f.fence_key FROM fencepost.fences f WHERE f.fence_key = ${o.fenceKey} AND f.highest_token = ${o.token} FOR SHARE OF f${returning};
-  IF FOUND THEN
-    ${o.onShared ?? ''}
-    ${NO_PREPARE}
-    ${markFenced(o.secret, o.fenceKey, 'v_mark')}
-    ${o.onHeld}
-  END IF;`;
-}
-
-/** SQL: the mark of fence key `fenceKey` (a text expression) for this transaction; `secret` is the capability secret. */
-export function transactionMark(secret: string, fenceKey: string): string {
-  return `encode(sha256(convert_to(${secret} || '|' || txid_current()::text || '|' || ${fenceKey} || '|' || ${secret}, 'UTF8')), 'hex')`;
-}
-
-/** The setting that holds a transaction's marks (transaction-local). */
-export const MARK_SETTING = 'fencepost.fenced';
-
-/** The session's temporary sequence every fenced transaction reads (no PREPARE TRANSACTION). */
+/** The session's temporary sequence every fenced write reads (no PREPARE TRANSACTION). */
 export const NO_PREPARE_SEQUENCE = 'fencepost_no_prepare_seq';
 
 /**
- * plpgsql, in a SECURITY DEFINER function: this transaction passed the fence `fenceKey` (holding
- * it until it ends). Marks it for protected tables. (The door's entry function has ruled out
- * PREPARE TRANSACTION already: NO_PREPARE, once per transaction.) With `into`, an assignment to
- * that text variable: an expression plpgsql evaluates itself, without a statement of SPI's.
+ * SQL: reads the session's temporary sequence (made by fence_session), so PREPARE TRANSACTION
+ * fails in this transaction ("operated on temporary objects"): a prepared transaction would hold
+ * the epoch across restarts and commit whenever someone says so.
  */
-export function markFenced(secret: string, fenceKey: string, into?: string): string {
-  const set = `pg_catalog.set_config('${MARK_SETTING}', coalesce(pg_catalog.current_setting('${MARK_SETTING}', true), '') || ${transactionMark(secret, fenceKey)}, true)`;
-  return into === undefined ? `PERFORM ${set};` : `${into} := ${set};`;
+export const NO_PREPARE_READ = `pg_catalog.pg_sequence_last_value('pg_temp.${NO_PREPARE_SEQUENCE}'::pg_catalog.regclass)`;
+
+/** The epoch sequence's name of a fence key (unqualified; fits NAMEDATALEN): fencepost.epoch_name() computes the same. */
+export function epochName(fenceKey: string): string {
+  return `epoch_${createHash('sha256').update(fenceKey, 'utf8').digest('hex').slice(0, 56)}`;
+}
+
+/** The epoch sequence of a fence key, schema-qualified, as regclass text reads it. */
+export function epochSequence(fenceKey: string): string {
+  return `fencepost.${epochName(fenceKey)}`;
 }
 
 /**
- * plpgsql, in a SECURITY DEFINER function of a read-write transaction: reads the session's
- * temporary sequence (made once per backend), so PREPARE TRANSACTION fails in this transaction
- * ("operated on temporary objects"). Expressions only, no SQL statement: the name is looked up in
- * the session's temporary schema and read with pg_sequence_last_value, which opens nothing but a
- * sequence. A writer's own object of that name (a view or a table with a policy, whose code would
- * run as this function's owner if it were queried) fails it unread (42809), and so does a writer's
- * sequence the owner may not read (42501); a sequence runs no code of anyone's.
+ * SQL (C functions only): the proof that this session passed the fence of `epoch` (a text
+ * expression naming its epoch sequence) in its current epoch. It fails with 55000 (not fenced in
+ * this epoch: a raise replaced it) or XX000 (a raise replaced it meanwhile) otherwise; it holds the
+ * epoch until the transaction ends, so a raise waits for this transaction (and ends it after its
+ * wait).
  */
-export const NO_PREPARE = `DECLARE
-      v_no_prepare regclass := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
-    BEGIN
-      IF v_no_prepare IS NULL THEN
-        CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};
-        v_no_prepare := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
-      END IF;
-      IF pg_catalog.pg_sequence_last_value(v_no_prepare) IS NOT NULL THEN
-        NULL;
-      END IF;
-    END;`;
+export function epochProof(epoch: string): string {
+  return `pg_catalog.currval(${epoch}::pg_catalog.regclass)`;
+}
+
+/** The capability a session presents to fence_session(): bound to its backend, the fence key and the token (null: no fence, only the session's setup). */
+export function sessionFenceCapability(capability: string, backendPid: number, fenceKey: string | null, token: bigint | null): string {
+  return boundCapability(capability, backendPid, ['fence_session', fenceKey, token === null ? null : token.toString()]);
+}
 
 /** plpgsql: refuse a caller whose `presented` capability is not `expected` (an SQL expression). */
 export function refuseUnlessProxy(fn: string, presented: string, expected: string): string {

@@ -3,10 +3,8 @@
 // the session reset, and the fenced one's isolation level still applies: several of these take a
 // snapshot). Nothing an earlier transaction left reaches the writer's statements: settings, role,
 // prepared statements, cursors, listens, advisory locks, temp tables (but the fence's own, see
-// definitions.ts discard_temp), sequences. DISCARD ALL would
-// also drop the plans the fence function cached.
+// definitions.ts discard_temp). Not sequences: DISCARD SEQUENCES would unfence the session (rule.ts);
+// the runner unfences a connection before it serves another set of fences (queries.ts
+// unfenceSession), and a login serves one key only. DISCARD ALL would do both.
 
-/** How the reset starts: fence_transaction_bound() runs only in a Query that starts so (definitions.ts). */
-export const RESET_SESSION_HEAD = 'BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; ';
-
-export const RESET_SESSION = `${RESET_SESSION_HEAD}DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost.discard_temp(); DISCARD SEQUENCES; COMMIT; `;
+export const RESET_SESSION = `BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost.discard_temp(); COMMIT; `;

@@ -10,6 +10,7 @@ import { fencedStrategy, type WriteStrategy } from './write-strategy.ts';
 import * as reads from './reads.ts';
 import type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 import { foldPendingCounts, startFolding } from './count-folding.ts';
+import { AcceptedCounts } from './accepted-counts.ts';
 import { RejectionLog } from './rejection-log.ts';
 import { ProtectedPrefixes } from './protected-prefixes.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
@@ -49,10 +50,13 @@ export class FenceStore {
   readonly rejections: RejectionLog;
   /** The protected object-key prefixes as last read: the door resolves a write's fence key from them (Postgres enforces them regardless). */
   readonly protectedPrefixes: ProtectedPrefixes;
+  /** Accepted counts of the SQL doors, added to the counters in batches (accepted-counts.ts); the reads below flush them first. */
+  readonly accepted: AcceptedCounts;
   private readonly coalescer: WriteCoalescer;
 
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
+    this.accepted = new AcceptedCounts(pool);
     this.rejections = new RejectionLog(pool, { retries: opts.retries, logRepeatWindowMs: opts.logRepeatWindowMs, ...(opts.logger ? { logger: opts.logger } : {}) });
     this.protectedPrefixes = new ProtectedPrefixes(pool);
     this.coalescer = new WriteCoalescer(pool, {
@@ -98,17 +102,25 @@ export class FenceStore {
     return reads.readLeadingFence(this.pool, prefix);
   }
 
-  readFence(fenceKey: string): Promise<FenceRecord | null> {
+  async readFence(fenceKey: string): Promise<FenceRecord | null> {
+    await this.flushCounts();
     return reads.readFence(this.pool, fenceKey);
   }
 
   /** One page of fences in key order, and the cursor of the next page (null at the end). */
-  listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+  async listFences(after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+    await this.flushCounts();
     return reads.listFences(this.pool, after, limit);
   }
 
-  stats(perFenceLimit: number): Promise<Stats> {
+  async stats(perFenceLimit: number): Promise<Stats> {
+    await this.flushCounts();
     return reads.readStats(this.pool, perFenceLimit);
+  }
+
+  /** This proxy's accepted counts, added to the counters now (a failure leaves them for the next flush). */
+  flushCounts(): Promise<void> {
+    return this.accepted.flush().catch(() => {});
   }
 
   /** Folds the count rows not folded yet into the counters, once (count-folding.ts). */
@@ -118,6 +130,7 @@ export class FenceStore {
 
   /** Folds every FOLD_INTERVAL_MS (count-folding.ts), one fold at a time, until stopped (the returned function). */
   folding(onError: (err: unknown) => void): () => void {
+    this.accepted.start(onError);
     return startFolding(this.pool, onError);
   }
 }

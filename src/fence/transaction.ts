@@ -22,9 +22,10 @@
 // committed), but an SQLSTATE raised by a statement on a live connection is the statement's error.
 import pg from 'pg';
 import * as q from './queries.ts';
-import { FENCED_TRANSACTION_ENDED, RAISE_FIRST } from './codes.ts';
 import type { Isolation } from './queries.ts';
-import { coerceError, isRetryable, isUnavailable, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { coerceError, isRetryable, isUnavailable, sqlState, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './pg-errors.ts';
+import { sessionFenceCapability } from './rule.ts';
+import type { AcceptedCounts } from './accepted-counts.ts';
 import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import { FenceHeldByPreparedError } from './prepared-holders.ts';
@@ -115,13 +116,24 @@ export class SessionUnusableError extends ConnectionLostError {
 /** terminating connection due to administrator command: pg_terminate_backend, as a raise ends its holders. */
 const ADMIN_SHUTDOWN = '57P01';
 
-/** The transaction's fence is below its token (RAISE_FIRST): nothing ran; raise it and start again. */
+/** The transaction's fence is absent or below its token: nothing ran; raise it and start again. */
 class RaiseFirstError extends Error {
   constructor(cause: unknown) {
     super('the fence must be raised first', { cause });
     this.name = 'RaiseFirstError';
   }
 }
+
+/** The connection's epoch proof failed (a raise since it was fenced): nothing ran; fence it again and start again. */
+class RefenceError extends Error {
+  constructor(cause: unknown) {
+    super('the session must be fenced again', { cause });
+    this.name = 'RefenceError';
+  }
+}
+
+/** What the epoch proof fails with once a raise replaced the epoch (rule.ts epochProof). */
+const EPOCH_REPLACED = new Set([OBJECT_NOT_IN_PREREQUISITE_STATE, INTERNAL_ERROR]);
 
 /** Fresh connections tried after a SessionUnusableError, per attempt. */
 const SESSION_RETRIES = 3;
@@ -273,6 +285,8 @@ export interface TransactionRunnerOptions {
   owner: pg.Pool;
   /** Where a refused transaction is recorded (door `transaction`): the store's log. */
   rejections: RejectionLog;
+  /** Where a committed transaction is counted, per fence key (the store's, accepted-counts.ts); absent: not counted. */
+  accepted?: AcceptedCounts;
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
   database: string | pg.ClientConfig;
   /** Login name in open mode, and prefix of the per-key logins. */
@@ -310,6 +324,8 @@ export class TransactionRunner {
   private readonly opts: TransactionRunnerOptions;
   private readonly slots: Slots;
   private readonly pools = new Map<string, pg.Pool>();
+  /** What each pooled connection is fenced for (queries.ts fenceSession), as fence keys and tokens. */
+  private readonly fencedFor = new WeakMap<pg.PoolClient, string>();
   private provisioned: { at: number; result: Promise<ProvisionResult> } | null = null;
   private closed = false;
 
@@ -358,10 +374,15 @@ export class TransactionRunner {
     try {
       const outcome = await this.deposedOnLoss(sorted, () => retryOnConflict(
         async () => {
-          for (let fresh = 0, raised = false; ; fresh++) {
+          for (let fresh = 0, raised = false, refenced = false; ; fresh++) {
             try {
-              return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline, opts.writerId);
+              return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
             } catch (err) {
+              if (err instanceof RefenceError && !refenced && !deadline.aborted) {
+                refenced = true;
+                continue;
+              }
+              if (err instanceof RefenceError) throw new FenceBusyError(err.cause);
               if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                 // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                 raised = true;
@@ -383,6 +404,7 @@ export class TransactionRunner {
       // transaction. A refused one is recorded outside the retries above: the log retries its
       // own statement as on every door, and a stale token stays stale.
       if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
+      else this.opts.accepted?.add(sorted.map((f) => f.fenceKey));
       return outcome;
     } finally {
       this.slots.give(keyName ?? '');
@@ -444,7 +466,7 @@ export class TransactionRunner {
     }
   }
 
-  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal, writerId: string | null): Promise<TxResult> {
+  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal): Promise<TxResult> {
     const client = await this.connect(login);
     const conn = (client as unknown as { connection: { stream: NodeJS.EventEmitter & { destroy(): void }; on(e: 'readyForQuery', f: (m: { status: string }) => void): void; off(e: 'readyForQuery', f: (m: { status: string }) => void): void } }).connection;
     let status = 'I';
@@ -483,10 +505,12 @@ export class TransactionRunner {
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
-      if (index === -1 && sqlState(err) === RAISE_FIRST && !lost) {
-        // A fence below its token: nothing ran; the caller raises it (raise.ts) and starts again.
+      if (index === -1 && EPOCH_REPLACED.has(sqlState(err) ?? '') && !lost) {
+        // The proof failed: a raise replaced an epoch since this connection was fenced. Nothing
+        // ran; the caller fences the session again, which says stale (or raises it first).
+        this.fencedFor.delete(client);
         reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
-        throw new RaiseFirstError(err);
+        throw new RefenceError(err);
       }
       if (index === -1 && sqlState(err) !== LOCK_NOT_AVAILABLE && !isRetryable(err)) {
         // Not the fence's verdict: what the session carries (or a backend that died) broke the reset
@@ -501,23 +525,33 @@ export class TransactionRunner {
     };
     try {
       if (deadline.aborted) throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
-      let xact: string;
       try {
         const pid = (client as unknown as { processID: number | null }).processID;
         if (pid === null) throw new Error('the connection has no backend pid');
-        const args = q.boundFenceArgs(fences, writerId);
-        const open = q.openClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole, { ...args, bound: q.transactionCapability(capability, pid, args) });
-        // Several statements: the last result (the fence) holds the rows.
-        const results = (await client.query(open)) as unknown as pg.QueryResult<{ ord: number; highest_token: string | null; xact: string }>[];
-        const { rows } = results.at(-1)!;
-        const stale = rows.filter((r) => r.highest_token === null).map((r) => fences[r.ord]!);
-        if (stale.length > 0) {
-          await client.query(q.rollbackTransaction());
+        const set = JSON.stringify(fences.map((f) => [f.fenceKey, f.token.toString()]));
+        if (this.fencedFor.get(client) !== set) {
+          // Fenced once per connection and set of fences (queries.ts fenceSession).
+          this.fencedFor.delete(client);
+          await client.query(q.unfenceSession());
+          const { rows } = await client.query<{ ord: number; highest_token: string | null }>(
+            q.fenceSession(fences.map((f) => ({ ...f, capability: sessionFenceCapability(capability, pid, f.fenceKey, f.token) }))),
+          );
+          await client.query(q.endFenceSession());
+          const highest = fences.map((_, i) => {
+            const h = rows.find((r) => r.ord === i)?.highest_token ?? null;
+            return h === null ? null : BigInt(h);
+          });
+          const stale = fences.flatMap((f, i) => (highest[i] !== null && highest[i]! > f.token ? [{ fenceKey: f.fenceKey, token: f.token, highestToken: highest[i]! }] : []));
           reusable = true;
-          return { committed: false, stale: stale.map((f) => ({ fenceKey: f.fenceKey, token: f.token, highestToken: f.token })) };
+          if (stale.length > 0) return { committed: false, stale };
+          // A fence absent or below its token: the caller raises it (raise.ts) and starts again.
+          if (highest.some((h, i) => h === null || h < fences[i]!.token)) throw new RaiseFirstError(null);
+          reusable = false;
+          this.fencedFor.set(client, set);
         }
-        xact = rows[0]!.xact;
+        await client.query(q.openClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole, fences.map((f) => f.fenceKey)));
       } catch (err) {
+        if (err instanceof RaiseFirstError) throw err;
         return await fail(err, -1);
       }
       const results: StatementResult[] = [];
@@ -534,8 +568,9 @@ export class TransactionRunner {
         } finally {
           counting = false;
         }
-        if (status !== 'T') {
-          // COMMIT or ROLLBACK ended the fenced transaction: send nothing more in it.
+        if (status !== 'T' || r.command === 'COMMIT' || r.command === 'ROLLBACK') {
+          // COMMIT or ROLLBACK (… AND CHAIN too) ended the fenced transaction: send nothing more in
+          // it, and never commit the one a chain opened (it holds no epoch).
           reusable = true;
           throw new TransactionEndedError(i);
         }
@@ -544,17 +579,12 @@ export class TransactionRunner {
       const commit = watchCommit(client);
       try {
         commitSent = true;
-        await client.query(q.sealAndCommit(xact));
+        await client.query(q.sealAndCommit());
         commit.check();
       } catch (err) {
         if (err instanceof WriteOutcomeUnknownError) {
           reusable = true;
           throw new CommitUnknownError(err.cause, err.message);
-        }
-        if (sqlState(err) === FENCED_TRANSACTION_ENDED && !lost && !tooLarge && !deadline.aborted) {
-          // A statement committed the fenced transaction AND CHAINed a new one: drop the new one.
-          reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
-          throw new TransactionEndedError(statements.length - 1);
         }
         return await fail(err, null);
       } finally {

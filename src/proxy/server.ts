@@ -201,6 +201,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
           provision: () => app.transactionRunner.provision(),
           owner: pool,
           rejections: store.rejections,
+          accepted: store.accepted,
           metrics,
           staleLog: app.staleLog,
           statementTimeoutMs: config.txStatementTimeoutMs,
@@ -280,6 +281,7 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
       await pruner.stop();
       await durability.stop();
       stopFolding();
+      await store.accepted.stop().catch((err: unknown) => logger.warn({ err }, 'could not add the last accepted counts to the counters'));
       await pool.end();
       stopFollowing();
       await embedded?.stop();

@@ -190,6 +190,24 @@ describe('invariant 4: /v1/stats equals the history', () => {
     expect(check(ops, finalFor(ops, { stats })).violations[0]!.message).toBe('/v1/stats says 9 accepted, the history 7…8');
   });
 
+  test("excuses, and only excuses, the SQL-door counts a SIGKILLed proxy had not added", () => {
+    // Invariant: accepted ≥ acknowledged − (SQL-door acknowledgements of the killed proxy within its window).
+    const ops = cleanHistory();
+    const sql = (n: string, proxy: string) => op({ op: n, writer: 'w2', kind: 'object', token: 2n, door: 'sql', proxy });
+    ops.push(sql('b5', 'postgres://proxy-1'), sql('b6', 'postgres://proxy-1'), sql('b7', 'postgres://proxy-2'));
+    const killedAt = ops.at(-1)!.ackT! + 1;
+    const lost = [{ proxies: ['http://proxy-1', 'postgres://proxy-1'], from: killedAt - 100, to: killedAt }];
+    const short = (n: number) => ({ accepted: 10 - n, rejected: 1, byFenceKey: [{ fenceKey: FK, accepted: 10 - n, rejected: 1 }] });
+    // Both of proxy 1's SQL acknowledgements may be lost; the HTTP ones and proxy 2's may not.
+    expect(check(ops, finalFor(ops, { stats: short(2) }), lost).violations).toEqual([]);
+    const three = check(ops, finalFor(ops, { stats: short(3) }), lost).violations;
+    expect(three[0]!.message).toBe('/v1/stats says 7 accepted, the history 10 (2 of them acknowledged by a proxy killed before it added its counts)');
+    // Without the kill, none may be lost.
+    expect(check(ops, finalFor(ops, { stats: short(1) })).violations.map((v) => v.invariant)).toEqual(['stats', 'stats']);
+    // Outside the window, none may be lost.
+    expect(check(ops, finalFor(ops, { stats: short(1) }), [{ ...lost[0]!, from: killedAt - 1 }]).violations).toHaveLength(2);
+  });
+
   test('catches counts on a fence key the history never wrote', () => {
     const ops = cleanHistory();
     const f = finalFor(ops);

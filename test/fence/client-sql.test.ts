@@ -12,7 +12,7 @@ import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
-import { transactionCapability } from '../../src/fence/queries.ts';
+import { sessionFenceCapability } from '../../src/fence/rule.ts';
 
 let db: TestDatabase;
 let runner: TransactionRunner;
@@ -80,7 +80,7 @@ async function fenceIntact(): Promise<void> {
   const { rows } = await db.pool.query(`SELECT highest_token FROM fencepost.fences WHERE fence_key = 'o/victim'`);
   expect(rows[0]?.highest_token).toBe('100');
   const triggers = await db.pool.query(`SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'fencepost.fences'::regclass AND NOT tgisinternal`);
-  expect(triggers.rows.length).toBe(3);
+  expect(triggers.rows.length).toBe(4);
   for (const t of triggers.rows) expect(t.tgenabled, t.tgname).toBe('O');
 }
 
@@ -203,27 +203,17 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     await fenceIntact();
   });
 
-  test('the fence call\'s capability, shown to other sessions as text, works only on its own backend and for its own arguments', async () => {
-    // pg_stat_activity shows the proxy's first round trip to every session of the login. What it
-    // shows is bound to one backend and one set of arguments: from another backend, or for another
-    // fence or token, it is refused.
+  test('a session-fence capability works only on its own backend and for its own fence key and token', async () => {
+    // A capability the proxy computed for one backend and one (fence key, token), presented for
+    // another fence, or from another backend, is refused before anything is read or locked.
     const { capability } = await runner.provision();
     const here = ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
-    const victim = { keysHex: Buffer.from('o/victim').toString('hex'), tokens: '999999', writerHex: null };
-    const call = (bound: string, a: typeof victim) => `SELECT * FROM fencepost.fence_transaction_bound('${bound}', '${a.keysHex}', '${a.tokens}', NULL)`;
-    // What the proxy sent for this backend's own fence (w/attack at 1), replayed for the victim.
-    const own = { keysHex: Buffer.from('w/attack').toString('hex'), tokens: '1', writerHex: null };
-    const replayed = await run([call(transactionCapability(capability, here, own), victim)]);
+    const call = (cap: string) => `SELECT fencepost.fence_session('${cap}', 'o/victim', 100)`;
+    const replayed = await run([call(sessionFenceCapability(capability, here, 'w/attack', 1n))]);
     expect(replayed).toBeInstanceOf(Error);
     expect(String((replayed as Error).message)).toMatch(/may be called by the proxy only/);
-    // The right arguments, bound to another backend.
-    const elsewhere = await run([call(transactionCapability(capability, here + 1, victim), victim)]);
+    const elsewhere = await run([call(sessionFenceCapability(capability, here + 1, 'o/victim', 100n))]);
     expect(String((elsewhere as Error).message)).toMatch(/may be called by the proxy only/);
-    // Even the very hash for this backend and these arguments (a call the proxy made here earlier,
-    // read from pg_stat_activity, replayed by a later transaction on the same pooled backend): it
-    // runs only inside the proxy's own first round trip, which no writer's statement can be.
-    const replay = await run([call(transactionCapability(capability, here, victim), victim)]);
-    expect(String((replay as Error).message)).toMatch(/may be called by the proxy only/);
     await fenceIntact();
   });
 });
@@ -239,7 +229,7 @@ describe('statements that end the fenced transaction go no further', () => {
 
   test.each(['COMMIT AND CHAIN', 'ROLLBACK AND CHAIN'])('%s then a write: the chained, unfenced transaction never commits', async (chain) => {
     // The chained transaction also lost SET LOCAL ROLE: its write fails on privileges, or, were it
-    // allowed, the seal before COMMIT finds another transaction id and rolls it back.
+    // allowed, the chain's command tag stops the runner, which rolls it back.
     const r = await run([chain, `INSERT INTO app.items VALUES (3, 'chained')`]);
     expect(r).toBeInstanceOf(Error);
     expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 3')).rowCount).toBe(0);
@@ -247,8 +237,8 @@ describe('statements that end the fenced transaction go no further', () => {
     expect((allowed as Error).name).toBe('TransactionEndedError');
   });
 
-  test('COMMIT AND CHAIN, then the fence function with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
-    const r = await run(['COMMIT AND CHAIN', `SELECT * FROM fencepost.fence_transaction('', ARRAY['o/victim'], ARRAY[999999]::bigint[], NULL)`, 'COMMIT AND CHAIN']);
+  test('COMMIT AND CHAIN, then the session fence with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
+    const r = await run(['COMMIT AND CHAIN', `SELECT fencepost.fence_session('', 'o/victim', 999999)`, 'COMMIT AND CHAIN']);
     expect(r).toBeInstanceOf(Error);
     await fenceIntact();
   });

@@ -17,6 +17,7 @@ const test = sqlTest
   .extend('clientTables', { scope: 'file' }, [
     { definition: 'public.ho_items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
     { definition: 'public.ho_guarded (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+    { definition: 'public.ho_busy (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
   ]);
 
 const has = async (db: TestDatabase, id: number, table = 'ho_items') => (await db.pool.query(`SELECT 1 FROM public.${table} WHERE id = $1`, [id])).rowCount === 1;
@@ -54,6 +55,79 @@ describe('a raise past an older token\'s open transaction', () => {
     const err = await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e);
     expect((err as pg.DatabaseError).code).toBe('FP409');
     expect([await has(db, 11), await has(db, 12)]).toEqual([false, true]);
+    await leader.end();
+  });
+
+  test('a busy zombie cannot starve the raise: 32 pooled old-token sessions running overlapping transactions back to back, reconnecting when ended', async ({ db, sql }) => {
+    // Invariants: the new leader's first write commits, long before the tens of seconds such a
+    // zombie used to hold the fence (FOR SHARE requests never queued behind a waiting raise; the
+    // epoch's DROP queues ahead of every later proof); and no zombie transaction that began after
+    // the leader's write was acknowledged committed a row.
+    await protectTable(db.pool, 'public.ho_busy', 'ho/busy');
+    const SESSIONS = 32;
+    let stop = false;
+    let id = 0;
+    let leaderAckedAt = Infinity;
+    const begunAfterRaise: number[] = [];
+    let committed = 0;
+    const loop = async (i: number) => {
+      while (!stop) {
+        let c: pg.Client | null = null;
+        try {
+          c = await sql.connect(`busy-${i}`, { options: fenceOptions(5, 'ho/busy') });
+          while (!stop) {
+            const mine = ++id;
+            if (performance.now() > leaderAckedAt) begunAfterRaise.push(mine);
+            await c.query('BEGIN');
+            await c.query('INSERT INTO public.ho_busy VALUES ($1, $2)', [mine, 'zombie']);
+            await c.query('SELECT pg_sleep(0.2)');
+            await c.query('COMMIT');
+            committed++;
+          }
+        } catch {
+          // ended by the raise, or stale: reconnect and try again, as a pool would
+        } finally {
+          await c?.end().catch(() => {});
+        }
+      }
+    };
+    const zombies = Promise.all(Array.from({ length: SESSIONS }, (_, i) => loop(i)));
+    try {
+      await until(async () => committed >= SESSIONS);
+      const leader = await sql.connect('busy-leader', { options: fenceOptions(6, 'ho/busy') });
+      const asked = performance.now();
+      await leader.query('INSERT INTO public.ho_busy VALUES (-1, $1)', ['leader']);
+      leaderAckedAt = performance.now();
+      // Generous: the goal (FENCEPOST_RAISE_WAIT_MS + 500 ms) is measured in npm run bench; starvation took 20–30 s.
+      expect(leaderAckedAt - asked).toBeLessThan(10_000);
+      await leader.end();
+      await new Promise((r) => setTimeout(r, 1000)); // the zombies keep trying meanwhile
+    } finally {
+      stop = true;
+      await zombies;
+    }
+    expect(begunAfterRaise.length).toBeGreaterThan(0);
+    const landed = await db.pool.query('SELECT id FROM public.ho_busy WHERE id = ANY($1::int[])', [begunAfterRaise]);
+    expect(landed.rows).toEqual([]);
+    expect(await has(db, -1, 'ho_busy')).toBe(true);
+    expect(await fenceRow(db.pool, 'ho/busy')).toEqual({ highest_token: '6' });
+  });
+
+  test('a zombie ended mid-statement hears Postgres\'s FATAL and its connection ends at once', async ({ db, sql }) => {
+    // Invariant: a writer answered with a FATAL is not left waiting on an open socket (straight to
+    // Postgres the connection closes right after it); nothing of its transaction commits.
+    const zombie = await sql.connect('mid-statement', { options: fenceOptions(5, 'ho/mid') });
+    const ended = new Promise<'ended'>((r) => zombie.once('end', () => r('ended')));
+    await zombie.query('BEGIN');
+    await zombie.query(`INSERT INTO public.ho_items VALUES (21, 'mid-statement zombie')`);
+    const sleeping = zombie.query('SELECT pg_sleep(60)').then(() => 'ok', (e: pg.DatabaseError) => e.code);
+    await until(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'`)).rowCount === 1);
+    const leader = await sql.connect('mid-leader', { options: fenceOptions(6, 'ho/mid') });
+    await leader.query(`INSERT INTO public.ho_items VALUES (22, 'leader')`);
+    expect(await sleeping).toBe('57P01');
+    const late = new Promise<'open'>((r) => setTimeout(() => r('open'), 10_000).unref());
+    expect(await Promise.race([ended, late])).toBe('ended');
+    expect([await has(db, 21), await has(db, 22)]).toEqual([false, true]);
     await leader.end();
   });
 

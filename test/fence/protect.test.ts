@@ -8,7 +8,7 @@ import pg from 'pg';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
-import { sessionCapability } from '../../src/proxy/sql/fence.ts';
+import { sessionFenceCapability } from '../../src/fence/rule.ts';
 import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
 
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [
@@ -133,19 +133,21 @@ describe('a protected table', () => {
     await c.end();
   });
 
-  test('a writer\'s temporary object in place of the fence\'s own sequence fails the fence; it is never queried as the fence\'s owner', async ({ db, sql }) => {
+  test('a writer\'s temporary object in place of the fence\'s own sequence fails the protected write; it is never queried as the fence\'s owner', async ({ db, sql }) => {
     void sql;
     await setup(db);
-    // Through the proxy the fence comes first in every read-write transaction; straight to Postgres
-    // on the client login, with the session capability the proxy would compute for that backend.
+    // The session fenced straight to Postgres on the client login, with the capability the proxy
+    // would compute for that backend; the protected table's trigger reads the temporary sequence.
     const c = await clientLogin(db);
     const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
     const secret = (await db.pool.query<{ secret: string }>('SELECT secret FROM fencepost.fence_capability')).rows[0]!.secret;
     // Each would run pg_temp.who() as the fence's owner if it were queried: a view, a table with a
     // policy. A sequence of the writer's runs no code: read or refused, PREPARE stays refused.
     await c.query(`CREATE FUNCTION pg_temp.who() RETURNS text LANGUAGE sql AS $$ SELECT set_config('fp.test.ran_as', current_user, false) $$`);
-    await c.query(`SET fencepost.fence_key = '${FENCE}'; SET fencepost.token = '6'`);
-    const fence = () => c.query('SELECT fencepost.fence_session_bound($1, NULL, $2, NULL)', [sessionCapability(secret, pid, null, 'w', null), 'w']);
+    const fence = async () => {
+      await c.query('SELECT fencepost.fence_session($1, $2, 6)', [sessionFenceCapability(secret, pid, FENCE, 6n), FENCE]);
+      return c.query(`INSERT INTO public.orders VALUES (${id()}, 'squatted')`);
+    };
     const squatters: [string, string][] = [
       ['CREATE TEMPORARY VIEW fencepost_no_prepare_seq AS SELECT pg_temp.who() AS who', '42809'],
       [`CREATE TEMPORARY TABLE fencepost_no_prepare_seq (who text); ALTER TABLE fencepost_no_prepare_seq ENABLE ROW LEVEL SECURITY;

@@ -251,13 +251,19 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
 }
 
 /** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's): `target` is the backend's. */
-export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): void {
-  dial(target, 5000).then(
-    (s) => {
-      s.on('error', () => {});
-      s.setTimeout(5000, () => s.destroy());
-      s.end(message('', 80877102, pid, secret));
-    },
-    () => {}, // best effort, as a driver's cancel is
-  );
+export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer): Promise<void> {
+  // Resolves once Postgres has closed the cancel connection (it has signalled the backend by then),
+  // or after 5 s: the writer hears its cancel connection close only after that, as libpq's PQcancel
+  // waits for the server, so its next statement is not the one cancelled.
+  return new Promise((resolve) => {
+    dial(target, 5000).then(
+      (s) => {
+        s.on('error', () => {});
+        s.once('close', () => resolve());
+        s.setTimeout(5000, () => s.destroy());
+        s.end(message('', 80877102, pid, secret));
+      },
+      () => resolve(), // best effort, as a driver's cancel is
+    );
+  });
 }

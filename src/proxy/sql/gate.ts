@@ -1,23 +1,29 @@
-// What a session does before a transaction starts at idle: know its token and fence key (startup
-// options; read back with a SELECT after text that mentions `fencepost`), put them to the forgery
-// guard when it guards that fence key, and raise the fence to the token when it is absent or below
-// (src/fence/raise.ts: a statement on the proxy's pool, synchronous_commit on, holding the fence row
-// only for that statement). The transaction then takes the fence at its token inside itself; the
-// fence function never raises (definitions.ts fence_transaction: RAISE_FIRST).
-//
-// This only prepares the transaction: whatever happened here, it goes ahead and the fence in it
-// decides (stale: FP409; a raise that failed here: FP428; a guarded raise the guard did not admit:
-// FP409 "unverified", session_guard_check). A pair is raised once; the settings are read again
-// after text that may change them.
+// The session fence of the SQL endpoint (rule.ts): before a transaction starts at idle, the gate
+// knows the session's token and fence key (startup options; read back with a SELECT after text
+// that mentions `fencepost`) and, once per (fence key, token), decides what the session's
+// transactions carry (planner.ts SessionFence):
+// - no token: read-only;
+// - malformed settings, or a fence key outside the key's prefixes: refused (FP400, 42501);
+// - a guarded fence key whose token the forgery guard does not admit: refused (FP409 unverified,
+//   FP503 when ZooKeeper could not be asked);
+// - otherwise the fence is raised to the token where it is absent or below (src/fence/raise.ts, a
+//   transaction of the proxy's own), and the session fences itself on its own backend
+//   (fence_session): at the fence's highest token it passed, and each transaction carries only the
+//   epoch proof; stale: refused (FP409); still below: refused (FP428).
+// A verdict stands until the settings change, or the relay reports that the session lost its fence
+// (DISCARD, or a proof that failed: a raise above it). The database decides whether a write lands
+// (the proof, and the protected tables' triggers); the gate decides only what the session asks.
 import type { Logger } from 'pino';
 import { keyProblem } from '../../fence/key.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
-import { guardState } from './fence.ts';
+import { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST, STALE_TOKEN } from '../../fence/codes.ts';
+import { staleDetailText } from '../../fence/detail.ts';
+import { INSUFFICIENT_PRIVILEGE } from '../../fence/pg-errors.ts';
+import type { ErrorFields } from './framing.ts';
+import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
 export interface SessionGuard {
-  /** Every guarded fence-key prefix. */
-  prefixes: readonly string[];
   /** Is this fence key guarded? */
   guards(fenceKey: string): boolean;
   /** Resolves when (fenceKey, token) may raise the fence; throws an ApiError (`unverified_token`, `unavailable`) when not. */
@@ -32,9 +38,12 @@ export interface FenceSettings {
 
 /** What the gate needs of the session. */
 export interface GateHost {
-  /** Sends a Query of the proxy's ahead of the writer's messages: `onRow` sees each row's texts, `then` runs at its ReadyForQuery. */
-  query(sql: string, onRow: (values: string[]) => void, then: () => void): void;
-  /** The gate is done (the guard's state() may have changed): rebuild the fence, go on with the writer's messages. */
+  /**
+   * Sends a Query of the proxy's ahead of the writer's messages: `onRow` sees each row's texts,
+   * `onError` its error, if any; `then` runs at its ReadyForQuery.
+   */
+  query(sql: string, onRow: (values: string[]) => void, then: () => void, onError?: (fields: Map<string, string>) => void): void;
+  /** The gate is done: the session's fence may have changed; go on with the writer's messages. */
   done(): void;
 }
 
@@ -45,8 +54,10 @@ export interface GateOptions {
   prefixes: readonly string[] | null;
   /** Raises the fence to the token where it is absent or below (raise.ts); throws when it could not. */
   raise: (fenceKey: string, token: bigint) => Promise<void>;
+  /** The SQL that fences this session's backend (fence_session with a capability bound to it; null pair: only the session's setup). */
+  fenceSql: (pair: Pair | null) => string;
   startupSettings: FenceSettings;
-  /** Writes are refused now (FENCEPOST_REQUIRE_SYNC_STANDBY): no raise, the refusal in the fence's place fails the transaction. */
+  /** Writes are refused now (FENCEPOST_REQUIRE_SYNC_STANDBY): no raise (the session's fence is the refusal, session.ts). */
   refusing?: () => boolean;
   host: GateHost;
   logger: Logger;
@@ -56,39 +67,30 @@ const READ_SETTINGS_SQL = "SELECT pg_catalog.current_setting('fencepost.token', 
 const MAX_TOKEN = (1n << 63n) - 1n;
 
 type Pair = { fenceKey: string; token: bigint };
-const samePair = (a: Pair | null, b: Pair | null) => a !== null && b !== null && a.fenceKey === b.fenceKey && a.token === b.token;
+
+const refusal = (code: string, message: string, detail?: string, hint?: string): ErrorFields => ({ severity: 'ERROR', code, message, ...(detail !== undefined ? { detail } : {}), ...(hint !== undefined ? { hint } : {}) });
 
 export class FenceGate {
   /** The session's settings as last known (null: read them back before the next transaction). */
   private settings: FenceSettings | null;
-  /** What the guard said about a (fence key, token) of this session. */
-  private checked: (Pair & { verdict: 'verified' | 'unavailable' | 'refused' }) | null = null;
-  /** The pair whose fence was raised (or found at or above its token). */
-  private raised: Pair | null = null;
-  /** The pair of the settings as last known when a transaction was let through. */
-  private lastPair: Pair | null = null;
+  /** The session's backend has its setup (fence_session's temporary sequence). */
+  private setUp = false;
+  /** What the session's transactions carry, and the settings it was decided for. */
+  private verdict: { for: string; fence: SessionFence; once: boolean } | null = null;
   private busy = false;
-  /** The gate could not prepare this pair: let the next transaction through (its fence decides), try again after. */
-  private pass = false;
 
   constructor(private readonly opts: GateOptions) {
     this.settings = opts.startupSettings;
   }
 
-  /** The guard state handed to the fence (null without a guard). */
-  state(): string | null {
-    const guard = this.opts.guard;
-    if (guard === null) return null;
-    const c = this.checked;
-    return guardState(guard.prefixes, c === null || c.verdict === 'refused' ? null : { fenceKey: c.fenceKey, token: c.token, verdict: c.verdict });
+  /** The fence the session's transactions carry now. */
+  fence(): SessionFence {
+    return this.verdict?.fence ?? readOnlySessionFence();
   }
 
-  /**
-   * The (fence key, token) the session's transaction in progress started with (the settings may
-   * have been marked unknown since: text that mentions `fencepost`), if the proxy could raise its fence.
-   */
-  pair(): { fenceKey: string; token: bigint } | null {
-    return this.lastPair;
+  /** The (fence key, token) the session passed the fence at, if it did. */
+  pair(): Pair | null {
+    return this.verdict?.fence.pair ?? null;
   }
 
   /** The writer's text may change its fencepost settings: read them back before the next transaction. */
@@ -96,22 +98,34 @@ export class FenceGate {
     if (/fencepost/i.test(text)) this.settings = null;
   }
 
-  /** May the transaction about to start go ahead now? It waits while the gate reads, asks or raises. */
-  ready(): boolean {
-    if (this.busy) return false;
-    if (this.pass) {
-      this.pass = false;
-      if (this.settings !== null) this.lastPair = this.pairOf(this.settings);
-      return true;
-    }
-    if (this.settings === null) return false;
-    const pair = this.pairOf(this.settings);
-    const go = pair === null || samePair(pair, this.raised);
-    if (go) this.lastPair = pair;
-    return go;
+  /**
+   * A RESET (RESET ALL, or of one setting) may have set the fencepost settings and the session's
+   * read-write default back to their startup values: read them back and fence the session again.
+   */
+  noteReset(): void {
+    this.settings = null;
+    this.verdict = null;
   }
 
-  /** Reads the settings back if needed, asks the guard, raises; host.done() after. */
+  /**
+   * The session may have lost its fence or setup (DISCARD, a proof that failed): decide again
+   * before the next transaction. `setUp`: the temporary sequence may be gone too.
+   */
+  invalidate(setUp: boolean): void {
+    this.verdict = null;
+    if (setUp) this.setUp = false;
+  }
+
+  /** May the transaction about to start go ahead now? It waits while the gate reads, asks, raises or fences. */
+  ready(): boolean {
+    if (this.busy || this.settings === null || !this.setUp || this.verdict === null) return false;
+    if (this.verdict.for !== signature(this.settings)) return false;
+    // A verdict of a failure that may pass: this transaction carries it, the next one asks again.
+    if (this.verdict.once) this.verdict = { ...this.verdict, for: '' };
+    return true;
+  }
+
+  /** Reads the settings back if needed, then decides; host.done() after. */
   start(): void {
     if (this.busy) return;
     this.busy = true;
@@ -125,54 +139,113 @@ export class FenceGate {
         },
         () => {
           this.settings = read;
-          void this.prepare();
+          void this.decide();
         },
       );
       return;
     }
-    void this.prepare();
+    void this.decide();
   }
 
-  /** The settings' (fence key, token) when the proxy may raise its fence for this session, else null. */
-  private pairOf(s: FenceSettings): Pair | null {
-    if (s.token === null || s.fenceKey === null || !/^[0-9]{1,19}$/.test(s.token) || keyProblem(s.fenceKey) !== null) return null;
-    const token = BigInt(s.token);
-    if (token > MAX_TOKEN) return null;
-    const prefixes = this.opts.prefixes;
-    if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) return null;
-    return { fenceKey: s.fenceKey, token };
+  /** Runs fence_session on the session's backend: the fence's highest token (undefined: the call failed, `failure` says how). */
+  private fenceSession(pair: Pair | null): Promise<{ highest: bigint | null } | { failure: string; code: string }> {
+    return new Promise((resolve) => {
+      let highest: bigint | null = null;
+      let failure: { failure: string; code: string } | null = null;
+      this.opts.host.query(
+        this.opts.fenceSql(pair),
+        (values) => (highest = values[0] ? BigInt(values[0]) : null),
+        () => resolve(failure ?? { highest }),
+        (fields) => (failure = { failure: fields.get('M') ?? '', code: fields.get('C') ?? RAISE_FIRST }),
+      );
+    });
   }
 
-  private async prepare(): Promise<void> {
+  private async decide(): Promise<void> {
     await Promise.resolve(); // never done() from inside start(): the relay is in the middle of its loop
-    const pair = this.settings === null ? null : this.pairOf(this.settings);
+    const settings = this.settings!;
     try {
-      if (pair === null || samePair(pair, this.raised) || this.opts.refusing?.()) return;
-      const { fenceKey, token } = pair;
-      const guard = this.opts.guard;
-      if (guard !== null && guard.guards(fenceKey)) {
-        const verdict = await guard.admit(fenceKey, token).then(
-          () => 'verified' as const,
-          (err: unknown) => ((err as { code?: string }).code === 'unavailable' ? ('unavailable' as const) : ('refused' as const)),
-        );
-        this.checked = { fenceKey, token, verdict };
-        if (verdict !== 'verified') {
-          this.opts.logger.info({ fenceKey, token: token.toString(), unavailable: verdict === 'unavailable' }, 'forgery guard did not admit the session\'s token');
-          return;
-        }
+      if (!this.setUp) {
+        const r = await this.fenceSession(null);
+        if ('failure' in r) this.opts.logger.warn({ failure: r.failure }, 'could not set the SQL session up; its transactions fail until it is');
+        this.setUp = true; // a failure shows in every transaction (the no-PREPARE read fails): fail closed
       }
-      try {
-        await this.opts.raise(fenceKey, token);
-        this.raised = pair;
-      } catch (err) {
-        // A prepared transaction holding the fence row is named (raise.ts): only an operator ends it.
-        const preparedTransaction = err instanceof FenceHeldByPreparedError ? err.preparedTransaction : undefined;
-        this.opts.logger.warn({ fenceKey, token: token.toString(), err: (err as Error).message, ...(preparedTransaction !== undefined ? { preparedTransaction } : {}) }, 'could not raise the session\'s fence; its transaction is refused (FP428)');
-      }
+      const { fence, once } = await this.verdictFor(settings);
+      this.verdict = { for: signature(settings), fence, once };
+    } catch (err) {
+      this.opts.logger.warn({ err }, 'SQL session: the fence could not be decided; this transaction is refused');
+      this.verdict = { for: signature(settings), fence: refusedSessionFence(refusal(RAISE_FIRST, 'the session\'s fence could not be decided', undefined, 'nothing of this transaction was applied; safe to retry')), once: true };
     } finally {
       this.busy = false;
-      this.pass = true; // whatever happened: the fence decides this transaction
       this.opts.host.done();
     }
   }
+
+  /** fence_session's answer for `pair` when the fence is at or above its token: fenced, or stale. */
+  private fenced(pair: Pair, highest: bigint): { fence: SessionFence; once: boolean } {
+    const { fenceKey, token } = pair;
+    if (highest === token) return { fence: provenSessionFence(pair), once: false };
+    const e = refusal(STALE_TOKEN, `stale fencing token: token ${token} is below the highest token ${highest} of fence key ${JSON.stringify(fenceKey)}`, staleDetailText(fenceKey, token, highest), 'a newer leader holds this fence: nothing of this transaction was applied');
+    return { fence: refusedSessionFence(e), once: false };
+  }
+
+  private async verdictFor(s: FenceSettings): Promise<{ fence: SessionFence; once: boolean }> {
+    const refused = (e: ErrorFields, once = false) => ({ fence: refusedSessionFence(e), once });
+    if (s.token === null || s.token === '') return { fence: readOnlySessionFence(), once: false };
+    if (!/^[0-9]+$/.test(s.token) || s.token.replace(/^0+/, '').length > 19 || BigInt(s.token) > MAX_TOKEN) {
+      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${JSON.stringify(s.token)}`));
+    }
+    if (s.fenceKey === null || s.fenceKey === '') {
+      return refused(refusal(INVALID_FENCE_SETTING, 'fencepost.token is set but fencepost.fence_key is not', undefined, "SET fencepost.fence_key = '…' or -c fencepost.fence_key=… in the startup options"));
+    }
+    const problem = keyProblem(s.fenceKey);
+    if (problem !== null) return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key ${problem}`));
+    const prefixes = this.opts.prefixes;
+    if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) {
+      return refused(refusal(INSUFFICIENT_PRIVILEGE, `this key may not write fence key ${JSON.stringify(s.fenceKey)}: it is outside its fence-key prefixes`));
+    }
+    const pair: Pair = { fenceKey: s.fenceKey, token: BigInt(s.token) };
+    const { fenceKey, token } = pair;
+    if (this.opts.refusing?.()) return { fence: readOnlySessionFence(), once: true }; // session.ts sends the refusal meanwhile
+    const guard = this.opts.guard;
+    if (guard !== null && guard.guards(fenceKey)) {
+      const verdict = await guard.admit(fenceKey, token).then(
+        () => 'verified' as const,
+        (err: unknown) => ((err as { code?: string }).code === 'unavailable' ? ('unavailable' as const) : ('refused' as const)),
+      );
+      if (verdict !== 'verified') {
+        this.opts.logger.info({ fenceKey, token: token.toString(), unavailable: verdict === 'unavailable' }, 'forgery guard did not admit the session\'s token');
+        // A token that raises nothing needs no admission: the fence decides (at its token: fenced; above: stale).
+        const r = await this.fenceSession(pair);
+        const highest = 'failure' in r ? null : r.highest;
+        if (highest !== null && highest >= token) return this.fenced(pair, highest);
+        const detail = `unverified token: ${staleDetailText(fenceKey, token, highest)}`;
+        if (verdict === 'unavailable') {
+          return refused(refusal(GUARD_UNAVAILABLE, `cannot verify fencing token ${token} of fence key ${JSON.stringify(fenceKey)}: ZooKeeper unreachable`, detail, 'the forgery guard could not ask ZooKeeper whether this token is the current leader\'s; nothing was applied, safe to retry'), true);
+        }
+        return refused(refusal(STALE_TOKEN, `unverified fencing token: token ${token} would raise fence key ${JSON.stringify(fenceKey)} but is not the current leader's`, detail, 'the forgery guard did not verify this token as the sequence of the current leader\'s election node; nothing of this transaction was applied'), true);
+      }
+    }
+    let raiseFailed = false;
+    try {
+      await this.opts.raise(fenceKey, token);
+    } catch (err) {
+      raiseFailed = true;
+      // A prepared transaction holding the fence row is named (raise.ts): only an operator ends it.
+      const preparedTransaction = err instanceof FenceHeldByPreparedError ? err.preparedTransaction : undefined;
+      this.opts.logger.warn({ fenceKey, token: token.toString(), err: (err as Error).message, ...(preparedTransaction !== undefined ? { preparedTransaction } : {}) }, 'could not raise the session\'s fence; its transaction is refused (FP428)');
+    }
+    const r = await this.fenceSession(pair);
+    if ('failure' in r) {
+      this.opts.logger.warn({ fenceKey, token: token.toString(), failure: r.failure }, 'could not fence the SQL session; its transaction is refused (FP428)');
+      // Its own SQLSTATE (55P03 lock timeout, 40001, 57014, …): the driver's retry logic knows them.
+      return refused(refusal(r.code, `could not fence this session at token ${token} of fence key ${JSON.stringify(fenceKey)}: ${r.failure}`, undefined, 'nothing of this transaction was applied; safe to retry'), true);
+    }
+    if (r.highest !== null && r.highest >= token) return this.fenced(pair, r.highest);
+    return refused(refusal(RAISE_FIRST, `fence ${JSON.stringify(fenceKey)} could not be raised to token ${token}${raiseFailed ? '' : ' (raised meanwhile by another token?)'}`, undefined, 'nothing of this transaction was applied; safe to retry'), true);
+  }
+}
+
+function signature(s: FenceSettings): string {
+  return JSON.stringify([s.token, s.fenceKey]);
 }

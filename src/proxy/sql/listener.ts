@@ -25,7 +25,7 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
 import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
-import { CLIENT_TIMEOUTS, FENCE_SETTINGS, FORWARDED_PARAMETERS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseOptions, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
+import { CLIENT_TIMEOUTS, FENCE_SETTINGS, OWN_SETTINGS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
@@ -34,6 +34,7 @@ import { raisedAbove, raiseFences } from '../../fence/raise.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
+import type { AcceptedCounts } from '../../fence/accepted-counts.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
 import type { ProxyMetrics } from '../metrics.ts';
 import type { StaleDigest } from '../../logging/stale-digest.ts';
@@ -54,6 +55,8 @@ export interface PgwireOptions {
   owner: pg.Pool;
   /** Where a refused transaction is recorded (door `sql`): the store's log. */
   rejections: RejectionLog;
+  /** Where a committed fenced transaction is counted (the store's, src/fence/accepted-counts.ts); absent: not counted. */
+  accepted?: AcceptedCounts;
   /** Where the door's transactions and refusals are counted (fencepost_writes_total{door="sql"}); absent: nowhere. */
   metrics?: ProxyMetrics;
   /** Where refusals are logged, summed per interval (the app's staleLog); absent: a line each. */
@@ -319,7 +322,7 @@ export class PgwireServer {
         break;
       }
       if (packet.kind === 'cancel') {
-        this.cancel(packet.pid, packet.secret);
+        await this.cancel(packet.pid, packet.secret);
         socket.end(() => socket.destroy());
         return;
       }
@@ -399,8 +402,10 @@ export class PgwireServer {
       raw.once('close', uncount);
       const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
       if (login.pgRole !== null) settings.set('role', login.pgRole);
-      for (const [k, v] of parseOptions(params.get('options') ?? '')) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
       const requested = requestedSettings(params);
+      // The fence's settings, from `options` or a startup parameter of the driver's own (asyncpg
+      // server_settings, pgx RuntimeParams): the gate reads them back from the backend.
+      for (const [k, v] of requested) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
       // The proxy's own bound on each (it sets no idle_in_transaction_session_timeout of its own).
       const own: Record<ClientTimeout, number | null> = { statement_timeout: this.opts.statementTimeoutMs, lock_timeout: this.opts.lockTimeoutMs, idle_in_transaction_session_timeout: null };
       for (const name of CLIENT_TIMEOUTS) {
@@ -408,7 +413,7 @@ export class PgwireServer {
         if (ms !== null) settings.set(name, String(ms));
       }
       const forwarded = new Map<string, string>();
-      for (const [k, v] of requested) if (FORWARDED_PARAMETERS.has(k)) forwarded.set(k, v);
+      for (const [k, v] of requested) if (!OWN_SETTINGS.has(k) && !FENCE_SETTINGS.has(k) && !k.startsWith('_pq_.')) forwarded.set(k, v);
       forwarded.set('application_name', applicationName(requested));
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
       const remaining = () => Math.max(1, deadline - Date.now());
@@ -455,7 +460,10 @@ export class PgwireServer {
           await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
-        onTransactionEnd: (end) => this.opts.metrics?.countWrite('sql', 'transaction', end),
+        onTransactionEnd: (end, fenceKey) => {
+          this.opts.metrics?.countWrite('sql', 'transaction', end);
+          if (end === 'accepted') this.opts.accepted?.add([fenceKey]);
+        },
         onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
         durability: this.opts.durability ?? null,
         onClose: () => this.sessions.delete(pid),
@@ -476,10 +484,11 @@ export class PgwireServer {
     return refuse('08006', `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
   }
 
-  private cancel(pid: number, secret: Buffer): void {
+  /** Forwards a cancel to the session's backend; resolves once Postgres has taken it (cancelBackend). */
+  private async cancel(pid: number, secret: Buffer): Promise<void> {
     const s = this.sessions.get(pid);
     if (!s || s.secret.length !== secret.length || !timingSafeEqual(s.secret, secret)) return;
-    cancelBackend(s.backend.target, s.backend.pid, s.backend.secret); // the host it runs on (of several)
+    await cancelBackend(s.backend.target, s.backend.pid, s.backend.secret); // the host it runs on (of several)
   }
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {

@@ -43,7 +43,8 @@
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
-import { deferrableBegin, fencePrefix, isEmptyQuery, prepareAndRunFence, prepareFence, refusalInPlaceOfFence, runFence, runRoutineRefusal, sessionCapability, startsTransactionBlock, textArrayLiteral, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL } from './fence.ts';
+import { deferrableBegin, isEmptyQuery, prepareFence, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, type FenceStatements } from './fence.ts';
+import type { ErrorFields } from './framing.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
 /** The message a response answers. */
@@ -126,26 +127,36 @@ export type Step =
   /** The writer broke the protocol. */
   | { do: 'fail'; reason: string };
 
-/** The fence as this session sends it: Bind/Execute bytes, and SQL text for a Query. */
-export interface SessionFence {
-  run: Buffer;
-  text: string;
+/** The fence as this session sends it (fence.ts): Bind/Execute bytes, and SQL text for a Query. */
+export interface SessionFence extends FenceStatements {
   /** Characters of `text`. */
   chars: number;
+  /** The (fence key, token) the session passed: its transactions are counted, and their proof failing means a raise above it. Null: not fenced. */
+  pair: { fenceKey: string; token: bigint } | null;
+}
+
+function sessionFenceOf(f: FenceStatements, pair: SessionFence['pair']): SessionFence {
+  return { ...f, chars: [...f.text].length, pair };
 }
 
 /** In place of the fence while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY): fence.ts refusalInPlaceOfFence. */
 export function refusalFence(): SessionFence {
-  const { run, text } = refusalInPlaceOfFence();
-  return { run, text, chars: [...text].length };
+  return sessionFenceOf(refusalInPlaceOfFence(), null);
 }
 
-/** The session's fence; `guard`: the forgery guard's state (null without a guard). */
-export function sessionFence(capability: string, backendPid: number, keyPrefixes: readonly string[] | null, writerId: string, guard: string | null): SessionFence {
-  const prefixes = keyPrefixes === null ? null : textArrayLiteral(keyPrefixes);
-  const sessionCap = sessionCapability(capability, backendPid, prefixes, writerId, guard);
-  const text = fencePrefix(sessionCap, prefixes, writerId, guard);
-  return { run: runFence(sessionCap, prefixes, writerId, guard), text, chars: [...text].length };
+/** The fence of a session that passed the fence of `pair` (gate.ts). */
+export function provenSessionFence(pair: { fenceKey: string; token: bigint }): SessionFence {
+  return sessionFenceOf(provenFence(pair.fenceKey, pair.token), pair);
+}
+
+/** The fence of a session without a token: read-only. */
+export function readOnlySessionFence(): SessionFence {
+  return sessionFenceOf(readOnlyFence(), null);
+}
+
+/** The fence of a session whose transactions the gate refuses with `error`. */
+export function refusedSessionFence(error: ErrorFields): SessionFence {
+  return sessionFenceOf(refusedFence(error), null);
 }
 
 /** What the relay knows when a message is planned. */
@@ -281,6 +292,11 @@ export class Planner {
     return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
   }
 
+  /** An extended group is open (its Sync not sent yet). */
+  inGroup(): boolean {
+    return this.groupOpen;
+  }
+
   /** A BEGIN of the writer's is held: the backend is idle, the writer was told it is in a block. */
   holdsBegin(): boolean {
     return this.heldBegin !== null;
@@ -311,10 +327,19 @@ export class Planner {
   }
 
   private planQuery(text: string, ctx: PlanContext): Step[] {
-    // Inside an open extended group a Query would end the group's implicit transaction and start
-    // another in the middle of the pipeline. No client library sends one (libpq, psycopg,
-    // node-postgres and pgjdbc Sync first): the session ends, nothing of the Query runs.
-    if (this.groupOpen) return [{ do: 'fail', reason: 'a Query message inside an extended-protocol group: the fencepost SQL endpoint takes a Query only after the group\'s Sync' }];
+    // A Query inside an open extended group (asyncpg: Parse/Describe/Flush, then a Query) runs in
+    // the group's transaction, and its ReadyForQuery ends the group as a Sync would. The group was
+    // fenced when it began; a block it opened is continued. Where the planner cannot tell the
+    // state the group left (a statement of unknown kind ran in a block, a BEGIN still to be
+    // fenced), the session ends and nothing of the Query runs.
+    if (this.groupOpen) {
+      if (this.unsure || this.fenceAfterExecute || this.fenceBeforeExecute) {
+        return [{ do: 'fail', reason: 'a Query message inside an extended-protocol group whose transaction state the fencepost SQL endpoint cannot tell: send Sync first' }];
+      }
+      this.groupOpen = false;
+      // Never held or answered by the proxy (a BEGIN here joins the group's transaction): responses are owed.
+      ctx = { status: this.inBlock ? 'T' : ctx.status, awaiting: true };
+    }
     const idle = ctx.status === 'I';
     const dropped = deallocatedStatements(text);
     if (dropped === 'all') this.writerStatementsDropped();
@@ -332,6 +357,10 @@ export class Planner {
       if ('refuse' in planned) return [...begin, ...this.refuseQuery({ ...ctx, awaiting: true }, ...planned.refuse)];
       const step: Step = { do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] };
       return [...begin, step];
+    }
+    if (idle && runsUnfenced(text) && this.fence.pair !== null) {
+      // A fenced session is read-write by default (gate.ts); none of these writes data.
+      return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] }];
     }
     if (idle && runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
@@ -574,8 +603,8 @@ export class Planner {
   private inject(steps: Step[]): void {
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
-      steps.push({ do: 'send', what: 'prepareAndFence', bytes: prepareAndRunFence(this.fence.run), expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
+      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
+      steps.push({ do: 'send', what: 'prepareAndFence', bytes: this.fence.prepareAndRun, expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
       this.prepared = true;
       return;
     }

@@ -20,7 +20,7 @@ import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
-import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING } from '../../fence/codes.ts';
+import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
 import { LOCK_NOT_AVAILABLE, QUERY_CANCELED } from '../../fence/pg-errors.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
@@ -46,6 +46,10 @@ export interface Gate {
   start(): void;
   /** The writer's statement text, before it is planned. */
   noteText(text: string): void;
+  /** The session may have lost its fence (`setUp`: and its setup): decide again before the next transaction. */
+  invalidate(setUp: boolean): void;
+  /** A RESET ran: the settings may be their startup values again. */
+  noteReset(): void;
 }
 
 export interface RelayOptions {
@@ -53,8 +57,8 @@ export interface RelayOptions {
   /** null: none. */
   gate: Gate | null;
   onStale: (refusal: StaleRefusal) => void;
-  /** Each fenced transaction's end, once (metrics: fencepost_writes_total{door="sql"}). */
-  onTransactionEnd?: (end: TransactionEnd) => void;
+  /** Each fenced transaction's end, once, with its fence key (metrics: fencepost_writes_total{door="sql"}; accepted counts). */
+  onTransactionEnd?: (end: TransactionEnd, fenceKey: string) => void;
   /** A transaction whose fence failed for a reason other than a stale token (FENCE_ERROR_OUTCOMES). */
   onFenceError?: (outcome: 'error' | 'invalid') => void;
   onClose: () => void;
@@ -98,6 +102,7 @@ const NOT_COPY_DATA = 'a message other than CopyData, CopyDone, CopyFail, Flush 
  * timeout: `error`), or the session's fence settings are malformed (`invalid`).
  */
 const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
+  [RAISE_FIRST]: 'error',
   [GUARD_UNAVAILABLE]: 'error',
   [DURABILITY_UNSAFE]: 'error',
   [LOCK_NOT_AVAILABLE]: 'error',
@@ -108,6 +113,7 @@ const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
 /** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
 const INTERNAL_ERROR = 'XX000';
 const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
+const FLUSH = message('H');
 
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
@@ -161,6 +167,10 @@ export class Relay {
   private idleTimer: NodeJS.Timeout | undefined;
   /** A FATAL the backend sent outside any request, right before it went away. */
   private backendFatal: Buffer | null = null;
+  /** The writer was sent a FATAL in answer to its request (a raise's pg_terminate_backend mid-query): it expects the connection to close. */
+  private writerHeardFatal = false;
+  /** A Flush of the proxy's went to the backend for a Query waiting inside an open group. */
+  private flushAsked = false;
   /**
    * Counting fenced transactions the way the database does: fence_session_bound() adds a
    * pending_counts row when a transaction passes the fence with a token (the fence statement then
@@ -173,6 +183,8 @@ export class Relay {
    * failed block); 'E' sets it.
    */
   private fenced = false;
+  /** The fence key of the fenced transaction open now. */
+  private fencedKey = '';
   private spoiled: 'invalid' | 'rolled_back' | null = null;
   /** CopyDone and CopyFail messages of the writer's sent to the backend so far. */
   private copyEnds = 0;
@@ -218,7 +230,7 @@ export class Relay {
   }
 
   /** A Query of the proxy's ahead of the writer's next message: `onRow` sees its rows, `then` runs at its ReadyForQuery. */
-  query(sql: string, onRow: (values: string[]) => void, then: () => void): void {
+  query(sql: string, onRow: (values: string[]) => void, then: () => void, onError?: (fields: Map<string, string>) => void): void {
     this.toBackend.push(encode({ type: 'query', text: sql }));
     this.expect({
       kind: 'query',
@@ -226,6 +238,7 @@ export class Relay {
       forwardReady: false,
       capture: (f) => {
         if (f.type === 'D') onRow(dataRowTexts(f.body));
+        else if (f.type === 'E') onError?.(parseErrorFields(f.body));
       },
       onReady: then,
     });
@@ -290,6 +303,13 @@ export class Relay {
       // A reason is a newer leader's raise (FP409): counted as rejected by onStale, not here.
       if (reason !== null) this.fenced = false;
       this.endFenced('error');
+      if (this.writerHeardFatal) {
+        // The writer's request was answered with the FATAL (Postgres's own words, a raise's
+        // pg_terminate_backend mid-query): the connection ends now, as it would straight to Postgres.
+        this.flushClient();
+        this.endWith(Buffer.alloc(0));
+        return;
+      }
       if (reason !== null && !this.client.destroyed) {
         // Told as the answer to the writer's next message (a paused writer reads it as its
         // COMMIT's), as an ERROR and a ReadyForQuery: libpq (psycopg2) keeps the SQLSTATE of an
@@ -425,6 +445,22 @@ export class Relay {
         return;
       }
       if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
+      if (msg.type === 'query' && this.planner.inGroup()) {
+        // A Query inside an open group (asyncpg: Parse/Describe/Flush, then a Query): planned once
+        // the group's answers are in, as asyncpg waits for them too. After an error the backend
+        // skips everything but Sync, a Query too, with no answer: so does the proxy.
+        if (this.queue.length > 0) {
+          // The backend holds its answers until a Flush or Sync: ask for them (a Flush answers nothing).
+          if (!this.flushAsked) this.toBackend.push(FLUSH);
+          this.flushAsked = true;
+          break;
+        }
+        this.flushAsked = false;
+        if (this.skipping) {
+          i++;
+          continue;
+        }
+      }
       const gate = this.opts.gate;
       if (gate && (this.status === 'I' || this.planner.holdsBegin()) && this.planner.startsTransaction(msg) && !gate.ready()) {
         // Before a transaction starts (only between ReadyForQuery and the next message: idle, or
@@ -659,7 +695,7 @@ export class Relay {
   /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
   private queryError(f: Frame, e: Pending): Buffer {
     const fields = parseErrorFields(f.body);
-    if (e.plan?.[e.at ?? 0] ?? false) this.onFenceError(fields);
+    if (e.plan?.[e.at ?? 0] ?? false) return this.onFenceError(fields, f.bytes);
     const position = Number(fields.get('P'));
     if (e.insertions === undefined || e.insertions.length === 0 || !Number.isInteger(position)) return f.bytes;
     // 1-based, in the text sent: back to the writer's text, minus the fence inserted before it.
@@ -672,11 +708,12 @@ export class Relay {
     return message('E', ...parts);
   }
 
-  /** The fence statement's CommandComplete ("SET" of its first statement is not it). */
+  /** The fence statement's CommandComplete ("SET" of its first statement is not it): a proof that passed counts the transaction. */
   private noteFence(f: Frame): void {
-    const tag = commandTag(f.body);
-    if (tag === 'SELECT 0') {
+    const pair = this.planner.fence.pair;
+    if (pair !== null && commandTag(f.body).startsWith('SELECT')) {
       this.fenced = true;
+      this.fencedKey = pair.fenceKey;
       this.spoiled = null;
     }
   }
@@ -686,7 +723,7 @@ export class Relay {
     if (!this.fenced) return;
     this.fenced = false;
     this.spoiled = null;
-    this.opts.onTransactionEnd?.(end);
+    this.opts.onTransactionEnd?.(end, this.fencedKey);
   }
 
   /** The writer's Parse, Bind or Close took effect: the planner records what it changes. */
@@ -705,16 +742,28 @@ export class Relay {
     if (tag === 'COMMIT') this.endFenced('accepted');
     else if (tag === 'ROLLBACK') this.spoiled ??= 'rolled_back';
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
+    // DISCARD SEQUENCES forgets the session's fence, DISCARD TEMP its setup (rule.ts), ALL both.
+    if (tag === 'DISCARD ALL' || tag === 'DISCARD SEQUENCES' || tag === 'DISCARD TEMP') this.opts.gate?.invalidate(tag !== 'DISCARD SEQUENCES');
+    if (tag === 'RESET') this.opts.gate?.noteReset();
     if (tag === 'DISCARD ALL' || tag === 'DEALLOCATE ALL' || (tag === 'DEALLOCATE' && extended)) this.planner.writerStatementsDropped();
+  }
+
+  /** A 25006 of a session without a fence gets the hint naming fencepost.token; a fenced session's is its own (BEGIN READ ONLY). */
+  private hinted(bytes: Buffer): Buffer {
+    return this.planner.fence.pair === null ? withReadOnlyHint(bytes) : bytes;
   }
 
   private onError(f: Frame, head: Pending | undefined): void {
     this.failed = true;
     if (this.fenced) this.spoiled = 'invalid';
     if (head?.kind === 'query') {
-      if (head.injected) return;
+      if (head.injected) {
+        head.capture?.(f);
+        return;
+      }
       if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
-      this.toClient.push(withReadOnlyHint(this.queryError(f, head)));
+      if (isFatal(f.body)) this.writerHeardFatal = true;
+      this.toClient.push(this.hinted(this.queryError(f, head)));
       return; // a simple Query ends with its ReadyForQuery
     }
     if (head === undefined) {
@@ -723,11 +772,13 @@ export class Relay {
       this.backendFatal = f.bytes;
       return;
     }
-    this.toClient.push(head.injected ? f.bytes : withReadOnlyHint(f.bytes));
     if (head.injected) {
       const fields = parseErrorFields(f.body);
       if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();
-      if (head.fence) this.onFenceError(fields);
+      this.toClient.push(head.fence ? this.onFenceError(fields, f.bytes) : f.bytes);
+    } else {
+      if (isFatal(f.body)) this.writerHeardFatal = true;
+      this.toClient.push(this.hinted(f.bytes));
     }
     // Extended protocol: the backend skips everything up to the next Sync (no Query is sent inside
     // a group: planner.ts). Without one sent yet, it skips what comes until the writer's.
@@ -735,16 +786,23 @@ export class Relay {
     if (this.queue.length === 0) this.skipping = true;
   }
 
-  /** The fence statement failed: a stale token is a rejection (onStale), some others are counted as the HTTP door counts them. */
-  private onFenceError(fields: Map<string, string>): void {
+  /**
+   * The fence statement failed; what the writer hears (as Postgres said it). A stale token is a
+   * rejection (onStale); some other errors are counted as the HTTP door counts them. A fenced
+   * session whose proof failed (fencepost.session_proof: a raise above its token) is fenced again
+   * by the gate before its next transaction.
+   */
+  private onFenceError(fields: Map<string, string>, bytes: Buffer): Buffer {
     const code = fields.get('C') ?? '';
+    if (this.planner.fence.pair !== null && (code === STALE_TOKEN || code === RAISE_FIRST)) this.opts.gate?.invalidate(false);
     if (code === STALE_TOKEN) {
       const stale = staleDetail(fields.get('D'));
       if (stale) this.opts.onStale(stale);
-      return;
+      return bytes;
     }
     const outcome = FENCE_ERROR_OUTCOMES[code];
     if (outcome !== undefined) this.opts.onFenceError?.(outcome);
+    return bytes;
   }
 
   /** A message the backend refused or skipped: what it would change, changes nothing; fence statements it would prepare are not. */
@@ -832,4 +890,11 @@ export class Relay {
     }
     this.close();
   }
+}
+
+/** An ErrorResponse whose severity ends the session (FATAL, PANIC). */
+function isFatal(body: Buffer): boolean {
+  const fields = parseErrorFields(body);
+  const severity = fields.get('V') ?? fields.get('S');
+  return severity === 'FATAL' || severity === 'PANIC';
 }

@@ -1,19 +1,22 @@
 // One writer's session after startup: relays messages between the writer and its backend
-// connection, and fences every transaction the session starts. Three parts, by job:
-// - planner.ts: what to send for each of the writer's messages (the fence, splits, refusals);
-//   no sockets, so it is tested without a database.
+// connection, and fences the session. Three parts, by job:
+// - planner.ts: what to send for each of the writer's messages (the transaction's proof, splits,
+//   refusals); no sockets, so it is tested without a database.
 // - relay.ts: the sockets, the responses owed for what was sent, forwarding and swallowing them.
-// - gate.ts: before a transaction, the forgery guard's check and the raise of the session's fence.
+// - gate.ts: before a transaction, what the session's fence is (the forgery guard's check, the raise,
+//   fence_session on the session's own backend).
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
+import pg from 'pg';
 import type { MessageReader } from './framing.ts';
-import { Planner, refusalFence, sessionFence } from './planner.ts';
+import { Planner, refusalFence } from './planner.ts';
 import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
 import type { ErrorFields } from './framing.ts';
 import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
+import { sessionFenceCapability } from '../../fence/rule.ts';
 
 export type { SessionGuard } from './gate.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';
@@ -43,8 +46,8 @@ export interface SessionOptions {
    * fence's place (fence.ts REFUSE_UNSAFE_SQL) and no raise; absent: never refused.
    */
   durability?: { refusal(): unknown; onChange(listener: () => void): () => void } | null;
-  /** Each fenced transaction's end, once (relay.ts TransactionEnd); absent: not counted. */
-  onTransactionEnd?: (end: TransactionEnd) => void;
+  /** Each fenced transaction's end, once, with its fence key (relay.ts TransactionEnd); absent: not counted. */
+  onTransactionEnd?: (end: TransactionEnd, fenceKey: string) => void;
   /** A fence that failed for another reason than a stale token (relay.ts FENCE_ERROR_OUTCOMES). */
   onFenceError?: (outcome: 'error' | 'invalid') => void;
   onClose: () => void;
@@ -60,10 +63,20 @@ export class PgwireSession {
       guard: opts.guard ?? null,
       prefixes: opts.prefixes,
       raise: opts.raise,
+      fenceSql: (pair) => {
+        const cap = sessionFenceCapability(opts.capability, backend.pid, pair?.fenceKey ?? null, pair?.token ?? null);
+        // Read-write for this call only (sessions start read-only): it may make the epoch sequence.
+        // Committed locally: a catalog write of the session's, not a fence raise (raise.ts), so it
+        // never waits for a synchronous standby that may be the one not streaming. A session with
+        // a token is read-write by default from now on, as straight to Postgres: a transaction
+        // that is not proven carries a read-only SET of its own (fence.ts).
+        const readWrite = pair === null ? '' : 'SET default_transaction_read_only = off; ';
+        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = local; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})`;
+      },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
       refusing,
       host: {
-        query: (sql, onRow, then) => this.relay.query(sql, onRow, then),
+        query: (sql, onRow, then, onError) => this.relay.query(sql, onRow, then, onError),
         done: () => {
           planner.fence = fence();
           this.relay.resume();
@@ -71,9 +84,8 @@ export class PgwireSession {
       },
       logger: opts.logger,
     });
-    // Built again when the guard's verdict changes (its state is a parameter of the fence), and
-    // when writes start or stop being refused.
-    const fence = () => (refusing() ? refusalFence() : sessionFence(opts.capability, backend.pid, opts.prefixes, opts.writerId, gate.state()));
+    // Built again when the gate decides, and when writes start or stop being refused.
+    const fence = () => (refusing() ? refusalFence() : gate.fence());
     const planner = new Planner(fence());
     const unwatch = durability?.onChange(() => (planner.fence = fence())) ?? (() => {});
     // A backend lost mid-transaction because a newer leader's raise ended it (raise.ts): the writer

@@ -91,11 +91,16 @@ export function optionArg(name: string, value: string): string {
 }
 
 /**
- * Startup parameters passed on to the backend. Everything else a client sends (a
- * `default_transaction_read_only`, a `role`, …) is dropped: the proxy sets those itself.
+ * Startup settings (parameters, or `-c` in `options`) the proxy decides itself and does not pass
+ * on: the session's role and read-only default (the fence's), what only a connection's setup may
+ * say, and the timeouts the proxy bounds (CLIENT_TIMEOUTS). Everything else a client asks for at
+ * startup (`work_mem`, `search_path`, an application's own `myapp.tenant`, …) reaches Postgres,
+ * which refuses what it refuses, as it would straight.
  */
-export const FORWARDED_PARAMETERS: ReadonlySet<string> = new Set([
-  'application_name', 'client_encoding', 'datestyle', 'timezone', 'intervalstyle', 'extra_float_digits', 'search_path', 'bytea_output',
+export const OWN_SETTINGS: ReadonlySet<string> = new Set([
+  'user', 'database', 'options', 'replication',
+  'role', 'session_authorization', 'default_transaction_read_only', 'transaction_read_only',
+  'statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout',
 ]);
 
 /** The fencepost settings a session may carry in from its startup options. */

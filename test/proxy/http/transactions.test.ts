@@ -50,6 +50,7 @@ async function orders(): Promise<{ id: number; total: number }[]> {
   return (await db.pool.query('SELECT id, total FROM app.orders ORDER BY id')).rows;
 }
 async function fence(key: string) {
+  await app.store.flushCounts(); // accepted counts reach Postgres in batches (accepted-counts.ts)
   const { rows } = await db.pool.query('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [key]);
   return rows[0] ?? null;
 }

@@ -46,6 +46,10 @@ afterEach(resume);
 
 afterAll(async () => {
   stalled?.resume();
+  // No commit may wait for the standby once it stops: a backend ending with temporary objects
+  // (the session fence's, rule.ts) commits their removal, and would hold the primary's shutdown.
+  await db?.pool.query("ALTER SYSTEM SET synchronous_standby_names = ''");
+  await db?.pool.query('SELECT pg_reload_conf()');
   await sql?.close();
   await net?.close();
   await db?.pool.end();

@@ -149,10 +149,11 @@ describe('SET fencepost.token on a session whose token went stale', () => {
     await c.end();
   });
 
-  test('an unfenced SET fencepost.token puts the read-only default back first', async () => {
-    const c = await sql.connect('set-default', { options: fenceOptions(3, 'set/default') });
+  test('on a session without a fence, an unfenced SET fencepost.token puts the read-only default back first', async () => {
+    // (A fenced session's default is the writer's: test/proxy/sql/transaction-modes.test.ts.)
+    const c = await sql.connect('set-default');
     await c.query('SET default_transaction_read_only = off');
-    await c.query("SET fencepost.token = '3'");
+    await c.query("SET fencepost.fence_key = 'set/default'");
     expect((await c.query('SHOW default_transaction_read_only')).rows).toEqual([{ default_transaction_read_only: 'on' }]);
     await c.end();
   });

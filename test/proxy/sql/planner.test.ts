@@ -2,7 +2,7 @@
 // messages (the writer's own, or the proxy's), and which responses are swallowed (`injected`, or
 // the fence's statements in a Query's `plan`).
 import { describe, expect, test } from 'vitest';
-import { Planner, sessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
+import { Planner, provenSessionFence, readOnlySessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
 import { cstr, encode, message, parseErrorFields, readyForQuery, type ClientMessage } from '../../../src/proxy/sql/framing.ts';
 import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/fence.ts';
 
@@ -10,7 +10,7 @@ const IDLE: PlanContext = { status: 'I', awaiting: false };
 const IN_BLOCK: PlanContext = { status: 'T', awaiting: false };
 const FAILED: PlanContext = { status: 'E', awaiting: false };
 
-const planner = () => new Planner(sessionFence('capability', 4242, ['app/'], 'writer-1', null));
+const planner = () => new Planner(provenSessionFence({ fenceKey: 'app/orders', token: 5n }));
 
 const query = (text: string): ClientMessage => ({ type: 'query', text });
 const parse = (text: string, name = ''): ClientMessage => ({ type: 'parse', name, text, paramTypes: [] });
@@ -98,14 +98,18 @@ describe('simple protocol', () => {
     expect(q.expect.plan).toEqual([false, true, true]);
   });
 
-  test('a lone DISCARD or CHECKPOINT goes unfenced, behind a swallowed reset of the read-only default', () => {
+  test('a lone DISCARD or CHECKPOINT of a session without a fence goes unfenced, behind a swallowed reset of the read-only default', () => {
     for (const text of ['DISCARD ALL', 'CHECKPOINT']) {
-      const steps = planner().plan(query(text), IDLE);
+      const steps = new Planner(readOnlySessionFence()).plan(query(text), IDLE);
       expect(steps).toEqual([
         { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
         { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ]);
     }
+  });
+
+  test('a fenced session\'s lone DISCARD or CHECKPOINT goes as sent: its read-write default is the writer\'s', () => {
+    for (const text of ['DISCARD ALL', 'CHECKPOINT']) expect(sent(planner().plan(query(text), IDLE))).toEqual(['writer']);
   });
 
   test('a multi-statement Query the parser refuses is refused by the proxy, nothing sent', () => {
@@ -192,10 +196,27 @@ describe('extended protocol', () => {
 });
 
 describe('what the planner believes', () => {
-  test('a Query inside an open extended group ends the session, nothing of it sent', () => {
+  test('a Query inside an open extended group whose BEGIN is still to be fenced ends the session, nothing of it sent', () => {
     const p = planner();
     p.plan(parse('BEGIN'), IDLE);
     expect(sent(p.plan(query('INSERT INTO t VALUES (1)'), IDLE))).toEqual(['fail']);
+  });
+
+  test('asyncpg: Parse/Describe/Flush, then a Query: the Query runs in the group\'s fenced transaction and ends the group', () => {
+    const p = planner();
+    expect(sent(p.plan(parse('INSERT INTO t VALUES ($1)', 's1'), IDLE))).toEqual(['prepare', 'fence', 'writer']);
+    p.plan({ type: 'describe', target: 'S', name: 's1' }, IDLE);
+    p.plan({ type: 'flush' }, IDLE);
+    const steps = p.plan(query('BEGIN'), IDLE);
+    expect(steps.map((x) => x.do)).not.toContain('fail');
+    expect(steps.map((x) => x.do)).not.toContain('holdBegin'); // never answered by the proxy: it joins the group's transaction
+    expect(p.inGroup()).toBe(false);
+  });
+
+  test('a Query inside a group that opened in a block continues the block, unfenced', () => {
+    const p = planner();
+    p.plan(parse('INSERT INTO t VALUES ($1)', 's1'), IN_BLOCK);
+    expect(sent(p.plan(query('COMMIT'), IDLE))).toEqual(['writer']);
   });
 
   test('a Parse the backend refused leaves the name\'s confirmed kind: its Execute is still fenced after, as a ROLLBACK', () => {

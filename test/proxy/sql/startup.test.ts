@@ -249,6 +249,33 @@ print(cur.fetchone()[0])`;
     expect((await run('/usr/bin/python3', ['-c', program, sql.url('py'), ownRow])).stdout.trim()).toBe('py-app');
   });
 
+  // Invariant: a startup setting reaches Postgres as it would straight, unless the proxy decides it
+  // itself (startup.ts OWN_SETTINGS); the fence's own settings fence the session whichever way they come.
+  test('other startup settings reach Postgres: psql PGOPTIONS -c work_mem, asyncpg server_settings (parameters of their own)', async () => {
+    expect(await psql('w', 'SHOW work_mem', { PGOPTIONS: '-c work_mem=8MB' })).toBe('8MB');
+    const program = `import asyncio, sys, asyncpg
+async def main():
+    c = await asyncpg.connect(sys.argv[1], server_settings={'work_mem': '8MB', 'myapp.tenant': 'acme', 'default_transaction_read_only': 'off'})
+    print(await c.fetchval('SHOW work_mem'), await c.fetchval("SELECT current_setting('myapp.tenant')"), await c.fetchval('SHOW default_transaction_read_only'))
+    await c.close()
+asyncio.run(main())`;
+    // default_transaction_read_only is the proxy's (a tokenless session stays read-only).
+    expect((await run('/usr/bin/python3', ['-c', program, sql.url('asyncpg-w')])).stdout.trim()).toBe('8MB acme on');
+  });
+
+  test('fencepost.token and fencepost.fence_key as startup parameters of the driver\'s own (asyncpg server_settings) fence the session', async () => {
+    const program = `import asyncio, sys, asyncpg
+async def main():
+    c = await asyncpg.connect(sys.argv[1], server_settings={'fencepost.token': '3', 'fencepost.fence_key': 'startup/asyncpg'})
+    async with c.transaction():
+        await c.fetchval('SELECT 1')
+    await c.close()
+asyncio.run(main())`;
+    await run('/usr/bin/python3', ['-c', program, sql.url('asyncpg-fenced')]);
+    const { rows } = await db.pool.query(`SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = 'startup/asyncpg'`);
+    expect(rows).toEqual([{ t: '3' }]);
+  });
+
   test('a client that names no application shows as fencepost-sql', async () => {
     expect(await nodePg({}, ownRow)).toBe('fencepost-sql');
   });

@@ -222,6 +222,7 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
   return new TransactionRunner({
     owner: app.store.pool,
     rejections: app.store.rejections,
+    accepted: app.store.accepted,
     database: opts.database,
     clientRole: opts.clientRole,
     logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),

@@ -45,7 +45,7 @@
 import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
 import { deferrableBegin, isEmptyQuery, prepareFence, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, type FenceStatements } from './fence.ts';
 import type { ErrorFields } from './framing.ts';
-import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, splitStatements, statementKind, type StatementKind } from './statements.ts';
+import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, setsFenceSetting, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
 /** The message a response answers. */
 export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -184,6 +184,17 @@ export class Planner {
   private fenceBeforeExecute = false;
   /** Extended group: the backend is (predicted to be) inside a transaction block. */
   private inBlock = false;
+  /** Extended group: it opened at idle with a SET of a fence setting, which runs unfenced; the fence comes before anything else. */
+  private settingFirst = false;
+  /** A held BEGIN went with a SET of a fence setting, unfenced: the block's next statement gets the fence, unless it ends the block. */
+  private fenceOwedInBlock = false;
+  /** Extended group: it opened with a held BEGIN and a SET of a fence setting: unless more comes in it, the block owes its fence. */
+  private settingOwesBlock = false;
+  /** Extended group: a BEGIN just ran; the fence goes before the group's next message (after it, if that is a SET of a fence setting). */
+  private fenceAfterBegin = false;
+  /** Writer's statements and portals that are a lone SET of a fence setting (statements.ts setsFenceSetting). */
+  private readonly settingStatements = new Set<string>();
+  private readonly settingPortals = new Set<string>();
   /** Extended group: an Execute of a statement of unknown kind ran in a block; the state after it is a guess. */
   private unsure = false;
   /** Extended group: the block state as mayCommit follows it ('E': the group opened in a failed block). */
@@ -219,6 +230,8 @@ export class Planner {
   /** The writer's prepared statements may be gone or replaced (DEALLOCATE, DISCARD ALL): their kinds are unknown from now on. */
   writerStatementsDropped(): void {
     this.statementKinds.clear();
+    this.settingStatements.clear();
+    this.settingPortals.clear();
     this.beginTags.clear();
     this.portalKinds.clear();
     this.pending.length = 0;
@@ -262,6 +275,7 @@ export class Planner {
 
   private forgetStatement(name: string): void {
     this.statementKinds.delete(name);
+    this.settingStatements.delete(name);
     this.beginTags.delete(name);
   }
 
@@ -333,7 +347,7 @@ export class Planner {
     // state the group left (a statement of unknown kind ran in a block, a BEGIN still to be
     // fenced), the session ends and nothing of the Query runs.
     if (this.groupOpen) {
-      if (this.unsure || this.fenceAfterExecute || this.fenceBeforeExecute) {
+      if (this.unsure || this.fenceAfterExecute || this.fenceAfterBegin || this.fenceBeforeExecute || this.settingFirst) {
         return [{ do: 'fail', reason: 'a Query message inside an extended-protocol group whose transaction state the fencepost SQL endpoint cannot tell: send Sync first' }];
       }
       this.groupOpen = false;
@@ -349,6 +363,27 @@ export class Planner {
     if (beginTag !== null) {
       this.heldBegin = { text };
       return [{ do: 'holdBegin', bytes: [message('C', cstr(beginTag)), readyForQuery('T')] }];
+    }
+    if (this.heldBegin !== null && setsFenceSetting(text)) {
+      // A driver that sends BEGIN first (psycopg2, psycopg 3) setting a new token after a stale
+      // one's FP409: the SET goes unfenced; the block's next statement gets the fence (the
+      // session's verdict as it stands: the new token counts from the next transaction), unless
+      // it ends the block. Set the token and commit, and the next transaction is fenced with it.
+      const held = this.sendHeldBegin('query')!;
+      this.fenceOwedInBlock = true;
+      return [...held, { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
+    }
+    if (this.fenceOwedInBlock && ctx.status === 'T' && setsFenceSetting(text)) {
+      // Still owed: the SET goes first, unfenced (psycopg 3: BEGIN in a group of its own, then SET).
+      return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
+    }
+    if (this.fenceOwedInBlock) {
+      this.fenceOwedInBlock = false;
+      if (ctx.status === 'T' && !isEmptyQuery(text) && !(runsUnfenced(text) && statementKind(text) === 'end')) {
+        const planned = this.fenceQuery(text, true, 'T');
+        if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
+        return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
+      }
     }
     const begin = this.sendHeldBegin('query');
     if (begin !== null) {
@@ -483,16 +518,35 @@ export class Planner {
       // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
       // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
       if (ctx.status !== 'E') this.ensurePrepared(steps);
+      const opensWithSetting = m.type === 'parse' ? setsFenceSetting(m.text) : m.type === 'bind' && this.settingStatements.has(m.statement);
       const begin = this.sendHeldBegin('group');
       if (begin !== null) {
-        // The block the writer was told of opens now, fenced before anything of the group.
+        // The block the writer was told of opens now, fenced before anything of the group; but a
+        // SET of a fence setting (psycopg 3 sends it so, after its own BEGIN) goes first, unfenced.
         steps.push(...begin);
-        this.inject(steps);
+        if (opensWithSetting) {
+          this.settingFirst = true;
+          this.settingOwesBlock = true;
+        } else {
+          this.inject(steps);
+        }
+      }
+      if (this.fenceOwedInBlock) {
+        this.fenceOwedInBlock = false;
+        const endsBlock = m.type === 'parse' && runsUnfenced(m.text) && parsedKind === 'end';
+        if (ctx.status === 'T' && opensWithSetting) {
+          this.settingFirst = true;
+          this.settingOwesBlock = true;
+        } else if (ctx.status === 'T' && !endsBlock) {
+          this.inject(steps);
+        }
       }
       if (ctx.status === 'I') {
-        // A group that opens with a BEGIN gets the fence right after its Execute.
+        // A group that opens with a BEGIN gets the fence right after its Execute; one that opens
+        // with a SET of a fence setting (pgJDBC sends SET so) gets it after that SET.
         const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
+        else if (opensWithSetting) this.settingFirst = true;
         else this.inject(steps);
       }
     }
@@ -504,6 +558,11 @@ export class Planner {
       // already, since the backend skips them if the message fails.
       case 'parse': {
         const kind = parsedKind!;
+        const setting = setsFenceSetting(m.text);
+        if (setting) this.settingStatements.add(m.name);
+        else this.settingStatements.delete(m.name);
+        this.afterBegin(setting, steps);
+        if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
         const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
         steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }] });
@@ -511,29 +570,53 @@ export class Planner {
       }
       case 'bind': {
         const kind = this.kindOf('statement', m.statement) ?? 'unknown';
+        const setting = this.settingStatements.has(m.statement);
+        if (setting) this.settingPortals.add(m.portal);
+        else this.settingPortals.delete(m.portal);
+        this.afterBegin(setting, steps);
+        if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
         steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', m.portal, kind) }] });
         return steps;
       }
       case 'describe':
+        this.afterBegin(false, steps);
         if (this.fenceBeforeExecute) this.fencePending(steps);
         steps.push(forward('describe'));
         return steps;
       case 'close':
+        this.afterBegin(false, steps);
         steps.push({ do: 'forward', expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }] });
         return steps;
       case 'execute': {
+        this.afterBegin(this.settingPortals.has(m.portal), steps);
+        if (this.settingFirst && !this.settingPortals.has(m.portal)) this.settingDone(steps);
+        const afterSetting = this.settingFirst;
+        const executed = this.kindOf('portal', m.portal) ?? 'unknown';
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
         const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
         steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, ...(commitsHere ? { mayCommit: true } : {}) }] });
+        if (afterSetting) {
+          // The SET ran: whatever comes next in the group gets the fence first.
+          this.settingFirst = false;
+          this.fenceBeforeExecute = true;
+        }
         if (this.fenceAfterExecute) {
           this.fenceAfterExecute = false;
-          this.inject(steps);
+          // After a BEGIN, before the next message (no snapshot is taken in between), so a SET of
+          // a fence setting right after it (psycopg 3's BEGIN, then SET) can go first.
+          if (executed === 'begin') this.fenceAfterBegin = true;
+          else this.inject(steps);
         }
         return steps;
       }
       case 'sync':
         this.groupOpen = false;
+        // Only the SET ran in the block: its next statement gets the fence, unless it ends the block.
+        if ((this.settingOwesBlock && (this.settingFirst || this.fenceBeforeExecute)) || this.fenceAfterBegin) this.fenceOwedInBlock = true;
+        this.fenceAfterBegin = false;
+        this.settingOwesBlock = false;
+        this.settingFirst = false;
         this.fenceAfterExecute = false;
         this.fenceBeforeExecute = false;
         // An implicit transaction (outside a block) commits at this Sync.
@@ -543,6 +626,24 @@ export class Planner {
         steps.push({ do: 'forward', expect: [] });
         return steps;
     }
+  }
+
+  /** A BEGIN ran just before this message: the fence now, or after it if it is (`setting`) a SET of a fence setting. */
+  private afterBegin(setting: boolean, steps: Step[]): void {
+    if (!this.fenceAfterBegin) return;
+    this.fenceAfterBegin = false;
+    if (setting) {
+      this.settingFirst = true;
+      this.settingOwesBlock = true;
+    } else {
+      this.inject(steps);
+    }
+  }
+
+  /** The group's first statement was not (only) a fence setting's SET: the fence now. */
+  private settingDone(steps: Step[]): void {
+    this.settingFirst = false;
+    this.inject(steps);
   }
 
   private fencePending(steps: Step[]): void {

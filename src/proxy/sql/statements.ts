@@ -106,6 +106,21 @@ export function statementKind(sql: string): StatementKind {
   return 'other';
 }
 
+/**
+ * A lone `SET` / `RESET` of fencepost.token or fencepost.fence_key (not SET LOCAL), by the parser:
+ * it writes nothing, and a session whose token went stale sets its new one with it, so it goes
+ * unfenced wherever it starts a transaction (runsUnfenced; planner.ts for the extended protocol
+ * and after a BEGIN).
+ */
+export function setsFenceSetting(sql: string): boolean {
+  if (!/\b(?:set|reset)\b/i.test(sql) || !/fencepost/i.test(sql)) return false;
+  const stmts = splitNodes(sql);
+  if (stmts === null || stmts.length !== 1) return false;
+  const set = (stmts[0]!.stmt ?? {}).VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
+  if (set === undefined) return false;
+  return set.is_local !== true && ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'].includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
+}
+
 /** Words of the only statements that run unfenced (see runsUnfenced). */
 const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
 /** The session settings the fence reads (fence_session_bound). */
@@ -131,11 +146,7 @@ export function runsUnfenced(sql: string): boolean {
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};
   if ('DiscardStmt' in node || 'CheckPointStmt' in node) return true;
-  const set = node.VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
-  if (set !== undefined) {
-    const kinds = ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'];
-    return set.is_local !== true && kinds.includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
-  }
+  if (node.VariableSetStmt !== undefined) return setsFenceSetting(sql);
   const tx = node.TransactionStmt as { kind?: string; chain?: boolean } | undefined;
   return tx !== undefined && tx.chain !== true && (tx.kind === 'TRANS_STMT_COMMIT' || tx.kind === 'TRANS_STMT_ROLLBACK');
 }

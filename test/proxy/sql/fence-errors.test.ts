@@ -9,6 +9,7 @@ import { spawn } from 'node:child_process';
 import pg from 'pg';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { RawClient, S, pbe } from './raw-client.ts';
 
 const PYTHON = '/usr/bin/python3';
 
@@ -86,6 +87,57 @@ conn.commit()
     expect(await python(program, 'py-stale')).toEqual(['FP409', 'FP409', '7']);
     expect(await present(x, y, z)).toEqual([z]);
     expect(await fenceRow(db.pool, 'py/stale')).toEqual({ highest_token: '7' });
+  });
+
+  test('psycopg2 and psycopg 3 in their default mode (BEGIN first): after FP409, SET fencepost.token to the new one, commit, and the next write commits', async () => {
+    // Invariant: the SET, sent inside the driver's own BEGIN, is not refused by the stale verdict;
+    // the stale token's writes land nowhere; the new token's do.
+    await raise('py/begin-first', 6);
+    const [a, b, c, d] = [id(), id(), id(), id()];
+    const program = `
+import sys, psycopg2, psycopg
+def run(conn, err, code, stale, fresh, token):
+    cur = conn.cursor()
+    try:
+        cur.execute("INSERT INTO items VALUES (%s, 'stale')", (stale,))
+        conn.commit()
+        print('committed')
+    except err as e:
+        print(code(e))
+        conn.rollback()
+    cur.execute("SET fencepost.token = '%d'" % token)
+    conn.commit()
+    cur.execute("INSERT INTO items VALUES (%s, 'new leader')", (fresh,))
+    conn.commit()
+    print('ok')
+run(psycopg2.connect(sys.argv[1], options='${fenceOptions(5, 'py/begin-first')}'), psycopg2.Error, lambda e: e.pgcode, ${a}, ${b}, 7)
+run(psycopg.connect(sys.argv[1], options='${fenceOptions(5, 'py/begin-first')}'), psycopg.Error, lambda e: e.sqlstate, ${c}, ${d}, 8)
+`;
+    expect(await python(program, 'py-begin-first')).toEqual(['FP409', 'ok', 'FP409', 'ok']);
+    expect(await present(a, b, c, d)).toEqual([b, d]);
+    expect(await fenceRow(db.pool, 'py/begin-first')).toEqual({ highest_token: '8' });
+  });
+
+  test('the extended protocol, as pgJDBC sends SET (Parse/Bind/Execute/Sync): after FP409 the SET goes unfenced and the next write commits at the new token', async () => {
+    await raise('jdbc/stale', 6);
+    const [x, y] = [id(), id()];
+    const raw = await RawClient.connect(sql.port, sql.database, 'jdbc-order', fenceOptions(5, 'jdbc/stale'));
+    try {
+      const stale = await raw.send([...pbe(`INSERT INTO items VALUES (${x}, 'stale')`), S()]);
+      expect(stale.errors).toEqual(['FP409']);
+      // In the same group as a write, the fence comes right after the SET, with the verdict as it
+      // stands (stale): the group fails and its SET rolls back with it.
+      const sameGroup = await raw.send([...pbe("SET fencepost.token = '7'"), ...pbe(`INSERT INTO items VALUES (${x}, 'same group')`), S()]);
+      expect(sameGroup.errors).toEqual(['FP409']);
+      const set = await raw.send([...pbe("SET fencepost.token = '7'"), S()]);
+      expect([set.errors, set.tags]).toEqual([[], ['SET']]);
+      const fresh = await raw.send([...pbe(`INSERT INTO items VALUES (${y}, 'new leader')`), S()]);
+      expect([fresh.errors, fresh.tags]).toEqual([[], ['INSERT 0 1']]);
+    } finally {
+      raw.close();
+    }
+    expect(await present(x, y)).toEqual([y]);
+    expect(await fenceRow(db.pool, 'jdbc/stale')).toEqual({ highest_token: '7' });
   });
 
   test('55P03 (the fence row is locked): rollback, and once the lock is gone the same session writes', async () => {

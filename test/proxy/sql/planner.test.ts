@@ -149,8 +149,28 @@ describe('extended protocol', () => {
     expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: { of: 'statement', name: '', kind: 'other' } }] });
   });
 
-  test('Parse/Bind/Execute of BEGIN gets the fence right after BEGIN\'s Execute', () => {
-    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer', 'fence'], ['writer'], ['writer']]);
+  test('Parse/Bind/Execute of BEGIN gets the fence before the group\'s next message, after it when that is a SET of a fence setting', () => {
+    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
+    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([
+      ['prepare', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['fence', 'writer'],
+      ['writer'],
+    ]);
+  });
+
+  test('BEGIN alone in its group (psycopg 3): the block owes the fence; a SET of a fence setting and COMMIT go without it, anything else gets it', () => {
+    const p = planner();
+    group(p, IDLE, parse('BEGIN'), bind(), execute(), sync);
+    expect(sent(p.plan(query("SET fencepost.token = '7'"), IN_BLOCK))).toEqual(['writer']);
+    expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);
+    const q = planner();
+    group(q, IDLE, parse('BEGIN'), bind(), execute(), sync);
+    expect(group(q, IN_BLOCK, parse('INSERT INTO t VALUES (1)'))).toEqual([['fence', 'writer']]);
   });
 
   test('after an Execute of COMMIT the fence comes before the next statement of the group', () => {
@@ -211,6 +231,32 @@ describe('what the planner believes', () => {
     expect(steps.map((x) => x.do)).not.toContain('fail');
     expect(steps.map((x) => x.do)).not.toContain('holdBegin'); // never answered by the proxy: it joins the group's transaction
     expect(p.inGroup()).toBe(false);
+  });
+
+  test('a group that opens with SET fencepost.token (pgJDBC) runs it unfenced; the fence comes before the next statement of the group', () => {
+    const p = planner();
+    expect(group(p, IDLE, parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
+      ['prepare', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['fence', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+    ]);
+    // SET LOCAL is not a session's setting: fenced as any statement.
+    expect(group(planner(), IDLE, parse("SET LOCAL fencepost.token = '7'"))).toEqual([['prepare', 'fence', 'writer']]);
+  });
+
+  test('a held BEGIN then SET fencepost.token goes unfenced; the block\'s COMMIT too, another statement gets the fence', () => {
+    const p = planner();
+    expect(sent(p.plan(query('BEGIN'), IDLE))).toEqual(['holdBegin']);
+    expect(sent(p.plan(query("SET fencepost.token = '7'"), IDLE))).toEqual(['heldBegin', 'writer']);
+    expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);
+    const q = planner();
+    q.plan(query('BEGIN'), IDLE);
+    q.plan(query("SET fencepost.token = '7'"), IDLE);
+    expect(sent(q.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK))).toEqual(['fencedQuery']);
   });
 
   test('a Query inside a group that opened in a block continues the block, unfenced', () => {

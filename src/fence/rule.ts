@@ -115,6 +115,13 @@ export function epochProof(epoch: string): string {
   return `pg_catalog.currval(${epoch}::pg_catalog.regclass)`;
 }
 
+/**
+ * The setting where the SQL endpoint keeps the oid of the epoch sequence a session was fenced in
+ * (src/proxy/sql/fence.ts proofSql): a convenience for the error a failed proof gives, never a
+ * proof itself (currval() is).
+ */
+export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
+
 /** The capability a session presents to fence_session(): bound to its backend, the fence key and the token (null: no fence, only the session's setup). */
 export function sessionFenceCapability(capability: string, backendPid: number, fenceKey: string | null, token: bigint | null): string {
   return boundCapability(capability, backendPid, ['fence_session', fenceKey, token === null ? null : token.toString()]);

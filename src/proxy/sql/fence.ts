@@ -4,9 +4,9 @@
 // by gate.ts (fence_session, rule.ts); the transaction only proves it, with C functions:
 //
 //   proven    SHOW (a placeholder: it changes nothing and takes no snapshot); then
-//             fencepost.session_proof(): the epoch proof (rule.ts epochProof) and the no-PREPARE
-//             read; FP409 once a raise replaced the epoch, and it holds the epoch until the
-//             transaction ends otherwise. The transaction's mode is the writer's: the gate made
+//             the proof (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
+//             no-PREPARE read; FP409 once a raise replaced the epoch, and it holds the epoch until
+//             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
 //   read-only SET transaction_read_only = on; then the no-PREPARE read: a session without a token.
@@ -22,14 +22,25 @@ import pg from 'pg';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
 import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
-import { epochSequence, NO_PREPARE_READ } from '../../fence/rule.ts';
+import { epochProof, epochSequence, EPOCH_OID_SETTING, NO_PREPARE_READ } from '../../fence/rule.ts';
 import { encode, type ErrorFields } from './framing.ts';
 
 /** The statement that makes a fenced transaction read-write (the first of the two above). */
 export const RW_SQL = 'SET transaction_read_only = off';
 const RO_SQL = 'SET transaction_read_only = on';
 const NOTHING_SQL = 'SHOW transaction_read_only';
-const PROOF_SQL = 'SELECT fencepost.session_proof($1, $2, $3::bigint)';
+/**
+ * The proof, in plain SQL (no plpgsql, no subtransaction): when the fence key's epoch sequence is
+ * still the one the session was fenced in (its oid, which the gate kept in fencepost.epoch_oid
+ * when it fenced the session), currval() of it, which fails unless this session passed the fence
+ * in it and holds it until the transaction ends; else refuse_unproven_session(), which fails with
+ * FP409 and the highest token (a raise replaced the epoch) or FP428. A writer's own value of
+ * fencepost.epoch_oid can only make its transaction fail: currval() decides.
+ */
+function proofSql(epoch: string, fenceKey: string, token: string): string {
+  return `SELECT CASE WHEN pg_catalog.to_regclass(${epoch})::pg_catalog.oid::pg_catalog.text = pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN ${epochProof(epoch)} ELSE (SELECT 0::pg_catalog.int8 FROM fencepost.refuse_unproven_session(${fenceKey}, ${token}::pg_catalog.int8)) END, ${NO_PREPARE_READ}`;
+}
+const PROOF_SQL = proofSql('$1', '$2', '$3');
 const NO_PREPARE_SQL = `SELECT ${NO_PREPARE_READ}`;
 const REFUSE_SQL = 'SELECT fencepost.refuse_transaction($1, $2, $3, $4)';
 
@@ -149,7 +160,8 @@ function fenceOf(first: Prepared, second: Prepared, values: readonly (string | n
 /** A session fenced at its fence key's current epoch (gate.ts): the epoch's proof, in the writer's transaction mode. */
 export function provenFence(fenceKey: string, token: bigint): FenceStatements {
   const values = [epochSequence(fenceKey), fenceKey, token.toString()];
-  return fenceOf(NOTHING, PROOF, values, `SELECT fencepost.session_proof(${values.map(lit).join(', ')})`);
+  const [epoch, key, t] = values.map(lit) as [string, string, string];
+  return fenceOf(NOTHING, PROOF, values, proofSql(epoch, key, t));
 }
 
 /** A session without a token: read-only. */

@@ -21,7 +21,7 @@ import type { Logger } from 'pino';
 import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
-import { LOCK_NOT_AVAILABLE, QUERY_CANCELED } from '../../fence/pg-errors.ts';
+import { INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE, QUERY_CANCELED } from '../../fence/pg-errors.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
 
@@ -111,7 +111,6 @@ const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
 };
 
 /** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
-const INTERNAL_ERROR = 'XX000';
 const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
 const FLUSH = message('H');
 
@@ -794,7 +793,10 @@ export class Relay {
    */
   private onFenceError(fields: Map<string, string>, bytes: Buffer): Buffer {
     const code = fields.get('C') ?? '';
-    if (this.planner.fence.pair !== null && (code === STALE_TOKEN || code === RAISE_FIRST)) this.opts.gate?.invalidate(false);
+    // The proof failed (a raise above the session's token, or its epoch gone in a way the proof did
+    // not name: currval's own 55000 / XX000): fence the session again before its next transaction.
+    const proofFailed = code === STALE_TOKEN || code === RAISE_FIRST || code === OBJECT_NOT_IN_PREREQUISITE_STATE || code === INTERNAL_ERROR;
+    if (this.planner.fence.pair !== null && proofFailed) this.opts.gate?.invalidate(false);
     if (code === STALE_TOKEN) {
       const stale = staleDetail(fields.get('D'));
       if (stale) this.opts.onStale(stale);

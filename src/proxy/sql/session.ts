@@ -16,7 +16,7 @@ import type { Backend } from './backend.ts';
 import type { ErrorFields } from './framing.ts';
 import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
-import { sessionFenceCapability } from '../../fence/rule.ts';
+import { epochSequence, sessionFenceCapability, EPOCH_OID_SETTING } from '../../fence/rule.ts';
 
 export type { SessionGuard } from './gate.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';
@@ -71,7 +71,9 @@ export class PgwireSession {
         // a token is read-write by default from now on, as straight to Postgres: a transaction
         // that is not proven carries a read-only SET of its own (fence.ts).
         const readWrite = pair === null ? '' : 'SET default_transaction_read_only = off; ';
-        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = local; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})`;
+        // The epoch's oid after the call (fence.ts proofSql), in the same statement: evaluated after it.
+        const epochOid = pair === null ? '' : `, pg_catalog.set_config('${EPOCH_OID_SETTING}', coalesce(pg_catalog.to_regclass(${pg.escapeLiteral(epochSequence(pair.fenceKey))})::pg_catalog.oid::pg_catalog.text, ''), false)`;
+        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = local; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})${epochOid}`;
       },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
       refusing,

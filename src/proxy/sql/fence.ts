@@ -3,8 +3,7 @@
 // and runs with Bind/Execute, or writes as text in front of a Query. The session itself was fenced
 // by gate.ts (fence_session, rule.ts); the transaction only proves it, with C functions:
 //
-//   proven    SHOW (a placeholder: it changes nothing and takes no snapshot); then
-//             the proof (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
+//   proven    the proof alone (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
 //             no-PREPARE read; FP409 once a raise replaced the epoch, and it holds the epoch until
 //             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
@@ -28,7 +27,6 @@ import { encode, type ErrorFields } from './framing.ts';
 /** The statement that makes a fenced transaction read-write (the first of the two above). */
 export const RW_SQL = 'SET transaction_read_only = off';
 const RO_SQL = 'SET transaction_read_only = on';
-const NOTHING_SQL = 'SHOW transaction_read_only';
 /**
  * The proof, in plain SQL (no plpgsql, no subtransaction): when the fence key's epoch sequence is
  * still the one the session was fenced in (its oid, which the gate kept in fencepost.epoch_oid
@@ -90,13 +88,12 @@ function prepared(name: string, sql: string, params: number): Prepared {
 
 const RW = prepared('__fencepost_rw', RW_SQL, 0);
 const RO = prepared('__fencepost_ro', RO_SQL, 0);
-const NOTHING = prepared('__fencepost_nothing', NOTHING_SQL, 0);
 const PROOF = prepared('__fencepost_proof', PROOF_SQL, 3);
 const NO_PREPARE = prepared('__fencepost_no_prepare', NO_PREPARE_SQL, 0);
 const REFUSE = prepared('__fencepost_refuse', REFUSE_SQL, 4);
 const REFUSE_UNSAFE = prepared('__fencepost_refuse_unsafe', REFUSE_UNSAFE_SQL, 0);
 const REFUSE_ROUTINE = prepared('__fencepost_refuse_routine', REFUSE_ROUTINE_SQL, 0);
-const ALL: readonly Prepared[] = [RW, RO, NOTHING, PROOF, NO_PREPARE, REFUSE, REFUSE_UNSAFE, REFUSE_ROUTINE];
+const ALL: readonly Prepared[] = [RW, RO, PROOF, NO_PREPARE, REFUSE, REFUSE_UNSAFE, REFUSE_ROUTINE];
 
 /** How many Close and Parse messages prepareFence() sends (one each per statement). */
 export const PREPARED_STATEMENTS = ALL.length;
@@ -132,28 +129,22 @@ export interface FenceStatements {
    * transaction, where Parse is refused).
    */
   prepareAndRun: Buffer;
-  /** The same as SQL text (two statements, each ending in `;`) for a Query. */
+  /** The same as SQL text (each statement ending in `;`) for a Query. */
   text: string;
+  /** How many statements: one (the proof) or two (a SET, then a statement). */
+  statements: 1 | 2;
 }
 
 const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
 
-function fenceOf(first: Prepared, second: Prepared, values: readonly (string | null)[], secondText: string): FenceStatements {
+function fenceOf(first: Prepared | null, second: Prepared, values: readonly (string | null)[], secondText: string): FenceStatements {
+  const runFirst = first === null ? [] : [bindUnnamed(first.name, []), EXECUTE];
+  const prepareFirst = first === null ? [] : [closeStatement(first.name), first.parse, bindUnnamed(first.name, []), EXECUTE];
   return {
-    run: Buffer.concat([bindUnnamed(first.name, []), EXECUTE, bindUnnamed(second.name, values), EXECUTE]),
-    prepareAndRun: Buffer.concat([
-      closeStatement(first.name),
-      first.parse,
-      bindUnnamed(first.name, []),
-      EXECUTE,
-      closeStatement(second.name),
-      second.parse,
-      bindUnnamed(second.name, values),
-      EXECUTE,
-      closeStatement(REFUSE_ROUTINE.name),
-      REFUSE_ROUTINE.parse,
-    ]),
-    text: `${first.sql};${secondText};`,
+    run: Buffer.concat([...runFirst, bindUnnamed(second.name, values), EXECUTE]),
+    prepareAndRun: Buffer.concat([...prepareFirst, closeStatement(second.name), second.parse, bindUnnamed(second.name, values), EXECUTE, closeStatement(REFUSE_ROUTINE.name), REFUSE_ROUTINE.parse]),
+    text: first === null ? `${secondText};` : `${first.sql};${secondText};`,
+    statements: first === null ? 1 : 2,
   };
 }
 
@@ -161,7 +152,7 @@ function fenceOf(first: Prepared, second: Prepared, values: readonly (string | n
 export function provenFence(fenceKey: string, token: bigint): FenceStatements {
   const values = [epochSequence(fenceKey), fenceKey, token.toString()];
   const [epoch, key, t] = values.map(lit) as [string, string, string];
-  return fenceOf(NOTHING, PROOF, values, proofSql(epoch, key, t));
+  return fenceOf(null, PROOF, values, proofSql(epoch, key, t));
 }
 
 /** A session without a token: read-only. */

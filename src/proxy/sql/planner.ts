@@ -448,9 +448,9 @@ export class Planner {
         // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
         // client that keeps its own transaction state (psycopg2) takes an error here as a failed
         // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
-        return { text: `${text}\n;${fenceText}`, expect: { ...predicted, plan: [false, true, true], undoBeginOnFenceError: true } };
+        return { text: `${text}\n;${fenceText}`, expect: { ...predicted, plan: [false, ...this.fenceSlots()], undoBeginOnFenceError: true } };
       }
-      return { text: `${fenceText}${text}`, expect: { ...predicted, plan: [true, true], insertions: [{ start: 0, length: this.fence.chars }] } };
+      return { text: `${fenceText}${text}`, expect: { ...predicted, plan: this.fenceSlots(), insertions: [{ start: 0, length: this.fence.chars }] } };
     }
     if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
       return { refuse: ['0A000', 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
@@ -475,7 +475,7 @@ export class Planner {
       parts.push(piece);
       insertions.push({ start: chars, length: [...piece].length });
       chars += [...piece].length;
-      plan.push(true, true);
+      plan.push(...this.fenceSlots());
     };
     let needFence = idle;
     stmts.forEach((st, i) => {
@@ -701,26 +701,27 @@ export class Planner {
     this.prepared = true;
   }
 
+  /** The fence's statements in a Query's plan (true: swallowed). */
+  private fenceSlots(): true[] {
+    return new Array<true>(this.fence.statements).fill(true);
+  }
+
   private inject(steps: Step[]): void {
+    const n = this.fence.statements;
     if (!this.prepared) {
       // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      const kinds = ['close', 'parse', 'bind', 'execute', 'close', 'parse', 'bind', 'execute', 'close', 'parse'] as const;
+      const kinds: Kind[] = [];
+      for (let i = 0; i < n; i++) kinds.push('close', 'parse', 'bind', 'execute');
+      kinds.push('close', 'parse');
       steps.push({ do: 'send', what: 'prepareAndFence', bytes: this.fence.prepareAndRun, expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
       this.prepared = true;
       return;
     }
-    steps.push({
-      do: 'send',
-      what: 'fence',
-      bytes: this.fence.run,
-      expect: [
-        { kind: 'bind', injected: true },
-        { kind: 'execute', injected: true },
-        { kind: 'bind', injected: true },
-        { kind: 'execute', injected: true, fence: true },
-      ],
-    });
+    const expect: Expect[] = [];
+    for (let i = 0; i < n; i++) expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, ...(i === n - 1 ? { fence: true } : {}) });
+    steps.push({ do: 'send', what: 'fence', bytes: this.fence.run, expect });
   }
+
 }
 
 /** The block state after statements of these kinds run from `start`; undefined when one is unknown. */

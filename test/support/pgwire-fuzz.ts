@@ -231,9 +231,38 @@ const copyQuery: fc.Arbitrary<FuzzMessage[]> = fc
   .tuple(fc.constantFrom(`COPY ${GUARDED} FROM STDIN`, `BEGIN; COPY ${GUARDED} FROM STDIN`, `COPY ${OPEN} FROM STDIN`, `SET default_transaction_read_only = off; COPY ${GUARDED} FROM STDIN`), copyTail)
   .map(([sql, tail]) => [{ type: 'Query', sql }, ...tail]);
 
+/** asyncpg's prepare(): Parse, Describe, Flush (no Sync), then a simple Query in the same transaction. */
+const prepareThenQuery: fc.Arbitrary<FuzzMessage[]> = fc
+  .record({ name: stmtName, sql: statement, query: queryText })
+  .map((r): FuzzMessage[] => [
+    { type: 'Parse', name: r.name, sql: r.sql },
+    { type: 'Describe', target: 'S', name: r.name },
+    { type: 'Flush' },
+    { type: 'Query', sql: r.query },
+  ]);
+
+/** psycopg 3: BEGIN in a group of its own, then a statement (a SET of the fence's settings among them) in the block. */
+const beginGroupThen: fc.Arbitrary<FuzzMessage[]> = fc
+  .record({ sql: fc.oneof(statement, fc.constantFrom("SET fencepost.token = '5'", `SET fencepost.fence_key = '${OTHER_KEY}'`)), simple: fc.boolean() })
+  .map((r): FuzzMessage[] => [
+    { type: 'Parse', name: '', sql: 'BEGIN' },
+    { type: 'Bind', portal: '', statement: '', values: [] },
+    { type: 'Execute', portal: '', maxRows: 0 },
+    { type: 'Sync' },
+    ...(r.simple
+      ? [{ type: 'Query', sql: r.sql } as const]
+      : ([{ type: 'Parse', name: '', sql: r.sql }, { type: 'Bind', portal: '', statement: '', values: r.sql.includes('$1') ? ['7'] : [] }, { type: 'Execute', portal: '', maxRows: 0 }, { type: 'Sync' }] as FuzzMessage[])),
+  ]);
+
 /** A sequence of at most `maxMessages` messages, built from single messages and driver-like units. */
 export function messageSequence(maxMessages: number): fc.Arbitrary<FuzzMessage[]> {
-  const unit = fc.oneof({ weight: 6, arbitrary: single.map((m) => [m]) }, { weight: 3, arbitrary: pbe }, { weight: 1, arbitrary: copyQuery });
+  const unit = fc.oneof(
+    { weight: 6, arbitrary: single.map((m) => [m]) },
+    { weight: 3, arbitrary: pbe },
+    { weight: 1, arbitrary: copyQuery },
+    { weight: 1, arbitrary: prepareThenQuery },
+    { weight: 1, arbitrary: beginGroupThen },
+  );
   return fc.array(unit, { minLength: 1, maxLength: maxMessages }).map((units) => units.flat().slice(0, maxMessages));
 }
 

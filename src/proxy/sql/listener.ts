@@ -130,12 +130,16 @@ export class PgwireServer {
   private readonly sockets = new Set<Socket>();
   /** The TLS socket over each upgraded raw socket. */
   private readonly upgraded = new WeakMap<Socket, TLSSocket>();
-  private readonly sessions = new Map<number, Registered>();
+  /**
+   * Sessions by their backend's pid, which BackendKeyData tells the writer (so it agrees with
+   * pg_backend_pid() and NOTIFY); a list, since backends on different hosts may share a pid.
+   */
+  private readonly sessions = new Map<number, Registered[]>();
+  private sessionCount = 0;
   /** Sessions (and logins under way) per key name ('' in open mode). */
   private readonly perKey = new Map<string, number>();
   /** Connections per remote address that have sent nothing yet, with when each came. */
   private readonly silent = new Map<string, Map<Socket, number>>();
-  private nextPid = 1;
   /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
   private readonly mockNonce = randomBytes(32);
 
@@ -180,7 +184,7 @@ export class PgwireServer {
     // means to log in sends its startup packet at once), so idle connections cannot keep writers
     // out, and a burst of real logins (a pool warming up) is never refused for it.
     const address = socket.remoteAddress ?? '';
-    const full = this.sessions.size >= this.opts.maxConnections || this.sockets.size >= this.server.maxConnections - 1;
+    const full = this.sessionCount >= this.opts.maxConnections || this.sockets.size >= this.server.maxConnections - 1;
     const silent = this.silent.get(address) ?? new Map<Socket, number>();
     this.silent.set(address, silent);
     if (silent.size >= this.opts.maxStartupsPerAddress) {
@@ -435,9 +439,12 @@ export class PgwireServer {
         return;
       }
       // ---- ready
-      const pid = this.nextPid++ & 0x7fffffff || this.nextPid++;
+      // The backend's own pid (with a secret of the proxy's: a cancel comes to the proxy).
+      const pid = backend.pid;
       const secret = randomBytes(4);
-      this.sessions.set(pid, { secret, backend });
+      const registered: Registered = { secret, backend };
+      this.sessions.set(pid, [...(this.sessions.get(pid) ?? []), registered]);
+      this.sessionCount++;
       const writerId = user;
       const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
       const writes = (settings.get('fencepost.token') ?? '') !== '';
@@ -466,7 +473,14 @@ export class PgwireServer {
         },
         onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
         durability: this.opts.durability ?? null,
-        onClose: () => this.sessions.delete(pid),
+        onClose: () => {
+          const all = this.sessions.get(pid) ?? [];
+          if (!all.includes(registered)) return;
+          const left = all.filter((r) => r !== registered);
+          if (left.length > 0) this.sessions.set(pid, left);
+          else this.sessions.delete(pid);
+          this.sessionCount--;
+        },
       });
       session.start();
       logger.debug('SQL session started');
@@ -486,8 +500,8 @@ export class PgwireServer {
 
   /** Forwards a cancel to the session's backend; resolves once Postgres has taken it (cancelBackend). */
   private async cancel(pid: number, secret: Buffer): Promise<void> {
-    const s = this.sessions.get(pid);
-    if (!s || s.secret.length !== secret.length || !timingSafeEqual(s.secret, secret)) return;
+    const s = (this.sessions.get(pid) ?? []).find((r) => r.secret.length === secret.length && timingSafeEqual(r.secret, secret));
+    if (!s) return;
     await cancelBackend(s.backend.target, s.backend.pid, s.backend.secret); // the host it runs on (of several)
   }
 

@@ -57,4 +57,18 @@ describe('cancel requests', () => {
     expect((await c.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
     await c.end();
   });
+
+  test('BackendKeyData names the backend\'s own pid: pg_backend_pid() and a NOTIFY\'s pid agree with it, and a cancel by it reaches that backend', async ({ sql }) => {
+    // Invariant: the pid a driver learns at startup is the one Postgres reports everywhere.
+    const c = await sql.connect('pid-writer');
+    const listener = await sql.connect('pid-listener');
+    const { processID } = c as unknown as { processID: number };
+    expect((await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid).toBe(processID);
+    await listener.query('LISTEN fp_pid');
+    const heard = new Promise<number>((r) => listener.once('notification', (n) => r(n.processId)));
+    await c.query("NOTIFY fp_pid, 'hello'");
+    expect(await heard).toBe(processID);
+    await listener.end();
+    await c.end();
+  });
 });

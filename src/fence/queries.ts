@@ -546,6 +546,17 @@ SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared
 /** The application_name of a raise's transaction: a label for operators, never a pass (a client can name itself anything). */
 export const RAISE_APPLICATION = 'fencepost-raise';
 
+
+/** The end of a count Query: adds a CTE `per_fence (fence_key, n)` to fence_counts and totals (fold shards). */
+const ADD_PER_FENCE_COUNTS = `counted AS (
+  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
+  SELECT fence_key, ${shardSql('fold')}, n FROM per_fence ORDER BY fence_key COLLATE "C"
+  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
+)
+INSERT INTO fencepost.totals AS t (shard, accepted)
+SELECT ${shardSql('fold')}, sum(n) FROM per_fence HAVING count(*) > 0
+ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`;
+
 /** Adds accepted counts (accepted-counts.ts) to the counters, in the fold shards (shards.ts). */
 export function addAcceptedCounts(fenceKeys: readonly string[], counts: readonly number[]): Query {
   return {
@@ -557,14 +568,7 @@ WITH local_commit AS (
 per_fence AS (
   SELECT t.fence_key, t.n FROM unnest($1::text[], $2::bigint[]) AS t(fence_key, n), local_commit
 ),
-counted AS (
-  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, ${shardSql('fold')}, n FROM per_fence ORDER BY fence_key COLLATE "C"
-  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
-)
-INSERT INTO fencepost.totals AS t (shard, accepted)
-SELECT ${shardSql('fold')}, sum(n) FROM per_fence HAVING count(*) > 0
-ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
+${ADD_PER_FENCE_COUNTS}`,
     values: [fenceKeys, counts.map(String)],
   };
 }
@@ -582,14 +586,7 @@ WITH done AS (
 per_fence AS (
   SELECT fence_key, count(*) AS n FROM done GROUP BY fence_key
 ),
-counted AS (
-  INSERT INTO fencepost.fence_counts AS c (fence_key, shard, accepted)
-  SELECT fence_key, ${shardSql('fold')}, n FROM per_fence ORDER BY fence_key COLLATE "C"
-  ON CONFLICT (fence_key, shard) DO UPDATE SET accepted = c.accepted + EXCLUDED.accepted
-)
-INSERT INTO fencepost.totals AS t (shard, accepted)
-SELECT ${shardSql('fold')}, sum(n) FROM per_fence HAVING count(*) > 0
-ON CONFLICT (shard) DO UPDATE SET accepted = t.accepted + EXCLUDED.accepted`,
+${ADD_PER_FENCE_COUNTS}`,
   };
 }
 

@@ -66,11 +66,16 @@ export async function fenceRow(pool: pg.Pool, fenceKey: string): Promise<{ highe
 
 /** A CancelRequest to the endpoint on `port` for a node-postgres client's session, as a driver sends one. */
 export function sendCancel(port: number, client: pg.Client): void {
+  tcp({ host: '127.0.0.1', port }).end(cancelPacket(client));
+}
+
+/** The CancelRequest packet for a node-postgres client's session. */
+export function cancelPacket(client: pg.Client): Buffer {
   const { processID, secretKey } = client as unknown as { processID: number; secretKey: number };
   const packet = Buffer.alloc(16);
   packet.writeInt32BE(16, 0);
   packet.writeInt32BE(80877102, 4);
   packet.writeInt32BE(processID, 8);
   packet.writeInt32BE(secretKey, 12);
-  tcp({ host: '127.0.0.1', port }).end(packet);
+  return packet;
 }

@@ -8,6 +8,7 @@ import { describe, expect } from 'vitest';
 import type pg from 'pg';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
 import { sqlTest } from '../../support/fixtures.ts';
+import { cancelPacket } from '../../support/sql.ts';
 
 const test = sqlTest
   .extend('tcp', { scope: 'file' }, async ({ db }, { onCleanup }): Promise<TcpProxy> => {
@@ -26,17 +27,11 @@ const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string; me
 
 /** A CancelRequest for a node-postgres client's session; resolves when the endpoint closes its connection. */
 function cancel(port: number, client: pg.Client): { closed: () => boolean; done: Promise<void> } {
-  const { processID, secretKey } = client as unknown as { processID: number; secretKey: number };
-  const packet = Buffer.alloc(16);
-  packet.writeInt32BE(16, 0);
-  packet.writeInt32BE(80877102, 4);
-  packet.writeInt32BE(processID, 8);
-  packet.writeInt32BE(secretKey, 12);
   let closed = false;
   const s = tcp({ host: '127.0.0.1', port });
   s.on('error', () => {});
   const done = new Promise<void>((r) => s.once('close', () => ((closed = true), r())));
-  s.write(packet); // and wait: the endpoint closes
+  s.write(cancelPacket(client)); // and wait: the endpoint closes
   return { closed: () => closed, done };
 }
 

@@ -1,22 +1,25 @@
 // The fence each transaction of a session carries (planner.ts sends it before the writer's first
-// statement): two statements the proxy prepares once per backend connection under reserved names
-// and runs with Bind/Execute, or writes as text in front of a Query. The session itself was fenced
-// by gate.ts (fence_session, rule.ts); the transaction only proves it, with C functions:
+// statement): one statement of the proxy's (two while writes are refused), run with
+// Parse/Bind/Execute on the unnamed statement and portal, or written as text in front of a Query.
+// Nothing of it stays in pg_prepared_statements: the unnamed statement is not listed there, and
+// the planner parses it again only when something replaced it (the writer's own unnamed Parse, a
+// Query). The session itself was fenced by gate.ts (fence_session, rule.ts); the transaction only
+// proves it, with C functions:
 //
-//   proven    the proof alone (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
+//   proven    the proof (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
 //             no-PREPARE read; FP409 once a raise replaced the epoch, and it holds the epoch until
 //             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
-//   read-only SET transaction_read_only = on; then the no-PREPARE read: a session without a token.
-//   refused   SET transaction_read_only = on; then fencepost.refuse_transaction() with the gate's
+//   read-only transaction_read_only = on, and the no-PREPARE read: a session without a token.
+//   refused   transaction_read_only = on, and fencepost.refuse_transaction() with the gate's
 //             verdict (a stale or unverified token, a fence that could not be raised, malformed
 //             settings): the transaction fails before the writer's first statement.
 //
-// The read-only SET must run before the transaction's first snapshot (a SET takes none), so it
-// comes first. It lasts this transaction only. Not SET LOCAL: outside a transaction block (an
-// implicit transaction up to Sync, the autocommit statement of most drivers) that writes a WARNING
-// to the server log and a notice to the proxy in every transaction.
+// Turning a transaction read-only is allowed after its first snapshot (only read-write must come
+// before one), so set_config() in the SELECT does it. Not SET LOCAL: outside a transaction block
+// (an implicit transaction up to Sync, the autocommit statement of most drivers) that writes a
+// WARNING to the server log and a notice to the proxy in every transaction.
 import pg from 'pg';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
@@ -24,9 +27,9 @@ import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
 import { epochProof, epochSequence, EPOCH_OID_SETTING, NO_PREPARE_READ } from '../../fence/rule.ts';
 import { encode, type ErrorFields } from './framing.ts';
 
-/** The statement that makes a fenced transaction read-write (the first of the two above). */
+/** The statement that makes a transaction read-write (the first of the two while writes are refused). */
 export const RW_SQL = 'SET transaction_read_only = off';
-const RO_SQL = 'SET transaction_read_only = on';
+const READ_ONLY_PREFIX = `SELECT pg_catalog.set_config('transaction_read_only', 'on', false), `;
 /**
  * The proof, in plain SQL (no plpgsql, no subtransaction): when the fence key's epoch sequence is
  * still the one the session was fenced in (its oid, which the gate kept in fencepost.epoch_oid
@@ -39,10 +42,10 @@ function proofSql(epoch: string, fenceKey: string, token: string): string {
   return `SELECT CASE WHEN pg_catalog.to_regclass(${epoch})::pg_catalog.oid::pg_catalog.text = pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN ${epochProof(epoch)} ELSE (SELECT 0::pg_catalog.int8 FROM fencepost.refuse_unproven_session(${fenceKey}, ${token}::pg_catalog.int8)) END, ${NO_PREPARE_READ}`;
 }
 const PROOF_SQL = proofSql('$1', '$2', '$3');
-const NO_PREPARE_SQL = `SELECT ${NO_PREPARE_READ}`;
-const REFUSE_SQL = 'SELECT fencepost.refuse_transaction($1, $2, $3, $4)';
+const READ_ONLY_SQL = `${READ_ONLY_PREFIX}${NO_PREPARE_READ}`;
+const REFUSE_SQL = `${READ_ONLY_PREFIX}fencepost.refuse_transaction($1, $2, $3, $4)`;
 
-// Sent in place of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
+// Sent in front of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
 // block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
 // skips the writer's Execute and the rest of its pipeline up to Sync, and the group commits nothing.
 const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost SQL endpoint runs CALL and DO only inside a transaction block'
@@ -76,99 +79,84 @@ END$fencepost$`;
 
 const TEXT_OID = 25;
 
-interface Prepared {
-  name: string;
+/** One statement of the proxy's: its SQL with text parameters, their values, and the same as literal SQL for a Query. */
+export interface FenceStatement {
   sql: string;
-  parse: Buffer;
-}
-
-function prepared(name: string, sql: string, params: number): Prepared {
-  return { name, sql, parse: encode({ type: 'parse', name, text: sql, paramTypes: new Array<number>(params).fill(TEXT_OID) }) };
-}
-
-const RW = prepared('__fencepost_rw', RW_SQL, 0);
-const RO = prepared('__fencepost_ro', RO_SQL, 0);
-const PROOF = prepared('__fencepost_proof', PROOF_SQL, 3);
-const NO_PREPARE = prepared('__fencepost_no_prepare', NO_PREPARE_SQL, 0);
-const REFUSE = prepared('__fencepost_refuse', REFUSE_SQL, 4);
-const REFUSE_UNSAFE = prepared('__fencepost_refuse_unsafe', REFUSE_UNSAFE_SQL, 0);
-const REFUSE_ROUTINE = prepared('__fencepost_refuse_routine', REFUSE_ROUTINE_SQL, 0);
-const ALL: readonly Prepared[] = [RW, RO, PROOF, NO_PREPARE, REFUSE, REFUSE_UNSAFE, REFUSE_ROUTINE];
-
-/** How many Close and Parse messages prepareFence() sends (one each per statement). */
-export const PREPARED_STATEMENTS = ALL.length;
-
-const EXECUTE = encode({ type: 'execute', portal: '', maxRows: 0 });
-
-function closeStatement(name: string): Buffer {
-  return encode({ type: 'close', target: 'S', name });
-}
-
-/** Bind of a statement to the unnamed portal. */
-function bindUnnamed(statement: string, values: readonly (string | null)[]): Buffer {
-  return encode({ type: 'bind', portal: '', statement, values });
-}
-
-/** Close (so a DISCARD ALL or DEALLOCATE cannot leave a name taken) and Parse the statements. */
-export function prepareFence(): Buffer {
-  return Buffer.concat([...ALL.map((p) => closeStatement(p.name)), ...ALL.map((p) => p.parse)]);
-}
-
-/** Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
-export function runRoutineRefusal(): Buffer {
-  return Buffer.concat([bindUnnamed(REFUSE_ROUTINE.name, []), EXECUTE]);
+  values: readonly (string | null)[];
+  text: string;
 }
 
 /** A transaction's fence, as this session sends it. */
 export interface FenceStatements {
-  /** Bind/Execute of both statements (prepared). */
-  run: Buffer;
-  /**
-   * Close/Parse/Bind/Execute of each, then Close/Parse of the routine refusal: for a transaction
-   * that starts mid-pipeline before the statements are prepared (a group that began in a failed
-   * transaction, where Parse is refused).
-   */
-  prepareAndRun: Buffer;
+  /** In order; the last one's error is the fence's verdict. */
+  list: readonly FenceStatement[];
   /** The same as SQL text (each statement ending in `;`) for a Query. */
   text: string;
-  /** How many statements: one (the proof) or two (a SET, then a statement). */
+  /** How many statements: one, or two (a SET, then a statement) while writes are refused. */
   statements: 1 | 2;
+}
+
+/**
+ * The name of the proxy's statement when the writer's unnamed statement must outlive the fence
+ * (the writer parsed it in an earlier group and may bind it again): closed before it is parsed,
+ * and after the writer's Sync (planner.ts), so the writer never finds it.
+ */
+export const OWN_STATEMENT = '__fencepost_fence';
+/** The refusal of a CALL or DO outside a transaction block: named, for the same reason. */
+export const ROUTINE_STATEMENT = '__fencepost_refuse_routine';
+
+const EXECUTE = encode({ type: 'execute', portal: '', maxRows: 0 });
+
+export function closeStatement(name: string): Buffer {
+  return encode({ type: 'close', target: 'S', name });
+}
+
+/** Parse of `sql` under `name` ('' the unnamed statement), every parameter text. */
+export function parseStatement(name: string, st: Pick<FenceStatement, 'sql' | 'values'>): Buffer {
+  return encode({ type: 'parse', name, text: st.sql, paramTypes: new Array<number>(st.values.length).fill(TEXT_OID) });
+}
+
+/** Bind of statement `name` to the unnamed portal, then Execute. */
+export function bindAndExecute(name: string, values: readonly (string | null)[]): Buffer {
+  return Buffer.concat([encode({ type: 'bind', portal: '', statement: name, values }), EXECUTE]);
+}
+
+/** Close/Parse/Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
+export function runRoutineRefusal(): Buffer {
+  return Buffer.concat([closeStatement(ROUTINE_STATEMENT), parseStatement(ROUTINE_STATEMENT, { sql: REFUSE_ROUTINE_SQL, values: [] }), bindAndExecute(ROUTINE_STATEMENT, [])]);
 }
 
 const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
 
-function fenceOf(first: Prepared | null, second: Prepared, values: readonly (string | null)[], secondText: string): FenceStatements {
-  const runFirst = first === null ? [] : [bindUnnamed(first.name, []), EXECUTE];
-  const prepareFirst = first === null ? [] : [closeStatement(first.name), first.parse, bindUnnamed(first.name, []), EXECUTE];
-  return {
-    run: Buffer.concat([...runFirst, bindUnnamed(second.name, values), EXECUTE]),
-    prepareAndRun: Buffer.concat([...prepareFirst, closeStatement(second.name), second.parse, bindUnnamed(second.name, values), EXECUTE, closeStatement(REFUSE_ROUTINE.name), REFUSE_ROUTINE.parse]),
-    text: first === null ? `${secondText};` : `${first.sql};${secondText};`,
-    statements: first === null ? 1 : 2,
-  };
+function statement(sql: string, values: readonly (string | null)[], text: string): FenceStatement {
+  return { sql, values, text };
+}
+
+function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): FenceStatements {
+  return { list, text: list.map((st) => `${st.text};`).join(''), statements: list.length };
 }
 
 /** A session fenced at its fence key's current epoch (gate.ts): the epoch's proof, in the writer's transaction mode. */
 export function provenFence(fenceKey: string, token: bigint): FenceStatements {
   const values = [epochSequence(fenceKey), fenceKey, token.toString()];
   const [epoch, key, t] = values.map(lit) as [string, string, string];
-  return fenceOf(null, PROOF, values, proofSql(epoch, key, t));
+  return fenceOf(statement(PROOF_SQL, values, proofSql(epoch, key, t)));
 }
 
 /** A session without a token: read-only. */
 export function readOnlyFence(): FenceStatements {
-  return fenceOf(RO, NO_PREPARE, [], NO_PREPARE_SQL);
+  return fenceOf(statement(READ_ONLY_SQL, [], READ_ONLY_SQL));
 }
 
 /** A transaction the gate refuses: it fails with `error` before the writer's first statement. */
 export function refusedFence(error: ErrorFields): FenceStatements {
   const values = [error.code, error.message, error.detail ?? null, error.hint ?? null];
-  return fenceOf(RO, REFUSE, values, `SELECT fencepost.refuse_transaction(${values.map(lit).join(', ')})`);
+  return fenceOf(statement(REFUSE_SQL, values, `${READ_ONLY_PREFIX}fencepost.refuse_transaction(${values.map(lit).join(', ')})`));
 }
 
 /** The refusal in the fence's place while writes are refused (REFUSE_UNSAFE_SQL). */
 export function refusalInPlaceOfFence(): FenceStatements {
-  return fenceOf(RW, REFUSE_UNSAFE, [], REFUSE_UNSAFE_SQL);
+  return fenceOf(statement(RW_SQL, [], RW_SQL), statement(REFUSE_UNSAFE_SQL, [], REFUSE_UNSAFE_SQL));
 }
 
 /** A Query that makes the session's transactions read-only by default again (see planner.ts). */

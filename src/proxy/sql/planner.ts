@@ -5,7 +5,7 @@
 //
 // Whenever the last ReadyForQuery said idle ('I') and the writer starts something (a Query, or the
 // first message of an extended-protocol group up to Sync), the proxy sends the fence first
-// (fence.ts: Bind/Execute of two prepared statements, no Sync), so the fence and the writer's
+// (fence.ts: Parse/Bind/Execute on the unnamed statement, no Sync), so the fence and the writer's
 // statements are one backend transaction. A lone `BEGIN …` goes first and the fence right after it
 // (in the same round trip), so an isolation level still applies. A lone plain `BEGIN` Query at
 // idle (fence.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
@@ -43,7 +43,7 @@
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
-import { deferrableBegin, isEmptyQuery, prepareFence, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, PREPARED_STATEMENTS, RESET_READ_ONLY_SQL, type FenceStatements } from './fence.ts';
+import { bindAndExecute, closeStatement, deferrableBegin, isEmptyQuery, parseStatement, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, OWN_STATEMENT, RESET_READ_ONLY_SQL, ROUTINE_STATEMENT, type FenceStatements } from './fence.ts';
 import type { ErrorFields } from './framing.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, setsFenceSetting, splitStatements, statementKind, type StatementKind } from './statements.ts';
 
@@ -97,14 +97,12 @@ export interface KindChange {
 
 /** Messages of the proxy's own. */
 export type Injection =
-  /** Close and Parse of the fence statements, and a Sync: a transaction of their own. */
-  | 'prepare'
-  /** Bind/Execute of the fence statements. */
+  /** [Parse/]Bind/Execute of the fence statements. */
   | 'fence'
-  /** Close/Parse/Bind/Execute of each fence statement, mid-pipeline. */
-  | 'prepareAndFence'
-  /** Bind/Execute of a statement that fails (CALL or DO outside a block). */
+  /** Close/Parse/Bind/Execute of a statement that fails (CALL or DO outside a block). */
   | 'refuseRoutine'
+  /** After the writer's Sync, Close of the proxy's named statements and a Sync of its own. */
+  | 'closeOwn'
   /** A Query making transactions read-only by default again. */
   | 'resetReadOnly'
   /** The writer's Query text with the fence written into it. */
@@ -172,8 +170,16 @@ type Extended = Extract<ClientMessage, { type: 'parse' | 'bind' | 'describe' | '
 const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ kind, injected: false }] });
 
 export class Planner {
-  /** The fence statements are prepared on the backend connection. */
-  private prepared = false;
+  /** The fence statement the backend's unnamed statement holds (its SQL), as far as the proxy knows; null: parse it again. */
+  private unnamedFence: string | null = null;
+  /** The writer may still bind its own unnamed statement: a fence must not replace it (it uses OWN_STATEMENT). */
+  private writerUnnamed = false;
+  /** Whether the writer's unnamed statement was live before the proxy's Parse of it still unconfirmed. */
+  private writerUnnamedBeforeFence = false;
+  /** The group used the proxy's named statements: close them after its Sync. */
+  private ownStatementsUsed = false;
+  /** The writer's message being planned (a fence in front of a Parse of the unnamed statement may replace it). */
+  private current: ClientMessage | null = null;
   /** The writer's BEGIN, answered by the proxy and not sent yet: it goes, with the fence, in front of the next message. */
   private heldBegin: { text: string } | { bytes: Buffer } | null = null;
   /** An extended group is open (up to its Sync). */
@@ -222,9 +228,14 @@ export class Planner {
     else if (name === 'client_encoding') this.clientEncoding = value;
   }
 
-  /** DISCARD ALL, DEALLOCATE or a failed Parse dropped the fence statements: prepare again before the next fence. */
+  /**
+   * The proxy's Parse of the unnamed statement failed or was skipped, or what it holds is in doubt
+   * (a fence Bind's 26000, DISCARD ALL): parse it again before the next fence, and keep whatever
+   * the writer's unnamed statement was.
+   */
   statementsDropped(): void {
-    this.prepared = false;
+    if (this.unnamedFence !== null) this.writerUnnamed ||= this.writerUnnamedBeforeFence;
+    this.unnamedFence = null;
   }
 
   /** The writer's prepared statements may be gone or replaced (DEALLOCATE, DISCARD ALL): their kinds are unknown from now on. */
@@ -341,6 +352,9 @@ export class Planner {
   }
 
   private planQuery(text: string, ctx: PlanContext): Step[] {
+    // A Query drops the backend's unnamed statement (ours or the writer's).
+    this.unnamedFence = null;
+    this.writerUnnamed = false;
     // A Query inside an open extended group (asyncpg: Parse/Describe/Flush, then a Query) runs in
     // the group's transaction, and its ReadyForQuery ends the group as a Sync would. The group was
     // fenced when it began; a block it opened is continued. Where the planner cannot tell the
@@ -506,6 +520,15 @@ export class Planner {
   }
 
   private planExtended(m: Extended, ctx: PlanContext): Step[] {
+    this.current = m;
+    try {
+      return this.planExtendedMessage(m, ctx);
+    } finally {
+      this.current = null;
+    }
+  }
+
+  private planExtendedMessage(m: Extended, ctx: PlanContext): Step[] {
     const steps: Step[] = [];
     const parsedKind = m.type === 'parse' ? statementKind(m.text) : null;
     if (!this.groupOpen && m.type !== 'sync' && m.type !== 'flush') {
@@ -515,9 +538,6 @@ export class Planner {
       this.inBlock = ctx.status !== 'I';
       this.commitState = commitStateOf(ctx.status);
       this.groupMayCommit = false;
-      // Prepared now (a Sync of its own) unless a failed transaction would refuse the Parse: a
-      // fence the group may need after a COMMIT of its own cannot be prepared mid-group.
-      if (ctx.status !== 'E') this.ensurePrepared(steps);
       const opensWithSetting = m.type === 'parse' ? setsFenceSetting(m.text) : m.type === 'bind' && this.settingStatements.has(m.statement);
       const begin = this.sendHeldBegin('group');
       if (begin !== null) {
@@ -564,6 +584,10 @@ export class Planner {
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
+        if (m.name === '') {
+          this.unnamedFence = null;
+          this.writerUnnamed = true;
+        }
         const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
         steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }] });
         return steps;
@@ -621,6 +645,12 @@ export class Planner {
         this.fenceBeforeExecute = false;
         // An implicit transaction (outside a block) commits at this Sync.
         steps.push({ do: 'forward', expect: [withPrediction({ kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit }, this.unsure ? undefined : this.inBlock ? 'T' : 'I')] });
+        if (this.ownStatementsUsed) {
+          // A named statement of the proxy's may be left (its Execute failed, so the backend skipped the rest).
+          this.ownStatementsUsed = false;
+          const bytes = Buffer.concat([closeStatement(OWN_STATEMENT), closeStatement(ROUTINE_STATEMENT), encode({ type: 'sync' })]);
+          steps.push({ do: 'send', what: 'closeOwn', bytes, expect: [{ kind: 'close', injected: true }, { kind: 'close', injected: true }, { kind: 'sync', injected: true, forwardReady: false }] });
+        }
         return steps;
       case 'flush': // no response of its own
         steps.push({ do: 'forward', expect: [] });
@@ -668,7 +698,9 @@ export class Planner {
       else this.inject(steps);
     }
     if ((kind === 'routine' || kind === 'unknown') && !this.inBlock) {
-      steps.push({ do: 'send', what: 'refuseRoutine', bytes: runRoutineRefusal(), expect: [{ kind: 'bind', injected: true }, { kind: 'execute', injected: true }] });
+      this.ownStatementsUsed = true;
+      const expect: Expect[] = [{ kind: 'close', injected: true }, { kind: 'parse', injected: true }, { kind: 'bind', injected: true }, { kind: 'execute', injected: true }];
+      steps.push({ do: 'send', what: 'refuseRoutine', bytes: runRoutineRefusal(), expect });
     }
     if (kind === 'begin') this.inBlock = true;
     // The next transaction opens right away, in a block: fence it right after this Execute.
@@ -686,40 +718,43 @@ export class Planner {
     return commitsHere;
   }
 
-  /**
-   * Prepares the fence statements (again, after DISCARD ALL or DEALLOCATE) in a transaction of
-   * their own: parsing a SELECT takes a snapshot, after which no transaction can turn read-write.
-   * Only when idle, before anything of the writer's.
-   */
-  private ensurePrepared(steps: Step[]): void {
-    if (this.prepared) return;
-    const expect: Expect[] = [];
-    for (let i = 0; i < PREPARED_STATEMENTS; i++) expect.push({ kind: 'close', injected: true });
-    for (let i = 0; i < PREPARED_STATEMENTS; i++) expect.push({ kind: 'parse', injected: true });
-    expect.push({ kind: 'sync', injected: true, forwardReady: false });
-    steps.push({ do: 'send', what: 'prepare', bytes: Buffer.concat([prepareFence(), encode({ type: 'sync' })]), expect });
-    this.prepared = true;
-  }
-
   /** The fence's statements in a Query's plan (true: swallowed). */
   private fenceSlots(): true[] {
     return new Array<true>(this.fence.statements).fill(true);
   }
 
+  /**
+   * The fence, in front of what the writer sends next. Each statement goes on the unnamed
+   * statement: Bind/Execute alone while it still holds it, Parse first otherwise. When the writer's
+   * own unnamed statement must survive (it was parsed earlier and this message does not replace
+   * it), on OWN_STATEMENT instead, closed before its Parse and after the group's Sync.
+   */
   private inject(steps: Step[]): void {
-    const n = this.fence.statements;
-    if (!this.prepared) {
-      // Mid-pipeline, no Sync of our own possible: prepare each statement right before its run.
-      const kinds: Kind[] = [];
-      for (let i = 0; i < n; i++) kinds.push('close', 'parse', 'bind', 'execute');
-      kinds.push('close', 'parse');
-      steps.push({ do: 'send', what: 'prepareAndFence', bytes: this.fence.prepareAndRun, expect: kinds.map((kind) => ({ kind, injected: true, fence: kind === 'execute' })) });
-      this.prepared = true;
-      return;
-    }
+    const m = this.current;
+    const replacesUnnamed = m?.type === 'parse' && m.name === '';
+    const own = this.writerUnnamed && !replacesUnnamed;
+    const bytes: Buffer[] = [];
     const expect: Expect[] = [];
-    for (let i = 0; i < n; i++) expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, ...(i === n - 1 ? { fence: true } : {}) });
-    steps.push({ do: 'send', what: 'fence', bytes: this.fence.run, expect });
+    const list = this.fence.list;
+    list.forEach((st, i) => {
+      const last = i === list.length - 1;
+      if (own) {
+        this.ownStatementsUsed = true;
+        bytes.push(closeStatement(OWN_STATEMENT), parseStatement(OWN_STATEMENT, st), bindAndExecute(OWN_STATEMENT, st.values));
+        expect.push({ kind: 'close', injected: true }, { kind: 'parse', injected: true });
+      } else {
+        if (this.unnamedFence !== st.sql) {
+          if (this.unnamedFence === null) this.writerUnnamedBeforeFence = this.writerUnnamed;
+          bytes.push(parseStatement('', st));
+          expect.push({ kind: 'parse', injected: true });
+          this.unnamedFence = st.sql;
+          this.writerUnnamed = false;
+        }
+        bytes.push(bindAndExecute('', st.values));
+      }
+      expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, ...(last ? { fence: true } : {}) });
+    });
+    steps.push({ do: 'send', what: 'fence', bytes: Buffer.concat(bytes), expect });
   }
 
 }

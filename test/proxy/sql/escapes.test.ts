@@ -9,11 +9,10 @@
 // A stale session's first statement fails at the fence, so the escapes start from there: a
 // failed transaction ('E'), where the proxy injects nothing (the writer's ROLLBACK must go through).
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { connect as tcp, type Socket } from 'node:net';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { MessageReader, cstr, int16, int32, message, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
+import { RawClient, B, E, P, Q, S, pbe } from '../../support/raw-pgwire.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { RW_SQL } from '../../../src/proxy/sql/fence.ts';
 import pg from 'pg';
@@ -52,81 +51,13 @@ const raise = async (fenceKey: string, token: number) => {
   expect(res.status).toBe(200);
 };
 
-/** A raw protocol client: pipelines exactly as written, no driver in between. */
-class Raw {
-  private readonly reader = new MessageReader();
-  private frames: Frame[] = [];
-  private wake: (() => void) | null = null;
-  private constructor(private readonly socket: Socket) {
-    socket.on('data', (chunk: Buffer) => {
-      this.reader.push(chunk);
-      for (let f = this.reader.next(); f !== null; f = this.reader.next()) this.frames.push(f);
-      this.wake?.();
-    });
-  }
-
-  static async connect(user: string, options: string): Promise<Raw> {
-    const socket = tcp({ host: '127.0.0.1', port: sql.port });
-    await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject));
-    const raw = new Raw(socket);
-    socket.write(message('', 196608, 'user', user, 'database', sql.database, 'options', options, Buffer.from([0])));
-    await raw.untilReady(1);
-    return raw;
-  }
-
-  /** Messages until the n-th ReadyForQuery (the ReadyForQuerys included). */
-  async untilReady(n: number): Promise<Frame[]> {
-    const out: Frame[] = [];
-    let seen = 0;
-    while (seen < n) {
-      const f = this.frames.shift();
-      if (f === undefined) {
-        await new Promise<void>((resolve, reject) => {
-          const timer = setTimeout(() => reject(new Error(`no ReadyForQuery after ${out.map((o) => o.type).join('')}`)), 10_000);
-          this.wake = () => {
-            clearTimeout(timer);
-            this.wake = null;
-            resolve();
-          };
-        });
-        continue;
-      }
-      out.push(f);
-      if (f.type === 'Z') seen++;
-    }
-    return out;
-  }
-
-  /** Sends the messages, waits for `syncs` ReadyForQuerys; answers SQLSTATEs of errors and the last status. */
-  async send(parts: Buffer[], syncs = 1): Promise<{ errors: string[]; status: string; types: string }> {
-    this.socket.write(Buffer.concat(parts));
-    const got = await this.untilReady(syncs);
-    const last = got[got.length - 1]!;
-    return {
-      errors: got.filter((f) => f.type === 'E').map((f) => parseErrorFields(f.body).get('C') ?? '?'),
-      status: String.fromCharCode(last.body[0]!),
-      types: got.map((f) => f.type).join(''),
-    };
-  }
-
-  close(): void {
-    this.socket.end(message('X'));
-  }
-}
-
-const Q = (text: string) => message('Q', text);
-const P = (text: string, name = '') => message('P', name, text, int16(0));
-const B = (name = '') => message('B', cstr(''), name, int16(0), int16(0), int16(0));
-const E = () => message('E', cstr(''), int32(0));
-const S = () => message('S');
-/** Parse/Bind/Execute of one statement (unnamed). */
-const pbe = (text: string) => [P(text), B(), E()];
+const Raw = { connect: (user: string, options: string) => RawClient.connect(sql.port, sql.database, user, options) };
 
 /**
  * A session whose token went stale, inside a failed transaction (its BEGIN met the fence). Not a
  * lone BEGIN: when the fence after one fails the proxy rolls the block back (the session is idle).
  */
-async function staleInFailedBlock(fenceKey: string): Promise<Raw> {
+async function staleInFailedBlock(fenceKey: string): Promise<RawClient> {
   const raw = await Raw.connect(`zombie-${fenceKey}`, fenceOptions(10, fenceKey));
   await raise(fenceKey, 11);
   const begin = await raw.send([Q('BEGIN; SELECT 1')]);

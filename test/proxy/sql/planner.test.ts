@@ -21,6 +21,13 @@ const sync: ClientMessage = { type: 'sync' };
 /** What each step sends: 'writer' for the writer's message as it came, else what the proxy sends or does. */
 const sent = (steps: Step[]) => steps.map((s) => (s.do === 'forward' ? 'writer' : s.do === 'send' ? s.what : s.do));
 
+/** The kinds of the messages of the fence step among these steps. */
+const fenceStep = (steps: Step[]) => {
+  const f = steps.find((s) => s.do === 'send' && s.what === 'fence');
+  if (f === undefined || f.do !== 'send') throw new Error(`no fence: ${JSON.stringify(sent(steps))}`);
+  return f.expect.map((e) => e.kind);
+};
+
 /** The extended-protocol group's steps, per message. */
 const group = (p: Planner, ctx: PlanContext, ...messages: ClientMessage[]) => messages.map((m) => sent(p.plan(m, ctx)));
 
@@ -33,11 +40,11 @@ const fencedQuery = (steps: Step[]) => {
 };
 
 describe('simple protocol', () => {
-  test('a read-only session\'s fence is two statements (the read-only SET, then the no-PREPARE read) in a Query\'s plan', () => {
+  test('a read-only session\'s fence is one statement (read-only, then the no-PREPARE read) in a Query\'s plan', () => {
     const p = new Planner(readOnlySessionFence());
     const q = fencedQuery(p.plan(query('SELECT 1'), IDLE));
     expect(q.text).toBe(`${p.fence.text}SELECT 1`);
-    expect(q.expect.plan).toEqual([true, true]);
+    expect(q.expect.plan).toEqual([true]);
   });
 
   test('at idle a Query gets the fence in front of it, and the fence statements\' responses are swallowed', () => {
@@ -81,7 +88,7 @@ describe('simple protocol', () => {
   test('START TRANSACTION is answered with its own tag; an extended group after a held BEGIN opens with it and the fence', () => {
     const p = planner();
     expect(p.plan(query('start transaction read write;'), IDLE)).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('START TRANSACTION')), readyForQuery('T')] }]);
-    expect(group(p, IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([['prepare', 'heldBegin', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(p, IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([['heldBegin', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
   });
 
   test('a BEGIN is held only at idle with nothing owed, and never with anything after it', () => {
@@ -144,7 +151,7 @@ describe('simple protocol', () => {
 describe('extended protocol', () => {
   test('at idle a group gets the fence statements prepared (their own Sync) and the fence before its first message', () => {
     const p = planner();
-    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['prepare', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['fence', 'writer'], ['writer'], ['writer'], ['writer']]);
     // Prepared once per connection.
     expect(group(p, IDLE, parse('INSERT INTO t VALUES (2)'))).toEqual([['fence', 'writer']]);
   });
@@ -157,9 +164,9 @@ describe('extended protocol', () => {
   });
 
   test('Parse/Bind/Execute of BEGIN gets the fence before the group\'s next message, after it when that is a SET of a fence setting', () => {
-    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
+    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
     expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([
-      ['prepare', 'writer'],
+      ['writer'],
       ['writer'],
       ['writer'],
       ['writer'],
@@ -195,30 +202,60 @@ describe('extended protocol', () => {
   });
 
   test('COMMIT AND CHAIN gets the fence right after its Execute', () => {
-    expect(group(planner(), IN_BLOCK, parse('COMMIT AND CHAIN'), bind(), execute(), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer', 'fence'], ['writer']]);
+    // The writer's unnamed statement may be bound again: the fence goes on the proxy's own name, closed after the Sync.
+    expect(group(planner(), IN_BLOCK, parse('COMMIT AND CHAIN'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer', 'fence'], ['writer', 'closeOwn']]);
   });
 
   test('a CALL or DO executed outside a transaction block is refused by a failing statement before its Execute', () => {
     for (const text of ['CALL p()', 'DO $$BEGIN COMMIT; END$$']) {
       const steps = group(planner(), IDLE, parse(text), bind(), execute(), sync);
-      expect(steps).toEqual([['prepare', 'fence', 'writer'], ['writer'], ['refuseRoutine', 'writer'], ['writer']]);
+      expect(steps).toEqual([['fence', 'writer'], ['writer'], ['refuseRoutine', 'writer'], ['writer', 'closeOwn']]);
     }
   });
 
   test('inside a transaction block a CALL goes through', () => {
-    expect(group(planner(), IN_BLOCK, parse('CALL p()'), bind(), execute(), sync)).toEqual([['prepare', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(planner(), IN_BLOCK, parse('CALL p()'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer'], ['writer']]);
   });
 
   test('in a failed transaction a group is neither prepared for nor fenced: ROLLBACK goes through', () => {
     expect(group(planner(), FAILED, parse('ROLLBACK'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer'], ['writer']]);
   });
 
-  test('after the fence statements were dropped, a group mid-pipeline prepares each right before its run', () => {
+  // Invariant: nothing of the proxy's stays in pg_prepared_statements, and the writer's own unnamed
+  // statement is never replaced while the writer may still bind it.
+  test('the fence is parsed on the unnamed statement once; later groups of named statements only bind it', () => {
     const p = planner();
-    p.plan(parse('SELECT 1'), IDLE);
+    const first = fenceStep(p.plan(parse('INSERT INTO t VALUES (1)', 's1'), IDLE));
+    expect(first).toEqual(['parse', 'bind', 'execute']);
+    p.plan(bind('s1'), IDLE);
+    p.plan(execute(), IDLE);
     p.plan(sync, IDLE);
+    expect(fenceStep(p.plan(bind('s1'), IDLE))).toEqual(['bind', 'execute']);
+  });
+
+  test('a writer\'s Parse of the unnamed statement replaces the fence: the next group parses it again, in front of its own Parse', () => {
+    const p = planner();
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(fenceStep(p.plan(parse('INSERT INTO t VALUES (2)'), IDLE))).toEqual(['parse', 'bind', 'execute']);
+  });
+
+  test('a group that binds the writer\'s unnamed statement parsed earlier gets the fence on the proxy\'s own name, closed after its Sync', () => {
+    const p = planner();
+    group(p, IDLE, parse('INSERT INTO t VALUES ($1)'), { type: 'describe', target: 'S', name: '' }, sync);
+    const steps = p.plan(bind(), IDLE);
+    expect(fenceStep(steps)).toEqual(['close', 'parse', 'bind', 'execute']);
+    expect(sent(p.plan(execute(), IDLE))).toEqual(['writer']);
+    expect(sent(p.plan(sync, IDLE))).toEqual(['writer', 'closeOwn']);
+  });
+
+  test('a Query drops the unnamed statement; so does a failed Parse of the proxy\'s: the fence is parsed again', () => {
+    const p = planner();
+    group(p, IDLE, parse('INSERT INTO t VALUES (1)', 's1'), bind('s1'), execute(), sync);
+    p.plan(query('SELECT 1'), IDLE);
+    expect(fenceStep(p.plan(bind('s1'), IDLE))).toEqual(['parse', 'bind', 'execute']);
+    group(p, IDLE, execute(), sync);
     p.statementsDropped();
-    expect(group(p, FAILED, parse('ROLLBACK'), bind(), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+    expect(fenceStep(p.plan(bind('s1'), IDLE))).toEqual(['parse', 'bind', 'execute']);
   });
 });
 
@@ -231,7 +268,7 @@ describe('what the planner believes', () => {
 
   test('asyncpg: Parse/Describe/Flush, then a Query: the Query runs in the group\'s fenced transaction and ends the group', () => {
     const p = planner();
-    expect(sent(p.plan(parse('INSERT INTO t VALUES ($1)', 's1'), IDLE))).toEqual(['prepare', 'fence', 'writer']);
+    expect(sent(p.plan(parse('INSERT INTO t VALUES ($1)', 's1'), IDLE))).toEqual(['fence', 'writer']);
     p.plan({ type: 'describe', target: 'S', name: 's1' }, IDLE);
     p.plan({ type: 'flush' }, IDLE);
     const steps = p.plan(query('BEGIN'), IDLE);
@@ -243,7 +280,7 @@ describe('what the planner believes', () => {
   test('a group that opens with SET fencepost.token (pgJDBC) runs it unfenced; the fence comes before the next statement of the group', () => {
     const p = planner();
     expect(group(p, IDLE, parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
-      ['prepare', 'writer'],
+      ['writer'],
       ['writer'],
       ['writer'],
       ['fence', 'writer'],
@@ -252,7 +289,7 @@ describe('what the planner believes', () => {
       ['writer'],
     ]);
     // SET LOCAL is not a session's setting: fenced as any statement.
-    expect(group(planner(), IDLE, parse("SET LOCAL fencepost.token = '7'"))).toEqual([['prepare', 'fence', 'writer']]);
+    expect(group(planner(), IDLE, parse("SET LOCAL fencepost.token = '7'"))).toEqual([['fence', 'writer']]);
   });
 
   test('a held BEGIN then SET fencepost.token goes unfenced; the block\'s COMMIT too, another statement gets the fence', () => {
@@ -280,7 +317,7 @@ describe('what the planner believes', () => {
     const second = kinds(p.plan(parse('SELECT 1', 's1'), FAILED))[0]!;
     p.discard(second); // refused: duplicate name
     p.plan(sync, FAILED);
-    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['prepareAndFence', 'writer']]);
+    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['fence', 'writer']]);
   });
 
   test('a Sync carries the predicted block state; a statement of unknown kind in a block leaves none', () => {

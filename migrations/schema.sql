@@ -301,6 +301,19 @@ BEGIN
 END $function$;
 -- fencepost.object_fence_ok(text,text): privileges {<owner>=X/<owner>}
 
+CREATE OR REPLACE FUNCTION fencepost.prove_transaction(epoch text, fence_key text, token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencepost.epoch_oid', true) THEN
+    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
+END $function$;
+-- fencepost.prove_transaction(text,text,bigint): privileges {<owner>=X/<owner>}
+
 CREATE OR REPLACE FUNCTION fencepost.refuse_fence_change()
  RETURNS trigger
  LANGUAGE plpgsql

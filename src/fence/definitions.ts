@@ -11,9 +11,9 @@
 import { createHash } from 'node:crypto';
 import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
+import { boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
 
-export const DEFINITIONS_VERSION = 7;
+export const DEFINITIONS_VERSION = 8;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -134,10 +134,8 @@ BEGIN
 END $$`,
   },
   {
-    // The SQL endpoint's proof for each transaction of a fenced session (src/proxy/sql/fence.ts):
-    // rule.ts epochProof and the no-PREPARE read; when the session is no longer fenced in the
-    // fence's current epoch (a raise above its token), refuse_unproven_session says how it stands.
-    // It runs as the writer (nothing here reads what the writer may not), not as the owner.
+    // The proof of definitions v6 (its exception block costs a subtransaction per call), kept for
+    // proxies of that version during a rolling upgrade; prove_transaction replaced it.
     name: 'fencepost.session_proof(text, text, bigint)',
     revoke: true,
     client: true,
@@ -148,6 +146,30 @@ BEGIN
   PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
 EXCEPTION WHEN object_not_in_prerequisite_state OR internal_error THEN
   PERFORM fencepost.refuse_unproven_session(fence_key, token);
+END $$`,
+  },
+  {
+    // The SQL endpoint's proof for each transaction of a fenced session (src/proxy/sql/fence.ts):
+    // while the fence key's epoch is still the one the session was fenced in (its oid, which the
+    // gate keeps in fencepost.epoch_oid), rule.ts epochProof, which fails unless this session
+    // passed the fence in it and holds it until the transaction ends, and the no-PREPARE read;
+    // else refuse_unproven_session (FP409 with the highest token, or FP428). A writer's own value of
+    // the setting can only make its transaction fail: currval() decides. No exception block (no
+    // subtransaction), no SET clause: it runs as the writer, every name and operator qualified.
+    // One call parses in a fraction of the time the same logic takes as a SELECT, which matters
+    // where the proof is parsed per transaction (a Query, a writer's unnamed statement).
+    name: 'fencepost.prove_transaction(text, text, bigint)',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.prove_transaction(epoch text, fence_key text, token bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN
+    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
 END $$`,
   },
   {

@@ -6,8 +6,8 @@
 // Query). The session itself was fenced by gate.ts (fence_session, rule.ts); the transaction only
 // proves it, with C functions:
 //
-//   proven    the proof (proofSql: the epoch proof, rule.ts epochProof, in plain SQL) and the
-//             no-PREPARE read; FP409 once a raise replaced the epoch, and it holds the epoch until
+//   proven    the proof (proofSql: fencepost.prove_transaction, the epoch proof, rule.ts
+//             epochProof, and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the epoch until
 //             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
@@ -24,22 +24,18 @@ import pg from 'pg';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
 import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
-import { epochProof, epochSequence, EPOCH_OID_SETTING, NO_PREPARE_READ } from '../../fence/rule.ts';
+import { epochSequence, NO_PREPARE_READ } from '../../fence/rule.ts';
 import { encode, type ErrorFields } from './framing.ts';
 
 /** The statement that makes a transaction read-write (the first of the two while writes are refused). */
 export const RW_SQL = 'SET transaction_read_only = off';
 const READ_ONLY_PREFIX = `SELECT pg_catalog.set_config('transaction_read_only', 'on', false), `;
 /**
- * The proof, in plain SQL (no plpgsql, no subtransaction): when the fence key's epoch sequence is
- * still the one the session was fenced in (its oid, which the gate kept in fencepost.epoch_oid
- * when it fenced the session), currval() of it, which fails unless this session passed the fence
- * in it and holds it until the transaction ends; else refuse_unproven_session(), which fails with
- * FP409 and the highest token (a raise replaced the epoch) or FP428. A writer's own value of
- * fencepost.epoch_oid can only make its transaction fail: currval() decides.
+ * The proof: fencepost.prove_transaction (definitions.ts), which checks currval() of the epoch the
+ * session was fenced in, or fails with FP409 and the highest token once a raise replaced it.
  */
 function proofSql(epoch: string, fenceKey: string, token: string): string {
-  return `SELECT CASE WHEN pg_catalog.to_regclass(${epoch})::pg_catalog.oid::pg_catalog.text = pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN ${epochProof(epoch)} ELSE (SELECT 0::pg_catalog.int8 FROM fencepost.refuse_unproven_session(${fenceKey}, ${token}::pg_catalog.int8)) END, ${NO_PREPARE_READ}`;
+  return `SELECT fencepost.prove_transaction(${epoch}, ${fenceKey}, ${token}::pg_catalog.int8)`;
 }
 const PROOF_SQL = proofSql('$1', '$2', '$3');
 const READ_ONLY_SQL = `${READ_ONLY_PREFIX}${NO_PREPARE_READ}`;

@@ -17,7 +17,7 @@
 //
 // `node --import tsx bench/sql-endpoint.ts [direct|endpoint|protected|pgbouncer|relay|transaction|upsert…]`
 // runs it alone (default: every path and script; `protected` brings `endpoint`, its pair) and prints
-// its tables (BENCH_DURATION_S, BENCH_PLACEMENT).
+// its tables (BENCH_DURATION_S, BENCH_PLACEMENT, BENCH_MODES: prepared,simple,extended; default prepared,simple).
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
@@ -296,8 +296,10 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const paths = asked.filter((a): a is SqlPath => (SQL_PATHS as readonly string[]).includes(a));
   const scripts = asked.filter((a): a is SqlScript => (SQL_SCRIPTS as readonly string[]).includes(a));
   const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
+  const modes = process.env.BENCH_MODES?.split(',').filter((m): m is PgbenchMode => ['prepared', 'simple', 'extended'].includes(m));
   const report = await runSqlEndpointBench({
     durationS,
+    ...(modes !== undefined && modes.length > 0 ? { modes } : {}),
     paths: paths.length > 0 ? paths : SQL_PATHS,
     scripts: scripts.length > 0 ? scripts : SQL_SCRIPTS,
     log: (line) => process.stderr.write(`[bench] ${line}\n`),

@@ -177,11 +177,15 @@ export async function measureCpu<T>(probes: readonly CpuProbe[], body: () => Pro
 /** Where the processes ran: sharing every core, or Postgres on one core and the rest on the others (bench/placement.ts). */
 export type Placement = 'shared' | 'pinned';
 
-/** A goal on a part's CPU per operation: at most `maxUs`, or at most `maxRatio` × the direct row's. */
+/**
+ * A goal on a part's CPU per operation: at most `maxUs`, or at most `maxRatio` × the direct row's
+ * (`against`: the row of that path instead, in the same scenario and placement).
+ */
 export interface CpuGoal {
   part: CpuPart;
   maxUs?: number;
   maxRatio?: number;
+  against?: { path: string; name: string };
 }
 
 /** One measured run: its rate and latency, and its CPU split by process. */
@@ -211,13 +215,14 @@ const total = (r: CpuRow): number | undefined => {
   return parts.length === 0 || r.ops === 0 ? undefined : parts.reduce((s, p) => s + r.cpu.us[p]!, 0) / r.ops;
 };
 
-function goalText(g: CpuGoal, r: CpuRow, direct: CpuRow | undefined): string {
+function goalText(g: CpuGoal, r: CpuRow, rows: readonly CpuRow[], direct: CpuRow | undefined): string {
   const mine = perOp(r, g.part);
   const name = PART_NAMES[g.part];
   if (g.maxUs !== undefined) return `${name} ≤ ${g.maxUs} µs: ${mine === undefined ? '–' : mine <= g.maxUs ? 'yes' : '**no**'}`;
-  const base = direct ? perOp(direct, g.part) : undefined;
+  const against = g.against === undefined ? direct : rows.find((x) => x.path === g.against!.path && x.scenario === r.scenario && x.placement === r.placement);
+  const base = against ? perOp(against, g.part) : undefined;
   const ratio = mine !== undefined && base !== undefined ? mine / base : undefined;
-  return `${name} ≤ ${g.maxRatio}× direct: ${ratio === undefined ? '–' : ratio <= g.maxRatio! ? 'yes' : '**no**'}`;
+  return `${name} ≤ ${g.maxRatio}× ${g.against?.name ?? 'direct'}: ${ratio === undefined ? '–' : `${fmt(ratio, 2)}×, ${ratio <= g.maxRatio! ? 'yes' : '**no**'}`}`;
 }
 
 /**
@@ -258,7 +263,7 @@ export function cpuTable(rows: readonly CpuRow[], notes: { pinnedCpus?: string }
         cell(r, 'loadgen'),
         total(r) === undefined ? '–' : fmt(total(r)!, 1),
         r.direct ? '1×' : ratio(total(r), d && total(d)),
-        (r.goals ?? []).map((g) => goalText(g, r, d)).join('; '),
+        (r.goals ?? []).map((g) => goalText(g, r, rows, d)).join('; '),
         String(r.failed),
         '',
       ].join(' | ').trim(),

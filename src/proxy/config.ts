@@ -1,8 +1,8 @@
 // Proxy configuration: read once from the environment, validated, frozen. A bad value fails fast
 // with a message naming the variable.
 import { readFileSync } from 'node:fs';
-import { tmpdir, userInfo } from 'node:os';
-import { join, resolve } from 'node:path';
+import { homedir, tmpdir, userInfo } from 'node:os';
+import { isAbsolute, join, resolve } from 'node:path';
 import { createHash } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { isIP } from 'node:net';
@@ -178,12 +178,29 @@ export class ConfigError extends Error {
 /**
  * The embedded Postgres's default data folder: one per OS user and checkout (this package's
  * folder), so proxies started from two checkouts each get their own cluster, and two started from
- * the same checkout meet on one folder (the second is refused: Postgres already running). Under the
- * temp folder, not the home folder: as root, Postgres runs as the postgres user, who must reach it.
+ * the same checkout meet on one folder (the second is refused: Postgres already running). In a
+ * place that survives a reboot (fence rows are never deleted: a lost fence table would let an old
+ * token write again): $XDG_DATA_HOME/fencepost, else ~/.local/share/fencepost; as root
+ * /var/lib/fencepost, since Postgres then runs as the postgres user, who cannot reach /root.
  */
-export function defaultDataDir(packageRoot: string = PACKAGE_ROOT, uid: number = userInfo().uid): string {
-  const checkout = createHash('sha256').update(resolve(packageRoot)).digest('hex').slice(0, 12);
-  return join(tmpdir(), `fencepost-${uid}-${checkout}`, 'pgdata');
+export function defaultDataDir(packageRoot: string = PACKAGE_ROOT, uid: number = userInfo().uid, env: NodeJS.ProcessEnv = process.env): string {
+  return join(dataHome(uid, env), checkoutId(packageRoot), 'pgdata');
+}
+
+function dataHome(uid: number, env: NodeJS.ProcessEnv): string {
+  if (uid === 0) return '/var/lib/fencepost';
+  const xdg = env.XDG_DATA_HOME;
+  if (xdg !== undefined && isAbsolute(xdg)) return join(xdg, 'fencepost');
+  return join(env.HOME || homedir(), '.local', 'share', 'fencepost');
+}
+
+function checkoutId(packageRoot: string): string {
+  return createHash('sha256').update(resolve(packageRoot)).digest('hex').slice(0, 12);
+}
+
+/** Where fencepost 0.1 kept the default data folder: under the temp folder, which many systems clear at boot. */
+export function legacyDataDir(packageRoot: string = PACKAGE_ROOT, uid: number = userInfo().uid): string {
+  return join(tmpdir(), `fencepost-${uid}-${checkoutId(packageRoot)}`, 'pgdata');
 }
 
 /** This package's folder (src/proxy/ and dist/proxy/ are both two levels down). */

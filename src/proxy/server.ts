@@ -2,13 +2,13 @@
 // orderly stop (stop accepting, finish in-flight writes, close the pool, stop Postgres).
 import pg from 'pg';
 import type { Server as TlsServer } from 'node:tls';
-import { statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { userInfo } from 'node:os';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './http/app.ts';
-import { DEFAULT_DATA_DIR, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
+import { DEFAULT_DATA_DIR, legacyDataDir, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
 import { PgwireServer } from './sql/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
@@ -88,6 +88,33 @@ function checkOwnFolder(dir: string): void {
   }
 }
 
+/**
+ * fencepost 0.1 kept the default data folder under the temp folder: move it to the new default
+ * (`to`), once, saying so in one line; a running Postgres on it is refused in one line.
+ */
+export function adoptLegacyDataDir(
+  from: string,
+  to: string,
+  move: (from: string, to: string) => void,
+  running: abstract new (...args: never[]) => { pid: number },
+  logger: { info(obj: object, msg: string): void; warn(obj: object, msg: string): void },
+): void {
+  if (!existsSync(join(from, 'PG_VERSION'))) return;
+  if (existsSync(join(to, 'PG_VERSION'))) {
+    logger.warn({ dataDir: to, legacyDataDir: from }, `an older data folder of this checkout remains at ${from}, unused: this proxy keeps its fences in ${to}`);
+    return;
+  }
+  try {
+    move(from, to);
+  } catch (err) {
+    if (err instanceof running) {
+      throw new StartupError('FENCEPOST_DATA_DIR', `${from} (this checkout's data folder before fencepost 0.2) is in use by a running Postgres (pid ${err.pid}): stop it, then start again to move it to ${to}`, { cause: err });
+    }
+    throw new StartupError('FENCEPOST_DATA_DIR', `moving ${from} to ${to} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  }
+  logger.info({ dataDir: to, legacyDataDir: from }, `moved the embedded Postgres's data from ${from} to ${to}: the temp folder does not survive a reboot, fences must`);
+}
+
 /** Test seams, handed in only by tools/ (never from configuration). */
 export interface ProxySeams {
   __test__writeStrategy?: WriteStrategy;
@@ -99,8 +126,11 @@ export interface ProxySeams {
  * binaries) never load.
  */
 export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
-  const { startEmbeddedPostgres, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
-  if (config.dataDir === DEFAULT_DATA_DIR) checkOwnFolder(dirname(config.dataDir));
+  const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
+  if (config.dataDir === DEFAULT_DATA_DIR) {
+    checkOwnFolder(dirname(config.dataDir));
+    adoptLegacyDataDir(legacyDataDir(), config.dataDir, moveDataDir, PostgresAlreadyRunningError, logger);
+  }
   try {
     return await startEmbeddedPostgres({
       dataDir: config.dataDir,

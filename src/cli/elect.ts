@@ -135,7 +135,7 @@ export class FatalHookError extends Error {
 export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}, env: NodeJS.ProcessEnv = process.env): ElectConfig {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, options: { ...ELECT_OPTIONS, ...extra }, allowPositionals: true, strict: true });
+    parsed = parseArgs({ args: argv, options: { ...ELECT_OPTIONS, ...extra }, allowPositionals: true, strict: true, tokens: true });
   } catch (err) {
     throw new UsageError((err as Error).message);
   }
@@ -159,6 +159,11 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
     throw new UsageError(`--policy must be suspend-is-lost or wait-for-expiry, got ${JSON.stringify(policy)}`);
   }
   if (!advise && parsed.positionals.length === 0) throw new UsageError('a command to run is required after --');
+  // The command comes after `--`, so its own flags are never taken for elect's.
+  const firstPositional = parsed.tokens.find((t) => t.kind === 'positional' || t.kind === 'option-terminator');
+  if (firstPositional?.kind === 'positional') {
+    throw new UsageError(`the command goes after --: fencepost elect … -- ${parsed.positionals.join(' ')}`);
+  }
   const rawAuth = str('zk-auth') ?? (env.ZK_AUTH || undefined);
   let auth: DigestAuth | null = null;
   if (rawAuth !== undefined) {

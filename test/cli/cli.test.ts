@@ -56,6 +56,15 @@ describe('flags', () => {
     expect(r.stderr).toContain(`usage: fencepost ${command}`);
   });
 
+  test('elect with its command not after -- exits 2, naming where the command goes; nothing is run', () => {
+    const marker = `/tmp/fencepost-elect-no-dashdash-${process.pid}`;
+    const r = run(['elect', '--zk', '127.0.0.1:1', '--path', '/demo/nightly', 'touch', marker]);
+    expect(r.status, r.stderr).toBe(2);
+    expect(r.stderr).toContain('the command goes after --: fencepost elect … -- touch');
+    expect(r.stderr).toContain('usage: fencepost elect');
+    expect(existsSync(marker)).toBe(false);
+  });
+
   test('serve --port and --host win over PORT and HOST', async () => {
     const db = await createTestDatabase();
     const port = await freePort();

@@ -2,8 +2,9 @@
 // [--session-timeout-ms <n>] [--json]`: with --zk, measures ZooKeeper round trips and this
 // process's event-loop stalls and recommends a session timeout; with --database-url (or
 // DATABASE_URL), checks whether a Postgres failover keeps every fence raise (src/fence/durability.ts)
-// and prints each warning. Exit 0: nothing to warn of; 3: Postgres failover warnings; 1: a check
-// could not run (one line, naming the flag); 2: usage.
+// and prints each warning. One convention for every part: exit 0: nothing to warn of; 3: a warning
+// (a Postgres failover could lose a fence raise; the --session-timeout-ms given is below the
+// recommendation); 1: a check could not run (one line, naming the flag); 2: usage.
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
@@ -15,7 +16,7 @@ export const DOCTOR_USAGE =
   'usage: fencepost doctor [--zk <connect-string>] [--database-url <postgres-url>] [--require-sync-standby] [--window-ms <n>] [--session-timeout-ms <n>] [--json]\n' +
   '  (at least one of --zk and --database-url; DATABASE_URL stands in for --database-url)';
 
-/** Exit status when Postgres failover warnings were found (the check ran). */
+/** Exit status when a part warned (its check ran). */
 export const DOCTOR_UNSAFE_EXIT = 3;
 
 export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
@@ -97,7 +98,9 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
     const parts = [...(advice ? [formatAdvice(advice, configured)] : []), ...(durability ? [formatDurability(durability)] : [])];
     process.stdout.write(parts.join('\n\n') + '\n');
   }
-  return durability !== undefined && durability.reasons.length > 0 ? DOCTOR_UNSAFE_EXIT : 0;
+  const zkWarns = advice !== undefined && configured !== undefined && configured < advice.recommendedSessionTimeoutMs;
+  const postgresWarns = durability !== undefined && durability.reasons.length > 0;
+  return zkWarns || postgresWarns ? DOCTOR_UNSAFE_EXIT : 0;
 }
 
 /** The Postgres part of the report, one warning per unsafe condition with its reason. */

@@ -1,7 +1,8 @@
-// `fencepost doctor --database-url`: the durability check once, from the command line, against a
-// real primary with a real streaming standby. Exit 0: no warnings; 3: warnings; 1: cannot
-// connect (one line, no password); 2: usage.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+// `fencepost doctor`: the durability check once, from the command line, against a real primary
+// with a real streaming standby, and the session-timeout advice against a real ZooKeeper. One exit
+// convention for both parts: 0: no warnings; 3: a warning; 1: cannot connect (one line, no
+// password); 2: usage.
+import { afterAll, beforeAll, describe, expect, inject, test } from 'vitest';
 import pg from 'pg';
 import { setSynchronousStandbyNames, startReplicatedPostgres, type ReplicatedPostgres } from '../support/replication.ts';
 import { run } from '../support/cli.ts';
@@ -63,6 +64,17 @@ describe('fencepost doctor --database-url', () => {
     ]);
     expect(r.stderr).not.toContain('s3cret');
     expect(r.stdout).toBe('');
+  });
+
+  test('--zk: a --session-timeout-ms below the recommendation warns and exits 3, as a Postgres warning does; one above it exits 0', () => {
+    const zk = inject('zkConnect');
+    const low = run(['doctor', '--zk', zk, '--window-ms', '300', '--session-timeout-ms', '1']);
+    expect(low.status, low.stderr).toBe(3);
+    expect(low.stdout).toContain('WARNING: the configured 1 ms is below the recommendation');
+    // The recommendation has a floor and grows with stalls; a day is above it on any box.
+    const high = run(['doctor', '--zk', zk, '--window-ms', '300', '--session-timeout-ms', '86400000']);
+    expect(high.status, high.stderr).toBe(0);
+    expect(high.stdout).toContain('the configured 86400000 ms is at or above the recommendation');
   });
 
   test('neither --zk nor --database-url: exit 2 with the usage', () => {

@@ -29,6 +29,7 @@ import { parseArgs } from 'node:util';
 import type { ParseArgsConfig } from 'node:util';
 import { pino } from 'pino';
 import type { Logger } from 'pino';
+import { ZK_CONNECT_WAIT_MS } from '../election/zk-session.ts';
 import { Election } from '../election/election.ts';
 import type { ElectionPolicy } from '../election/election.ts';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
@@ -54,7 +55,6 @@ const GUARDIAN_KILL_AFTER_MAX_MS = 500;
 /** How often a process started by npm checks that its launcher is still there. */
 const LAUNCHER_CHECK_MS = 100;
 /** How long elect waits for its first ZooKeeper session before it gives up (said in the message). */
-export const ZK_CONNECT_WAIT_MS = 5000;
 
 /** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
 export const ELECT_OPTIONS = {

@@ -8,7 +8,7 @@
 //   exit 1: ZooKeeper unreachable; exit 2: usage error
 import { parseArgs } from 'node:util';
 import { readLeader } from '../election/election.ts';
-import { ZkSession } from '../election/zk-session.ts';
+import { ZkSession, ZK_CONNECT_WAIT_MS } from '../election/zk-session.ts';
 import { electionPathProblem } from '../election/sequence.ts';
 
 export const LEADER_USAGE = 'usage: fencepost leader --zk <connect-string> --path <election-path> [--json]';
@@ -36,7 +36,7 @@ export async function leaderCommand(argv: string[]): Promise<number> {
   }
   let session: ZkSession;
   try {
-    session = await ZkSession.open({ connect: zk, sessionTimeoutMs: 10_000, connectTimeoutMs: 5000 });
+    session = await ZkSession.open({ connect: zk, sessionTimeoutMs: 10_000, connectTimeoutMs: ZK_CONNECT_WAIT_MS });
   } catch (err) {
     process.stderr.write(`fencepost leader: ${(err as Error).message}\n`);
     return 1;

@@ -8,7 +8,7 @@
 // minimum (2 × tickTime by default). A crash then costs about T + one tick + a few RTTs of failover.
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ZkSession } from './zk-session.ts';
+import { ZkSession, ZK_CONNECT_WAIT_MS } from './zk-session.ts';
 
 export const ADVICE_HEADROOM = 5;
 export const ADVICE_FLOOR_MS = 2000;
@@ -75,7 +75,7 @@ export async function measureSessionTimeoutAdvice(opts: MeasureOptions): Promise
   if (!opts.session && !opts.connect) throw new Error('measureSessionTimeoutAdvice needs connect or session');
   const progress = opts.onProgress ?? (() => {});
   if (!opts.session) progress(`connecting to ZooKeeper at ${opts.connect}`);
-  const own = opts.session ? null : await ZkSession.open({ connect: opts.connect!, sessionTimeoutMs: 10_000 });
+  const own = opts.session ? null : await ZkSession.open({ connect: opts.connect!, sessionTimeoutMs: 10_000, connectTimeoutMs: ZK_CONNECT_WAIT_MS });
   const session = opts.session ?? own!;
   try {
     if (own) progress('connected; asking the server for its session timeout bounds');

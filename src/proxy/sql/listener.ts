@@ -457,7 +457,9 @@ export class PgwireServer {
       const writerId = user;
       const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
       const writes = (settings.get('fencepost.token') ?? '') !== '';
-      socket.write(Buffer.concat([authenticationOk(), ...writerView(backend.parameterStatus, writes), backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
+      // What the writer is told is what the relay compares later ParameterStatus messages with.
+      backend.parameterStatus = writerView(backend.parameterStatus, writes);
+      socket.write(Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
       socket.off('data', onData);
       socket.off('close', onEnd);
       clearTimeout(timer);

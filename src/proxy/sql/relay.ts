@@ -194,6 +194,9 @@ export class Relay {
   /** The backend needs one more Sync for a COPY started by an Execute (see NOT_COPY_DATA). */
   private owedSync = false;
 
+  /** The value of each reported setting as the writer last heard it (ParameterStatus). */
+  private readonly told = new Map<string, string>();
+
   constructor(
     private readonly client: Socket,
     private readonly clientReader: MessageReader,
@@ -201,7 +204,11 @@ export class Relay {
     private readonly planner: Planner,
     private readonly opts: RelayOptions,
   ) {
-    for (const b of backend.parameterStatus) this.noteParameter(b.subarray(5));
+    for (const b of backend.parameterStatus) {
+      this.noteParameter(b.subarray(5));
+      const { name, value } = parameterOf(b.subarray(5));
+      this.told.set(name, value);
+    }
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first). */
@@ -631,10 +638,16 @@ export class Relay {
       case 'N': // notices of injected statements are ours
         this.forward(f, head);
         return;
-      case 'S':
+      case 'S': {
         this.noteParameter(f.body);
+        // Postgres reports a setting only when its value changes; the proxy's own statements (the
+        // gate's read-write default) may set one to what the writer was told already: not again.
+        const { name, value } = parameterOf(f.body);
+        if (this.told.get(name) === value) return;
+        this.told.set(name, value);
         this.toClient.push(f.bytes);
         return;
+      }
       case 'A':
         this.toClient.push(f.bytes);
         return;

@@ -59,6 +59,19 @@ describe('the writer\'s unnamed statement (raw protocol)', () => {
   });
 });
 
+describe('ParameterStatus (raw protocol)', () => {
+  test('the proxy\'s own settings of the session announce nothing the writer was not told at startup; the writer\'s own SET is announced', async ({ sql }) => {
+    const raw = await RawClient.connect(sql.port, sql.database, 'unseen-status', fenceOptions(1, 'unseen/status'));
+    // The first transaction: the gate fences the session and makes it read-write by default (its own SET).
+    const first = await raw.send([Q('SELECT 1')]);
+    expect(first.errors).toEqual([]);
+    expect(first.parameters).toEqual([]);
+    const set = await raw.send([Q("SET application_name = 'unseen-status-app'")]);
+    expect(set.parameters).toEqual([['application_name', 'unseen-status-app']]);
+    raw.close();
+  });
+});
+
 describe('psycopg 3', () => {
   test('prepared and unprepared statements, in and out of a pipeline: pg_prepared_statements lists psycopg\'s own names only', async ({ db, sql }) => {
     const [a, b] = [id(), id()];

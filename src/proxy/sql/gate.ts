@@ -155,11 +155,7 @@ export class FenceGate {
       this.opts.host.query(
         this.opts.fenceSql(pair),
         (values) => (highest = values[0] ? BigInt(values[0]) : null),
-        () => {
-          // fence_session makes the session's temporary sequence whatever else it does.
-          if (failure === null) this.setUp = true;
-          resolve(failure ?? { highest });
-        },
+        () => resolve(failure ?? { highest }),
         (fields) => (failure = { failure: fields.get('M') ?? '', code: fields.get('C') ?? RAISE_FIRST }),
       );
     });
@@ -169,13 +165,12 @@ export class FenceGate {
     await Promise.resolve(); // never done() from inside start(): the relay is in the middle of its loop
     const settings = this.settings!;
     try {
-      const { fence, once } = await this.verdictFor(settings);
       if (!this.setUp) {
-        // Not set up by the verdict's own fence_session (a session without a token, a refusal).
         const r = await this.fenceSession(null);
         if ('failure' in r) this.opts.logger.warn({ failure: r.failure }, 'could not set the SQL session up; its transactions fail until it is');
         this.setUp = true; // a failure shows in every transaction (the no-PREPARE read fails): fail closed
       }
+      const { fence, once } = await this.verdictFor(settings);
       this.verdict = { for: signature(settings), fence, once };
     } catch (err) {
       this.opts.logger.warn({ err }, 'SQL session: the fence could not be decided; this transaction is refused');
@@ -231,9 +226,6 @@ export class FenceGate {
         return refused(refusal(STALE_TOKEN, `unverified fencing token: token ${token} would raise fence key ${JSON.stringify(fenceKey)} but is not the current leader's`, detail, 'the forgery guard did not verify this token as the sequence of the current leader\'s election node; nothing of this transaction was applied'), true);
       }
     }
-    // The fence at the token already (a session of the leader that raised it): one call, no raise.
-    const first = await this.fenceSession(pair);
-    if (!('failure' in first) && first.highest !== null && first.highest >= token) return this.fenced(pair, first.highest);
     let raiseFailed = false;
     try {
       await this.opts.raise(fenceKey, token);

@@ -66,16 +66,14 @@ export class PgwireSession {
       fenceSql: (pair) => {
         const cap = sessionFenceCapability(opts.capability, backend.pid, pair?.fenceKey ?? null, pair?.token ?? null);
         // Read-write for this call only (sessions start read-only): it may make the epoch sequence.
-        // Its commit waits for no WAL flush: it writes only what a crash takes anyway (the
-        // session's temporary sequence and proof; an epoch sequence the next session makes again
-        // if lost), never a fence raise (raise.ts), and so it never waits for a synchronous
-        // standby that may be the one not streaming either. A session with
+        // Committed locally: a catalog write of the session's, not a fence raise (raise.ts), so it
+        // never waits for a synchronous standby that may be the one not streaming. A session with
         // a token is read-write by default from now on, as straight to Postgres: a transaction
         // that is not proven carries a read-only SET of its own (fence.ts).
         const readWrite = pair === null ? '' : 'SET default_transaction_read_only = off; ';
         // The epoch's oid after the call (fence.ts proofSql), in the same statement: evaluated after it.
         const epochOid = pair === null ? '' : `, pg_catalog.set_config('${EPOCH_OID_SETTING}', coalesce(pg_catalog.to_regclass(${pg.escapeLiteral(epochSequence(pair.fenceKey))})::pg_catalog.oid::pg_catalog.text, ''), false)`;
-        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = off; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})${epochOid}`;
+        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = local; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})${epochOid}`;
       },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
       refusing,

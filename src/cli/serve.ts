@@ -63,6 +63,7 @@ export async function serveCommand(argv: string[] = []): Promise<number> {
   // Without TLS, SIGHUP keeps its default (the process ends, as a terminal's hang-up should end it).
   const reload = () => void proxy.reloadTls();
   if (proxy.tls) process.on('SIGHUP', reload);
+  let orphanWatch: NodeJS.Timeout | undefined;
   await new Promise<void>((resolve) => {
     const stop = (signal: NodeJS.Signals) => {
       logger.info({ signal }, 'signal received');
@@ -70,7 +71,19 @@ export async function serveCommand(argv: string[] = []): Promise<number> {
     };
     process.once('SIGTERM', stop);
     process.once('SIGINT', stop);
+    // Started by npm (npm start, npm exec, npx): npm does not pass a SIGTERM on to its child, so
+    // when npm goes, this process is reparented. Stop then, as on SIGTERM, rather than hold the ports.
+    if (process.env.npm_command !== undefined) {
+      const parent = process.ppid;
+      orphanWatch = setInterval(() => {
+        if (process.ppid === parent) return;
+        logger.info({ parent }, 'the npm process that started this one is gone: stopping');
+        resolve();
+      }, 500);
+      orphanWatch.unref();
+    }
   });
+  clearInterval(orphanWatch);
   await proxy.close();
   process.off('SIGHUP', reload);
   return 0;

@@ -89,6 +89,39 @@ describe('flags', () => {
     }
   });
 
+  test('serve started by npm exec stops when npm is signalled (npm does not pass SIGTERM on): the port is free again', async () => {
+    const db = await createTestDatabase();
+    const port = await freePort();
+    // npm → sh -c → node, as `npm exec fencepost serve` and `npm start` run it.
+    const npm = spawn('npm', ['exec', '--offline', '-c', `node ${JSON.stringify(BIN)} serve`], {
+      cwd: REPO,
+      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: String(port), FENCEPOST_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    npm.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const up = () => fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.ok, () => false);
+    try {
+      let ready = false;
+      for (let i = 0; i < 600 && !ready && npm.exitCode === null; i++) {
+        ready = await up();
+        if (!ready) await sleep(100);
+      }
+      expect(ready, err).toBe(true);
+      npm.kill('SIGTERM');
+      // Bounded generously (a loaded box): the watch looks every 0.5 s; a serve left running would answer forever.
+      let gone = false;
+      for (let i = 0; i < 300 && !gone; i++) {
+        gone = !(await up());
+        if (!gone) await sleep(100);
+      }
+      expect(gone, err).toBe(true);
+    } finally {
+      npm.kill('SIGKILL');
+      await db.drop();
+    }
+  });
+
   test('a bad --port is refused naming the flag', () => {
     expect(oneLineFailure(run(['serve', '--port', '70000']))).toMatch(/^fencepost: invalid configuration: --port: must be between 0 and 65535, got 70000$/);
   });

@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { RawClient, B, E, P, Q, S, pbe } from '../../support/raw-pgwire.ts';
+import { RawClient, B, E, P, Q, S, pbe } from './raw-client.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { RW_SQL } from '../../../src/proxy/sql/fence.ts';
 import pg from 'pg';

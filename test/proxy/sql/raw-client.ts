@@ -2,7 +2,7 @@
 // in the socket writes it is given, with no driver in between, and reads what comes back up to a
 // number of ReadyForQuery messages or until the proxy closes the session.
 import { connect as tcp, type Socket } from 'node:net';
-import { MessageReader, commandTag, cstr, int16, int32, message, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
+import { MessageReader, commandTag, cstr, dataRowTexts, int16, int32, message, parameterOf, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
 
 export interface Replies {
   frames: Frame[];
@@ -10,6 +10,10 @@ export interface Replies {
   errors: string[];
   /** Tag of each CommandComplete, in order. */
   tags: string[];
+  /** Each DataRow's values as text (NULL as ''). */
+  rows: string[][];
+  /** Each ParameterStatus as [name, value]. */
+  parameters: [string, string][];
   /** Status of the last ReadyForQuery read ('' if none). */
   status: string;
   /** The proxy closed the connection. */
@@ -79,6 +83,11 @@ export class RawClient {
       frames: out,
       errors: out.filter((f) => f.type === 'E').map((f) => parseErrorFields(f.body).get('C') ?? '?'),
       tags: out.filter((f) => f.type === 'C').map((f) => commandTag(f.body)),
+      rows: out.filter((f) => f.type === 'D').map((f) => dataRowTexts(f.body)),
+      parameters: out.filter((f) => f.type === 'S').map((f) => {
+        const { name, value } = parameterOf(f.body);
+        return [name, value] as [string, string];
+      }),
       status: last === undefined ? '' : String.fromCharCode(last.body[0]!),
       closed: seen < n,
     };
@@ -100,6 +109,8 @@ export const P = (text: string, name = ''): Buffer => message('P', name, text, i
 export const B = (statement = '', portal = ''): Buffer => message('B', portal, statement, int16(0), int16(0), int16(0));
 export const E = (portal = ''): Buffer => message('E', cstr(portal), int32(0));
 export const S = (): Buffer => message('S');
+/** Describe of a prepared statement. */
+export const D = (name = ''): Buffer => message('D', Buffer.from('S', 'latin1'), name);
 export const CLOSE = (target: 'S' | 'P', name: string): Buffer => message('C', Buffer.from(target, 'latin1'), name);
 /** Parse/Bind/Execute of one statement (unnamed). */
 export const pbe = (text: string): Buffer[] => [P(text), B(), E()];

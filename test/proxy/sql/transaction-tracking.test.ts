@@ -78,6 +78,8 @@ async function readUntilSelect(raw: RawClient): Promise<Replies> {
     frames: all.flatMap((r) => r.frames),
     errors: all.flatMap((r) => r.errors),
     tags: all.flatMap((r) => r.tags),
+    rows: all.flatMap((r) => r.rows),
+    parameters: all.flatMap((r) => r.parameters),
     status: all.at(-1)!.status,
     closed: all.some((r) => r.closed),
   };

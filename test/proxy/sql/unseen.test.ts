@@ -8,7 +8,7 @@ import { promisify } from 'node:util';
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions } from '../../support/sql.ts';
-import { B, D, E, P, Q, RawClient, S } from '../../support/raw-pgwire.ts';
+import { B, D, E, P, Q, RawClient, S } from './raw-client.ts';
 
 const run = promisify(execFile);
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.seen (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);

@@ -88,8 +88,6 @@ export interface FenceStatements {
   list: readonly FenceStatement[];
   /** The same as SQL text (each statement ending in `;`) for a Query. */
   text: string;
-  /** How many statements: one, or two (a SET, then a statement) while writes are refused. */
-  statements: 1 | 2;
 }
 
 /**
@@ -129,7 +127,7 @@ function statement(sql: string, values: readonly (string | null)[], text: string
 }
 
 function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): FenceStatements {
-  return { list, text: list.map((st) => `${st.text};`).join(''), statements: list.length };
+  return { list, text: list.map((st) => `${st.text};`).join('') };
 }
 
 /** A session fenced at its fence key's current epoch (gate.ts): the epoch's proof, in the writer's transaction mode. */

@@ -720,7 +720,7 @@ export class Planner {
 
   /** The fence's statements in a Query's plan (true: swallowed). */
   private fenceSlots(): true[] {
-    return new Array<true>(this.fence.statements).fill(true);
+    return new Array<true>(this.fence.list.length).fill(true);
   }
 
   /**

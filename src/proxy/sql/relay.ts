@@ -205,8 +205,7 @@ export class Relay {
     private readonly opts: RelayOptions,
   ) {
     for (const b of backend.parameterStatus) {
-      this.noteParameter(b.subarray(5));
-      const { name, value } = parameterOf(b.subarray(5));
+      const { name, value } = this.noteParameter(b.subarray(5));
       this.told.set(name, value);
     }
   }
@@ -409,9 +408,10 @@ export class Relay {
     }
   }
 
-  private noteParameter(body: Buffer): void {
-    const { name, value } = parameterOf(body);
-    this.planner.noteParameter(name, value);
+  private noteParameter(body: Buffer): { name: string; value: string } {
+    const p = parameterOf(body);
+    this.planner.noteParameter(p.name, p.value);
+    return p;
   }
 
   // ---- writer → backend -------------------------------------------------------------------------
@@ -639,10 +639,9 @@ export class Relay {
         this.forward(f, head);
         return;
       case 'S': {
-        this.noteParameter(f.body);
         // Postgres reports a setting only when its value changes; the proxy's own statements (the
         // gate's read-write default) may set one to what the writer was told already: not again.
-        const { name, value } = parameterOf(f.body);
+        const { name, value } = this.noteParameter(f.body);
         if (this.told.get(name) === value) return;
         this.told.set(name, value);
         this.toClient.push(f.bytes);

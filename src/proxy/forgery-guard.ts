@@ -103,6 +103,8 @@ export class ForgeryGuard {
   private readonly leaderSeen = new Map<string, { seq: number; at: Date }>();
   /** Election paths already logged as untrusted (once each). */
   private readonly untrustedLogged = new Set<string>();
+  /** Why each election path is not trusted, as last read (gone once it is). */
+  private readonly untrustedWhy = new Map<string, string>();
   private session: Promise<ZkSession> | null = null;
   private closed = false;
   /** ZooKeeper reads made (tests check the hot path makes none). */
@@ -166,6 +168,16 @@ export class ForgeryGuard {
       this.verified.set(id, true);
       return;
     }
+    const untrusted = this.untrustedWhy.get(path);
+    if (untrusted !== undefined) {
+      // A configuration problem, not a forged token: say what to fix.
+      throw new ApiError('unverified_token', `election path ${path} not trusted: ${untrusted}; no token from it raises fence ${JSON.stringify(fenceKey)} (use a new election path, created with ZK_AUTH)`, {
+        fenceKey,
+        token: token.toString(),
+        electionPath: path,
+        untrusted,
+      });
+    }
     this.opts.logger?.warn({ fenceKey, token: token.toString(), electionPath: path }, 'forgery guard refused a token that is not the leader\'s');
     throw new ApiError('unverified_token', `token ${token} would raise fence ${JSON.stringify(fenceKey)} but is not the sequence of the current leader under ${path}`, {
       fenceKey,
@@ -198,6 +210,7 @@ export class ForgeryGuard {
   private async leaderSequence(path: string): Promise<number | null> {
     const view = await this.readElection(path, 'cannot verify a token that raises a fence; safe to retry');
     if (view.untrusted !== null) this.untrusted(path, view.untrusted);
+    else this.untrustedWhy.delete(path);
     return view.leader?.seq ?? null;
   }
 
@@ -254,7 +267,7 @@ export class ForgeryGuard {
       if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
         const why = stat.aversion !== 0
           ? `its ACL was changed after it was created (ACL version ${stat.aversion}): nodes planted before the change may remain`
-          : `its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
+          : `created without these credentials (ACL): its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
         return { candidates, leader: null, untrusted: why };
       }
       const node = await s.exists(`${path}/${lowest.name}`);
@@ -267,6 +280,7 @@ export class ForgeryGuard {
   }
 
   private untrusted(path: string, why: string): void {
+    this.untrustedWhy.set(path, why);
     if (this.untrustedLogged.has(path)) return;
     this.untrustedLogged.add(path);
     this.opts.logger?.error({ electionPath: path }, `forgery guard: election path not trusted, no token from it raises a fence: ${why}`);

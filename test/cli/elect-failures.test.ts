@@ -10,7 +10,8 @@ import { performance } from 'node:perf_hooks';
 import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
-import { BIN } from '../support/proxy.ts';
+import { BIN, spawnProxy } from '../support/proxy.ts';
+import { createTestDatabase } from '../support/db.ts';
 import { uniquePath, waitFor } from '../support/election.ts';
 
 const zk = inject('zkConnect');
@@ -114,6 +115,37 @@ test('a --proxy that never answers: the leader gives up after 5 failed fence adv
     rmSync(dir, { recursive: true, force: true });
   }
 }, 40_000);
+
+test('an election path created without the credentials: elect exits 1 with the reason (the path\'s ACL), not "not the current leader"', async () => {
+  // Invariant: the proxy's forgery guard refuses every token from a path others could write; elect
+  // says why in its one line, so the operator fixes the path instead of chasing a leader.
+  const path = uniquePath('elect-open-path');
+  const open = await ZkSession.open({ connect: zk, sessionTimeoutMs: 4000 });
+  await open.mkdirp(path); // as a first run without ZK_AUTH leaves it
+  await open.close();
+  const db = await createTestDatabase();
+  const guarded = { ZK_CONNECT: zk, ZK_AUTH: 'elector:open-path-secret', FENCEPOST_FORGERY_GUARD: JSON.stringify({ 'nightly/': path }) };
+  const proxy = await spawnProxy({ DATABASE_URL: db.url, ...guarded });
+  try {
+    const a = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'a', '--proxy', proxy.url, '--fence-key', 'nightly/report', '--', 'true'], {
+      env: { ...process.env, ZK_AUTH: guarded.ZK_AUTH, FENCEPOST_LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    children.push(a);
+    let aErr = '';
+    a.stderr!.on('data', (d: Buffer) => (aErr += d.toString()));
+    const code = await new Promise<number | null>((resolve) => a.once('exit', (c) => resolve(c)));
+    const lines = aErr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
+    expect(code, aErr).toBe(1);
+    expect(lines, aErr).toHaveLength(1);
+    expect(lines[0]).toMatch(new RegExp(`^fencepost elect: --proxy \\S+ refused the fence advance of "nightly/report": 409 unverified_token: election path ${path} not trusted: created without these credentials \\(ACL\\)`));
+    expect(aErr).not.toContain('not the sequence of the current leader');
+    noStack(aErr);
+  } finally {
+    await proxy.stop();
+    await db.drop();
+  }
+});
 
 test('fencepost leader tells a missing election path (exit 4) from an election nobody leads (exit 3)', async () => {
   const missing = uniquePath('leader-typo');

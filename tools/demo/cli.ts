@@ -23,7 +23,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
     strict: true,
   });
   if (values.help) {
-    process.stdout.write('usage: fencepost demo [--replicas 3] [--session-timeout-ms 3000] [--pause-ms 6000] [--interval-ms 200] [--pause-mid-transaction]\n');
+    process.stdout.write('usage: npm run demo -- [--replicas 3] [--session-timeout-ms 3000] [--pause-ms 6000] [--interval-ms 200] [--pause-mid-transaction]\n');
     return 0;
   }
   const opts = {

@@ -1,8 +1,15 @@
 import { defineConfig } from 'vitest/config';
 
+/**
+ * Whole-system runs, minutes of processes and faults each: the chaos runs (a three-server ZooKeeper
+ * ensemble, proxies, writers, a nemesis) and the release tarball installed into a clean folder.
+ * Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`); `npm test`
+ * runs project `unit`, everything else. A file named on the command line runs whichever it is in.
+ */
+const SYSTEM_TESTS = ['test/chaos/chaos-run.test.ts', 'test/chaos/broken-fence.test.ts', 'test/chaos/cluster.test.ts', 'test/package.test.ts'];
+
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
     globalSetup: ['test/support/global-setup.ts'],
     testTimeout: 60_000,
     hookTimeout: 120_000,
@@ -13,5 +20,9 @@ export default defineConfig({
     fileParallelism: true,
     maxWorkers: 2,
     pool: 'forks',
+    projects: [
+      { extends: true, test: { name: 'unit', include: ['test/**/*.test.ts'], exclude: SYSTEM_TESTS } },
+      { extends: true, test: { name: 'system', include: SYSTEM_TESTS } },
+    ],
   },
 });

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Installs what the tests need, then runs them: tsc, eslint, vitest against real Postgres and ZooKeeper
-# (on the machine's Node, 20); then the built package on Node 24 (scripts/smoke-node.sh: serve with
-# both doors, elect and the demo, about a minute) and the HA run (tools/ha: Patroni, HAProxy and the
-# proxy through failovers, about 2 minutes), kept out of npm test for their length. Each goes even
-# when one before it failed; the exit status is non-zero if any did.
+# Installs what the tests need, then runs them, each stage even when one before it failed (the exit
+# status is non-zero if any did):
+#   npm test              tsc, eslint, vitest against real Postgres and ZooKeeper (the machine's Node, 20)
+#   npm run test:system   whole-system runs: chaos runs under a nemesis, the release tarball installed
+#                         into a clean folder (a few minutes)
+#   scripts/smoke-node.sh the built package on Node 24: serve with both doors, elect, the demo (about a minute)
+#   npm run ha            tools/ha: Patroni, HAProxy and the proxy through failovers (about 2 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 bash scripts/setup.sh --ha
-printf '\033[1m[test]\033[0m %s\n' "npm test" >&2
-unit=0
-npm test || unit=$?
-printf '\033[1m[test]\033[0m %s\n' "scripts/smoke-node.sh (Node 24)" >&2
-smoke=0
-bash scripts/smoke-node.sh || smoke=$?
-printf '\033[1m[test]\033[0m %s\n' "npm run ha" >&2
-ha=0
-npm run ha || ha=$?
-if [ "$unit" -ne 0 ] || [ "$smoke" -ne 0 ] || [ "$ha" -ne 0 ]; then
-  printf '\033[1m[test]\033[0m failed: npm test exit %s, scripts/smoke-node.sh exit %s, npm run ha exit %s\n' "$unit" "$smoke" "$ha" >&2
+failed=()
+stage() {
+  printf '\033[1m[test]\033[0m %s\n' "$*" >&2
+  "$@" || failed+=("$* (exit $?)")
+}
+stage npm test
+# dist/ was built by npm test's global setup from these sources.
+stage env FENCEPOST_TEST_SKIP_BUILD=1 npm run test:system
+stage bash scripts/smoke-node.sh
+stage npm run ha
+if [ "${#failed[@]}" -ne 0 ]; then
+  printf '\033[1m[test]\033[0m failed: %s\n' "${failed[@]}" >&2
   exit 1
 fi

@@ -5,7 +5,8 @@
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
 #                 docker-compose (validates docker-compose.yml), Prometheus (its promtool checks
 #                 dashboards/: the scrape config, the alert rules and their unit tests), the SQL
-#                 endpoint's clients (psql, pgbench, psycopg2) and PgBouncer
+#                 endpoint's clients (psql, pgbench, psycopg2), PgBouncer, and etcd with etcdctl
+#                 (fencing tokens from `etcdctl lock`, docs/integrations.md)
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
 #                 PgBouncer (the SQL endpoint's reference protocol proxy)
 #   with --ha     also the HA run's cluster (npm run ha, tools/ha): Patroni with its ZooKeeper
@@ -102,6 +103,12 @@ if [ "${1:-}" = "--test" ]; then
     apt_install docker-compose
   fi
   install_pgbouncer
+  # A test runs docs/integrations.md's `etcdctl lock` commands against an etcd of its own.
+  if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+    say "installing etcd and etcdctl for the etcd lock's test (apt-get install etcd-server etcd-client)"
+    apt_install_unused_service etcd-server etcd
+    apt_install etcd-client
+  fi
   # Debian ships promtool only with the server.
   if ! command -v promtool >/dev/null; then
     say "installing Prometheus for promtool (the tests check dashboards/prometheus*.yml with it)"

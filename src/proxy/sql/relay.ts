@@ -229,7 +229,7 @@ export class Relay {
 
   /** Goes on with the writer's messages held for the gate. */
   resume(): void {
-    if (this.closed) return;
+    if (this.closed || this.losing) return; // what the gate held is answered by answerNextWith
     this.pumpClient();
     this.flushClient();
   }
@@ -402,8 +402,10 @@ export class Relay {
     this.client.once('data', done);
     this.client.once('end', done);
     this.client.resume();
-    if (this.spokeWhileLosing) {
+    // Spoken already: after the loss, or before it and not yet sent on (held for the gate).
+    if (this.spokeWhileLosing || this.clientFrames.length > 0) {
       this.spokeWhileLosing = false;
+      this.clientFrames.length = 0;
       done();
     }
   }
@@ -568,7 +570,7 @@ export class Relay {
       return;
     }
     this.flushClient();
-    if ((this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0) this.pumpClient();
+    if (!this.losing && (this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0) this.pumpClient();
   }
 
   private flushClient(): void {
@@ -778,9 +780,12 @@ export class Relay {
       return; // a simple Query ends with its ReadyForQuery
     }
     if (head === undefined) {
-      // A FATAL outside any request (shutdown, or pg_terminate_backend by a raise): the socket
-      // closes next, and onBackendLost says what it means.
+      // A FATAL outside any request (shutdown, or pg_terminate_backend by a raise): the backend
+      // takes nothing more. Lost now, not at the socket's close: a message the writer sends
+      // meanwhile (a paused writer's COMMIT) is never forwarded, so it is answered as one that
+      // came after the loss, not as a commit in flight.
       this.backendFatal = f.bytes;
+      this.onBackendLost();
       return;
     }
     if (head.injected) {

@@ -1,5 +1,5 @@
 // The one error registry: stable machine-readable codes and their HTTP statuses.
-// test/errors.test.ts keeps this table and the README's error table in sync.
+// test/proxy/errors.test.ts keeps this table and the error table of docs/http-api.md in sync.
 
 export const ERRORS = {
   stale_token: { status: 409, description: 'token below the fence; body adds `fenceKey`, `token`, `highestToken` (read after the rejection)' },

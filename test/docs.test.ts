@@ -4,7 +4,8 @@
 // the page it names (GitHub's anchor rules).
 //
 // Commands: every `sh`, `bash`, `shell` and `console` block runs, unless the line before it is
-// `<!-- not run: <why> -->`. The pages run in reading order (the README, then the pages in the
+// `<!-- not run: <why> -->`, or `<!-- run by <test file>: <name> -->` (a test of its own runs it
+// against a server this one does not start, e.g. etcd; that file must exist and name the block). The pages run in reading order (the README, then the pages in the
 // order the README links them), each in one bash session of its own (so a page's blocks share
 // variables, functions and background jobs, as in a reader's terminal), stderr merged into stdout,
 // in a scratch folder, with `fencepost` on the PATH (this checkout's bin/fencepost.js, run from the
@@ -14,8 +15,9 @@
 // - sh blocks run under `set -e`: every command must succeed.
 // - console blocks are doctests: each `$ command` runs, and its output must match the lines below
 //   it up to the next `$ `. A line `…` matches any number of lines; `…` within a line matches any
-//   text. bash's notices of background jobs ended by a signal are not output. Volatile values match loosely: a UUID matches any UUID, and a number with a fraction
-//   (`3.619`) or a time unit (`2000 ms`, `2.7s`) matches any number. Trailing spaces are ignored.
+//   text. bash's notices of background jobs ended by a signal are not output. Volatile values match
+//   loosely: a UUID matches any UUID, and a number with a fraction (`3.619`) or a time unit
+//   (`2000 ms`, `2.7s`) matches any number. Trailing spaces are ignored.
 // - Before a page runs, the addresses in its blocks become the test's: localhost:8080 and
 //   127.0.0.1:8080 the proxy's HTTP port, :6432 its SQL endpoint, 127.0.0.1:27666 (the ZooKeeper
 //   scripts/zookeeper.sh prints in the docs) the suite's ZooKeeper.
@@ -151,6 +153,8 @@ interface Block {
   body: string[];
   /** The reason of a `<!-- not run: … -->` on the line before the fence (blank lines between allowed). */
   notRun?: string;
+  /** `<!-- run by <test file>: <name> -->`: a test of its own runs the block (it needs a server this test does not start), naming it. */
+  runBy?: { file: string; name: string };
   /** No closing fence before the end of the page. */
   unclosed?: boolean;
 }
@@ -168,9 +172,11 @@ function blocks(file: string, markdown: string): Block[] {
     let k = i - 1;
     while (k >= 0 && lines[k]!.trim() === '') k--;
     const marker = k >= 0 ? /^\s*<!--\s*not run:(.*?)-->\s*$/.exec(lines[k]!) : null;
+    const runBy = k >= 0 ? /^\s*<!--\s*run by (\S+): (.*?)\s*-->\s*$/.exec(lines[k]!) : null;
     const indent = /^\s*/.exec(lines[i]!)![0].length;
     const block: Block = { file, line: i + 1, lang: open[2]!, body: lines.slice(i + 1, j).map((l) => l.slice(Math.min(indent, /^\s*/.exec(l)![0].length))) };
     if (marker) block.notRun = marker[1]!.trim();
+    if (runBy) block.runBy = { file: runBy[1]!, name: runBy[2]! };
     if (j === lines.length) block.unclosed = true;
     out.push(block);
     i = j;
@@ -185,6 +191,12 @@ function blockProblems(bs: Block[]): string[] {
     const where = `${b.file}:${b.line}`;
     if (b.unclosed) problems.push(`${where}: the block is not closed`);
     if (b.notRun !== undefined && b.notRun === '') problems.push(`${where}: "not run" without a reason`);
+    if (b.runBy !== undefined) {
+      const test = join(REPO, b.runBy.file);
+      if (!existsSync(test)) problems.push(`${where}: "run by" names ${b.runBy.file}, which does not exist`);
+      else if (!readFileSync(test, 'utf8').includes(b.runBy.name)) problems.push(`${where}: ${b.runBy.file} does not name the block ${JSON.stringify(b.runBy.name)}`);
+      continue;
+    }
     if (SHELL_LANGS.has(b.lang) || b.notRun !== undefined) continue;
     if (b.lang === '' && b.body.some((l) => l.startsWith('$ '))) problems.push(`${where}: commands in a block without a language: mark it console`);
   }
@@ -240,7 +252,7 @@ interface Step {
 function steps(bs: Block[]): Step[] {
   const out: Step[] = [];
   for (const b of bs) {
-    if (!SHELL_LANGS.has(b.lang) || b.notRun !== undefined) continue;
+    if (!SHELL_LANGS.has(b.lang) || b.notRun !== undefined || b.runBy !== undefined) continue;
     if (b.lang !== 'console') {
       out.push({ block: b, line: b.line, text: b.body.join('\n') });
       continue;
@@ -346,6 +358,18 @@ test('blocks: a "not run" comment before a block gives its reason; $ lines outsi
   ]);
   expect(blockProblems(bs)).toEqual(['x.md:11: "not run" without a reason', 'x.md:14: commands in a block without a language: mark it console', 'x.md:17: the block is not closed']);
   expect(steps(bs.slice(0, 4)).map((s) => [s.text, s.expected])).toEqual([['echo hi', ['hi']]]);
+});
+
+test('blocks: a "run by" comment names a test file that exists and names the block; such a block is not run here', () => {
+  const absent = ['absent', 'block', 'x7'].join('-'); // named nowhere in this file
+  const bs = blocks('x.md', `<!-- run by test/docs.test.ts: a block named here -->\n\`\`\`sh\netcdctl lock x\n\`\`\`\n<!-- run by test/no-such.test.ts: y -->\n\`\`\`sh\ny\n\`\`\`\n<!-- run by test/docs.test.ts: ${absent} -->\n\`\`\`sh\nz\n\`\`\`\n`);
+  expect(bs.map((b) => b.runBy)).toEqual([
+    { file: 'test/docs.test.ts', name: 'a block named here' },
+    { file: 'test/no-such.test.ts', name: 'y' },
+    { file: 'test/docs.test.ts', name: absent },
+  ]);
+  expect(blockProblems(bs)).toEqual(['x.md:6: "run by" names test/no-such.test.ts, which does not exist', `x.md:10: test/docs.test.ts does not name the block "${absent}"`]);
+  expect(steps(bs)).toEqual([]);
 });
 
 /** README first, then the docs pages in the order the README's Documentation list links them, then any others. */

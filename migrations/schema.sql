@@ -110,23 +110,25 @@ CREATE TABLE fencepost.pending_counts (
 -- fencepost.pending_counts: privileges {<owner>=arwdDxtm/<owner>}
 
 CREATE VIEW fencepost.protected_data AS
- SELECT 'table'::text AS kind,
-    COALESCE(t.relation::regclass::text, t.relation::text) AS target,
-    t.fence_key,
-    t.declared_at,
-    (EXISTS ( SELECT 1
-           FROM pg_trigger g
-          WHERE g.tgrelid = t.relation AND g.tgname = 'fencepost_fence'::name AND g.tgenabled <> 'D'::"char")) AS enforced
-   FROM fencepost.protected_tables t
-UNION ALL
- SELECT 'prefix'::text AS kind,
-    p.prefix AS target,
-    p.fence_key,
-    p.declared_at,
-    (EXISTS ( SELECT 1
-           FROM pg_trigger g
-          WHERE g.tgrelid = 'fencepost.objects'::regclass::oid AND g.tgname = 'fencepost_fence'::name AND g.tgenabled <> 'D'::"char")) AS enforced
-   FROM fencepost.protected_prefixes p;
+ SELECT kind,
+    target,
+    fence_key,
+    declared_at,
+    why_not IS NULL AS enforced,
+    why_not
+   FROM ( SELECT 'table'::text AS kind,
+            COALESCE(t.relation::regclass::text, t.relation::text) AS target,
+            t.fence_key,
+            t.declared_at,
+            fencepost.trigger_problem(t.relation::regclass, 'fencepost.refuse_unfenced_write()'::regprocedure, 62::smallint, ((convert_to(t.fence_key, 'UTF8'::name) || '\x00'::bytea) || convert_to('fencepost.'::text || fencepost.epoch_name(t.fence_key), 'UTF8'::name)) || '\x00'::bytea) AS why_not
+           FROM fencepost.protected_tables t
+        UNION ALL
+         SELECT 'prefix'::text,
+            p.prefix,
+            p.fence_key,
+            p.declared_at,
+            fencepost.trigger_problem('fencepost.objects'::regclass, 'fencepost.refuse_misfenced_object()'::regprocedure, 23::smallint, '\x'::bytea) AS trigger_problem
+           FROM fencepost.protected_prefixes p) d;
 -- fencepost.protected_data: privileges (default)
 
 CREATE TABLE fencepost.protected_prefixes (
@@ -399,3 +401,24 @@ EXCEPTION WHEN object_not_in_prerequisite_state OR internal_error THEN
   PERFORM fencepost.refuse_unproven_session(fence_key, token);
 END $function$;
 -- fencepost.session_proof(text,text,bigint): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+  SELECT CASE
+    WHEN g.oid IS NULL THEN 'its trigger fencepost_fence is missing'
+    WHEN g.tgenabled = 'D' THEN 'its trigger is disabled'
+    WHEN g.tgenabled = 'R' THEN 'its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER)'
+    WHEN g.tgfoid <> fn THEN format('its trigger calls %s, not %s', g.tgfoid::regprocedure, fn)
+    WHEN g.tgtype <> kind THEN 'its trigger does not fire at the events it was declared for'
+    WHEN g.tgqual IS NOT NULL THEN 'its trigger has a WHEN condition'
+    WHEN cardinality(g.tgattr::int2[]) > 0 THEN 'its trigger fires only on updates of some columns'
+    WHEN g.tgargs <> args THEN 'its trigger has other arguments than the declared fence key'
+  END
+  FROM (SELECT 1) one
+  LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = rel AND g.tgname = 'fencepost_fence'
+$function$;
+-- fencepost.trigger_problem(regclass,regprocedure,smallint,bytea): privileges (default)

@@ -70,7 +70,7 @@ export async function protectCommand(argv: string[]): Promise<number> {
     return withPool(async (pool) => {
       const items = await listProtected(pool);
       if (items.length === 0) process.stdout.write('nothing is protected\n');
-      for (const i of items) process.stdout.write(`${i.kind}\t${i.target}\t${i.fenceKey}${i.enforced ? '' : '\tNOT ENFORCED: its trigger is missing or disabled (run protect again)'}\n`);
+      for (const i of items) process.stdout.write(`${i.kind}\t${i.target}\t${i.fenceKey}${i.enforced ? '' : `\tNOT ENFORCED: ${i.whyNot ?? 'its trigger is not the fence\'s'} (run protect again)`}\n`);
       return 0;
     });
   }

@@ -13,7 +13,7 @@ import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql } from './detail.ts';
 import { boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
 
-export const DEFINITIONS_VERSION = 8;
+export const DEFINITIONS_VERSION = 9;
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -25,6 +25,11 @@ interface Definition {
   client: boolean;
 }
 
+// pg_trigger.tgtype of the protect triggers (protect.ts): bits ROW 1, BEFORE 2, INSERT 4, DELETE 8,
+// UPDATE 16, TRUNCATE 32. A protected table's fires BEFORE each INSERT, UPDATE, DELETE or TRUNCATE
+// statement; fencepost.objects's BEFORE each INSERT or UPDATE row.
+const TABLE_TRIGGER_TYPE = 2 | 4 | 8 | 16 | 32;
+const OBJECTS_TRIGGER_TYPE = 1 | 2 | 4 | 16;
 const PROXY_FUNCTION = 'LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
 
 const definitions: readonly Definition[] = [
@@ -297,19 +302,49 @@ BEGIN
 END $$`,
   },
   {
+    // Why the trigger fencepost_fence on a relation does not enforce the fence, or NULL when it
+    // does: it exists, fires in ordinary sessions (origin or always; not disabled, not replica-only),
+    // calls the fence's function with exactly the declared arguments, at the declared events, with
+    // no WHEN condition and no column list. Anything else lets a write through.
+    name: 'fencepost.trigger_problem(regclass, regprocedure, smallint, bytea)',
+    revoke: false,
+    client: false,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+  SELECT CASE
+    WHEN g.oid IS NULL THEN 'its trigger fencepost_fence is missing'
+    WHEN g.tgenabled = 'D' THEN 'its trigger is disabled'
+    WHEN g.tgenabled = 'R' THEN 'its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER)'
+    WHEN g.tgfoid <> fn THEN format('its trigger calls %s, not %s', g.tgfoid::regprocedure, fn)
+    WHEN g.tgtype <> kind THEN 'its trigger does not fire at the events it was declared for'
+    WHEN g.tgqual IS NOT NULL THEN 'its trigger has a WHEN condition'
+    WHEN cardinality(g.tgattr::int2[]) > 0 THEN 'its trigger fires only on updates of some columns'
+    WHEN g.tgargs <> args THEN 'its trigger has other arguments than the declared fence key'
+  END
+  FROM (SELECT 1) one
+  LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = rel AND g.tgname = 'fencepost_fence'
+$$`,
+  },
+  {
     // What is protected, for operators at a psql prompt and for `fencepost protect --list`.
     name: 'fencepost.protected_data',
     revoke: false,
     client: false,
     sql: `
 CREATE OR REPLACE VIEW fencepost.protected_data AS
-  SELECT 'table'::text AS kind, coalesce(t.relation::regclass::text, t.relation::text) AS target, t.fence_key, t.declared_at,
-    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = t.relation AND g.tgname = 'fencepost_fence' AND g.tgenabled <> 'D') AS enforced
-  FROM fencepost.protected_tables t
-  UNION ALL
-  SELECT 'prefix', p.prefix, p.fence_key, p.declared_at,
-    EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g WHERE g.tgrelid = 'fencepost.objects'::regclass AND g.tgname = 'fencepost_fence' AND g.tgenabled <> 'D')
-  FROM fencepost.protected_prefixes p`,
+  SELECT kind, target, fence_key, declared_at, why_not IS NULL AS enforced, why_not
+  FROM (
+    SELECT 'table'::text AS kind, coalesce(t.relation::regclass::text, t.relation::text) AS target, t.fence_key, t.declared_at,
+      fencepost.trigger_problem(t.relation, 'fencepost.refuse_unfenced_write()'::regprocedure, ${TABLE_TRIGGER_TYPE}::smallint,
+        convert_to(t.fence_key, 'UTF8') || '\\x00'::bytea || convert_to('fencepost.' || fencepost.epoch_name(t.fence_key), 'UTF8') || '\\x00'::bytea) AS why_not
+    FROM fencepost.protected_tables t
+    UNION ALL
+    SELECT 'prefix', p.prefix, p.fence_key, p.declared_at,
+      fencepost.trigger_problem('fencepost.objects'::regclass, 'fencepost.refuse_misfenced_object()'::regprocedure, ${OBJECTS_TRIGGER_TYPE}::smallint, ''::bytea)
+    FROM fencepost.protected_prefixes p
+  ) d`,
   },
   {
     // Each fence with its counts, for operators at a psql prompt (the proxy reads the same sums):

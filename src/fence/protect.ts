@@ -36,8 +36,10 @@ export interface ProtectedItem {
   /** The table (as regclass text) or the prefix. */
   target: string;
   fenceKey: string;
-  /** Its trigger is there and enabled. */
+  /** Its trigger is there, enabled in ordinary sessions, and the fence's own, as declared. */
   enforced: boolean;
+  /** Why not, when not enforced. */
+  whyNot: string | null;
 }
 
 export interface ProtectedTables {
@@ -72,7 +74,7 @@ const q = {
   }),
   forgetPrefix: (prefix: string): Query => ({ text: 'DELETE FROM fencepost.protected_prefixes WHERE prefix = $1', values: [prefix] }),
   anyPrefix: (): Query => ({ text: 'SELECT 1 FROM fencepost.protected_prefixes LIMIT 1' }),
-  list: (): Query => ({ text: 'SELECT kind, target, fence_key, enforced FROM fencepost.protected_data ORDER BY kind, target' }),
+  list: (): Query => ({ text: 'SELECT kind, target, fence_key, enforced, why_not FROM fencepost.protected_data ORDER BY kind, target' }),
   prefixes: (): Query => ({ text: 'SELECT prefix, fence_key FROM fencepost.protected_prefixes' }),
   /** Serialises declarations (and the objects trigger's creation) of instances at once. */
   lock: (): Query => ({ text: 'LOCK TABLE fencepost.protected_prefixes, fencepost.protected_tables IN SHARE ROW EXCLUSIVE MODE' }),
@@ -176,8 +178,8 @@ export async function unprotectPrefix(pool: pg.Pool, prefix: string): Promise<bo
 }
 
 export async function listProtected(pool: pg.Pool): Promise<ProtectedItem[]> {
-  const { rows } = await pool.query<{ kind: 'table' | 'prefix'; target: string; fence_key: string; enforced: boolean }>(q.list());
-  return rows.map((r) => ({ kind: r.kind, target: r.target, fenceKey: r.fence_key, enforced: r.enforced }));
+  const { rows } = await pool.query<{ kind: 'table' | 'prefix'; target: string; fence_key: string; enforced: boolean; why_not: string | null }>(q.list());
+  return rows.map((r) => ({ kind: r.kind, target: r.target, fenceKey: r.fence_key, enforced: r.enforced, whyNot: r.why_not }));
 }
 
 /** The protected prefixes and their fence keys, longest prefix first. */

@@ -10,6 +10,7 @@ import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { sessionFenceCapability } from '../../src/fence/rule.ts';
 import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
+import { BIN } from '../support/proxy.ts';
 
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [
   { definition: 'public.orders (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE' },
@@ -44,7 +45,7 @@ describe('a protected table', () => {
   test('is declared in the database with its trigger enforced', async ({ db, sql }) => {
     void sql;
     await setup(db);
-    expect(await listProtected(db.pool)).toContainEqual({ kind: 'table', target: 'orders', fenceKey: FENCE, enforced: true });
+    expect(await listProtected(db.pool)).toContainEqual({ kind: 'table', target: 'orders', fenceKey: FENCE, enforced: true, whyNot: null });
   });
 
   test('refuses every kind of write straight to Postgres, even by its owner: INSERT, UPDATE, DELETE, TRUNCATE, COPY, MERGE, a view', async ({ db, sql }) => {
@@ -198,6 +199,42 @@ describe('a protected table', () => {
     await expect(protectTable(db.pool, 'public.scratch_view', 'x')).rejects.toThrow(ProtectError);
     await expect(protectTable(db.pool, 'fencepost.fences', 'x')).rejects.toThrow(/fencepost's own/);
     await expect(protectTable(db.pool, 'public.nothing_here', 'x')).rejects.toThrow(/does not exist/);
+  });
+
+  test('--list says NOT ENFORCED, with the reason, for every trigger that would let a write through; protect again restores it', async ({ db, sql }) => {
+    // Invariant: "enforced" in the list means an unfenced INSERT is refused. Each tampering below
+    // is done by the table's owner, who may; the list says so, and in most an unfenced INSERT lands.
+    void sql;
+    await db.pool.query('CREATE TABLE IF NOT EXISTS public.tampered (id int, v text)');
+    await db.pool.query(`CREATE OR REPLACE FUNCTION public.no_op() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`);
+    // [the owner's statement, the reason listed, whether an unfenced INSERT then lands]
+    const tamperings: [string, RegExp, boolean][] = [
+      ['ALTER TABLE public.tampered ENABLE REPLICA TRIGGER fencepost_fence', /fires only in replica sessions/, true],
+      ['ALTER TABLE public.tampered DISABLE TRIGGER fencepost_fence', /is disabled/, true],
+      ['DROP TRIGGER fencepost_fence ON public.tampered', /is missing/, true],
+      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION public.no_op()', /calls public\.no_op\(\), not fencepost\.refuse_unfenced_write\(\)/, true],
+      ["DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write('other-key')", /other arguments/, false],
+      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE UPDATE OR DELETE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(\'tampered\')', /events it was declared for/, true],
+      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OF v OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(\'tampered\')', /only on updates of some columns/, false],
+    ];
+    for (const [tamper, why, lands] of tamperings) {
+      await protectTable(db.pool, 'public.tampered', 'tampered');
+      const listed = async () => (await listProtected(db.pool)).find((p) => p.target === 'tampered')!;
+      expect(await listed()).toMatchObject({ enforced: true, whyNot: null });
+      expect(await code(db.pool.query(`INSERT INTO public.tampered VALUES (${id()}, 'refused')`))).toBe('FP403');
+      await db.pool.query(tamper);
+      const item = await listed();
+      expect(item.enforced, tamper).toBe(false);
+      expect(item.whyNot, tamper).toMatch(why);
+      if (lands) expect(await code(db.pool.query(`INSERT INTO public.tampered VALUES (${id()}, 'unfenced')`)), tamper).toBe('ok');
+    }
+    await protectTable(db.pool, 'public.tampered', 'tampered');
+    expect((await listProtected(db.pool)).find((p) => p.target === 'tampered')).toMatchObject({ enforced: true, whyNot: null });
+    // The CLI prints the reason.
+    await db.pool.query('ALTER TABLE public.tampered ENABLE REPLICA TRIGGER fencepost_fence');
+    const cli = spawnSync(process.execPath, [BIN, 'protect', '--list'], { env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_LOG_LEVEL: 'warn' }, encoding: 'utf8' });
+    expect(cli.status, cli.stderr).toBe(0);
+    expect(cli.stdout).toContain('table\ttampered\ttampered\tNOT ENFORCED: its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER) (run protect again)');
   });
 
   test('covers the partitions present when it is protected', async ({ db, sql }) => {

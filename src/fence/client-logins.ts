@@ -53,8 +53,11 @@ export interface ProvisionResult {
   capability: string;
 }
 
-// Predefined roles that reach the server itself or other sessions: a pgRole must not lead to them.
-const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend', 'pg_read_all_data', 'pg_write_all_data', 'pg_maintain'];
+// Predefined roles that reach the server itself or other sessions, or write past triggers: a
+// pgRole must not lead to them. pg_create_subscription (Postgres 16+): a subscription's apply
+// worker writes with session_replication_role = replica, under which the protect trigger does not
+// fire. Names a server does not have match no role.
+const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend', 'pg_read_all_data', 'pg_write_all_data', 'pg_maintain', 'pg_create_subscription'];
 
 /** The login for a key (`null`: open mode). At most 63 bytes: long names end in a hash. */
 export function loginName(clientRole: string, keyName: string | null): string {

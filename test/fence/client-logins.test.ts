@@ -104,6 +104,20 @@ describe('roles that would escape are refused', () => {
     expect(problems.get('k')!.message).toMatch(/reaches/);
   });
 
+  test('a pgRole that can create subscriptions (pg_create_subscription: their apply worker writes past triggers) gets no login', async () => {
+    const subscriber = uniqueRole('subscriber');
+    const { rows } = await db.pool.query(`SELECT 1 FROM pg_roles WHERE rolname = 'pg_create_subscription'`);
+    if (rows.length === 0) return; // Postgres before 16 has no such role
+    await adminQuery(`CREATE ROLE ${subscriber} NOLOGIN; GRANT pg_create_subscription TO ${subscriber}`);
+    try {
+      const s = await provisionClientLogins(db.pool, clientRoleFor(db.pool), [{ keyName: 's', pgRole: subscriber }]);
+      expect(s.logins.size).toBe(0);
+      expect(s.problems.get('s')!.message).toMatch(/pg_create_subscription/);
+    } finally {
+      await adminQuery(`DROP ROLE IF EXISTS ${subscriber}`);
+    }
+  });
+
   test('a pgRole that can read or write every table (pg_read_all_data) or holds a privilege on a fencepost table gets no login', async () => {
     const allData = uniqueRole('alldata');
     const direct = uniqueRole('direct');

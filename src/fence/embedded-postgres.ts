@@ -31,7 +31,7 @@ process.on('exit', () => {
 
 export interface EmbeddedPostgresOptions {
   dataDir: string;
-  /** 0: a free loopback port, picked now (the data dir does not remember the port). */
+  /** 0: a free loopback port, picked now, and another if it is taken before Postgres binds it (the data dir does not remember the port). */
   port: number;
   log?: (line: string) => void;
   /** Extra `postgres` flags, e.g. `['-c', 'fsync=off']` for throw-away test clusters. */
@@ -51,6 +51,23 @@ export interface RunningPostgres {
 
 const USER = 'fencepost';
 const PASSWORD = 'fencepost';
+/** Starts on a port of the OS's choosing (port 0), at most this many times when it was taken before Postgres bound it. */
+const PORT_ATTEMPTS = 5;
+/** Postgres's words for its port taken: the bind, or another postmaster's socket lock file of that port number. */
+const PORT_TAKEN = /Address already in use|lock file "[^"]*\.s\.PGSQL\.\d+\.lock" already exists/;
+
+/** Postgres could not listen on its port, held by another process. `code` as Node's own listen errors. */
+export class PostgresPortInUseError extends Error {
+  readonly code = 'EADDRINUSE';
+  constructor(
+    readonly port: number,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+    this.name = 'PostgresPortInUseError';
+  }
+}
 
 function postgresIds(): { uid: number; gid: number } | null {
   if (userInfo().uid !== 0) return null;
@@ -98,27 +115,41 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   // initdb refuses a non-empty dir, and the parent must be traversable by the postgres user.
   mkdirSync(dirname(dataDir), { recursive: true, mode: 0o755 });
   if (ids && existsSync(dataDir)) chownSync(dataDir, ids.uid, ids.gid);
-  const port = opts.port === 0 ? await freeLoopbackPort() : opts.port;
-  const pg = new EmbeddedPostgres({
-    databaseDir: dataDir,
-    port,
-    user: USER,
-    password: PASSWORD,
-    authMethod: 'scram-sha-256',
-    persistent: true,
-    createPostgresUser: true,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', ...(opts.postgresFlags ?? [])],
-    onLog: (m) => log(String(m).trimEnd()),
-    onError: (m) => log(String(m instanceof Error ? m.message : m).trimEnd()),
-  });
   // Before initdb too: a second process on the same folder must not touch it.
   clearStalePid(dataDir);
-  const initialised = existsSync(join(dataDir, 'PG_VERSION'));
-  if (!initialised) await pg.initialise();
-  try {
-    await pg.start();
-  } catch (err) {
-    throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${port}`, { cause: err });
+  // Port 0: a port the OS hands out now, bound by Postgres a moment later; if another process took
+  // it meanwhile, Postgres exits saying so, and starts again on another.
+  const attempts = opts.port === 0 ? PORT_ATTEMPTS : 1;
+  let port = 0;
+  let pg: EmbeddedPostgres;
+  for (let attempt = 1; ; attempt++) {
+    port = opts.port === 0 ? await freeLoopbackPort() : opts.port;
+    let output = '';
+    pg = new EmbeddedPostgres({
+      databaseDir: dataDir,
+      port,
+      user: USER,
+      password: PASSWORD,
+      authMethod: 'scram-sha-256',
+      persistent: true,
+      createPostgresUser: true,
+      postgresFlags: ['-c', 'listen_addresses=127.0.0.1', ...(opts.postgresFlags ?? [])],
+      onLog: (m) => {
+        output = (output + String(m)).slice(-16_384);
+        log(String(m).trimEnd());
+      },
+      onError: (m) => log(String(m instanceof Error ? m.message : m).trimEnd()),
+    });
+    if (attempt === 1 && !existsSync(join(dataDir, 'PG_VERSION'))) await pg.initialise();
+    try {
+      await pg.start();
+      break;
+    } catch (err) {
+      const taken = output.split('\n').find((l) => PORT_TAKEN.test(l));
+      if (taken === undefined) throw new Error(`embedded Postgres failed to start in ${dataDir} on port ${port}`, { cause: err });
+      if (attempt < attempts) continue;
+      throw new PostgresPortInUseError(port, `embedded Postgres failed to start in ${dataDir}: ${taken.trim()}`, { cause: err });
+    }
   }
   running.add(dataDir);
   const url = `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;

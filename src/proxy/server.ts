@@ -174,7 +174,7 @@ export async function useEmbedded(config: Readonly<ProxyConfig>, logger: Logger)
 
 /** The embedded Postgres of a config without DATABASE_URL, its failures as one-line StartupErrors naming FENCEPOST_DATA_DIR. */
 export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
-  const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError } = await embeddedPostgres();
+  const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError, PostgresPortInUseError } = await embeddedPostgres();
   if (config.dataDir === DEFAULT_DATA_DIR) {
     checkOwnFolder(dirname(config.dataDir));
     adoptLegacyDataDir(legacyDataDir(), config.dataDir, moveDataDir, PostgresAlreadyRunningError, logger);
@@ -193,6 +193,10 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
         `${err.dataDir} is in use by a running Postgres (pid ${err.pid}), most likely another fencepost serve from this checkout: stop it, or give this one its own FENCEPOST_DATA_DIR (and PORT)`,
         { cause: err },
       );
+    }
+    if (err instanceof PostgresPortInUseError) {
+      const choice = config.embeddedPgPort === 0 ? 'each port the OS handed out was taken before Postgres bound it' : 'set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port';
+      throw new StartupError('FENCEPOST_EMBEDDED_PG_PORT', `127.0.0.1:${err.port} is already in use (${choice})`, { cause: err });
     }
     const why = err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
     throw new StartupError('FENCEPOST_DATA_DIR', why.split('\n')[0]!, { cause: err });

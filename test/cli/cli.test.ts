@@ -2,21 +2,22 @@
 // and start-up failures told in one line naming the setting.
 import { describe, expect, inject, test } from 'vitest';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer, type Server } from 'node:net';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { startPgbouncer } from '../../tools/pgbouncer.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
-import { BIN, REPO } from '../support/proxy.ts';
+import { BIN, REPO, readyUrl } from '../support/proxy.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
 
-function occupy(port: number): Promise<Server> {
+/** A loopback port held by this process (a port of the OS's choosing). */
+function occupy(): Promise<{ server: Server; port: number }> {
   return new Promise((resolve) => {
-    const s = createServer();
-    s.listen({ host: '127.0.0.1', port }, () => resolve(s));
+    const server = createServer();
+    server.listen({ host: '127.0.0.1', port: 0 }, () => resolve({ server, port: (server.address() as AddressInfo).port }));
   });
 }
 
@@ -67,21 +68,18 @@ describe('flags', () => {
 
   test('serve --port and --host win over PORT and HOST', async () => {
     const db = await createTestDatabase();
-    const port = await freePort();
-    const child = spawn(process.execPath, [BIN, 'serve', '--port', String(port), '--host', '127.0.0.1'], {
-      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: '1', HOST: '0.0.0.0', FENCEPOST_LOG_LEVEL: 'warn' },
+    // --port 0: a port of the OS's choosing, which the listening line names (logged at info).
+    const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--host', '127.0.0.1'], {
+      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: '1', HOST: '0.0.0.0', FENCEPOST_LOG_LEVEL: 'info' },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let err = '';
     child.stderr.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
     try {
-      let ready = false;
-      for (let i = 0; i < 600 && !ready && child.exitCode === null; i++) {
-        ready = await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.ok, () => false);
-        if (!ready) await sleep(100);
-      }
-      expect(ready, err).toBe(true);
+      const url = await readyUrl(child, () => err);
+      expect(url).not.toBe('http://127.0.0.1:1');
+      expect(err).toContain(`"url":"${url}"`); // bound on --host's address, not HOST's
     } finally {
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
@@ -91,23 +89,17 @@ describe('flags', () => {
 
   test('serve started by npm exec stops when npm is signalled (npm does not pass SIGTERM on): the port is free again', async () => {
     const db = await createTestDatabase();
-    const port = await freePort();
     // npm → sh -c → node, as `npm exec fencepost serve` and `npm start` run it.
     const npm = spawn('npm', ['exec', '--offline', '-c', `node ${JSON.stringify(BIN)} serve`], {
       cwd: REPO,
-      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: String(port), FENCEPOST_LOG_LEVEL: 'warn' },
+      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: '0', FENCEPOST_LOG_LEVEL: 'info' },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let err = '';
     npm.stderr.on('data', (d: Buffer) => (err += d.toString()));
-    const up = () => fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.ok, () => false);
     try {
-      let ready = false;
-      for (let i = 0; i < 600 && !ready && npm.exitCode === null; i++) {
-        ready = await up();
-        if (!ready) await sleep(100);
-      }
-      expect(ready, err).toBe(true);
+      const url = await readyUrl(npm, () => err);
+      const up = () => fetch(`${url}/readyz`).then((r) => r.ok, () => false);
       npm.kill('SIGTERM');
       // Bounded generously (a loaded box): the watch looks every 0.5 s; a serve left running would answer forever.
       let gone = false;
@@ -179,19 +171,31 @@ describe('start-up failures: one line naming the setting and the cause', () => {
   });
 
   test('nothing listening at DATABASE_URL', async () => {
-    const port = await freePort();
+    const port = await closedPort();
     const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: `postgres://u:secret@127.0.0.1:${port}/x` }));
     expect(line).toBe(`fencepost: cannot start: DATABASE_URL: nothing is listening at 127.0.0.1:${port} (connection refused)`);
   });
 
   test('the HTTP port in use, found before an embedded Postgres starts', async () => {
-    const port = await freePort();
-    const server = await occupy(port);
+    const { server, port } = await occupy();
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-cli-'));
     try {
       const line = oneLineFailure(run(['serve'], { PORT: String(port), FENCEPOST_DATA_DIR: join(dir, 'pgdata') }));
       expect(line).toBe(`fencepost: cannot start: PORT: 127.0.0.1:${port} is already in use (another fencepost serve? set PORT or --port)`);
       expect(existsSync(join(dir, 'pgdata'))).toBe(false); // no Postgres was started (or initialised)
+    } finally {
+      server.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('the embedded Postgres\'s port in use: one line naming FENCEPOST_EMBEDDED_PG_PORT', { timeout: 120_000 }, async () => {
+    const { server, port } = await occupy();
+    const dir = mkdtempSync(join(tmpdir(), 'fencepost-cli-'));
+    chmodSync(dir, 0o755); // as root, Postgres runs as the postgres user
+    try {
+      const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: '', FENCEPOST_DATA_DIR: join(dir, 'pgdata'), FENCEPOST_EMBEDDED_PG_PORT: String(port) }));
+      expect(line).toBe(`fencepost: cannot start: FENCEPOST_EMBEDDED_PG_PORT: 127.0.0.1:${port} is already in use (set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port)`);
     } finally {
       server.close();
       rmSync(dir, { recursive: true, force: true });
@@ -206,7 +210,7 @@ describe('start-up failures: one line naming the setting and the cause', () => {
 
   test('the forgery guard\'s ZooKeeper unreachable', async () => {
     const guard = { FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}', ZK_AUTH: 'writer:secret', DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' };
-    const zk = `127.0.0.1:${await freePort()}`;
+    const zk = `127.0.0.1:${await closedPort()}`;
     const line = oneLineFailure(run(['serve', '--port', '0'], { ...guard, ZK_CONNECT: zk }));
     expect(line).toMatch(new RegExp(`^fencepost: cannot start: ZK_CONNECT: ZooKeeper at ${zk} unreachable: `));
   });

@@ -3,11 +3,11 @@
 import { afterAll, afterEach, expect, inject, test } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:net';
+import { createServer, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
 import { BIN, spawnProxy } from '../support/proxy.ts';
@@ -20,10 +20,11 @@ afterEach(() => {
   for (const c of children.splice(0)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
-function occupy(port: number, host = '127.0.0.1'): Promise<Server> {
+/** A loopback port held by this process (a port of the OS's choosing). */
+function occupy(): Promise<{ server: Server; port: number }> {
   return new Promise((resolve) => {
-    const s = createServer();
-    s.listen({ host, port }, () => resolve(s));
+    const server = createServer();
+    server.listen({ host: '127.0.0.1', port: 0 }, () => resolve({ server, port: (server.address() as AddressInfo).port }));
   });
 }
 
@@ -34,7 +35,7 @@ function noStack(stderr: string): void {
 }
 
 test('ZooKeeper unreachable: exit 1 after the 5 s it states, one line naming --zk', async () => {
-  const at = `127.0.0.1:${await freePort()}`;
+  const at = `127.0.0.1:${await closedPort()}`;
   const began = performance.now();
   const r = run(['elect', '--zk', at, '--path', uniquePath('elect-nozk'), '--', 'true']);
   const tookMs = performance.now() - began;
@@ -46,8 +47,7 @@ test('ZooKeeper unreachable: exit 1 after the 5 s it states, one line naming --z
 });
 
 test('--status-port in use: one line naming --status-port, before joining the election', async () => {
-  const port = await freePort();
-  const server = await occupy(port);
+  const { server, port } = await occupy();
   const path = uniquePath('elect-status-port');
   try {
     const r = run(['elect', '--zk', zk, '--path', path, '--status-host', '127.0.0.1', '--status-port', String(port), '--', 'true']);
@@ -90,7 +90,7 @@ test('a --proxy that never answers: the leader gives up after 5 failed fence adv
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-elect-proxy-'));
   const out = join(dir, 'standby.log');
   try {
-    const bad = `http://127.0.0.1:${await freePort()}`; // nothing listens there
+    const bad = `http://127.0.0.1:${await closedPort()}`; // nothing listens there
     const a = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'a', '--session-timeout-ms', '20000', '--proxy', bad, '--fence-key', 'k', '--', 'sh', '-c', `echo ran-a >> ${out}`], {
       stdio: ['ignore', 'ignore', 'pipe'],
     });

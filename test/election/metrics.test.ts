@@ -3,10 +3,10 @@
 // `promtool check metrics` (Debian's `prometheus` package; scripts/setup.sh --test installs it).
 import { spawn, spawnSync } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import { afterEach, expect, inject, test } from 'vitest';
 import { uniquePath, waitFor } from '../support/election.ts';
+import { closedPort } from '../../tools/ports.ts';
 
 const connect = inject('zkConnect');
 const BIN = resolve(import.meta.dirname, '../../bin/fencepost.js');
@@ -119,10 +119,7 @@ test('/metrics: is_leader, token, changes, session state and seconds since chang
 
 test('/metrics with --proxy: fence advance failures count up while the candidate leads', async () => {
   // A port nothing listens on: every advance fails at once (ECONNREFUSED), 5 times ~1 s apart, then elect exits 1.
-  const free = createServer();
-  await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));
-  const port = (free.address() as { port: number }).port;
-  await new Promise<void>((r) => free.close(() => r()));
+  const port = await closedPort();
   const path = uniquePath('metrics-proxy');
   const p = elect(['--zk', connect, '--path', path, '--id', 'm-p', '--status-port', '0', '--status-host', '127.0.0.1', '--proxy', `http://127.0.0.1:${port}`, '--fence-key', 'k', '--', process.execPath, '-e', CHILD]);
   await waitFor(() => p.logs.filter((l) => l.msg === 'fence advance failed; retrying').length >= 2, 20_000, 'two failed advances');

@@ -7,7 +7,6 @@ import pg from 'pg';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { defaultDataDir } from '../../src/proxy/config.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { REPO, spawnProxy, type ProxyProcess } from '../support/proxy.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-two-'));
@@ -65,7 +64,7 @@ describe('two proxies on one machine', () => {
   });
 
   test('with the SQL endpoint on, the embedded Postgres takes every connection the proxy may open: no budget warning', async () => {
-    const c = await start({ FENCEPOST_DATA_DIR: join(dir, 'c', 'pgdata'), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' });
+    const c = await start({ FENCEPOST_DATA_DIR: join(dir, 'c', 'pgdata'), FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_LOG_LEVEL: 'warn' });
     expect(await put(c.url, 'with-endpoint', 'x')).toBe(200);
     expect(c.output()).not.toContain('Postgres connections');
   });
@@ -95,7 +94,7 @@ describe('two proxies on one machine', () => {
     expect((await fetch(`${b.url}/v1/objects/checkout-one`)).status).toBe(404);
 
     // Same checkout, another HTTP port: the data folder is taken.
-    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: '', PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'warn' };
+    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: '', PORT: '0', FENCEPOST_LOG_LEVEL: 'warn' };
     const r = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'serve'], { env, encoding: 'utf8', timeout: 60_000 });
     expect(r.status, r.stderr).toBe(1);
     const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));

@@ -11,7 +11,7 @@ import { startFailoverPair, type FailoverPair } from '../support/replication.ts'
 import { fenceOptions } from '../support/sql.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { clientConfig, databaseTarget, primaryFinder } from '../../src/fence/database-url.ts';
 import { leaveOldHosts, newClient } from '../../src/fence/primary-finder.ts';
 import { BackendStartupError, openBackend } from '../../src/proxy/sql/backend.ts';
@@ -95,7 +95,7 @@ afterAll(async () => {
 
 describe('starting against the list', () => {
   test('the first host down: the proxy writes to the next that takes writes', async () => {
-    const proxy = await start(multiHostUrl([await freePort(), pair.standbyPort, pair.primaryPort]));
+    const proxy = await start(multiHostUrl([await closedPort(), pair.standbyPort, pair.primaryPort]));
     try {
       expect((await put(proxy, 'mh/0', 1, 'zero')).status).toBe(200);
       expect(await on(pair.primaryUrl, async (c) => (await c.query("SELECT 1 FROM fencepost.objects WHERE key = 'mh/0'")).rowCount)).toBe(1);
@@ -115,7 +115,7 @@ describe('starting against the list', () => {
   });
 
   test('no host takes writes: the proxy does not start, and says why in one line naming DATABASE_URL', async () => {
-    const down = await freePort();
+    const down = await closedPort();
     const err = await start(multiHostUrl([pair.standbyPort, down])).then(() => null, (e: Error) => e);
     expect(err?.message).toBe(`DATABASE_URL: no host takes writes (target_session_attrs=read-write): 127.0.0.1:${pair.standbyPort} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
   });
@@ -139,7 +139,7 @@ async function forwarder(to: number): Promise<{ port: number; to: number; close(
 describe('a host that is now a standby, under a name the proxy found writable', () => {
   test('a new connection that logs in to a hot standby is left, at both kinds of dial, and the search says why', async () => {
     const moving = await forwarder(pair.primaryPort);
-    const down = await freePort();
+    const down = await closedPort();
     try {
       const url = multiHostUrl([moving.port, down]);
       const finder = primaryFinder(url)!;

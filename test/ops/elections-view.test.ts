@@ -11,7 +11,7 @@ import type { DigestAuth } from '../../src/election/acl.ts';
 import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, testApp } from '../support/proxy.ts';
 import { launchChromium } from '../support/chromium.ts';
@@ -126,7 +126,7 @@ describe('GET /v1/elections', () => {
     const dead = buildApp({
       store: new FenceStore(db.pool, STORE_DEFAULTS),
       bodyLimitBytes: 1024,
-      forgeryGuard: { zkConnect: `127.0.0.1:${await freePort()}`, electionAuth: AUTH, connectTimeoutMs: 500, mappings: [{ prefix: 'x/', electionPath: '/x' }] },
+      forgeryGuard: { zkConnect: `127.0.0.1:${await closedPort()}`, electionAuth: AUTH, connectTimeoutMs: 500, mappings: [{ prefix: 'x/', electionPath: '/x' }] },
     });
     try {
       const res = await dead.inject({ url: '/v1/elections' });

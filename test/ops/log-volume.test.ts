@@ -11,7 +11,7 @@ import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 
 type Line = Record<string, unknown>;
 
@@ -91,7 +91,7 @@ describe('stale rejections', () => {
 
 describe('a Postgres outage', () => {
   test('M failed requests make a bounded number of lines, with counts, and no stack below debug', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await freePort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
     pool.on('error', () => {});
     const { logger, lines } = capture('info');
     const down = app(pool, logger, { repeatWindowMs: 60_000 });
@@ -115,7 +115,7 @@ describe('a Postgres outage', () => {
   });
 
   test('at debug, the first failure of a window also logs its stack', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await freePort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
     pool.on('error', () => {});
     const { logger, lines } = capture('debug');
     const down = app(pool, logger, { repeatWindowMs: 60_000 });

@@ -3,7 +3,7 @@
 import { describe, expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { clientRoleFor } from '../support/db.ts';
 import { appTest as test } from '../support/fixtures.ts';
 import { testApp } from '../support/proxy.ts';
@@ -143,7 +143,7 @@ describe('write counters', () => {
   });
 
   test('a write the database cannot take counts as error', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await freePort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
     pool.on('error', () => {});
     const down = testApp(pool);
     try {

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import type { FastifyInstance, InjectOptions } from 'fastify';
 import pg from 'pg';
 import { ERRORS, type ErrorCode } from '../../src/proxy/errors.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
 import { clientRoleFor, createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { REPO, listen, testApp } from '../support/proxy.ts';
@@ -130,7 +130,7 @@ describe('other errors', () => {
   });
 
   test('an unreachable database gets 503 unavailable with Retry-After', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await freePort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
     pool.on('error', () => {});
     const down = testApp(pool);
     try {

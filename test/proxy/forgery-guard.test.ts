@@ -13,7 +13,7 @@ import { ZK_CODES, ZkError } from '../../src/election/errors.ts';
 import { digestId, electionAcl, type DigestAuth } from '../../src/election/acl.ts';
 import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore } from '../../src/fence/store.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../tools/ports.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { protectPrefix } from '../../src/fence/protect.ts';
 
@@ -226,7 +226,7 @@ test('ZooKeeper unreachable: a raise gets 503 unavailable, writes that cannot ra
   const down = buildApp({
     store: new FenceStore(db.pool, STORE_DEFAULTS),
     bodyLimitBytes: 1024,
-    forgeryGuard: { zkConnect: `127.0.0.1:${await freePort()}`, electionAuth: AUTH, mappings: [{ prefix: 'zk-down/', electionPath }], connectTimeoutMs: 300 },
+    forgeryGuard: { zkConnect: `127.0.0.1:${await closedPort()}`, electionAuth: AUTH, mappings: [{ prefix: 'zk-down/', electionPath }], connectTimeoutMs: 300 },
   });
   try {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('zk-down/1', 50)`);

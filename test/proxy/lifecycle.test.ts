@@ -7,8 +7,7 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { loadConfig, ConfigError } from '../../src/proxy/config.ts';
 import { DEFINITIONS_APPLIED, loadMigrations, migrate } from '../../src/fence/migrate.ts';
-import { startEmbeddedPostgres } from '../../src/fence/embedded-postgres.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { startPostgres } from '../../tools/postgres.ts';
 import { createTestDatabase } from '../support/db.ts';
 import { BIN, spawnProxy, testApp } from '../support/proxy.ts';
 import { createPool } from '../../src/proxy/server.ts';
@@ -17,7 +16,7 @@ describe('durability and graceful shutdown', () => {
   test('every write answered 200 before and during SIGTERM is still there after a restart of proxy and embedded Postgres', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-durable-'));
     chmodSync(dir, 0o755); // embedded Postgres runs as the postgres user under root
-    const env = { FENCEPOST_DATA_DIR: join(dir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: String(await freePort()) };
+    const env = { FENCEPOST_DATA_DIR: join(dir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: '0' };
     try {
       const first = await spawnProxy(env);
       const acked = new Map<string, string>();
@@ -62,8 +61,7 @@ describe('durability across a Postgres crash', () => {
   test('every write answered 200 survives an immediate shutdown (no checkpoint) and WAL recovery', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-crash-'));
     chmodSync(dir, 0o755);
-    const port = await freePort();
-    let pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port });
+    let pg = await startPostgres({ dataDir: join(dir, 'pg') });
     try {
       const pool = createPool(pg.url, 4);
       await migrate(pool);
@@ -81,7 +79,7 @@ describe('durability across a Postgres crash', () => {
       await app.close();
       await pool.end();
       await pg.crash();
-      pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port });
+      pg = await startPostgres({ dataDir: join(dir, 'pg') });
       const after = createPool(pg.url, 2);
       try {
         const { rows } = await after.query<{ key: string; body: Buffer }>('SELECT key, body FROM fencepost.objects');

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { startPostgres } from '../../tools/postgres.ts';
 
 export interface CrashablePostgres {
   /** The admin URL (database `postgres`); `withDatabase` (db.ts) points it elsewhere. */
@@ -26,10 +26,11 @@ export async function startCrashablePostgres(postgresFlags: string[]): Promise<C
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-crash-pg-'));
   chmodSync(dir, 0o755);
   const dataDir = join(dir, 'data');
-  const port = await freePort();
+  let pg: RunningPostgres | null = await startPostgres({ dataDir, postgresFlags });
+  const { url, port } = pg;
+  // A restart keeps the port (the test holds the URL). It lies outside the ephemeral range: only
+  // another server's picked port could take it while Postgres is down, and the start then fails.
   const start = () => startEmbeddedPostgres({ dataDir, port, postgresFlags });
-  let pg: RunningPostgres | null = await start();
-  const url = pg.url;
   return {
     url,
     kill: async () => {

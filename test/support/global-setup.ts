@@ -4,8 +4,9 @@ import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
-import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { LocalZooKeeper, freePort } from '../../tools/zookeeper/local-server.ts';
+import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
+import { startPostgres } from '../../tools/postgres.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -26,9 +27,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
       if (process.env.DATABASE_URL) return process.env.DATABASE_URL;
       pgDir = mkdtempSync(join(tmpdir(), 'fencepost-test-pg-'));
       chmodSync(pgDir, 0o755); // Postgres runs as the postgres user when we are root
-      pg = await startEmbeddedPostgres({
+      pg = await startPostgres({
         dataDir: join(pgDir, 'data'),
-        port: await freePort(),
         // Prepared transactions enabled, so the tests show that no door lets client SQL prepare one.
         postgresFlags: ['-c', 'max_connections=300', '-c', 'max_prepared_transactions=10'],
       });

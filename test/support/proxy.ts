@@ -7,8 +7,8 @@ import type { FastifyInstance } from 'fastify';
 import type pg from 'pg';
 import { buildApp } from '../../src/proxy/http/app.ts';
 import { FenceStore, type FenceStoreOptions } from '../../src/fence/store.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
 import { clientRoleFor } from './db.ts';
+import { listeningLogLevel, listeningPorts, type ListeningPorts } from '../../tools/serve-listening.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import type { FenceMode } from '../../tools/unsafe-fence.ts';
 import type { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
@@ -34,6 +34,8 @@ export async function listen(app: FastifyInstance): Promise<string> {
 
 export interface ProxyProcess {
   url: string;
+  /** The SQL endpoint's port, when FENCEPOST_PGWIRE_PORT turned it on. */
+  pgwirePort: number | null;
   child: ChildProcess;
   output(): string;
   /** Sends the signal and resolves with the exit code. */
@@ -64,19 +66,36 @@ export function httpsGet(url: string, ca: string | Buffer | Array<string | Buffe
 }
 
 /**
- * Runs `fencepost serve` as a real process and waits until /readyz answers 200. `fenceMode` other
+ * Waits until a `fencepost serve` whose log `output()` returns has logged where it listens and
+ * answers /readyz there; its HTTP base URL. Throws when it exits first, or after `timeoutMs`.
+ */
+export async function readyUrl(child: ChildProcess, output: () => string, timeoutMs = 60_000): Promise<string> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${output()}`);
+    const ports = listeningPorts(output(), false);
+    const url = ports === null ? null : `http://127.0.0.1:${ports.http}`;
+    if (url !== null && (await fetch(`${url}/readyz`).then((r) => r.ok, () => false))) return url;
+    if (Date.now() > deadline) throw new Error(`fencepost serve not ready after ${timeoutMs} ms:\n${output()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * Runs `fencepost serve` as a real process and waits until /readyz answers 200. It listens where
+ * env says, on ports of the OS's choosing by default (PORT=0; FENCEPOST_PGWIRE_PORT=0 for the SQL
+ * endpoint), read back from its listening lines (so it logs at info at least). `fenceMode` other
  * than strict runs the harness's serve with a broken fence instead (tools/unsafe-fence.ts).
  */
 export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000, fenceMode: FenceMode = 'strict', opts: SpawnProxyOptions = {}): Promise<ProxyProcess> {
-  const port = env.PORT ? Number(env.PORT) : await freePort();
   const args = fenceMode === 'strict' ? [opts.bin ?? BIN, 'serve'] : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
   const child = spawn(process.execPath, args, {
     env: {
       ...process.env,
-      FENCEPOST_LOG_LEVEL: 'warn',
       ...(env.DATABASE_URL ? { FENCEPOST_CLIENT_ROLE: clientRoleFor(env.DATABASE_URL) } : {}),
       ...env,
-      PORT: String(port),
+      PORT: env.PORT || '0',
+      FENCEPOST_LOG_LEVEL: listeningLogLevel(env.FENCEPOST_LOG_LEVEL),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -84,14 +103,20 @@ export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000
   child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const url = `${opts.https ? 'https' : 'http'}://127.0.0.1:${port}`;
+  const pgwire = env.FENCEPOST_PGWIRE_PORT !== undefined && env.FENCEPOST_PGWIRE_PORT !== '';
   const deadline = Date.now() + timeoutMs;
+  let url = '';
+  let ports: ListeningPorts | null = null;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${out}`);
-    const ok = opts.https
-      ? await httpsGet(`${url}/readyz`, opts.https.ca).then((r) => r.status === 200, () => false)
-      : await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
-    if (ok) break;
+    ports ??= listeningPorts(out, pgwire);
+    if (ports !== null) {
+      url = `${opts.https ? 'https' : 'http'}://127.0.0.1:${ports.http}`;
+      const ok = opts.https
+        ? await httpsGet(`${url}/readyz`, opts.https.ca).then((r) => r.status === 200, () => false)
+        : await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+      if (ok) break;
+    }
     if (Date.now() > deadline) {
       child.kill('SIGKILL');
       throw new Error(`fencepost serve not ready after ${timeoutMs} ms:\n${out}`);
@@ -100,6 +125,7 @@ export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000
   }
   return {
     url,
+    pgwirePort: ports.pgwire,
     child,
     output: () => out,
     stop: async (signal = 'SIGTERM') => {

@@ -1,12 +1,13 @@
 // A real primary with a real streaming standby, from the embedded Postgres binaries (which have no
 // pg_basebackup: the standby's data dir is a copy of the primary's, taken while it is stopped).
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { appendFileSync, chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir, userInfo } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import { startOnFreePort } from '../../tools/ports.ts';
+import { runPostgres, startPostgres } from '../../tools/postgres.ts';
 import { migrate } from '../../src/fence/migrate.ts';
 import { withDatabase, type TestDatabase } from './db.ts';
 
@@ -27,28 +28,15 @@ export interface ReplicatedPostgres {
   stop(): Promise<void>;
 }
 
-/** As root, Postgres runs as the `postgres` user (startEmbeddedPostgres creates it). */
-function postgresIds(): { uid: number; gid: number } | Record<string, never> {
-  if (userInfo().uid !== 0) return {};
-  return { uid: Number(execFileSync('id', ['-u', 'postgres']).toString()), gid: Number(execFileSync('id', ['-g', 'postgres']).toString()) };
-}
-
-async function postgresBinary(): Promise<string> {
-  const mod = (await import(`@embedded-postgres/${process.platform}-${process.arch}`)) as { postgres: string };
-  return mod.postgres;
-}
-
 /** Starts a primary and one standby streaming from it (asynchronous until synchronous_standby_names names it). */
 export async function startReplicatedPostgres(standbyName: string): Promise<ReplicatedPostgres> {
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-repl-'));
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
   const primaryDir = join(dir, 'primary');
   const standbyDir = join(dir, 'standby');
-  const port = await freePort();
   let primary: RunningPostgres | undefined;
   let standby: ChildProcess | undefined;
   let paused: StalledStandby | null = null;
-  let output = '';
   let url = '';
   let standbyPort = 0;
   const stopStandby = async () => {
@@ -65,18 +53,21 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     await primary?.stop();
     rmSync(dir, { recursive: true, force: true });
   };
-  const startStandby = async () => {
-    output = '';
-    const child = spawn(await postgresBinary(), ['-D', standbyDir, '-p', String(standbyPort), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off'], { ...postgresIds(), stdio: ['ignore', 'ignore', 'pipe'] });
+  // Again after stopStandby on the same port (standbyUrl names it): outside the ephemeral range, only
+  // another picked port can take it meanwhile.
+  const startStandby = async (port = standbyPort) => {
+    const started = await runPostgres(standbyDir, port, ['-c', 'fsync=off']);
+    const child = started.child;
     standby = child;
-    child.stderr?.on('data', (d: Buffer) => (output += d.toString()));
+    standbyPort = port;
+    const output = started.output;
     const client = new pg.Client({ connectionString: url });
     await client.connect();
     try {
       for (let i = 0; ; i++) {
         const { rows } = await client.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName]);
         if (rows.length > 0) break;
-        if (child.exitCode !== null || i > 300) throw new Error(`standby did not start streaming:\n${output}`);
+        if (child.exitCode !== null || i > 300) throw new Error(`standby did not start streaming:\n${output()}`);
         await new Promise((r) => setTimeout(r, 100));
       }
     } finally {
@@ -84,17 +75,16 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     }
   };
   try {
-    primary = await startEmbeddedPostgres({ dataDir: primaryDir, port, postgresFlags: ['-c', 'fsync=off'] });
-    url = primary.url;
+    primary = await startPostgres({ dataDir: primaryDir, postgresFlags: ['-c', 'fsync=off'] });
     await primary.stop();
     // A clean shutdown leaves a consistent data dir: its copy is a base backup. cp -a keeps the owner.
     execFileSync('cp', ['-a', primaryDir, standbyDir]);
+    primary = await startPostgres({ dataDir: primaryDir, postgresFlags: ['-c', 'fsync=off'] });
+    url = primary.url;
     const { username, password } = new URL(url);
     writeFileSync(join(standbyDir, 'standby.signal'), '');
-    appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${port} user=${username} password=${password} application_name=${standbyName}'\n`);
-    primary = await startEmbeddedPostgres({ dataDir: primaryDir, port, postgresFlags: ['-c', 'fsync=off'] });
-    standbyPort = await freePort();
-    await startStandby();
+    appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${primary.port} user=${username} password=${password} application_name=${standbyName}'\n`);
+    await startOnFreePort((port) => startStandby(port));
     const standbyUrl = new URL(url);
     standbyUrl.port = String(standbyPort);
     const pauseStandby = async () => {
@@ -104,7 +94,7 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
       paused?.resume();
       paused = null;
     };
-    return { url, standbyUrl: standbyUrl.toString(), standbyName, pauseStandby, resumeStandby, stopStandby, startStandby, stop };
+    return { url, standbyUrl: standbyUrl.toString(), standbyName, pauseStandby, resumeStandby, stopStandby, startStandby: () => startStandby(), stop };
   } catch (err) {
     await stop().catch(() => {});
     throw err;
@@ -248,17 +238,15 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
   chmodSync(dir, 0o755);
   const primaryDir = join(dir, 'primary');
   const standbyDir = join(dir, 'standby');
-  const primaryPort = await freePort();
-  const standbyPort = await freePort();
   const children: ChildProcess[] = [];
-  let output = '';
-  const binary = await postgresBinary();
-  const run = (dataDir: string, port: number) => {
-    const child = spawn(binary, ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off'], { ...postgresIds(), stdio: ['ignore', 'ignore', 'pipe'] });
-    child.stderr?.on('data', (d: Buffer) => (output += d.toString()));
-    children.push(child);
-    return child;
+  const outputs: (() => string)[] = [];
+  const run = async (dataDir: string, port: number) => {
+    const started = await runPostgres(dataDir, port, ['-c', 'fsync=off']);
+    children.push(started.child);
+    outputs.push(started.output);
+    return started;
   };
+  const output = () => outputs.map((o) => o()).join('');
   const halt = async (child: ChildProcess | undefined) => {
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise((r) => child.once('exit', r));
@@ -275,20 +263,23 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
       c.on('error', () => {});
       const done = await c.connect().then(() => ok(c), () => false).finally(() => c.end().catch(() => {}));
       if (done) return;
-      if (i > 300) throw new Error(`${what}:\n${output}`);
+      if (i > 300) throw new Error(`${what}:\n${output()}`);
       await new Promise((r) => setTimeout(r, 100));
     }
   };
   try {
-    const init = await startEmbeddedPostgres({ dataDir: primaryDir, port: primaryPort, postgresFlags: ['-c', 'fsync=off'] });
-    const primaryUrl = init.url;
+    const init = await startPostgres({ dataDir: primaryDir, postgresFlags: ['-c', 'fsync=off'] });
     await init.stop();
     execFileSync('cp', ['-a', primaryDir, standbyDir]);
-    const { username, password } = new URL(primaryUrl);
+    const primary = await startOnFreePort((port) => run(primaryDir, port));
+    const primaryPort = primary.port;
+    const primaryAt = new URL(init.url);
+    primaryAt.port = String(primaryPort);
+    const primaryUrl = primaryAt.toString();
+    const { username, password } = primaryAt;
     writeFileSync(join(standbyDir, 'standby.signal'), '');
     appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${primaryPort} user=${username} password=${password} application_name=${standbyName}'\n`);
-    const primary = run(primaryDir, primaryPort);
-    run(standbyDir, standbyPort);
+    const standbyPort = (await startOnFreePort((port) => run(standbyDir, port))).port;
     const standbyUrl = new URL(primaryUrl);
     standbyUrl.port = String(standbyPort);
     await waitFor(primaryUrl, async (c) => (await c.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName])).rows.length > 0, 'the standby did not start streaming');
@@ -297,7 +288,7 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
       standbyUrl: standbyUrl.toString(),
       primaryPort,
       standbyPort,
-      stopPrimary: () => halt(primary),
+      stopPrimary: () => halt(primary.child),
       promoteStandby: async () => {
         await waitFor(standbyUrl.toString(), async (c) => (await c.query<{ p: boolean }>('SELECT pg_promote(true, 60) AS p')).rows[0]!.p, 'the standby was not promoted');
         await waitFor(standbyUrl.toString(), async (c) => !(await c.query<{ r: boolean }>('SELECT pg_is_in_recovery() AS r')).rows[0]!.r, 'the promoted standby stayed in recovery');

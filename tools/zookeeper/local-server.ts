@@ -1,59 +1,14 @@
 // Starts real ZooKeeper servers (Debian's `zookeeper` package) for tests, the demo and chaos runs:
 // a standalone server or an N-server ensemble on loopback, each with its own data dir.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, mkdirSync, readFileSync, writeFileSync, rmSync, existsSync } from 'node:fs';
-import { createServer, connect as tcpConnect } from 'node:net';
+import { mkdtempSync, mkdirSync, writeFileSync, rmSync, existsSync } from 'node:fs';
+import { connect as tcpConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { PortTakenError, heldPorts, startOnFreePorts, type PortPicking } from '../ports.ts';
 
 export const ZOOKEEPER_JAR = process.env.ZOOKEEPER_JAR ?? '/usr/share/java/zookeeper.jar';
 const CLASSPATH_EXTRA = ['/etc/zookeeper/conf'];
-
-/**
- * A port free on 127.0.0.1 now, for a server started a moment later and again after each restart
- * (a chaos run's proxies, Postgres, ZooKeeper). Drawn from outside the kernel's ephemeral range:
- * listen(0) and outgoing connections anywhere on the machine (another test's servers) are handed
- * ports from that range, so none of them can take this one while its server is down.
- */
-export async function freePort(): Promise<number> {
-  const ports = portsOutside(ephemeralRange()).flatMap(([lo, hi]) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i));
-  for (let attempt = 0; attempt < 200; attempt++) {
-    const port = ports[Math.floor(Math.random() * ports.length)]!;
-    if (await bindable(port)) return port;
-  }
-  throw new Error('no free port outside the ephemeral range');
-}
-
-/** Below this, ports are left to services with well-known or registered numbers. */
-const LOWEST_PORT = 10_000;
-
-/** The kernel's ephemeral range (Linux: ip_local_port_range; elsewhere the IANA dynamic range). */
-export function ephemeralRange(): [number, number] {
-  try {
-    const [lo, hi] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
-    if (Number.isInteger(lo) && Number.isInteger(hi)) return [lo!, hi!];
-  } catch {
-    // not Linux
-  }
-  return [49_152, 65_535];
-}
-
-function portsOutside([lo, hi]: [number, number]): [number, number][] {
-  const ranges: [number, number][] = [];
-  if (lo - 1 >= LOWEST_PORT) ranges.push([LOWEST_PORT, lo - 1]);
-  if (hi + 1 <= 65_535) ranges.push([Math.max(hi + 1, LOWEST_PORT), 65_535]);
-  if (ranges.length === 0) throw new Error(`the ephemeral range ${lo}-${hi} leaves no port above ${LOWEST_PORT}`);
-  return ranges;
-}
-
-function bindable(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.unref();
-    srv.once('error', () => resolve(false));
-    srv.listen({ host: '127.0.0.1', port, exclusive: true }, () => srv.close(() => resolve(true)));
-  });
-}
 
 export interface ZooKeeperNodeSpec {
   id: number;
@@ -72,6 +27,8 @@ export interface LocalZooKeeperOptions {
   maxSessionTimeoutMs?: number;
   baseDir?: string;
   log?: (line: string) => void;
+  /** How the ports are picked (tests of the retry hand in a taken one). */
+  ports?: PortPicking;
 }
 
 /** A running standalone server or ensemble; each member can be stopped and restarted. */
@@ -89,6 +46,10 @@ export class LocalZooKeeper {
     this.log = log;
   }
 
+  /**
+   * Starts the servers on picked ports; when one was taken before its server bound it, the whole
+   * set starts again on fresh ports and fresh data dirs (`startOnFreePorts`).
+   */
   static async start(opts: LocalZooKeeperOptions = {}): Promise<LocalZooKeeper> {
     if (!existsSync(ZOOKEEPER_JAR)) {
       throw new Error(`ZooKeeper jar not found at ${ZOOKEEPER_JAR}: install Debian's "zookeeper" package or set ZK_CONNECT`);
@@ -96,18 +57,22 @@ export class LocalZooKeeper {
     const servers = opts.servers ?? 1;
     const tick = opts.tickTimeMs ?? 500;
     const baseDir = opts.baseDir ?? mkdtempSync(join(tmpdir(), 'fencepost-zk-'));
+    try {
+      return await startOnFreePorts(servers * 3, (ports) => LocalZooKeeper.startOn(ports, servers, tick, baseDir, opts), opts.ports);
+    } catch (err) {
+      if (opts.baseDir === undefined) rmSync(baseDir, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  private static async startOn(ports: number[], servers: number, tick: number, baseDir: string, opts: LocalZooKeeperOptions): Promise<LocalZooKeeper> {
     const nodes: ZooKeeperNodeSpec[] = [];
     for (let id = 1; id <= servers; id++) {
       const dataDir = join(baseDir, `zk${id}`);
+      rmSync(dataDir, { recursive: true, force: true }); // an earlier attempt's
       mkdirSync(dataDir, { recursive: true });
-      nodes.push({
-        id,
-        clientPort: await freePort(),
-        quorumPort: await freePort(),
-        electionPort: await freePort(),
-        dataDir,
-        cfgPath: join(baseDir, `zoo${id}.cfg`),
-      });
+      const [clientPort, quorumPort, electionPort] = ports.slice((id - 1) * 3, id * 3) as [number, number, number];
+      nodes.push({ id, clientPort, quorumPort, electionPort, dataDir, cfgPath: join(baseDir, `zoo${id}.cfg`) });
     }
     for (const n of nodes) {
       const lines = [
@@ -130,10 +95,10 @@ export class LocalZooKeeper {
     }
     const zk = new LocalZooKeeper(nodes, tick, baseDir, opts.log ?? (() => {}));
     const started = await Promise.allSettled(nodes.map((n) => zk.startNode(n.id)));
-    const failure = started.find((r) => r.status === 'rejected');
-    if (failure) {
-      await zk.stop({ keepData: opts.baseDir !== undefined }); // no JVM outlives a failed start
-      throw failure.reason;
+    const failures = started.flatMap((r) => (r.status === 'rejected' ? [r.reason as unknown] : []));
+    if (failures.length > 0) {
+      await zk.stop({ keepData: true }); // no JVM outlives a failed start; start() removes the dir
+      throw failures.find((e) => e instanceof PortTakenError) ?? failures[0];
     }
     return zk;
   }
@@ -170,22 +135,42 @@ export class LocalZooKeeper {
       ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
-    const onData = (b: Buffer) => this.log(`[zk${id}] ${b.toString().trimEnd()}`);
+    let output = '';
+    const onData = (b: Buffer) => {
+      output = (output + b.toString()).slice(-65_536);
+      this.log(`[zk${id}] ${b.toString().trimEnd()}`);
+    };
     child.stdout?.on('data', onData);
     child.stderr?.on('data', onData);
     this.procs.set(id, child);
     child.on('exit', () => {
       if (this.procs.get(id) === child) this.procs.delete(id);
     });
-    // Standalone: serving once the port answers `ruok`. Ensemble member: once it reports a mode.
+    // Serving once the client port answers with this server's data dir (another server may hold
+    // the port) and a mode (an ensemble member: once it has joined a quorum).
     const deadline = Date.now() + timeoutMs;
-    const quorumMember = this.nodes.length > 1;
+    // ZooKeeper logs nothing here (no SLF4J binding): a port taken shows as the JVM exiting while
+    // another process holds one of its ports, or another server answering on its client port.
+    const ports = [n.clientPort, n.quorumPort, n.electionPort];
+    const taken = async (): Promise<PortTakenError | null> => {
+      const held = await heldPorts(ports);
+      return held.length > 0 ? new PortTakenError(`ZooKeeper server ${id} exited during start: port ${held.join(', ')} held by another process`) : null;
+    };
+    let foreign = false;
     for (;;) {
-      if (!this.procs.has(id)) throw new Error(`ZooKeeper server ${id} exited during start`);
-      const reply = await fourLetterWord(n.clientPort, 'srvr').catch(() => '');
-      if (reply.includes('Mode:') && (!quorumMember || !reply.includes('not currently serving'))) return;
-      if (quorumMember && reply.includes('Mode:')) return;
-      if (Date.now() > deadline) throw new Error(`ZooKeeper server ${id} did not start within ${timeoutMs} ms`);
+      if (!this.procs.has(id)) throw (await taken()) ?? new Error(`ZooKeeper server ${id} exited during start (code ${child.exitCode}):\n${output}`);
+      const conf = await fourLetterWord(n.clientPort, 'conf').catch(() => '');
+      if (conf.includes(`dataDir=${n.dataDir}/`)) {
+        const reply = await fourLetterWord(n.clientPort, 'srvr').catch(() => '');
+        if (reply.includes('Mode:')) return;
+      } else if (conf.includes('dataDir=')) {
+        foreign = true;
+      }
+      if (Date.now() > deadline) {
+        await this.stopNode(id, 'SIGKILL');
+        if (foreign) throw new PortTakenError(`ZooKeeper server ${id}: another server answers on port ${n.clientPort}`);
+        throw (await taken()) ?? new Error(`ZooKeeper server ${id} did not start within ${timeoutMs} ms:\n${output}`);
+      }
       await new Promise((r) => setTimeout(r, 100));
     }
   }

@@ -9,7 +9,7 @@ import pino from 'pino';
 import { ConfigError, loadConfig } from '../../../src/proxy/config.ts';
 import { digestOf, findKey, parseKeys } from '../../../src/proxy/access/keys.ts';
 import { LOG_REDACT, startProxy } from '../../../src/proxy/server.ts';
-import { freePort } from '../../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../../tools/ports.ts';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { SECRET, bearer, securedApp, testKeys } from '../../support/keys.ts';
 
@@ -32,7 +32,7 @@ describe('configuration', () => {
   });
 
   test('startProxy refuses to bind a non-loopback address without keys before it starts anything', async () => {
-    const config = { ...loadConfig({ DATABASE_URL: `postgres://x@127.0.0.1:${await freePort()}/none` }), host: '0.0.0.0' };
+    const config = { ...loadConfig({ DATABASE_URL: `postgres://x@127.0.0.1:${await closedPort()}/none` }), host: '0.0.0.0' };
     await expect(startProxy(config, pino({ level: 'silent' }))).rejects.toThrow(ConfigError);
   });
 

@@ -8,11 +8,12 @@ import { createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { startEmbeddedPostgres, type RunningPostgres } from '../../../src/fence/embedded-postgres.ts';
+import type { RunningPostgres } from '../../../src/fence/embedded-postgres.ts';
 import { migrate } from '../../../src/fence/migrate.ts';
 import { databaseTarget } from '../../../src/fence/database-url.ts';
 import { BackendStartupError, openBackend } from '../../../src/proxy/sql/backend.ts';
-import { freePort } from '../../../tools/zookeeper/local-server.ts';
+import { closedPort } from '../../../tools/ports.ts';
+import { startPostgres } from '../../../tools/postgres.ts';
 import { clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, sendCancel, type SqlProxy } from '../../support/sql.ts';
 
@@ -36,7 +37,7 @@ beforeAll(async () => {
     const id = (flag: string) => Number(execFileSync('id', [flag, 'postgres']).toString().trim());
     for (const f of [keyFile, certFile]) chownSync(f, id('-u'), id('-g'));
   }
-  server = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'ssl=on', '-c', `ssl_cert_file=${certFile}`, '-c', `ssl_key_file=${keyFile}`] });
+  server = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'ssl=on', '-c', `ssl_cert_file=${certFile}`, '-c', `ssl_key_file=${keyFile}`] });
   // TCP logins over TLS only.
   const hba = join(dir, 'data', 'pg_hba.conf');
   writeFileSync(hba, readFileSync(hba, 'utf8').replace(/^host(\s)/gm, 'hostssl$1'));
@@ -162,7 +163,7 @@ describe('a DATABASE_URL listing several hosts, over TLS', () => {
   beforeAll(async () => {
     // The first host is down; the second is the TLS-only server, its certificate checked for 127.0.0.1.
     const u = new URL(tlsUrl);
-    const hosts = `127.0.0.1:${await freePort()},127.0.0.1:${u.port}`;
+    const hosts = `127.0.0.1:${await closedPort()},127.0.0.1:${u.port}`;
     multi = await startSqlProxy(db, { DATABASE_URL: `${tlsUrl.replace(u.host, hosts)}&target_session_attrs=read-write` });
   });
   afterAll(async () => {

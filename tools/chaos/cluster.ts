@@ -6,13 +6,16 @@
 // open-mode client login may write fencepost.objects, so writers of the `sql` and `tx` doors write
 // the rows the checker reads. Postgres and every process log under logs/.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
+import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import { PortTakenError, portTakenLine, startOnFreePorts } from '../ports.ts';
+import { startPostgres } from '../postgres.ts';
+import { listeningPorts } from '../serve-listening.ts';
 import type { FenceMode } from '../unsafe-fence.ts';
 import { TcpProxy } from '../faults/tcp-proxy.ts';
-import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../zookeeper/local-server.ts';
 import type { NemesisTarget } from './nemesis.ts';
 import { PAUSE_REQUEST_MS, type WriterEvent } from './writer.ts';
 import type { Door } from './history.ts';
@@ -84,7 +87,6 @@ export class ChaosCluster implements NemesisTarget {
   static async start(opts: ClusterOptions): Promise<ChaosCluster> {
     const c = new ChaosCluster(opts);
     try {
-      c.pgPort = await freePort();
       // allSettled, not all: when one fails, the other must still be known to stop() (a ZooKeeper
       // ensemble left running is three JVMs nobody stops).
       const [pgStart, zkStart] = await Promise.allSettled([c.startPostgres(), LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') })]);
@@ -93,8 +95,16 @@ export class ChaosCluster implements NemesisTarget {
       if (zkStart.status === 'rejected') throw zkStart.reason;
       const zk = zkStart.value;
       opts.log(`postgres ${c.databaseUrl}; zookeeper ${zk.connectString}`);
-      for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: await freePort(), pgwirePort: await freePort(), child: null });
-      await Promise.all(c.proxySlots.map((_, i) => c.startProxy(i)));
+      for (let i = 0; i < opts.proxies; i++) c.proxySlots.push({ port: 0, pgwirePort: 0, child: null });
+      // Picked ports outside the ephemeral range, kept across restarts (the writers hold the URLs).
+      await Promise.all(
+        c.proxySlots.map((p, i) =>
+          startOnFreePorts(2, async ([port, pgwirePort]) => {
+            Object.assign(p, { port, pgwirePort });
+            await c.startProxy(i);
+          }),
+        ),
+      );
       await c.grantClientWrites();
       opts.log(`proxies ${c.proxyUrls.join(', ')}, SQL endpoints ${c.pgwireUrls.join(', ')} (fence mode ${opts.fenceMode})`);
       for (let i = 0; i < opts.writers; i++) {
@@ -262,14 +272,16 @@ export class ChaosCluster implements NemesisTarget {
     const p = this.proxySlots[index];
     if (!p) throw new Error(`no proxy ${index}`);
     if (p.child) return;
-    const out = openSync(join(this.logDir, `proxy-${index + 1}.log`), 'a');
+    const logFile = join(this.logDir, `proxy-${index + 1}.log`);
+    const logStart = existsSync(logFile) ? statSync(logFile).size : 0;
+    const out = openSync(logFile, 'a');
     const env: NodeJS.ProcessEnv = {
       ...process.env,
       DATABASE_URL: this.databaseUrl,
       PORT: String(p.port),
       FENCEPOST_PGWIRE_PORT: String(p.pgwirePort),
       HOST: '127.0.0.1',
-      FENCEPOST_LOG_LEVEL: 'warn',
+      FENCEPOST_LOG_LEVEL: 'info', // the listening lines: this process, not another, holds the ports
       FENCEPOST_POOL_SIZE: '6',
       FENCEPOST_SHUTDOWN_TIMEOUT_MS: '2000',
     };
@@ -280,13 +292,17 @@ export class ChaosCluster implements NemesisTarget {
     closeSync(out);
     p.child = child;
     const url = `http://127.0.0.1:${p.port}`;
+    const output = () => readFileSync(logFile).subarray(logStart).toString();
     const deadline = Date.now() + 60_000;
     for (;;) {
       if (child.exitCode !== null || child.signalCode !== null) {
         p.child = null;
-        throw new Error(`proxy ${index + 1} exited during start (${child.exitCode ?? child.signalCode}); see ${join(this.logDir, `proxy-${index + 1}.log`)}`);
+        const taken = portTakenLine(output());
+        if (taken !== null) throw new PortTakenError(`proxy ${index + 1}: ${taken}`);
+        throw new Error(`proxy ${index + 1} exited during start (${child.exitCode ?? child.signalCode}); see ${logFile}`);
       }
-      if (await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false)) return;
+      const ports = listeningPorts(output(), true);
+      if (ports?.http === p.port && ports.pgwire === p.pgwirePort && (await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false))) return;
       if (Date.now() > deadline) throw new Error(`proxy ${index + 1} not ready within 60 s`);
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -299,16 +315,18 @@ export class ChaosCluster implements NemesisTarget {
     await (crash ? pg?.crash() : pg?.stop());
   }
 
+  /** The first start picks a free port; a restart keeps it (the proxies' DATABASE_URL names it). */
   async startPostgres(): Promise<void> {
     if (this.pg) return;
     const log = join(this.logDir, 'postgres.log');
-    this.pg = await startEmbeddedPostgres({
+    const opts = {
       dataDir: join(this.opts.dir, 'postgres', 'data'),
-      port: this.pgPort,
-      log: (line) => appendFileSync(log, line + '\n'),
+      log: (line: string) => appendFileSync(log, line + '\n'),
       // Which backend (pid, role, application) logged a line, and lock waits past deadlock_timeout.
       postgresFlags: ['-c', 'log_line_prefix=%m [%p] %u %a ', '-c', 'log_lock_waits=on'],
-    });
+    };
+    this.pg = this.pgPort === 0 ? await startPostgres(opts) : await startEmbeddedPostgres({ ...opts, port: this.pgPort });
+    this.pgPort = this.pg.port;
     this.pgUrl = this.pg.url;
   }
 

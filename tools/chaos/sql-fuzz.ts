@@ -9,11 +9,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import pino from 'pino';
-import { startEmbeddedPostgres } from '../../src/fence/embedded-postgres.ts';
 import { migrate } from '../../src/fence/migrate.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
-import { freePort } from '../zookeeper/local-server.ts';
+import { startPostgres } from '../postgres.ts';
 import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats, FUZZ_WAITS } from '../../test/support/pgwire-fuzz.ts';
 
 export interface SqlFuzzOptions {
@@ -39,7 +38,7 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
   const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-fuzz-sql-'));
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
-  const postgres = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_prepared_transactions=10'] });
+  const postgres = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'max_prepared_transactions=10'] });
   const url = new URL(postgres.url);
   url.pathname = '/fuzz';
   const admin = new pg.Client({ connectionString: postgres.url });

@@ -16,10 +16,11 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 import { pino } from 'pino';
-import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
+import { startPostgres } from '../postgres.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
-import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../zookeeper/local-server.ts';
 import pgClient from 'pg';
 import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
 import { protectTable } from '../../src/fence/protect.ts';
@@ -174,13 +175,13 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     if (!databaseUrl) {
       pgDir = mkdtempSync(join(tmpdir(), 'fencepost-demo-'));
       chmodSync(pgDir, 0o755);
-      pg = await startEmbeddedPostgres({ dataDir: join(pgDir, 'pg'), port: await freePort() });
+      pg = await startPostgres({ dataDir: join(pgDir, 'pg') });
       databaseUrl = pg.url;
     }
     const config = loadConfig({
       DATABASE_URL: databaseUrl,
-      PORT: String(await freePort()),
-      FENCEPOST_PGWIRE_PORT: String(await freePort()),
+      PORT: '0', // ports of the OS's choosing: proxy.url and proxy.pgwirePort say which
+      FENCEPOST_PGWIRE_PORT: '0',
       FENCEPOST_LOG_LEVEL: 'warn',
       ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
     });

@@ -7,7 +7,9 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
-import { LocalZooKeeper, freePort } from '../zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../zookeeper/local-server.ts';
+import { freePort, startOnFreePort } from '../ports.ts';
+import { listeningPorts } from '../serve-listening.ts';
 import { HaProxy } from './haproxy.ts';
 import { PatroniNode } from './patroni-node.ts';
 
@@ -49,6 +51,9 @@ export class HaCluster {
     this.zk = await LocalZooKeeper.start({ baseDir: join(this.dir, 'zookeeper'), tickTimeMs: 500 });
     this.log(`ZooKeeper at ${this.zk.connectString}`);
     const replicationPassword = randomBytes(12).toString('hex');
+    // Patroni's ports are picked and not retried: a Postgres that cannot bind is started again and
+    // again by Patroni, which does not exit. Outside the ephemeral range, only another picked port
+    // can take one; the run then fails waiting for the node.
     for (let i = 1; i <= 3; i++) {
       this.nodes.push(
         new PatroniNode({
@@ -67,7 +72,7 @@ export class HaCluster {
     await this.waitFor('node1 to bootstrap and lead', 90_000, async () => (await this.leader())?.name === 'node1');
     for (const n of this.nodes.slice(1)) n.start();
     await this.waitHealthy({ sync: true, timeoutMs: 120_000 });
-    this.haproxy = await HaProxy.start(this.dir, await freePort(), this.nodes.map((n) => n.spec));
+    this.haproxy = await startOnFreePort((port) => HaProxy.start(this.dir, port, this.nodes.map((n) => n.spec)));
     // HAProxy takes every server for up until its checks say otherwise (2 s here): until then it
     // sends connections round robin to standbys too. Six connections in a row on the primary: the
     // standbys are marked down.
@@ -84,21 +89,29 @@ export class HaCluster {
     this.log(`fencepost proxy at ${this.proxyUrl} (DATABASE_URL at HAProxy); durability warnings in /readyz: ${warnings.length === 0 ? 'none' : warnings.join(' | ')}`);
   }
 
+  /** On a port of the OS's choosing (PORT=0), which its listening line names. */
   private async startProxy(): Promise<void> {
-    const port = await freePort();
     const logFile = createWriteStream(join(this.dir, 'fencepost.log'));
     const child = spawn(process.execPath, [BIN, 'serve'], {
-      env: { ...process.env, DATABASE_URL: this.databaseUrl, PORT: String(port), HOST: '127.0.0.1', FENCEPOST_LOG_LEVEL: 'warn' },
+      env: { ...process.env, DATABASE_URL: this.databaseUrl, PORT: '0', HOST: '127.0.0.1', FENCEPOST_LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
+    let output = '';
+    const keep = (d: Buffer) => (output += d.toString());
     child.stdout?.pipe(logFile);
     child.stderr?.pipe(logFile);
+    child.stdout?.on('data', keep);
+    child.stderr?.on('data', keep);
     this.proxy = child;
-    this.proxyUrl = `http://127.0.0.1:${port}`;
     await this.waitFor('the fencepost proxy to be ready', 60_000, async () => {
       if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode} (see ${join(this.dir, 'fencepost.log')})`);
+      const ports = listeningPorts(output, false);
+      if (ports === null) return false;
+      this.proxyUrl = `http://127.0.0.1:${ports.http}`;
       return await fetch(`${this.proxyUrl}/readyz`, { signal: AbortSignal.timeout(2000) }).then((r) => r.ok, () => false);
     });
+    child.stdout?.off('data', keep);
+    child.stderr?.off('data', keep);
   }
 
   /** The node whose REST API answers 200 to GET /primary (as HAProxy checks), or null. */

@@ -5,6 +5,7 @@ import { createWriteStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { PatroniNodeSpec } from './patroni-node.ts';
+import { PortTakenError, portTakenLine } from '../ports.ts';
 import { fillTemplate } from './template.ts';
 
 export const HAPROXY_TEMPLATE = join(import.meta.dirname, 'haproxy.cfg');
@@ -37,10 +38,22 @@ export class HaProxy {
     const code = await new Promise<number | null>((r) => checked.once('exit', r));
     if (code !== 0) throw new Error(`haproxy refused ${cfg}:\n${checkOut}`);
     const child = spawn('haproxy', ['-db', '-f', cfg], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    const keep = (d: Buffer) => (output += d.toString());
     child.stdout?.pipe(log);
     child.stderr?.pipe(log);
-    await sleep(200);
-    if (child.exitCode !== null) throw new Error(`haproxy exited with ${child.exitCode} (see ${join(dir, 'haproxy.log')})`);
+    child.stdout?.on('data', keep);
+    child.stderr?.on('data', keep);
+    // HAProxy binds its listener before it serves, and exits when it cannot (a port taken: PortTakenError).
+    const closed = new Promise<true>((r) => child.once('close', () => r(true))); // after its output
+    const exited = await Promise.race([closed, sleep(200).then(() => false)]);
+    child.stdout?.off('data', keep);
+    child.stderr?.off('data', keep);
+    if (exited) {
+      const taken = portTakenLine(output);
+      if (taken !== null) throw new PortTakenError(`haproxy on port ${port}: ${taken}`);
+      throw new Error(`haproxy exited with ${child.exitCode} (see ${join(dir, 'haproxy.log')})`);
+    }
     return new HaProxy(port, child);
   }
 

@@ -4,7 +4,7 @@
 //                              both ways as they come ('data' → write, no parsing, no buffering);
 //   http PORT                  node:http: reads the body, answers 200 with a small JSON body;
 //   fastify PORT               fastify 5, one PUT route: the JSON body parsed, a JSON reply.
-// Prints `ready` once listening.
+// PORT 0: a port of the OS's choosing. Prints `ready <port>` once listening.
 import http from 'node:http';
 import net from 'node:net';
 import Fastify from 'fastify';
@@ -12,7 +12,7 @@ import Fastify from 'fastify';
 const [kind, portArg, pgHost, pgPort] = process.argv.slice(2);
 const port = Number(portArg);
 const REPLY = { accepted: true, highestToken: '1', version: '2' };
-const ready = () => process.stdout.write('ready\n');
+const ready = (server: net.Server) => process.stdout.write(`ready ${(server.address() as net.AddressInfo).port}\n`);
 
 if (kind === 'relay') {
   const server = net.createServer((client) => {
@@ -30,10 +30,10 @@ if (kind === 'relay') {
       s.on('close', end);
     }
   });
-  server.listen(port, '127.0.0.1', ready);
+  server.listen(port, '127.0.0.1', () => ready(server));
 } else if (kind === 'http') {
   const body = JSON.stringify(REPLY);
-  http
+  const server = http
     .createServer((req, res) => {
       req.resume();
       req.on('end', () => {
@@ -41,7 +41,7 @@ if (kind === 'relay') {
         res.end(body);
       });
     })
-    .listen(port, '127.0.0.1', ready);
+    .listen(port, '127.0.0.1', () => ready(server));
 } else if (kind === 'fastify') {
   const app = Fastify({ logger: false });
   app.put('/v1/objects/:key', async (req) => {
@@ -49,7 +49,7 @@ if (kind === 'relay') {
     return REPLY;
   });
   await app.listen({ port, host: '127.0.0.1' });
-  ready();
+  ready(app.server);
 } else {
   process.stderr.write(`usage: floor-servers.ts relay PORT PGHOST PGPORT | http PORT | fastify PORT\n`);
   process.exit(2);

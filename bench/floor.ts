@@ -12,7 +12,6 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 import { exitedChildrenProbe, measureCpu, treeProbe, type CpuWindow } from './cpu.ts';
 import { loadGeneratorVersions, runWrk, type WrkResult } from './loadgen.ts';
 import { fmt, jsonBody, machine } from './support.ts';
@@ -25,18 +24,20 @@ export interface FloorServer {
   stop(): Promise<void>;
 }
 
-/** A server of bench/floor-servers.ts as a process of its own, once it listens. */
+/** A server of bench/floor-servers.ts as a process of its own, once it listens (on a port of the OS's choosing). */
 export async function startFloorServer(kind: 'relay' | 'http' | 'fastify', args: readonly string[] = []): Promise<FloorServer> {
-  const port = await freePort();
-  const child = spawn(process.execPath, ['--import', 'tsx', SERVERS, kind, String(port), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', SERVERS, kind, '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-  await new Promise<void>((resolve, reject) => {
+  let out = '';
+  const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`floor server ${kind} not ready in 30 s: ${err}`)), 30_000);
     child.stdout!.on('data', (d: Buffer) => {
-      if (d.toString().includes('ready')) {
+      out += d.toString();
+      const ready = /^ready (\d+)$/m.exec(out);
+      if (ready) {
         clearTimeout(timer);
-        resolve();
+        resolve(Number(ready[1]));
       }
     });
     child.once('exit', (code) => {

@@ -11,7 +11,7 @@ import { pino } from 'pino';
 import { loadConfig } from '../src/proxy/config.ts';
 import { startProxy } from '../src/proxy/server.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
-import { LocalZooKeeper, freePort } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
 import { runElectedTransaction } from '../tools/demo/elected-transaction.ts';
 import { benchPostgres, resetZooKeeperStats, FSYNC_STALL_MS, watchWalSync, zooKeeperMaxFsyncMs } from './support.ts';
 
@@ -32,7 +32,7 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
   const sessionTimeoutMs = opts.sessionTimeoutMs ?? 2000;
   const db = await benchPostgres('bench_handover');
   const zk = process.env.ZK_CONNECT ? null : await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
-  const config = loadConfig({ DATABASE_URL: db.url, PORT: String(await freePort()), FENCEPOST_PGWIRE_PORT: String(await freePort()), FENCEPOST_LOG_LEVEL: 'error' });
+  const config = loadConfig({ DATABASE_URL: db.url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_LOG_LEVEL: 'error' });
   const proxy = await startProxy(config, pino({ level: 'error' }));
   const owner = new pg.Pool({ connectionString: db.url, max: 2 });
   const samples: number[] = [];

@@ -38,7 +38,6 @@ import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
 import { loadConfig } from '../src/proxy/config.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, fmt, machine, FSYNC_STALL_MS, watchWalSync, type WalSyncWatch } from './support.ts';
 
@@ -455,11 +454,11 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
     wal = await watchWalSync(db.url);
     await owner.query('CREATE SCHEMA app');
     await owner.query('CREATE TABLE app.ho_rows (id bigserial PRIMARY KEY, fence_key text NOT NULL, token bigint NOT NULL, who text NOT NULL)');
-    const pgwirePort = await freePort();
-    const env = { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_PORT: String(pgwirePort), FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200', ...extraEnv() };
+    const env = { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200', ...extraEnv() };
     // The settings the proxy runs with, read by its own config module from the same environment.
-    const config = loadConfig({ ...process.env, ...env, PORT: '0' });
-    proxy = await spawnServe(env);
+    const config = loadConfig({ ...process.env, ...env, PORT: '0', FENCEPOST_PGWIRE_PORT: '0' });
+    proxy = await spawnServe(env, 'strict', { pgwire: true });
+    const pgwirePort = proxy.pgwirePort!;
     const role = pg.escapeIdentifier(clientRole);
     await owner.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
     await owner.query(`GRANT SELECT, INSERT ON app.ho_rows TO ${role}`);

@@ -12,7 +12,6 @@
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, dropBenchRole, fmt, machine } from './support.ts';
 import { luaString, runPgbench, runWrk } from './loadgen.ts';
@@ -104,8 +103,8 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
       [FENCE_KEY, ROWS],
     );
     const serve = async () => {
-      const port = await freePort();
-      return { port, proxy: await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_PORT: String(port), FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }) };
+      const started = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
+      return { port: started.pgwirePort!, proxy: started };
     };
     let pgwirePort: number;
     ({ port: pgwirePort, proxy } = await serve());

@@ -22,7 +22,6 @@ import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
 import { protectTable, unprotectTable } from '../src/fence/protect.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 import { pgbouncerVersion, startPgbouncer, type Bouncer } from '../tools/pgbouncer.ts';
 import { spawnServe } from './serve.ts';
 import { startFloorServer, type FloorServer } from './floor.ts';
@@ -107,7 +106,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
   const clientRole = `fpbench_sql_${process.pid}`;
   const sql = new pg.Pool({ connectionString: db.url, max: 2 });
   sql.on('error', () => {});
-  const pgwirePort = await freePort();
+  let pgwirePort = 0;
   let proxy: Awaited<ReturnType<typeof spawnServe>> | null = null;
   let bouncer: Bouncer | null = null;
   let relay: FloorServer | null = null;
@@ -119,7 +118,8 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [ROWS]);
     await sql.query('VACUUM ANALYZE app.counters');
     if (want('protected')) await trackFunctions(sql);
-    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_PORT: String(pgwirePort), FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' });
+    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
+    pgwirePort = proxy.pgwirePort!;
     // The proxy created its client login at start; the endpoint's client SQL runs as it.
     const role = pg.escapeIdentifier(clientRole);
     await sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);

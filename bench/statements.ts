@@ -7,7 +7,6 @@
 // `BENCH_DURATION_S=5 node --import tsx bench/statements.ts` (needs pgbench: scripts/setup.sh --bench).
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
-import { freePort } from '../tools/zookeeper/local-server.ts';
 import { spawnServe } from './serve.ts';
 import { benchPostgres, dropBenchRole } from './support.ts';
 import { runPgbench, type PgbenchOptions } from './loadgen.ts';
@@ -35,7 +34,6 @@ async function main(): Promise<void> {
   const sql = new pg.Pool({ connectionString: db.url, max: 2 });
   sql.on('error', () => {});
   const clientRole = `fpbench_stmt_${process.pid}`;
-  const port = await freePort();
   let proxy: Awaited<ReturnType<typeof spawnServe>> | null = null;
   try {
     await migrate(sql);
@@ -43,14 +41,14 @@ async function main(): Promise<void> {
     await sql.query('CREATE SCHEMA app');
     await sql.query('CREATE TABLE app.counters (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)');
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [ROWS]);
-    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_PORT: String(port), FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' });
+    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
     const role = pg.escapeIdentifier(clientRole);
     await sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
     await sql.query(`GRANT SELECT, INSERT, UPDATE ON app.counters TO ${role}`);
     const endpoint = new URL(db.url);
     endpoint.username = 'bench-leader';
     endpoint.password = '';
-    endpoint.port = String(port);
+    endpoint.port = String(proxy.pgwirePort);
     const env = { PGOPTIONS: `-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}` };
     const out: string[] = [`Postgres time by statement (pg_stat_statements, track = all: statements inside functions indented), ${durationS} s of pgbench, 16 clients, per path.`, ''];
     for (const [name, scriptSql] of Object.entries(SCRIPTS)) {

@@ -4,8 +4,8 @@ import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
-import { fourLetterWord, freePort } from '../tools/zookeeper/local-server.ts';
+import { fourLetterWord } from '../tools/zookeeper/local-server.ts';
+import { startPostgres } from '../tools/postgres.ts';
 
 export interface BenchPostgres {
   /** URL of a fresh database for this benchmark. */
@@ -26,7 +26,7 @@ export async function benchPostgres(name: string, opts: { postgresFlags?: readon
   if (!adminUrl) {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-bench-pg-'));
     chmodSync(dir, 0o755);
-    const server = await startEmbeddedPostgres({ dataDir: join(dir, 'data'), port: await freePort(), postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off', ...(opts.postgresFlags ?? [])] });
+    const server = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off', ...(opts.postgresFlags ?? [])] });
     adminUrl = server.url;
     stopServer = async () => {
       await server.stop();

@@ -5,12 +5,12 @@ import { STORE_DEFAULTS } from '../src/proxy/config.ts';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
 import { migrate } from '../src/fence/migrate.ts';
 import { FenceStore } from '../src/fence/store.ts';
 import { buildApp } from '../src/proxy/http/app.ts';
 import { createPool } from '../src/proxy/server.ts';
-import { freePort, LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { startPostgres } from '../tools/postgres.ts';
 import { Election } from '../src/election/election.ts';
 import { ZkSession } from '../src/election/zk-session.ts';
 import { launchChromium } from '../test/support/chromium.ts';
@@ -24,7 +24,7 @@ const zk = (n: number) => String(n).padStart(10, '0');
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-screenshot-'));
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
-  const pg = await startEmbeddedPostgres({ dataDir: join(dir, 'pg'), port: await freePort() });
+  const pg = await startPostgres({ dataDir: join(dir, 'pg') });
   const pool = createPool(pg.url, 10);
   // Two real elections the forgery guard maps: jobs/ (its leader has raised its fence) and
   // billing/ (a new leader whose fence advance has not arrived).

@@ -27,7 +27,7 @@ import { randomUUID } from 'node:crypto';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
-import { freePort } from '../tools/zookeeper/local-server.ts';
+import { listeningPorts } from '../tools/serve-listening.ts';
 import { ZkSession } from '../src/election/zk-session.ts';
 
 const REPO = join(import.meta.dirname, '..');
@@ -406,25 +406,29 @@ beforeAll(async () => {
   } finally {
     await zk.close();
   }
-  ports = { http: await freePort(), pg: await freePort(), zk: `${zkConnect}${chroot}` };
   env = {
     PATH: `${bin}:${process.env.PATH ?? '/usr/bin:/bin'}`,
     HOME: home,
     XDG_DATA_HOME: join(home, '.local', 'share'),
     FENCEPOST_DATA_DIR: dataDir, // as root the default would be /var/lib/fencepost
-    ZK_CONNECT: ports.zk,
+    ZK_CONNECT: `${zkConnect}${chroot}`,
     LANG: 'C.UTF-8',
     TMPDIR: tmp,
   };
+  // Ports of the OS's choosing, read back from serve's listening lines (at info).
   proxy = spawn(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'serve'], {
-    env: { ...env, PORT: String(ports.http), FENCEPOST_PGWIRE_PORT: String(ports.pg), FENCEPOST_LOG_LEVEL: 'warn' },
+    env: { ...env, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_LOG_LEVEL: 'info' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   proxy.stdout!.on('data', (d: Buffer) => (proxyOutput += d.toString()));
   proxy.stderr!.on('data', (d: Buffer) => (proxyOutput += d.toString()));
   for (;;) {
     if (proxy.exitCode !== null) throw new Error(`fencepost serve exited with ${proxy.exitCode}:\n${proxyOutput}`);
-    if (await fetch(`http://127.0.0.1:${ports.http}/readyz`).then((r) => r.ok, () => false)) break;
+    const bound = listeningPorts(proxyOutput, true);
+    if (bound !== null && (await fetch(`http://127.0.0.1:${bound.http}/readyz`).then((r) => r.ok, () => false))) {
+      ports = { http: bound.http, pg: bound.pgwire!, zk: `${zkConnect}${chroot}` };
+      break;
+    }
     await new Promise((r) => setTimeout(r, 200));
   }
 }, 120_000);

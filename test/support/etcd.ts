@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { freePort } from '../../tools/zookeeper/local-server.ts';
+import { PortTakenError, startOnFreePorts } from '../../tools/ports.ts';
 
 export const ETCD = process.env.ETCD ?? 'etcd';
 export const ETCDCTL = process.env.ETCDCTL ?? 'etcdctl';
@@ -28,24 +28,24 @@ export interface LocalEtcd {
 }
 
 /**
- * Starts etcd on two ports free a moment ago (client, peer). Another process can take a port
- * between the check and etcd's bind: then etcd exits at once, and the start is tried again on
- * other ports.
+ * Starts etcd on two picked ports (client, peer). Another process can take a port between the pick
+ * and etcd's bind: then etcd exits at once saying so, and the start is tried again on other ports.
  */
 export async function startEtcd(opts: { log?: (line: string) => void; attempts?: number; timeoutMs?: number } = {}): Promise<LocalEtcd> {
-  const attempts = opts.attempts ?? 5;
-  let last: Error | undefined;
-  for (let attempt = 1; attempt <= attempts; attempt++) {
-    const dir = mkdtempSync(join(tmpdir(), 'fencepost-etcd-'));
-    try {
-      return await startOnce(dir, await freePort(), await freePort(), opts.log ?? (() => {}), opts.timeoutMs ?? 30_000);
-    } catch (e) {
-      rmSync(dir, { recursive: true, force: true });
-      last = e instanceof Error ? e : new Error(String(e));
-      if (!/address already in use/.test(last.message)) throw last;
-    }
-  }
-  throw new Error(`etcd did not start in ${attempts} attempts`, { cause: last });
+  return await startOnFreePorts(
+    2,
+    async ([client, peer]) => {
+      const dir = mkdtempSync(join(tmpdir(), 'fencepost-etcd-'));
+      try {
+        return await startOnce(dir, client!, peer!, opts.log ?? (() => {}), opts.timeoutMs ?? 30_000);
+      } catch (e) {
+        rmSync(dir, { recursive: true, force: true });
+        const err = e instanceof Error ? e : new Error(String(e));
+        throw /address already in use/.test(err.message) ? new PortTakenError(err.message, { cause: err }) : err;
+      }
+    },
+    opts.attempts === undefined ? {} : { attempts: opts.attempts },
+  );
 }
 
 async function startOnce(dir: string, clientPort: number, peerPort: number, log: (line: string) => void, timeoutMs: number): Promise<LocalEtcd> {

@@ -1,12 +1,25 @@
 import { defineConfig } from 'vitest/config';
 
 /**
- * Whole-system runs, minutes of processes and faults each: the chaos runs (a three-server ZooKeeper
- * ensemble, proxies, writers, a nemesis) and the release tarball installed into a clean folder.
- * Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`); `npm test`
- * runs project `unit`, everything else. A file named on the command line runs whichever it is in.
+ * Whole-system runs, tens of seconds to minutes of processes each: the chaos runs (a three-server
+ * ZooKeeper ensemble, proxies, writers, a nemesis), the seeded protocol fuzzers, the demos and the
+ * elected writer end to end, the etcd integration, and the release tarball installed into a clean
+ * folder. Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
+ * `npm test` runs project `unit`, everything else. A file named on the command line runs whichever
+ * it is in.
  */
-const SYSTEM_TESTS = ['test/chaos/chaos-run.test.ts', 'test/chaos/broken-fence.test.ts', 'test/chaos/cluster.test.ts', 'test/package.test.ts'];
+const SYSTEM_TESTS = [
+  'test/chaos/chaos-run.test.ts',
+  'test/chaos/broken-fence.test.ts',
+  'test/chaos/cluster.test.ts',
+  'test/proxy/sql/fuzz.test.ts',
+  'test/ops/durability-fuzz.test.ts',
+  'test/writer/demo.test.ts',
+  'test/writer/demo-transaction.test.ts',
+  'test/writer/elected-transaction.test.ts',
+  'test/integrations/etcd.test.ts',
+  'test/package.test.ts',
+];
 
 export default defineConfig({
   test: {

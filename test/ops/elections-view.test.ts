@@ -9,6 +9,7 @@ import { Election } from '../../src/election/election.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import type { DigestAuth } from '../../src/election/acl.ts';
 import { buildApp } from '../../src/proxy/http/app.ts';
+import { ELECTIONS_CACHE_MS } from '../../src/proxy/http/routes/elections.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { closedPort } from '../../tools/ports.ts';
@@ -92,23 +93,32 @@ describe('GET /v1/elections', () => {
     const a = await candidate('replica-a');
     const tokenA = await a.waitForLeadership();
     const b = await candidate('replica-b');
+    // One reading answers for up to ELECTIONS_CACHE_MS: what changed shows within it.
+    await expect.poll(() => electionAt(jobs)).toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
     const before = await electionAt(jobs);
-    expect(before).toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
     expect(Date.parse(before.leader!.joinedAt)).toBeGreaterThan(Date.now() - 60_000);
     expect(Date.parse(before.leader!.seenSince)).toBeGreaterThanOrEqual(Date.parse(before.leader!.joinedAt) - 5_000); // clocks: ZooKeeper's and ours
 
     expect((await raise(tokenA, 'replica-a')).status).toBe(200);
-    expect(await electionAt(jobs)).toMatchObject({ leader: { token: tokenA.toString() }, fenceRaised: true, fence: { fenceKey: 'nightly/report', highestToken: tokenA.toString(), raisedBy: 'replica-a' } });
+    await expect.poll(() => electionAt(jobs)).toMatchObject({ leader: { token: tokenA.toString() }, fenceRaised: true, fence: { fenceKey: 'nightly/report', highestToken: tokenA.toString(), raisedBy: 'replica-a' } });
 
     // The leader goes; the next in line leads, and its fence is behind until it writes.
     await a.close();
     const tokenB = await b.waitForLeadership();
     expect(tokenB).toBeGreaterThan(tokenA);
-    expect((await electionAt(jobs)).leader?.token).toBe(tokenB.toString());
-    expect(await electionAt(jobs)).toMatchObject({ candidates: 1, fenceRaised: false, fence: { highestToken: tokenA.toString() } });
+    await expect.poll(() => electionAt(jobs)).toMatchObject({ leader: { token: tokenB.toString() }, candidates: 1, fenceRaised: false, fence: { highestToken: tokenA.toString() } });
     expect((await raise(tokenB, 'replica-b')).status).toBe(200);
-    expect(await electionAt(jobs)).toMatchObject({ fenceRaised: true, fence: { highestToken: tokenB.toString(), raisedBy: 'replica-b' } });
+    await expect.poll(() => electionAt(jobs)).toMatchObject({ fenceRaised: true, fence: { highestToken: tokenB.toString(), raisedBy: 'replica-b' } });
     await b.close();
+  });
+
+  test('a burst of requests costs one reading: 50 concurrent GETs ask ZooKeeper for each path once', async () => {
+    // Invariant: the work per request is bounded; a reader cannot make the proxy hammer ZooKeeper.
+    await new Promise((r) => setTimeout(r, ELECTIONS_CACHE_MS)); // past the last reading
+    const reads = app.forgeryGuard!.zkReads;
+    const answers = await Promise.all(Array.from({ length: 50 }, () => view()));
+    expect(new Set(answers.map((a) => JSON.stringify(a))).size).toBe(1);
+    expect(app.forgeryGuard!.zkReads - reads).toBeLessThanOrEqual(2); // one per mapped path
   });
 
   test('without the forgery guard no election path is known: an empty list that says why', async () => {

@@ -1,6 +1,6 @@
 // One real Postgres and one real ZooKeeper for the whole run; DATABASE_URL / ZK_CONNECT reuse existing ones.
 import type { TestProject } from 'vitest/node';
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -15,10 +15,31 @@ declare module 'vitest' {
   }
 }
 
+/** The newest modification time of `path`, a file or every file below a folder; 0 when absent. */
+function newest(path: string): number {
+  let st;
+  try {
+    st = statSync(path);
+  } catch {
+    return 0;
+  }
+  if (!st.isDirectory()) return st.mtimeMs;
+  return readdirSync(path).reduce((m, name) => Math.max(m, newest(join(path, name))), st.mtimeMs);
+}
+
+/** dist/ was built after every input of `npm run build` last changed. */
+function distIsFresh(root: string): boolean {
+  const built = newest(join(root, 'dist', 'cli', 'main.js'));
+  const inputs = ['src', 'types', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'scripts/copy-assets.mjs'].map((p) => newest(join(root, p)));
+  return built > 0 && built >= Math.max(...inputs);
+}
+
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
-  // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test
-  // (FENCEPOST_TEST_SKIP_BUILD=1 when you know dist/ is fresh).
-  if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1') execFileSync('npm', ['run', 'build', '--silent'], { cwd: join(import.meta.dirname, '..', '..'), stdio: 'inherit' });
+  // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test,
+  // unless it is newer than all of them (npm ci has just built it; FENCEPOST_TEST_SKIP_BUILD=1
+  // skips the check too).
+  const root = join(import.meta.dirname, '..', '..');
+  if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1' && !distIsFresh(root)) execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'inherit' });
   let pg: RunningPostgres | undefined;
   let zk: LocalZooKeeper | undefined;
   let pgDir: string | undefined;

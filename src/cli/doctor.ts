@@ -2,13 +2,16 @@
 // [--session-timeout-ms <n>] [--json]`: with --zk, measures ZooKeeper round trips and this
 // process's event-loop stalls and recommends a session timeout; with --database-url (or
 // DATABASE_URL), checks whether a Postgres failover keeps every fence raise (src/fence/durability.ts)
-// and prints each warning. One convention for every part: exit 0: nothing to warn of; 3: a warning
-// (a Postgres failover could lose a fence raise; the --session-timeout-ms given is below the
-// recommendation); 1: a check could not run (one line, naming the flag); 2: usage.
+// and the protected data (src/fence/protect.ts protectedDataReport), and prints each warning. One
+// convention for every part: exit 0: nothing to warn of; 3: a warning (a Postgres failover could
+// lose a fence raise; a protected table not enforced or in a schema several roles may use; the
+// --session-timeout-ms given is below the recommendation); 1: a check could not run (one line,
+// naming the flag); 2: usage.
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
 import { checkDurability, type DurabilityReport } from '../fence/durability.ts';
+import { protectedDataReport, type ProtectedDataReport } from '../fence/protect.ts';
 import { clientConfig, checkDatabaseUrl } from '../fence/database-url.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
@@ -88,12 +91,15 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
     }
   }
   let durability: DurabilityReport | undefined;
+  let protectedData: ProtectedDataReport | undefined;
   if (databaseUrl !== undefined) {
     progress('checking whether a Postgres failover keeps every fence raise');
     const pool = new pg.Pool({ ...clientConfig(databaseUrl), max: 1 });
     pool.on('error', () => {});
     try {
       durability = await checkDurability(pool, { requireSyncStandby: values['require-sync-standby'] ?? false });
+      progress('checking the protected data');
+      protectedData = await protectedDataReport(pool);
     } catch (err) {
       // Where and why, never the URL's password.
       process.stderr.write(`fencepost doctor: ${databaseError(err, urlFlag, databaseUrl).message.split('\n')[0]}\n`);
@@ -103,15 +109,28 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
     }
   }
   if (values.json) {
-    const out = { ...(advice ? { ...advice, configuredSessionTimeoutMs: configured ?? null } : {}), ...(durability ? { postgres: durability } : {}) };
+    const out = {
+      ...(advice ? { ...advice, configuredSessionTimeoutMs: configured ?? null } : {}),
+      ...(durability ? { postgres: durability } : {}),
+      ...(protectedData ? { protectedData } : {}),
+    };
     process.stdout.write(JSON.stringify(out) + '\n');
   } else {
-    const parts = [...(advice ? [formatAdvice(advice, configured)] : []), ...(durability ? [formatDurability(durability)] : [])];
+    const parts = [...(advice ? [formatAdvice(advice, configured)] : []), ...(durability ? [formatDurability(durability)] : []), ...(protectedData ? [formatProtectedData(protectedData)] : [])];
     process.stdout.write(parts.join('\n\n') + '\n');
   }
   const zkWarns = advice !== undefined && configured !== undefined && configured < advice.recommendedSessionTimeoutMs;
-  const postgresWarns = durability !== undefined && durability.reasons.length > 0;
+  const postgresWarns = (durability !== undefined && durability.reasons.length > 0) || (protectedData !== undefined && protectedData.warnings.length > 0);
   return zkWarns || postgresWarns ? DOCTOR_UNSAFE_EXIT : 0;
+}
+
+/** The protected-data part of the report: one warning per table or prefix, with its reason. */
+export function formatProtectedData(r: ProtectedDataReport): string {
+  const lines = ['Protected data:'];
+  if (r.protected === 0) lines.push('  nothing is protected (fencepost protect)');
+  else if (r.warnings.length === 0) lines.push(`  no warnings: ${r.protected} protected, each trigger enforced, each table in a schema only its writers may use`);
+  for (const w of r.warnings) lines.push(`  warning [${w.reason}]: ${w.message}`);
+  return lines.join('\n');
 }
 
 /** The Postgres part of the report, one warning per unsafe condition with its reason. */

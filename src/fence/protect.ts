@@ -76,6 +76,23 @@ const q = {
   anyPrefix: (): Query => ({ text: 'SELECT 1 FROM fencepost.protected_prefixes LIMIT 1' }),
   list: (): Query => ({ text: 'SELECT kind, target, fence_key, enforced, why_not FROM fencepost.protected_data ORDER BY kind, target' }),
   prefixes: (): Query => ({ text: 'SELECT prefix, fence_key FROM fencepost.protected_prefixes' }),
+  installed: (): Query => ({ text: "SELECT pg_catalog.to_regclass('fencepost.protected_data') IS NOT NULL AS installed" }),
+  /**
+   * Each protected table with the roles besides its owner (superusers aside) granted USAGE on its
+   * schema, PUBLIC included: each of them can name the table.
+   */
+  schemaUsers: (): Query => ({
+    text: `SELECT c.oid::regclass::text AS target, n.nspname AS schema,
+             array(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+                   FROM pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
+                   WHERE a.privilege_type = 'USAGE' AND a.grantee <> c.relowner
+                     AND (a.grantee = 0 OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = a.grantee))
+                   ORDER BY 1) AS roles
+           FROM fencepost.protected_tables t
+           JOIN pg_catalog.pg_class c ON c.oid = t.relation
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+           ORDER BY 1`,
+  }),
   /** Serialises declarations (and the objects trigger's creation) of instances at once. */
   lock: (): Query => ({ text: 'LOCK TABLE fencepost.protected_prefixes, fencepost.protected_tables IN SHARE ROW EXCLUSIVE MODE' }),
 };
@@ -183,6 +200,40 @@ export async function listProtected(pool: pg.Pool): Promise<ProtectedItem[]> {
 }
 
 /** The protected prefixes and their fence keys, longest prefix first. */
+/** What `fencepost doctor` says of the protected data: a warning per item, with a stable reason. */
+export interface ProtectedDataReport {
+  /** Tables and prefixes protected. */
+  protected: number;
+  warnings: { reason: 'not_enforced' | 'shared_schema'; target: string; message: string }[];
+}
+
+/**
+ * Protected data as doctor checks it: every trigger enforced (listProtected), and each protected
+ * table in a schema only one role besides its owner may use. Postgres takes some DDL locks
+ * (CREATE RULE, CREATE TRIGGER, a foreign key) before it checks privileges, so a role that can name
+ * a table can queue a lock on it behind a long transaction of its own, and stall every writer of it.
+ * Nothing to say on a database fencepost was never migrated into.
+ */
+export async function protectedDataReport(pool: pg.Pool): Promise<ProtectedDataReport> {
+  const { rows: installed } = await pool.query<{ installed: boolean }>(q.installed());
+  if (!installed[0]?.installed) return { protected: 0, warnings: [] };
+  const items = await listProtected(pool);
+  const warnings: ProtectedDataReport['warnings'] = items
+    .filter((i) => !i.enforced)
+    .map((i) => ({ reason: 'not_enforced' as const, target: `${i.kind} ${i.target}`, message: `${i.kind} ${i.target}: NOT ENFORCED: ${i.whyNot ?? 'its trigger is not the fence\'s'} (run fencepost protect again)` }));
+  const { rows } = await pool.query<{ target: string; schema: string; roles: string[] }>(q.schemaUsers());
+  for (const r of rows) {
+    if (r.roles.length <= 1 && !r.roles.includes('PUBLIC')) continue;
+    const who = r.roles.includes('PUBLIC') ? `every role (PUBLIC has USAGE on schema ${r.schema})` : `roles ${r.roles.join(', ')} (USAGE on schema ${r.schema})`;
+    warnings.push({
+      reason: 'shared_schema',
+      target: `table ${r.target}`,
+      message: `table ${r.target}: ${who} can name it in DDL that locks it before privileges are checked, and so stall its writers; keep it in a schema only its writers' role may use`,
+    });
+  }
+  return { protected: items.length, warnings };
+}
+
 export async function protectedPrefixes(pool: pg.Pool): Promise<{ prefix: string; fenceKey: string }[]> {
   const { rows } = await pool.query<{ prefix: string; fence_key: string }>(q.prefixes());
   return rows.map((r) => ({ prefix: r.prefix, fenceKey: r.fence_key })).sort((a, b) => Buffer.byteLength(b.prefix) - Buffer.byteLength(a.prefix));

@@ -237,6 +237,39 @@ describe('a protected table', () => {
     expect(cli.stdout).toContain('table\ttampered\ttampered\tNOT ENFORCED: its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER) (run protect again)');
   });
 
+  test('doctor warns of a protected table others can name (a schema several roles, or PUBLIC, may use) and of one not enforced; a schema of its own writer is quiet', async ({ db, sql }) => {
+    // Invariant: doctor exits 3 and names the table whenever a role other than its writer could
+    // queue a lock on it, or its trigger would let a write through.
+    void sql;
+    const writer = `${clientRoleFor(db.url)}_dw`;
+    const other = `${clientRoleFor(db.url)}_do`;
+    await db.pool.query(`DROP ROLE IF EXISTS ${writer}; DROP ROLE IF EXISTS ${other}; CREATE ROLE ${writer} NOLOGIN; CREATE ROLE ${other} NOLOGIN`);
+    try {
+      await db.pool.query(`CREATE SCHEMA own_a; REVOKE ALL ON SCHEMA own_a FROM PUBLIC; GRANT USAGE ON SCHEMA own_a TO ${writer}; CREATE TABLE own_a.ledger (id int)`);
+      await db.pool.query(`CREATE SCHEMA shared_b; GRANT USAGE ON SCHEMA shared_b TO ${writer}, ${other}; CREATE TABLE shared_b.ledger (id int)`);
+      await db.pool.query('CREATE TABLE public.open_ledger (id int)');
+      await protectTable(db.pool, 'own_a.ledger', 'doctor/a');
+      await protectTable(db.pool, 'shared_b.ledger', 'doctor/b');
+      await protectTable(db.pool, 'public.open_ledger', 'doctor/c');
+      await db.pool.query('ALTER TABLE own_a.ledger DISABLE TRIGGER fencepost_fence');
+      const doctor = () => spawnSync(process.execPath, [BIN, 'doctor', '--database-url', db.url], { env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' }, encoding: 'utf8' });
+      const r = doctor();
+      expect(r.status, r.stderr).toBe(3);
+      const lines = r.stdout.split('\n');
+      expect(lines).toContain('Protected data:');
+      expect(lines).toContain('  warning [not_enforced]: table own_a.ledger: NOT ENFORCED: its trigger is disabled (run fencepost protect again)');
+      expect(lines.filter((l) => l.includes('[shared_schema]: table shared_b.ledger:'))).toEqual([expect.stringContaining(`roles ${[other, writer].sort().join(', ')} (USAGE on schema shared_b)`)]);
+      expect(lines.filter((l) => l.includes('[shared_schema]: table open_ledger:'))).toEqual([expect.stringContaining('every role (PUBLIC has USAGE on schema public)')]);
+      expect(lines.filter((l) => l.includes('[shared_schema]: table own_a.ledger'))).toEqual([]);
+      const json = JSON.parse(spawnSync(process.execPath, [BIN, 'doctor', '--json', '--database-url', db.url], { encoding: 'utf8' }).stdout) as { protectedData: { warnings: { reason: string; target: string }[] } };
+      expect(json.protectedData.warnings).toContainEqual(expect.objectContaining({ reason: 'shared_schema', target: 'table shared_b.ledger' }));
+    } finally {
+      await db.pool.query('DROP SCHEMA IF EXISTS own_a CASCADE; DROP SCHEMA IF EXISTS shared_b CASCADE; DROP TABLE IF EXISTS public.open_ledger');
+      await db.pool.query(`DELETE FROM fencepost.protected_tables WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = relation)`).catch(() => {});
+      await db.pool.query(`DROP ROLE IF EXISTS ${writer}; DROP ROLE IF EXISTS ${other}`);
+    }
+  });
+
   test('covers the partitions present when it is protected', async ({ db, sql }) => {
     void sql;
     await db.pool.query(`CREATE TABLE public.events (id int, at int) PARTITION BY RANGE (at);

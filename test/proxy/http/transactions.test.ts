@@ -1,7 +1,7 @@
 // POST /v1/transactions: fences and statements in one transaction, all or nothing, as the key's role.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { FastifyInstance } from 'fastify';
-import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
+import { clientRoleFor, createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { SECRET, adminQuery, bearer, securedApp, uniqueRole } from '../../support/keys.ts';
 import { testApp } from '../../support/proxy.ts';
 
@@ -33,11 +33,16 @@ afterAll(async () => {
   await adminQuery(`DROP ROLE IF EXISTS ${role}`);
 });
 
+/** securedApp's transaction settings with a statement timeout no loaded box reaches, for tests of something else. */
+function patientTransactions() {
+  return { clientRole: clientRoleFor(db.pool), maxStatements: 8, statementTimeoutMs: 30_000, retries: 3 };
+}
+
 type Fence = { key: string; token: string };
 type Stmt = { sql: string; params?: unknown[] };
 
-async function post(fences: Fence[], statements: Stmt[], key = SECRET.writer, extra: Record<string, unknown> = {}) {
-  const res = await app.inject({
+async function post(fences: Fence[], statements: Stmt[], key = SECRET.writer, extra: Record<string, unknown> = {}, to: FastifyInstance = app) {
+  const res = await to.inject({
     method: 'POST',
     url: '/v1/transactions',
     headers: { ...bearer(key), 'content-type': 'application/json', 'writer-id': 'tx-test' },
@@ -180,22 +185,46 @@ describe('the key and its role', () => {
 
 describe('concurrency', () => {
   test('transactions naming the same fences in opposite orders never deadlock on them', async () => {
-    const runs = Array.from({ length: 12 }, (_, i) =>
-      post(i % 2 ? [{ key: 'w/p', token: '1' }, { key: 'w/q', token: '1' }] : [{ key: 'w/q', token: '1' }, { key: 'w/p', token: '1' }], [
-        { sql: `UPDATE app.counters SET n = n + 1 WHERE id = 'x'` },
-      ]),
-    );
-    const results = await Promise.all(runs);
-    expect(results.map((r) => r.status)).toEqual(Array(12).fill(200));
-    expect((await db.pool.query(`SELECT n FROM app.counters WHERE id = 'x'`)).rows[0].n).toBe(12);
-    expect(await fence('w/p')).toMatchObject({ accepted: '12', rejected: '0' });
+    // Their UPDATEs of one row queue behind each other: on a loaded box a wait can pass the file's
+    // 300 ms statement timeout, which is not what this checks, so these run with a patient one.
+    const patient = securedApp(db.pool, role, { transactions: patientTransactions() });
+    try {
+      const runs = Array.from({ length: 12 }, (_, i) =>
+        post(i % 2 ? [{ key: 'w/p', token: '1' }, { key: 'w/q', token: '1' }] : [{ key: 'w/q', token: '1' }, { key: 'w/p', token: '1' }], [
+          { sql: `UPDATE app.counters SET n = n + 1 WHERE id = 'x'` },
+        ], SECRET.writer, {}, patient),
+      );
+      const results = await Promise.all(runs);
+      expect(results.map((r) => r.status)).toEqual(Array(12).fill(200));
+      expect((await db.pool.query(`SELECT n FROM app.counters WHERE id = 'x'`)).rows[0].n).toBe(12);
+      await patient.store.flushCounts();
+      expect(await fence('w/p')).toMatchObject({ accepted: '12', rejected: '0' });
+    } finally {
+      await patient.close();
+    }
   });
 
   test('a deadlock between the statements of two transactions is retried and both commit', async () => {
     // Separate fences, so only the row locks can collide; a tight deadlock_timeout keeps it quick.
     // A fresh app: pooled client connections read the database's settings when they open.
     await db.pool.query(`ALTER DATABASE ${new URL(db.url).pathname.slice(1)} SET deadlock_timeout = '50ms'`);
-    const fresh = securedApp(db.pool, role);
+    // A barrier, so the deadlock happens however slow the box: after its first UPDATE, each
+    // transaction says it arrived (nextval: not transactional, seen at once) and waits until the
+    // other has arrived too, i.e. holds its first row. A retried one finds the other arrived long ago.
+    await db.pool.query(`CREATE SEQUENCE app.arrived_d1; CREATE SEQUENCE app.arrived_d2;
+      GRANT USAGE, SELECT ON SEQUENCE app.arrived_d1, app.arrived_d2 TO ${role};
+      CREATE FUNCTION app.await_peer(mine text, theirs text) RETURNS void LANGUAGE plpgsql AS $$
+      DECLARE arrived boolean;
+      BEGIN
+        PERFORM nextval(format('app.arrived_%s', mine)::regclass);
+        FOR i IN 1..3000 LOOP
+          EXECUTE format('SELECT is_called FROM app.arrived_%s', theirs) INTO arrived;
+          EXIT WHEN arrived;
+          PERFORM pg_sleep(0.01);
+        END LOOP;
+      END $$;
+      GRANT EXECUTE ON FUNCTION app.await_peer(text, text) TO ${role}`);
+    const fresh = securedApp(db.pool, role, { transactions: patientTransactions() });
     const slow = async (a: string, b: string, k: string) => {
       const res = await fresh.inject({
         method: 'POST',
@@ -204,9 +233,9 @@ describe('concurrency', () => {
         payload: JSON.stringify({
           fences: [{ key: k, token: '1' }],
           statements: [
-        { sql: `UPDATE app.counters SET n = n + 1 WHERE id = $1`, params: [a] },
-        { sql: 'SELECT pg_sleep(0.05)' },
-        { sql: `UPDATE app.counters SET n = n + 1 WHERE id = $1`, params: [b] },
+            { sql: `UPDATE app.counters SET n = n + 1 WHERE id = $1`, params: [a] },
+            { sql: `SELECT app.await_peer('${k.slice(2)}', '${k === 'w/d1' ? 'd2' : 'd1'}')` },
+            { sql: `UPDATE app.counters SET n = n + 1 WHERE id = $1`, params: [b] },
           ],
         }),
       });

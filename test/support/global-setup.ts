@@ -51,7 +51,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
       pg = await startPostgres({
         dataDir: join(pgDir, 'data'),
         // Prepared transactions enabled, so the tests show that no door lets client SQL prepare one.
-        postgresFlags: ['-c', 'max_connections=300', '-c', 'max_prepared_transactions=10'],
+        // Commit timestamps, so a test can check commit order (shared-lock.test.ts).
+        postgresFlags: ['-c', 'max_connections=300', '-c', 'max_prepared_transactions=10', '-c', 'track_commit_timestamp=on'],
       });
       return pg.url;
     })(),

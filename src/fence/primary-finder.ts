@@ -8,10 +8,9 @@
 //
 // The host found stays the target until a connection to it fails (refused, reset, admin shutdown,
 // 25006 read-only, …): then the next connection searches again. Only the proxy's own observations
-// count: on connections that run client SQL (ClientSql: /v1/transactions' logins) an error a
-// statement raised (a client's `RAISE … USING ERRCODE = '57P01'`, its own read-only transaction)
-// moves nothing; the server ending the session (FATAL) and a lost connection do. A search that found nothing is
-// reused for SEARCH_FAILURE_REUSE_MS, so a burst of writes during a failover costs one search, not
+// count: on connections that run client SQL (ClientSql: /v1/transactions' logins) no ErrorResponse
+// moves anything (a client can RAISE any SQLSTATE); the connection ending does, as a server that
+// really ends the session ends it. A search that found nothing is reused for SEARCH_FAILURE_REUSE_MS, so a burst of writes during a failover costs one search, not
 // one per write, and each of them answers 503 with the reason.
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
@@ -99,10 +98,9 @@ export interface PrimaryFinderOptions {
  * after one did (or at the first search).
  */
 export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [NoWritableHostError] }> {
-  /** node-postgres's Client, connecting to the target (hand it to pg.Pool as `Client`). */
-  /** For the proxy's own connections. */
+  /** node-postgres's Client for the proxy's own connections, to the target (hand it to pg.Pool as `Client`). */
   readonly Client: typeof pg.Client;
-  /** For connections that run client SQL: an ErrorResponse below FATAL suspects nothing. */
+  /** The same for connections that run client SQL: no ErrorResponse on them suspects the host. */
   readonly ClientSql: typeof pg.Client;
   /** Searches started, for tests and logs. */
   searches = 0;

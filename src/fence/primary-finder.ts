@@ -10,8 +10,9 @@
 // 25006 read-only, …): then the next connection searches again. Only the proxy's own observations
 // count: on connections that run client SQL (ClientSql: /v1/transactions' logins) no ErrorResponse
 // moves anything (a client can RAISE any SQLSTATE); the connection ending does, as a server that
-// really ends the session ends it. A search that found nothing is reused for SEARCH_FAILURE_REUSE_MS, so a burst of writes during a failover costs one search, not
-// one per write, and each of them answers 503 with the reason.
+// really ends the session ends it. A search that found nothing is reused for
+// SEARCH_FAILURE_REUSE_MS, so a burst of writes during a failover costs one search, not one per
+// write, and each of them answers 503 with the reason.
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { writability } from './queries.ts';

@@ -25,6 +25,13 @@ export class AcceptedCounts {
     for (const k of fenceKeys) this.pending.set(k, (this.pending.get(k) ?? 0) + 1);
   }
 
+  /** Transactions counted here and not yet in the counters (non-zero after a failed flush, or between flushes). */
+  get unflushed(): number {
+    let n = 0;
+    for (const v of this.pending.values()) n += v;
+    return n;
+  }
+
   /** Adds what is counted so far to the counters; resolves once it (and any flush before it) is done. */
   flush(): Promise<void> {
     const run = this.flushing.then(async () => {

@@ -113,9 +113,11 @@ export class FenceStore {
     return reads.listFences(this.pool, after, limit);
   }
 
-  async stats(perFenceLimit: number): Promise<Stats> {
+  /** The counters, after this proxy's own counts are flushed; `unflushed`: what this proxy counted that they still lack (its flush failed). */
+  async stats(perFenceLimit: number): Promise<Stats & { unflushed: number }> {
     await this.flushCounts();
-    return reads.readStats(this.pool, perFenceLimit);
+    const s = await reads.readStats(this.pool, perFenceLimit);
+    return { ...s, unflushed: this.accepted.unflushed };
   }
 
   /** This proxy's accepted counts, added to the counters now (a failure leaves them for the next flush). */

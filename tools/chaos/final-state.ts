@@ -13,7 +13,33 @@ export function objectsByKey(keys: readonly string[]): QueryConfig<unknown[]> {
   };
 }
 
-export async function readFinalState(databaseUrl: string, proxyUrl: string, keys: readonly string[]): Promise<FinalState> {
+/**
+ * Every proxy's SQL-door counts in the database: each proxy's /v1/stats flushes its own, and says
+ * what its flush could not add yet (`unflushedAccepted`, retried until 0 or `waitMs` passes).
+ */
+export async function flushEveryProxy(proxyUrls: readonly string[], waitMs = 30_000): Promise<void> {
+  const deadline = Date.now() + waitMs;
+  for (const url of proxyUrls) {
+    for (;;) {
+      let last: string;
+      try {
+        const res = await fetch(`${url}/v1/stats?limit=1`);
+        const body = (await res.json()) as { unflushedAccepted?: number };
+        if (res.ok && body.unflushedAccepted === 0) break;
+        last = res.ok ? `${body.unflushedAccepted} accepted counts not flushed` : `GET /v1/stats answered ${res.status}`;
+      } catch (err) {
+        last = (err as Error).message;
+      }
+      if (Date.now() > deadline) throw new Error(`${url}: its counts are not all in the database: ${last}`);
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+}
+
+/** The stored objects and the stats, once every proxy in `proxyUrls` has flushed its counts; stats read from the first. */
+export async function readFinalState(databaseUrl: string, proxyUrls: readonly string[], keys: readonly string[]): Promise<FinalState> {
+  await flushEveryProxy(proxyUrls);
+  const proxyUrl = proxyUrls[0]!;
   const client = new pg.Client({ connectionString: databaseUrl });
   await client.connect();
   const objects = new Map<string, StoredObject>();

@@ -164,7 +164,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     const ops = readHistory(cluster.historyDir);
     writeOperations(join(dir, 'history.jsonl'), ops);
     const keys = [...new Set(ops.map((op) => op.key).filter((k): k is string => k !== null))];
-    const final = await readFinalState(cluster.databaseUrl, cluster.proxyUrls[0]!, keys);
+    const final = await readFinalState(cluster.databaseUrl, cluster.proxyUrls, keys);
     // A proxy killed with SIGKILL loses the SQL-door counts it had not added yet (checker.ts, invariant 4).
     const { proxyUrls, pgwireUrls } = cluster;
     const countLoss: CountLoss[] = faults.flatMap((e) => {

@@ -30,6 +30,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
               accepted: { type: 'integer' },
               rejected: { type: 'integer' },
               fenceCount: { type: 'integer' },
+              unflushedAccepted: { type: 'integer', description: "SQL-door transactions this proxy saw commit that `accepted` lacks yet: 0 unless its flush to the database failed (it is retried every 2 s)" },
               byFenceKey: { type: 'array', items: countSchema },
             },
           },
@@ -43,6 +44,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
         accepted: Number(s.accepted),
         rejected: Number(s.rejected),
         fenceCount: s.fences,
+        unflushedAccepted: s.unflushed,
         byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), raisedBy: f.raisedBy, raisedAt: f.raisedAt.toISOString(), accepted: Number(f.accepted), rejected: Number(f.rejected) })),
       };
     },

@@ -193,19 +193,6 @@ CREATE TABLE fencepost.totals (
 CREATE UNIQUE INDEX totals_pkey ON fencepost.totals USING btree (shard);
 -- fencepost.totals: privileges {<owner>=arwdDxtm/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.discard_temp()
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-BEGIN
-  IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
-             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.fencepost_no_prepare_seq'), 0))) THEN
-    DISCARD TEMP;
-  END IF;
-END $function$;
--- fencepost.discard_temp(): privileges {<owner>=X/<owner>}
-
 CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
  RETURNS text
  LANGUAGE sql
@@ -213,54 +200,6 @@ CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$ SELECT 'epoch_' || left(encode(sha256(convert_to(fence_key, 'UTF8')), 'hex'), 56) $function$;
 -- fencepost.epoch_name(text): privileges (default)
-
-CREATE OR REPLACE FUNCTION fencepost.fence_session(session_capability text, fence_key text, token bigint)
- RETURNS bigint
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-DECLARE
-  v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
-  v_highest bigint;
-  v_name text;
-  v_seq regclass;
-BEGIN
-  IF session_capability IS DISTINCT FROM encode(sha256(convert_to(v_secret || '|' || pg_backend_pid() || '|' || coalesce('fence_session', 'NULL') || '|' || coalesce(fence_key, 'NULL') || '|' || coalesce(token::text, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
-    RAISE EXCEPTION 'fencepost.fence_session may be called by the proxy only'
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  IF to_regclass('pg_temp.fencepost_no_prepare_seq') IS NULL THEN
-    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-    GRANT SELECT ON SEQUENCE pg_temp.fencepost_no_prepare_seq TO PUBLIC;
-  END IF;
-  IF fence_key IS NULL OR token IS NULL THEN
-    RETURN NULL;
-  END IF;
-  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
-  IF v_highest IS DISTINCT FROM token THEN
-    RETURN v_highest;
-  END IF;
-  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key FOR SHARE;
-  IF v_highest IS DISTINCT FROM token THEN
-    RETURN v_highest;
-  END IF;
-  v_name := fencepost.epoch_name(fence_key);
-  v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  IF v_seq IS NULL THEN
-    -- The fence's first session: its epoch (a concurrent first session may make it first).
-    BEGIN
-      EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-      EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
-    EXCEPTION WHEN unique_violation OR duplicate_table THEN
-      NULL;
-    END;
-    v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  END IF;
-  PERFORM nextval(v_seq);
-  RETURN v_highest;
-END $function$;
--- fencepost.fence_session(text,text,bigint): privileges {<owner>=X/<owner>}
 
 CREATE OR REPLACE FUNCTION fencepost.next_epoch()
  RETURNS trigger
@@ -273,9 +212,8 @@ DECLARE
 BEGIN
   IF to_regclass('fencepost.' || quote_ident(v_name)) IS NOT NULL THEN
     EXECUTE format('DROP SEQUENCE fencepost.%I', v_name);
+    -- The owner's only: the proof (currval) runs in functions of the owner's (prove_*).
     EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-    -- currval only (nextval needs UPDATE or USAGE): the proof, never the fence.
-    EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
   END IF;
   RETURN NULL;
 END $function$;
@@ -303,19 +241,6 @@ BEGIN
 END $function$;
 -- fencepost.object_fence_ok(text,text): privileges {<owner>=X/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.prove_transaction(epoch text, fence_key text, token bigint)
- RETURNS void
- LANGUAGE plpgsql
-AS $function$
-BEGIN
-  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencepost.epoch_oid', true) THEN
-    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $function$;
--- fencepost.prove_transaction(text,text,bigint): privileges {<owner>=X/<owner>}
-
 CREATE OR REPLACE FUNCTION fencepost.refuse_fence_change()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -340,16 +265,6 @@ BEGIN
   RETURN NEW;
 END $function$;
 -- fencepost.refuse_misfenced_object(): privileges {<owner>=X/<owner>}
-
-CREATE OR REPLACE FUNCTION fencepost.refuse_transaction(code text, message text, detail text, hint text)
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-BEGIN
-  RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
-END $function$;
--- fencepost.refuse_transaction(text,text,text,text): privileges (default)
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
  RETURNS trigger
@@ -391,17 +306,6 @@ BEGIN
 END $function$;
 -- fencepost.refuse_unproven_session(text,bigint): privileges {<owner>=X/<owner>}
 
-CREATE OR REPLACE FUNCTION fencepost.session_proof(epoch text, fence_key text, token bigint)
- RETURNS void
- LANGUAGE plpgsql
-AS $function$
-BEGIN
-  PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-EXCEPTION WHEN object_not_in_prerequisite_state OR internal_error THEN
-  PERFORM fencepost.refuse_unproven_session(fence_key, token);
-END $function$;
--- fencepost.session_proof(text,text,bigint): privileges {<owner>=X/<owner>}
-
 CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea)
  RETURNS text
  LANGUAGE sql
@@ -422,3 +326,121 @@ AS $function$
   LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = rel AND g.tgname = 'fencepost_fence'
 $function$;
 -- fencepost.trigger_problem(regclass,regprocedure,smallint,bytea): privileges (default)
+
+-- The fencepost_api schema a fresh install leaves (PostgreSQL 18), from tools/schema-dump.ts.
+-- Not applied by anything: migrations/ and src/fence/definitions.ts make it. Regenerate with `npm run schema:dump`.
+
+-- schema fencepost_api: privileges (default)
+
+CREATE OR REPLACE FUNCTION fencepost_api.discard_temp()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()
+             AND NOT (d.classid = 'pg_class'::regclass AND d.objid = coalesce(to_regclass('pg_temp.fencepost_no_prepare_seq'), 0))) THEN
+    DISCARD TEMP;
+  END IF;
+END $function$;
+-- fencepost_api.discard_temp(): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost_api.fence_session(session_capability text, fence_key text, token bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
+  v_highest bigint;
+  v_name text;
+  v_seq regclass;
+BEGIN
+  IF session_capability IS DISTINCT FROM encode(sha256(convert_to('fencepost bound capability v2' || '|' || v_secret || '|' || pg_backend_pid() || '|' || (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a) || '|' || coalesce('fence_session', 'NULL') || '|' || coalesce(fence_key, 'NULL') || '|' || coalesce(token::text, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
+    RAISE EXCEPTION 'fencepost.fence_session may be called by the proxy only'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF to_regclass('pg_temp.fencepost_no_prepare_seq') IS NULL THEN
+    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+    GRANT SELECT ON SEQUENCE pg_temp.fencepost_no_prepare_seq TO PUBLIC;
+  END IF;
+  IF fence_key IS NULL OR token IS NULL THEN
+    RETURN NULL;
+  END IF;
+  PERFORM pg_catalog.set_config('fencepost.epoch_oid', '', false);
+  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
+  IF v_highest IS DISTINCT FROM token THEN
+    RETURN v_highest;
+  END IF;
+  SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key FOR SHARE;
+  IF v_highest IS DISTINCT FROM token THEN
+    RETURN v_highest;
+  END IF;
+  v_name := fencepost.epoch_name(fence_key);
+  v_seq := to_regclass('fencepost.' || quote_ident(v_name));
+  IF v_seq IS NULL THEN
+    -- The fence's first session: its epoch (a concurrent first session may make it first).
+    BEGIN
+      EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
+    EXCEPTION WHEN unique_violation OR duplicate_table THEN
+      NULL;
+    END;
+    v_seq := to_regclass('fencepost.' || quote_ident(v_name));
+  END IF;
+  PERFORM nextval(v_seq);
+  -- For the SQL endpoint's proof (prove_transaction): which epoch this session was fenced in.
+  PERFORM pg_catalog.set_config('fencepost.epoch_oid', v_seq::oid::text, false);
+  RETURN v_highest;
+END $function$;
+-- fencepost_api.fence_session(text,text,bigint): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+  PERFORM pg_catalog.currval(e::pg_catalog.regclass) FROM pg_catalog.unnest(epochs) AS u(e);
+  PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+END $function$;
+-- fencepost_api.prove_epochs(text[]): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencepost.epoch_oid', true) THEN
+    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
+END $function$;
+-- fencepost_api.prove_transaction(text,text,bigint): privileges {<owner>=X/<owner>}
+
+CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
+END $function$;
+-- fencepost_api.refuse_transaction(text,text,text,text): privileges (default)
+
+CREATE OR REPLACE FUNCTION fencepost_api.session_start()
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF to_regclass('pg_temp.fencepost_no_prepare_seq') IS NULL THEN
+    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+    GRANT SELECT ON SEQUENCE pg_temp.fencepost_no_prepare_seq TO PUBLIC;
+  END IF;
+  RETURN (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a);
+END $function$;
+-- fencepost_api.session_start(): privileges {<owner>=X/<owner>}

@@ -16,12 +16,17 @@ import { startEmbeddedPostgres } from '../src/fence/embedded-postgres.ts';
 
 export const SCHEMA_FILE = join(import.meta.dirname, '..', 'migrations', 'schema.sql');
 
-export async function dumpSchema(pool: pg.Pool, schema = 'fencepost'): Promise<string> {
+/** The fence's schemas: its tables and own functions, and the functions clients call (definitions.ts CLIENT_SCHEMA). */
+export const FENCE_SCHEMAS = ['fencepost', 'fencepost_api'] as const;
+
+export async function dumpSchema(pool: pg.Pool, schemas: readonly string[] = FENCE_SCHEMAS): Promise<string> {
   // Definitions print names qualified by schema only on a search_path that holds none of ours.
   const client = await pool.connect();
   try {
     await client.query('SET search_path = pg_catalog');
-    return await dumpWith(client, schema);
+    const parts: string[] = [];
+    for (const schema of schemas) parts.push(await dumpWith(client, schema));
+    return parts.join('\n');
   } finally {
     await client.query('RESET search_path').catch(() => {});
     client.release();

@@ -4,8 +4,9 @@
 // login of its own, `<clientRole>_<key name>`, member of that pgRole and of no other role; in open
 // mode there is one login, `<clientRole>` (default `fencepost_client`), with whatever the operator
 // granted it. The logins are NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS
-// NOINHERIT, own nothing, and may only use the fencepost schema to call the proxy's fence
-// functions (definitions.ts CLIENT_FUNCTIONS), each of which demands the proxy's capability.
+// NOINHERIT, own nothing, and may only call the proxy's fence functions in schema fencepost_api
+// (definitions.ts CLIENT_FUNCTIONS; those that fence demand the proxy's capability). Neither they
+// nor the keys' roles may name anything in schema fencepost.
 // Whatever a statement does — RESET ROLE, set_config('role', …), SET SESSION
 // AUTHORIZATION, DO/EXECUTE, functions — it ends as the login or the key's role: nothing there can
 // lower a fence, disable a trigger or reach another key's role.
@@ -18,7 +19,7 @@ import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { Query } from './queries.ts';
 import { sqlState, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './pg-errors.ts';
-import { CLIENT_FUNCTIONS } from './definitions.ts';
+import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
 
 const DUPLICATE_OBJECT = '42710';
 
@@ -142,9 +143,11 @@ const q = {
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
   /** What a login (and a key's role: the fence runs after SET LOCAL ROLE) may use of the schema. */
   grantFence: (role: string): string[] => [
-    `GRANT USAGE ON SCHEMA fencepost TO ${pg.escapeIdentifier(role)}`,
+    `GRANT USAGE ON SCHEMA ${CLIENT_SCHEMA} TO ${pg.escapeIdentifier(role)}`,
     ...CLIENT_FUNCTIONS.map((f) => `GRANT EXECUTE ON FUNCTION ${f} TO ${pg.escapeIdentifier(role)}`),
   ],
+  /** Whether `role` may name what is in schema fencepost (USAGE, its own or inherited). */
+  namesFenceSchema: (role: string): Query => ({ text: "SELECT 1 WHERE has_schema_privilege($1, 'fencepost', 'USAGE')", values: [role] }),
 };
 
 /**
@@ -199,12 +202,14 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       const reach = (await client.query<{ rolname: string }>(q.dangerousReach(pgRole))).rows.map((r) => r.rolname);
       // A privilege, not a name: whatever path gives the role a fencepost table, it is refused.
       reach.push(...(await client.query<{ relname: string }>(q.fenceTablesReachable(pgRole))).rows.map((r) => `a privilege on fencepost.${r.relname}`));
+      // Naming is enough to queue a DDL lock there that every tenant's fence would wait behind.
+      if (((await client.query(q.namesFenceSchema(pgRole))).rowCount ?? 0) > 0) reach.push('USAGE on schema fencepost (REVOKE USAGE ON SCHEMA fencepost FROM it)');
       if (reach.length > 0) {
         return problem(`pgRole ${pgRole} reaches ${reach.join(', ')} (superuser, createrole, bypassrls, replication, server files or programs, signalling backends, or the owner of the fencepost schema): client SQL would escape the fence; give the key a role without them`);
       }
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
-    todo.push(...q.grantFence(login));
+    todo.push(`REVOKE USAGE ON SCHEMA fencepost FROM ${pg.escapeIdentifier(login)}`, ...q.grantFence(login));
     // The proxy's own role must be able to terminate the login's backends (a transaction past its
     // deadline): membership does it for a role that is not a superuser.
     const owner = (await client.query<{ u: string }>(q.currentUser())).rows[0]!.u;

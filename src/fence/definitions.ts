@@ -11,9 +11,17 @@
 import { createHash } from 'node:crypto';
 import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql } from './detail.ts';
-import { boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
+import { BACKEND_START_SQL, boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
 
-export const DEFINITIONS_VERSION = 9;
+export const DEFINITIONS_VERSION = 10;
+
+/**
+ * The schema of the functions client logins and keys' roles call (migration 0019): functions only,
+ * no table or sequence, so nothing in it is worth a lock another tenant needs. Those roles have no
+ * USAGE on schema fencepost: they cannot name its tables or epoch sequences, not even in DDL that
+ * Postgres would lock before checking ownership.
+ */
+export const CLIENT_SCHEMA = 'fencepost_api';
 
 interface Definition {
   /** The function's signature as GRANT and REVOKE name it, or the view's name. */
@@ -75,11 +83,28 @@ DECLARE
 BEGIN
   IF to_regclass('fencepost.' || quote_ident(v_name)) IS NOT NULL THEN
     EXECUTE format('DROP SEQUENCE fencepost.%I', v_name);
+    -- The owner's only: the proof (currval) runs in functions of the owner's (prove_*).
     EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-    -- currval only (nextval needs UPDATE or USAGE): the proof, never the fence.
-    EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
   END IF;
   RETURN NULL;
+END $$`,
+  },
+  {
+    // A session's setup, before its first fence: the session's temporary sequence (rule.ts
+    // NO_PREPARE_READ), made once per backend, and the backend's start (rule.ts BACKEND_START_SQL),
+    // which the proxy binds the session's capabilities to. Harmless to anyone: it fences nothing.
+    name: 'fencepost_api.session_start()',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost_api.session_start() RETURNS text
+${PROXY_FUNCTION} AS $$
+BEGIN
+  IF to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}') IS NULL THEN
+    CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};
+    GRANT SELECT ON SEQUENCE pg_temp.${NO_PREPARE_SEQUENCE} TO PUBLIC;
+  END IF;
+  RETURN ${BACKEND_START_SQL};
 END $$`,
   },
   {
@@ -93,11 +118,11 @@ END $$`,
     // own fence row is shared until this call's transaction ends, so no raise commits in between
     // (a raise updates the row before it replaces the epoch: the same lock order as here), and in
     // REPEATABLE READ a raise committed after the snapshot fails the lock (40001).
-    name: 'fencepost.fence_session(text, text, bigint)',
+    name: 'fencepost_api.fence_session(text, text, bigint)',
     revoke: true,
     client: true,
     sql: `
-CREATE OR REPLACE FUNCTION fencepost.fence_session(session_capability text, fence_key text, token bigint)
+CREATE OR REPLACE FUNCTION fencepost_api.fence_session(session_capability text, fence_key text, token bigint)
 RETURNS bigint
 ${PROXY_FUNCTION} AS $$
 DECLARE
@@ -114,6 +139,7 @@ BEGIN
   IF fence_key IS NULL OR token IS NULL THEN
     RETURN NULL;
   END IF;
+  PERFORM pg_catalog.set_config('${EPOCH_OID_SETTING}', '', false);
   SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
@@ -128,29 +154,15 @@ BEGIN
     -- The fence's first session: its epoch (a concurrent first session may make it first).
     BEGIN
       EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-      EXECUTE format('GRANT SELECT ON SEQUENCE fencepost.%I TO PUBLIC', v_name);
     EXCEPTION WHEN unique_violation OR duplicate_table THEN
       NULL;
     END;
     v_seq := to_regclass('fencepost.' || quote_ident(v_name));
   END IF;
   PERFORM nextval(v_seq);
+  -- For the SQL endpoint's proof (prove_transaction): which epoch this session was fenced in.
+  PERFORM pg_catalog.set_config('${EPOCH_OID_SETTING}', v_seq::oid::text, false);
   RETURN v_highest;
-END $$`,
-  },
-  {
-    // The proof of definitions v6 (its exception block costs a subtransaction per call), kept for
-    // proxies of that version during a rolling upgrade; prove_transaction replaced it.
-    name: 'fencepost.session_proof(text, text, bigint)',
-    revoke: true,
-    client: true,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost.session_proof(epoch text, fence_key text, token bigint) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
-EXCEPTION WHEN object_not_in_prerequisite_state OR internal_error THEN
-  PERFORM fencepost.refuse_unproven_session(fence_key, token);
 END $$`,
   },
   {
@@ -160,15 +172,17 @@ END $$`,
     // passed the fence in it and holds it until the transaction ends, and the no-PREPARE read;
     // else refuse_unproven_session (FP409 with the highest token, or FP428). A writer's own value of
     // the setting can only make its transaction fail: currval() decides. No exception block (no
-    // subtransaction), no SET clause: it runs as the writer, every name and operator qualified.
+    // subtransaction), no SET clause (it would cost a GUC save and restore per call): every name
+    // and operator is qualified, so the caller's search_path cannot reach into it. SECURITY
+    // DEFINER: the epoch sequences are the owner's alone.
     // One call parses in a fraction of the time the same logic takes as a SELECT, which matters
     // where the proof is parsed per transaction (a Query, a writer's unnamed statement).
-    name: 'fencepost.prove_transaction(text, text, bigint)',
+    name: 'fencepost_api.prove_transaction(text, text, bigint)',
     revoke: true,
     client: true,
     sql: `
-CREATE OR REPLACE FUNCTION fencepost.prove_transaction(epoch text, fence_key text, token bigint) RETURNS void
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
   IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN
     PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
@@ -178,12 +192,28 @@ BEGIN
 END $$`,
   },
   {
+    // The proof of /v1/transactions (queries.ts openClientTransaction): for each epoch sequence
+    // named, rule.ts epochProof (55000 or XX000 when a raise replaced it since the connection was
+    // fenced, 42P01 before the fence's first session made it), then the no-PREPARE read. Qualified
+    // names only, SECURITY DEFINER without a SET clause, as prove_transaction.
+    name: 'fencepost_api.prove_epochs(text[])',
+    revoke: true,
+    client: true,
+    sql: `
+CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+  PERFORM ${epochProof('e')} FROM pg_catalog.unnest(epochs) AS u(e);
+  PERFORM ${NO_PREPARE_READ};
+END $$`,
+  },
+  {
     // Why a session's proof failed, as its error: FP409 when the fence is above its token (a newer
     // leader raised it), else FP428 (the session lost its fence some other way, say DISCARD
     // SEQUENCES in a function: the proxy fences it again before the next transaction).
     name: 'fencepost.refuse_unproven_session(text, bigint)',
     revoke: true,
-    client: true,
+    client: false,
     sql: `
 CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint) RETURNS void
 ${PROXY_FUNCTION} AS $$
@@ -206,11 +236,11 @@ END $$`,
     // unverified token, a fence that could not be raised, malformed settings: src/proxy/sql/gate.ts),
     // run in the place of the session's proof so the transaction fails before the writer's first
     // statement. It only raises what it is given: anyone may call it, to no effect on anyone else.
-    name: 'fencepost.refuse_transaction(text, text, text, text)',
+    name: 'fencepost_api.refuse_transaction(text, text, text, text)',
     revoke: false,
     client: false,
     sql: `
-CREATE OR REPLACE FUNCTION fencepost.refuse_transaction(code text, message text, detail text, hint text)
+CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -221,11 +251,11 @@ END $$`,
     // The session reset's DISCARD TEMP (session-reset.ts), done only when the session has temporary
     // objects besides the fence's own sequence (rule.ts NO_PREPARE_SEQUENCE), which would otherwise be
     // dropped and made again by every transaction (a catalog write each).
-    name: 'fencepost.discard_temp()',
+    name: 'fencepost_api.discard_temp()',
     revoke: true,
     client: true,
     sql: `
-CREATE OR REPLACE FUNCTION fencepost.discard_temp() RETURNS void
+CREATE OR REPLACE FUNCTION fencepost_api.discard_temp() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF EXISTS (SELECT FROM pg_depend d WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = pg_my_temp_schema()

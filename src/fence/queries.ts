@@ -2,7 +2,7 @@
 // Named statements are prepared once per connection by node-postgres.
 import type { QueryConfig } from 'pg';
 import { ROLE_NAME } from './client-logins.ts';
-import { epochProof, epochSequence, fenceCtes, NO_PREPARE_READ, raiseFences as raiseFencesStep, shareFences } from './rule.ts';
+import { epochSequence, fenceCtes, raiseFences as raiseFencesStep, shareFences } from './rule.ts';
 import { RESET_SESSION } from './session-reset.ts';
 import { shardSql } from './shards.ts';
 
@@ -660,7 +660,7 @@ export function fenceSession(fences: readonly { fenceKey: string; token: bigint;
   const values: unknown[] = [];
   const calls = fences.map((f, i) => {
     values.push(f.capability, f.fenceKey, f.token.toString());
-    return `SELECT ${i} AS ord, fencepost.fence_session($${3 * i + 1}, $${3 * i + 2}, $${3 * i + 3}::bigint)::text AS highest_token`;
+    return `SELECT ${i} AS ord, fencepost_api.fence_session($${3 * i + 1}, $${3 * i + 2}, $${3 * i + 3}::bigint)::text AS highest_token`;
   });
   return { text: calls.join(' UNION ALL '), values };
 }
@@ -668,10 +668,11 @@ export function fenceSession(fences: readonly { fenceKey: string; token: bigint;
 /**
  * Forgets every fence the connection passed (before it serves another set of fences), with the
  * settings and role an earlier transaction may have left, so fenceSession() runs as the login, and
- * opens the transaction it runs in (endFenceSession).
+ * opens the transaction it runs in (endFenceSession). Its last result is one row, `start`: the
+ * backend's start (session_start), which the capabilities of fenceSession() are bound to.
  */
 export function unfenceSession(): Query {
-  return { text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DISCARD SEQUENCES; BEGIN; SET LOCAL synchronous_commit = local' };
+  return { text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DISCARD SEQUENCES; BEGIN; SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start() AS start' };
 }
 
 /**
@@ -686,9 +687,9 @@ export function endFenceSession(): Query {
  * The first round trip of a fenced transaction on a pooled client-login connection fenced for its
  * fences (fenceSession), one simple Query: reset the session (RESET_SESSION), BEGIN (read-write,
  * whatever the login's defaults say) with the statement and lock timeouts, no bind parameters in
- * error reports and the key's role, then the epoch proof of each fence (rule.ts epochProof, C
- * functions only): it fails (55000, XX000) when a raise replaced an epoch since the connection was
- * fenced, and holds each epoch until the transaction ends.
+ * error reports and the key's role, then the epoch proof of each fence (prove_epochs, definitions.ts):
+ * it fails (55000, XX000) when a raise replaced an epoch since the connection was fenced, and holds
+ * each epoch until the transaction ends.
  *
  * Everything spliced is the proxy's own, ASCII only: the isolation from a fixed table, the
  * timeouts validated integers, the role a configured key's pgRole (a plain identifier, quoted), the
@@ -699,11 +700,11 @@ export function openClientTransaction(isolation: Isolation, statementTimeoutMs: 
   if (role !== null && !ROLE_NAME.test(role)) throw new Error('role must be a plain identifier');
   if (fenceKeys.length === 0) throw new Error('a fenced transaction needs a fence');
   const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
-  const proofs = fenceKeys.map((k) => epochProof(`'${epochSequence(k)}'`)).join(', ');
+  const epochs = fenceKeys.map((k) => `'${epochSequence(k)}'`).join(', ');
   return {
     text:
       `${RESET_SESSION}${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
-      `SELECT ${proofs}, ${NO_PREPARE_READ}`,
+      `SELECT fencepost_api.prove_epochs(ARRAY[${epochs}])`,
   };
 }
 

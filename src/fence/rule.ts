@@ -122,9 +122,22 @@ export function epochProof(epoch: string): string {
  */
 export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
 
+/**
+ * SQL: this backend's start, as text that no session setting changes (UTC, to the microsecond). With the pid it names one backend for good: a reconnect that gets the same pid
+ * gets another start.
+ */
+export const BACKEND_START_SQL =
+  "(SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)";
+
+/** One backend, as a capability is bound to it: its pid and its start (BACKEND_START_SQL, read by fencepost_api.session_start()). */
+export interface BackendIdentity {
+  pid: number;
+  start: string;
+}
+
 /** The capability a session presents to fence_session(): bound to its backend, the fence key and the token (null: no fence, only the session's setup). */
-export function sessionFenceCapability(capability: string, backendPid: number, fenceKey: string | null, token: bigint | null): string {
-  return boundCapability(capability, backendPid, ['fence_session', fenceKey, token === null ? null : token.toString()]);
+export function sessionFenceCapability(capability: string, backend: BackendIdentity, fenceKey: string | null, token: bigint | null): string {
+  return boundCapability(capability, backend, ['fence_session', fenceKey, token === null ? null : token.toString()]);
 }
 
 /** plpgsql: refuse a caller whose `presented` capability is not `expected` (an SQL expression). */
@@ -135,17 +148,22 @@ export function refuseUnlessProxy(fn: string, presented: string, expected: strin
   END IF;`;
 }
 
+/** The domain of every bound capability: a hash made for anything else never matches one. */
+const CAPABILITY_DOMAIN = 'fencepost bound capability v2';
+
 /**
  * A capability bound to one backend and the arguments of one call: sha256 of
- * `capability|pid|field|…|capability`, a null field written NULL. Useless to anyone but that
- * backend making that very call. boundCapabilitySql computes the same inside the function.
+ * `domain|capability|pid|start|field|…|capability`, a null field written NULL. Useless to anyone
+ * but that backend making that very call. boundCapabilitySql computes the same inside the function.
  */
-export function boundCapability(capability: string, backendPid: number, fields: readonly (string | null)[]): string {
-  return createHash('sha256').update([capability, String(backendPid), ...fields.map((f) => f ?? 'NULL'), capability].join('|'), 'utf8').digest('hex');
+export function boundCapability(capability: string, backend: BackendIdentity, fields: readonly (string | null)[]): string {
+  return createHash('sha256')
+    .update([CAPABILITY_DOMAIN, capability, String(backend.pid), backend.start, ...fields.map((f) => f ?? 'NULL'), capability].join('|'), 'utf8')
+    .digest('hex');
 }
 
 /** SQL: boundCapability() of the secret `secret` and the text expressions `fields`, for this backend. */
 export function boundCapabilitySql(secret: string, fields: readonly string[]): string {
-  const parts = [secret, 'pg_backend_pid()', ...fields.map((f) => `coalesce(${f}, 'NULL')`), secret];
+  const parts = [`'${CAPABILITY_DOMAIN}'`, secret, 'pg_backend_pid()', BACKEND_START_SQL, ...fields.map((f) => `coalesce(${f}, 'NULL')`), secret];
   return `encode(sha256(convert_to(${parts.join(" || '|' || ")}, 'UTF8')), 'hex')`;
 }

@@ -7,4 +7,4 @@
 // the runner unfences a connection before it serves another set of fences (queries.ts
 // unfenceSession), and a login serves one key only. DISCARD ALL would do both.
 
-export const RESET_SESSION = `BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost.discard_temp(); COMMIT; `;
+export const RESET_SESSION = `BEGIN; RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DEALLOCATE ALL; CLOSE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SELECT fencepost_api.discard_temp(); COMMIT; `;

@@ -533,9 +533,10 @@ export class TransactionRunner {
         if (this.fencedFor.get(client) !== set) {
           // Fenced once per connection and set of fences (queries.ts fenceSession).
           this.fencedFor.delete(client);
-          await client.query(q.unfenceSession());
+          const unfenced = (await client.query(q.unfenceSession())) as unknown as pg.QueryResult<{ start?: string }>[];
+          const start = unfenced.at(-1)?.rows[0]?.start ?? '';
           const { rows } = await client.query<{ ord: number; highest_token: string | null }>(
-            q.fenceSession(fences.map((f) => ({ ...f, capability: sessionFenceCapability(capability, pid, f.fenceKey, f.token) }))),
+            q.fenceSession(fences.map((f) => ({ ...f, capability: sessionFenceCapability(capability, { pid, start }, f.fenceKey, f.token) }))),
           );
           await client.query(q.endFenceSession());
           const highest = fences.map((_, i) => {

@@ -134,6 +134,28 @@ describe('roles that would escape are refused', () => {
     }
   });
 
+  test('a pgRole with USAGE on schema fencepost (it could queue DDL locks on the fence\'s tables) gets no login; the logins and roles provisioned have none', async () => {
+    const naming = uniqueRole('naming');
+    await adminQuery(`CREATE ROLE ${naming} NOLOGIN`);
+    await db.pool.query(`GRANT USAGE ON SCHEMA fencepost TO ${naming}`);
+    try {
+      const n = await provisionClientLogins(db.pool, clientRoleFor(db.pool), [{ keyName: 'n', pgRole: naming }]);
+      expect(n.logins.size).toBe(0);
+      expect(n.problems.get('n')!.message).toMatch(/USAGE on schema fencepost/);
+      const g = await provisionClientLogins(db.pool, clientRoleFor(db.pool), [{ keyName: 'g', pgRole: good }]);
+      const login = g.logins.get('g')!.login;
+      const { rows } = await db.pool.query(
+        `SELECT r.rolname, has_schema_privilege(r.oid, 'fencepost', 'USAGE') AS fence, has_schema_privilege(r.oid, 'fencepost_api', 'USAGE') AS api
+         FROM pg_roles r WHERE r.rolname = ANY($1) ORDER BY r.rolname`,
+        [[login, good]],
+      );
+      expect(rows).toEqual([login, good].sort().map((rolname) => ({ rolname, fence: false, api: true })));
+    } finally {
+      await db.pool.query(`REVOKE ALL ON SCHEMA fencepost FROM ${naming}`);
+      await adminQuery(`DROP ROLE IF EXISTS ${naming}`);
+    }
+  });
+
   test('a role of the login\'s name made elsewhere (roles are cluster-wide) is not adopted', async () => {
     const { logins, problems } = await provisionClientLogins(db.pool, foreign, [{ keyName: null, pgRole: null }]);
     expect(logins.size).toBe(0);

@@ -2,7 +2,7 @@
 // of its key's role only, and reaches the fence only through the proxy's capability. These tests
 // drive the TransactionRunner directly, past the route's friendly text check, so nothing here
 // depends on reading SQL text; the property test at the end goes through HTTP.
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, onTestFinished, test } from 'vitest';
 import fc from 'fast-check';
 import pg from 'pg';
 import type { FastifyInstance } from 'fastify';
@@ -37,7 +37,14 @@ beforeAll(async () => {
   `);
   // A fence of another tenant, which nothing below may lower or raise.
   await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
-  runner = new TransactionRunner({
+  runner = new TransactionRunner(runnerOptions());
+  app = securedApp(db.pool, role);
+  await app.ready();
+});
+
+/** The file's runner settings: small timeouts, so the tests of timeouts run quickly. */
+function runnerOptions(): ConstructorParameters<typeof TransactionRunner>[0] {
+  return {
     owner: db.pool,
     rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
     database: db.url,
@@ -55,10 +62,8 @@ beforeAll(async () => {
     maxResultBytes: 64 * 1024,
     retries: 1,
     provisionRetryMs: 5000,
-  });
-  app = securedApp(db.pool, role);
-  await app.ready();
-});
+  };
+}
 
 afterAll(async () => {
   await runner.close();
@@ -108,6 +113,37 @@ describe('the login and its role', () => {
       { login: loginName(clientRoleFor(db.url), 'other'), roles: [otherRole] },
       { login: loginName(clientRoleFor(db.url), 'writer'), roles: [role] },
     ]);
+  });
+});
+
+describe('nothing of schema fencepost can be named by a key\'s login or role', () => {
+  // Invariant: DDL that Postgres locks before it checks ownership (CREATE RULE, CREATE TRIGGER,
+  // a REFERENCES) would queue its lock behind any open transaction and stall every tenant's fence
+  // behind it. Refused at the schema's name lookup, it takes no lock at all: "permission denied
+  // for schema fencepost", never "must be owner", never a lock timeout. The epoch sequences too.
+  test('every table, view and sequence of the fence (epochs included): refused at the name, as the key\'s role and as its login', async () => {
+    // A fence with an epoch: the session fence makes it.
+    expect(await run(['SELECT 1'], 1n)).toMatchObject({ committed: true });
+    const { rows } = await db.pool.query<{ name: string }>(
+      `SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+       WHERE n.nspname = 'fencepost' AND c.relkind IN ('r', 'p', 'v', 'S') ORDER BY 1`,
+    );
+    expect(rows.some((r) => r.name.startsWith('fencepost.epoch_'))).toBe(true);
+    for (const { name } of rows) {
+      for (const ddl of [`CREATE RULE r AS ON INSERT TO ${name} DO INSTEAD NOTHING`, `CREATE TRIGGER t BEFORE INSERT ON ${name} EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger()`, `LOCK TABLE ${name} IN ACCESS SHARE MODE`, `COMMENT ON TABLE ${name} IS 'x'`]) {
+        for (const asLogin of [false, true]) {
+          const r = await run(asLogin ? ['RESET ROLE', ddl] : [ddl]);
+          expect(r, `${ddl}${asLogin ? ' (as the login)' : ''}`).toBeInstanceOf(Error);
+          expect((r as Error).message, ddl).toMatch(/permission denied for schema fencepost/);
+        }
+      }
+    }
+    const usage = await db.pool.query<{ r: string }>(
+      `SELECT r.rolname AS r FROM pg_roles r WHERE r.rolname = ANY($1) AND has_schema_privilege(r.oid, 'fencepost', 'USAGE')`,
+      [[role, otherRole, loginName(clientRoleFor(db.url), 'writer'), loginName(clientRoleFor(db.url), 'other')]],
+    );
+    expect(usage.rows).toEqual([]);
+    await fenceIntact();
   });
 });
 
@@ -203,17 +239,24 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     await fenceIntact();
   });
 
-  test('a session-fence capability works only on its own backend and for its own fence key and token', async () => {
+  test('a session-fence capability works only on its own backend (its pid and its start) and for its own fence key and token', async () => {
     // A capability the proxy computed for one backend and one (fence key, token), presented for
-    // another fence, or from another backend, is refused before anything is read or locked.
+    // another fence, or from another backend (another pid, or the same pid after a reconnect: the
+    // backend's start differs), is refused before anything is read or locked.
     const { capability } = await runner.provision();
-    const here = ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
-    const call = (cap: string) => `SELECT fencepost.fence_session('${cap}', 'o/victim', 100)`;
+    const r = (await run([`SELECT pg_backend_pid() AS pid, fencepost_api.session_start() AS start`])) as Extract<TxResult, { committed: true }>;
+    const here = { pid: r.results[0]!.rows[0]!.pid as number, start: r.results[0]!.rows[0]!.start as string };
+    expect(here.start).toMatch(/^[0-9]{20}$/);
+    const call = (cap: string) => `SELECT fencepost_api.fence_session('${cap}', 'o/victim', 100)`;
     const replayed = await run([call(sessionFenceCapability(capability, here, 'w/attack', 1n))]);
     expect(replayed).toBeInstanceOf(Error);
     expect(String((replayed as Error).message)).toMatch(/may be called by the proxy only/);
-    const elsewhere = await run([call(sessionFenceCapability(capability, here + 1, 'o/victim', 100n))]);
+    const elsewhere = await run([call(sessionFenceCapability(capability, { ...here, pid: here.pid + 1 }, 'o/victim', 100n))]);
     expect(String((elsewhere as Error).message)).toMatch(/may be called by the proxy only/);
+    // The same pid, a backend started a microsecond earlier: what a pid reused by a reconnect looks like.
+    const earlier = String(BigInt(here.start) - 1n);
+    const reused = await run([call(sessionFenceCapability(capability, { ...here, start: earlier }, 'o/victim', 100n))]);
+    expect(String((reused as Error).message)).toMatch(/may be called by the proxy only/);
     await fenceIntact();
   });
 });
@@ -238,7 +281,7 @@ describe('statements that end the fenced transaction go no further', () => {
   });
 
   test('COMMIT AND CHAIN, then the session fence with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
-    const r = await run(['COMMIT AND CHAIN', `SELECT fencepost.fence_session('', 'o/victim', 999999)`, 'COMMIT AND CHAIN']);
+    const r = await run(['COMMIT AND CHAIN', `SELECT fencepost_api.fence_session('', 'o/victim', 999999)`, 'COMMIT AND CHAIN']);
     expect(r).toBeInstanceOf(Error);
     await fenceIntact();
   });
@@ -332,21 +375,25 @@ describe('the pooled session', () => {
     // RESET ALL, the first statement of the next transaction's first round trip, then runs past
     // the timeout the session carries; the whole Query rolls back, its reset too. Put back in the
     // pool, that connection would fail every later transaction of the key.
+    // A runner of its own with patient timeouts: 300,000 settings can take seconds on a loaded
+    // box, past the file runner's transaction deadline.
+    const patient = new TransactionRunner({ ...runnerOptions(), statementTimeoutMs: 30_000, transactionTimeoutMs: 60_000 });
+    onTestFinished(() => patient.close());
+    const run = (statements: string[]) =>
+      patient.run('writer', [{ fenceKey: 'w/attack', token: 1n }], statements.map((sql) => ({ sql, params: [] })), { isolation: 'read committed', writerId: 'attacker' }).catch((err: Error) => err);
     const pid = async () => ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
     const poisoned = await pid();
     // The settings commit with the fenced transaction; the timeout is set in the chained one, which
     // its own COMMIT ends (the run stops there: TransactionEndedError, the connection is reused).
-    // Six statements of 50,000 settings each: one of 300,000 can pass the runner's statement
-    // timeout on a loaded box.
     const r = await run([
-      ...Array.from({ length: 6 }, (_, k) => `SELECT count(pg_catalog.set_config('x.v' || i, 'y', false)) FROM generate_series(${k * 50_000 + 1}, ${(k + 1) * 50_000}) i`),
+      `SELECT count(pg_catalog.set_config('x.v' || i, 'y', false)) FROM generate_series(1, 300000) i`,
       'COMMIT AND CHAIN',
       `SELECT pg_catalog.set_config('statement_timeout', '1', false)`,
       'COMMIT',
     ]);
     expect((r as Error).name).toBe('TransactionEndedError');
     for (let i = 0; i < 4; i++) {
-      const honest = await runner.run('writer', [{ fenceKey: 'w/honest', token: 1n }], [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }], { isolation: 'read committed', writerId: 'honest' });
+      const honest = await patient.run('writer', [{ fenceKey: 'w/honest', token: 1n }], [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }], { isolation: 'read committed', writerId: 'honest' });
       expect(honest.committed).toBe(true);
     }
     expect((await db.pool.query('SELECT count(*)::int AS n FROM app.items WHERE id BETWEEN 900 AND 903')).rows[0].n).toBe(4);

@@ -8,7 +8,7 @@ import pg from 'pg';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
-import { sessionFenceCapability } from '../../src/fence/rule.ts';
+import { BACKEND_START_SQL, sessionFenceCapability } from '../../src/fence/rule.ts';
 import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
 import { BIN } from '../support/proxy.ts';
 
@@ -140,13 +140,14 @@ describe('a protected table', () => {
     // The session fenced straight to Postgres on the client login, with the capability the proxy
     // would compute for that backend; the protected table's trigger reads the temporary sequence.
     const c = await clientLogin(db);
-    const pid = (await c.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    // The backend's start read as session_start() reads it, without making the temporary sequence.
+    const backend = (await c.query<{ pid: number; start: string }>(`SELECT pg_backend_pid() AS pid, ${BACKEND_START_SQL} AS start`)).rows[0]!;
     const secret = (await db.pool.query<{ secret: string }>('SELECT secret FROM fencepost.fence_capability')).rows[0]!.secret;
     // Each would run pg_temp.who() as the fence's owner if it were queried: a view, a table with a
     // policy. A sequence of the writer's runs no code: read or refused, PREPARE stays refused.
     await c.query(`CREATE FUNCTION pg_temp.who() RETURNS text LANGUAGE sql AS $$ SELECT set_config('fp.test.ran_as', current_user, false) $$`);
     const fence = async () => {
-      await c.query('SELECT fencepost.fence_session($1, $2, 6)', [sessionFenceCapability(secret, pid, FENCE, 6n), FENCE]);
+      await c.query('SELECT fencepost_api.fence_session($1, $2, 6)', [sessionFenceCapability(secret, backend, FENCE, 6n), FENCE]);
       return c.query(`INSERT INTO public.orders VALUES (${id()}, 'squatted')`);
     };
     const squatters: [string, string][] = [

@@ -7,6 +7,7 @@ import { loadMigrations, migrate, migrationsApplied } from '../../src/fence/migr
 import { DEFINITIONS_SQL } from '../../src/fence/definitions.ts';
 import { dumpSchema, SCHEMA_FILE } from '../../tools/schema-dump.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
+import { adminQuery, uniqueRole } from '../support/keys.ts';
 
 let fresh: TestDatabase;
 let freshDump: string;
@@ -59,6 +60,33 @@ describe('one schema', () => {
       expect(await migrate(db.pool)).toHaveLength(1);
     } finally {
       await db.drop();
+    }
+  });
+});
+
+describe('migration 19: the client functions move to schema fencepost_api', () => {
+  test('roles the fence was granted to lose USAGE on schema fencepost; epoch sequences are the owner\'s alone', async () => {
+    const db = await createTestDatabase({ migrate: false, poolSize: 2 });
+    const role = uniqueRole('m19');
+    await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
+    try {
+      await migrate(db.pool, { upTo: 18 });
+      // As 0.2 left them: its fence function (a definition, so not made by the migrations), a
+      // key's role as its provisioning granted it, an epoch sequence.
+      await db.pool.query(`CREATE FUNCTION fencepost.fence_session(text, text, bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1'`);
+      await db.pool.query(`GRANT USAGE ON SCHEMA fencepost TO ${role}; GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text, bigint) TO ${role};
+                           CREATE SEQUENCE fencepost.epoch_00; GRANT SELECT ON SEQUENCE fencepost.epoch_00 TO PUBLIC`);
+      await migrate(db.pool);
+      const { rows } = await db.pool.query(
+        `SELECT has_schema_privilege($1, 'fencepost', 'USAGE') AS fence, has_sequence_privilege('public', 'fencepost.epoch_00', 'SELECT') AS epoch,
+                to_regprocedure('fencepost.fence_session(text, text, bigint)') IS NULL AS moved`,
+        [role],
+      );
+      expect(rows[0]).toEqual({ fence: false, epoch: false, moved: true });
+    } finally {
+      await db.pool.query(`DROP OWNED BY ${role}`);
+      await db.drop();
+      await adminQuery(`DROP ROLE IF EXISTS ${role}`);
     }
   });
 });

@@ -6,13 +6,13 @@
 // Query). The session itself was fenced by gate.ts (fence_session, rule.ts); the transaction only
 // proves it, with C functions:
 //
-//   proven    the proof (proofSql: fencepost.prove_transaction, the epoch proof, rule.ts
+//   proven    the proof (proofSql: fencepost_api.prove_transaction, the epoch proof, rule.ts
 //             epochProof, and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the epoch until
 //             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
 //   read-only transaction_read_only = on, and the no-PREPARE read: a session without a token.
-//   refused   transaction_read_only = on, and fencepost.refuse_transaction() with the gate's
+//   refused   transaction_read_only = on, and fencepost_api.refuse_transaction() with the gate's
 //             verdict (a stale or unverified token, a fence that could not be raised, malformed
 //             settings): the transaction fails before the writer's first statement.
 //
@@ -31,15 +31,15 @@ import { encode, type ErrorFields } from './framing.ts';
 export const RW_SQL = 'SET transaction_read_only = off';
 const READ_ONLY_PREFIX = `SELECT pg_catalog.set_config('transaction_read_only', 'on', false), `;
 /**
- * The proof: fencepost.prove_transaction (definitions.ts), which checks currval() of the epoch the
+ * The proof: fencepost_api.prove_transaction (definitions.ts), which checks currval() of the epoch the
  * session was fenced in, or fails with FP409 and the highest token once a raise replaced it.
  */
 function proofSql(epoch: string, fenceKey: string, token: string): string {
-  return `SELECT fencepost.prove_transaction(${epoch}, ${fenceKey}, ${token}::pg_catalog.int8)`;
+  return `SELECT fencepost_api.prove_transaction(${epoch}, ${fenceKey}, ${token}::pg_catalog.int8)`;
 }
 const PROOF_SQL = proofSql('$1', '$2', '$3');
 const READ_ONLY_SQL = `${READ_ONLY_PREFIX}${NO_PREPARE_READ}`;
-const REFUSE_SQL = `${READ_ONLY_PREFIX}fencepost.refuse_transaction($1, $2, $3, $4)`;
+const REFUSE_SQL = `${READ_ONLY_PREFIX}fencepost_api.refuse_transaction($1, $2, $3, $4)`;
 
 // Sent in front of an extended-protocol CALL or DO outside a transaction block (a procedure or DO
 // block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
@@ -145,7 +145,7 @@ export function readOnlyFence(): FenceStatements {
 /** A transaction the gate refuses: it fails with `error` before the writer's first statement. */
 export function refusedFence(error: ErrorFields): FenceStatements {
   const values = [error.code, error.message, error.detail ?? null, error.hint ?? null];
-  return fenceOf(statement(REFUSE_SQL, values, `${READ_ONLY_PREFIX}fencepost.refuse_transaction(${values.map(lit).join(', ')})`));
+  return fenceOf(statement(REFUSE_SQL, values, `${READ_ONLY_PREFIX}fencepost_api.refuse_transaction(${values.map(lit).join(', ')})`));
 }
 
 /** The refusal in the fence's place while writes are refused (REFUSE_UNSAFE_SQL). */

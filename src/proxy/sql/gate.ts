@@ -54,8 +54,10 @@ export interface GateOptions {
   prefixes: readonly string[] | null;
   /** Raises the fence to the token where it is absent or below (raise.ts); throws when it could not. */
   raise: (fenceKey: string, token: bigint) => Promise<void>;
-  /** The SQL that fences this session's backend (fence_session with a capability bound to it; null pair: only the session's setup). */
-  fenceSql: (pair: Pair | null) => string;
+  /** The SQL that sets the session's backend up (fencepost_api.session_start): one value, the backend's start. */
+  setupSql: string;
+  /** The SQL that fences this session's backend for `pair` (fence_session with a capability bound to the backend, its pid and `start`). */
+  fenceSql: (pair: Pair, start: string) => string;
   startupSettings: FenceSettings;
   /** Writes are refused now (FENCEPOST_REQUIRE_SYNC_STANDBY): no raise (the session's fence is the refusal, session.ts). */
   refusing?: () => boolean;
@@ -73,8 +75,10 @@ const refusal = (code: string, message: string, detail?: string, hint?: string):
 export class FenceGate {
   /** The session's settings as last known (null: read them back before the next transaction). */
   private settings: FenceSettings | null;
-  /** The session's backend has its setup (fence_session's temporary sequence). */
+  /** The session's backend has its setup (session_start's temporary sequence). */
   private setUp = false;
+  /** The backend's start, as session_start gave it (the capabilities are bound to it); '' until then, or when it failed. */
+  private backendStart = '';
   /** What the session's transactions carry, and the settings it was decided for. */
   private verdict: { for: string; fence: SessionFence; once: boolean } | null = null;
   private busy = false;
@@ -148,15 +152,28 @@ export class FenceGate {
   }
 
   /** Runs fence_session on the session's backend: the fence's highest token (undefined: the call failed, `failure` says how). */
-  private fenceSession(pair: Pair | null): Promise<{ highest: bigint | null } | { failure: string; code: string }> {
+  private fenceSession(pair: Pair): Promise<{ highest: bigint | null } | { failure: string; code: string }> {
     return new Promise((resolve) => {
       let highest: bigint | null = null;
       let failure: { failure: string; code: string } | null = null;
       this.opts.host.query(
-        this.opts.fenceSql(pair),
+        this.opts.fenceSql(pair, this.backendStart),
         (values) => (highest = values[0] ? BigInt(values[0]) : null),
         () => resolve(failure ?? { highest }),
         (fields) => (failure = { failure: fields.get('M') ?? '', code: fields.get('C') ?? RAISE_FIRST }),
+      );
+    });
+  }
+
+  /** Runs session_start on the session's backend; null when it did, else the failure's message. */
+  private setUpSession(): Promise<string | null> {
+    return new Promise((resolve) => {
+      let failure: string | null = null;
+      this.opts.host.query(
+        this.opts.setupSql,
+        (values) => (this.backendStart = values[0] ?? ''),
+        () => resolve(failure),
+        (fields) => (failure = fields.get('M') ?? 'failed'),
       );
     });
   }
@@ -166,8 +183,8 @@ export class FenceGate {
     const settings = this.settings!;
     try {
       if (!this.setUp) {
-        const r = await this.fenceSession(null);
-        if ('failure' in r) this.opts.logger.warn({ failure: r.failure }, 'could not set the SQL session up; its transactions fail until it is');
+        const r = await this.setUpSession();
+        if (r !== null) this.opts.logger.warn({ failure: r }, 'could not set the SQL session up; its transactions fail until it is');
         this.setUp = true; // a failure shows in every transaction (the no-PREPARE read fails): fail closed
       }
       const { fence, once } = await this.verdictFor(settings);

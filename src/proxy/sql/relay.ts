@@ -805,7 +805,7 @@ export class Relay {
   /**
    * The fence statement failed; what the writer hears (as Postgres said it). A stale token is a
    * rejection (onStale); some other errors are counted as the HTTP door counts them. A fenced
-   * session whose proof failed (fencepost.session_proof: a raise above its token) is fenced again
+   * session whose proof failed (fencepost_api.prove_transaction: a raise above its token) is fenced again
    * by the gate before its next transaction.
    */
   private onFenceError(fields: Map<string, string>, bytes: Buffer): Buffer {

@@ -16,7 +16,7 @@ import type { Backend } from './backend.ts';
 import type { ErrorFields } from './framing.ts';
 import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
-import { epochSequence, sessionFenceCapability, EPOCH_OID_SETTING } from '../../fence/rule.ts';
+import { sessionFenceCapability } from '../../fence/rule.ts';
 
 export type { SessionGuard } from './gate.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';
@@ -63,17 +63,17 @@ export class PgwireSession {
       guard: opts.guard ?? null,
       prefixes: opts.prefixes,
       raise: opts.raise,
-      fenceSql: (pair) => {
-        const cap = sessionFenceCapability(opts.capability, backend.pid, pair?.fenceKey ?? null, pair?.token ?? null);
-        // Read-write for this call only (sessions start read-only): it may make the epoch sequence.
-        // Committed locally: a catalog write of the session's, not a fence raise (raise.ts), so it
-        // never waits for a synchronous standby that may be the one not streaming. A session with
-        // a token is read-write by default from now on, as straight to Postgres: a transaction
-        // that is not proven carries a read-only SET of its own (fence.ts).
-        const readWrite = pair === null ? '' : 'SET default_transaction_read_only = off; ';
-        // The epoch's oid after the call (fence.ts proofSql), in the same statement: evaluated after it.
-        const epochOid = pair === null ? '' : `, pg_catalog.set_config('${EPOCH_OID_SETTING}', coalesce(pg_catalog.to_regclass(${pg.escapeLiteral(epochSequence(pair.fenceKey))})::pg_catalog.oid::pg_catalog.text, ''), false)`;
-        return `SET transaction_read_only = off; ${readWrite}SET LOCAL synchronous_commit = local; SELECT fencepost.fence_session(${pg.escapeLiteral(cap)}, ${pair === null ? 'NULL' : pg.escapeLiteral(pair.fenceKey)}, ${pair === null ? 'NULL' : pair.token.toString()})${epochOid}`;
+      // Read-write for these calls only (sessions start read-only): they make the session's
+      // temporary sequence, or the fence's epoch sequence. Committed locally: a catalog write of
+      // the session's, not a fence raise (raise.ts), so it never waits for a synchronous standby
+      // that may be the one not streaming.
+      setupSql: 'SET transaction_read_only = off; SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start()',
+      fenceSql: (pair, start) => {
+        const cap = sessionFenceCapability(opts.capability, { pid: backend.pid, start }, pair.fenceKey, pair.token);
+        // A session with a token is read-write by default from now on, as straight to Postgres: a
+        // transaction that is not proven carries a read-only SET of its own (fence.ts).
+        // fence_session also keeps the epoch it fenced the session in (fence.ts proofSql).
+        return `SET transaction_read_only = off; SET default_transaction_read_only = off; SET LOCAL synchronous_commit = local; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(pair.fenceKey)}, ${pair.token.toString()})`;
       },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
       refusing,

@@ -40,4 +40,4 @@ test('strict fence under a seeded nemesis: no invariant violated, every planned 
   expect(result.faults.length).toBeGreaterThanOrEqual(result.schedule.length - 2);
   expect(result.report).toContain('PASS: no violations');
   rmSync(dir, { recursive: true, force: true });
-}, 150_000);
+}, 240_000);

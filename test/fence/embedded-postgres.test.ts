@@ -104,5 +104,7 @@ describe('two proxies on one machine', () => {
     expect(m.status, m.stderr).toBe(0);
     // The first proxy is untouched.
     expect((await fetch(`${a.url}/v1/objects/checkout-one`)).status).toBe(200);
-  });
+    // Two initdb runs side by side, then three more processes: about 20 s on a quiet box, more than
+    // a minute on a loaded one (a CI run beside another suite took 60 s).
+  }, 240_000);
 });

@@ -134,8 +134,12 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     // Load and faults.
     const startedAt = Date.now();
     print(`load started; every fence key has a leader`);
+    // The load phase lasts durationMs, longer while the nemesis is still behind its schedule (a
+    // loaded box heals faults slowly), up to twice durationMs.
     const end = new AbortController();
-    const timer = setTimeout(() => end.abort(), o.durationMs);
+    let nemesisDone = false;
+    const timer = setTimeout(() => nemesisDone && end.abort(), o.durationMs);
+    const overtime = setTimeout(() => end.abort(), 2 * o.durationMs);
     const onAbort = () => end.abort();
     o.signal?.addEventListener('abort', onAbort, { once: true });
     const faultLines: string[] = [];
@@ -147,9 +151,11 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         print(`  +${((e.startedAt - startedAt) / 1000).toFixed(1)}s fault #${e.n} ${e.kind} ${e.target} (${e.endedAt - e.startedAt} ms)${e.error ? ' FAILED: ' + e.error : ''}`);
       },
     });
+    nemesisDone = true;
     const left = startedAt + o.durationMs - Date.now();
     if (left > 0 && !end.signal.aborted) await new Promise((r) => end.signal.addEventListener('abort', r, { once: true }));
     clearTimeout(timer);
+    clearTimeout(overtime);
     o.signal?.removeEventListener('abort', onAbort);
     o.signal?.throwIfAborted();
     const loadMs = Date.now() - startedAt;

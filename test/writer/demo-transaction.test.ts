@@ -5,7 +5,7 @@
 // Outcomes only: the printed time from the freeze to the first accepted write is not asserted.
 import { randomBytes } from 'node:crypto';
 import { expect, inject, test } from 'vitest';
-import { runDemo } from '../../tools/demo/demo.ts';
+import { runDemo } from '../../src/demo/demo.ts';
 
 test('paused mid-transaction, the zombie\'s COMMIT fails with FP409, its row never lands, and the new leader\'s first write is accepted', async () => {
   const lines: string[] = [];

@@ -4,7 +4,7 @@
 // write to X gets 409; X holds B's value; A has stepped down.
 import { randomBytes } from 'node:crypto';
 import { expect, inject, test } from 'vitest';
-import { runDemo } from '../../tools/demo/demo.ts';
+import { runDemo } from '../../src/demo/demo.ts';
 
 test('the forced-pause demo runs green: the zombie is rejected with 409 and steps down, no stale write accepted', async () => {
   const lines: string[] = [];

@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 import { Election } from '../src/election/election.ts';
 import { distribution, measureSessionTimeoutAdvice } from '../src/election/advice.ts';
 import type { Distribution, SessionTimeoutAdvice } from '../src/election/advice.ts';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { resetZooKeeperStats, zooKeeperMaxFsyncMs } from './support.ts';
 
 /** A graceful handover over this is slow (the target is p99 < 50 ms). */

@@ -11,7 +11,7 @@ import { pino } from 'pino';
 import { loadConfig } from '../src/proxy/config.ts';
 import { startProxy } from '../src/proxy/server.ts';
 import { distribution, type Distribution } from '../src/election/advice.ts';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { runElectedTransaction } from '../tools/demo/elected-transaction.ts';
 import { benchPostgres, resetZooKeeperStats, FSYNC_STALL_MS, watchWalSync, zooKeeperMaxFsyncMs } from './support.ts';
 

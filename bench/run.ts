@@ -24,7 +24,7 @@ import { benchSigkillFailover } from './crash.ts';
 import { protectedTable } from './protected.ts';
 import { runHandoverBench } from './handover.ts';
 import { runRaiseLatencyBench, raiseLatencyTable } from './raise-latency.ts';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { fmt, machine, FSYNC_STALL_MS } from './support.ts';
 import type { Distribution } from '../src/election/advice.ts';
 

@@ -2,7 +2,8 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { PortTakenError, listensOn, portTakenLine, startOnFreePorts } from '../tools/ports.ts';
+import { PortTakenError, startOnFreePorts } from '../src/demo/ports.ts';
+import { listensOn, portTakenLine } from '../tools/ports.ts';
 
 const BIN = join(import.meta.dirname, '..', 'bin', 'fencepost.js');
 

@@ -4,7 +4,7 @@ import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { fourLetterWord } from '../tools/zookeeper/local-server.ts';
+import { fourLetterWord } from '../src/demo/local-zookeeper.ts';
 import { startPostgres } from '../tools/postgres.ts';
 
 export interface BenchPostgres {

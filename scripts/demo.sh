@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-printf "\033[1m[demo]\033[0m %s\n" "tools/cli.ts demo $*" >&2
-exec node --import tsx tools/cli.ts demo "$@"
+printf "\033[1m[demo]\033[0m %s\n" "fencepost demo $*" >&2
+exec node --import tsx src/cli/main.ts demo "$@"

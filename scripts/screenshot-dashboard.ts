@@ -9,7 +9,7 @@ import { migrate } from '../src/fence/migrate.ts';
 import { FenceStore } from '../src/fence/store.ts';
 import { buildApp } from '../src/proxy/http/app.ts';
 import { createPool } from '../src/proxy/server.ts';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { Election } from '../src/election/election.ts';
 import { ZkSession } from '../src/election/zk-session.ts';

@@ -5,7 +5,7 @@
 #     over the SQL endpoint with psql, then on each door a stale token is refused and nothing of it lands;
 #   - fencepost elect: the leader's command runs with FENCING_TOKEN, and the fence at the proxy is
 #     advanced to it;
-#   - the forced-pause demo (tools/demo): its writers run on that Node too.
+#   - the forced-pause demo (`fencepost demo`): its writers run on that Node too.
 # That Node comes from the npm registry (the package node-<platform>-<arch>@<major>, which holds
 # bin/node) into ${XDG_CACHE_HOME:-~/.cache}/fencepost/node-<major>, fetched once.
 # Needs what scripts/setup.sh --test installs (ZooKeeper and Java, psql).
@@ -139,7 +139,7 @@ pids=("$zk_pid")
 say "fencepost serve stopped on SIGTERM (exit 0)"
 
 # The forced-pause demo: Postgres, the proxy and three writer processes, all on this Node.
-say "the forced-pause demo (tools/demo)"
-env -u DATABASE_URL ZK_CONNECT="$zk" "$node_bin" --import tsx tools/cli.ts demo >"$work/demo.out" 2>&1 || { cat "$work/demo.out" >&2; fail "the demo"; }
+say "the forced-pause demo (fencepost demo)"
+env -u DATABASE_URL ZK_CONNECT="$zk" "$node_bin" bin/fencepost.js demo >"$work/demo.out" 2>&1 || { cat "$work/demo.out" >&2; fail "the demo"; }
 tail -n 3 "$work/demo.out" >&2
 say "passed on Node $("$node_bin" --version)"

@@ -1,9 +1,9 @@
 // `scripts/zookeeper.sh`: one standalone ZooKeeper server on 127.0.0.1, on a free port, with a
 // temporary data dir, for trying `fencepost elect` by hand. Prints `ZK_CONNECT=127.0.0.1:<port>`
 // on stdout once it serves, then runs until Ctrl-C / SIGTERM, when it stops the server and removes
-// the data dir. Progress goes to stderr. (The server: tools/zookeeper/local-server.ts, as the tests'.)
+// the data dir. Progress goes to stderr. (The server: src/demo/local-zookeeper.ts, as the tests'.)
 import { parseArgs } from 'node:util';
-import { LocalZooKeeper } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 
 const USAGE = `usage: scripts/zookeeper.sh
   runs a standalone ZooKeeper on 127.0.0.1 (a free port) with a temporary data dir, prints

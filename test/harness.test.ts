@@ -1,6 +1,6 @@
 import { inject, test, expect } from 'vitest';
 import pg from 'pg';
-import { fourLetterWord } from '../tools/zookeeper/local-server.ts';
+import { fourLetterWord } from '../src/demo/local-zookeeper.ts';
 
 test('the harness provides a real Postgres and a real ZooKeeper', async () => {
   const client = new pg.Client({ connectionString: inject('databaseUrl') });

@@ -1,4 +1,4 @@
-// Ports for the servers tests start (tools/ports.ts): a server we do not write starts on a picked
+// Ports for the servers tests start (src/demo/ports.ts, tools/ports.ts): a server we do not write starts on a picked
 // port, and when another process holds that port, on another one; what then answers is that server.
 // Each test hands in the held port as the first pick.
 import { afterAll, expect, test } from 'vitest';
@@ -7,10 +7,11 @@ import { createServer, connect, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { closedPort, ephemeralRange, freePort, isPortTaken, portTakenLine, startOnFreePort, type PortPicking } from '../tools/ports.ts';
+import { ephemeralRange, freePort, isPortTaken, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { closedPort, portTakenLine } from '../tools/ports.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { startPgbouncer } from '../tools/pgbouncer.ts';
-import { LocalZooKeeper, fourLetterWord } from '../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper, fourLetterWord } from '../src/demo/local-zookeeper.ts';
 import { createTestDatabase } from './support/db.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-ports-'));

@@ -1,6 +1,5 @@
 // The harness's processes, run with tsx (`node --import tsx tools/cli.ts <command>`):
-//   demo          the forced-pause demo (npm run demo, scripts/demo.sh)
-//   demo-writer   one replica of the demo
+//   demo-writer   one replica of the demo (src/demo/writer.ts): docker-compose.yml's writers
 //   chaos-writer  one writer process of `npm run chaos`
 //   serve         `fencepost serve`, optionally with a broken fence: --fence-mode off|two-step
 //                 (the checkers' self-tests and the benchmark's unfenced baseline)
@@ -35,16 +34,14 @@ async function serveUnsafe(argv: string[]): Promise<number> {
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
   switch (command) {
-    case 'demo':
-      return await (await import('./demo/cli.ts')).demoCommand(rest);
     case 'demo-writer':
-      return await (await import('./demo/cli.ts')).demoWriterCommand(rest);
+      return await (await import('../src/demo/writer.ts')).demoWriterCommand(rest);
     case 'chaos-writer':
       return await (await import('./chaos/writer.ts')).chaosWriterCommand(rest);
     case 'serve':
       return await serveUnsafe(rest);
     default:
-      process.stderr.write('usage: node --import tsx tools/cli.ts demo|demo-writer|chaos-writer|serve [--fence-mode off|two-step]\n');
+      process.stderr.write('usage: node --import tsx tools/cli.ts demo-writer|chaos-writer|serve [--fence-mode off|two-step]\n');
       return 2;
   }
 }

@@ -7,7 +7,8 @@ import { resolve } from 'node:path';
 import { userInfo } from 'node:os';
 import pg from 'pg';
 import { startEmbeddedPostgres, type EmbeddedPostgresOptions, type RunningPostgres } from '../src/fence/embedded-postgres.ts';
-import { PortTakenError, portTakenLine, startOnFreePort, type PortPicking } from './ports.ts';
+import { PortTakenError, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { portTakenLine } from './ports.ts';
 
 export interface PostgresOptions extends Omit<EmbeddedPostgresOptions, 'port'> {
   /** How the port is picked (tests of the retry hand in a taken one). */

@@ -1,4 +1,4 @@
-// `fencepost <command>`: serve | migrate | elect | doctor | leader | protect | unprotect. (The demo and chaos harness: tools/cli.ts.)
+// `fencepost <command>`: serve | migrate | elect | doctor | leader | protect | unprotect | demo. (The chaos harness: tools/cli.ts.)
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../proxy/config.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
@@ -11,7 +11,8 @@ const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   doctor    measure ZooKeeper latency and event-loop stalls, advise a session timeout; check Postgres failover durability
   leader    print the current leader of an election path and its token
   protect   declare a table or an object-key prefix protected by a fence key (Postgres enforces it)
-  unprotect take that protection off`;
+  unprotect take that protection off
+  demo      the forced-pause demo: a leader frozen past its session timeout comes back, and its write is refused`;
 
 /** This package's version (src/cli/ and dist/cli/ are both two levels below package.json). */
 function version(): string {
@@ -49,6 +50,10 @@ async function main(argv: string[]): Promise<number> {
     case 'unprotect': {
       const { unprotectCommand } = await import('./protect.ts');
       return await unprotectCommand(rest);
+    }
+    case 'demo': {
+      const { demoCommand } = await import('./demo.ts');
+      return await demoCommand(rest);
     }
     case '--version':
     case '-v':

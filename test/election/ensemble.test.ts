@@ -1,6 +1,6 @@
 // Election over a real 3-server ZooKeeper ensemble that loses servers.
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
 import type { Election } from '../../src/election/election.ts';
 import { closeAll, leaders, startCandidates, uniquePath, waitFor, watchSingleLeader } from '../support/election.ts';
 

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { LocalZooKeeper } from '../../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
 import { startPostgres } from '../../tools/postgres.ts';
 
 declare module 'vitest' {

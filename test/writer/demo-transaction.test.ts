@@ -3,9 +3,14 @@
 // the fence; a new leader is elected, its raise ends the open transaction and its first write is
 // accepted; resumed, the zombie's COMMIT fails with FP409 and its row is not in the database.
 // Outcomes only: the printed time from the freeze to the first accepted write is not asserted.
-import { randomBytes } from 'node:crypto';
-import { expect, inject, test } from 'vitest';
-import { runDemo } from '../../tools/demo/demo.ts';
+import { afterAll, expect, inject, test } from 'vitest';
+import { runDemo } from '../../src/demo/demo.ts';
+import { clientRoleFor, createTestDatabase } from '../support/db.ts';
+
+// A database of the file's own: the demos' GRANTs on one shared database, run side by side, fail
+// with "tuple concurrently updated".
+const db = await createTestDatabase({ migrate: false });
+afterAll(() => db.drop());
 
 test('paused mid-transaction, the zombie\'s COMMIT fails with FP409, its row never lands, and the new leader\'s first write is accepted', async () => {
   const lines: string[] = [];
@@ -15,9 +20,9 @@ test('paused mid-transaction, the zombie\'s COMMIT fails with FP409, its row nev
     pauseMs: 3500,
     intervalMs: 150,
     pauseMidTransaction: true,
-    databaseUrl: inject('databaseUrl'),
+    databaseUrl: db.url,
     zkConnect: inject('zkConnect'),
-    clientRole: `fpc_demo_${randomBytes(4).toString('hex')}`,
+    clientRole: clientRoleFor(db.url),
     print: (l) => lines.push(l),
   });
   expect(result.failures).toEqual([]);

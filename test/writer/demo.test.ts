@@ -2,9 +2,14 @@
 // It is also the lesson's GC-pause example as a test: leader A writes X with token t; A is frozen
 // (SIGSTOP) past the session timeout; B is elected with a token > t and writes X; A resumes and its
 // write to X gets 409; X holds B's value; A has stepped down.
-import { randomBytes } from 'node:crypto';
-import { expect, inject, test } from 'vitest';
-import { runDemo } from '../../tools/demo/demo.ts';
+import { afterAll, expect, inject, test } from 'vitest';
+import { runDemo } from '../../src/demo/demo.ts';
+import { clientRoleFor, createTestDatabase } from '../support/db.ts';
+
+// A database of the file's own: the demos' GRANTs on one shared database, run side by side, fail
+// with "tuple concurrently updated".
+const db = await createTestDatabase({ migrate: false });
+afterAll(() => db.drop());
 
 test('the forced-pause demo runs green: the zombie is rejected with 409 and steps down, no stale write accepted', async () => {
   const lines: string[] = [];
@@ -13,10 +18,10 @@ test('the forced-pause demo runs green: the zombie is rejected with 409 and step
     sessionTimeoutMs: 2000,
     pauseMs: 3500,
     intervalMs: 150,
-    databaseUrl: inject('databaseUrl'),
+    databaseUrl: db.url,
     zkConnect: inject('zkConnect'),
-    // Its own client login: another test's database may already have made `fencepost_client`.
-    clientRole: `fpc_demo_${randomBytes(4).toString('hex')}`,
+    // Its own client login (roles are cluster-wide), dropped with the database.
+    clientRole: clientRoleFor(db.url),
     print: (l) => lines.push(l),
   });
   expect(result.failures).toEqual([]);

@@ -10,16 +10,17 @@ import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSyn
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { PortTakenError, portTakenLine, startOnFreePorts } from '../ports.ts';
+import { PortTakenError, startOnFreePorts } from '../../src/demo/ports.ts';
+import { portTakenLine } from '../ports.ts';
 import { startPostgres } from '../postgres.ts';
 import { listeningPorts } from '../serve-listening.ts';
 import type { FenceMode } from '../unsafe-fence.ts';
 import { TcpProxy } from '../faults/tcp-proxy.ts';
-import { LocalZooKeeper } from '../zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
 import type { NemesisTarget } from './nemesis.ts';
 import { PAUSE_REQUEST_MS, type WriterEvent } from './writer.ts';
 import type { Door } from './history.ts';
-import { grantObjectWrites } from '../sql-door.ts';
+import { grantObjectWrites } from '../../src/demo/sql-door.ts';
 import { TX_DEFAULTS } from '../../src/proxy/config.ts';
 import pg from 'pg';
 

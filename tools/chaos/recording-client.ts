@@ -4,7 +4,7 @@
 // /v1/objects), `tx` (POST /v1/transactions with the upsert a PUT runs) or `sql` (the same upsert
 // through the proxies' SQL endpoints with node-postgres); fence advances are always HTTP.
 import { ProxyClient, ProxyError, StaleTokenError, type ProxyClientOptions, type PutResult } from '../../src/writer/index.ts';
-import { SqlDoor, SqlDoorError, UPSERT_OBJECT } from '../sql-door.ts';
+import { SqlDoor, SqlDoorError, UPSERT_OBJECT } from '../../src/demo/sql-door.ts';
 import type { Door, HistoryRecorder, OpKind, Outcome } from './history.ts';
 
 export interface DoorOptions {

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { summarizeViolations, type LeaderCounts } from './checker.ts';
 import { HaCluster } from './cluster.ts';
-import { ZOOKEEPER_JAR } from '../zookeeper/local-server.ts';
+import { ZOOKEEPER_JAR } from '../../src/demo/local-zookeeper.ts';
 import { runScenario, SCENARIOS, type ScenarioName, type ScenarioResult } from './scenarios.ts';
 
 const USAGE = `usage: npm run ha -- [--only <scenario>[,…]] [--stall-ms <n>] [--timeout-s <n>] [--keep]

@@ -9,7 +9,7 @@ import type pg from 'pg';
 import { Election } from '../../../src/election/election.ts';
 import { ZkSession } from '../../../src/election/zk-session.ts';
 import type { DigestAuth } from '../../../src/election/acl.ts';
-import { LocalZooKeeper } from '../../../tools/zookeeper/local-server.ts';
+import { LocalZooKeeper } from '../../../src/demo/local-zookeeper.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 

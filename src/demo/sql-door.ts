@@ -10,8 +10,8 @@
 // steps down on it as on a 409. Other failures are SqlDoorError, `indeterminate` when the write may
 // have committed (connection lost, timeout, the backend died or was shut down).
 import pg from 'pg';
-import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../src/writer/index.ts';
-import { STALE_TOKEN } from '../src/fence/codes.ts';
+import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
+import { STALE_TOKEN } from '../fence/codes.ts';
 
 export const STALE_TOKEN_SQLSTATE = STALE_TOKEN;
 

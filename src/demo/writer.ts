@@ -7,11 +7,15 @@
 // write is an explicit transaction, `BEGIN; INSERT …; COMMIT`, on a key of its own under the object
 // key, in the application table --table (sql-transaction.ts); a `hold` line on stdin makes the next one wait between its INSERT and its
 // COMMIT until the process is resumed (SIGCONT), so the demo's SIGSTOP lands there every time.
+// Run as a program (the demo spawns one per replica: dist/demo/writer.js from the package, this file
+// with tsx from a checkout), it is that replica. docker-compose.yml's writers are demoWriterCommand
+// too, through tools/cli.ts demo-writer.
 import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { Election } from '../../src/election/index.ts';
-import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
-import { SqlDoor, SqlProxyClient, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
+import { Election } from '../election/index.ts';
+import { FencedWriter, NotLeaderError, ProxyClient, StaleTokenError } from '../writer/index.ts';
+import { SqlDoor, SqlProxyClient, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
 import { SqlTransactionClient } from './sql-transaction.ts';
 
 export interface DemoEvent {
@@ -126,4 +130,14 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   await election.close();
   emit({ event: 'stopped' });
   return 0;
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  demoWriterCommand(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (err: unknown) => {
+      process.stderr.write(`demo writer: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.exit(1);
+    },
+  );
 }

@@ -15,19 +15,24 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
-import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { startPostgres } from '../postgres.ts';
-import { loadConfig } from '../../src/proxy/config.ts';
-import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
-import { LocalZooKeeper } from '../zookeeper/local-server.ts';
+import { loadConfig } from '../proxy/config.ts';
+import { startProxy, type RunningProxy } from '../proxy/server.ts';
+import { StartupError } from '../proxy/startup-errors.ts';
+import { LocalZooKeeper, localZooKeeperMissing } from './local-zookeeper.ts';
 import pgClient from 'pg';
-import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
-import { protectTable } from '../../src/fence/protect.ts';
+import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
+import { protectTable } from '../fence/protect.ts';
 import { demoLedgerTable } from './sql-transaction.ts';
 import type { DemoEvent } from './writer.ts';
 
-const TOOLS = ['--import', 'tsx', join(import.meta.dirname, '..', 'cli.ts')];
+/**
+ * A replica's process: writer.ts beside this file, run as a program. From the package that is
+ * dist/demo/writer.js on plain node; from a checkout (npm run demo, the tests) writer.ts with tsx.
+ */
+const WRITER = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? './writer.ts' : './writer.js', import.meta.url));
+const WRITER_ARGV = WRITER.endsWith('.ts') ? ['--import', 'tsx', WRITER] : [WRITER];
 
 export interface DemoOptions {
   replicas?: number;
@@ -84,6 +89,16 @@ export interface TransactionHandover {
 
 class Timeout extends Error {}
 
+/** Options that cannot make the demo (a pause too short to lose the session, one replica). */
+export class DemoOptionsError extends Error {
+  override name = 'DemoOptionsError';
+}
+
+/**
+ * Runs the demo and checks it; `ok` is whether every check held. Throws, before anything starts,
+ * a StartupError naming what is missing: ZooKeeper (no zkConnect, and no Java or no ZooKeeper jar
+ * for a local one) or Postgres (no databaseUrl, and embedded-postgres not installed or set up).
+ */
 export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   const o = {
     replicas: options.replicas ?? 3,
@@ -93,8 +108,8 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     pauseMidTransaction: options.pauseMidTransaction ?? false,
     print: options.print ?? ((l: string) => process.stdout.write(l + '\n')),
   };
-  if (o.pauseMs <= o.sessionTimeoutMs) throw new Error(`--pause-ms (${o.pauseMs}) must exceed --session-timeout-ms (${o.sessionTimeoutMs}) for the leader to lose its session`);
-  if (o.replicas < 2) throw new Error('--replicas must be at least 2: someone has to take over');
+  if (o.pauseMs <= o.sessionTimeoutMs) throw new DemoOptionsError(`--pause-ms (${o.pauseMs}) must exceed --session-timeout-ms (${o.sessionTimeoutMs}) for the leader to lose its session`);
+  if (o.replicas < 2) throw new DemoOptionsError('--replicas must be at least 2: someone has to take over');
   const started = Date.now();
   const print = o.print;
   const run = randomBytes(3).toString('hex');
@@ -106,10 +121,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   const events: DemoEvent[] = [];
   const failures: string[] = [];
   const children = new Map<string, ChildProcess>();
-  let pg: RunningPostgres | null = null;
-  let pgDir: string | null = null;
   let zk: LocalZooKeeper | null = null;
-  let proxy: RunningProxy | null = null;
   const log = pino({ level: 'error' }, pino.destination(2));
 
   const stamp = (t: number) => `+${((t - started) / 1000).toFixed(3).padStart(7)}s`;
@@ -169,23 +181,27 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   let highestToken: string | null = null;
   let transaction: TransactionHandover | null = null;
   let held: DemoEvent | null = null;
+  // 1. Postgres and the proxy: the proxy starts an embedded Postgres (the optional dependency
+  //    embedded-postgres) in a folder of the demo's, unless DATABASE_URL. What is missing to run at
+  //    all (the embedded Postgres, Java or ZooKeeper's jar) is thrown, in one line, before anything runs.
+  const databaseUrl = options.databaseUrl ?? process.env.DATABASE_URL ?? null;
+  let zkConnect = options.zkConnect ?? process.env.ZK_CONNECT ?? null;
+  const zkMissing = zkConnect ? null : localZooKeeperMissing();
+  if (zkMissing) throw new StartupError('ZK_CONNECT', `unset, and the demo cannot start a local ZooKeeper: ${zkMissing}`);
+  const pgDir = databaseUrl ? null : mkdtempSync(join(tmpdir(), 'fencepost-demo-'));
+  if (pgDir) chmodSync(pgDir, 0o755); // as root, Postgres runs as the postgres user, who must reach its data folder
+  const config = loadConfig({
+    ...(pgDir ? { FENCEPOST_DATA_DIR: join(pgDir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: '0' } : { DATABASE_URL: databaseUrl! }),
+    PORT: '0', // ports of the OS's choosing: proxy.url and proxy.pgwirePort say which
+    FENCEPOST_PGWIRE_PORT: '0',
+    FENCEPOST_LOG_LEVEL: 'warn',
+    ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
+  });
+  const proxy = await startProxy(config, log).catch((err: unknown) => {
+    if (pgDir) rmSync(pgDir, { recursive: true, force: true });
+    throw err;
+  });
   try {
-    // 1. Postgres and the proxy.
-    let databaseUrl = options.databaseUrl ?? process.env.DATABASE_URL ?? null;
-    if (!databaseUrl) {
-      pgDir = mkdtempSync(join(tmpdir(), 'fencepost-demo-'));
-      chmodSync(pgDir, 0o755);
-      pg = await startPostgres({ dataDir: join(pgDir, 'pg') });
-      databaseUrl = pg.url;
-    }
-    const config = loadConfig({
-      DATABASE_URL: databaseUrl,
-      PORT: '0', // ports of the OS's choosing: proxy.url and proxy.pgwirePort say which
-      FENCEPOST_PGWIRE_PORT: '0',
-      FENCEPOST_LOG_LEVEL: 'warn',
-      ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
-    });
-    proxy = await startProxy(config, log);
     // The SQL replica's statements run as the open-mode client login: it may write the objects.
     await proxy.app.store.pool.query(grantObjectWrites(config.clientRole));
     if (o.pauseMidTransaction) {
@@ -193,15 +209,14 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       await proxy.app.store.pool.query(`GRANT SELECT, INSERT ON ${ledgerTable} TO ${pgClient.escapeIdentifier(config.clientRole)}`);
       await protectTable(proxy.app.store.pool, ledgerTable, fenceKey);
     }
-    const sqlUrl = new URL(databaseUrl);
+    const sqlUrl = new URL(proxy.databaseUrl);
     sqlUrl.username = '';
     sqlUrl.password = '';
     sqlUrl.hostname = '127.0.0.1';
     sqlUrl.port = String(proxy.pgwirePort);
-    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, `SQL endpoint :${proxy.pgwirePort} ${pg ? '(embedded Postgres)' : '(DATABASE_URL)'}`);
+    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, `SQL endpoint :${proxy.pgwirePort} ${databaseUrl ? '(DATABASE_URL)' : '(embedded Postgres)'}`);
 
     // 2. ZooKeeper.
-    let zkConnect = options.zkConnect ?? process.env.ZK_CONNECT ?? null;
     if (!zkConnect) {
       zk = await LocalZooKeeper.start({ servers: 1, tickTimeMs: 250 });
       zkConnect = zk.connectString;
@@ -214,7 +229,7 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       const sql = i === 1 ? ['--sql', sqlUrl.toString(), ...(o.pauseMidTransaction ? ['--pause-mid-transaction', '--table', ledgerTable] : [])] : [];
       const child = spawn(
         process.execPath,
-        [...TOOLS, 'demo-writer', '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
+        [...WRITER_ARGV, '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
           '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6)), ...sql],
         { stdio: [o.pauseMidTransaction && i === 1 ? 'pipe' : 'ignore', 'pipe', 'pipe'] },
       );
@@ -310,17 +325,14 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   await Promise.all([...children].filter(([id]) => id !== leader).map(([, c]) => stop(c)));
   await Promise.all([...children].filter(([id]) => id === leader).map(([, c]) => stop(c)));
   const replicas = summarise(events.filter((e) => e.t < stoppedAt), o.replicas); // not the handovers of stopping
-  if (proxy) {
-    try {
-      highestToken = await checkAgainstDatabase(proxy, fenceKey, objectKey, events, zombie, failures);
-      if (transaction) await checkTransactions(proxy, ledgerTable, events, transaction, failures);
-    } catch (err) {
-      failures.push(`database check failed: ${err instanceof Error ? err.message : String(err)}`);
-    }
+  try {
+    highestToken = await checkAgainstDatabase(proxy, fenceKey, objectKey, events, zombie, failures);
+    if (transaction) await checkTransactions(proxy, ledgerTable, events, transaction, failures);
+  } catch (err) {
+    failures.push(`database check failed: ${err instanceof Error ? err.message : String(err)}`);
   }
-  await proxy?.close().catch(() => {});
+  await proxy.close().catch(() => {}); // and its embedded Postgres
   await zk?.stop().catch(() => {});
-  await pg?.stop().catch(() => {});
   if (pgDir) rmSync(pgDir, { recursive: true, force: true });
 
   printSummary(print, replicas, highestToken, failures, events, zombie, transaction);

@@ -1,6 +1,6 @@
 // The demo's SQL writer in --pause-mid-transaction mode: each write is an explicit transaction on
 // the proxy's SQL endpoint with node-postgres, `BEGIN; INSERT …; COMMIT`, on a session per fence key
-// and token (the token and fence key as startup options, as tools/sql-door.ts). The INSERT adds a row
+// and token (the token and fence key as startup options, as sql-door.ts). The INSERT adds a row
 // of the write's own to an application table (demoLedgerTable: the demo creates it, grants it to the
 // client login and protects it with the demo's fence key), so the database can be asked afterwards
 // whether a given transaction committed: its row is there or it is not.
@@ -10,8 +10,8 @@
 // open transaction on the database side, and the COMMIT sent after SIGCONT fails with FP409, thrown
 // as the HTTP client's StaleTokenError so a FencedWriter steps down on it as on a 409.
 import pg from 'pg';
-import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../../src/writer/index.ts';
-import { SqlDoorError, STALE_TOKEN_SQLSTATE } from '../sql-door.ts';
+import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
+import { SqlDoorError, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
 
 /** The table the transactions insert into: one row per write, its key the primary key. */
 export function demoLedgerTable(table: string): string {

@@ -1,14 +1,33 @@
-// Starts real ZooKeeper servers (Debian's `zookeeper` package) for tests, the demo and chaos runs:
-// a standalone server or an N-server ensemble on loopback, each with its own data dir.
+// Starts real ZooKeeper servers (Debian's `zookeeper` package: its jar, run on Java) for the demo,
+// tests and chaos runs: a standalone server or an N-server ensemble on loopback, each with its own
+// data dir.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, mkdirSync, writeFileSync, rmSync, existsSync } from 'node:fs';
+import { accessSync, constants, mkdtempSync, mkdirSync, writeFileSync, rmSync, existsSync } from 'node:fs';
 import { connect as tcpConnect } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { PortTakenError, heldPorts, startOnFreePorts, type PortPicking } from '../ports.ts';
+import { delimiter, join } from 'node:path';
+import { PortTakenError, heldPorts, startOnFreePorts, type PortPicking } from './ports.ts';
 
 export const ZOOKEEPER_JAR = process.env.ZOOKEEPER_JAR ?? '/usr/share/java/zookeeper.jar';
 const CLASSPATH_EXTRA = ['/etc/zookeeper/conf'];
+
+/** Why no local server can start here (no ZooKeeper jar, or no `java` on PATH), with what to install; null when one can. */
+export function localZooKeeperMissing(): string | null {
+  if (!existsSync(ZOOKEEPER_JAR)) return `${ZOOKEEPER_JAR} is missing: install Debian's zookeeper package (\`apt-get install zookeeper\`, which brings Java), or set ZK_CONNECT to a running ZooKeeper`;
+  if (!onPath('java')) return 'java is not on PATH: install Java (`apt-get install default-jre-headless`), or set ZK_CONNECT to a running ZooKeeper';
+  return null;
+}
+
+function onPath(command: string): boolean {
+  return (process.env.PATH ?? '').split(delimiter).some((dir) => {
+    try {
+      accessSync(join(dir || '.', command), constants.X_OK);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+}
 
 export interface ZooKeeperNodeSpec {
   id: number;
@@ -51,9 +70,8 @@ export class LocalZooKeeper {
    * set starts again on fresh ports and fresh data dirs (`startOnFreePorts`).
    */
   static async start(opts: LocalZooKeeperOptions = {}): Promise<LocalZooKeeper> {
-    if (!existsSync(ZOOKEEPER_JAR)) {
-      throw new Error(`ZooKeeper jar not found at ${ZOOKEEPER_JAR}: install Debian's "zookeeper" package or set ZK_CONNECT`);
-    }
+    const missing = localZooKeeperMissing();
+    if (missing !== null) throw new Error(`cannot start a local ZooKeeper: ${missing}`);
     const servers = opts.servers ?? 1;
     const tick = opts.tickTimeMs ?? 500;
     const baseDir = opts.baseDir ?? mkdtempSync(join(tmpdir(), 'fencepost-zk-'));

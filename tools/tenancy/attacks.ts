@@ -244,7 +244,15 @@ export function lockQueueAttack(target: Target, variant: string, ddl: string, do
           clients.push(c);
           if (c !== null) {
             await c.query(`SET lock_timeout = ${Math.round(ctx.holdMs)}`).catch(() => {});
-            await loop(ctx.signal, tally, () => query(c, ddl));
+            // In a transaction block (LOCK TABLE needs one; a lock taken is held until ROLLBACK).
+            await loop(ctx.signal, tally, async () => {
+              try {
+                await c.query('BEGIN');
+                return await query(c, ddl);
+              } finally {
+                await c.query('ROLLBACK').catch(() => {});
+              }
+            });
           }
         }
       } finally {

@@ -4,6 +4,9 @@
 // violation, or a planned fault that could not be applied), 3 INCONCLUSIVE (tools/chaos/verdict.ts).
 // `npm run chaos -- --fuzz-sql S [--seed N]` instead fuzzes the SQL endpoint's protocol for S seconds
 // (tools/chaos/sql-fuzz.ts); exits 1 on a violation.
+// `npm run chaos -- --tenancy S [--seed N] [--attacks <substring>] [--open]` runs the tenant-isolation
+// harness (tools/tenancy/) for S seconds: every attack alone, then seeded mixes; --open includes the
+// documented open lock-queue attacks (reported, and counted as violations when they break the bound).
 import { parseArgs } from 'node:util';
 import { FENCE_MODES, type FenceMode } from '../tools/unsafe-fence.ts';
 import { FAULT_KINDS, type FaultKind } from '../tools/chaos/nemesis.ts';
@@ -14,6 +17,7 @@ const USAGE = `usage: npm run chaos -- [--seed <n>] [--duration-s <s>] [--writer
                       [--fence-mode ${FENCE_MODES.join('|')}] [--session-timeout-ms <n>]
                       [--faults <kind,…>] [--dir <run-dir>]
        npm run chaos -- --fuzz-sql <seconds> [--seed <n>]
+       npm run chaos -- --tenancy <seconds> [--seed <n>] [--attacks <substring>] [--open]
   A seeded fault-injection run against real processes (3 ZooKeeper servers, Postgres, proxies, writers),
   checked afterwards. Exit 0 PASS, 1 FAIL (a violation, or a planned fault that could not be applied),
   3 INCONCLUSIVE (nothing written or no fault injected). --fuzz-sql fuzzes the SQL endpoint's protocol.
@@ -34,6 +38,9 @@ try {
       faults: { type: 'string' },
       dir: { type: 'string' },
       'fuzz-sql': { type: 'string' },
+      tenancy: { type: 'string' },
+      attacks: { type: 'string' },
+      open: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -67,6 +74,12 @@ if (values['fuzz-sql'] !== undefined) {
   }
   process.stdout.write('PASS: no row landed in the protected table, no prepared transaction, the fence never moved\n');
   process.exit(0);
+}
+
+if (values.tenancy !== undefined) {
+  const { runTenancyTool } = await import('../tools/tenancy/tool.ts');
+  const ok = await runTenancyTool({ seed, durationMs: whole('tenancy', values.tenancy, 1) * 1000, ...(values.attacks === undefined ? {} : { attacks: values.attacks }), open: values.open === true });
+  process.exit(ok ? 0 : 1);
 }
 
 const mode = values['fence-mode'] as FenceMode;

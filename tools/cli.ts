@@ -1,6 +1,7 @@
 // The harness's processes, run with tsx (`node --import tsx tools/cli.ts <command>`):
 //   demo-writer   one replica of the demo (src/demo/writer.ts): docker-compose.yml's writers
 //   chaos-writer  one writer process of `npm run chaos`
+//   tenancy-attacker  tenant A of the tenant-isolation harness (tools/tenancy/attacker.ts)
 //   serve         `fencepost serve`, optionally with a broken fence: --fence-mode off|two-step
 //                 (the checkers' self-tests and the benchmark's unfenced baseline)
 import { join } from 'node:path';
@@ -38,10 +39,12 @@ async function main(argv: string[]): Promise<number> {
       return await (await import('../src/demo/writer.ts')).demoWriterCommand(rest);
     case 'chaos-writer':
       return await (await import('./chaos/writer.ts')).chaosWriterCommand(rest);
+    case 'tenancy-attacker':
+      return await (await import('./tenancy/attacker.ts')).attackerCommand();
     case 'serve':
       return await serveUnsafe(rest);
     default:
-      process.stderr.write('usage: node --import tsx tools/cli.ts demo-writer|chaos-writer|serve [--fence-mode off|two-step]\n');
+      process.stderr.write('usage: node --import tsx tools/cli.ts demo-writer|chaos-writer|tenancy-attacker|serve [--fence-mode off|two-step]\n');
       return 2;
   }
 }

@@ -31,9 +31,15 @@ export class FramingError extends Error {
   }
 }
 
-/** Splits a stream into frames; feed chunks in, take whole frames out. */
+/**
+ * Splits a stream into frames; feed chunks in, take whole frames out. The chunks wait in a list:
+ * they are joined once, when a whole frame is in (a frame in one chunk is a subarray of it), so a
+ * large message arriving in many chunks costs one copy, not one per chunk (joining on every push
+ * copied a 4 MB message about 250 times over in 16 KB reads).
+ */
 export class MessageReader {
-  private buf: Buffer = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private size = 0;
   /** Startup-phase packets (no type byte) until set to false. */
   startup: boolean;
 
@@ -42,12 +48,14 @@ export class MessageReader {
   }
 
   push(chunk: Buffer): void {
-    this.buf = this.buf.length === 0 ? chunk : Buffer.concat([this.buf, chunk]);
+    if (chunk.length === 0) return;
+    this.chunks.push(chunk);
+    this.size += chunk.length;
   }
 
   /** Bytes received but not yet framed. */
   get pending(): number {
-    return this.buf.length;
+    return this.size;
   }
 
   /**
@@ -56,15 +64,44 @@ export class MessageReader {
    */
   next(maxBytes = this.startup ? MAX_STARTUP_BYTES : MAX_MESSAGE_BYTES): Frame | null {
     const head = this.startup ? 0 : 1;
-    if (this.buf.length < head + 4) return null;
-    const len = this.buf.readInt32BE(head);
+    if (this.size < head + 4) return null;
+    const len = this.int32At(head);
     const max = maxBytes;
     if (len < 4 || len > max) throw new FramingError(`message length ${len} out of range`);
     const total = head + len;
-    if (this.buf.length < total) return null;
-    const bytes = this.buf.subarray(0, total);
-    this.buf = this.buf.subarray(total);
+    if (this.size < total) return null;
+    const first = this.gather(total);
+    const bytes = first.subarray(0, total);
+    if (first.length === total) this.chunks.shift();
+    else this.chunks[0] = first.subarray(total);
+    this.size -= total;
     return { type: this.startup ? '' : String.fromCharCode(bytes[0]!), bytes, body: bytes.subarray(head + 4) };
+  }
+
+  /** The big-endian int32 at `at`, read across chunks without joining them. */
+  private int32At(at: number): number {
+    const first = this.chunks[0]!;
+    if (first.length >= at + 4) return first.readInt32BE(at);
+    const b = Buffer.alloc(4);
+    let i = 0;
+    let pos = 0;
+    for (const c of this.chunks) {
+      for (let j = 0; j < c.length && i < 4; j++, pos++) if (pos >= at) b[i++] = c[j]!;
+      if (i === 4) break;
+    }
+    return b.readInt32BE(0);
+  }
+
+  /** The first chunk, joined with as many following ones as it takes to hold `n` bytes. */
+  private gather(n: number): Buffer {
+    const first = this.chunks[0]!;
+    if (first.length >= n) return first;
+    let k = 0;
+    let have = 0;
+    while (have < n) have += this.chunks[k++]!.length;
+    const joined = Buffer.concat(this.chunks.slice(0, k), have);
+    this.chunks.splice(0, k, joined);
+    return joined;
   }
 }
 

@@ -14,7 +14,7 @@
 // (DISCARD, or a proof that failed: a raise above it). The database decides whether a write lands
 // (the proof, and the protected tables' triggers); the gate decides only what the session asks.
 import type { Logger } from 'pino';
-import { keyProblem } from '../../fence/key.ts';
+import { keyProblem, MAX_KEY_BYTES } from '../../fence/key.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST, STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
@@ -30,10 +30,18 @@ export interface SessionGuard {
   admit(fenceKey: string, token: bigint): Promise<void>;
 }
 
-/** fencepost.token and fencepost.fence_key, as the session last knew them. */
+/**
+ * fencepost.token and fencepost.fence_key, as the session last knew them. Read back from the
+ * backend, each is cut to its first characters (READ_SETTINGS_SQL) and comes with its whole length
+ * in bytes: a longer one is refused by its length, so a megabyte a writer SET never crosses to the
+ * proxy, into a refusal or a log line.
+ */
 export interface FenceSettings {
   token: string | null;
   fenceKey: string | null;
+  /** UTF-8 bytes of the whole setting, where it was cut (else the string is whole). */
+  tokenBytes?: number;
+  fenceKeyBytes?: number;
 }
 
 /** What the gate needs of the session. */
@@ -65,8 +73,22 @@ export interface GateOptions {
   logger: Logger;
 }
 
-const READ_SETTINGS_SQL = "SELECT pg_catalog.current_setting('fencepost.token', true), pg_catalog.current_setting('fencepost.fence_key', true)";
 const MAX_TOKEN = (1n << 63n) - 1n;
+/**
+ * A fencepost.token is at most 19 digits (MAX_TOKEN) after leading zeros (a ZooKeeper sequence
+ * suffix keeps them); a longer text than this is refused by its length, unread.
+ */
+export const MAX_TOKEN_CHARS = 64;
+/** The settings, each cut to one character past its limit, and its whole length in bytes. */
+const READ_SETTINGS_SQL = `SELECT pg_catalog.left(t, ${MAX_TOKEN_CHARS + 1}), pg_catalog.octet_length(t), pg_catalog.left(k, ${MAX_KEY_BYTES + 1}), pg_catalog.octet_length(k) FROM (SELECT pg_catalog.current_setting('fencepost.token', true) AS t, pg_catalog.current_setting('fencepost.fence_key', true) AS k) s`;
+/** Client text quoted into a refusal or a log line: at most this many characters of it. */
+const QUOTED_CHARS = 64;
+
+/** `value` as JSON, cut to QUOTED_CHARS characters with a note of its whole length. */
+export function quoteBounded(value: string, bytes = Buffer.byteLength(value, 'utf8')): string {
+  if (value.length <= QUOTED_CHARS && bytes === Buffer.byteLength(value, 'utf8')) return JSON.stringify(value);
+  return `${JSON.stringify(value.slice(0, QUOTED_CHARS))}… (${bytes} bytes)`;
+}
 
 type Pair = { fenceKey: string; token: bigint };
 
@@ -139,7 +161,10 @@ export class FenceGate {
         READ_SETTINGS_SQL,
         (values) => {
           read.token = values[0] || null;
-          read.fenceKey = values[1] || null;
+          read.fenceKey = values[2] || null;
+          // The lengths only where a value was cut (else the same settings keep their verdict).
+          if (read.token !== null && Number(values[1]) !== Buffer.byteLength(read.token, 'utf8')) read.tokenBytes = Number(values[1]);
+          if (read.fenceKey !== null && Number(values[3]) !== Buffer.byteLength(read.fenceKey, 'utf8')) read.fenceKeyBytes = Number(values[3]);
         },
         () => {
           this.settings = read;
@@ -209,8 +234,17 @@ export class FenceGate {
   private async verdictFor(s: FenceSettings): Promise<{ fence: SessionFence; once: boolean }> {
     const refused = (e: ErrorFields, once = false) => ({ fence: refusedSessionFence(e), once });
     if (s.token === null || s.token === '') return { fence: readOnlySessionFence(), once: false };
+    // Sizes first, by the lengths alone: nothing of an oversized value is parsed or quoted.
+    const tokenBytes = s.tokenBytes ?? Buffer.byteLength(s.token, 'utf8');
+    if (tokenBytes > MAX_TOKEN_CHARS) {
+      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token is too long: ${tokenBytes} bytes, a token is at most 19 digits (0 to ${MAX_TOKEN}, at most ${MAX_TOKEN_CHARS} characters with leading zeros)`));
+    }
+    const fenceKeyBytes = s.fenceKey === null ? 0 : (s.fenceKeyBytes ?? Buffer.byteLength(s.fenceKey, 'utf8'));
+    if (fenceKeyBytes > MAX_KEY_BYTES) {
+      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key is too long: ${fenceKeyBytes} bytes, a fence key is at most ${MAX_KEY_BYTES} bytes`));
+    }
     if (!/^[0-9]+$/.test(s.token) || s.token.replace(/^0+/, '').length > 19 || BigInt(s.token) > MAX_TOKEN) {
-      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${JSON.stringify(s.token)}`));
+      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${quoteBounded(s.token)}`));
     }
     if (s.fenceKey === null || s.fenceKey === '') {
       return refused(refusal(INVALID_FENCE_SETTING, 'fencepost.token is set but fencepost.fence_key is not', undefined, "SET fencepost.fence_key = '…' or -c fencepost.fence_key=… in the startup options"));
@@ -219,7 +253,7 @@ export class FenceGate {
     if (problem !== null) return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key ${problem}`));
     const prefixes = this.opts.prefixes;
     if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) {
-      return refused(refusal(INSUFFICIENT_PRIVILEGE, `this key may not write fence key ${JSON.stringify(s.fenceKey)}: it is outside its fence-key prefixes`));
+      return refused(refusal(INSUFFICIENT_PRIVILEGE, `this key may not write fence key ${quoteBounded(s.fenceKey)}: it is outside its fence-key prefixes`));
     }
     const pair: Pair = { fenceKey: s.fenceKey, token: BigInt(s.token) };
     const { fenceKey, token } = pair;
@@ -264,5 +298,5 @@ export class FenceGate {
 }
 
 function signature(s: FenceSettings): string {
-  return JSON.stringify([s.token, s.fenceKey]);
+  return JSON.stringify([s.token, s.fenceKey, s.tokenBytes, s.fenceKeyBytes]);
 }

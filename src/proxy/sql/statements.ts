@@ -66,12 +66,21 @@ function kindOf(node: RawStmt['stmt']): StatementKind {
 const CACHED_TEXTS = 256;
 const CACHED_TEXT_CHARS = 1024;
 const parsed = new Map<string, readonly RawStmt[] | null>();
+/**
+ * The last longer text and its parse: the planner asks several questions of one Query or Parse
+ * (statementKind, runsUnfenced, setsFenceSetting, deallocatedStatements), and the parser's
+ * per-byte cost (UTF-8 into WASM, the tree out as JSON) is large: ~150 ms a MB on a busy box. One
+ * text's worth of memory, held until the next long text.
+ */
+let lastLong: { sql: string; stmts: readonly RawStmt[] | null } | null = null;
 
 function splitNodes(sql: string): readonly RawStmt[] | null {
   const cacheable = sql.length <= CACHED_TEXT_CHARS;
   if (cacheable) {
     const hit = parsed.get(sql);
     if (hit !== undefined) return hit;
+  } else if (lastLong !== null && lastLong.sql === sql) {
+    return lastLong.stmts;
   }
   let stmts: readonly RawStmt[] | null;
   try {
@@ -82,6 +91,8 @@ function splitNodes(sql: string): readonly RawStmt[] | null {
   if (cacheable) {
     if (parsed.size >= CACHED_TEXTS) parsed.delete(parsed.keys().next().value!);
     parsed.set(sql, stmts);
+  } else {
+    lastLong = { sql, stmts };
   }
   return stmts;
 }
@@ -113,13 +124,22 @@ export function statementKind(sql: string): StatementKind {
  * and after a BEGIN).
  */
 export function setsFenceSetting(sql: string): boolean {
-  if (!/\b(?:set|reset)\b/i.test(sql) || !/fencepost/i.test(sql)) return false;
+  if (sql.length > MAX_UNFENCED_CHARS || !/\b(?:set|reset)\b/i.test(sql) || !/fencepost/i.test(sql)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const set = (stmts[0]!.stmt ?? {}).VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
   if (set === undefined) return false;
   return set.is_local !== true && ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'].includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
 }
+
+/**
+ * Longer texts are never a statement that runs unfenced (runsUnfenced, setsFenceSetting): a SET
+ * of a valid fence key (at most MAX_KEY_BYTES) or token, a DISCARD or a COMMIT fits many times
+ * over, and a longer one is fenced like any other statement (the safe side: at worst the fence
+ * refuses it) without the parser reading megabytes of it. A huge `SET fencepost.token = '…'` is
+ * then refused by the gate's size check at the next transaction (gate.ts).
+ */
+export const MAX_UNFENCED_CHARS = 16 * 1024;
 
 /** Words of the only statements that run unfenced (see runsUnfenced). */
 const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
@@ -141,7 +161,7 @@ const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
  * PREPARED: 25001): no transaction of a session escapes its fence.
  */
 export function runsUnfenced(sql: string): boolean {
-  if (!UNFENCED_WORDS.test(sql)) return false;
+  if (sql.length > MAX_UNFENCED_CHARS || !UNFENCED_WORDS.test(sql)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};

@@ -1,6 +1,7 @@
 // The tenant-isolation run: tenant B's leader alone (the solo run), then case after case of the
 // same workload while tenant A runs a seeded mix of hostile actions (attacks.ts). Invariant, per
-// case: B's p99 write latency and p99 raise latency within BOUND of the solo run's, no B error
+// case: B's p99 write latency and p99 raise latency within BOUND of the solo runs' (the first one,
+// and one just before the case, whichever is slower), no B error
 // (its workload never goes stale, so it has none of its own), and B's data exactly what B wrote.
 import pg from 'pg';
 import { Prng } from '../chaos/prng.ts';
@@ -137,6 +138,12 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
     for (let i = 0; i < total; i++) {
       if (o.deadlineMs !== undefined && Date.now() - started > o.deadlineMs) break;
       const mix = o.single ? [order[i]!] : pickMix(rng, pool, o.attacksPerCase);
+      // B alone again just before the case: the box's load drifts (other suites come and go), and
+      // the case is held to the slower of the two solo runs.
+      const before = await victim();
+      if (before.v.errors.length > 0) throw new Error(`B's solo run before case ${i} had errors: ${before.v.errors.map((x) => `${x.op} ${x.code}`).join(', ')}`);
+      const beforeLat = latency(before.v);
+      const caseBound = { writeMs: Math.max(bound.writeMs, boundFor(beforeLat.writeP99)), raiseMs: Math.max(bound.raiseMs, boundFor(beforeLat.raiseP99)) };
       await attacker.start(
         mix.map((a) => a.name),
         aToken,
@@ -151,8 +158,8 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
       const b = latency(v);
       const bErrors = v.errors.map((x) => `${x.op} ${x.code}: ${x.message.slice(0, 120)}`);
       const violations = [
-        ...(b.writeP99 > bound.writeMs ? [`B's p99 write ${b.writeP99.toFixed(0)} ms > bound ${bound.writeMs.toFixed(0)} ms`] : []),
-        ...(b.raiseP99 > bound.raiseMs ? [`B's p99 raise ${b.raiseP99.toFixed(0)} ms > bound ${bound.raiseMs.toFixed(0)} ms`] : []),
+        ...(b.writeP99 > caseBound.writeMs ? [`B's p99 write ${b.writeP99.toFixed(0)} ms > bound ${caseBound.writeMs.toFixed(0)} ms`] : []),
+        ...(b.raiseP99 > caseBound.raiseMs ? [`B's p99 raise ${b.raiseP99.toFixed(0)} ms > bound ${caseBound.raiseMs.toFixed(0)} ms`] : []),
         ...bErrors.map((x) => `B error: ${x}`),
         ...(await bDataViolations(admin, o.e, o.t, tag, v)),
       ];

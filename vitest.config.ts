@@ -4,8 +4,8 @@ import { defineConfig } from 'vitest/config';
  * Whole-system runs, tens of seconds to minutes of processes each: the chaos runs (a three-server
  * ZooKeeper ensemble, proxies, writers, a nemesis), the seeded protocol fuzzers, the demos and the
  * elected writer end to end, the etcd integration, clusters of their own (a synchronous standby
- * stalled, embedded clusters side by side), and the release tarball installed into a clean
- * folder. Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
+ * stalled, embedded clusters side by side), the release tarball installed into a clean
+ * folder, and the docs' command blocks (each page against a `fencepost serve` of its own). Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
  * `npm test` runs project `unit`, everything else. A file named on the command line runs whichever
  * it is in.
  */
@@ -23,6 +23,7 @@ const SYSTEM_TESTS = [
   'test/fence/raise-durability.test.ts',
   'test/fence/embedded-postgres.test.ts',
   'test/package.test.ts',
+  'test/docs.test.ts',
 ];
 
 export default defineConfig({

@@ -25,7 +25,7 @@ import { createTenantRoles, createTenantTables, dropTenantRoles, tenantNames, ty
 import { runTenancy } from '../../tools/tenancy/run.ts';
 
 const SEED = Number(process.env.FENCEPOST_TENANCY_SEED ?? Math.floor(Math.random() * 2 ** 31));
-const CASES = Number(process.env.FENCEPOST_TENANCY_CASES ?? 5);
+const CASES = Number(process.env.FENCEPOST_TENANCY_CASES ?? 3);
 
 let db: TestDatabase;
 let sql: SqlProxy;

@@ -357,6 +357,11 @@ DECLARE
   v_name text;
   v_seq regclass;
 BEGIN
+  -- Sizes first: nothing of an oversized call is hashed, read or locked.
+  IF octet_length(session_capability) > 64 OR octet_length(fence_key) > 1024 THEN
+    RAISE EXCEPTION 'fencepost_api.fence_session: argument too long (capability % bytes, fence key % bytes; at most 64 and 1024)', octet_length(session_capability), octet_length(fence_key)
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
   IF session_capability IS DISTINCT FROM encode(sha256(convert_to('fencepost bound capability v2' || '|' || v_secret || '|' || pg_backend_pid() || '|' || (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a) || '|' || coalesce('fence_session', 'NULL') || '|' || coalesce(fence_key, 'NULL') || '|' || coalesce(token::text, 'NULL') || '|' || v_secret, 'UTF8')), 'hex') THEN
     RAISE EXCEPTION 'fencepost.fence_session may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';

@@ -11,6 +11,7 @@
 import { createHash } from 'node:crypto';
 import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql } from './detail.ts';
+import { MAX_KEY_BYTES } from './key.ts';
 import { BACKEND_START_SQL, boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
 
 export const DEFINITIONS_VERSION = 10;
@@ -131,6 +132,11 @@ DECLARE
   v_name text;
   v_seq regclass;
 BEGIN
+  -- Sizes first: nothing of an oversized call is hashed, read or locked.
+  IF octet_length(session_capability) > 64 OR octet_length(fence_key) > ${MAX_KEY_BYTES} THEN
+    RAISE EXCEPTION 'fencepost_api.fence_session: argument too long (capability % bytes, fence key % bytes; at most 64 and ${MAX_KEY_BYTES})', octet_length(session_capability), octet_length(fence_key)
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
   ${refuseUnlessProxy('fence_session', 'session_capability', boundCapabilitySql('v_secret', ["'fence_session'", 'fence_key', 'token::text']))}
   IF to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}') IS NULL THEN
     CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};

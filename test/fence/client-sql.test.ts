@@ -257,6 +257,9 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     const earlier = String(BigInt(here.start) - 1n);
     const reused = await run([call(sessionFenceCapability(capability, { ...here, start: earlier }, 'o/victim', 100n))]);
     expect(String((reused as Error).message)).toMatch(/may be called by the proxy only/);
+    // Oversized arguments are refused before anything is hashed, read or locked.
+    const huge = await run([`SELECT fencepost_api.fence_session(repeat('a', 64), repeat('k', 2000000), 100)`]);
+    expect(String((huge as Error).message)).toMatch(/argument too long \(capability 64 bytes, fence key 2000000 bytes; at most 64 and 1024\)/);
     await fenceIntact();
   });
 });

@@ -3,9 +3,11 @@
 // free again. A port taken before Postgres bound it: Postgres exits saying so, and starts again on
 // another (startOnFreePort). Started means the server on the port is this one (its data directory).
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { resolve } from 'node:path';
-import { userInfo } from 'node:os';
+import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { tmpdir, userInfo } from 'node:os';
 import pg from 'pg';
+import { migrate } from '../src/fence/migrate.ts';
 import { startEmbeddedPostgres, type EmbeddedPostgresOptions, type RunningPostgres } from '../src/fence/embedded-postgres.ts';
 import { PortTakenError, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
 import { portTakenLine } from './ports.ts';
@@ -28,6 +30,35 @@ export async function startPostgres(opts: PostgresOptions): Promise<RunningPostg
     }
     return server;
   }, ports);
+}
+
+/**
+ * A migrated database `database` on an embedded Postgres of its own in a temporary folder, for one
+ * run of a tool (a fuzzer, the tenancy harness): `run` gets its URL and a pool of 4; the server and
+ * the folder are gone after.
+ */
+export async function withScratchDatabase<T>(
+  o: { prefix: string; database: string; postgresFlags?: string[] },
+  run: (db: { url: string; pool: pg.Pool }) => Promise<T>,
+): Promise<T> {
+  const dir = mkdtempSync(join(tmpdir(), o.prefix));
+  chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
+  const postgres = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: o.postgresFlags ?? [] });
+  const url = new URL(postgres.url);
+  url.pathname = `/${o.database}`;
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 4 });
+  pool.on('error', () => {});
+  try {
+    const admin = new pg.Client({ connectionString: postgres.url });
+    await admin.connect();
+    await admin.query(`CREATE DATABASE ${pg.escapeIdentifier(o.database)}`).finally(() => admin.end());
+    await migrate(pool);
+    return await run({ url: url.toString(), pool });
+  } finally {
+    await pool.end();
+    await postgres.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 /** Throws PortTakenError unless the Postgres at `url` runs on `dataDir`. */

@@ -4,15 +4,10 @@
 // another fence key, and the current token as the control), on an embedded Postgres of its own
 // (prepared transactions enabled) and an in-process proxy. Prints the seed first, fast-check's
 // report (seed, path, the shrunk counterexample) on a violation.
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import pg from 'pg';
 import pino from 'pino';
-import { migrate } from '../../src/fence/migrate.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
-import { startPostgres } from '../postgres.ts';
+import { withScratchDatabase } from '../postgres.ts';
 import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats, FUZZ_WAITS } from '../../test/support/pgwire-fuzz.ts';
 
 export interface SqlFuzzOptions {
@@ -36,22 +31,10 @@ const CLIENT_ROLE = 'fpc_fuzz';
 
 export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
   const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
-  const dir = mkdtempSync(join(tmpdir(), 'fencepost-fuzz-sql-'));
-  chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
-  const postgres = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'max_prepared_transactions=10'] });
-  const url = new URL(postgres.url);
-  url.pathname = '/fuzz';
-  const admin = new pg.Client({ connectionString: postgres.url });
-  await admin.connect();
-  await admin.query('CREATE DATABASE fuzz');
-  await admin.end();
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 4 });
-  pool.on('error', () => {});
   const stats = new FuzzStats();
   const started = Date.now();
-  try {
-    await migrate(pool);
-    const config = loadConfig({ DATABASE_URL: url.toString(), PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
+  return await withScratchDatabase({ prefix: 'fencepost-fuzz-sql-', database: 'fuzz', postgresFlags: ['-c', 'max_prepared_transactions=10'] }, async ({ url, pool }) => {
+    const config = loadConfig({ DATABASE_URL: url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
     const proxy = await startProxy(config, pino({ level: 'silent' }));
     try {
       await prepareFuzzDatabase(pool, CLIENT_ROLE);
@@ -83,9 +66,5 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
     } finally {
       await proxy.close();
     }
-  } finally {
-    await pool.end();
-    await postgres.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 }

@@ -3,42 +3,25 @@
 // violation names its attack), in a seeded order, until the time is up; `--open` adds the
 // documented open lock-queue attacks (docs/security.md, Tenants), `--attacks` keeps the attacks
 // whose name contains the text. The test (test/tenancy/isolation.test.ts) runs a few mixes.
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import pg from 'pg';
 import pino from 'pino';
-import { migrate } from '../../src/fence/migrate.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
-import { startPostgres } from '../postgres.ts';
+import { withScratchDatabase } from '../postgres.ts';
 import { createTenantRoles, createTenantTables, tenantNames } from './tenants.ts';
 import { runTenancy } from './run.ts';
 
 export async function runTenancyTool(o: { seed: number; durationMs: number; attacks?: string; open: boolean; print?: (l: string) => void }): Promise<boolean> {
   const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
-  const dir = mkdtempSync(join(tmpdir(), 'fencepost-tenancy-'));
-  chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
-  const postgres = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'max_connections=300'] });
-  const url = new URL(postgres.url);
-  url.pathname = '/tenancy';
-  const admin = new pg.Client({ connectionString: postgres.url });
-  await admin.connect();
-  await admin.query('CREATE DATABASE tenancy');
-  await admin.end();
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 4 });
-  pool.on('error', () => {});
-  try {
-    await migrate(pool);
+  return await withScratchDatabase({ prefix: 'fencepost-tenancy-', database: 'tenancy', postgresFlags: ['-c', 'max_connections=300'] }, async ({ url, pool }) => {
     const t = tenantNames();
     await createTenantRoles(pool, t);
-    const config = loadConfig({ DATABASE_URL: url.toString(), PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: 'fpc_tenancy', FENCEPOST_LOG_LEVEL: 'silent', FENCEPOST_KEYS: t.keysJson, FENCEPOST_READ_ACCESS: 'key' });
+    const config = loadConfig({ DATABASE_URL: url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: 'fpc_tenancy', FENCEPOST_LOG_LEVEL: 'silent', FENCEPOST_KEYS: t.keysJson, FENCEPOST_READ_ACCESS: 'key' });
     const proxy = await startProxy(config, pino({ level: 'silent' }));
     try {
       await createTenantTables(pool, t);
       const report = await runTenancy({
         seed: o.seed,
-        e: { http: proxy.url, pgwirePort: proxy.pgwirePort!, database: 'tenancy', adminUrl: url.toString() },
+        e: { http: proxy.url, pgwirePort: proxy.pgwirePort!, database: 'tenancy', adminUrl: url },
         t,
         windowMs: 2500,
         cases: 0,
@@ -56,9 +39,5 @@ export async function runTenancyTool(o: { seed: number; durationMs: number; atta
     } finally {
       await proxy.close();
     }
-  } finally {
-    await pool.end();
-    await postgres.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 }

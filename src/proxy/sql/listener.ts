@@ -459,6 +459,9 @@ export class PgwireServer {
       const writes = (settings.get('fencepost.token') ?? '') !== '';
       // What the writer is told is what the relay compares later ParameterStatus messages with.
       backend.parameterStatus = writerView(backend.parameterStatus, writes);
+      // Held (corked) until the session is fenced for its startup settings: the writer's
+      // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
+      socket.cork();
       socket.write(Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
       socket.off('data', onData);
       socket.off('close', onEnd);
@@ -483,6 +486,7 @@ export class PgwireServer {
           if (end === 'accepted') this.opts.accepted?.add([fenceKey]);
         },
         onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
+        onStartupFenced: () => socket.uncork(),
         durability: this.opts.durability ?? null,
         onClose: () => {
           const all = this.sessions.get(pid) ?? [];

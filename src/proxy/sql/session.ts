@@ -50,11 +50,19 @@ export interface SessionOptions {
   onTransactionEnd?: (end: TransactionEnd, fenceKey: string) => void;
   /** A fence that failed for another reason than a stale token (relay.ts FENCE_ERROR_OUTCOMES). */
   onFenceError?: (outcome: 'error' | 'invalid') => void;
+  /**
+   * The session is fenced at startup: the gate decides for the startup settings before the
+   * writer's first message. Called once it has (the listener sends the writer's ReadyForQuery
+   * then, so a pool's connection is fenced before it is handed out).
+   */
+  onStartupFenced?: () => void;
   onClose: () => void;
 }
 
 export class PgwireSession {
   private readonly relay: Relay;
+  private readonly gate: FenceGate;
+  private startupFenced: (() => void) | null;
 
   constructor(client: Socket, clientReader: MessageReader, backend: Backend, opts: SessionOptions) {
     const durability = opts.durability ?? null;
@@ -82,10 +90,15 @@ export class PgwireSession {
         done: () => {
           planner.fence = fence();
           this.relay.resume();
+          const fenced = this.startupFenced;
+          this.startupFenced = null;
+          fenced?.();
         },
       },
       logger: opts.logger,
     });
+    this.gate = gate;
+    this.startupFenced = opts.onStartupFenced ?? null;
     // Built again when the gate decides, and when writes start or stop being refused.
     const fence = () => (refusing() ? refusalFence() : gate.fence());
     const planner = new Planner(fence());
@@ -112,8 +125,9 @@ export class PgwireSession {
       }, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
   }
 
-  /** Starts relaying (bytes already framed by either reader are processed first). */
+  /** Starts relaying (bytes already framed by either reader are processed first), and fences the session for its startup settings. */
   start(): void {
     this.relay.start();
+    this.gate.start();
   }
 }

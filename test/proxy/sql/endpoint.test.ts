@@ -26,6 +26,20 @@ describe('a session with a token', () => {
     await c.end();
   });
 
+  test('is fenced at startup: its token raises the fence before its first statement, and a stale one hears FP409 at its first transaction', async ({ sql, db }) => {
+    // connect() resolves at the session's ReadyForQuery, which the endpoint sends once the session
+    // is fenced for its startup settings (a pool hands out connections that are ready to write).
+    const c = await sql.connect('writer-startup', { options: fenceOptions(6, 'startup') });
+    expect(await fenceRow(db.pool, 'startup')).toEqual({ highest_token: '6' });
+    const x = id();
+    await c.query(`INSERT INTO items VALUES (${x}, 'after startup')`);
+    expect(await exists(db, x)).toBe(true);
+    const stale = await sql.connect('writer-startup-stale', { options: fenceOptions(4, 'startup') });
+    expect(await fenceRow(db.pool, 'startup')).toEqual({ highest_token: '6' });
+    expect(await code(stale.query(`INSERT INTO items VALUES (${id()}, 'stale')`))).toBe('FP409');
+    await Promise.all([c.end(), stale.end()]);
+  });
+
   test('SHOW answers the token and fence key; SET applies from the next transaction', async ({ sql, db }) => {
     const c = await sql.connect('writer-b', { options: fenceOptions(3, 'b') });
     expect((await c.query('SHOW fencepost.token')).rows[0]).toEqual({ 'fencepost.token': '3' });

@@ -104,6 +104,8 @@ export class FenceGate {
   /** What the session's transactions carry, and the settings it was decided for. */
   private verdict: { for: string; fence: SessionFence; once: boolean } | null = null;
   private busy = false;
+  /** The decision under way was asked for ahead of any transaction (startAhead). */
+  private ahead = false;
 
   constructor(private readonly opts: GateOptions) {
     this.settings = opts.startupSettings;
@@ -149,6 +151,16 @@ export class FenceGate {
     // A verdict of a failure that may pass: this transaction carries it, the next one asks again.
     if (this.verdict.once) this.verdict = { ...this.verdict, for: '' };
     return true;
+  }
+
+  /**
+   * Decides ahead of any transaction (at startup); host.done() after. A verdict that holds for one
+   * transaction only (a failure that may pass) is not kept: the first transaction asks again.
+   */
+  startAhead(): void {
+    if (this.busy) return;
+    this.ahead = true;
+    this.start();
   }
 
   /** Reads the settings back if needed, then decides; host.done() after. */
@@ -218,6 +230,8 @@ export class FenceGate {
       this.opts.logger.warn({ err }, 'SQL session: the fence could not be decided; this transaction is refused');
       this.verdict = { for: signature(settings), fence: refusedSessionFence(refusal(RAISE_FIRST, 'the session\'s fence could not be decided', undefined, 'nothing of this transaction was applied; safe to retry')), once: true };
     } finally {
+      if (this.ahead && this.verdict?.once) this.verdict = null;
+      this.ahead = false;
       this.busy = false;
       this.opts.host.done();
     }

@@ -128,6 +128,6 @@ export class PgwireSession {
   /** Starts relaying (bytes already framed by either reader are processed first), and fences the session for its startup settings. */
   start(): void {
     this.relay.start();
-    this.gate.start();
+    this.gate.startAhead();
   }
 }

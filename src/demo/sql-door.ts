@@ -53,7 +53,9 @@ export const UPSERT_OBJECT = `INSERT INTO fencepost.objects AS o (key, fence_key
 /** What the open-mode client login needs to write objects through the endpoint (run as the owner). */
 export function grantObjectWrites(login: string): string {
   const l = pg.escapeIdentifier(login);
-  return `GRANT SELECT, INSERT, UPDATE ON fencepost.objects TO ${l}; GRANT USAGE ON SEQUENCE fencepost.object_incarnations TO ${l}`;
+  // The fence's own schema: fine for the open mode's one login (one tenant), which is all the demo
+  // and the chaos run have; a key's login or pgRole must never name it (docs/security.md).
+  return `GRANT USAGE ON SCHEMA fencepost TO ${l}; GRANT SELECT, INSERT, UPDATE ON fencepost.objects TO ${l}; GRANT USAGE ON SEQUENCE fencepost.object_incarnations TO ${l}`;
 }
 
 interface Session {

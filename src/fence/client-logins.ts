@@ -209,7 +209,10 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
       }
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
-    todo.push(`REVOKE USAGE ON SCHEMA fencepost FROM ${pg.escapeIdentifier(login)}`, ...q.grantFence(login));
+    // A key's login names nothing of schema fencepost (another tenant's fence depends on it); the
+    // open mode's one login has whatever the operator granted it (one tenant).
+    if (pgRole !== null) todo.push(`REVOKE USAGE ON SCHEMA fencepost FROM ${pg.escapeIdentifier(login)}`);
+    todo.push(...q.grantFence(login));
     // The proxy's own role must be able to terminate the login's backends (a transaction past its
     // deadline): membership does it for a role that is not a superuser.
     const owner = (await client.query<{ u: string }>(q.currentUser())).rows[0]!.u;

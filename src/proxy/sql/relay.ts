@@ -151,6 +151,8 @@ export class Relay {
   private toBackend: Buffer[] = [];
   private toClient: Buffer[] = [];
   private holding = false;
+  /** The session is being fenced for its startup settings (session.ts): the writer's messages wait. */
+  private startupHold = false;
   /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
   private skipping = false;
   /** An ErrorResponse came since the last ReadyForQuery. */
@@ -225,6 +227,15 @@ export class Relay {
     });
     this.onClientData(Buffer.alloc(0));
     this.onBackendData(Buffer.alloc(0));
+  }
+
+  /** Holds the writer's messages until releaseStartup(): the session's startup fence comes first. */
+  holdForStartup(): void {
+    this.startupHold = true;
+  }
+
+  releaseStartup(): void {
+    this.startupHold = false;
   }
 
   /** Goes on with the writer's messages held for the gate. */
@@ -437,6 +448,11 @@ export class Relay {
   }
 
   private pumpClient(): void {
+    if (this.startupHold) {
+      this.holding = this.clientFrames.length > 0;
+      if (this.holding) this.client.pause();
+      return;
+    }
     let i = 0;
     while (i < this.clientFrames.length && !this.closed) {
       const { frame, msg } = this.clientFrames[i]!;

@@ -89,10 +89,14 @@ export class PgwireSession {
         query: (sql, onRow, then, onError) => this.relay.query(sql, onRow, then, onError),
         done: () => {
           planner.fence = fence();
-          this.relay.resume();
+          // The startup reply goes out before anything the writer sent meanwhile is answered.
           const fenced = this.startupFenced;
           this.startupFenced = null;
-          fenced?.();
+          if (fenced !== null) {
+            this.relay.releaseStartup();
+            fenced();
+          }
+          this.relay.resume();
         },
       },
       logger: opts.logger,
@@ -127,6 +131,7 @@ export class PgwireSession {
 
   /** Starts relaying (bytes already framed by either reader are processed first), and fences the session for its startup settings. */
   start(): void {
+    if (this.startupFenced !== null) this.relay.holdForStartup();
     this.relay.start();
     this.gate.startAhead();
   }

@@ -171,6 +171,10 @@ export async function provisionClientLogins(owner: pg.Pool, clientRole: string, 
 
 async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
   const client = await owner.connect();
+  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
+  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
+  const onError = () => {};
+  client.on('error', onError);
   const problem = (message: string, sql: string[] = []) => ({ problem: { login, message, sql } });
   let open = false;
   try {
@@ -240,6 +244,7 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
     return { password };
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
+    client.off('error', onError);
     client.release();
   }
 }

@@ -92,6 +92,10 @@ export async function migrate(pool: pg.Pool, opts: MigrateOptions = {}): Promise
   const migrations = opts.upTo === undefined ? all : all.filter((m) => m.id <= opts.upTo!);
   const client = await pool.connect();
   const applied: string[] = [];
+  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
+  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
+  const onError = () => {};
+  client.on('error', onError);
   try {
     // Migrations (and waiting for another instance's) may take long: no statement or lock timeout
     // here (the proxy's pool sets both; pg_advisory_lock waits are lock waits).
@@ -120,6 +124,7 @@ export async function migrate(pool: pg.Pool, opts: MigrateOptions = {}): Promise
       await client.query(q.resetTimeouts());
     }
   } finally {
+    client.off('error', onError);
     client.release();
   }
   return applied;

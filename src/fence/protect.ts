@@ -112,6 +112,10 @@ function checkFenceKey(fenceKey: string): void {
 
 async function inTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
+  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
+  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
+  const onError = () => {};
+  client.on('error', onError);
   try {
     await client.query('BEGIN');
     await client.query(q.lock());
@@ -122,6 +126,7 @@ async function inTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => 
     await client.query('ROLLBACK').catch(() => {});
     throw err;
   } finally {
+    client.off('error', onError);
     client.release();
   }
 }

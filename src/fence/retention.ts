@@ -69,6 +69,10 @@ export class RejectionPruner {
     const { maxAgeMs, maxRows, batchSize } = this.opts;
     if (maxAgeMs === 0 && maxRows === 0) return { ran: false, reason: 'disabled' };
     const client = await this.pool.connect();
+    // A connection lost while checked out emits 'error' on the client (the pool listens only while
+    // it is idle): unheard, it would take the process down; the query's rejection says it.
+    const onError = () => {};
+    client.on('error', onError);
     // On any failure the connection is closed rather than pooled: a session advisory lock that
     // could not be released would otherwise stay held, and every later round would skip.
     let failed = false;
@@ -96,6 +100,7 @@ export class RejectionPruner {
       failed = true;
       throw err;
     } finally {
+      client.off('error', onError);
       client.release(failed);
     }
   }

@@ -20,6 +20,7 @@ import pg from 'pg';
 import type { Query } from './queries.ts';
 import { sqlState, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './pg-errors.ts';
 import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
+import { withClient } from './checkout.ts';
 
 const DUPLICATE_OBJECT = '42710';
 
@@ -170,11 +171,10 @@ export async function provisionClientLogins(owner: pg.Pool, clientRole: string, 
 }
 
 async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
-  const client = await owner.connect();
-  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
-  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
-  const onError = () => {};
-  client.on('error', onError);
+  return await withClient(owner, (client) => provisionOn(client, login, pgRole));
+}
+
+async function provisionOn(client: pg.PoolClient, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
   const problem = (message: string, sql: string[] = []) => ({ problem: { login, message, sql } });
   let open = false;
   try {
@@ -244,8 +244,6 @@ async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null
     return { password };
   } finally {
     if (open) await client.query('ROLLBACK').catch(() => {});
-    client.off('error', onError);
-    client.release();
   }
 }
 

@@ -27,6 +27,7 @@ import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStra
 import { readObjectFences } from './reads.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { withClient } from './checkout.ts';
 
 export { WriteOutcomeUnknownError } from './commit-outcome.ts';
 
@@ -371,27 +372,22 @@ export class WriteCoalescer {
       // waits past any statement_timeout) means an autocommit write may have committed, and a
       // commit Postgres warned about is not durable (commit-outcome.ts): never "safe to retry",
       // never a 200. An error Postgres answered with means nothing of the statement committed.
-      const client = await this.pool.connect();
-      let broken: unknown;
-      // A connection lost mid-statement also emits 'error' on the client: the statement's rejection says it.
-      const onError = (err: unknown) => (broken = err);
-      client.on('error', onError);
-      const commit = watchCommit(client);
-      try {
-        const { rows } = await client.query<R>(statement);
-        commit.check();
-        return rows;
-      } catch (err) {
-        if (isLostAfterSend(err)) {
-          broken = err;
-          throw new WriteOutcomeUnknownError(err);
+      return await withClient(this.pool, async (client, checkout) => {
+        const commit = watchCommit(client);
+        try {
+          const { rows } = await client.query<R>(statement);
+          commit.check();
+          return rows;
+        } catch (err) {
+          if (isLostAfterSend(err)) {
+            checkout.discard(err);
+            throw new WriteOutcomeUnknownError(err);
+          }
+          throw err;
+        } finally {
+          commit.stop();
         }
-        throw err;
-      } finally {
-        commit.stop();
-        client.off('error', onError);
-        client.release(broken instanceof Error ? broken : undefined);
-      }
+      });
     });
 
   private withRetry<T>(fn: () => Promise<T>): Promise<T> {

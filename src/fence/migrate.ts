@@ -9,6 +9,7 @@ import type pg from 'pg';
 import type { Query } from './queries.ts';
 import { sqlState, UNDEFINED_TABLE } from './pg-errors.ts';
 import { DEFINITIONS_SHA256, DEFINITIONS_SQL, DEFINITIONS_VERSION } from './definitions.ts';
+import { withClient } from './checkout.ts';
 
 const INVALID_SCHEMA_NAME = '3F000';
 
@@ -90,13 +91,9 @@ function definitionsDue(recorded: { version: number; sha256: string } | undefine
 export async function migrate(pool: pg.Pool, opts: MigrateOptions = {}): Promise<string[]> {
   const all = loadMigrations(opts.dir);
   const migrations = opts.upTo === undefined ? all : all.filter((m) => m.id <= opts.upTo!);
-  const client = await pool.connect();
   const applied: string[] = [];
-  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
-  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
-  const onError = () => {};
-  client.on('error', onError);
-  try {
+  // On failure the connection is closed rather than pooled: it may still hold the session lock.
+  await withClient(pool, async (client, checkout) => {
     // Migrations (and waiting for another instance's) may take long: no statement or lock timeout
     // here (the proxy's pool sets both; pg_advisory_lock waits are lock waits).
     await client.query(q.noTimeouts());
@@ -119,14 +116,14 @@ export async function migrate(pool: pg.Pool, opts: MigrateOptions = {}): Promise
         applied.push(m.name);
       }
       if (opts.upTo === undefined && (await applyDefinitions(client))) applied.push(DEFINITIONS_APPLIED);
+    } catch (err) {
+      checkout.discard(err);
+      throw err;
     } finally {
       await client.query(q.unlock());
       await client.query(q.resetTimeouts());
     }
-  } finally {
-    client.off('error', onError);
-    client.release();
-  }
+  });
   return applied;
 }
 

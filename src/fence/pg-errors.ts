@@ -84,6 +84,17 @@ export function isUnavailable(err: unknown): boolean {
   return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end|Query read timeout/.test(msg);
 }
 
+/**
+ * The error ends the connection: Postgres sent it as FATAL or PANIC (a terminated backend, say),
+ * after which it closes the socket, or the socket is already gone.
+ */
+export function endsConnection(err: unknown): boolean {
+  if (typeof err !== 'object' || err === null) return false;
+  const severity = (err as { severity?: unknown }).severity;
+  if (severity === 'FATAL' || severity === 'PANIC') return true;
+  return sqlState(err) === undefined && isUnavailable(err);
+}
+
 export function coerceError(err: unknown): Error {
   if (err instanceof Error) return err;
   return new Error(typeof err === 'string' ? err : JSON.stringify(err));

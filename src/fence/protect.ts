@@ -17,6 +17,7 @@ import type { Query } from './queries.ts';
 import { keyProblem } from './key.ts';
 import { epochSequence } from './rule.ts';
 import { INSUFFICIENT_PRIVILEGE, sqlState } from './pg-errors.ts';
+import { withClient } from './checkout.ts';
 
 export const PROTECT_TRIGGER = 'fencepost_fence';
 
@@ -111,24 +112,18 @@ function checkFenceKey(fenceKey: string): void {
 }
 
 async function inTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
-  // Lost while checked out, a connection emits 'error' on the client (the pool listens only while
-  // it is idle): heard here, the query's rejection reports it instead of an uncaught event.
-  const onError = () => {};
-  client.on('error', onError);
-  try {
-    await client.query('BEGIN');
-    await client.query(q.lock());
-    const result = await work(client);
-    await client.query('COMMIT');
-    return result;
-  } catch (err) {
-    await client.query('ROLLBACK').catch(() => {});
-    throw err;
-  } finally {
-    client.off('error', onError);
-    client.release();
-  }
+  return await withClient(pool, async (client) => {
+    try {
+      await client.query('BEGIN');
+      await client.query(q.lock());
+      const result = await work(client);
+      await client.query('COMMIT');
+      return result;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {});
+      throw err;
+    }
+  });
 }
 
 async function tableFamily(client: pg.PoolClient, table: string) {

@@ -18,6 +18,7 @@ import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPL
 import { explainLockTimeout } from './prepared-holders.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import { coerceError, isLostAfterSend } from './pg-errors.ts';
+import { withClient, type Checkout } from './checkout.ts';
 
 export interface RaisedFence {
   fenceKey: string;
@@ -55,59 +56,59 @@ const END_POLL_MS = 100;
  * committed. Any other failure committed nothing.
  */
 export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: RaiseOptions): Promise<RaisedFence[]> {
-  const client = await pool.connect();
-  // A connection lost mid-raise also emits 'error' on the client: the statement's rejection says it.
-  let broken: Error | undefined;
-  const onError = (err: Error) => (broken = err);
-  client.on('error', onError);
-  let open = false;
-  let done = false;
   let ender: Promise<void> = Promise.resolve();
   try {
-    const pid = (client as unknown as { processID: number }).processID;
-    // The wait for the holders, then the wait for them to go: a raise never takes longer than both.
-    const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
-    await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`);
-    open = true;
-    let finish = () => {};
-    const finished = new Promise<void>((resolve) => (finish = resolve));
-    const timer = setTimeout(() => {
-      ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, finished, opts.logger);
-    }, opts.waitMs);
-    let rows: { fence_key: string; highest_token: string | null }[];
-    try {
-      rows = (await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId))).rows;
-    } finally {
-      done = true;
-      finish();
-      clearTimeout(timer);
-    }
-    open = false;
-    const commit = watchCommit(client);
-    try {
-      await client.query('COMMIT');
-      commit.check();
-    } catch (err) {
-      if (!isLostAfterSend(err)) throw err;
-      // A client that stopped waiting still has the COMMIT in flight: it must not serve another.
-      broken = coerceError(err);
-      throw new WriteOutcomeUnknownError(err, 'the raise\'s COMMIT was sent and not answered: the fence may or may not have been raised');
-    } finally {
-      commit.stop();
-    }
-    return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
-  } catch (err) {
-    if (err instanceof WriteOutcomeUnknownError) throw err;
-    if (open) await client.query('ROLLBACK').catch(() => {});
-    open = false;
-    await ender;
-    // Still held (a prepared transaction this role may not roll back, say): name what holds it.
-    throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
+    return await withClient(pool, (client, checkout) => raiseOn(client, checkout));
   } finally {
-    if (open) await client.query('ROLLBACK').catch(() => {});
-    client.off('error', onError);
-    client.release(broken);
     await ender;
+  }
+
+  async function raiseOn(client: pg.PoolClient, checkout: Checkout): Promise<RaisedFence[]> {
+    let open = false;
+    let done = false;
+    try {
+      const pid = (client as unknown as { processID: number }).processID;
+      // The wait for the holders, then the wait for them to go: a raise never takes longer than both.
+      const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
+      await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`);
+      open = true;
+      let finish = () => {};
+      const finished = new Promise<void>((resolve) => (finish = resolve));
+      const timer = setTimeout(() => {
+        ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, finished, opts.logger);
+      }, opts.waitMs);
+      let rows: { fence_key: string; highest_token: string | null }[];
+      try {
+        rows = (await client.query<{ fence_key: string; highest_token: string | null }>(raiseFencesQuery(fences, writerId))).rows;
+      } finally {
+        done = true;
+        finish();
+        clearTimeout(timer);
+      }
+      open = false;
+      const commit = watchCommit(client);
+      try {
+        await client.query('COMMIT');
+        commit.check();
+      } catch (err) {
+        if (!isLostAfterSend(err)) throw err;
+        // A client that stopped waiting still has the COMMIT in flight: it must not serve another.
+        checkout.discard(coerceError(err));
+        throw new WriteOutcomeUnknownError(err, 'the raise\'s COMMIT was sent and not answered: the fence may or may not have been raised');
+      } finally {
+        commit.stop();
+      }
+      return rows.map((r) => ({ fenceKey: r.fence_key, highestToken: r.highest_token === null ? null : BigInt(r.highest_token) }));
+    } catch (err) {
+      if (err instanceof WriteOutcomeUnknownError) throw err;
+      if (open) await client.query('ROLLBACK').catch(() => {});
+      open = false;
+      await ender;
+      // Still held (a prepared transaction this role may not roll back, say): name what holds it.
+      throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
+    } finally {
+      if (open) await client.query('ROLLBACK').catch(() => {});
+    }
   }
 }
 

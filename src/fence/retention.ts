@@ -6,6 +6,7 @@ import type pg from 'pg';
 import type { Logger } from 'pino';
 import { coerceError } from './pg-errors.ts';
 import { pruneRejectionMinutes, pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff, retentionUnlock, tryRetentionLock } from './rejections.ts';
+import { withClient } from './checkout.ts';
 
 // Arbitrary constant, distinct from the migration lock: "fencepost retention".
 export const RETENTION_LOCK_KEY = 4_669_143_214_093_121n;
@@ -68,41 +69,34 @@ export class RejectionPruner {
   async pruneOnce(): Promise<PruneResult> {
     const { maxAgeMs, maxRows, batchSize } = this.opts;
     if (maxAgeMs === 0 && maxRows === 0) return { ran: false, reason: 'disabled' };
-    const client = await this.pool.connect();
-    // A connection lost while checked out emits 'error' on the client (the pool listens only while
-    // it is idle): unheard, it would take the process down; the query's rejection says it.
-    const onError = () => {};
-    client.on('error', onError);
     // On any failure the connection is closed rather than pooled: a session advisory lock that
     // could not be released would otherwise stay held, and every later round would skip.
-    let failed = false;
-    try {
-      const { rows } = await client.query<{ locked: boolean }>(tryRetentionLock(RETENTION_LOCK_KEY));
-      if (!rows[0]?.locked) return { ran: false, reason: 'locked' };
-      let deleted = 0;
+    return await withClient(this.pool, async (client, checkout) => {
       try {
-        if (maxAgeMs > 0) deleted += await this.batches(client, () => pruneRejectionsByAge(maxAgeMs, batchSize));
-        if (maxRows > 0) {
-          const cut = await client.query<{ cutoff: string | null }>(rejectionRowCutoff(maxRows));
-          const cutoff = cut.rows[0]?.cutoff;
-          if (cutoff != null && BigInt(cutoff) > 0n) deleted += await this.batches(client, () => pruneRejectionsUpTo(BigInt(cutoff), batchSize));
+        const { rows } = await client.query<{ locked: boolean }>(tryRetentionLock(RETENTION_LOCK_KEY));
+        if (!rows[0]?.locked) return { ran: false, reason: 'locked' } as const;
+        let deleted = 0;
+        try {
+          if (maxAgeMs > 0) deleted += await this.batches(client, () => pruneRejectionsByAge(maxAgeMs, batchSize));
+          if (maxRows > 0) {
+            const cut = await client.query<{ cutoff: string | null }>(rejectionRowCutoff(maxRows));
+            const cutoff = cut.rows[0]?.cutoff;
+            if (cutoff != null && BigInt(cutoff) > 0n) deleted += await this.batches(client, () => pruneRejectionsUpTo(BigInt(cutoff), batchSize));
+          }
+          await client.query(pruneRejectionMinutes());
+        } finally {
+          await client.query(retentionUnlock(RETENTION_LOCK_KEY));
         }
-        await client.query(pruneRejectionMinutes());
-      } finally {
-        await client.query(retentionUnlock(RETENTION_LOCK_KEY));
+        if (deleted > 0) {
+          this.opts.logger?.info({ deleted, maxAgeMs, maxRows }, 'rejection log pruned');
+          this.opts.onPruned?.(deleted);
+        }
+        return { ran: true, deleted } as const;
+      } catch (err) {
+        checkout.discard(err);
+        throw err;
       }
-      if (deleted > 0) {
-        this.opts.logger?.info({ deleted, maxAgeMs, maxRows }, 'rejection log pruned');
-        this.opts.onPruned?.(deleted);
-      }
-      return { ran: true, deleted };
-    } catch (err) {
-      failed = true;
-      throw err;
-    } finally {
-      client.off('error', onError);
-      client.release(failed);
-    }
+    });
   }
 
   /** Runs the delete until a batch comes back short, or stop() is called. */

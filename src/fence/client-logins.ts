@@ -18,11 +18,11 @@
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { Query } from './queries.ts';
-import { sqlState, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './pg-errors.ts';
+import { sqlState } from './pg-errors.ts';
 import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
 import { withClient } from './checkout.ts';
+import { DUPLICATE_OBJECT, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './sqlstate.ts';
 
-const DUPLICATE_OBJECT = '42710';
 
 /** Postgres role names we accept in configuration (also passed as a parameter, never spliced). */
 export const ROLE_NAME = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;

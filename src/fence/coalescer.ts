@@ -20,7 +20,7 @@
 import type pg from 'pg';
 import type * as q from './queries.ts';
 import type { WriteRow } from './queries.ts';
-import { isLostAfterSend, sqlState, LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { isLostAfterSend, sqlState } from './pg-errors.ts';
 import { NOT_FENCED } from './codes.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
@@ -28,6 +28,7 @@ import { readObjectFences } from './reads.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import { withClient } from './checkout.ts';
+import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 
 export { WriteOutcomeUnknownError } from './commit-outcome.ts';
 

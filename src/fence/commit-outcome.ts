@@ -7,7 +7,7 @@
 // on the primary, but a failover to that standby can lose it: never a 200.
 import type pg from 'pg';
 import type { NoticeMessage } from 'pg-protocol/dist/messages.js';
-import { isLostAfterSend } from './pg-errors.ts';
+import { ADMIN_SHUTDOWN, WARNING } from './sqlstate.ts';
 
 /** The write or COMMIT was sent, and its answer did not say it committed durably: it may or may not have. */
 export class WriteOutcomeUnknownError extends Error {
@@ -19,8 +19,8 @@ export class WriteOutcomeUnknownError extends Error {
 
 /** SQLSTATEs of the WARNINGs Postgres sends when a wait for the synchronous standby ends without it (syncrep.c). */
 const SYNC_REP_WARNING_CODES: ReadonlySet<string> = new Set([
-  '01000', // warning: the wait was cancelled (pg_cancel_backend, statement cancel)
-  '57P01', // admin_shutdown: the backend was terminated while waiting
+  WARNING, // warning: the wait was cancelled (pg_cancel_backend, statement cancel)
+  ADMIN_SHUTDOWN, // admin_shutdown: the backend was terminated while waiting
 ]);
 
 /**
@@ -47,9 +47,4 @@ export function watchCommit(client: pg.ClientBase): { check(): void; stop(): voi
       client.off('notice', onNotice);
     },
   };
-}
-
-/** `err` from a statement that carried a commit: unknown when the answer was lost, else as it is. */
-export function commitFailure(err: unknown): unknown {
-  return isLostAfterSend(err) ? new WriteOutcomeUnknownError(err) : err;
 }

@@ -7,11 +7,11 @@ import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type { Query } from './queries.ts';
-import { sqlState, UNDEFINED_TABLE } from './pg-errors.ts';
+import { sqlState } from './pg-errors.ts';
 import { DEFINITIONS_SHA256, DEFINITIONS_SQL, DEFINITIONS_VERSION } from './definitions.ts';
 import { withClient } from './checkout.ts';
+import { INVALID_SCHEMA_NAME, UNDEFINED_TABLE } from './sqlstate.ts';
 
-const INVALID_SCHEMA_NAME = '3F000';
 
 export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
 

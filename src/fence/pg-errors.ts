@@ -1,9 +1,11 @@
-// SQLSTATE codes the fence cares about, grouped by meaning. Never match on message text.
+import { DEADLOCK_DETECTED, SERIALIZATION_FAILURE } from './sqlstate.ts';
+// What an error means to the doors: retryable, unavailable, lost after send, a conflict. By
+// SQLSTATE (sqlstate.ts) and node's error codes, never by Postgres's message text.
 
 /** The statement lost a race and can run again unchanged. */
 export const RETRYABLE_ERROR_CODES: ReadonlySet<string> = new Set([
-  '40001', // serialization_failure
-  '40P01', // deadlock_detected
+  SERIALIZATION_FAILURE,
+  DEADLOCK_DETECTED,
 ]);
 
 /** The database is gone or going: the request did not commit (or we cannot know) and is safe to retry. */
@@ -13,37 +15,10 @@ export const UNAVAILABLE_ERROR_CLASSES: ReadonlySet<string> = new Set([
   '57', // operator intervention (admin shutdown, crash shutdown, cannot connect now)
 ]);
 
-/** A statement of a transaction ran past its statement_timeout (class 57, but not "unavailable"). */
-export const QUERY_CANCELED = '57014';
-
-/** Class 08, but raised by a bind with the wrong number of parameters: the statement's fault. */
-export const PROTOCOL_VIOLATION = '08P01';
-
-/** The role the statement runs as lacks a privilege. */
-export const INSUFFICIENT_PRIVILEGE = '42501';
-
 /** A statement conflicts with the data: the request is well-formed but the state refuses it. */
 export const CONFLICT_ERROR_CLASSES: ReadonlySet<string> = new Set([
   '23', // integrity constraint violation (unique, foreign key, check, not null, exclusion)
 ]);
-
-/** The database broke, not the statement: a 500, never the writer's fault. */
-export const INTERNAL_ERROR_CLASSES: ReadonlySet<string> = new Set([
-  '58', // system error (I/O)
-  'XX', // internal error, data corrupted
-]);
-
-/** lock_timeout expired waiting for a row lock (class 55): nothing of the statement applied. */
-export const LOCK_NOT_AVAILABLE = '55P03';
-/** currval() of a sequence this session never advanced: an epoch it did not pass (rule.ts epochProof). */
-export const OBJECT_NOT_IN_PREREQUISITE_STATE = '55000';
-/** A relation dropped under a statement that had looked it up (an epoch a raise replaced meanwhile). */
-export const INTERNAL_ERROR = 'XX000';
-/** cannot execute … in a read-only transaction: a standby, or a primary still promoting. */
-export const READ_ONLY_SQL_TRANSACTION = '25006';
-
-export const UNDEFINED_TABLE = '42P01';
-export const UNIQUE_VIOLATION = '23505';
 
 const NODE_NET_ERRORS = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN']);
 
@@ -59,7 +34,6 @@ export function isRetryable(err: unknown): boolean {
   return code !== undefined && RETRYABLE_ERROR_CODES.has(code);
 }
 
-/** True when the error means "database unreachable", not "the statement is wrong". */
 /**
  * The connection was lost (or the client stopped waiting) after a statement was sent, with no
  * answer from the server: it may have committed. (An error the server reported means it did not;
@@ -73,6 +47,7 @@ export function isLostAfterSend(err: unknown): boolean {
   return /Connection terminated unexpectedly|Query read timeout|Client has encountered a connection error/.test(msg);
 }
 
+/** True when the error means "database unreachable", not "the statement is wrong". */
 export function isUnavailable(err: unknown): boolean {
   const code = sqlState(err);
   if (code !== undefined) return UNAVAILABLE_ERROR_CLASSES.has(code.slice(0, 2));

@@ -5,7 +5,7 @@
 // it, so the answer says what to run instead of "safe to retry".
 import pg from 'pg';
 import * as q from './queries.ts';
-import { LOCK_NOT_AVAILABLE } from './pg-errors.ts';
+import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 
 export interface PreparedHolder {
   fenceKey: string;

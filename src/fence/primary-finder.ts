@@ -16,7 +16,8 @@
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { writability } from './queries.ts';
-import { PROTOCOL_VIOLATION, READ_ONLY_SQL_TRANSACTION, sqlState } from './pg-errors.ts';
+import { sqlState } from './pg-errors.ts';
+import { ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW, CRASH_SHUTDOWN, PROTOCOL_VIOLATION, READ_ONLY_SQL_TRANSACTION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from './sqlstate.ts';
 
 /** target_session_attrs values that make sense for a writer. */
 export type SessionAttrs = 'any' | 'read-write' | 'primary';
@@ -50,7 +51,7 @@ function firstLine(err: unknown): string {
  * so the write did not commit and is safe to retry (503 `unavailable`).
  */
 export class NoWritableHostError extends Error {
-  readonly code = '08001';
+  readonly code = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
   constructor(message: string) {
     super(message);
     this.name = 'NoWritableHostError';
@@ -180,7 +181,7 @@ export function clientSqlVariant<C>(Client: C): C {
 /** Server errors after which the host may no longer be the target. */
 function suspicious(code: string | undefined): boolean {
   if (code === undefined) return false;
-  if (code === READ_ONLY_SQL_TRANSACTION || code === '57P01' || code === '57P02' || code === '57P03') return true;
+  if (code === READ_ONLY_SQL_TRANSACTION || code === ADMIN_SHUTDOWN || code === CRASH_SHUTDOWN || code === CANNOT_CONNECT_NOW) return true;
   return code.startsWith('08') && code !== PROTOCOL_VIOLATION;
 }
 

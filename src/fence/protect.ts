@@ -16,8 +16,9 @@ import pg from 'pg';
 import type { Query } from './queries.ts';
 import { keyProblem } from './key.ts';
 import { epochSequence } from './rule.ts';
-import { INSUFFICIENT_PRIVILEGE, sqlState } from './pg-errors.ts';
+import { sqlState } from './pg-errors.ts';
 import { withClient } from './checkout.ts';
+import { INSUFFICIENT_PRIVILEGE } from './sqlstate.ts';
 
 export const PROTECT_TRIGGER = 'fencepost_fence';
 
@@ -243,9 +244,4 @@ export async function protectedPrefixes(pool: pg.Pool): Promise<{ prefix: string
 export function protectingPrefix<P extends { prefix: string; fenceKey: string }>(prefixes: readonly P[], objectKey: string): P | null {
   for (const p of prefixes) if (objectKey.startsWith(p.prefix)) return p;
   return null;
-}
-
-/** The fence key that guards `objectKey` under `prefixes` (protectedPrefixes' order), or null. */
-export function protectingFenceKey(prefixes: readonly { prefix: string; fenceKey: string }[], objectKey: string): string | null {
-  return protectingPrefix(prefixes, objectKey)?.fenceKey ?? null;
 }

@@ -428,7 +428,7 @@ export function connectionBudget(): Query {
   };
 }
 
-/** A fence's highest token alone (the forgery guard's question): no counts to add up. */
+/** A fence's highest token alone (the forgery guard's question, a raise's aftermath): no counts to add up. */
 export function readHighestToken(fenceKey: string): Query {
   return {
     name: 'fencepost_read_highest_token',
@@ -459,11 +459,6 @@ WHERE fence_key COLLATE "C" >= $1::text COLLATE "C"${end === null ? '' : ' AND f
 ORDER BY highest_token DESC, fence_key COLLATE "C" LIMIT 1`,
     values: end === null ? [prefix] : [prefix, end],
   };
-}
-
-/** A fence's highest token alone (text), no row when it has none. */
-export function highestToken(fenceKey: string): Query {
-  return { name: 'fencepost_highest_token', text: 'SELECT f.highest_token::text AS h FROM fencepost.fences f WHERE f.fence_key = $1', values: [fenceKey] };
 }
 
 /**

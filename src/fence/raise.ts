@@ -14,7 +14,8 @@
 // proxy's own role's backends (other raises, the HTTP door's statements, short and under the lock
 // timeout) are left alone.
 import type pg from 'pg';
-import { fenceHolders, highestToken, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
+import { fenceHolders, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './queries.ts';
+import { readHighestToken } from './reads.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import { coerceError, isLostAfterSend } from './pg-errors.ts';
@@ -147,8 +148,7 @@ function quoteLiteral(s: string): string {
 export async function raisedAbove(pool: pg.Pool, fenceKey: string, token: bigint, waitMs: number): Promise<bigint | null> {
   const until = Date.now() + waitMs;
   for (;;) {
-    const { rows } = await pool.query<{ h: string }>(highestToken(fenceKey));
-    const highest = rows[0] === undefined ? null : BigInt(rows[0].h);
+    const highest = await readHighestToken(pool, fenceKey);
     if (highest !== null && highest > token) return highest;
     if (Date.now() >= until) return null;
     await new Promise((resolve) => setTimeout(resolve, 50));

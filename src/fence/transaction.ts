@@ -24,7 +24,7 @@
 import pg from 'pg';
 import * as q from './queries.ts';
 import type { Isolation } from './queries.ts';
-import { coerceError, isRetryable, isUnavailable, sqlState, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './pg-errors.ts';
+import { coerceError, isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
 import type { AcceptedCounts } from './accepted-counts.ts';
 import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
@@ -35,6 +35,7 @@ import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
 import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
+import { ADMIN_SHUTDOWN, INTERNAL_ERROR, INVALID_PASSWORD, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
 
 export type { Isolation };
 
@@ -114,8 +115,6 @@ export class SessionUnusableError extends ConnectionLostError {
   }
 }
 
-/** terminating connection due to administrator command: pg_terminate_backend, as a raise ends its holders. */
-const ADMIN_SHUTDOWN = '57P01';
 
 /** The transaction's fence is absent or below its token: nothing ran; raise it and start again. */
 class RaiseFirstError extends Error {
@@ -223,7 +222,6 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
 }
 
 
-const PASSWORD_FAILED = '28P01';
 
 /** At most `n` holders at once; the rest wait in arrival order. */
 /**
@@ -457,7 +455,7 @@ export class TransactionRunner {
       return await this.poolFor(login).connect();
     } catch (err) {
       // A statement of this login may have changed its own password: set it back once.
-      if (sqlState(err) !== PASSWORD_FAILED) throw new ConnectionLostError(err);
+      if (sqlState(err) !== INVALID_PASSWORD) throw new ConnectionLostError(err);
       await resetClientPassword(this.opts.owner, login);
       try {
         return await this.poolFor(login).connect();

@@ -10,7 +10,8 @@ import { testApp } from '../support/proxy.ts';
 import { createPool } from '../../src/proxy/server.ts';
 import { ConfigError, loadConfig } from '../../src/proxy/config.ts';
 import { FenceStore, type FencedOp } from '../../src/fence/store.ts';
-import { LOCK_NOT_AVAILABLE, sqlState } from '../../src/fence/pg-errors.ts';
+import { sqlState } from '../../src/fence/pg-errors.ts';
+import { LOCK_NOT_AVAILABLE } from '../../src/fence/sqlstate.ts';
 
 /** Small, so the locked fence's writes fail quickly; the product default is in config.ts. */
 const LOCK_TIMEOUT_MS = 100;

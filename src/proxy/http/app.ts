@@ -6,7 +6,7 @@ import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { FenceStore } from '../../fence/store.ts';
-import { isUnavailable, sqlState, LOCK_NOT_AVAILABLE, READ_ONLY_SQL_TRANSACTION } from '../../fence/pg-errors.ts';
+import { isUnavailable, sqlState } from '../../fence/pg-errors.ts';
 import { NoWritableHostError } from '../../fence/primary-finder.ts';
 import { NOT_FENCED } from '../../fence/codes.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
@@ -36,6 +36,7 @@ import type { TlsPem } from '../access/tls.ts';
 import { docsRoutes } from './routes/docs.ts';
 import { DurabilityMonitor } from '../../fence/durability-monitor.ts';
 import { registerDurabilityGate } from './durability-gate.ts';
+import { LOCK_NOT_AVAILABLE, READ_ONLY_SQL_TRANSACTION } from '../../fence/sqlstate.ts';
 
 export interface AppOptions {
   store: FenceStore;

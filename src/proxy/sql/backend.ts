@@ -9,6 +9,7 @@ import { PROTOCOL_3_0, optionArg } from './startup.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 import { describeHost, type DatabaseHost } from '../../fence/primary-finder.ts';
+import { CONNECTION_FAILURE, INVALID_AUTHORIZATION_SPECIFICATION, PROTOCOL_VIOLATION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from '../../fence/sqlstate.ts';
 
 export type BackendTarget = DatabaseTarget;
 
@@ -39,7 +40,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       raw.destroy();
       reject(err);
     };
-    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(() => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
     const done = (socket: Socket) => {
       if (settled) return;
       settled = true;
@@ -51,7 +52,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       raw.on('error', () => {});
       resolve(socket);
     };
-    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection before startup'));
+    const onClose = () => fail(new BackendStartupError(CONNECTION_FAILURE, 'the database closed the connection before startup'));
     raw.once('error', fail);
     raw.once('close', onClose);
     const tlsOptions = target.tls;
@@ -62,7 +63,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
     raw.once('connect', () => raw.write(SSL_REQUEST));
     raw.once('data', (answer: Buffer) => {
       if (answer.length !== 1 || answer[0] !== 0x53 /* S */) {
-        fail(new BackendStartupError('08006', answer[0] === 0x4e ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)' : 'the database answered the TLS request with an error'));
+        fail(new BackendStartupError(CONNECTION_FAILURE, answer[0] === 0x4e ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)' : 'the database answered the TLS request with an error'));
         return;
       }
       // SNI never carries an IP address (RFC 6066); the certificate is checked against `host` then.
@@ -126,7 +127,7 @@ export async function openBackend(target: BackendTarget, login: BackendLogin, ti
     try {
       host = await follow.target();
     } catch (err) {
-      throw new BackendStartupError('08001', err instanceof Error ? err.message : String(err));
+      throw new BackendStartupError(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, err instanceof Error ? err.message : String(err));
     }
     at = { host: host.host, port: host.port, database: target.database, tls: target.tls };
   }
@@ -142,7 +143,7 @@ export async function openBackend(target: BackendTarget, login: BackendLogin, ti
   if (follow && host && follow.opts.attrs !== 'any' && backend.parameterStatus.some((b) => statusOf(b)[0] === 'in_hot_standby' && statusOf(b)[1] === 'on')) {
     backend.socket.destroy();
     follow.suspect(host);
-    throw new BackendStartupError('08001', `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`);
+    throw new BackendStartupError(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`);
   }
   return backend;
 }
@@ -163,14 +164,14 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
       socket.destroy();
       reject(err);
     };
-    const timer = setTimeout(() => fail(new BackendStartupError('08006', `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(() => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
     const cleanup = () => {
       clearTimeout(timer);
       socket.off('data', onData);
       socket.off('error', fail);
       socket.off('close', onClose);
     };
-    const onClose = () => fail(new BackendStartupError('08006', 'the database closed the connection during startup'));
+    const onClose = () => fail(new BackendStartupError(CONNECTION_FAILURE, 'the database closed the connection during startup'));
     const onFrame = (f: Frame) => {
       switch (f.type) {
         case 'R': {
@@ -185,25 +186,25 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           } else if (kind === 10) {
             const mechanisms: string[] = [];
             for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
-            if (!mechanisms.includes(MECHANISM)) throw new BackendStartupError('28000', `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`);
+            if (!mechanisms.includes(MECHANISM)) throw new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`);
             scram = new ScramClient(login.password);
             const first = Buffer.from(scram.first());
             const body = Buffer.concat([Buffer.from(`${MECHANISM}\u0000`), Buffer.alloc(4), first]);
             body.writeInt32BE(first.length, MECHANISM.length + 1);
             socket.write(message('p', body));
           } else if (kind === 11) {
-            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL continue');
+            if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL continue');
             // The server waits for this answer: nothing else arrives while the key is derived.
             scram.final(r.rest().toString('utf8')).then(
               (final) => {
                 if (!settled) socket.write(message('p', Buffer.from(final)));
               },
-              (err: unknown) => fail(err instanceof ScramError ? new BackendStartupError('28000', err.message) : err instanceof Error ? err : new Error(String(err))),
+              (err: unknown) => fail(err instanceof ScramError ? new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, err.message) : err instanceof Error ? err : new Error(String(err))),
             );
           } else if (kind === 12) {
-            if (!scram) throw new BackendStartupError('08P01', 'unexpected SASL final');
+            if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL final');
             scram.verify(r.rest().toString('utf8'));
-          } else throw new BackendStartupError('28000', `the database asks for an authentication method the proxy does not speak (${kind})`);
+          } else throw new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, `the database asks for an authentication method the proxy does not speak (${kind})`);
           return;
         }
         case 'S':
@@ -220,7 +221,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           return;
         case 'E': {
           const fields = parseErrorFields(f.body);
-          throw new BackendStartupError(fields.get('C') ?? '08006', fields.get('M') ?? 'the database refused the connection');
+          throw new BackendStartupError(fields.get('C') ?? CONNECTION_FAILURE, fields.get('M') ?? 'the database refused the connection');
         }
         case 'Z':
           settled = true;
@@ -228,7 +229,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           resolve({ socket, pid, secret, parameterStatus, reader, target });
           return;
         default:
-          throw new BackendStartupError('08P01', `unexpected message ${JSON.stringify(f.type)} during startup`);
+          throw new BackendStartupError(PROTOCOL_VIOLATION, `unexpected message ${JSON.stringify(f.type)} during startup`);
       }
     };
     const onData = (chunk: Buffer) => {

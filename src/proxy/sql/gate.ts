@@ -18,9 +18,9 @@ import { keyProblem, MAX_KEY_BYTES } from '../../fence/key.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST, STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
-import { INSUFFICIENT_PRIVILEGE } from '../../fence/pg-errors.ts';
 import type { ErrorFields } from './framing.ts';
 import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
+import { INSUFFICIENT_PRIVILEGE } from '../../fence/sqlstate.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
 export interface SessionGuard {

@@ -38,8 +38,8 @@ import type { AcceptedCounts } from '../../fence/accepted-counts.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
 import type { ProxyMetrics } from '../metrics.ts';
 import type { StaleDigest } from '../../logging/stale-digest.ts';
+import { CONNECTION_FAILURE, INVALID_AUTHORIZATION_SPECIFICATION, INVALID_CATALOG_NAME, INVALID_PASSWORD, PROTOCOL_VIOLATION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, TOO_MANY_CONNECTIONS } from '../../fence/sqlstate.ts';
 
-const PASSWORD_FAILED = '28P01';
 
 export interface PgwireOptions {
   host: string;
@@ -103,7 +103,7 @@ const MAX_AUTH_MESSAGE_BYTES = 8192;
 /** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
 function authMessage(f: Frame, expected: string): Frame {
   if (f.type === 'X') throw new ClientLeft('the client terminated during authentication');
-  if (f.type !== 'p') throw refuse('08P01', `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
+  if (f.type !== 'p') throw refuse(PROTOCOL_VIOLATION, `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
   return f;
 }
 
@@ -192,7 +192,7 @@ export class PgwireServer {
       if (Date.now() - at >= SILENT_EVICTION_MS) {
         silent.delete(oldest);
         this.opts.logger.info({ address }, 'SQL connection closed: silent since it connected, and its address has more waiting');
-        oldest.end(errorResponse({ severity: 'FATAL', code: '53300', message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing` }), () => oldest.destroy());
+        oldest.end(errorResponse({ severity: 'FATAL', code: TOO_MANY_CONNECTIONS, message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing` }), () => oldest.destroy());
       }
     }
     silent.set(socket, Date.now());
@@ -211,7 +211,7 @@ export class PgwireServer {
     // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
     // before the first packet makes the client's write fail with a reset. Counted until closed,
     // so a flood of refusals is bounded too, and closed within two seconds.
-    const refusal = full ? refuse('53300', `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
+    const refusal = full ? refuse(TOO_MANY_CONNECTIONS, `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
     if (refusal !== null) {
       setTimeout(() => {
         this.upgraded.get(socket)?.destroy();
@@ -233,7 +233,7 @@ export class PgwireServer {
         close(err.fields);
       } else {
         this.opts.logger.warn({ err }, 'SQL connection failed during startup');
-        close({ severity: 'FATAL', code: '08006', message: 'the fencepost SQL endpoint could not start the session' });
+        close({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'the fencepost SQL endpoint could not start the session' });
       }
     });
   }
@@ -263,7 +263,7 @@ export class PgwireServer {
         if (untyped && !negotiatesEncryption(f.body)) reader.startup = false;
         framed = f;
       } catch (err) {
-        problem = refuse('08P01', `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`);
+        problem = refuse(PROTOCOL_VIOLATION, `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`);
       }
     };
     const onData = (chunk: Buffer) => {
@@ -289,7 +289,7 @@ export class PgwireServer {
           framed = null;
           return f;
         }
-        if (ended || Date.now() >= deadline) throw refuse('08006', 'startup did not finish in time or the client went away');
+        if (ended || Date.now() >= deadline) throw refuse(CONNECTION_FAILURE, 'startup did not finish in time or the client went away');
         socket.resume();
         await new Promise<void>((resolve) => (wake = resolve));
         wake = null;
@@ -300,11 +300,11 @@ export class PgwireServer {
       let encrypted = false;
       for (;;) {
         packet = parseStartupPacket((await nextFrame()).body);
-        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted) throw refuse('08P01', 'a second encryption request on an encrypted connection');
+        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted) throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
         if (packet.kind === 'ssl' && this.opts.tls) {
           // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
           // clear, and must not be read as if they came over TLS.
-          if (reader.pending > 0 || framed !== null) throw refuse('08P01', 'received unencrypted data after SSL request');
+          if (reader.pending > 0 || framed !== null) throw refuse(PROTOCOL_VIOLATION, 'received unencrypted data after SSL request');
           socket.off('data', onData);
           socket.off('close', onEnd);
           socket.resume(); // the TLS socket reads the raw one from here
@@ -332,17 +332,17 @@ export class PgwireServer {
       }
       if (refusal !== null) throw refusal;
       if (this.opts.tls && !encrypted) {
-        throw refuse('28000', 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
+        throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
       }
       const params = packet.params;
       const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
       if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
       const user = params.get('user');
-      if (!user) throw refuse('28000', 'no user name in the startup packet');
-      if (params.has('replication') && params.get('replication') !== 'false') throw refuse('08P01', 'replication connections are not served by the fencepost SQL endpoint');
+      if (!user) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
+      if (params.has('replication') && params.get('replication') !== 'false') throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
       const database = params.get('database') || user;
       if (database !== this.target.database) {
-        throw refuse('3D000', `database ${JSON.stringify(database)} does not exist`, `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`);
+        throw refuse(INVALID_CATALOG_NAME, `database ${JSON.stringify(database)} does not exist`, `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`);
       }
       // ---- authentication
       let key: AccessKey | null = null;
@@ -352,7 +352,7 @@ export class PgwireServer {
           // SCRAM needs the secret's salted keys, which a secretSha256 key does not keep: its
           // password can only be sent as is, so only inside TLS. Say so, not "password failed".
           throw refuse(
-            '28000',
+            INVALID_AUTHORIZATION_SPECIFICATION,
             `key ${JSON.stringify(user)} can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use`,
             'Serve TLS (FENCEPOST_TLS_CERT, FENCEPOST_TLS_KEY) and connect with sslmode=require, or give the key a plain `secret` (SCRAM).',
           );
@@ -365,9 +365,9 @@ export class PgwireServer {
           try {
             given = new BodyReader(pw.body).cstring();
           } catch {
-            throw refuse('08P01', 'malformed password message');
+            throw refuse(PROTOCOL_VIOLATION, 'malformed password message');
           }
-          if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+          if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
         } else {
           const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
           socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
@@ -375,7 +375,7 @@ export class PgwireServer {
             const first = authMessage(await nextFrame(), 'a SASL response');
             const r = new BodyReader(first.body);
             const mechanism = r.cstring();
-            if (mechanism !== MECHANISM) throw refuse('28000', `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+            if (mechanism !== MECHANISM) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
             const len = r.int32();
             const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
             socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
@@ -384,24 +384,24 @@ export class PgwireServer {
             socket.write(message('R', 12, Buffer.from(serverFinal)));
           } catch (err) {
             if (err instanceof Refusal || err instanceof ClientLeft) throw err;
-            if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse('28000', err.message);
-            throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+            if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, err.message);
+            throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
           }
         }
-        if (key === null) throw refuse(PASSWORD_FAILED, `password authentication failed for user ${JSON.stringify(user)}`);
+        if (key === null) throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
       }
       // ---- the backend, as the key's client login
       const { logins, problems, capability } = await this.opts.provision();
       const login = logins.get(key?.name ?? null);
       if (!login) {
         const problem = problems.get(key?.name ?? null);
-        throw refuse('28000', key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
+        throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
       }
       // ---- the key's share of the endpoint
       const keyName = key?.name ?? '';
       const held = this.perKey.get(keyName) ?? 0;
       if (held >= this.opts.maxSessionsPerKey) {
-        throw refuse('53300', `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`);
+        throw refuse(TOO_MANY_CONNECTIONS, `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`);
       }
       this.perKey.set(keyName, held + 1);
       let counted = true;
@@ -434,7 +434,7 @@ export class PgwireServer {
       try {
         backend = await openBackend(this.target, backendLogin, remaining());
       } catch (err) {
-        if (!(err instanceof BackendStartupError) || err.code !== PASSWORD_FAILED) throw this.backendRefusal(err);
+        if (!(err instanceof BackendStartupError) || err.code !== INVALID_PASSWORD) throw this.backendRefusal(err);
         // A statement of this login may have changed its own password: set it back once.
         await resetClientPassword(this.opts.owner, login);
         try {
@@ -508,9 +508,9 @@ export class PgwireServer {
 
   private backendRefusal(err: unknown): Refusal {
     // DATABASE_URL lists several hosts and none takes writes now: the reason names each.
-    if (err instanceof BackendStartupError && err.code === '08001') return refuse('08001', `cannot reach a writable database: ${err.message}`);
-    if (err instanceof BackendStartupError) return refuse(err.code === PASSWORD_FAILED ? '28000' : err.code, `the database refused the session's login: ${err.message}`);
-    return refuse('08006', `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
+    if (err instanceof BackendStartupError && err.code === SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION) return refuse(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `cannot reach a writable database: ${err.message}`);
+    if (err instanceof BackendStartupError) return refuse(err.code === INVALID_PASSWORD ? INVALID_AUTHORIZATION_SPECIFICATION : err.code, `the database refused the session's login: ${err.message}`);
+    return refuse(CONNECTION_FAILURE, `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
   }
 
   /** Forwards a cancel to the session's backend; resolves once Postgres has taken it (cancelBackend). */

@@ -46,6 +46,7 @@ import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage
 import { bindAndExecute, closeStatement, deferrableBegin, isEmptyQuery, parseStatement, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, OWN_STATEMENT, RESET_READ_ONLY_SQL, ROUTINE_STATEMENT, type FenceStatements } from './fence.ts';
 import type { ErrorFields } from './framing.ts';
 import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, setsFenceSetting, splitStatements, statementKind, type StatementKind } from './statements.ts';
+import { FEATURE_NOT_SUPPORTED, SYNTAX_ERROR } from '../../fence/sqlstate.ts';
 
 /** The message a response answers. */
 export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -339,7 +340,7 @@ export class Planner {
         return this.planQuery(m.text, ctx);
       case 'functionCall':
         if (ctx.awaiting) return [];
-        return [{ do: 'reply', bytes: [errorResponse({ severity: 'ERROR', code: '0A000', message: 'the fencepost SQL endpoint does not serve FunctionCall messages; call the function in a SELECT' }), readyForQuery(ctx.status)] }];
+        return [{ do: 'reply', bytes: [errorResponse({ severity: 'ERROR', code: FEATURE_NOT_SUPPORTED, message: 'the fencepost SQL endpoint does not serve FunctionCall messages; call the function in a SELECT' }), readyForQuery(ctx.status)] }];
       case 'copy':
         return [{ do: 'forward', expect: [] }];
       case 'terminate':
@@ -467,11 +468,11 @@ export class Planner {
       return { text: `${fenceText}${text}`, expect: { ...predicted, plan: this.fenceSlots(), insertions: [{ start: 0, length: this.fence.chars }] } };
     }
     if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
-      return { refuse: ['0A000', 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
+      return { refuse: [FEATURE_NOT_SUPPORTED, 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
     }
     const stmts = splitStatements(text);
     if (stmts === null) {
-      return { refuse: ['42601', 'syntax error: the fencepost SQL endpoint could not split this Query into statements', 'PostgreSQL\'s parser refused the text; nothing of it was run.'] };
+      return { refuse: [SYNTAX_ERROR, 'syntax error: the fencepost SQL endpoint could not split this Query into statements', 'PostgreSQL\'s parser refused the text; nothing of it was run.'] };
     }
     const bytes = Buffer.from(text, 'utf8');
     const parts: string[] = [];

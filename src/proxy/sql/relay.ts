@@ -21,9 +21,9 @@ import type { Logger } from 'pino';
 import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
-import { INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE, QUERY_CANCELED } from '../../fence/pg-errors.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
+import { ADMIN_SHUTDOWN, CONNECTION_FAILURE, IDLE_IN_TRANSACTION_SESSION_TIMEOUT, INTERNAL_ERROR, INVALID_SQL_STATEMENT_NAME, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE, PROTOCOL_VIOLATION, QUERY_CANCELED, READ_ONLY_SQL_TRANSACTION, TRANSACTION_RESOLUTION_UNKNOWN } from '../../fence/sqlstate.ts';
 
 /**
  * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on
@@ -116,9 +116,6 @@ const FLUSH = message('H');
 
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
-const IDLE_IN_TRANSACTION_TIMEOUT = '25P03';
-const TRANSACTION_RESOLUTION_UNKNOWN = '08007';
-const READ_ONLY_SQL_TRANSACTION = '25006';
 const READ_ONLY_HINT = 'on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = \'<token>\' and fencepost.fence_key = \'<fence key>\' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only';
 
 /** A writer's "read-only transaction" error (25006) with a hint naming fencepost.token, unless it has a hint of its own. */
@@ -289,7 +286,7 @@ export class Relay {
   private fail(reason: string, err?: unknown): void {
     if (this.closed) return;
     this.opts.logger.warn({ err }, `SQL session closed: ${reason}`);
-    if (!this.client.destroyed) this.client.end(errorResponse({ severity: 'FATAL', code: '08P01', message: reason }));
+    if (!this.client.destroyed) this.client.end(errorResponse({ severity: 'FATAL', code: PROTOCOL_VIOLATION, message: reason }));
     this.close();
   }
 
@@ -335,7 +332,7 @@ export class Relay {
         return;
       }
       if (reason === null && writerWaits) {
-        this.answerLost({ severity: 'ERROR', code: '08006', message: 'the database connection was lost', detail: 'nothing of the open transaction committed (no commit was in flight)' });
+        this.answerLost({ severity: 'ERROR', code: CONNECTION_FAILURE, message: 'the database connection was lost', detail: 'nothing of the open transaction committed (no commit was in flight)' });
         return;
       }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
@@ -345,7 +342,7 @@ export class Relay {
           errorResponse(
             reason ?? {
               severity: 'FATAL',
-              code: '08006',
+              code: CONNECTION_FAILURE,
               message: 'the database connection was lost',
               detail: inFlight ? 'nothing of the open transaction committed (no commit was in flight)' : undefined,
             },
@@ -356,7 +353,7 @@ export class Relay {
     };
     // Only a transaction that was open and not committing can have been ended by a raise.
     // 57P01: terminated by an administrator, as a raise ends the transactions that hold its fence.
-    const terminated = this.backendFatal !== null && parseErrorFields(this.backendFatal.subarray(5)).get('C') === '57P01';
+    const terminated = this.backendFatal !== null && parseErrorFields(this.backendFatal.subarray(5)).get('C') === ADMIN_SHUTDOWN;
     if (inFlight && this.opts.lostReason) this.opts.lostReason(terminated).then(finish, () => finish(null));
     else finish(null);
   }
@@ -373,7 +370,7 @@ export class Relay {
       return;
     }
     this.client.write(Buffer.concat([errorResponse(error), readyForQuery('I')]));
-    this.answerNextWith(errorResponse({ severity: 'FATAL', code: '08006', message: 'this session\'s database connection was lost: reconnect' }));
+    this.answerNextWith(errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'this session\'s database connection was lost: reconnect' }));
   }
 
   /** Writes `bytes` and ends the writer's connection once they are out (a destroy would drop them), then closes. */
@@ -401,7 +398,7 @@ export class Relay {
       if (thenLost && !this.client.destroyed && !this.client.readableEnded) {
         // An answer that keeps the connection: the next message hears that the session is gone.
         this.client.write(reply as Buffer);
-        this.answerNextWith(errorResponse({ severity: 'FATAL', code: '08006', message: 'this session\'s database connection was ended by a newer leader\'s raise: reconnect' }));
+        this.answerNextWith(errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'this session\'s database connection was ended by a newer leader\'s raise: reconnect' }));
         return;
       }
       void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => this.endWith(bytes));
@@ -806,7 +803,7 @@ export class Relay {
     }
     if (head.injected) {
       const fields = parseErrorFields(f.body);
-      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === '26000')) this.planner.statementsDropped();
+      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === INVALID_SQL_STATEMENT_NAME)) this.planner.statementsDropped();
       this.toClient.push(head.fence ? this.onFenceError(fields, f.bytes) : f.bytes);
     } else {
       if (isFatal(f.body)) this.writerHeardFatal = true;
@@ -895,7 +892,7 @@ export class Relay {
     this.opts.logger.info({ limitMs: limit }, 'SQL session: a transaction idle past the limit was ended');
     const idle: ErrorFields = {
       severity: 'FATAL',
-      code: IDLE_IN_TRANSACTION_TIMEOUT,
+      code: IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
       message: `terminating the session: its transaction was idle longer than ${limit} ms (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS)`,
       detail: 'the transaction rolled back: nothing of it was applied',
     };

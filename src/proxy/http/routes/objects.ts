@@ -4,7 +4,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { FencedOp, FencedResult } from '../../../fence/store.ts';
 import { NOT_FENCED } from '../../../fence/codes.ts';
-import { LOCK_NOT_AVAILABLE, sqlState } from '../../../fence/pg-errors.ts';
+import { sqlState } from '../../../fence/pg-errors.ts';
 import { WriteOutcomeUnknownError } from '../../../fence/commit-outcome.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
@@ -12,6 +12,7 @@ import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
 import { staleToken } from './stale.ts';
+import { LOCK_NOT_AVAILABLE } from '../../../fence/sqlstate.ts';
 
 type KeyParams = { Params: { '*': string } };
 

@@ -18,12 +18,13 @@ import {
   type TxStatement,
 } from '../../../fence/transaction.ts';
 import { NOT_FENCED } from '../../../fence/codes.ts';
-import { CONFLICT_ERROR_CLASSES, INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, RETRYABLE_ERROR_CODES, sqlState } from '../../../fence/pg-errors.ts';
+import { CONFLICT_ERROR_CLASSES, RETRYABLE_ERROR_CODES, sqlState } from '../../../fence/pg-errors.ts';
 import { ApiError } from '../../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
 import { writerId } from '../request.ts';
 import { KEY, NO_QUERY, TOKEN, registryError, type RequestPart } from '../validation.ts';
 import { staleToken } from './stale.ts';
+import { INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED } from '../../../fence/sqlstate.ts';
 
 export interface TransactionOptions {
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */

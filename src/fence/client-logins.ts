@@ -51,7 +51,7 @@ export interface ProvisionResult {
   /** By key name (`null` = open mode). */
   logins: Map<string | null, ClientLogin>;
   problems: Map<string | null, LoginProblem>;
-  /** fence_transaction()'s capability (migration 0004). */
+  /** The secret that fence_session's capabilities are made from (fencepost.fence_capability, migration 0004). */
   capability: string;
 }
 

@@ -1,8 +1,8 @@
 // Who holds a fence row that a raise could not lock in time, when it is a prepared transaction.
-// Client SQL cannot PREPARE a fenced transaction (the fence opens a session temp table), but one
-// made straight on Postgres (an operator, an older proxy) can hold a fence row for ever: no lock
-// timeout of a raise ends it, only COMMIT PREPARED or ROLLBACK PREPARED does. A 55P03 then names
-// it, so the answer says what to run instead of "safe to retry".
+// Client SQL cannot PREPARE a fenced transaction (its proof reads a temporary sequence, rule.ts
+// NO_PREPARE_READ), but one made straight on Postgres (an operator, an older proxy) can hold a
+// fence row for ever: no lock timeout of a raise ends it, only COMMIT PREPARED or ROLLBACK
+// PREPARED does. A 55P03 then names it, so the answer says what to run instead of "safe to retry".
 import pg from 'pg';
 import * as q from './queries.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';

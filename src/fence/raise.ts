@@ -1,6 +1,6 @@
 // The raise of a fence to a new leader's token, in a transaction of the proxy's own: the SQL doors
-// never raise inside a writer's transaction (definitions.ts fence_transaction answers RAISE_FIRST;
-// the proxy raises here and starts the transaction again), and the HTTP door comes here when its
+// never raise inside a writer's transaction (definitions.ts fence_session reports a fence below
+// the token, refuse_unproven_session answers RAISE_FIRST; the proxy raises here and fences again), and the HTTP door comes here when its
 // own write statement found the fence held. So a raise commits with synchronous_commit on whatever
 // the writer's login, role or session set, and holds the fence row only for its own statement.
 //

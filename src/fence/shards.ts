@@ -2,7 +2,7 @@
 // backend, so concurrent statements rarely share one (migration 0005). Each kind of writer counts
 // in a range of its own, so one never waits for another's counter rows:
 //   0–31   object writes and rejections (fencedWrite, recordRejections)
-//   32–63  fences created by transactions (fence_transaction, inside the writer's transaction)
+//   32–63  fences created by the SQL doors' raise (raise.ts, a transaction of the proxy's own)
 //   64–95  folds of pending_counts (foldPendingCounts): no writer's statement or transaction holds them
 // Readers sum every shard.
 export const SHARDS_PER_RANGE = 32;

@@ -21,6 +21,7 @@ import { staleDetailText } from '../../fence/detail.ts';
 import type { ErrorFields } from './framing.ts';
 import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
 import { INSUFFICIENT_PRIVILEGE } from '../../fence/sqlstate.ts';
+import { MAX_TOKEN, parseToken } from '../../fence/token.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
 export interface SessionGuard {
@@ -73,7 +74,6 @@ export interface GateOptions {
   logger: Logger;
 }
 
-const MAX_TOKEN = (1n << 63n) - 1n;
 /**
  * A fencepost.token is at most 19 digits (MAX_TOKEN) after leading zeros (a ZooKeeper sequence
  * suffix keeps them); a longer text than this is refused by its length, unread.
@@ -257,7 +257,8 @@ export class FenceGate {
     if (fenceKeyBytes > MAX_KEY_BYTES) {
       return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key is too long: ${fenceKeyBytes} bytes, a fence key is at most ${MAX_KEY_BYTES} bytes`));
     }
-    if (!/^[0-9]+$/.test(s.token) || s.token.replace(/^0+/, '').length > 19 || BigInt(s.token) > MAX_TOKEN) {
+    const parsed = parseToken(s.token);
+    if (!parsed.ok) {
       return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${quoteBounded(s.token)}`));
     }
     if (s.fenceKey === null || s.fenceKey === '') {
@@ -269,7 +270,7 @@ export class FenceGate {
     if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) {
       return refused(refusal(INSUFFICIENT_PRIVILEGE, `this key may not write fence key ${quoteBounded(s.fenceKey)}: it is outside its fence-key prefixes`));
     }
-    const pair: Pair = { fenceKey: s.fenceKey, token: BigInt(s.token) };
+    const pair: Pair = { fenceKey: s.fenceKey, token: parsed.token };
     const { fenceKey, token } = pair;
     if (this.opts.refusing?.()) return { fence: readOnlySessionFence(), once: true }; // session.ts sends the refusal meanwhile
     const guard = this.opts.guard;

@@ -5,7 +5,8 @@ import { defineConfig } from 'vitest/config';
  * ZooKeeper ensemble, proxies, writers, a nemesis), the seeded protocol fuzzers, the demos and the
  * elected writer end to end, the etcd integration, clusters of their own (a synchronous standby
  * stalled, embedded clusters side by side), the release tarball installed into a clean
- * folder, and the docs' command blocks (each page against a `fencepost serve` of its own). Project `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
+ * folder, and the docs' command blocks (each page against a `fencepost serve` of its own). Project
+ * `system` (`npm run test:system`; scripts/test.sh runs it after `npm test`);
  * `npm test` runs project `unit`, everything else. A file named on the command line runs whichever
  * it is in.
  */

@@ -219,7 +219,10 @@ function goalText(g: CpuGoal, r: CpuRow, rows: readonly CpuRow[], direct: CpuRow
   const mine = perOp(r, g.part);
   const name = PART_NAMES[g.part];
   if (g.maxUs !== undefined) return `${name} ≤ ${g.maxUs} µs: ${mine === undefined ? '–' : mine <= g.maxUs ? 'yes' : '**no**'}`;
-  const against = g.against === undefined ? direct : rows.find((x) => x.path === g.against!.path && x.scenario === r.scenario && x.placement === r.placement);
+  const against =
+    g.against === undefined
+      ? direct
+      : rows.find((x) => x.path === g.against!.path && x.scenario === r.scenario && x.placement === r.placement);
   const base = against ? perOp(against, g.part) : undefined;
   const ratio = mine !== undefined && base !== undefined ? mine / base : undefined;
   return `${name} ≤ ${g.maxRatio}× ${g.against?.name ?? 'direct'}: ${ratio === undefined ? '–' : `${fmt(ratio, 2)}×, ${ratio <= g.maxRatio! ? 'yes' : '**no**'}`}`;
@@ -266,7 +269,9 @@ export function cpuTable(rows: readonly CpuRow[], notes: { pinnedCpus?: string }
         (r.goals ?? []).map((g) => goalText(g, r, rows, d)).join('; '),
         String(r.failed),
         '',
-      ].join(' | ').trim(),
+      ]
+        .join(' | ')
+        .trim(),
     );
   }
   return out.join('\n');

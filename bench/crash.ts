@@ -13,10 +13,28 @@ export async function benchSigkillFailover(connect: string, sessionTimeoutMs: nu
   for (let i = 0; i < rounds; i++) {
     const path = `/fencepost-bench/sigkill-${process.pid}-${i}-${Date.now()}`;
     // The leader process joins first, so it leads; the standby joins behind it.
-    const leader = spawn(process.execPath, [BIN, 'elect', '--zk', connect, '--path', path, '--id', 'leader', '--session-timeout-ms', String(sessionTimeoutMs), '--', 'sleep', '600'], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-      detached: true,
-    });
+    const leader = spawn(
+      process.execPath,
+      [
+        BIN,
+        'elect',
+        '--zk',
+        connect,
+        '--path',
+        path,
+        '--id',
+        'leader',
+        '--session-timeout-ms',
+        String(sessionTimeoutMs),
+        '--',
+        'sleep',
+        '600',
+      ],
+      {
+        stdio: ['ignore', 'ignore', 'pipe'],
+        detached: true,
+      },
+    );
     let log = '';
     leader.stderr?.on('data', (d: Buffer) => (log += d.toString()));
     const deadline = Date.now() + 30_000;

@@ -31,7 +31,6 @@ export interface HandoverFigures {
   slow: { rounds: number; withFsyncStall: number } | null;
 }
 
-
 export interface ElectionBenchResult {
   zookeeper: { connect: string; tickTimeMs: number; ownServer: boolean };
   graceful: HandoverFigures;
@@ -77,7 +76,12 @@ async function settled(es: readonly Election[]): Promise<Election> {
 }
 
 /** `zkPort`: the client port of the bench's own ZooKeeper (its fsyncs are read per round), else null. */
-export async function benchHandover(connect: string, candidates: number, rounds: number, zkPort: number | null = null): Promise<HandoverFigures> {
+export async function benchHandover(
+  connect: string,
+  candidates: number,
+  rounds: number,
+  zkPort: number | null = null,
+): Promise<HandoverFigures> {
   const path = benchPath(`handover-${candidates}`);
   const es = Array.from({ length: candidates }, (_, i) => new Election({ connect, path, id: `c${i}`, sessionTimeoutMs: 10_000 }));
   await Promise.all(es.map((e) => e.start()));
@@ -131,7 +135,9 @@ export async function benchCrash(connect: string, sessionTimeoutMs: number, roun
   return distribution(samples);
 }
 
-export async function runElectionBench(opts: { rounds?: number; crashRounds?: number; sessionTimeoutMs?: number } = {}): Promise<ElectionBenchResult> {
+export async function runElectionBench(
+  opts: { rounds?: number; crashRounds?: number; sessionTimeoutMs?: number } = {},
+): Promise<ElectionBenchResult> {
   const rounds = opts.rounds ?? 30;
   const crashRounds = opts.crashRounds ?? 20;
   const sessionTimeoutMs = opts.sessionTimeoutMs ?? 2000;
@@ -175,7 +181,9 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
   });
   const out = [
     `ZooKeeper ${r.zookeeper.ownServer ? 'standalone (started by the bench)' : r.zookeeper.connect}, tickTime ${r.zookeeper.tickTimeMs} ms`,
-    ...r.byCandidates.map((b) => `graceful handover, ${String(b.candidates).padStart(2)} candidates: ${fmt(b.handoverMs)}${b.slow ? `; ${slowRounds(b)}` : ''}`),
+    ...r.byCandidates.map(
+      (b) => `graceful handover, ${String(b.candidates).padStart(2)} candidates: ${fmt(b.handoverMs)}${b.slow ? `; ${slowRounds(b)}` : ''}`,
+    ),
     `crash failover, session timeout ${r.crash.sessionTimeoutMs} ms: ${fmt(r.crash.failoverMs)}; bound ${r.crash.boundMs} ms → ${r.crash.withinBound ? 'within' : 'EXCEEDED'}`,
     `doctor: RTT ${fmt(r.doctor.rttMs)}; event-loop stall ${fmt(r.doctor.eventLoopStallMs)}; recommends ${r.doctor.recommendedSessionTimeoutMs} ms`,
     `targets: ${JSON.stringify(r.targets)}`,
@@ -186,5 +194,7 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
 
 /** "rounds over 50 ms: 2, with a ZooKeeper fsync ≥ 25 ms: 2" (the report's wording). */
 export function slowRounds(h: HandoverFigures): string {
-  return h.slow === null ? '' : `rounds over ${SLOW_HANDOVER_MS} ms: ${h.slow.rounds}, with a ZooKeeper fsync ≥ ${ZK_FSYNC_STALL_MS} ms: ${h.slow.withFsyncStall}`;
+  return h.slow === null
+    ? ''
+    : `rounds over ${SLOW_HANDOVER_MS} ms: ${h.slow.rounds}, with a ZooKeeper fsync ≥ ${ZK_FSYNC_STALL_MS} ms: ${h.slow.withFsyncStall}`;
 }

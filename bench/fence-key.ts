@@ -31,7 +31,17 @@ import { spawnServe, type ServeProcess } from './serve.ts';
 import { benchPostgres, dropBenchRole, fmt, jsonBody, machine, settleDisk } from './support.ts';
 import { loadGeneratorVersions, luaString, runPgbench, runWrk, type PgbenchResult, type WrkOptions, type WrkResult } from './loadgen.ts';
 import { expectRefused, protectedTable, trackFunctions, triggerCalls, triggerTime, wrkRate, type ProtectedPair } from './protected.ts';
-import { cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
+import {
+  cpuTable,
+  exitedChildrenProbe,
+  measureCpu,
+  postmasterPid,
+  treeProbe,
+  type CpuGoal,
+  type CpuProbe,
+  type CpuRow,
+  type CpuWindow,
+} from './cpu.ts';
 import { pinnedDescription, place, placements, type Placement } from './placement.ts';
 
 export const SCENARIOS = ['one-fence', 'distinct-fences', 'transactions', 'protected', 'raise', 'reads'] as const;
@@ -119,7 +129,6 @@ const HTTP_OBJECT_CPU_GOALS: readonly CpuGoal[] = [
   { part: 'proxy', maxUs: 35 },
 ];
 const CLIENT_ROLE_PREFIX = 'fpbench';
-
 
 /** The direct upsert: the statement of a fenced PUT minus the fence, as pgbench sends it. */
 function upsertScript(keyPrefix: string, keySpace: number, fenceKey: string | null): string {
@@ -227,7 +236,10 @@ interface DoorResult {
 async function compare(
   w: World,
   o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
-  spec: Omit<Comparison, 'proxy' | 'direct' | 'placement' | 'proxyCpu' | 'directCpu'> & { wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>; pgbench: string },
+  spec: Omit<Comparison, 'proxy' | 'direct' | 'placement' | 'proxyCpu' | 'directCpu'> & {
+    wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>;
+    pgbench: string;
+  },
   runs: { direct: boolean; protection: Protection | null },
   log: (line: string) => void,
 ): Promise<DoorResult> {
@@ -264,7 +276,8 @@ async function compare(
       }
       const proxy = await runProxy('', placement);
       if (placement === 'shared') proxyShared = proxy.result;
-      if (direct !== null) comparisons.push({ ...rest, placement, proxy: proxy.result, direct: direct.result, proxyCpu: proxy.cpu, directCpu: direct.cpu });
+      if (direct !== null)
+        comparisons.push({ ...rest, placement, proxy: proxy.result, direct: direct.result, proxyCpu: proxy.cpu, directCpu: direct.cpu });
     }
   } finally {
     place('shared', placed);
@@ -279,20 +292,52 @@ async function compare(
       before = await triggerCalls(w.sql, p.trigger);
     });
     const inPostgres = triggerTime(p.trigger, before, await triggerCalls(w.sql, p.trigger), protectedRun.requests);
-    protectedPair = { door: p.door, protection: p.protection, inFlight: spec.inFlight, unprotected: wrkRate(proxyShared), protected: wrkRate(protectedRun), inPostgres };
-    protectedCpu = { ...wrkCpuRow(spec.name, `proxy (wrk), ${p.protection}`, 'shared', protectedRun, cpu), ...(spec.cpuGoals ? { goals: spec.cpuGoals } : {}) };
+    protectedPair = {
+      door: p.door,
+      protection: p.protection,
+      inFlight: spec.inFlight,
+      unprotected: wrkRate(proxyShared),
+      protected: wrkRate(protectedRun),
+      inPostgres,
+    };
+    protectedCpu = {
+      ...wrkCpuRow(spec.name, `proxy (wrk), ${p.protection}`, 'shared', protectedRun, cpu),
+      ...(spec.cpuGoals ? { goals: spec.cpuGoals } : {}),
+    };
   }
   return { comparisons, protectedPair, protectedCpu };
 }
 
 function wrkCpuRow(scenario: string, path: string, placement: Placement, r: WrkResult, cpu: CpuWindow): CpuRow {
-  return { scenario, path, direct: false, placement, perS: r.rps, p50Ms: r.p50Ms, p99Ms: r.p99Ms, ops: r.requests, failed: r.non2xx + r.errors, cpu };
+  return {
+    scenario,
+    path,
+    direct: false,
+    placement,
+    perS: r.rps,
+    p50Ms: r.p50Ms,
+    p99Ms: r.p99Ms,
+    ops: r.requests,
+    failed: r.non2xx + r.errors,
+    cpu,
+  };
 }
 
 /** The CPU table's rows: each comparison's direct and proxy runs, then the protected runs. */
 export function fenceKeyCpuRows(r: FenceKeyReport): CpuRow[] {
   const rows = r.comparisons.flatMap((c): CpuRow[] => [
-    { scenario: c.name, path: 'direct (pgbench -M prepared)', direct: true, placement: c.placement, perS: c.direct.tps, p50Ms: c.direct.p50Ms, p99Ms: c.direct.p99Ms, ops: c.direct.transactions, failed: c.direct.failed, cpu: c.directCpu },
+    {
+      scenario: c.name,
+      path: 'direct (pgbench -M prepared)',
+      direct: true,
+      placement: c.placement,
+      perS: c.direct.tps,
+      p50Ms: c.direct.p50Ms,
+      p99Ms: c.direct.p99Ms,
+      ops: c.direct.transactions,
+      failed: c.direct.failed,
+      cpu: c.directCpu,
+    },
     { ...wrkCpuRow(c.name, 'proxy (wrk)', c.placement, c.proxy, c.proxyCpu), ...(c.cpuGoals ? { goals: c.cpuGoals } : {}) },
   ]);
   // A protected run after its scenario's shared rows (compared with their direct row).
@@ -307,7 +352,8 @@ export function fenceKeyCpuRows(r: FenceKeyReport): CpuRow[] {
 async function probeRefused(url: string, init: RequestInit, status: number, error: string): Promise<void> {
   const r = await fetch(url, init);
   const text = await r.text();
-  if (r.status !== status || !text.includes(`"error":"${error}"`)) throw new Error(`${init.method ?? 'GET'} ${url} answered ${r.status} (expected ${status} ${error}): ${text}`);
+  if (r.status !== status || !text.includes(`"error":"${error}"`))
+    throw new Error(`${init.method ?? 'GET'} ${url} answered ${r.status} (expected ${status} ${error}): ${text}`);
 }
 
 // ---- 1. one fence key, one token, 5,000 objects --------------------------------------------------
@@ -328,7 +374,11 @@ function leaderObjects(fenceKey: string, keySpace: number): Seed {
   };
 }
 
-async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, parts: DoorParts, log: (line: string) => void): Promise<DoorResult> {
+async function oneFence(
+  o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
+  parts: DoorParts,
+  log: (line: string) => void,
+): Promise<DoorResult> {
   const keySpace = 5000;
   const fenceKey = 'bench-leader';
   const prefix = 'bench/';
@@ -342,8 +392,17 @@ async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'wa
       // A write naming another fence key: 403 not_fenced, from the proxy's copy of the prefixes, or
       // from Postgres when the copy predates the declaration (the proxy then reads it again at once).
       const url = `${w.proxy.url}/v1/objects/${encodeURIComponent(`${prefix}0`)}`;
-      await probeRefused(url, { method: 'PUT', headers: { 'content-type': 'application/json', 'fence-key': 'bench-other', 'fencing-token': '1' }, body: '{}' }, 403, 'not_fenced');
-      await probe(url, { method: 'PUT', headers: { 'content-type': 'application/json', 'fence-key': fenceKey, 'fencing-token': '1' }, body: jsonBody(256) });
+      await probeRefused(
+        url,
+        { method: 'PUT', headers: { 'content-type': 'application/json', 'fence-key': 'bench-other', 'fencing-token': '1' }, body: '{}' },
+        403,
+        'not_fenced',
+      );
+      await probe(url, {
+        method: 'PUT',
+        headers: { 'content-type': 'application/json', 'fence-key': fenceKey, 'fencing-token': '1' },
+        body: jsonBody(256),
+      });
     },
   };
   const seed = leaderObjects(fenceKey, keySpace);
@@ -378,11 +437,16 @@ async function oneFence(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'wa
 
 // ---- 2. distinct fence keys ----------------------------------------------------------------------
 
-async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, log: (line: string) => void): Promise<Comparison[]> {
+async function distinctFences(
+  o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
+  log: (line: string) => void,
+): Promise<Comparison[]> {
   const keySpace = 10_000;
   const seed = async (sql: pg.Pool) => {
     // Every object and its fence (fence key = object key) already written once.
-    await sql.query(`INSERT INTO fencepost.fences (fence_key, highest_token) SELECT 'bench-d/' || n, 1 FROM generate_series(0, $1 - 1) n`, [keySpace]);
+    await sql.query(`INSERT INTO fencepost.fences (fence_key, highest_token) SELECT 'bench-d/' || n, 1 FROM generate_series(0, $1 - 1) n`, [
+      keySpace,
+    ]);
     await sql.query(
       `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body)
        SELECT 'bench-d/' || n, 'bench-d/' || n, 1, 1, 'application/json', convert_to(repeat('x', 256), 'UTF8') FROM generate_series(0, $1 - 1) n`,
@@ -416,7 +480,11 @@ async function distinctFences(o: Required<Pick<FenceKeyBenchOptions, 'durationS'
 
 // ---- 3. /v1/transactions, one fence, one UPDATE --------------------------------------------------
 
-async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>, parts: DoorParts, log: (line: string) => void): Promise<DoorResult> {
+async function transactions(
+  o: Required<Pick<FenceKeyBenchOptions, 'durationS' | 'warmupS'>>,
+  parts: DoorParts,
+  log: (line: string) => void,
+): Promise<DoorResult> {
   const rows = 5000;
   const fenceKey = 'bench-tx';
   const seed = async (sql: pg.Pool) => {
@@ -425,8 +493,15 @@ async function transactions(o: Required<Pick<FenceKeyBenchOptions, 'durationS' |
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [rows]);
     if (parts.protected) await trackFunctions(sql);
   };
-  const [head, tail] = [`{"fences":[{"key":"${fenceKey}","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[`, ']}]}'];
-  const txInit = (id: number): RequestInit => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: `${head}${id}${tail}` });
+  const [head, tail] = [
+    `{"fences":[{"key":"${fenceKey}","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[`,
+    ']}]}',
+  ];
+  const txInit = (id: number): RequestInit => ({
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: `${head}${id}${tail}`,
+  });
   const protection: Protection = {
     door: 'HTTP POST /v1/transactions, one UPDATE',
     protection: 'table app.counters (statement trigger)',
@@ -502,7 +577,12 @@ async function raise(o: { durationS: number }, log: (line: string) => void): Pro
     const writeAgent = new http.Agent({ keepAlive: true, maxSockets: writers });
     const raiseAgent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     const body = jsonBody(256);
-    const headers = { 'content-type': 'application/json', 'fence-key': fenceKey, 'fencing-token': '1', 'content-length': String(Buffer.byteLength(body)) };
+    const headers = {
+      'content-type': 'application/json',
+      'fence-key': fenceKey,
+      'fencing-token': '1',
+      'content-length': String(Buffer.byteLength(body)),
+    };
     try {
       await timedRequest(raiseAgent, `${w.proxy.url}/readyz`, 'GET', {}); // the new leader's connection, open already
       const start = performance.now();
@@ -510,7 +590,15 @@ async function raise(o: { durationS: number }, log: (line: string) => void): Pro
       const sent: Sent[] = [];
       const loop = async () => {
         while (performance.now() < until) {
-          sent.push(await timedRequest(writeAgent, `${w.proxy.url}/v1/objects/bench%2F${Math.floor(Math.random() * keySpace)}`, 'PUT', headers, body));
+          sent.push(
+            await timedRequest(
+              writeAgent,
+              `${w.proxy.url}/v1/objects/bench%2F${Math.floor(Math.random() * keySpace)}`,
+              'PUT',
+              headers,
+              body,
+            ),
+          );
         }
       };
       const raising = (async () => {
@@ -596,7 +684,13 @@ async function reads(o: { tableRows: number }, log: (line: string) => void): Pro
     },
   };
   const someFence = `bulk%2F${String(Math.floor(o.tableRows / 2)).padStart(7, '0')}`;
-  const paths = ['/v1/stats', '/v1/rejections/histogram?minutes=60', '/v1/fences?limit=100', `/v1/fences/${someFence}`, '/v1/rejections?limit=100'];
+  const paths = [
+    '/v1/stats',
+    '/v1/rejections/histogram?minutes=60',
+    '/v1/fences?limit=100',
+    `/v1/fences/${someFence}`,
+    '/v1/rejections?limit=100',
+  ];
   return withWorld('reads', seed, async (w) => {
     // As autovacuum would have by the time the tables are this big: statistics and visibility map.
     await w.sql.query('VACUUM ANALYZE');
@@ -690,7 +784,10 @@ export function fenceKeyTables(r: FenceKeyReport, durationS: number): string {
     const n = r.reads.rows.toLocaleString('en');
     if (out.length > 0) out.push('');
     const up = r.reads.upgrade;
-    const upgraded = up.migrations.length > 0 ? `, then migrations ${up.migrations.map((m) => m.slice(0, 4)).join(', ')} over them in ${fmt(up.seconds, 0)} s` : '';
+    const upgraded =
+      up.migrations.length > 0
+        ? `, then migrations ${up.migrations.map((m) => m.slice(0, 4)).join(', ')} over them in ${fmt(up.seconds, 0)} s`
+        : '';
     out.push(
       `| read, ${n} fences and ${n} rejections on ${REJECTED_FENCES_SHARE * 100}% of them (loaded in ${fmt(r.reads.loadS, 0)} s${upgraded}), sequential | median ms | max ms | n | goal |`,
       '|---|---:|---:|---:|---|',
@@ -718,7 +815,11 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     scenarios: asked.length > 0 ? (asked as Scenario[]) : SCENARIOS,
     log: (line) => process.stderr.write(`[bench] ${line}\n`),
   });
-  const tables = [fenceKeyTables(report, durationS), cpuTable(fenceKeyCpuRows(report), { pinnedCpus: pinnedDescription() }), protectedTable(report.protected, durationS)].filter((t) => t !== '');
+  const tables = [
+    fenceKeyTables(report, durationS),
+    cpuTable(fenceKeyCpuRows(report), { pinnedCpus: pinnedDescription() }),
+    protectedTable(report.protected, durationS),
+  ].filter((t) => t !== '');
   process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${tables.join('\n\n')}\n`);
 }
 

@@ -86,7 +86,9 @@ export async function runHttpFloorBench(o: { durationS: number; warmupS?: number
       };
       o.log?.(`floor: ${server}, wrk 32 connections, ${o.durationS} s`);
       if (warmupS > 0) await runWrk({ ...wrk, durationS: warmupS });
-      const { result, cpu } = await measureCpu([treeProbe('proxy', s.pid), exitedChildrenProbe()], () => runWrk({ ...wrk, durationS: o.durationS }));
+      const { result, cpu } = await measureCpu([treeProbe('proxy', s.pid), exitedChildrenProbe()], () =>
+        runWrk({ ...wrk, durationS: o.durationS }),
+      );
       rows.push({ server, result, cpu });
     } finally {
       await s.stop();

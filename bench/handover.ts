@@ -22,7 +22,10 @@ export interface HandoverBenchResult {
   freezeToFirstWriteMs: Distribution;
   /** Every round: the zombie's COMMIT failed and its row is absent. */
   zombieRefused: boolean;
-  /** Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the bench's own server) of FSYNC_STALL_MS or more. */
+  /**
+   * Rounds over the bound; of them, rounds with a WAL fsync (watchWalSync) or a ZooKeeper fsync (the
+   * bench's own server) of FSYNC_STALL_MS or more.
+   */
   overBound: number;
   overBoundDisk: number;
 }
@@ -73,7 +76,15 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
     await zk?.stop();
     await db.stop();
   }
-  return { sessionTimeoutMs, raiseWaitMs: config.raiseWaitMs, boundMs, freezeToFirstWriteMs: distribution(samples), zombieRefused, overBound, overBoundDisk };
+  return {
+    sessionTimeoutMs,
+    raiseWaitMs: config.raiseWaitMs,
+    boundMs,
+    freezeToFirstWriteMs: distribution(samples),
+    zombieRefused,
+    overBound,
+    overBoundDisk,
+  };
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {

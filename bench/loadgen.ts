@@ -170,7 +170,9 @@ function run(cmd: string, args: string[], env?: NodeJS.ProcessEnv): Promise<Ran>
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    child.once('error', (err) => reject(new Error(`cannot run ${cmd} (npm run bench installs it: scripts/setup.sh --bench)`, { cause: err })));
+    child.once('error', (err) =>
+      reject(new Error(`cannot run ${cmd} (npm run bench installs it: scripts/setup.sh --bench)`, { cause: err })),
+    );
     child.once('close', (code) => resolve({ code, stdout, stderr }));
   });
 }
@@ -182,7 +184,20 @@ export async function runWrk(o: WrkOptions): Promise<WrkResult> {
     const script = join(dir, 'load.lua');
     writeFileSync(script, wrkScript(o));
     const threads = Math.min(o.threads ?? 2, o.connections);
-    const args = ['-t', String(threads), '-c', String(o.connections), '-d', `${o.durationS}s`, '--timeout', `${o.timeoutS ?? 5}s`, '--latency', '-s', script, o.url];
+    const args = [
+      '-t',
+      String(threads),
+      '-c',
+      String(o.connections),
+      '-d',
+      `${o.durationS}s`,
+      '--timeout',
+      `${o.timeoutS ?? 5}s`,
+      '--latency',
+      '-s',
+      script,
+      o.url,
+    ];
     const r = await run('wrk', args);
     if (r.code !== 0) throw new Error(`wrk exited with ${r.code}: ${r.stderr}${r.stdout}`);
     return parseWrk(r.stdout);
@@ -248,7 +263,21 @@ export async function runPgbench(o: PgbenchOptions): Promise<PgbenchResult> {
     const script = join(dir, 'script.sql');
     writeFileSync(script, o.scriptSql.endsWith('\n') ? o.scriptSql : o.scriptSql + '\n');
     const threads = Math.min(o.threads ?? 2, o.clients);
-    const args = ['-n', '-M', o.mode, '-c', String(o.clients), '-j', String(threads), '-T', String(o.durationS), '-f', script, '-l', `--log-prefix=${join(dir, 'log')}`];
+    const args = [
+      '-n',
+      '-M',
+      o.mode,
+      '-c',
+      String(o.clients),
+      '-j',
+      String(threads),
+      '-T',
+      String(o.durationS),
+      '-f',
+      script,
+      '-l',
+      `--log-prefix=${join(dir, 'log')}`,
+    ];
     const r = await run('pgbench', args, { ...process.env, ...pgEnv(o.url), ...o.env });
     const tps = /^tps = ([\d.]+)/m.exec(r.stdout);
     if (!tps) throw new Error(`pgbench exited with ${r.code}: ${r.stderr}${r.stdout}`);
@@ -259,7 +288,13 @@ export async function runPgbench(o: PgbenchOptions): Promise<PgbenchResult> {
     const reported = /^number of failed transactions: (\d+)/m.exec(r.stdout);
     const expectedMs = latenciesMs.length > 0 ? (o.durationS * 1000 * o.clients) / latenciesMs.length : 0;
     const d = distribution(correctCoordinatedOmission(latenciesMs, expectedMs));
-    return { tps: Number(tps[1]), p50Ms: d.median, p99Ms: d.p99, transactions: latenciesMs.length, failed: Math.max(failed, Number(reported?.[1] ?? 0)) };
+    return {
+      tps: Number(tps[1]),
+      p50Ms: d.median,
+      p99Ms: d.p99,
+      transactions: latenciesMs.length,
+      failed: Math.max(failed, Number(reported?.[1] ?? 0)),
+    };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

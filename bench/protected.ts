@@ -63,7 +63,12 @@ export async function triggerCalls(sql: pg.Pool, fn: string): Promise<{ calls: n
   return rows[0]!;
 }
 
-export function triggerTime(fn: string, before: { calls: number; ms: number }, after: { calls: number; ms: number }, writes: number): TriggerTime | null {
+export function triggerTime(
+  fn: string,
+  before: { calls: number; ms: number },
+  after: { calls: number; ms: number },
+  writes: number,
+): TriggerTime | null {
   const calls = after.calls - before.calls;
   if (calls <= 0) return null;
   return { fn: `fencepost.${fn}`, calls, usPerCall: ((after.ms - before.ms) * 1000) / calls, callsPerWrite: calls / writes };

@@ -39,7 +39,12 @@ export interface ProxyBenchOptions {
 const BODY = (n: number) => JSON.stringify({ payload: 'x'.repeat(Math.max(0, n - 16)) });
 
 /** (a) The object upsert straight through pg: one statement per write, `connections` at once. */
-async function directUpsert(url: string, o: Required<ProxyBenchOptions>, placement: Placement, probes: readonly CpuProbe[]): Promise<ThroughputResult> {
+async function directUpsert(
+  url: string,
+  o: Required<ProxyBenchOptions>,
+  placement: Placement,
+  probes: readonly CpuProbe[],
+): Promise<ThroughputResult> {
   const pool = new pg.Pool({ connectionString: url, max: o.poolSize });
   const body = Buffer.from(BODY(o.bodyBytes));
   const latencies: number[] = [];
@@ -66,7 +71,9 @@ async function directUpsert(url: string, o: Required<ProxyBenchOptions>, placeme
   };
   await Promise.all(Array.from({ length: o.connections }, () => run(performance.now() + 1000, false))); // warm-up
   const start = performance.now();
-  const { cpu } = await measureCpu(probes, () => Promise.all(Array.from({ length: o.connections }, () => run(start + o.durationS * 1000, true))));
+  const { cpu } = await measureCpu(probes, () =>
+    Promise.all(Array.from({ length: o.connections }, () => run(start + o.durationS * 1000, true))),
+  );
   const elapsed = (performance.now() - start) / 1000;
   await pool.end();
   const d = distribution(latencies);
@@ -82,7 +89,9 @@ function cannonOptions(url: string, o: Required<ProxyBenchOptions>) {
     method: 'PUT' as const,
     headers: { 'content-type': 'application/json', 'fencing-token': '1' },
     body,
-    requests: [{ setupRequest: (req: autocannon.Request) => ({ ...req, path: `/v1/objects/bench-${Math.floor(Math.random() * o.keySpace)}` }) }],
+    requests: [
+      { setupRequest: (req: autocannon.Request) => ({ ...req, path: `/v1/objects/bench-${Math.floor(Math.random() * o.keySpace)}` }) },
+    ],
   };
 }
 
@@ -109,7 +118,17 @@ export async function loadProxy(
   const { result: r, cpu } = await measureCpu(at.probes, () => autocannon({ ...opts, duration: o.durationS }));
   if (sampler) clearInterval(sampler);
   const non2xx = r.non2xx + r.errors + r.timeouts;
-  return { name, rps: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: non2xx, placement: at.placement, ops: r.requests.total, cpu, ...(rss ? { rssMb: peakRss / 1024 / 1024 } : {}) };
+  return {
+    name,
+    rps: r.requests.average,
+    p50Ms: r.latency.p50,
+    p99Ms: r.latency.p99,
+    errors: non2xx,
+    placement: at.placement,
+    ops: r.requests.total,
+    cpu,
+    ...(rss ? { rssMb: peakRss / 1024 / 1024 } : {}),
+  };
 }
 
 export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<ThroughputResult[]> {
@@ -119,7 +138,11 @@ export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<Th
   const postmaster = await postmasterPid(db.url);
   const pgProbes = postmaster === null ? [] : [treeProbe('postgres', postmaster)];
   /** The proxies' CPU, Postgres's and this process's (autocannon or node-postgres: the load generator). */
-  const probes = (proxies: readonly ServeProcess[]): CpuProbe[] => [...pgProbes, ...proxies.map((p) => treeProbe('proxy', p.pid)), selfProbe()];
+  const probes = (proxies: readonly ServeProcess[]): CpuProbe[] => [
+    ...pgProbes,
+    ...proxies.map((p) => treeProbe('proxy', p.pid)),
+    selfProbe(),
+  ];
   const placed = (proxies: readonly ServeProcess[]) => ({ postgres: postmaster, others: proxies.map((p) => p.pid) });
   try {
     const pool = new pg.Pool({ connectionString: db.url, max: 2 });
@@ -151,7 +174,10 @@ export async function runProxyBench(options: ProxyBenchOptions = {}): Promise<Th
           // Each autocannon counts its own requests; the CPU is read once, over both (and both proxies).
           await Promise.all(two.map((p) => warmUp(p.url, half)));
           const { result: halves, cpu } = await measureCpu(probes(two), () =>
-            Promise.all([loadProxy('a', two[0]!.url, half, { placement, probes: [], warm: true }), loadProxy('b', two[1]!.url, half, { placement, probes: [], warm: true })]),
+            Promise.all([
+              loadProxy('a', two[0]!.url, half, { placement, probes: [], warm: true }),
+              loadProxy('b', two[1]!.url, half, { placement, probes: [], warm: true }),
+            ]),
           );
           const [r1, r2] = halves;
           results.push({
@@ -182,7 +208,10 @@ export function proxyTable(all: ThroughputResult[]): string {
   const results = all.filter((r) => r.placement === 'shared');
   const base = results.find((r) => r.name.startsWith('(a)'));
   const unfenced = results.find((r) => r.name.startsWith('(b)'));
-  const lines = ['| path (32 connections) | req/s | p50 ms | p99 ms | errors | vs (a) | vs (b) | proxy RSS peak |', '|---|---:|---:|---:|---:|---:|---:|---:|'];
+  const lines = [
+    '| path (32 connections) | req/s | p50 ms | p99 ms | errors | vs (a) | vs (b) | proxy RSS peak |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|',
+  ];
   for (const r of results) {
     lines.push(
       `| ${r.name} | ${fmt(r.rps, 0)} | ${fmt(r.p50Ms, 2)} | ${fmt(r.p99Ms, 2)} | ${r.errors} | ${base ? fmt(r.rps / base.rps, 2) + '×' : '–'} | ${unfenced ? fmt(r.rps / unfenced.rps, 2) + '×' : '–'} | ${r.rssMb === undefined ? '–' : fmt(r.rssMb, 0) + ' MiB'} |`,

@@ -129,13 +129,17 @@ interface Answer {
 
 function request(agent: http.Agent, url: string, method: string, headers: Record<string, string>, body?: string): Promise<Answer> {
   return new Promise((resolve) => {
-    const req = http.request(url, { method, headers: body === undefined ? headers : { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent }, (res) => {
-      let text = '';
-      res.setEncoding('utf8');
-      res.on('data', (d: string) => (text += d));
-      res.once('end', () => resolve({ status: res.statusCode ?? 0, text }));
-      res.once('error', () => resolve({ status: 0, text }));
-    });
+    const req = http.request(
+      url,
+      { method, headers: body === undefined ? headers : { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent },
+      (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (d: string) => (text += d));
+        res.once('end', () => resolve({ status: res.statusCode ?? 0, text }));
+        res.once('error', () => resolve({ status: 0, text }));
+      },
+    );
     req.once('error', (e) => resolve({ status: 0, text: e.message }));
     req.end(body);
   });
@@ -178,7 +182,13 @@ async function writersHolder(w: World, fenceKey: string): Promise<Holder> {
   const loop = async (i: number) => {
     for (let n = 0; performance.now() < stopAt; n++) {
       const sent = performance.now();
-      const r = await request(agent, `${w.proxy.url}/v1/objects/${encodeURIComponent(`${fenceKey}/w${i}/${n}`)}`, 'PUT', headers, '{"v":1}');
+      const r = await request(
+        agent,
+        `${w.proxy.url}/v1/objects/${encodeURIComponent(`${fenceKey}/w${i}/${n}`)}`,
+        'PUT',
+        headers,
+        '{"v":1}',
+      );
       acked++;
       if (sent > raisedAt) after[r.status] = (after[r.status] ?? 0) + 1;
     }
@@ -261,7 +271,10 @@ async function idleHolder(w: World, fenceKey: string): Promise<Holder> {
 }
 
 async function sigstopHolder(w: World, fenceKey: string): Promise<Holder> {
-  const child = spawn(PYTHON, [PSYCOPG2_WRITER, w.endpointUrl('ho-psycopg2'), fenceKey, '1'], { env: { ...process.env, PGOPTIONS: fenceOptions(1, fenceKey) }, stdio: ['pipe', 'pipe', 'pipe'] });
+  const child = spawn(PYTHON, [PSYCOPG2_WRITER, w.endpointUrl('ho-psycopg2'), fenceKey, '1'], {
+    env: { ...process.env, PGOPTIONS: fenceOptions(1, fenceKey) },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
@@ -295,11 +308,20 @@ async function sigstopHolder(w: World, fenceKey: string): Promise<Holder> {
 async function sleeperHolder(w: World, fenceKey: string): Promise<Holder> {
   const body = JSON.stringify({
     fences: [{ key: fenceKey, token: '1' }],
-    statements: [{ sql: insertRow('sleeper'), params: [fenceKey, 1] }, { sql: ';SET LOCAL statement_timeout = 0' }, { sql: 'SELECT pg_sleep(25)' }],
+    statements: [
+      { sql: insertRow('sleeper'), params: [fenceKey, 1] },
+      { sql: ';SET LOCAL statement_timeout = 0' },
+      { sql: 'SELECT pg_sleep(25)' },
+    ],
   });
   const answer = request(w.agent, `${w.proxy.url}/v1/transactions`, 'POST', { 'content-type': 'application/json' }, body);
   // Asleep inside its transaction, its row inserted (the earlier rounds' sleepers were ended).
-  await until(async () => (await w.owner.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`)).rowCount === 1, 10_000, 'the sleeper');
+  await until(
+    async () =>
+      (await w.owner.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`)).rowCount === 1,
+    10_000,
+    'the sleeper',
+  );
   return {
     resume: async () => {
       const a = await answer;
@@ -307,7 +329,9 @@ async function sleeperHolder(w: World, fenceKey: string): Promise<Holder> {
       return [`${a.status}${code ? ` ${code}` : ''}`];
     },
     dispose: async () => {
-      await w.owner.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`);
+      await w.owner.query(
+        `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`,
+      );
       await answer;
     },
   };
@@ -410,7 +434,10 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
       await h.dispose();
       await raiser?.dispose();
     }
-    olderCommits += w.commitTimestamps || (holder !== 'writers' && holder !== 'zombies') ? await olderCommitsAfterRaise(w, holder, fenceKey) : acceptedAfter;
+    olderCommits +=
+      w.commitTimestamps || (holder !== 'writers' && holder !== 'zombies')
+        ? await olderCommitsAfterRaise(w, holder, fenceKey)
+        : acceptedAfter;
   }
   const d = distribution(ms);
   log(`${holder} / ${door}: p50 ${fmt(d.median, 0)} ms, p99 ${fmt(d.p99, 0)} ms, older-token commits after the raise ${olderCommits}`);
@@ -426,7 +453,9 @@ async function runRow(w: World, holder: HolderKind, door: Door, rounds: number, 
 async function olderCommitsAfterRaise(w: World, holder: HolderKind, fenceKey: string): Promise<number> {
   const rows = holder === 'writers' ? 'fencepost.objects' : 'app.ho_rows';
   if (!w.commitTimestamps) {
-    const { rows: r } = await w.owner.query<{ n: string }>('SELECT count(*) AS n FROM app.ho_rows WHERE fence_key = $1 AND token = 1', [fenceKey]);
+    const { rows: r } = await w.owner.query<{ n: string }>('SELECT count(*) AS n FROM app.ho_rows WHERE fence_key = $1 AND token = 1', [
+      fenceKey,
+    ]);
     return Number(r[0]!.n);
   }
   const { rows: r } = await w.owner.query<{ n: string }>(
@@ -442,7 +471,9 @@ async function olderCommitsAfterRaise(w: World, holder: HolderKind, fenceKey: st
 
 export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promise<HandoverReport> {
   const o = { holders: HOLDERS, doors: DOORS, log: () => {}, ...options };
-  const db = await benchPostgres('fencepost_bench_handover', { postgresFlags: ['-c', 'max_prepared_transactions=10', '-c', 'track_commit_timestamp=on'] });
+  const db = await benchPostgres('fencepost_bench_handover', {
+    postgresFlags: ['-c', 'max_prepared_transactions=10', '-c', 'track_commit_timestamp=on'],
+  });
   const clientRole = `fpbench_handover_${process.pid}`;
   const owner = new pg.Pool({ connectionString: db.url, max: 4 });
   owner.on('error', () => {});
@@ -453,7 +484,9 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
     await migrate(owner);
     wal = await watchWalSync(db.url);
     await owner.query('CREATE SCHEMA app');
-    await owner.query('CREATE TABLE app.ho_rows (id bigserial PRIMARY KEY, fence_key text NOT NULL, token bigint NOT NULL, who text NOT NULL)');
+    await owner.query(
+      'CREATE TABLE app.ho_rows (id bigserial PRIMARY KEY, fence_key text NOT NULL, token bigint NOT NULL, who text NOT NULL)',
+    );
     const env = { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200', ...extraEnv() };
     // The settings the proxy runs with, read by its own config module from the same environment.
     const config = loadConfig({ ...process.env, ...env, PORT: '0', FENCEPOST_PGWIRE_PORT: '0' });
@@ -481,12 +514,30 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
         return u.toString();
       },
     };
-    const report: HandoverReport = { raiseWaitMs: config.raiseWaitMs, lockTimeoutMs: config.lockTimeoutMs, rounds: o.rounds, commitTimestamps: w.commitTimestamps, rows: [] };
-    o.log(`handover: FENCEPOST_RAISE_WAIT_MS=${config.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS=${config.lockTimeoutMs}; ${o.rounds} rounds per holder and door`);
+    const report: HandoverReport = {
+      raiseWaitMs: config.raiseWaitMs,
+      lockTimeoutMs: config.lockTimeoutMs,
+      rounds: o.rounds,
+      commitTimestamps: w.commitTimestamps,
+      rows: [],
+    };
+    o.log(
+      `handover: FENCEPOST_RAISE_WAIT_MS=${config.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS=${config.lockTimeoutMs}; ${o.rounds} rounds per holder and door`,
+    );
     for (const holder of o.holders) {
       for (const door of o.doors) {
         if (holder === 'prepared' && preparedSlots === 0) {
-          report.rows.push({ holder, door, raiseMs: distribution([]), failed: {}, olderCommits: 0, heard: {}, overGoal: 0, overGoalDisk: 0, skipped: 'max_prepared_transactions = 0 on the DATABASE_URL server' });
+          report.rows.push({
+            holder,
+            door,
+            raiseMs: distribution([]),
+            failed: {},
+            olderCommits: 0,
+            heard: {},
+            overGoal: 0,
+            overGoalDisk: 0,
+            skipped: 'max_prepared_transactions = 0 on the DATABASE_URL server',
+          });
           continue;
         }
         report.rows.push(await runRow(w, holder, door, o.rounds, o.log));
@@ -503,12 +554,15 @@ export async function runRaiseLatencyBench(options: HandoverBenchOptions): Promi
 }
 
 const met = (ok: boolean) => (ok ? 'yes' : '**no**');
-const counts = (c: Record<string, number>) => Object.entries(c).map(([k, n]) => `${k} ×${n}`).join(', ');
+const counts = (c: Record<string, number>) =>
+  Object.entries(c)
+    .map(([k, n]) => `${k} ×${n}`)
+    .join(', ');
 
 export function raiseLatencyTable(r: HandoverReport): string {
   const goal = goalMs(r);
   const out = [
-    `Bounded handover (bench/raise-latency.ts): FENCEPOST_RAISE_WAIT_MS = ${r.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS = ${r.lockTimeoutMs} (defaults unless BENCH_PROXY_ENV); ${r.rounds} rounds per row, a fence key per round, raise from token 1 to 2 timed from request to answer; ${r.commitTimestamps ? 'older-token commits: token-1 rows of the round\'s fence committed after the raise, by commit timestamp in Postgres' : 'older-token commits (track_commit_timestamp off): the held holders\' rows in Postgres, the writers\' 200s to writes sent after the raise\'s answer'}. The writers' "heard" is their writes sent after the raise's answer, by status.`,
+    `Bounded handover (bench/raise-latency.ts): FENCEPOST_RAISE_WAIT_MS = ${r.raiseWaitMs}, FENCEPOST_LOCK_TIMEOUT_MS = ${r.lockTimeoutMs} (defaults unless BENCH_PROXY_ENV); ${r.rounds} rounds per row, a fence key per round, raise from token 1 to 2 timed from request to answer; ${r.commitTimestamps ? "older-token commits: token-1 rows of the round's fence committed after the raise, by commit timestamp in Postgres" : "older-token commits (track_commit_timestamp off): the held holders' rows in Postgres, the writers' 200s to writes sent after the raise's answer"}. The writers' "heard" is their writes sent after the raise's answer, by status.`,
     '',
     `| holder at the old token | raise door | rounds | p50 ms | p99 ms | max ms | goal (raise wait + 200) | met? | rounds over the goal: all / with a WAL fsync ≥ ${FSYNC_STALL_MS} ms | raise failures | older-token commits after the raise | what the holder heard after the raise |`,
     '|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|',

@@ -32,16 +32,21 @@ const durationS = Number(process.env.BENCH_DURATION_S ?? 10);
 const soakS = Number(process.env.BENCH_SOAK_S ?? 20);
 const tableRows = Number(process.env.BENCH_TABLE_ROWS ?? 1_000_000);
 const say = (s: string) => process.stderr.write(`[bench] ${s}\n`);
-const row = (name: string, d: Distribution, target: string) => `| ${name} | ${fmt(d.median)} | ${fmt(d.p99)} | ${fmt(d.max)} | ${d.samples} | ${target} |`;
+const row = (name: string, d: Distribution, target: string) =>
+  `| ${name} | ${fmt(d.median)} | ${fmt(d.p99)} | ${fmt(d.max)} | ${d.samples} | ${target} |`;
 
 say(`placements: ${placements().join(', ')} (BENCH_PLACEMENT); pinned: ${pinnedDescription()}`);
 say(`proxy: ${durationS} s per path at 32 connections`);
 const proxy = await runProxyBench({ durationS });
-say(`fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also with their data protected); a raise under load; reads with ${tableRows.toLocaleString('en')} rows`);
+say(
+  `fence keys: wrk and pgbench, ${durationS} s per path (the HTTP doors also with their data protected); a raise under load; reads with ${tableRows.toLocaleString('en')} rows`,
+);
 const fenceKey = await runFenceKeyBench({ durationS, tableRows, log: say });
 say(`the runtime's floor: node:http and a bare fastify route under the one-fence wrk load, ${durationS} s each`);
 const floor = await runHttpFloorBench({ durationS, log: say });
-say(`SQL endpoint: pgbench direct, through the endpoint (unprotected and protected), through PgBouncer and through a bare Node TCP relay, ${durationS} s per path and mode`);
+say(
+  `SQL endpoint: pgbench direct, through the endpoint (unprotected and protected), through PgBouncer and through a bare Node TCP relay, ${durationS} s per path and mode`,
+);
 const sqlEndpoint = await runSqlEndpointBench({ durationS, log: say });
 say(`proxy memory: a ${soakS} s soak on each door (BENCH_SOAK_S)`);
 const soak = await runSoakBench({ seconds: soakS, log: say });
@@ -53,7 +58,9 @@ const election = await runElectionBench({ rounds: 30, crashRounds: 10 });
 say('election: crash failover with a real SIGKILL of a `fencepost elect` process');
 const zk = process.env.ZK_CONNECT ? null : await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
 const sigkill = await benchSigkillFailover(process.env.ZK_CONNECT ?? zk!.connectString, 2000, 10).finally(() => zk?.stop());
-say('handover past a zombie\'s open transaction: `fencepost elect --proxy`, psycopg2 writers, the leader frozen between INSERT and COMMIT (about 16 s)');
+say(
+  "handover past a zombie's open transaction: `fencepost elect --proxy`, psycopg2 writers, the leader frozen between INSERT and COMMIT (about 16 s)",
+);
 const handover = await runHandoverBench({ rounds: 3 });
 
 const a = proxy.find((r) => r.name.startsWith('(a)'))!;
@@ -83,10 +90,24 @@ const out = [
   '',
   '| election (ms) | p50 | p99 | max | n | target |',
   '|---|---:|---:|---:|---:|---|',
-  ...election.byCandidates.map((h) => row(`graceful handover, ${h.candidates} candidates`, h.handoverMs, `${h.candidates === 2 ? 'p99 < 50' : 'flat in candidates'}${h.slow ? `; ${slowRounds(h)}` : ''}`)),
-  row(`crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`, election.crash.failoverMs, `≤ ${bound} (T + tick + 200)`),
+  ...election.byCandidates.map((h) =>
+    row(
+      `graceful handover, ${h.candidates} candidates`,
+      h.handoverMs,
+      `${h.candidates === 2 ? 'p99 < 50' : 'flat in candidates'}${h.slow ? `; ${slowRounds(h)}` : ''}`,
+    ),
+  ),
+  row(
+    `crash failover (session abandoned), T = ${election.crash.sessionTimeoutMs}`,
+    election.crash.failoverMs,
+    `≤ ${bound} (T + tick + 200)`,
+  ),
   row('crash failover (SIGKILL of `fencepost elect`), T = 2000', sigkill, `≤ ${bound}`),
-  row(`freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`, handover.freezeToFirstWriteMs, `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500); rounds over it: ${handover.overBound}, with a WAL or ZooKeeper fsync ≥ ${FSYNC_STALL_MS} ms: ${handover.overBoundDisk}`),
+  row(
+    `freeze between INSERT and COMMIT → new leader's first COMMIT, T = ${handover.sessionTimeoutMs}${handover.zombieRefused ? '' : ' (ZOMBIE NOT REFUSED)'}`,
+    handover.freezeToFirstWriteMs,
+    `≤ ${handover.boundMs} (T + raise wait ${handover.raiseWaitMs} + 500); rounds over it: ${handover.overBound}, with a WAL or ZooKeeper fsync ≥ ${FSYNC_STALL_MS} ms: ${handover.overBoundDisk}`,
+  ),
   row('doctor: ZooKeeper round trip', election.doctor.rttMs, ''),
   row('doctor: event-loop stall', election.doctor.eventLoopStallMs, `recommends T = ${election.doctor.recommendedSessionTimeoutMs}`),
 ];

@@ -22,16 +22,36 @@ export interface ServeProcess {
  * when another process held one (its one-line failure says so), and known to be its own when this
  * process listens on them (/proc).
  */
-export async function spawnServe(env: Record<string, string>, fenceMode: 'strict' | 'off' = 'strict', opts: { pgwire?: boolean } = {}): Promise<ServeProcess> {
+export async function spawnServe(
+  env: Record<string, string>,
+  fenceMode: 'strict' | 'off' = 'strict',
+  opts: { pgwire?: boolean } = {},
+): Promise<ServeProcess> {
   return await startOnFreePorts(opts.pgwire ? 2 : 1, ([port, pgwirePort]) => spawnOn(env, fenceMode, port!, pgwirePort ?? null));
 }
 
-async function spawnOn(env: Record<string, string>, fenceMode: 'strict' | 'off', port: number, pgwirePort: number | null): Promise<ServeProcess> {
+async function spawnOn(
+  env: Record<string, string>,
+  fenceMode: 'strict' | 'off',
+  port: number,
+  pgwirePort: number | null,
+): Promise<ServeProcess> {
   // BENCH_SERVE_NODE_ARGS='--cpu-prof --cpu-prof-dir=/tmp/prof' profiles the proxy under load.
   const nodeArgs = (process.env.BENCH_SERVE_NODE_ARGS ?? '').split(/\s+/).filter(Boolean);
-  const args = [...nodeArgs, ...(fenceMode === 'strict' ? [BIN, 'serve'] : ['--import', 'tsx', join(import.meta.dirname, '..', 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode])];
+  const args = [
+    ...nodeArgs,
+    ...(fenceMode === 'strict'
+      ? [BIN, 'serve']
+      : ['--import', 'tsx', join(import.meta.dirname, '..', 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode]),
+  ];
   const child = spawn(process.execPath, args, {
-    env: { ...process.env, FENCEPOST_LOG_LEVEL: 'error', ...env, PORT: String(port), ...(pgwirePort === null ? {} : { FENCEPOST_PGWIRE_PORT: String(pgwirePort) }) },
+    env: {
+      ...process.env,
+      FENCEPOST_LOG_LEVEL: 'error',
+      ...env,
+      PORT: String(port),
+      ...(pgwirePort === null ? {} : { FENCEPOST_PGWIRE_PORT: String(pgwirePort) }),
+    },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let err = '';
@@ -44,7 +64,14 @@ async function spawnOn(env: Record<string, string>, fenceMode: 'strict' | 'off',
       const taken = portTakenLine(err);
       throw taken === null ? new Error(`fencepost serve exited: ${err}`) : new PortTakenError(`fencepost serve: ${taken}`);
     }
-    if (ours() && (await fetch(`${url}/readyz`).then((r) => r.ok, () => false))) break;
+    if (
+      ours() &&
+      (await fetch(`${url}/readyz`).then(
+        (r) => r.ok,
+        () => false,
+      ))
+    )
+      break;
     if (i > 600) {
       child.kill('SIGKILL');
       throw new Error(`fencepost serve not ready: ${err}`);

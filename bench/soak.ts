@@ -30,7 +30,10 @@ export interface SoakRow {
   endRss: number;
   minRss: number;
   maxRss: number;
-  /** The least-squares line through every sample, from the first sample to the last (bytes): growth, not one sample's place in the heap's swing. */
+  /**
+   * The least-squares line through every sample, from the first sample to the last (bytes): growth,
+   * not one sample's place in the heap's swing.
+   */
   fittedRss: number;
   samples: number;
 }
@@ -103,7 +106,11 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
       [FENCE_KEY, ROWS],
     );
     const serve = async () => {
-      const started = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
+      const started = await spawnServe(
+        { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' },
+        'strict',
+        { pgwire: true },
+      );
       return { port: started.pgwirePort!, proxy: started };
     };
     let pgwirePort: number;
@@ -117,7 +124,10 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
     endpointUrl.username = 'bench-leader';
     endpointUrl.password = '';
     endpointUrl.port = String(pgwirePort);
-    const [head, tail] = [`{"fences":[{"key":"${FENCE_KEY}","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[`, ']}]}'];
+    const [head, tail] = [
+      `{"fences":[{"key":"${FENCE_KEY}","token":"1"}],"statements":[{"sql":"UPDATE app.counters SET n = n + 1 WHERE id = $1","params":[`,
+      ']}]}',
+    ];
     const loads: Record<SoakDoor, (durationS: number) => Promise<{ ops: number; failed: number }>> = {
       objects: async (durationS) => {
         const r = await runWrk({
@@ -170,7 +180,18 @@ export async function runSoakBench(options: SoakOptions): Promise<SoakRow[]> {
       const t = performance.now();
       const { result, rss } = await sampled(proxy, () => loads[door](o.seconds));
       const seconds = (performance.now() - t) / 1000;
-      rows.push({ door, seconds, perS: result.ops / seconds, failed: result.failed, startRss: rss[0]!, endRss: rss.at(-1)!, minRss: Math.min(...rss), maxRss: Math.max(...rss), fittedRss: fittedChange(rss), samples: rss.length });
+      rows.push({
+        door,
+        seconds,
+        perS: result.ops / seconds,
+        failed: result.failed,
+        startRss: rss[0]!,
+        endRss: rss.at(-1)!,
+        minRss: Math.min(...rss),
+        maxRss: Math.max(...rss),
+        fittedRss: fittedChange(rss),
+        samples: rss.length,
+      });
     }
     return rows;
   } finally {

@@ -28,7 +28,18 @@ import { startFloorServer, type FloorServer } from './floor.ts';
 import { benchPostgres, dropBenchRole, fmt, machine, settleDisk } from './support.ts';
 import { loadGeneratorVersions, runPgbench, type PgbenchOptions, type PgbenchResult } from './loadgen.ts';
 import { expectRefused, pgbenchRate, protectedTable, trackFunctions, triggerCalls, triggerTime, type ProtectedPair } from './protected.ts';
-import { childNamed, cpuTable, exitedChildrenProbe, measureCpu, postmasterPid, treeProbe, type CpuGoal, type CpuProbe, type CpuRow, type CpuWindow } from './cpu.ts';
+import {
+  childNamed,
+  cpuTable,
+  exitedChildrenProbe,
+  measureCpu,
+  postmasterPid,
+  treeProbe,
+  type CpuGoal,
+  type CpuProbe,
+  type CpuRow,
+  type CpuWindow,
+} from './cpu.ts';
 import { pinnedDescription, place, placements, type Placement } from './placement.ts';
 
 export type PgbenchMode = PgbenchOptions['mode'];
@@ -100,7 +111,16 @@ const endpointCpuGoals = (): readonly CpuGoal[] => [
 ];
 
 export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Promise<SqlEndpointReport> {
-  const o = { warmupS: 1, clients: 16, modes: ['prepared', 'simple'] as readonly PgbenchMode[], paths: SQL_PATHS, scripts: SQL_SCRIPTS, placements: placements(), log: () => {}, ...options };
+  const o = {
+    warmupS: 1,
+    clients: 16,
+    modes: ['prepared', 'simple'] as readonly PgbenchMode[],
+    paths: SQL_PATHS,
+    scripts: SQL_SCRIPTS,
+    placements: placements(),
+    log: () => {},
+    ...options,
+  };
   const want = (p: SqlPath) => o.paths.includes(p) || (p === 'endpoint' && o.paths.includes('protected'));
   const db = await benchPostgres('fencepost_bench_sql_endpoint');
   const clientRole = `fpbench_sql_${process.pid}`;
@@ -118,7 +138,11 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [ROWS]);
     await sql.query('VACUUM ANALYZE app.counters');
     if (want('protected')) await trackFunctions(sql);
-    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
+    proxy = await spawnServe(
+      { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' },
+      'strict',
+      { pgwire: true },
+    );
     pgwirePort = proxy.pgwirePort!;
     // The proxy created its client login at start; the endpoint's client SQL runs as it.
     const role = pg.escapeIdentifier(clientRole);
@@ -149,7 +173,10 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
     if (relay) relayUrl.port = String(relay.port);
     const postmaster = await postmasterPid(db.url);
     const bouncerPid = bouncer ? childNamed('pgbouncer') : null;
-    const placed = { postgres: postmaster, others: [proxy.pid, ...(bouncerPid === null ? [] : [bouncerPid]), ...(relay ? [relay.pid] : [])] };
+    const placed = {
+      postgres: postmaster,
+      others: [proxy.pid, ...(bouncerPid === null ? [] : [bouncerPid]), ...(relay ? [relay.pid] : [])],
+    };
     const probes = (path: SqlPath): CpuProbe[] => [
       ...(postmaster === null ? [] : [treeProbe('postgres', postmaster)]),
       ...(path === 'endpoint' || path === 'protected' ? [treeProbe('proxy', proxy!.pid)] : []),
@@ -173,8 +200,16 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
                 continue;
               }
               const viaEndpoint = path === 'endpoint' || path === 'protected';
-              const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : path === 'relay' ? relayUrl.toString() : bouncer!.url;
-              const pgb: PgbenchOptions = { url, scriptSql: SCRIPTS[script], clients: o.clients, mode: ranAs, durationS: o.durationS, ...(viaEndpoint ? { env: endpointEnv } : {}) };
+              const url =
+                path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : path === 'relay' ? relayUrl.toString() : bouncer!.url;
+              const pgb: PgbenchOptions = {
+                url,
+                scriptSql: SCRIPTS[script],
+                clients: o.clients,
+                mode: ranAs,
+                durationS: o.durationS,
+                ...(viaEndpoint ? { env: endpointEnv } : {}),
+              };
               if (path === 'protected') {
                 await protectTable(sql, TABLE, FENCE_KEY);
                 await expectRefused(sql, `UPDATE ${TABLE} SET n = n WHERE id = 1`);
@@ -194,7 +229,10 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
               } finally {
                 if (path === 'protected') await unprotectTable(sql, TABLE);
               }
-              const unprotected = path === 'protected' ? runs.find((r) => r.mode === mode && r.path === 'endpoint' && r.script === script && r.placement === placement)?.result : undefined;
+              const unprotected =
+                path === 'protected'
+                  ? runs.find((r) => r.mode === mode && r.path === 'endpoint' && r.script === script && r.placement === placement)?.result
+                  : undefined;
               if (unprotected) {
                 const run = runs.at(-1)!.result!;
                 pairs.push({
@@ -307,6 +345,10 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     scripts: scripts.length > 0 ? scripts : SQL_SCRIPTS,
     log: (line) => process.stderr.write(`[bench] ${line}\n`),
   });
-  const tables = [sqlEndpointTable(report), cpuTable(sqlEndpointCpuRows(report), { pinnedCpus: pinnedDescription() }), protectedTable(report.protected, durationS)].filter((t) => t !== '');
+  const tables = [
+    sqlEndpointTable(report),
+    cpuTable(sqlEndpointCpuRows(report), { pinnedCpus: pinnedDescription() }),
+    protectedTable(report.protected, durationS),
+  ].filter((t) => t !== '');
   process.stdout.write(`Measured on: ${machine()}; ${new Date().toISOString().slice(0, 10)}.\n\n${tables.join('\n\n')}\n`);
 }

@@ -29,7 +29,14 @@ interface StatementRow {
 async function main(): Promise<void> {
   const durationS = Number(process.env.BENCH_DURATION_S ?? 5);
   const db = await benchPostgres('fencepost_bench_statements', {
-    postgresFlags: ['-c', 'shared_preload_libraries=pg_stat_statements', '-c', 'pg_stat_statements.track=all', '-c', 'pg_stat_statements.track_utility=on'],
+    postgresFlags: [
+      '-c',
+      'shared_preload_libraries=pg_stat_statements',
+      '-c',
+      'pg_stat_statements.track=all',
+      '-c',
+      'pg_stat_statements.track_utility=on',
+    ],
   });
   const sql = new pg.Pool({ connectionString: db.url, max: 2 });
   sql.on('error', () => {});
@@ -41,7 +48,11 @@ async function main(): Promise<void> {
     await sql.query('CREATE SCHEMA app');
     await sql.query('CREATE TABLE app.counters (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)');
     await sql.query('INSERT INTO app.counters (id) SELECT generate_series(1, $1)', [ROWS]);
-    proxy = await spawnServe({ DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' }, 'strict', { pgwire: true });
+    proxy = await spawnServe(
+      { DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRole, FENCEPOST_PGWIRE_MAX_CONNECTIONS: '200' },
+      'strict',
+      { pgwire: true },
+    );
     const role = pg.escapeIdentifier(clientRole);
     await sql.query(`GRANT USAGE ON SCHEMA app TO ${role}`);
     await sql.query(`GRANT SELECT, INSERT, UPDATE ON app.counters TO ${role}`);
@@ -50,11 +61,21 @@ async function main(): Promise<void> {
     endpoint.password = '';
     endpoint.port = String(proxy.pgwirePort);
     const env = { PGOPTIONS: `-c fencepost.token=1 -c fencepost.fence_key=${FENCE_KEY}` };
-    const out: string[] = [`Postgres time by statement (pg_stat_statements, track = all: statements inside functions indented), ${durationS} s of pgbench, 16 clients, per path.`, ''];
+    const out: string[] = [
+      `Postgres time by statement (pg_stat_statements, track = all: statements inside functions indented), ${durationS} s of pgbench, 16 clients, per path.`,
+      '',
+    ];
     for (const [name, scriptSql] of Object.entries(SCRIPTS)) {
       for (const mode of ['prepared', 'simple'] as const) {
         for (const path of ['direct', 'endpoint'] as const) {
-          const o: PgbenchOptions = { url: path === 'direct' ? db.url : endpoint.toString(), scriptSql, clients: 16, mode, durationS: 1, ...(path === 'endpoint' ? { env } : {}) };
+          const o: PgbenchOptions = {
+            url: path === 'direct' ? db.url : endpoint.toString(),
+            scriptSql,
+            clients: 16,
+            mode,
+            durationS: 1,
+            ...(path === 'endpoint' ? { env } : {}),
+          };
           await runPgbench(o); // warm-up
           await sql.query('SELECT pg_stat_statements_reset()');
           const r = await runPgbench({ ...o, durationS });
@@ -64,12 +85,17 @@ async function main(): Promise<void> {
           );
           const tx = r.transactions;
           const top = rows.filter((s) => s.toplevel).reduce((a, s) => a + s.total_ms, 0);
-          out.push(`### ${name}, -M ${mode}, ${path}: ${Math.round(r.tps)} tx/s, top-level statements ${((1000 * top) / Math.max(1, tx)).toFixed(1)} µs per transaction`, '');
+          out.push(
+            `### ${name}, -M ${mode}, ${path}: ${Math.round(r.tps)} tx/s, top-level statements ${((1000 * top) / Math.max(1, tx)).toFixed(1)} µs per transaction`,
+            '',
+          );
           out.push('| calls per tx | µs per tx | share | statement |', '|---:|---:|---:|---|');
           for (const s of rows) {
             const perTx = (1000 * s.total_ms) / Math.max(1, tx);
             if (perTx < 0.5) continue;
-            out.push(`| ${(Number(s.calls) / Math.max(1, tx)).toFixed(2)} | ${perTx.toFixed(1)} | ${((100 * s.total_ms) / Math.max(1e-9, top)).toFixed(0)} % | ${s.toplevel ? '' : '↳ '}\`${s.query.slice(0, 110).replace(/\|/g, '\\|')}\` |`);
+            out.push(
+              `| ${(Number(s.calls) / Math.max(1, tx)).toFixed(2)} | ${perTx.toFixed(1)} | ${((100 * s.total_ms) / Math.max(1e-9, top)).toFixed(0)} % | ${s.toplevel ? '' : '↳ '}\`${s.query.slice(0, 110).replace(/\|/g, '\\|')}\` |`,
+            );
           }
           out.push('');
         }

@@ -26,7 +26,10 @@ export async function benchPostgres(name: string, opts: { postgresFlags?: readon
   if (!adminUrl) {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-bench-pg-'));
     chmodSync(dir, 0o755);
-    const server = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off', ...(opts.postgresFlags ?? [])] });
+    const server = await startPostgres({
+      dataDir: join(dir, 'data'),
+      postgresFlags: ['-c', 'max_connections=200', '-c', 'wal_init_zero=off', ...(opts.postgresFlags ?? [])],
+    });
     adminUrl = server.url;
     stopServer = async () => {
       await server.stop();

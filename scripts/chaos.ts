@@ -69,7 +69,9 @@ if (values['fuzz-sql'] !== undefined) {
   const fuzz = await runSqlFuzz({ seed, durationMs: whole('fuzz-sql', values['fuzz-sql'], 1) * 1000 });
   process.stdout.write(`\nfuzz-sql: seed ${fuzz.seed}, ${(fuzz.elapsedMs / 1000).toFixed(0)} s: ${fuzz.stats.summary()}\n`);
   if (fuzz.failure !== null) {
-    process.stdout.write(`${fuzz.failure}\nFAIL: replay with npm run chaos -- --fuzz-sql <seconds> --seed ${fuzz.seed} (or FENCEPOST_FUZZ_SEED=${fuzz.seed} on test/proxy/sql/fuzz.test.ts)\n`);
+    process.stdout.write(
+      `${fuzz.failure}\nFAIL: replay with npm run chaos -- --fuzz-sql <seconds> --seed ${fuzz.seed} (or FENCEPOST_FUZZ_SEED=${fuzz.seed} on test/proxy/sql/fuzz.test.ts)\n`,
+    );
     process.exit(1);
   }
   process.stdout.write('PASS: no row landed in the protected table, no prepared transaction, the fence never moved\n');
@@ -78,7 +80,12 @@ if (values['fuzz-sql'] !== undefined) {
 
 if (values.tenancy !== undefined) {
   const { runTenancyTool } = await import('../tools/tenancy/tool.ts');
-  const ok = await runTenancyTool({ seed, durationMs: whole('tenancy', values.tenancy, 1) * 1000, ...(values.attacks === undefined ? {} : { attacks: values.attacks }), open: values.open === true });
+  const ok = await runTenancyTool({
+    seed,
+    durationMs: whole('tenancy', values.tenancy, 1) * 1000,
+    ...(values.attacks === undefined ? {} : { attacks: values.attacks }),
+    open: values.open === true,
+  });
   process.exit(ok ? 0 : 1);
 }
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# npm test's static checks, side by side: the type check (tsc --noEmit) and the linter (eslint).
-# Exits non-zero if either fails; each prints its own findings.
+# npm test's static checks, side by side: the type check (tsc --noEmit), the linter (eslint) and
+# the layout (prettier --check; `npm run format` applies it). Exits non-zero if any fails; each
+# prints its own findings.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 npx tsc --noEmit &
 tsc=$!
 npx eslint .
 lint=$?
+npx prettier --check --log-level warn .
+layout=$?
 wait "$tsc"
 types=$?
-exit $(( types != 0 || lint != 0 ))
+exit $(( types != 0 || lint != 0 || layout != 0 ))

@@ -1,6 +1,7 @@
 // Regenerates docs/dashboard.png: a throwaway embedded Postgres, a proxy, an hour of realistic
 // traffic (leaders writing, a zombie ex-leader and a flapping election being refused), a ZooKeeper
-// with two real elections the forgery guard maps, then the dashboard in headless Chromium. Usage: npx tsx scripts/screenshot-dashboard.ts [out.png]
+// with two real elections the forgery guard maps, then the dashboard in headless Chromium. Usage: npx
+// tsx scripts/screenshot-dashboard.ts [out.png]
 import { STORE_DEFAULTS } from '../src/proxy/config.ts';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -33,7 +34,14 @@ async function main(): Promise<void> {
   const app = buildApp({
     store: new FenceStore(pool, { ...STORE_DEFAULTS, concurrency: 8 }),
     bodyLimitBytes: 1 << 20,
-    forgeryGuard: { zkConnect: zkServer.connectString, electionAuth: auth, mappings: [{ prefix: 'jobs/', electionPath: '/prod/jobs' }, { prefix: 'billing/', electionPath: '/prod/billing' }] },
+    forgeryGuard: {
+      zkConnect: zkServer.connectString,
+      electionAuth: auth,
+      mappings: [
+        { prefix: 'jobs/', electionPath: '/prod/jobs' },
+        { prefix: 'billing/', electionPath: '/prod/billing' },
+      ],
+    },
   });
   const elections: Election[] = [];
   try {
@@ -42,7 +50,13 @@ async function main(): Promise<void> {
     await root.close();
     const candidates = async (path: string, n: number) => {
       for (let i = 0; i < n; i++) {
-        const e = new Election({ connect: zkServer.connectString, path, id: `${path.split('/').pop()}-${i}`, sessionTimeoutMs: 4000, auth });
+        const e = new Election({
+          connect: zkServer.connectString,
+          path,
+          id: `${path.split('/').pop()}-${i}`,
+          sessionTimeoutMs: 4000,
+          auth,
+        });
         elections.push(e);
         await e.start();
       }
@@ -73,13 +87,16 @@ async function main(): Promise<void> {
       ['reports/daily', 12, 40],
     ];
     // The current leaders' traffic, 16 writes at a time.
-    const jobs = leaders.flatMap(([fenceKey, token, n]) => Array.from({ length: n }, (_, i) => () => write(`${fenceKey}/${i % 97}`, fenceKey, token, `replica-${token % 3}`)));
+    const jobs = leaders.flatMap(([fenceKey, token, n]) =>
+      Array.from({ length: n }, (_, i) => () => write(`${fenceKey}/${i % 97}`, fenceKey, token, `replica-${token % 3}`)),
+    );
     for (let i = 0; i < jobs.length; i += 16) await Promise.all(jobs.slice(i, i + 16).map((j) => j()));
     // Refused, in the order they are dated below (ids follow time, as in real life): a stray job on
     // ledger, a flapping election on inventory/eu-west (each old leader writes once more), a zombie
     // ex-leader of payments (paused past its session), one late write on orders.
     for (let i = 0; i < 6; i++) await write('ledger/balance', 'ledger', 55, 'nightly-reconcile');
-    for (let t = 2194; t < 2207; t++) for (let i = 0; i < 5; i++) await write(`inventory/eu-west/${i}`, 'inventory/eu-west', t, `replica-${t % 3}`);
+    for (let t = 2194; t < 2207; t++)
+      for (let i = 0; i < 5; i++) await write(`inventory/eu-west/${i}`, 'inventory/eu-west', t, `replica-${t % 3}`);
     for (let i = 0; i < 74; i++) await write(`payments/${i % 31}`, 'payments', 387, 'replica-0 (pid 4121)');
     await write('orders/8812', 'orders', 409, 'replica-1');
     // Spread the rejections over the last hour, as they happened: demo data only.
@@ -103,7 +120,15 @@ async function main(): Promise<void> {
     await pool.query(`INSERT INTO fencepost.rejection_minutes (minute, shard, count)
       SELECT date_trunc('minute', rejected_at), 0, count(*) FROM fencepost.rejections GROUP BY 1`);
     // When each leader raised its fence (the Fences table's "since"), as the story above has it.
-    const raised: Record<string, number> = { payments: 16, 'inventory/eu-west': 35, ledger: 190, orders: 52, 'inventory/us-east': 130, sessions: 300, 'reports/daily': 1200 };
+    const raised: Record<string, number> = {
+      payments: 16,
+      'inventory/eu-west': 35,
+      ledger: 190,
+      orders: 52,
+      'inventory/us-east': 130,
+      sessions: 300,
+      'reports/daily': 1200,
+    };
     await pool.query(
       `UPDATE fencepost.fences f SET updated_at = now() - make_interval(mins => a.mins)
        FROM unnest($1::text[], $2::int[]) AS a(fence_key, mins) WHERE f.fence_key = a.fence_key`,

@@ -39,5 +39,7 @@ const stop = (sig: NodeJS.Signals): void => {
 process.on('SIGINT', stop);
 process.on('SIGTERM', stop);
 process.stdout.write(`ZK_CONNECT=${zk.connectString}\n`);
-process.stderr.write(`zookeeper: serving at ${zk.connectString} until Ctrl-C; in another terminal: export ZK_CONNECT=${zk.connectString}\n`);
+process.stderr.write(
+  `zookeeper: serving at ${zk.connectString} until Ctrl-C; in another terminal: export ZK_CONNECT=${zk.connectString}\n`,
+);
 // Runs on: the server's output pipes keep the event loop alive until stop().

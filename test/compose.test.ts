@@ -6,7 +6,8 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { REPO } from './support/proxy.ts';
 
-const compose = (...args: string[]) => spawnSync('docker-compose', ['-f', join(REPO, 'docker-compose.yml'), ...args], { cwd: REPO, encoding: 'utf8' });
+const compose = (...args: string[]) =>
+  spawnSync('docker-compose', ['-f', join(REPO, 'docker-compose.yml'), ...args], { cwd: REPO, encoding: 'utf8' });
 
 test('docker-compose.yml is valid and runs ZooKeeper, Postgres, the proxy and three writers', () => {
   const check = compose('config', '-q');

@@ -5,7 +5,8 @@
 //
 // Commands: every `sh`, `bash`, `shell` and `console` block runs, unless the line before it is
 // `<!-- not run: <why> -->`, or `<!-- run by <test file>: <name> -->` (a test of its own runs it
-// against a server this one does not start, e.g. etcd; that file must exist and name the block). The pages run in reading order (the README, then the pages in the
+// against a server this one does not start, e.g. etcd; that file must exist and name the block). The
+// pages run in reading order (the README, then the pages in the
 // order the README links them), each in one bash session of its own (so a page's blocks share
 // variables, functions and background jobs, as in a reader's terminal), stderr merged into stdout,
 // in a scratch folder, with `fencepost` on the PATH (this checkout's bin/fencepost.js, run from the
@@ -50,7 +51,10 @@ function slug(heading: string): string {
   const text = heading
     .replace(/!?\[([^\]]*)\]\([^)]*\)/g, '$1') // links and images keep their text
     .replace(/[`*]/g, '');
-  return text.toLowerCase().replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, '').replace(/ /g, '-');
+  return text
+    .toLowerCase()
+    .replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, '')
+    .replace(/ /g, '-');
 }
 
 /** The anchors a page defines: one per heading (repeats get -1, -2, …), plus HTML id/name. */
@@ -101,26 +105,35 @@ function brokenLinks(file: string, read: (path: string) => string | undefined, e
 }
 
 const readMarkdown = (path: string) => (existsSync(path) ? readFileSync(path, 'utf8') : undefined);
-const pages = [join(REPO, 'README.md'), ...readdirSync(join(REPO, 'docs')).filter((f) => f.endsWith('.md')).map((f) => join(REPO, 'docs', f))];
+const pages = [
+  join(REPO, 'README.md'),
+  ...readdirSync(join(REPO, 'docs'))
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => join(REPO, 'docs', f)),
+];
 
 test('anchors follow GitHub: punctuation and code marks dropped, spaces to hyphens, repeats numbered', () => {
-  expect([...anchors('# HTTP API (v1)\n## `fencepost elect`\n## Library API (`src/election`)\n## Session timeout: fast vs slow\n## Errors\n```\n## not a heading\n```\n## Errors\n')]).toEqual([
-    'http-api-v1',
-    'fencepost-elect',
-    'library-api-srcelection',
-    'session-timeout-fast-vs-slow',
-    'errors',
-    'errors-1',
-  ]);
+  expect([
+    ...anchors(
+      '# HTTP API (v1)\n## `fencepost elect`\n## Library API (`src/election`)\n## Session timeout: fast vs slow\n## Errors\n```\n## not a heading\n```\n## Errors\n',
+    ),
+  ]).toEqual(['http-api-v1', 'fencepost-elect', 'library-api-srcelection', 'session-timeout-fast-vs-slow', 'errors', 'errors-1']);
 });
 
 test('the checker reports a missing file and a missing anchor, and skips code and absolute URLs', () => {
   const page = join(REPO, 'docs', 'example.md');
   const files: Record<string, string> = {
-    [page]: '# Example\n[ok](#example) [gone](missing.md) [bad](../README.md#no-such-heading) [web](https://example.com/x#y)\n`[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n',
+    [page]:
+      '# Example\n[ok](#example) [gone](missing.md) [bad](../README.md#no-such-heading) [web](https://example.com/x#y)\n`[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n',
     [join(REPO, 'README.md')]: '# fencepost\n',
   };
-  expect(brokenLinks(page, (p) => files[p], (p) => p in files)).toEqual([
+  expect(
+    brokenLinks(
+      page,
+      (p) => files[p],
+      (p) => p in files,
+    ),
+  ).toEqual([
     'docs/example.md: (missing.md): no file docs/missing.md',
     'docs/example.md: (../README.md#no-such-heading): no heading #no-such-heading in README.md',
   ]);
@@ -168,13 +181,22 @@ function blocks(file: string, markdown: string): Block[] {
     if (!open) continue;
     const fence = open[1]!;
     let j = i + 1;
-    while (j < lines.length && !(lines[j]!.trim().startsWith(fence[0]!.repeat(fence.length)) && lines[j]!.trim().replace(/[`~]/g, '') === '')) j++;
+    while (
+      j < lines.length &&
+      !(lines[j]!.trim().startsWith(fence[0]!.repeat(fence.length)) && lines[j]!.trim().replace(/[`~]/g, '') === '')
+    )
+      j++;
     let k = i - 1;
     while (k >= 0 && lines[k]!.trim() === '') k--;
     const marker = k >= 0 ? /^\s*<!--\s*not run:(.*?)-->\s*$/.exec(lines[k]!) : null;
     const runBy = k >= 0 ? /^\s*<!--\s*run by (\S+): (.*?)\s*-->\s*$/.exec(lines[k]!) : null;
     const indent = /^\s*/.exec(lines[i]!)![0].length;
-    const block: Block = { file, line: i + 1, lang: open[2]!, body: lines.slice(i + 1, j).map((l) => l.slice(Math.min(indent, /^\s*/.exec(l)![0].length))) };
+    const block: Block = {
+      file,
+      line: i + 1,
+      lang: open[2]!,
+      body: lines.slice(i + 1, j).map((l) => l.slice(Math.min(indent, /^\s*/.exec(l)![0].length))),
+    };
     if (marker) block.notRun = marker[1]!.trim();
     if (runBy) block.runBy = { file: runBy[1]!, name: runBy[2]! };
     if (j === lines.length) block.unclosed = true;
@@ -184,7 +206,10 @@ function blocks(file: string, markdown: string): Block[] {
   return out;
 }
 
-/** Problems with a page's blocks that no run can fix: a console block without a command, an empty reason, a `$ ` sample not marked console. */
+/**
+ * Problems with a page's blocks that no run can fix: a console block without a command, an empty
+ * reason, a `$ ` sample not marked console.
+ */
 function blockProblems(bs: Block[]): string[] {
   const problems: string[] = [];
   for (const b of bs) {
@@ -194,11 +219,13 @@ function blockProblems(bs: Block[]): string[] {
     if (b.runBy !== undefined) {
       const test = join(REPO, b.runBy.file);
       if (!existsSync(test)) problems.push(`${where}: "run by" names ${b.runBy.file}, which does not exist`);
-      else if (!readFileSync(test, 'utf8').includes(b.runBy.name)) problems.push(`${where}: ${b.runBy.file} does not name the block ${JSON.stringify(b.runBy.name)}`);
+      else if (!readFileSync(test, 'utf8').includes(b.runBy.name))
+        problems.push(`${where}: ${b.runBy.file} does not name the block ${JSON.stringify(b.runBy.name)}`);
       continue;
     }
     if (SHELL_LANGS.has(b.lang) || b.notRun !== undefined) continue;
-    if (b.lang === '' && b.body.some((l) => l.startsWith('$ '))) problems.push(`${where}: commands in a block without a language: mark it console`);
+    if (b.lang === '' && b.body.some((l) => l.startsWith('$ ')))
+      problems.push(`${where}: commands in a block without a language: mark it console`);
   }
   return problems;
 }
@@ -263,7 +290,8 @@ function steps(bs: Block[]): Step[] {
         current = { block: b, line: b.line + 1 + n, text: line.slice(2), expected: [] };
         out.push(current);
       } else if (current) current.expected!.push(line);
-      else if (line.trim() !== '') throw new Error(`${b.file}:${b.line}: console output before the first $ command (mark the block "not run" if it is only a sample)`);
+      else if (line.trim() !== '')
+        throw new Error(`${b.file}:${b.line}: console output before the first $ command (mark the block "not run" if it is only a sample)`);
     }
     if (!current) throw new Error(`${b.file}:${b.line}: a console block without a $ command`);
   }
@@ -284,7 +312,12 @@ const MARK = '\u001eFP';
 const JOB_NOTICE = /^\.page\.sh: line \d+: +\d+ (Killed|Terminated)\b/;
 
 /** Runs a page's steps in one bash session; returns a problem per step that failed or did not match. */
-async function runPage(pageSteps: Step[], env: Record<string, string>, ports: { http: number; pg: number; zk: string }, timeoutMs = 120_000): Promise<string[]> {
+async function runPage(
+  pageSteps: Step[],
+  env: Record<string, string>,
+  ports: { http: number; pg: number; zk: string },
+  timeoutMs = 120_000,
+): Promise<string[]> {
   const work = mkdtempSync(join(env.HOME!, 'page-'));
   const script = [
     'exec 2>&1',
@@ -316,13 +349,23 @@ async function runPage(pageSteps: Step[], env: Record<string, string>, ports: { 
     const r = results.get(String(i));
     if (r === undefined) {
       const exit = results.get('exit');
-      problems.push(`${where}: ${s.expected === undefined ? 'sh block' : `$ ${s.text}`}: did not finish (the page's shell ${exit ? `exited with ${exit.rc}` : `timed out after ${timeoutMs} ms`}); output:\n${exit?.output ?? out.slice(from)}`);
+      problems.push(
+        `${where}: ${s.expected === undefined ? 'sh block' : `$ ${s.text}`}: did not finish (the page's shell ${exit ? `exited with ${exit.rc}` : `timed out after ${timeoutMs} ms`}); output:\n${exit?.output ?? out.slice(from)}`,
+      );
       break;
     }
     const actual = r.output.split('\n').filter((l) => !JOB_NOTICE.test(l));
     while (actual.length > 0 && actual.at(-1)!.trim() === '') actual.pop();
-    if (s.expected !== undefined && !outputMatches(s.expected.map((l) => rewrite(l, ports)), actual)) {
-      problems.push(`${where}: $ ${s.text}\n--- expected\n${rewrite(s.expected.join('\n'), ports)}\n--- actual (exit ${r.rc})\n${actual.join('\n')}`);
+    if (
+      s.expected !== undefined &&
+      !outputMatches(
+        s.expected.map((l) => rewrite(l, ports)),
+        actual,
+      )
+    ) {
+      problems.push(
+        `${where}: $ ${s.text}\n--- expected\n${rewrite(s.expected.join('\n'), ports)}\n--- actual (exit ${r.rc})\n${actual.join('\n')}`,
+      );
     }
   }
   rmSync(work, { recursive: true, force: true });
@@ -336,7 +379,9 @@ function killGroup(child: ChildProcess): void {
 }
 
 test('a doctest line matches volatile values loosely and everything else exactly', () => {
-  expect(outputMatches(['x-request-id: 01d7d317-9d46-417e-9000-c8f2663cf5ce'], ['x-request-id: 51c18910-3345-4798-ad37-9d774c72bcae'])).toBe(true);
+  expect(
+    outputMatches(['x-request-id: 01d7d317-9d46-417e-9000-c8f2663cf5ce'], ['x-request-id: 51c18910-3345-4798-ad37-9d774c72bcae']),
+  ).toBe(true);
   expect(outputMatches(['median 1.85 ms, over 5000 ms, +  2.715s'], ['median 12.3 ms, over 2000 ms, +  9.5s'])).toBe(true);
   expect(outputMatches(['token=0  version=1'], ['token=0  version=2'])).toBe(false); // integers without a unit are exact
   expect(outputMatches(['replica-… token 0'], ['replica-b token 0'])).toBe(true);
@@ -348,7 +393,10 @@ test('a doctest line matches volatile values loosely and everything else exactly
 });
 
 test('blocks: a "not run" comment before a block gives its reason; $ lines outside console blocks and unclosed blocks are flagged', () => {
-  const bs = blocks('x.md', '<!-- not run: needs Docker -->\n```sh\ndocker ps\n```\n\n```console\n$ echo hi\nhi\n```\n<!-- not run: -->\n```sh\nx\n```\n```\n$ ls\n```\n```sh\nnever closed\n');
+  const bs = blocks(
+    'x.md',
+    '<!-- not run: needs Docker -->\n```sh\ndocker ps\n```\n\n```console\n$ echo hi\nhi\n```\n<!-- not run: -->\n```sh\nx\n```\n```\n$ ls\n```\n```sh\nnever closed\n',
+  );
   expect(bs.map((b) => [b.line, b.lang, b.notRun])).toEqual([
     [2, 'sh', 'needs Docker'],
     [6, 'console', undefined],
@@ -356,19 +404,29 @@ test('blocks: a "not run" comment before a block gives its reason; $ lines outsi
     [14, '', undefined],
     [17, 'sh', undefined],
   ]);
-  expect(blockProblems(bs)).toEqual(['x.md:11: "not run" without a reason', 'x.md:14: commands in a block without a language: mark it console', 'x.md:17: the block is not closed']);
+  expect(blockProblems(bs)).toEqual([
+    'x.md:11: "not run" without a reason',
+    'x.md:14: commands in a block without a language: mark it console',
+    'x.md:17: the block is not closed',
+  ]);
   expect(steps(bs.slice(0, 4)).map((s) => [s.text, s.expected])).toEqual([['echo hi', ['hi']]]);
 });
 
 test('blocks: a "run by" comment names a test file that exists and names the block; such a block is not run here', () => {
   const absent = ['absent', 'block', 'x7'].join('-'); // named nowhere in this file
-  const bs = blocks('x.md', `<!-- run by test/docs.test.ts: a block named here -->\n\`\`\`sh\netcdctl lock x\n\`\`\`\n<!-- run by test/no-such.test.ts: y -->\n\`\`\`sh\ny\n\`\`\`\n<!-- run by test/docs.test.ts: ${absent} -->\n\`\`\`sh\nz\n\`\`\`\n`);
+  const bs = blocks(
+    'x.md',
+    `<!-- run by test/docs.test.ts: a block named here -->\n\`\`\`sh\netcdctl lock x\n\`\`\`\n<!-- run by test/no-such.test.ts: y -->\n\`\`\`sh\ny\n\`\`\`\n<!-- run by test/docs.test.ts: ${absent} -->\n\`\`\`sh\nz\n\`\`\`\n`,
+  );
   expect(bs.map((b) => b.runBy)).toEqual([
     { file: 'test/docs.test.ts', name: 'a block named here' },
     { file: 'test/no-such.test.ts', name: 'y' },
     { file: 'test/docs.test.ts', name: absent },
   ]);
-  expect(blockProblems(bs)).toEqual(['x.md:6: "run by" names test/no-such.test.ts, which does not exist', `x.md:10: test/docs.test.ts does not name the block "${absent}"`]);
+  expect(blockProblems(bs)).toEqual([
+    'x.md:6: "run by" names test/no-such.test.ts, which does not exist',
+    `x.md:10: test/docs.test.ts does not name the block "${absent}"`,
+  ]);
   expect(steps(bs)).toEqual([]);
 });
 
@@ -394,7 +452,11 @@ beforeAll(async () => {
   const home = join(tmp, 'home');
   const bin = join(tmp, 'bin');
   mkdirSync(bin, { recursive: true });
-  writeFileSync(join(bin, 'fencepost'), `#!/bin/sh\nexec ${JSON.stringify(process.execPath)} ${JSON.stringify(join(REPO, 'bin', 'fencepost.js'))} "$@"\n`, { mode: 0o755 });
+  writeFileSync(
+    join(bin, 'fencepost'),
+    `#!/bin/sh\nexec ${JSON.stringify(process.execPath)} ${JSON.stringify(join(REPO, 'bin', 'fencepost.js'))} "$@"\n`,
+    { mode: 0o755 },
+  );
   const dataDir = join(home, '.local', 'share', 'fencepost', 'docs', 'pgdata');
   mkdirSync(dirname(dataDir), { recursive: true });
   // A chroot of its own on the suite's ZooKeeper: election paths such as /demo/nightly are the docs' own.
@@ -425,7 +487,13 @@ beforeAll(async () => {
   for (;;) {
     if (proxy.exitCode !== null) throw new Error(`fencepost serve exited with ${proxy.exitCode}:\n${proxyOutput}`);
     const bound = listeningPorts(proxyOutput, true);
-    if (bound !== null && (await fetch(`http://127.0.0.1:${bound.http}/readyz`).then((r) => r.ok, () => false))) {
+    if (
+      bound !== null &&
+      (await fetch(`http://127.0.0.1:${bound.http}/readyz`).then(
+        (r) => r.ok,
+        () => false,
+      ))
+    ) {
       ports = { http: bound.http, pg: bound.pgwire!, zk: `${zkConnect}${chroot}` };
       break;
     }

@@ -80,7 +80,10 @@ test('closedPort is a port that refuses connections, fetch() included (not one o
     s.once('error', (err: NodeJS.ErrnoException) => resolve(err.code));
   });
   expect(refused).toBe('ECONNREFUSED');
-  const viaFetch = await fetch(`http://127.0.0.1:${port}/`).then(() => null, (e: Error) => (e.cause as NodeJS.ErrnoException | undefined)?.code);
+  const viaFetch = await fetch(`http://127.0.0.1:${port}/`).then(
+    () => null,
+    (e: Error) => (e.cause as NodeJS.ErrnoException | undefined)?.code,
+  );
   expect(viaFetch).toBe('ECONNREFUSED');
 });
 
@@ -108,48 +111,66 @@ test('startOnFreePorts starts again on another port when the picked one is held,
   expect(isPortTaken(always)).toBe(true);
 });
 
-test('the words of a port taken are recognised: the OS\'s, Postgres\'s lock file, fencepost serve\'s one line; not another failure', () => {
-  expect(portTakenLine('2026-12-03 LOG:  could not bind IPv4 address "127.0.0.1": Address already in use\nFATAL: could not create any TCP/IP sockets')).toBe('2026-12-03 LOG:  could not bind IPv4 address "127.0.0.1": Address already in use');
+test("the words of a port taken are recognised: the OS's, Postgres's lock file, fencepost serve's one line; not another failure", () => {
+  expect(
+    portTakenLine(
+      '2026-12-03 LOG:  could not bind IPv4 address "127.0.0.1": Address already in use\nFATAL: could not create any TCP/IP sockets',
+    ),
+  ).toBe('2026-12-03 LOG:  could not bind IPv4 address "127.0.0.1": Address already in use');
   expect(portTakenLine('FATAL:  lock file "/tmp/.s.PGSQL.41234.lock" already exists')).not.toBeNull();
-  expect(portTakenLine('fencepost: cannot start: PORT: 127.0.0.1:41234 is already in use (another fencepost serve? set PORT or --port)')).not.toBeNull();
-  expect(portTakenLine('fencepost: cannot start: FENCEPOST_PGWIRE_PORT: 127.0.0.1:41235 is already in use (another fencepost serve? set FENCEPOST_PGWIRE_PORT)')).not.toBeNull();
+  expect(
+    portTakenLine('fencepost: cannot start: PORT: 127.0.0.1:41234 is already in use (another fencepost serve? set PORT or --port)'),
+  ).not.toBeNull();
+  expect(
+    portTakenLine(
+      'fencepost: cannot start: FENCEPOST_PGWIRE_PORT: 127.0.0.1:41235 is already in use (another fencepost serve? set FENCEPOST_PGWIRE_PORT)',
+    ),
+  ).not.toBeNull();
   expect(portTakenLine('fencepost: cannot start: FENCEPOST_DATA_DIR: /x is in use by a running Postgres (pid 12)')).toBeNull();
   expect(portTakenLine('FATAL:  data directory "/x" has invalid permissions')).toBeNull();
 });
 
-test('Postgres whose picked port is held starts on another, and the server answering there runs on its data directory', { timeout: 120_000 }, async () => {
-  const taken = await holdPort();
-  const picking = heldFirst(taken);
-  const dataDir = join(dir, 'pg');
-  const server = await startPostgres({ dataDir, ports: picking });
-  try {
-    expect(picking.picked[0]).toBe(taken);
-    expect(server.port).not.toBe(taken);
-    expect(picking.picked.at(-1)).toBe(server.port);
-    const client = new pg.Client({ connectionString: server.url });
-    await client.connect();
-    const { rows } = await client.query<{ data_directory: string }>('SHOW data_directory');
-    await client.end();
-    expect(rows[0]?.data_directory).toBe(dataDir);
-  } finally {
-    await server.stop();
-  }
-});
+test(
+  'Postgres whose picked port is held starts on another, and the server answering there runs on its data directory',
+  { timeout: 120_000 },
+  async () => {
+    const taken = await holdPort();
+    const picking = heldFirst(taken);
+    const dataDir = join(dir, 'pg');
+    const server = await startPostgres({ dataDir, ports: picking });
+    try {
+      expect(picking.picked[0]).toBe(taken);
+      expect(server.port).not.toBe(taken);
+      expect(picking.picked.at(-1)).toBe(server.port);
+      const client = new pg.Client({ connectionString: server.url });
+      await client.connect();
+      const { rows } = await client.query<{ data_directory: string }>('SHOW data_directory');
+      await client.end();
+      expect(rows[0]?.data_directory).toBe(dataDir);
+    } finally {
+      await server.stop();
+    }
+  },
+);
 
-test('ZooKeeper whose picked client port is held starts on others, and the server answering there is this one', { timeout: 120_000 }, async () => {
-  const taken = await holdPort();
-  const picking = heldFirst(taken);
-  const baseDir = join(dir, 'zk');
-  const zk = await LocalZooKeeper.start({ servers: 1, baseDir, ports: picking });
-  try {
-    const port = zk.node(1).clientPort;
-    expect(picking.picked[0]).toBe(taken);
-    expect(port).not.toBe(taken);
-    expect(await fourLetterWord(port, 'conf')).toContain(`dataDir=${join(baseDir, 'zk1')}/`);
-  } finally {
-    await zk.stop();
-  }
-});
+test(
+  'ZooKeeper whose picked client port is held starts on others, and the server answering there is this one',
+  { timeout: 120_000 },
+  async () => {
+    const taken = await holdPort();
+    const picking = heldFirst(taken);
+    const baseDir = join(dir, 'zk');
+    const zk = await LocalZooKeeper.start({ servers: 1, baseDir, ports: picking });
+    try {
+      const port = zk.node(1).clientPort;
+      expect(picking.picked[0]).toBe(taken);
+      expect(port).not.toBe(taken);
+      expect(await fourLetterWord(port, 'conf')).toContain(`dataDir=${join(baseDir, 'zk1')}/`);
+    } finally {
+      await zk.stop();
+    }
+  },
+);
 
 test('PgBouncer whose picked port is held starts on another, and logs in to its database there', { timeout: 60_000 }, async () => {
   const taken = await holdPort();

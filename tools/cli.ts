@@ -23,7 +23,8 @@ async function serveUnsafe(argv: string[]): Promise<number> {
   const config = loadConfig();
   const logger = createLogger(config.logLevel);
   const strategy = unsafeStrategy(mode);
-  if (strategy) logger.warn({ fenceMode: mode }, 'UNSAFE: the fence is broken on purpose (tools serve --fence-mode); stale writes can be accepted');
+  if (strategy)
+    logger.warn({ fenceMode: mode }, 'UNSAFE: the fence is broken on purpose (tools serve --fence-mode); stale writes can be accepted');
   const proxy = await startProxy(config, logger, strategy ? { __test__writeStrategy: strategy } : {});
   await new Promise<void>((resolve) => {
     for (const sig of ['SIGTERM', 'SIGINT'] as const) process.once(sig, () => resolve());
@@ -44,7 +45,9 @@ async function main(argv: string[]): Promise<number> {
     case 'serve':
       return await serveUnsafe(rest);
     default:
-      process.stderr.write('usage: node --import tsx tools/cli.ts demo-writer|chaos-writer|tenancy-attacker|serve [--fence-mode off|two-step]\n');
+      process.stderr.write(
+        'usage: node --import tsx tools/cli.ts demo-writer|chaos-writer|tenancy-attacker|serve [--fence-mode off|two-step]\n',
+      );
       return 2;
   }
 }

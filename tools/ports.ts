@@ -18,8 +18,9 @@ export async function closedPort(): Promise<number> {
 
 /** The Fetch standard's "bad ports" below 1024: fetch() fails on them without connecting. */
 const FETCH_BAD_PORTS = new Set([
-  1, 7, 9, 11, 13, 15, 17, 19, 20, 21, 22, 23, 25, 37, 42, 43, 53, 69, 77, 79, 87, 95, 101, 102, 103, 104, 109, 110, 111, 113, 115, 117, 119, 123, 135, 137, 139, 143, 161, 179, 389, 427, 465, 512, 513,
-  514, 515, 526, 530, 531, 532, 540, 548, 554, 556, 563, 587, 601, 636, 989, 990, 993, 995,
+  1, 7, 9, 11, 13, 15, 17, 19, 20, 21, 22, 23, 25, 37, 42, 43, 53, 69, 77, 79, 87, 95, 101, 102, 103, 104, 109, 110, 111, 113, 115, 117,
+  119, 123, 135, 137, 139, 143, 161, 179, 389, 427, 465, 512, 513, 514, 515, 526, 530, 531, 532, 540, 548, 554, 556, 563, 587, 601, 636,
+  989, 990, 993, 995,
 ]);
 
 function refuses(port: number): Promise<boolean> {
@@ -38,11 +39,17 @@ function refuses(port: number): Promise<boolean> {
  * PgBouncer, HAProxy, Patroni), Postgres's for another postmaster's socket lock file of the same
  * port number, or `fencepost serve`'s one line naming the port's setting.
  */
-export const PORT_TAKEN_TEXT = /Address already in use|EADDRINUSE|lock file "[^"]*\.s\.PGSQL\.\d+\.lock" already exists|cannot start: (?:PORT|--port|FENCEPOST_PGWIRE_PORT|FENCEPOST_EMBEDDED_PG_PORT): \S+ is already in use/;
+export const PORT_TAKEN_TEXT =
+  /Address already in use|EADDRINUSE|lock file "[^"]*\.s\.PGSQL\.\d+\.lock" already exists|cannot start: (?:PORT|--port|FENCEPOST_PGWIRE_PORT|FENCEPOST_EMBEDDED_PG_PORT): \S+ is already in use/;
 
 /** The line of `output` that says a port was taken, or null. */
 export function portTakenLine(output: string): string | null {
-  return output.split('\n').find((l) => PORT_TAKEN_TEXT.test(l))?.trim() ?? null;
+  return (
+    output
+      .split('\n')
+      .find((l) => PORT_TAKEN_TEXT.test(l))
+      ?.trim() ?? null
+  );
 }
 
 /**

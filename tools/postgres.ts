@@ -69,7 +69,8 @@ export async function assertServes(url: string, dataDir: string): Promise<void> 
   try {
     const { rows } = await client.query<{ data_directory: string }>('SHOW data_directory');
     const serving = rows[0]?.data_directory;
-    if (serving !== resolve(dataDir)) throw new PortTakenError(`the Postgres at port ${new URL(url).port} serves ${serving}, not ${resolve(dataDir)}`);
+    if (serving !== resolve(dataDir))
+      throw new PortTakenError(`the Postgres at port ${new URL(url).port} serves ${serving}, not ${resolve(dataDir)}`);
   } finally {
     await client.end().catch(() => {});
   }
@@ -100,7 +101,10 @@ export interface PostgresProcess {
  * PortTakenError, for startOnFreePort to pick another.
  */
 export async function runPostgres(dataDir: string, port: number, flags: string[] = []): Promise<PostgresProcess> {
-  const child = spawn(await postgresBinary(), ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', ...flags], { ...postgresIds(), stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(await postgresBinary(), ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', ...flags], {
+    ...postgresIds(),
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let output = '';
   await new Promise<void>((ready, failed) => {
     child.stderr?.on('data', (d: Buffer) => {

@@ -24,7 +24,8 @@ export function listeningPorts(output: string, pgwire: boolean): ListeningPorts 
       continue;
     }
     if (entry.msg === 'fencepost proxy listening' && typeof entry.url === 'string') http = Number(new URL(entry.url).port);
-    if (typeof entry.msg === 'string' && entry.msg.startsWith('fencepost SQL endpoint listening') && typeof entry.port === 'number') sql = entry.port;
+    if (typeof entry.msg === 'string' && entry.msg.startsWith('fencepost SQL endpoint listening') && typeof entry.port === 'number')
+      sql = entry.port;
   }
   if (http === null || (pgwire && sql === null)) return null;
   return { http, pgwire: sql };

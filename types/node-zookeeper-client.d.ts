@@ -90,11 +90,7 @@ declare module 'node-zookeeper-client' {
       remove(path: string, version: number, callback: (error: Exception | null) => void): void;
       exists(path: string, watcher: Watcher, callback: (error: Exception | null, stat: Stat | null) => void): void;
       exists(path: string, callback: (error: Exception | null, stat: Stat | null) => void): void;
-      getChildren(
-        path: string,
-        watcher: Watcher,
-        callback: (error: Exception | null, children: string[], stat: Stat) => void,
-      ): void;
+      getChildren(path: string, watcher: Watcher, callback: (error: Exception | null, children: string[], stat: Stat) => void): void;
       getChildren(path: string, callback: (error: Exception | null, children: string[], stat: Stat) => void): void;
       getData(path: string, callback: (error: Exception | null, data: Buffer | undefined, stat: Stat) => void): void;
       mkdirp(path: string, data: Buffer | null, mode: number, callback: (error: Exception | null, path: string) => void): void;

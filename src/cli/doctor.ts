@@ -51,7 +51,9 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   }
   const positiveInt = (raw: string | undefined, name: string): number | undefined | null => {
     if (raw === undefined) return undefined;
-    return /^\d+$/.test(raw) && Number(raw) > 0 ? Number(raw) : (process.stderr.write(`fencepost doctor: ${name} must be a positive integer\n`), null);
+    return /^\d+$/.test(raw) && Number(raw) > 0
+      ? Number(raw)
+      : (process.stderr.write(`fencepost doctor: ${name} must be a positive integer\n`), null);
   };
   const windowMs = positiveInt(values['window-ms'], '--window-ms');
   const configured = positiveInt(values['session-timeout-ms'], '--session-timeout-ms');
@@ -67,7 +69,9 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   }
   if (windowMs === null || configured === null) return 2;
   if (!values.zk && databaseUrl === undefined) {
-    process.stderr.write(`fencepost doctor: --zk or --database-url is required (no fencepost serve runs the embedded Postgres here)\n${DOCTOR_USAGE}\n`);
+    process.stderr.write(
+      `fencepost doctor: --zk or --database-url is required (no fencepost serve runs the embedded Postgres here)\n${DOCTOR_USAGE}\n`,
+    );
     return 2;
   }
   if (databaseUrl !== undefined) {
@@ -116,11 +120,16 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
     };
     process.stdout.write(JSON.stringify(out) + '\n');
   } else {
-    const parts = [...(advice ? [formatAdvice(advice, configured)] : []), ...(durability ? [formatDurability(durability)] : []), ...(protectedData ? [formatProtectedData(protectedData)] : [])];
+    const parts = [
+      ...(advice ? [formatAdvice(advice, configured)] : []),
+      ...(durability ? [formatDurability(durability)] : []),
+      ...(protectedData ? [formatProtectedData(protectedData)] : []),
+    ];
     process.stdout.write(parts.join('\n\n') + '\n');
   }
   const zkWarns = advice !== undefined && configured !== undefined && configured < advice.recommendedSessionTimeoutMs;
-  const postgresWarns = (durability !== undefined && durability.reasons.length > 0) || (protectedData !== undefined && protectedData.warnings.length > 0);
+  const postgresWarns =
+    (durability !== undefined && durability.reasons.length > 0) || (protectedData !== undefined && protectedData.warnings.length > 0);
   return zkWarns || postgresWarns ? DOCTOR_UNSAFE_EXIT : 0;
 }
 
@@ -128,7 +137,8 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
 export function formatProtectedData(r: ProtectedDataReport): string {
   const lines = ['Protected data:'];
   if (r.protected === 0) lines.push('  nothing is protected (fencepost protect)');
-  else if (r.warnings.length === 0) lines.push(`  no warnings: ${r.protected} protected, each trigger enforced, each table in a schema only its writers may use`);
+  else if (r.warnings.length === 0)
+    lines.push(`  no warnings: ${r.protected} protected, each trigger enforced, each table in a schema only its writers may use`);
   for (const w of r.warnings) lines.push(`  warning [${w.reason}]: ${w.message}`);
   return lines.join('\n');
 }
@@ -136,7 +146,11 @@ export function formatProtectedData(r: ProtectedDataReport): string {
 /** The Postgres part of the report, one warning per unsafe condition with its reason. */
 export function formatDurability(r: DurabilityReport): string {
   const standbys =
-    r.standbys === 'unknown' ? 'unknown (pg_stat_replication not readable)' : r.standbys.length === 0 ? 'none' : r.standbys.map((s) => `${s.name ?? '?'} (${s.state ?? '?'}, ${s.syncState})`).join(', ');
+    r.standbys === 'unknown'
+      ? 'unknown (pg_stat_replication not readable)'
+      : r.standbys.length === 0
+        ? 'none'
+        : r.standbys.map((s) => `${s.name ?? '?'} (${s.state ?? '?'}, ${s.syncState})`).join(', ');
   const lines = [
     'Postgres failover durability:',
     `  synchronous_commit (new sessions): ${r.synchronousCommit}`,

@@ -111,7 +111,10 @@ export interface ElectCommandOptions {
    * not started and the command waits for the next term.
    */
   beforeChildStart?: (ctx: BeforeChildStart) => Promise<Record<string, string> | void>;
-  /** True when the hook advances a fence at a proxy (e.g. --proxy given): /metrics exposes fencepost_election_fence_advance_failures_total. */
+  /**
+   * True when the hook advances a fence at a proxy (e.g. --proxy given): /metrics exposes
+   * fencepost_election_fence_advance_failures_total.
+   */
   fenceAdvance?: (config: ElectConfig) => boolean;
   /** Logger (default: pino JSON lines on stderr). */
   logger?: Logger;
@@ -261,7 +264,9 @@ class ElectRunner {
     process.on('SIGTERM', onSignal);
     process.on('SIGINT', onSignal);
     const launcherWatch = this.watchLauncher(onSignal);
-    this.election.on('connection', ({ state, sessionId, reason }) => this.log.info({ state, zkSession: sessionId, reason }, 'connection state'));
+    this.election.on('connection', ({ state, sessionId, reason }) =>
+      this.log.info({ state, zkSession: sessionId, reason }, 'connection state'),
+    );
     let status: StatusServer | null = null;
     try {
       if (this.config.statusPort !== null) {
@@ -354,7 +359,15 @@ class ElectRunner {
         try {
           // Also aborted by SIGTERM/SIGINT: a hook that retries (proxy unreachable) must not outlive a stop.
           const signal = AbortSignal.any([termSignal, this.stop.signal]);
-          extraEnv = (await this.opts.beforeChildStart({ token, election: this.election, config: this.config, logger: termLog, metrics: this.metrics, signal })) ?? {};
+          extraEnv =
+            (await this.opts.beforeChildStart({
+              token,
+              election: this.election,
+              config: this.config,
+              logger: termLog,
+              metrics: this.metrics,
+              signal,
+            })) ?? {};
         } catch (err) {
           if (err instanceof FatalHookError) {
             // One JSON line for the logs (no stack: the message is the cause); main prints it once more, alone.
@@ -405,7 +418,10 @@ class ElectRunner {
         resolve({ code: 127, how: 'spawn-error' });
       });
       child.once('exit', (code, signal) => {
-        resolve({ code: code ?? 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0), how: signal ? `signal ${signal}` : `code ${code}` });
+        resolve({
+          code: code ?? 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0),
+          how: signal ? `signal ${signal}` : `code ${code}`,
+        });
       });
     });
     void exited.then(() => {
@@ -431,7 +447,10 @@ class ElectRunner {
       await guardian?.release();
       return { kind: 'exited', code: first.exit.code };
     }
-    log.warn({ why: first.why, childPid: child.pid }, first.why === 'revoked' ? 'leadership lost: stopping the command' : 'stopping the command');
+    log.warn(
+      { why: first.why, childPid: child.pid },
+      first.why === 'revoked' ? 'leadership lost: stopping the command' : 'stopping the command',
+    );
     const r = await terminate(child, exited, this.config.graceMs, log);
     log.info({ exit: r.how }, 'the command stopped');
     await guardian?.release();
@@ -453,11 +472,19 @@ class ElectRunner {
       const configured = session.negotiatedTimeoutMs;
       if (configured < advice.recommendedSessionTimeoutMs) {
         this.log.warn(
-          { negotiatedTimeoutMs: configured, recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs, rttMaxMs: advice.rttMs.max, stallMaxMs: advice.eventLoopStallMs.max },
+          {
+            negotiatedTimeoutMs: configured,
+            recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs,
+            rttMaxMs: advice.rttMs.max,
+            stallMaxMs: advice.eventLoopStallMs.max,
+          },
           'session timeout below the measured recommendation: expect false failovers (see fencepost doctor)',
         );
       } else {
-        this.log.debug({ negotiatedTimeoutMs: configured, recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs }, 'session timeout check passed');
+        this.log.debug(
+          { negotiatedTimeoutMs: configured, recommendedSessionTimeoutMs: advice.recommendedSessionTimeoutMs },
+          'session timeout check passed',
+        );
       }
     } catch (err) {
       this.log.debug({ err }, 'session timeout check skipped');

@@ -31,10 +31,7 @@ export class ElectionMetrics {
   private readonly changes: Counter<(typeof LABELS)[number]>;
   private readonly advanceFailures: Counter<(typeof LABELS)[number]> | null;
 
-  constructor(
-    election: Election,
-    opts: { fenceAdvance?: boolean; processMetrics?: boolean; now?: () => number } = {},
-  ) {
+  constructor(election: Election, opts: { fenceAdvance?: boolean; processMetrics?: boolean; now?: () => number } = {}) {
     this.labels = { election_path: election.path, candidate: election.id };
     this.includeProcess = opts.processMetrics ?? true;
     this.now = opts.now ?? Date.now;
@@ -72,7 +69,7 @@ export class ElectionMetrics {
     const since = () => (this.now() - this.changedAt) / 1000;
     new Gauge({
       name: 'fencepost_election_seconds_since_change',
-      help: "Seconds since this candidate was last elected or lost its term (since it started, if neither yet). On the leader: how long it has led.",
+      help: 'Seconds since this candidate was last elected or lost its term (since it started, if neither yet). On the leader: how long it has led.',
       labelNames: LABELS,
       registers,
       collect() {

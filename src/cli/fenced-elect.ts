@@ -32,14 +32,19 @@ export async function fencedElectCommand(argv: string[]): Promise<number> {
 function checkProxyFlags(config: ElectConfig): string | null {
   const { proxy, 'fence-key': fenceKey } = config.values;
   if (proxy === undefined && fenceKey === undefined) return null;
-  if (typeof proxy !== 'string' || typeof fenceKey !== 'string' || proxy === '' || fenceKey === '') return '--proxy <url> and --fence-key <key> go together';
+  if (typeof proxy !== 'string' || typeof fenceKey !== 'string' || proxy === '' || fenceKey === '')
+    return '--proxy <url> and --fence-key <key> go together';
   return null;
 }
 
 async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string, string> | void> {
   const { proxy: url, 'fence-key': fenceKey } = ctx.config.values;
   if (typeof url !== 'string' || typeof fenceKey !== 'string') return; // checked at start: both or neither
-  const client = new ProxyClient(url, { writerId: ctx.config.id, timeoutMs: ADVANCE_TIMEOUT_MS, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) });
+  const client = new ProxyClient(url, {
+    writerId: ctx.config.id,
+    timeoutMs: ADVANCE_TIMEOUT_MS,
+    ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}),
+  });
   const giveUp = new AbortController();
   let failures = 0;
   let lastError: unknown;
@@ -51,7 +56,10 @@ async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string,
       lastError = err;
       ctx.metrics.fenceAdvanceFailed();
       if (failures >= ADVANCE_ATTEMPTS) return giveUp.abort();
-      ctx.logger.warn({ reason: describeFailure(err), fenceKey, attempt: failures, of: ADVANCE_ATTEMPTS }, 'fence advance failed; retrying');
+      ctx.logger.warn(
+        { reason: describeFailure(err), fenceKey, attempt: failures, of: ADVANCE_ATTEMPTS },
+        'fence advance failed; retrying',
+      );
     },
   });
   switch (outcome.kind) {
@@ -63,7 +71,10 @@ async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string,
       throw outcome.error; // resigns this term
     case 'refused':
       // 401/403/400 will not go away by retrying: stop instead of resigning forever.
-      throw new FatalHookError(`--proxy ${client.baseUrl} refused the fence advance of ${JSON.stringify(fenceKey)}: ${outcome.error.message}`, { cause: outcome.error });
+      throw new FatalHookError(
+        `--proxy ${client.baseUrl} refused the fence advance of ${JSON.stringify(fenceKey)}: ${outcome.error.message}`,
+        { cause: outcome.error },
+      );
     case 'aborted':
       if (!giveUp.signal.aborted || ctx.signal.aborted) return; // the term ended or elect was stopped
       throw new FatalHookError(

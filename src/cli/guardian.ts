@@ -50,7 +50,11 @@ export class Guardian {
     this.gone = new Promise((resolve) => {
       proc.once('error', () => resolve());
       proc.once('exit', (code, signal) => {
-        if (!this.released) log.error({ guardianPid: proc.pid, code, signal }, 'the guardian of the command exited: the command is no longer killed if fencepost elect dies');
+        if (!this.released)
+          log.error(
+            { guardianPid: proc.pid, code, signal },
+            'the guardian of the command exited: the command is no longer killed if fencepost elect dies',
+          );
         resolve();
       });
     });

@@ -31,7 +31,9 @@ export async function leaderCommand(argv: string[]): Promise<number> {
   }
   const { zk, path } = values;
   if (!zk || !path || electionPathProblem(path) !== null) {
-    process.stderr.write(`fencepost leader: --zk and --path (an absolute ZooKeeper path without a trailing slash) are required\n${LEADER_USAGE}\n`);
+    process.stderr.write(
+      `fencepost leader: --zk and --path (an absolute ZooKeeper path without a trailing slash) are required\n${LEADER_USAGE}\n`,
+    );
     return 2;
   }
   let session: ZkSession;
@@ -44,7 +46,9 @@ export async function leaderCommand(argv: string[]): Promise<number> {
   try {
     if ((await session.exists(path)) === null) {
       if (values.json) process.stdout.write(JSON.stringify({ electionPath: path, id: null, token: null, pathExists: false }) + '\n');
-      process.stderr.write(`fencepost leader: no election at ${path}: the path does not exist in ZooKeeper (check --path; it is created when the first candidate joins)\n`);
+      process.stderr.write(
+        `fencepost leader: no election at ${path}: the path does not exist in ZooKeeper (check --path; it is created when the first candidate joins)\n`,
+      );
       return 4;
     }
     const leader = await readLeader(session, path);

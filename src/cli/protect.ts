@@ -56,7 +56,17 @@ async function report(work: () => Promise<void>): Promise<number> {
 export async function protectCommand(argv: string[]): Promise<number> {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, options: { 'fence-key': { type: 'string' }, prefix: { type: 'string' }, list: { type: 'boolean' }, help: { type: 'boolean', short: 'h' } }, strict: true, allowPositionals: true });
+    parsed = parseArgs({
+      args: argv,
+      options: {
+        'fence-key': { type: 'string' },
+        prefix: { type: 'string' },
+        list: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+      allowPositionals: true,
+    });
   } catch (err) {
     return usageError('protect', PROTECT_USAGE, (err as Error).message);
   }
@@ -66,18 +76,23 @@ export async function protectCommand(argv: string[]): Promise<number> {
     return 0;
   }
   if (values.list) {
-    if (positionals.length > 0 || values.prefix !== undefined || values['fence-key'] !== undefined) return usageError('protect', PROTECT_USAGE, '--list takes nothing else');
+    if (positionals.length > 0 || values.prefix !== undefined || values['fence-key'] !== undefined)
+      return usageError('protect', PROTECT_USAGE, '--list takes nothing else');
     return withPool(async (pool) => {
       const items = await listProtected(pool);
       if (items.length === 0) process.stdout.write('nothing is protected\n');
-      for (const i of items) process.stdout.write(`${i.kind}\t${i.target}\t${i.fenceKey}${i.enforced ? '' : `\tNOT ENFORCED: ${i.whyNot ?? 'its trigger is not the fence\'s'} (run protect again)`}\n`);
+      for (const i of items)
+        process.stdout.write(
+          `${i.kind}\t${i.target}\t${i.fenceKey}${i.enforced ? '' : `\tNOT ENFORCED: ${i.whyNot ?? "its trigger is not the fence's"} (run protect again)`}\n`,
+        );
       return 0;
     });
   }
   const fenceKey = values['fence-key'];
   if (fenceKey === undefined) return usageError('protect', PROTECT_USAGE, '--fence-key is required');
   const prefix = values.prefix;
-  if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1) return usageError('protect', PROTECT_USAGE, 'name one table, or one --prefix');
+  if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1)
+    return usageError('protect', PROTECT_USAGE, 'name one table, or one --prefix');
   return withPool((pool) =>
     report(async () => {
       if (prefix !== undefined) {
@@ -87,7 +102,9 @@ export async function protectCommand(argv: string[]): Promise<number> {
       }
       const { tables, owners } = await protectTable(pool, positionals[0]!, fenceKey);
       process.stdout.write(`protected by fence key ${JSON.stringify(fenceKey)}: ${tables.join(', ')}\n`);
-      process.stdout.write(`owner${owners.length > 1 ? 's' : ''} ${owners.join(', ')} can drop the trigger: writers must not use ${owners.length > 1 ? 'these roles' : 'this role'}\n`);
+      process.stdout.write(
+        `owner${owners.length > 1 ? 's' : ''} ${owners.join(', ')} can drop the trigger: writers must not use ${owners.length > 1 ? 'these roles' : 'this role'}\n`,
+      );
     }),
   );
 }
@@ -95,7 +112,12 @@ export async function protectCommand(argv: string[]): Promise<number> {
 export async function unprotectCommand(argv: string[]): Promise<number> {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, options: { prefix: { type: 'string' }, help: { type: 'boolean', short: 'h' } }, strict: true, allowPositionals: true });
+    parsed = parseArgs({
+      args: argv,
+      options: { prefix: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+      strict: true,
+      allowPositionals: true,
+    });
   } catch (err) {
     return usageError('unprotect', UNPROTECT_USAGE, (err as Error).message);
   }
@@ -105,12 +127,15 @@ export async function unprotectCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const prefix = values.prefix;
-  if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1) return usageError('unprotect', UNPROTECT_USAGE, 'name one table, or one --prefix');
+  if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1)
+    return usageError('unprotect', UNPROTECT_USAGE, 'name one table, or one --prefix');
   return withPool((pool) =>
     report(async () => {
       if (prefix !== undefined) {
         const removed = await unprotectPrefix(pool, prefix);
-        process.stdout.write(removed ? `prefix ${JSON.stringify(prefix)} is no longer protected\n` : `prefix ${JSON.stringify(prefix)} was not protected\n`);
+        process.stdout.write(
+          removed ? `prefix ${JSON.stringify(prefix)} is no longer protected\n` : `prefix ${JSON.stringify(prefix)} was not protected\n`,
+        );
         return;
       }
       const tables = await unprotectTable(pool, positionals[0]!);

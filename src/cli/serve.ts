@@ -21,7 +21,8 @@ export const MIGRATE_USAGE = `usage: fencepost migrate
 /** Parses a subcommand's flags; a usage error prints the usage and yields exit code 2. */
 function parseFlags<T extends Record<string, { type: 'string' | 'boolean' }>>(command: string, usage: string, argv: string[], options: T) {
   try {
-    return parseArgs({ args: argv, options: { ...options, help: { type: 'boolean', short: 'h' } }, strict: true, allowPositionals: false }).values;
+    return parseArgs({ args: argv, options: { ...options, help: { type: 'boolean', short: 'h' } }, strict: true, allowPositionals: false })
+      .values;
   } catch (err) {
     process.stderr.write(`fencepost ${command}: ${(err as Error).message}\n${usage}\n`);
     return null;

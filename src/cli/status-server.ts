@@ -37,7 +37,12 @@ export async function startStatusServer(host: string, port: number, source: Stat
     const base = { id: source.id, electionPath: source.electionPath };
     if (path === '/healthz') {
       const stopping = source.stopping();
-      return send(stopping ? 503 : 200, { status: stopping ? 'stopping' : 'ok', ...base, leader: token !== null, zookeeper: source.zookeeper() });
+      return send(stopping ? 503 : 200, {
+        status: stopping ? 'stopping' : 'ok',
+        ...base,
+        leader: token !== null,
+        zookeeper: source.zookeeper(),
+      });
     }
     if (path === '/metrics') {
       source.metrics.text().then(

@@ -108,7 +108,10 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     pauseMidTransaction: options.pauseMidTransaction ?? false,
     print: options.print ?? ((l: string) => process.stdout.write(l + '\n')),
   };
-  if (o.pauseMs <= o.sessionTimeoutMs) throw new DemoOptionsError(`--pause-ms (${o.pauseMs}) must exceed --session-timeout-ms (${o.sessionTimeoutMs}) for the leader to lose its session`);
+  if (o.pauseMs <= o.sessionTimeoutMs)
+    throw new DemoOptionsError(
+      `--pause-ms (${o.pauseMs}) must exceed --session-timeout-ms (${o.sessionTimeoutMs}) for the leader to lose its session`,
+    );
   if (o.replicas < 2) throw new DemoOptionsError('--replicas must be at least 2: someone has to take over');
   const started = Date.now();
   const print = o.print;
@@ -133,29 +136,45 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   const waiters: { pred: (e: DemoEvent) => boolean; resolve: (e: DemoEvent) => void }[] = [];
   const onEvent = (e: DemoEvent) => {
     events.push(e);
-    if (!quiet) switch (e.event) {
-      case 'elected':
-      case 'ready':
-      case 'revoked':
-      case 'stepped-down':
-      case 'write-refused':
-      case 'write-error':
-        line(e.t, e.replica, e.event === 'ready' ? 'fence advanced, writing' : e.event, e.token, [e.reason, e.highestToken && `highest=${e.highestToken}`].filter(Boolean).join(' '));
-        break;
-      case 'write-rejected':
-        if (e.transaction) line(e.t, e.replica, 'COMMIT REFUSED (FP409)', e.token, `highest=${e.highestToken}  nothing of the transaction applied`);
-        else line(e.t, e.replica, 'write REJECTED (409)', e.token, `highest=${e.highestToken}${e.code ? ` (SQL: SQLSTATE ${e.code})` : ''}`);
-        break;
-      case 'write-accepted': {
-        const k = `${e.replica}/${e.token}`;
-        const n = (acceptedPrinted.get(k) ?? 0) + 1;
-        acceptedPrinted.set(k, n);
-        if (n <= 2) line(e.t, e.replica, e.door === 'sql' ? 'write accepted (SQL COMMIT)' : 'write accepted (200)', e.token, e.transaction ? `BEGIN; INSERT ${e.key}; COMMIT` : `version=${e.version}`);
-        else if (n === 3) line(e.t, e.replica, '… writing every ' + o.intervalMs + ' ms', e.token);
-        break;
+    if (!quiet)
+      switch (e.event) {
+        case 'elected':
+        case 'ready':
+        case 'revoked':
+        case 'stepped-down':
+        case 'write-refused':
+        case 'write-error':
+          line(
+            e.t,
+            e.replica,
+            e.event === 'ready' ? 'fence advanced, writing' : e.event,
+            e.token,
+            [e.reason, e.highestToken && `highest=${e.highestToken}`].filter(Boolean).join(' '),
+          );
+          break;
+        case 'write-rejected':
+          if (e.transaction)
+            line(e.t, e.replica, 'COMMIT REFUSED (FP409)', e.token, `highest=${e.highestToken}  nothing of the transaction applied`);
+          else
+            line(e.t, e.replica, 'write REJECTED (409)', e.token, `highest=${e.highestToken}${e.code ? ` (SQL: SQLSTATE ${e.code})` : ''}`);
+          break;
+        case 'write-accepted': {
+          const k = `${e.replica}/${e.token}`;
+          const n = (acceptedPrinted.get(k) ?? 0) + 1;
+          acceptedPrinted.set(k, n);
+          if (n <= 2)
+            line(
+              e.t,
+              e.replica,
+              e.door === 'sql' ? 'write accepted (SQL COMMIT)' : 'write accepted (200)',
+              e.token,
+              e.transaction ? `BEGIN; INSERT ${e.key}; COMMIT` : `version=${e.version}`,
+            );
+          else if (n === 3) line(e.t, e.replica, '… writing every ' + o.intervalMs + ' ms', e.token);
+          break;
+        }
+        default:
       }
-      default:
-    }
     for (const w of [...waiters]) {
       if (w.pred(e)) {
         waiters.splice(waiters.indexOf(w), 1);
@@ -214,7 +233,13 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     sqlUrl.password = '';
     sqlUrl.hostname = '127.0.0.1';
     sqlUrl.port = String(proxy.pgwirePort);
-    line(Date.now(), 'demo', `proxy up at ${proxy.url}`, undefined, `SQL endpoint :${proxy.pgwirePort} ${databaseUrl ? '(DATABASE_URL)' : '(embedded Postgres)'}`);
+    line(
+      Date.now(),
+      'demo',
+      `proxy up at ${proxy.url}`,
+      undefined,
+      `SQL endpoint :${proxy.pgwirePort} ${databaseUrl ? '(DATABASE_URL)' : '(embedded Postgres)'}`,
+    );
 
     // 2. ZooKeeper.
     if (!zkConnect) {
@@ -226,11 +251,32 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     // 3. Writers.
     for (let i = 1; i <= o.replicas; i++) {
       const id = `replica-${i}`;
-      const sql = i === 1 ? ['--sql', sqlUrl.toString(), ...(o.pauseMidTransaction ? ['--pause-mid-transaction', '--table', ledgerTable] : [])] : [];
+      const sql =
+        i === 1 ? ['--sql', sqlUrl.toString(), ...(o.pauseMidTransaction ? ['--pause-mid-transaction', '--table', ledgerTable] : [])] : [];
       const child = spawn(
         process.execPath,
-        [...WRITER_ARGV, '--zk', zkConnect, '--path', electionPath, '--id', id, '--proxy', proxy.url, '--fence-key', fenceKey, '--object-key', objectKey,
-          '--session-timeout-ms', String(o.sessionTimeoutMs), '--interval-ms', String(o.intervalMs), '--work-ms', String(Math.round(o.intervalMs * 0.6)), ...sql],
+        [
+          ...WRITER_ARGV,
+          '--zk',
+          zkConnect,
+          '--path',
+          electionPath,
+          '--id',
+          id,
+          '--proxy',
+          proxy.url,
+          '--fence-key',
+          fenceKey,
+          '--object-key',
+          objectKey,
+          '--session-timeout-ms',
+          String(o.sessionTimeoutMs),
+          '--interval-ms',
+          String(o.intervalMs),
+          '--work-ms',
+          String(Math.round(o.intervalMs * 0.6)),
+          ...sql,
+        ],
         { stdio: [o.pauseMidTransaction && i === 1 ? 'pipe' : 'ignore', 'pipe', 'pipe'] },
       );
       children.set(id, child);
@@ -250,7 +296,11 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       if (i === 1) {
         // The SQL replica leads first (the others join once it has advanced the fence).
         await waitFor((e) => e.event === 'ready' && e.replica === id, 30_000, `${id} (SQL) to lead`);
-        line(Date.now(), 'demo', `${id} writes through the SQL endpoint (node-postgres${o.pauseMidTransaction ? ': BEGIN; INSERT …; COMMIT' : ''}); the others over HTTP`);
+        line(
+          Date.now(),
+          'demo',
+          `${id} writes through the SQL endpoint (node-postgres${o.pauseMidTransaction ? ': BEGIN; INSERT …; COMMIT' : ''}); the others over HTTP`,
+        );
       }
     }
 
@@ -270,7 +320,12 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     if (o.pauseMidTransaction) {
       const mark = events.length;
       children.get(leader)!.stdin!.write('hold\n');
-      held = await waitFor((e) => e.event === 'write-inserted' && e.held === true && e.replica === leader, 10_000, 'the leader to hold a transaction open', mark);
+      held = await waitFor(
+        (e) => e.event === 'write-inserted' && e.held === true && e.replica === leader,
+        10_000,
+        'the leader to hold a transaction open',
+        mark,
+      );
       begin = held;
     } else {
       begin = await waitFor((e) => e.event === 'write-begin' && e.replica === leader, 10_000, 'the leader to begin a write', events.length);
@@ -278,7 +333,13 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     children.get(leader)!.kill('SIGSTOP');
     const pausedAt = Date.now();
     zombie = { replica: leader, token: begin.token! };
-    line(pausedAt, 'demo', `SIGSTOP ${leader} for ${o.pauseMs} ms`, begin.token, held ? `between INSERT ${held.key} and COMMIT, holding the fence` : 'mid-write, like a GC pause');
+    line(
+      pausedAt,
+      'demo',
+      `SIGSTOP ${leader} for ${o.pauseMs} ms`,
+      begin.token,
+      held ? `between INSERT ${held.key} and COMMIT, holding the fence` : 'mid-write, like a GC pause',
+    );
 
     // 6. Someone else is elected with a higher token and writes.
     const next = await waitFor(
@@ -287,11 +348,27 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
       'a new leader',
     );
     successor = { replica: next.replica, token: next.token! };
-    const firstWrite = await waitFor((e) => e.event === 'write-accepted' && e.replica === next.replica && e.token === next.token, 30_000, 'the new leader to write');
+    const firstWrite = await waitFor(
+      (e) => e.event === 'write-accepted' && e.replica === next.replica && e.token === next.token,
+      30_000,
+      'the new leader to write',
+    );
     if (held) {
       const elected = events.find((e) => e.event === 'elected' && e.replica === next.replica && e.token === next.token) ?? next;
-      line(firstWrite.t, 'demo', `new leader's first write accepted`, next.token, `${firstWrite.t - pausedAt} ms after the freeze (elected after ${elected.t - pausedAt} ms)`);
-      transaction = { zombieKey: held.key!, zombieRowPresent: false, commitCode: null, freezeToFirstWriteMs: firstWrite.t - pausedAt, freezeToElectedMs: elected.t - pausedAt };
+      line(
+        firstWrite.t,
+        'demo',
+        `new leader's first write accepted`,
+        next.token,
+        `${firstWrite.t - pausedAt} ms after the freeze (elected after ${elected.t - pausedAt} ms)`,
+      );
+      transaction = {
+        zombieKey: held.key!,
+        zombieRowPresent: false,
+        commitCode: null,
+        freezeToFirstWriteMs: firstWrite.t - pausedAt,
+        freezeToElectedMs: elected.t - pausedAt,
+      };
     }
     const rest = pausedAt + o.pauseMs - Date.now();
     if (rest > 0) await new Promise((r) => setTimeout(r, rest));
@@ -300,9 +377,19 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     const mark = events.length;
     children.get(leader)!.kill('SIGCONT');
     line(Date.now(), 'demo', `SIGCONT ${leader}`, begin.token, 'it still believes it leads');
-    const refused = await waitFor((e) => e.event === 'write-rejected' && e.replica === leader, 15_000, `${leader}'s stale write to be rejected`, mark);
+    const refused = await waitFor(
+      (e) => e.event === 'write-rejected' && e.replica === leader,
+      15_000,
+      `${leader}'s stale write to be rejected`,
+      mark,
+    );
     if (transaction) transaction.commitCode = refused.transaction && refused.key === transaction.zombieKey ? (refused.code ?? null) : null;
-    await waitFor((e) => (e.event === 'stepped-down' || e.event === 'revoked') && e.replica === leader, 15_000, `${leader} to step down`, mark);
+    await waitFor(
+      (e) => (e.event === 'stepped-down' || e.event === 'revoked') && e.replica === leader,
+      15_000,
+      `${leader} to step down`,
+      mark,
+    );
     await new Promise((r) => setTimeout(r, 2 * o.intervalMs + 200));
   } catch (err) {
     failures.push(err instanceof Error ? err.message : String(err));
@@ -324,7 +411,10 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   const leader = currentLeader(events);
   await Promise.all([...children].filter(([id]) => id !== leader).map(([, c]) => stop(c)));
   await Promise.all([...children].filter(([id]) => id === leader).map(([, c]) => stop(c)));
-  const replicas = summarise(events.filter((e) => e.t < stoppedAt), o.replicas); // not the handovers of stopping
+  const replicas = summarise(
+    events.filter((e) => e.t < stoppedAt),
+    o.replicas,
+  ); // not the handovers of stopping
   try {
     highestToken = await checkAgainstDatabase(proxy, fenceKey, objectKey, events, zombie, failures);
     if (transaction) await checkTransactions(proxy, ledgerTable, events, transaction, failures);
@@ -336,7 +426,17 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   if (pgDir) rmSync(pgDir, { recursive: true, force: true });
 
   printSummary(print, replicas, highestToken, failures, events, zombie, transaction);
-  return { ok: failures.length === 0, failures, events, replicas, highestToken, zombie, successor, durationMs: Date.now() - started, transaction };
+  return {
+    ok: failures.length === 0,
+    failures,
+    events,
+    replicas,
+    highestToken,
+    zombie,
+    successor,
+    durationMs: Date.now() - started,
+    transaction,
+  };
 }
 
 /** The replica whose latest term is still on: last 'ready' not followed by its end. */
@@ -384,9 +484,13 @@ async function checkAgainstDatabase(
   accepted.forEach((e, i) => {
     if (e.version !== i + 1) failures.push(`accepted write versions are not 1..n: position ${i + 1} has version ${e.version}`);
     const prev = accepted[i - 1];
-    if (prev && BigInt(e.token!) < BigInt(prev.token!)) failures.push(`stale write accepted: version ${e.version} token ${e.token} after token ${prev.token}`);
+    if (prev && BigInt(e.token!) < BigInt(prev.token!))
+      failures.push(`stale write accepted: version ${e.version} token ${e.token} after token ${prev.token}`);
   });
-  const fence = await pool.query<{ highest_token: string; accepted: string; rejected: string }>('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [fenceKey]);
+  const fence = await pool.query<{ highest_token: string; accepted: string; rejected: string }>(
+    'SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1',
+    [fenceKey],
+  );
   const f = fence.rows[0];
   if (!f) {
     failures.push('the fence was never written');
@@ -405,21 +509,32 @@ async function checkAgainstDatabase(
   // until the raise counts itself; the rest of the count is still checked.
   const uncountedRaises = events.some((e) => e.event === 'write-inserted' && e.held) ? 1 : 0;
   if (dbAccepted < allAccepted.length + ready - uncountedRaises || dbAccepted > allAccepted.length + elected) {
-    failures.push(`database counts ${dbAccepted} accepted; writers saw ${allAccepted.length} writes and ${ready}–${elected} fence advances`);
+    failures.push(
+      `database counts ${dbAccepted} accepted; writers saw ${allAccepted.length} writes and ${ready}–${elected} fence advances`,
+    );
   }
   if (Number(f.rejected) !== rejected.length) failures.push(`database counts ${f.rejected} rejected, writers saw ${rejected.length}`);
   if (BigInt(f.highest_token) < maxAccepted) failures.push(`fence ${f.highest_token} is below an accepted token ${maxAccepted}`);
-  const obj = await pool.query<{ token: string; body: Buffer; version: string }>('SELECT token, body, version FROM fencepost.objects WHERE key = $1', [objectKey]);
+  const obj = await pool.query<{ token: string; body: Buffer; version: string }>(
+    'SELECT token, body, version FROM fencepost.objects WHERE key = $1',
+    [objectKey],
+  );
   const last = accepted.at(-1);
   const row = obj.rows[0];
-  if (last && (!row || row.body.toString() !== last.body || Number(row.version) !== last.version)) failures.push('the stored object is not the last accepted write');
+  if (last && (!row || row.body.toString() !== last.body || Number(row.version) !== last.version))
+    failures.push('the stored object is not the last accepted write');
   if (row && BigInt(row.token) !== maxAccepted) failures.push(`stored token ${row.token} is not the highest accepted ${maxAccepted}`);
-  const logged = await pool.query<{ n: number; bad: number }>('SELECT count(*)::int AS n, count(*) FILTER (WHERE token >= highest_token)::int AS bad FROM fencepost.rejections WHERE fence_key = $1', [fenceKey]);
+  const logged = await pool.query<{ n: number; bad: number }>(
+    'SELECT count(*)::int AS n, count(*) FILTER (WHERE token >= highest_token)::int AS bad FROM fencepost.rejections WHERE fence_key = $1',
+    [fenceKey],
+  );
   if (logged.rows[0]!.n !== rejected.length) failures.push(`rejection log has ${logged.rows[0]!.n} rows, writers saw ${rejected.length}`);
   if (logged.rows[0]!.bad > 0) failures.push('a logged rejection carries a token that was not below the fence');
   if (zombie) {
-    if (!rejected.some((e) => e.replica === zombie.replica && e.token === zombie.token)) failures.push(`${zombie.replica}'s stale write (token ${zombie.token}) was not rejected`);
-    if (!events.some((e) => e.replica === zombie.replica && e.event === 'stepped-down')) failures.push(`${zombie.replica} did not step down`);
+    if (!rejected.some((e) => e.replica === zombie.replica && e.token === zombie.token))
+      failures.push(`${zombie.replica}'s stale write (token ${zombie.token}) was not rejected`);
+    if (!events.some((e) => e.replica === zombie.replica && e.event === 'stepped-down'))
+      failures.push(`${zombie.replica} did not step down`);
     const newer = allAccepted.find((a) => BigInt(a.token!) > BigInt(zombie.token));
     if (newer && allAccepted.some((e) => e.replica === zombie.replica && e.token === zombie.token && e.t > newer.t)) {
       failures.push(`${zombie.replica} wrote with token ${zombie.token} after a newer leader had written`);
@@ -432,29 +547,58 @@ async function checkAgainstDatabase(
  * pauseMidTransaction: every committed transaction's row is in the ledger table with its token, and
  * the zombie's held one is not, nor any row its token wrote after the new leader's first write.
  */
-async function checkTransactions(proxy: RunningProxy, table: string, events: DemoEvent[], t: TransactionHandover, failures: string[]): Promise<void> {
+async function checkTransactions(
+  proxy: RunningProxy,
+  table: string,
+  events: DemoEvent[],
+  t: TransactionHandover,
+  failures: string[],
+): Promise<void> {
   const pool = proxy.app.store.pool;
   const committed = events.filter((e) => e.event === 'write-accepted' && e.transaction);
   const keys = [...committed.map((e) => e.key!), t.zombieKey];
   const { rows } = await pool.query<{ key: string; token: string }>(`SELECT key, token::text FROM ${table} WHERE key = ANY($1)`, [keys]);
   const stored = new Map(rows.map((r) => [r.key, r.token]));
-  for (const e of committed) if (stored.get(e.key!) !== e.token) failures.push(`committed transaction ${e.key} (token ${e.token}) is not in the database`);
+  for (const e of committed)
+    if (stored.get(e.key!) !== e.token) failures.push(`committed transaction ${e.key} (token ${e.token}) is not in the database`);
   t.zombieRowPresent = stored.has(t.zombieKey);
   if (t.zombieRowPresent) failures.push(`the zombie's transaction committed: ${t.zombieKey} is in the database`);
-  if (t.commitCode !== STALE_TOKEN_SQLSTATE) failures.push(`the zombie's COMMIT did not fail with ${STALE_TOKEN_SQLSTATE} (got ${t.commitCode ?? 'no failure'})`);
+  if (t.commitCode !== STALE_TOKEN_SQLSTATE)
+    failures.push(`the zombie's COMMIT did not fail with ${STALE_TOKEN_SQLSTATE} (got ${t.commitCode ?? 'no failure'})`);
 }
 
-function printSummary(print: (l: string) => void, replicas: ReplicaSummary[], highestToken: string | null, failures: string[], events: DemoEvent[], zombie: DemoResult['zombie'], transaction: TransactionHandover | null): void {
+function printSummary(
+  print: (l: string) => void,
+  replicas: ReplicaSummary[],
+  highestToken: string | null,
+  failures: string[],
+  events: DemoEvent[],
+  zombie: DemoResult['zombie'],
+  transaction: TransactionHandover | null,
+): void {
   print('');
   print('replica      writes  accepted  rejected  terms (tokens)');
-  for (const r of replicas) print(`${r.replica.padEnd(12)} ${r.door.toUpperCase().padEnd(6)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`);
+  for (const r of replicas)
+    print(
+      `${r.replica.padEnd(12)} ${r.door.toUpperCase().padEnd(6)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`,
+    );
   print(`highest token: ${highestToken ?? '–'}`);
-  const sqlRefusal = zombie && events.find((e) => e.event === 'write-rejected' && e.replica === zombie.replica && e.token === zombie.token && e.code);
+  const sqlRefusal =
+    zombie && events.find((e) => e.event === 'write-rejected' && e.replica === zombie.replica && e.token === zombie.token && e.code);
   if (transaction && zombie) {
-    print(`${zombie.replica}'s zombie transaction over SQL (token ${zombie.token}): BEGIN; INSERT ${transaction.zombieKey}; then frozen before COMMIT`);
-    print(`  the new leader's first write was accepted ${transaction.freezeToFirstWriteMs} ms after the freeze (elected after ${transaction.freezeToElectedMs} ms): its raise ended the open transaction`);
-    print(`  the zombie's COMMIT after SIGCONT: ${transaction.commitCode ? `SQLSTATE ${transaction.commitCode}` : 'did not fail'}; its row is ${transaction.zombieRowPresent ? 'IN' : 'not in'} the database`);
-  } else if (sqlRefusal) print(`${zombie.replica}'s zombie write over SQL (node-postgres, token ${zombie.token}) failed with SQLSTATE ${sqlRefusal.code}: nothing of it committed`);
+    print(
+      `${zombie.replica}'s zombie transaction over SQL (token ${zombie.token}): BEGIN; INSERT ${transaction.zombieKey}; then frozen before COMMIT`,
+    );
+    print(
+      `  the new leader's first write was accepted ${transaction.freezeToFirstWriteMs} ms after the freeze (elected after ${transaction.freezeToElectedMs} ms): its raise ended the open transaction`,
+    );
+    print(
+      `  the zombie's COMMIT after SIGCONT: ${transaction.commitCode ? `SQLSTATE ${transaction.commitCode}` : 'did not fail'}; its row is ${transaction.zombieRowPresent ? 'IN' : 'not in'} the database`,
+    );
+  } else if (sqlRefusal)
+    print(
+      `${zombie.replica}'s zombie write over SQL (node-postgres, token ${zombie.token}) failed with SQLSTATE ${sqlRefusal.code}: nothing of it committed`,
+    );
   if (failures.length === 0) print('no stale write accepted: checked against the database ✔');
   else for (const f of failures) print(`FAILED: ${f}`);
 }

@@ -13,8 +13,10 @@ const CLASSPATH_EXTRA = ['/etc/zookeeper/conf'];
 
 /** Why no local server can start here (no ZooKeeper jar, or no `java` on PATH), with what to install; null when one can. */
 export function localZooKeeperMissing(): string | null {
-  if (!existsSync(ZOOKEEPER_JAR)) return `${ZOOKEEPER_JAR} is missing: install Debian's zookeeper package (\`apt-get install zookeeper\`, which brings Java), or set ZK_CONNECT to a running ZooKeeper`;
-  if (!onPath('java')) return 'java is not on PATH: install Java (`apt-get install default-jre-headless`), or set ZK_CONNECT to a running ZooKeeper';
+  if (!existsSync(ZOOKEEPER_JAR))
+    return `${ZOOKEEPER_JAR} is missing: install Debian's zookeeper package (\`apt-get install zookeeper\`, which brings Java), or set ZK_CONNECT to a running ZooKeeper`;
+  if (!onPath('java'))
+    return 'java is not on PATH: install Java (`apt-get install default-jre-headless`), or set ZK_CONNECT to a running ZooKeeper';
   return null;
 }
 
@@ -83,7 +85,13 @@ export class LocalZooKeeper {
     }
   }
 
-  private static async startOn(ports: number[], servers: number, tick: number, baseDir: string, opts: LocalZooKeeperOptions): Promise<LocalZooKeeper> {
+  private static async startOn(
+    ports: number[],
+    servers: number,
+    tick: number,
+    baseDir: string,
+    opts: LocalZooKeeperOptions,
+  ): Promise<LocalZooKeeper> {
     const nodes: ZooKeeperNodeSpec[] = [];
     for (let id = 1; id <= servers; id++) {
       const dataDir = join(baseDir, `zk${id}`);
@@ -172,11 +180,14 @@ export class LocalZooKeeper {
     const ports = [n.clientPort, n.quorumPort, n.electionPort];
     const taken = async (): Promise<PortTakenError | null> => {
       const held = await heldPorts(ports);
-      return held.length > 0 ? new PortTakenError(`ZooKeeper server ${id} exited during start: port ${held.join(', ')} held by another process`) : null;
+      return held.length > 0
+        ? new PortTakenError(`ZooKeeper server ${id} exited during start: port ${held.join(', ')} held by another process`)
+        : null;
     };
     let foreign = false;
     for (;;) {
-      if (!this.procs.has(id)) throw (await taken()) ?? new Error(`ZooKeeper server ${id} exited during start (code ${child.exitCode}):\n${output}`);
+      if (!this.procs.has(id))
+        throw (await taken()) ?? new Error(`ZooKeeper server ${id} exited during start (code ${child.exitCode}):\n${output}`);
       const conf = await fourLetterWord(n.clientPort, 'conf').catch(() => '');
       if (conf.includes(`dataDir=${n.dataDir}/`)) {
         const reply = await fourLetterWord(n.clientPort, 'srvr').catch(() => '');

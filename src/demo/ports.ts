@@ -109,7 +109,12 @@ export async function startOnFreePorts<T>(count: number, start: (ports: number[]
     } catch (err) {
       if (!isPortTaken(err)) throw err;
       failures.push(err);
-      if (attempt >= attempts) throw new AggregateError(failures, `no start on free ports after ${attempts} attempts, each port taken before the server bound it`, { cause: err });
+      if (attempt >= attempts)
+        throw new AggregateError(
+          failures,
+          `no start on free ports after ${attempts} attempts, each port taken before the server bound it`,
+          { cause: err },
+        );
     }
   }
 }

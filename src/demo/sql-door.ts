@@ -91,11 +91,23 @@ export class SqlDoor {
       const code = typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) ? e.code : null;
       if (code === STALE_TOKEN_SQLSTATE) {
         const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
-        throw new StaleTokenError(409, { error: 'stale_token', message: e.message, fenceKey: o.fenceKey, token: o.token.toString(), highestToken: highest ?? '0' });
+        throw new StaleTokenError(409, {
+          error: 'stale_token',
+          message: e.message,
+          fenceKey: o.fenceKey,
+          token: o.token.toString(),
+          highestToken: highest ?? '0',
+        });
       }
       // A session that did not answer, or whose backend is gone, is not used again.
       if (code === null || MAYBE_COMMITTED.test(code)) this.drop(o.fenceKey, s);
-      throw new SqlDoorError(`SQL write ${code ?? 'failed'}: ${e.message ?? String(err)}`, code, code === null || MAYBE_COMMITTED.test(code), false, err);
+      throw new SqlDoorError(
+        `SQL write ${code ?? 'failed'}: ${e.message ?? String(err)}`,
+        code,
+        code === null || MAYBE_COMMITTED.test(code),
+        false,
+        err,
+      );
     }
   }
 
@@ -147,6 +159,9 @@ export class SqlProxyClient extends ProxyClient {
   }
 
   override async put(key: string, body: string | Uint8Array, o: { token: bigint; fenceKey?: string }): Promise<PutResult> {
-    return await this.door.put(key, typeof body === 'string' ? body : Buffer.from(body).toString('utf8'), { token: o.token, fenceKey: o.fenceKey ?? key });
+    return await this.door.put(key, typeof body === 'string' ? body : Buffer.from(body).toString('utf8'), {
+      token: o.token,
+      fenceKey: o.fenceKey ?? key,
+    });
   }
 }

@@ -42,7 +42,11 @@ const MAYBE_COMMITTED = /^(08|57|53|58|XX|40P)/;
 export class SqlTransactionClient extends ProxyClient {
   private readonly sessions = new Map<string, Session>();
 
-  constructor(baseUrl: string, clientOptions: ProxyClientOptions, private readonly tx: SqlTransactionOptions) {
+  constructor(
+    baseUrl: string,
+    clientOptions: ProxyClientOptions,
+    private readonly tx: SqlTransactionOptions,
+  ) {
     super(baseUrl, clientOptions);
   }
 
@@ -55,7 +59,10 @@ export class SqlTransactionClient extends ProxyClient {
       stage = 'BEGIN';
       await s.client.query('BEGIN');
       stage = 'INSERT';
-      await s.client.query({ text: `INSERT INTO ${this.tx.table} (key, token, body) VALUES ($1, $2, $3)`, values: [key, o.token.toString(), typeof body === 'string' ? body : Buffer.from(body).toString('utf8')] });
+      await s.client.query({
+        text: `INSERT INTO ${this.tx.table} (key, token, body) VALUES ($1, $2, $3)`,
+        values: [key, o.token.toString(), typeof body === 'string' ? body : Buffer.from(body).toString('utf8')],
+      });
       await this.tx.betweenInsertAndCommit(key, o.token);
       stage = 'COMMIT';
       await s.client.query('COMMIT');
@@ -67,10 +74,22 @@ export class SqlTransactionClient extends ProxyClient {
       this.drop(fenceKey, s);
       if (code === STALE_TOKEN_SQLSTATE) {
         const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
-        throw new StaleTokenError(409, { error: 'stale_token', message: e.message, fenceKey, token: o.token.toString(), highestToken: highest ?? '0' });
+        throw new StaleTokenError(409, {
+          error: 'stale_token',
+          message: e.message,
+          fenceKey,
+          token: o.token.toString(),
+          highestToken: highest ?? '0',
+        });
       }
       const indeterminate = stage === 'COMMIT' && (code === null || MAYBE_COMMITTED.test(code));
-      throw new SqlDoorError(`SQL ${stage} ${code ?? 'failed'}: ${e.message ?? String(err)}`, code, indeterminate, stage === 'connect' && (err as { code?: string }).code === 'ECONNREFUSED', err);
+      throw new SqlDoorError(
+        `SQL ${stage} ${code ?? 'failed'}: ${e.message ?? String(err)}`,
+        code,
+        indeterminate,
+        stage === 'connect' && (err as { code?: string }).code === 'ECONNREFUSED',
+        err,
+      );
     }
   }
 

@@ -21,7 +21,19 @@ import { SqlTransactionClient } from './sql-transaction.ts';
 export interface DemoEvent {
   t: number;
   replica: string;
-  event: 'started' | 'elected' | 'ready' | 'revoked' | 'write-begin' | 'write-inserted' | 'write-accepted' | 'write-rejected' | 'write-refused' | 'write-error' | 'stepped-down' | 'stopped';
+  event:
+    | 'started'
+    | 'elected'
+    | 'ready'
+    | 'revoked'
+    | 'write-begin'
+    | 'write-inserted'
+    | 'write-accepted'
+    | 'write-rejected'
+    | 'write-refused'
+    | 'write-error'
+    | 'stepped-down'
+    | 'stopped';
   token?: string;
   version?: number;
   highestToken?: string;
@@ -68,7 +80,12 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   };
   const replica = need('id');
   const emit = (e: Omit<DemoEvent, 't' | 'replica'>) => process.stdout.write(JSON.stringify({ t: Date.now(), replica, ...e }) + '\n');
-  const election = new Election({ connect: need('zk'), path: need('path'), id: replica, sessionTimeoutMs: Number(values['session-timeout-ms']) });
+  const election = new Election({
+    connect: need('zk'),
+    path: need('path'),
+    id: replica,
+    sessionTimeoutMs: Number(values['session-timeout-ms']),
+  });
   const clientOptions = { writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}) };
   const txMode = values['pause-mid-transaction'] && values.sql !== undefined;
   if (txMode && !values.table) throw new Error('demo writer: --pause-mid-transaction needs --table');
@@ -81,8 +98,24 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
     emit({ event: 'write-inserted', token: token.toString(), key, held: true });
     await resumed;
   };
-  const door = txMode ? null : values.sql ? new SqlDoor({ url: values.sql, writerId: replica, ...(process.env.FENCEPOST_API_KEY ? { password: process.env.FENCEPOST_API_KEY } : {}) }) : null;
-  const txClient = txMode ? new SqlTransactionClient(need('proxy'), clientOptions, { url: values.sql!, writerId: replica, table: values.table!, betweenInsertAndCommit, ...(process.env.FENCEPOST_API_KEY ? { password: process.env.FENCEPOST_API_KEY } : {}) }) : null;
+  const door = txMode
+    ? null
+    : values.sql
+      ? new SqlDoor({
+          url: values.sql,
+          writerId: replica,
+          ...(process.env.FENCEPOST_API_KEY ? { password: process.env.FENCEPOST_API_KEY } : {}),
+        })
+      : null;
+  const txClient = txMode
+    ? new SqlTransactionClient(need('proxy'), clientOptions, {
+        url: values.sql!,
+        writerId: replica,
+        table: values.table!,
+        betweenInsertAndCommit,
+        ...(process.env.FENCEPOST_API_KEY ? { password: process.env.FENCEPOST_API_KEY } : {}),
+      })
+    : null;
   const proxy = txClient ?? (door ? new SqlProxyClient(need('proxy'), clientOptions, door) : new ProxyClient(need('proxy'), clientOptions));
   const writer = new FencedWriter({ election, proxy, fenceKey: need('fence-key') });
   const via = door || txClient ? ('sql' as const) : ('http' as const);
@@ -90,7 +123,9 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
   election.on('revoked', ({ token, reason }) => emit({ event: 'revoked', token: token.toString(), reason }));
   writer.on('ready', ({ token }) => emit({ event: 'ready', token: token.toString() }));
   // Deferred so the 409 that caused it is reported first.
-  writer.on('stepped-down', ({ token, highestToken }) => setImmediate(() => emit({ event: 'stepped-down', token: token.toString(), highestToken: highestToken.toString() })));
+  writer.on('stepped-down', ({ token, highestToken }) =>
+    setImmediate(() => emit({ event: 'stepped-down', token: token.toString(), highestToken: highestToken.toString() })),
+  );
 
   let stopping = false;
   const stop = () => {
@@ -119,7 +154,17 @@ export async function demoWriterCommand(argv: string[]): Promise<number> {
       const r = await writer.put(key, body, { contentType: 'application/json' });
       emit({ event: 'write-accepted', token: token.toString(), version: r.version, body, door: via, key, ...tx });
     } catch (err) {
-      if (err instanceof StaleTokenError) emit({ event: 'write-rejected', token: token.toString(), highestToken: err.highestToken.toString(), body, door: via, key, ...tx, ...(via === 'sql' ? { code: STALE_TOKEN_SQLSTATE } : {}) });
+      if (err instanceof StaleTokenError)
+        emit({
+          event: 'write-rejected',
+          token: token.toString(),
+          highestToken: err.highestToken.toString(),
+          body,
+          door: via,
+          key,
+          ...tx,
+          ...(via === 'sql' ? { code: STALE_TOKEN_SQLSTATE } : {}),
+        });
       else if (err instanceof NotLeaderError) emit({ event: 'write-refused', token: token.toString() });
       else emit({ event: 'write-error', token: token.toString(), reason: err instanceof Error ? err.message : String(err) });
     }

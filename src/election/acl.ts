@@ -62,7 +62,13 @@ export function isElectionAcl(acl: readonly AclEntry[], identity: string): boole
 /** `scheme:id:perms` as zkCli prints it (`cdrwa` letters), for messages. */
 export function formatAcl(acl: readonly AclEntry[]): string {
   const letters = (p: number): string =>
-    [[PERMS.CREATE, 'c'], [PERMS.DELETE, 'd'], [PERMS.READ, 'r'], [PERMS.WRITE, 'w'], [PERMS.ADMIN, 'a']]
+    [
+      [PERMS.CREATE, 'c'],
+      [PERMS.DELETE, 'd'],
+      [PERMS.READ, 'r'],
+      [PERMS.WRITE, 'w'],
+      [PERMS.ADMIN, 'a'],
+    ]
       .map(([bit, l]) => ((p & (bit as number)) !== 0 ? l : ''))
       .join('');
   return acl.map((e) => `${e.scheme}:${e.id}:${letters(e.perms)}`).join(',');

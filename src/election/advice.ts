@@ -75,7 +75,9 @@ export async function measureSessionTimeoutAdvice(opts: MeasureOptions): Promise
   if (!opts.session && !opts.connect) throw new Error('measureSessionTimeoutAdvice needs connect or session');
   const progress = opts.onProgress ?? (() => {});
   if (!opts.session) progress(`connecting to ZooKeeper at ${opts.connect}`);
-  const own = opts.session ? null : await ZkSession.open({ connect: opts.connect!, sessionTimeoutMs: 10_000, connectTimeoutMs: ZK_CONNECT_WAIT_MS });
+  const own = opts.session
+    ? null
+    : await ZkSession.open({ connect: opts.connect!, sessionTimeoutMs: 10_000, connectTimeoutMs: ZK_CONNECT_WAIT_MS });
   const session = opts.session ?? own!;
   try {
     if (own) progress('connected; asking the server for its session timeout bounds');

@@ -26,7 +26,15 @@ import {
   ZkError,
   coerceError,
 } from './errors.ts';
-import { SEQUENCE_WARN_REMAINING, candidatePrefix, checkParentCversion, defaultCandidateId, electionPathProblem, parseCandidate, sortCandidates } from './sequence.ts';
+import {
+  SEQUENCE_WARN_REMAINING,
+  candidatePrefix,
+  checkParentCversion,
+  defaultCandidateId,
+  electionPathProblem,
+  parseCandidate,
+  sortCandidates,
+} from './sequence.ts';
 import type { CandidateNode } from './sequence.ts';
 import { ZkSession } from './zk-session.ts';
 import type { SessionLostReason } from './zk-session.ts';
@@ -356,9 +364,13 @@ export class Election extends EventEmitter<ElectionEvents> {
     const identity = digestId(this.auth);
     if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
       this.log.error(
-        { acl: formatAcl(acl.map((e) => (e.scheme === 'digest' && e.id === identity ? { ...e, id: `${this.auth!.user}:…` } : e))), aclVersion: stat.aversion, zkUser: this.auth.user },
+        {
+          acl: formatAcl(acl.map((e) => (e.scheme === 'digest' && e.id === identity ? { ...e, id: `${this.auth!.user}:…` } : e))),
+          aclVersion: stat.aversion,
+          zkUser: this.auth.user,
+        },
         stat.aversion !== 0
-          ? 'the election path\'s ACL was changed after it was created: nodes planted before the change may remain, so the forgery guard will not trust this path; use a new election path'
+          ? "the election path's ACL was changed after it was created: nodes planted before the change may remain, so the forgery guard will not trust this path; use a new election path"
           : 'the election path exists with an ACL that lets others create or delete candidates (it was created without these credentials): the forgery guard will not trust it; use a new election path',
       );
     }

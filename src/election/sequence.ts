@@ -64,7 +64,8 @@ export function checkParentCversion(cversion: number): { remaining: number } {
 
 /** Why `path` cannot be an election path (absolute, no trailing or double slash), or null. */
 export function electionPathProblem(path: string): string | null {
-  if (!path.startsWith('/') || path.endsWith('/') || path.includes('//')) return 'must be an absolute ZooKeeper path without a trailing slash';
+  if (!path.startsWith('/') || path.endsWith('/') || path.includes('//'))
+    return 'must be an absolute ZooKeeper path without a trailing slash';
   return null;
 }
 

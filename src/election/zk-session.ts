@@ -19,7 +19,6 @@ import type { AclEntry, DigestAuth } from './acl.ts';
 /** ConnectionManager.STATES inside node-zookeeper-client 1.1.3. */
 const CM_STATE = { DISCONNECTED: 0, CONNECTING: 1, CONNECTED: 2, CLOSING: -1, CLOSED: -2 } as const;
 
-
 /** How long the CLI (elect, leader, doctor) waits for a ZooKeeper session before it says it cannot reach --zk. */
 export const ZK_CONNECT_WAIT_MS = 5000;
 export type SessionState = 'connecting' | 'connected' | 'suspended' | 'lost' | 'closed';
@@ -183,9 +182,7 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     );
   }
   getChildren(path: string): Promise<{ children: string[]; stat: zookeeper.Stat }> {
-    return this.request('getChildren', path, (cb) =>
-      this.client.getChildren(path, (e, children, stat) => cb(e, { children, stat })),
-    );
+    return this.request('getChildren', path, (cb) => this.client.getChildren(path, (e, children, stat) => cb(e, { children, stat })));
   }
   getData(path: string): Promise<{ data: Buffer | undefined; stat: zookeeper.Stat }> {
     return this.request('getData', path, (cb) => this.client.getData(path, (e, data, stat) => cb(e, { data, stat })));
@@ -265,11 +262,7 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
     this.client.connectionManager.socket?.destroy();
   }
 
-  private request<T>(
-    op: string,
-    path: string,
-    invoke: (cb: (err: zookeeper.Exception | null, value: T) => void) => void,
-  ): Promise<T> {
+  private request<T>(op: string, path: string, invoke: (cb: (err: zookeeper.Exception | null, value: T) => void) => void): Promise<T> {
     if (this.stateValue === 'lost' || this.stateValue === 'closed') {
       return Promise.reject(new SessionLostError(op, path, this.stateValue));
     }
@@ -358,7 +351,9 @@ export class ZkSession extends EventEmitter<ZkSessionEvents> {
       if (stalled && t - this.lastAckSentAt > T) {
         // This process slept through its whole lease: the server may have expired the session and
         // someone else may lead. Leadership is in doubt now, before any other timer of ours runs.
-        this.dropConnection(`stalled past the session timeout (${Math.round(t - this.lastAckSentAt)} ms since the last acknowledged request)`);
+        this.dropConnection(
+          `stalled past the session timeout (${Math.round(t - this.lastAckSentAt)} ms since the last acknowledged request)`,
+        );
         this.onDisconnected();
         return;
       }

@@ -40,7 +40,10 @@ export class AcceptedCounts {
       this.pending = new Map();
       try {
         // Bounded: a connection that went silent must not hold a shutdown (pool.end waits for it).
-        await this.pool.query({ ...q.addAcceptedCounts([...batch.keys()], [...batch.values()]), query_timeout: FLUSH_TIMEOUT_MS } as pg.QueryConfig);
+        await this.pool.query({
+          ...q.addAcceptedCounts([...batch.keys()], [...batch.values()]),
+          query_timeout: FLUSH_TIMEOUT_MS,
+        } as pg.QueryConfig);
       } catch (err) {
         for (const [k, n] of batch) this.pending.set(k, (this.pending.get(k) ?? 0) + n);
         throw err;
@@ -63,7 +66,10 @@ export class AcceptedCounts {
     (this.timer = setTimeout(tick, FLUSH_INTERVAL_MS)).unref();
   }
 
-  /** Stops the timer and flushes what is left, waiting at most `waitMs` (a database that does not answer loses the counts, never the shutdown). */
+  /**
+   * Stops the timer and flushes what is left, waiting at most `waitMs` (a database that does not
+   * answer loses the counts, never the shutdown).
+   */
   async stop(waitMs = 2000): Promise<void> {
     if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;

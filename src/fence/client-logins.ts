@@ -23,7 +23,6 @@ import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
 import { withClient } from './checkout.ts';
 import { DUPLICATE_OBJECT, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './sqlstate.ts';
 
-
 /** Postgres role names we accept in configuration (also passed as a parameter, never spliced). */
 export const ROLE_NAME = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
 
@@ -59,7 +58,16 @@ export interface ProvisionResult {
 // pgRole must not lead to them. pg_create_subscription (Postgres 16+): a subscription's apply
 // worker writes with session_replication_role = replica, under which the protect trigger does not
 // fire. Names a server does not have match no role.
-const DANGEROUS_BUILTIN_ROLES = ['pg_execute_server_program', 'pg_write_server_files', 'pg_read_server_files', 'pg_signal_backend', 'pg_read_all_data', 'pg_write_all_data', 'pg_maintain', 'pg_create_subscription'];
+const DANGEROUS_BUILTIN_ROLES = [
+  'pg_execute_server_program',
+  'pg_write_server_files',
+  'pg_read_server_files',
+  'pg_signal_backend',
+  'pg_read_all_data',
+  'pg_write_all_data',
+  'pg_maintain',
+  'pg_create_subscription',
+];
 
 /** The login for a key (`null`: open mode). At most 63 bytes: long names end in a hash. */
 export function loginName(clientRole: string, keyName: string | null): string {
@@ -89,7 +97,11 @@ const q = {
   lock: (): Query => ({ text: 'SELECT pg_advisory_xact_lock($1)', values: [PROVISIONING_LOCK_KEY.toString()] }),
   /** The pool's lock_timeout bounds writes; waiting for another instance's provisioning is no write. */
   noLockTimeout: (): Query => ({ text: 'SET LOCAL lock_timeout = 0' }),
-  storedPassword: (login: string): Query => ({ name: 'fencepost_client_password', text: 'SELECT password FROM fencepost.client_logins WHERE login = $1', values: [login] }),
+  storedPassword: (login: string): Query => ({
+    name: 'fencepost_client_password',
+    text: 'SELECT password FROM fencepost.client_logins WHERE login = $1',
+    values: [login],
+  }),
   storePassword: (login: string, password: string): Query => ({
     text: 'INSERT INTO fencepost.client_logins (login, password) VALUES ($1, $2) ON CONFLICT (login) DO NOTHING',
     values: [login, password],
@@ -139,7 +151,8 @@ const q = {
   roleExists: (name: string): Query => ({ text: 'SELECT 1 FROM pg_roles WHERE rolname = $1', values: [name] }),
   createLogin: (login: string, verifier: string): string =>
     `CREATE ROLE ${pg.escapeIdentifier(login)} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD ${pg.escapeLiteral(verifier)}`,
-  setPassword: (login: string, verifier: string): string => `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
+  setPassword: (login: string, verifier: string): string =>
+    `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
   grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
   revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
   /** What a login (and a key's role: the fence runs after SET LOCAL ROLE) may use of the schema. */
@@ -170,11 +183,19 @@ export async function provisionClientLogins(owner: pg.Pool, clientRole: string, 
   return { logins, problems, capability };
 }
 
-async function provisionOne(owner: pg.Pool, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
+async function provisionOne(
+  owner: pg.Pool,
+  login: string,
+  pgRole: string | null,
+): Promise<{ password: string } | { problem: LoginProblem }> {
   return await withClient(owner, (client) => provisionOn(client, login, pgRole));
 }
 
-async function provisionOn(client: pg.PoolClient, login: string, pgRole: string | null): Promise<{ password: string } | { problem: LoginProblem }> {
+async function provisionOn(
+  client: pg.PoolClient,
+  login: string,
+  pgRole: string | null,
+): Promise<{ password: string } | { problem: LoginProblem }> {
   const problem = (message: string, sql: string[] = []) => ({ problem: { login, message, sql } });
   let open = false;
   try {
@@ -192,9 +213,13 @@ async function provisionOn(client: pg.PoolClient, login: string, pgRole: string 
     if (existing === undefined) todo.push(q.createLogin(login, scramVerifier(password)));
     else if (created) {
       // Roles are cluster-wide: this one was made by hand or for another database.
-      return problem(`role ${login} exists but was not created for this database (roles are cluster-wide): drop it, or set FENCEPOST_CLIENT_ROLE to another name`);
+      return problem(
+        `role ${login} exists but was not created for this database (roles are cluster-wide): drop it, or set FENCEPOST_CLIENT_ROLE to another name`,
+      );
     } else if (existing.unsafe) {
-      return problem(`role ${login} exists with privileges a client login must not have (superuser, createrole, createdb, replication, bypassrls, inherit, or no login): drop it or set FENCEPOST_CLIENT_ROLE to another name`);
+      return problem(
+        `role ${login} exists with privileges a client login must not have (superuser, createrole, createdb, replication, bypassrls, inherit, or no login): drop it or set FENCEPOST_CLIENT_ROLE to another name`,
+      );
     }
     const member = existing === undefined ? [] : (await client.query<{ rolname: string }>(q.memberships(login))).rows.map((r) => r.rolname);
     if (existing !== undefined && ((await client.query(q.hasRoleSettings(login))).rowCount ?? 0) > 0) {
@@ -202,14 +227,22 @@ async function provisionOn(client: pg.PoolClient, login: string, pgRole: string 
     }
     for (const role of member) if (role !== pgRole) todo.push(q.revokeRole(role, login));
     if (pgRole !== null) {
-      if ((await client.query(q.roleExists(pgRole))).rowCount === 0) return problem(`pgRole ${pgRole} does not exist: create it and grant it what the key's transactions may do`);
+      if ((await client.query(q.roleExists(pgRole))).rowCount === 0)
+        return problem(`pgRole ${pgRole} does not exist: create it and grant it what the key's transactions may do`);
       const reach = (await client.query<{ rolname: string }>(q.dangerousReach(pgRole))).rows.map((r) => r.rolname);
       // A privilege, not a name: whatever path gives the role a fencepost table, it is refused.
-      reach.push(...(await client.query<{ relname: string }>(q.fenceTablesReachable(pgRole))).rows.map((r) => `a privilege on fencepost.${r.relname}`));
+      reach.push(
+        ...(await client.query<{ relname: string }>(q.fenceTablesReachable(pgRole))).rows.map(
+          (r) => `a privilege on fencepost.${r.relname}`,
+        ),
+      );
       // Naming is enough to queue a DDL lock there that every tenant's fence would wait behind.
-      if (((await client.query(q.namesFenceSchema(pgRole))).rowCount ?? 0) > 0) reach.push('USAGE on schema fencepost (REVOKE USAGE ON SCHEMA fencepost FROM it)');
+      if (((await client.query(q.namesFenceSchema(pgRole))).rowCount ?? 0) > 0)
+        reach.push('USAGE on schema fencepost (REVOKE USAGE ON SCHEMA fencepost FROM it)');
       if (reach.length > 0) {
-        return problem(`pgRole ${pgRole} reaches ${reach.join(', ')} (superuser, createrole, bypassrls, replication, server files or programs, signalling backends, or the owner of the fencepost schema): client SQL would escape the fence; give the key a role without them`);
+        return problem(
+          `pgRole ${pgRole} reaches ${reach.join(', ')} (superuser, createrole, bypassrls, replication, server files or programs, signalling backends, or the owner of the fencepost schema): client SQL would escape the fence; give the key a role without them`,
+        );
       }
       if (!member.includes(pgRole)) todo.push(q.grantRole(pgRole, login));
     }
@@ -220,7 +253,8 @@ async function provisionOn(client: pg.PoolClient, login: string, pgRole: string 
     // The proxy's own role must be able to terminate the login's backends (a transaction past its
     // deadline): membership does it for a role that is not a superuser.
     const owner = (await client.query<{ u: string }>(q.currentUser())).rows[0]!.u;
-    if (((await client.query(q.isMember(owner, login))).rowCount ?? 0) === 0) todo.push(`GRANT ${pg.escapeIdentifier(login)} TO ${pg.escapeIdentifier(owner)}`);
+    if (((await client.query(q.isMember(owner, login))).rowCount ?? 0) === 0)
+      todo.push(`GRANT ${pg.escapeIdentifier(login)} TO ${pg.escapeIdentifier(owner)}`);
     // The fence and the seal run after SET LOCAL ROLE: the key's role may call them too (both
     // demand the capability, so no other member of the role can use them).
     if (pgRole !== null) todo.push(...q.grantFence(pgRole));
@@ -230,7 +264,9 @@ async function provisionOn(client: pg.PoolClient, login: string, pgRole: string 
     } catch (err) {
       const state = sqlState(err);
       if (state === DUPLICATE_OBJECT || state === UNIQUE_VIOLATION) {
-        return problem(`role ${login} was created at the same time for another database (roles are cluster-wide): set FENCEPOST_CLIENT_ROLE to another name`);
+        return problem(
+          `role ${login} was created at the same time for another database (roles are cluster-wide): set FENCEPOST_CLIENT_ROLE to another name`,
+        );
       }
       if (state !== INSUFFICIENT_PRIVILEGE) throw err;
       // Keep the password row, so the SQL below sets the verifier of this very password.

@@ -57,7 +57,15 @@ export interface Precondition {
 }
 
 export type FencedOp =
-  | ({ kind: 'put'; key: string; fenceKey: string; token: bigint; contentType: string; body: Buffer; writerId: string | null } & Precondition)
+  | ({
+      kind: 'put';
+      key: string;
+      fenceKey: string;
+      token: bigint;
+      contentType: string;
+      body: Buffer;
+      writerId: string | null;
+    } & Precondition)
   | ({ kind: 'delete'; key: string; fenceKey: string; token: bigint; writerId: string | null } & Precondition)
   | { kind: 'fence'; fenceKey: string; token: bigint; writerId: string | null };
 
@@ -163,27 +171,29 @@ export class WriteCoalescer {
       if (alone) this.runningAlone++;
       const objects = batch.flatMap((p) => (p.op.kind === 'fence' ? [] : [p.op.key]));
       for (const o of objects) this.busyObjects.add(o);
-      void this.runSplitting(batch.map((p) => p.op)).then(
-        (results) => ({ results }),
-        (err: unknown) => ({ err }),
-      ).then((out) => {
-        for (const o of objects) this.busyObjects.delete(o);
-        this.flights.delete(flight);
-        this.running--;
-        if (alone) this.runningAlone--;
-        try {
-          // The writes that queued meanwhile go to Postgres before these answers are written.
-          this.pump();
-        } finally {
-          batch.forEach((p, i) => {
-            const r = 'results' in out ? out.results[i]! : { failed: out.err };
-            if ('failed' in r) p.reject(r.failed);
-            else p.resolve(r);
-          });
-          this.inFlight -= batch.length;
-          if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
-        }
-      });
+      void this.runSplitting(batch.map((p) => p.op))
+        .then(
+          (results) => ({ results }),
+          (err: unknown) => ({ err }),
+        )
+        .then((out) => {
+          for (const o of objects) this.busyObjects.delete(o);
+          this.flights.delete(flight);
+          this.running--;
+          if (alone) this.runningAlone--;
+          try {
+            // The writes that queued meanwhile go to Postgres before these answers are written.
+            this.pump();
+          } finally {
+            batch.forEach((p, i) => {
+              const r = 'results' in out ? out.results[i]! : { failed: out.err };
+              if ('failed' in r) p.reject(r.failed);
+              else p.resolve(r);
+            });
+            this.inFlight -= batch.length;
+            if (this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+          }
+        });
     }
   }
 
@@ -294,7 +304,8 @@ export class WriteCoalescer {
       }
       return results;
     }
-    if (this.lockedFences.size > 0) for (const [i, op] of ops.entries()) if (!('failed' in results[i]!)) this.lockedFences.delete(op.fenceKey);
+    if (this.lockedFences.size > 0)
+      for (const [i, op] of ops.entries()) if (!('failed' in results[i]!)) this.lockedFences.delete(op.fenceKey);
     return results;
   }
 
@@ -332,15 +343,28 @@ export class WriteCoalescer {
     for (const row of outcomes) {
       if (row.object_refused === true) refused.add(row.ord);
       if (row.highest_token === null || row.object_refused === true) rejected.push(row.ord);
-      else if (row.precondition_failed === true) results[row.ord] = { accepted: false, highestToken: BigInt(row.highest_token), preconditionFailed: true };
-      else results[row.ord] = { accepted: true, highestToken: BigInt(row.highest_token), version: row.version === null ? null : BigInt(row.version), etag: row.etag ?? null };
+      else if (row.precondition_failed === true)
+        results[row.ord] = { accepted: false, highestToken: BigInt(row.highest_token), preconditionFailed: true };
+      else
+        results[row.ord] = {
+          accepted: true,
+          highestToken: BigInt(row.highest_token),
+          version: row.version === null ? null : BigInt(row.version),
+          etag: row.etag ?? null,
+        };
     }
     if (rejected.length > 0) {
       // The accepted writes have committed: if recording the rejections fails, only the rejected
       // operations get the error.
       try {
         const highest = await this.recordRejections(rejected.map((i) => ops[i]!));
-        const objects = refused.size > 0 ? await readObjectFences(this.pool, [...refused].map((i) => (ops[i] as { key: string }).key)) : new Map<string, { fenceKey: string; highestToken: bigint }>();
+        const objects =
+          refused.size > 0
+            ? await readObjectFences(
+                this.pool,
+                [...refused].map((i) => (ops[i] as { key: string }).key),
+              )
+            : new Map<string, { fenceKey: string; highestToken: bigint }>();
         for (const i of rejected) {
           const op = ops[i]!;
           const obj = refused.has(i) && op.kind !== 'fence' ? objects.get(op.key) : undefined;
@@ -362,7 +386,13 @@ export class WriteCoalescer {
   private recordRejections(ops: FencedOp[]): Promise<Map<string, bigint>> {
     return this.rejections.record(
       'http',
-      ops.map((op) => ({ kind: op.kind, fenceKey: op.fenceKey, key: op.kind === 'fence' ? null : op.key, token: op.token, writerId: op.writerId })),
+      ops.map((op) => ({
+        kind: op.kind,
+        fenceKey: op.fenceKey,
+        key: op.kind === 'fence' ? null : op.key,
+        token: op.token,
+        writerId: op.writerId,
+      })),
     );
   }
 

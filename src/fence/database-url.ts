@@ -103,10 +103,12 @@ function parse(databaseUrl: string): ParsedUrl {
   }
   for (const k of PROXY_OWNED) delete c[k];
   const attrs = typeof c.target_session_attrs === 'string' ? c.target_session_attrs : 'any';
-  if (NOT_FOR_WRITERS.has(attrs)) throw new Error(`target_session_attrs=${attrs} picks a server that takes no writes: use read-write or primary`);
+  if (NOT_FOR_WRITERS.has(attrs))
+    throw new Error(`target_session_attrs=${attrs} picks a server that takes no writes: use read-write or primary`);
   if (!SESSION_ATTRS.has(attrs)) throw new Error(`target_session_attrs=${JSON.stringify(attrs)} is not one of any, read-write, primary`);
   const balance = c.load_balance_hosts;
-  if (balance !== undefined && balance !== 'disable') throw new Error(`load_balance_hosts=${JSON.stringify(balance)} is not supported: the hosts are tried in the URL's order (disable)`);
+  if (balance !== undefined && balance !== 'disable')
+    throw new Error(`load_balance_hosts=${JSON.stringify(balance)} is not supported: the hosts are tried in the URL's order (disable)`);
   const timeout = c.connect_timeout;
   let connectTimeoutMs: number | null = null;
   if (typeof timeout === 'string' && timeout !== '') {
@@ -125,13 +127,17 @@ function parse(databaseUrl: string): ParsedUrl {
   const defaultPort = () => Number(process.env.PGPORT || pg.defaults.port || 5432);
   if (fromAuthority) {
     if (query.has('host')) throw new Error('give the hosts either in the URL (host1:port1,host2:port2) or in host=, not both');
-    if (query.has('port')) throw new Error('with a host list in the URL, give each host its port there (host1:port1,host2:port2), not in port=');
+    if (query.has('port'))
+      throw new Error('with a host list in the URL, give each host its port there (host1:port1,host2:port2), not in port=');
     hosts = fromAuthority.hosts.map((h) => ({ host: h.host, port: h.port ?? defaultPort() }));
   } else if (paramHosts) {
     if (paramHosts.some((h) => h.trim() === '')) throw new Error('host= lists an empty host');
-    if (paramPorts && paramPorts.length !== paramHosts.length) throw new Error(`host= lists ${paramHosts.length} hosts but port= ${paramPorts.length} ports: give one port, or one per host`);
+    if (paramPorts && paramPorts.length !== paramHosts.length)
+      throw new Error(`host= lists ${paramHosts.length} hosts but port= ${paramPorts.length} ports: give one port, or one per host`);
     const one = query.get('port');
-    const ports = paramPorts ? paramPorts.map((p) => parsePort(p.trim(), 'port=')) : paramHosts.map(() => (one === null || one === '' ? defaultPort() : parsePort(one, 'port=')));
+    const ports = paramPorts
+      ? paramPorts.map((p) => parsePort(p.trim(), 'port='))
+      : paramHosts.map(() => (one === null || one === '' ? defaultPort() : parsePort(one, 'port=')));
     hosts = paramHosts.map((h, i) => ({ host: h.trim(), port: ports[i]! }));
   } else if (paramPorts) {
     throw new Error(`port= lists ${paramPorts.length} ports for one host`);
@@ -152,7 +158,12 @@ export function primaryFinder(databaseUrl: string): PrimaryFinder | null {
   const p = parse(databaseUrl);
   if (p.hosts === null) return null;
   const hosts = p.hosts;
-  return finderFor(databaseUrl, () => ({ hosts, attrs: p.attrs, probe: p.config, probeTimeoutMs: p.connectTimeoutMs ?? DEFAULT_PROBE_TIMEOUT_MS }));
+  return finderFor(databaseUrl, () => ({
+    hosts,
+    attrs: p.attrs,
+    probe: p.config,
+    probeTimeoutMs: p.connectTimeoutMs ?? DEFAULT_PROBE_TIMEOUT_MS,
+  }));
 }
 
 /** Refuses a DATABASE_URL the proxy cannot use as it is (loadConfig names the setting). */
@@ -162,11 +173,20 @@ export function checkDatabaseUrl(databaseUrl: string): void {
 
 export function databaseTarget(databaseUrl: string): DatabaseTarget {
   // node-postgres's own resolution: the URL, then the PG* environment, then its defaults.
-  const p = (new pg.Client(parseUrl(databaseUrl)) as unknown as {
-    connectionParameters: { host: string; port: number; database: string | undefined; ssl: boolean | ConnectionOptions | undefined; sslnegotiation: string | undefined };
-  }).connectionParameters;
+  const p = (
+    new pg.Client(parseUrl(databaseUrl)) as unknown as {
+      connectionParameters: {
+        host: string;
+        port: number;
+        database: string | undefined;
+        ssl: boolean | ConnectionOptions | undefined;
+        sslnegotiation: string | undefined;
+      };
+    }
+  ).connectionParameters;
   const follow = primaryFinder(databaseUrl);
-  if (p.sslnegotiation === 'direct') throw new Error('sslnegotiation=direct is not supported: the SQL endpoint opens TLS to Postgres with an SSLRequest');
+  if (p.sslnegotiation === 'direct')
+    throw new Error('sslnegotiation=direct is not supported: the SQL endpoint opens TLS to Postgres with an SSLRequest');
   const ssl = p.ssl;
   return {
     host: p.host || 'localhost',
@@ -184,7 +204,20 @@ export function describeTarget(t: Pick<DatabaseTarget, 'host' | 'port' | 'follow
 }
 
 /** What clientConfig takes from a pool's settings: where and how to connect, not pool sizes or timeouts. */
-const CONNECTION_FIELDS = ['Client', 'connectionString', 'host', 'port', 'database', 'user', 'password', 'ssl', 'options', 'keepAlive', 'keepAliveInitialDelayMillis', 'client_encoding'] as const;
+const CONNECTION_FIELDS = [
+  'Client',
+  'connectionString',
+  'host',
+  'port',
+  'database',
+  'user',
+  'password',
+  'ssl',
+  'options',
+  'keepAlive',
+  'keepAliveInitialDelayMillis',
+  'client_encoding',
+] as const;
 
 /** node-postgres settings, and for a URL with several hosts the Client that follows its primary (pg.Pool takes it as `Client`). */
 export type ConnectionConfig = pg.ClientConfig & { Client?: typeof pg.Client };
@@ -195,7 +228,10 @@ export type ConnectionConfig = pg.ClientConfig & { Client?: typeof pg.Client };
  * setting, so a URL cannot switch off what the proxy sets (synchronous_commit, timeouts). Handing
  * node-postgres a URL would do the opposite: its values override every explicit setting.
  */
-export function clientConfig(database: string | (pg.ClientConfig & { Client?: unknown }), over: { login?: { user: string; password: string }; options?: string } = {}): ConnectionConfig {
+export function clientConfig(
+  database: string | (pg.ClientConfig & { Client?: unknown }),
+  over: { login?: { user: string; password: string }; options?: string } = {},
+): ConnectionConfig {
   let base: ConnectionConfig;
   if (typeof database === 'string') {
     base = parseUrl(database);

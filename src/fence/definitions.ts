@@ -12,7 +12,16 @@ import { createHash } from 'node:crypto';
 import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
 import { staleDetailSql } from './detail.ts';
 import { MAX_KEY_BYTES } from './key.ts';
-import { BACKEND_START_SQL, boundCapabilitySql, CAPABILITY_SECRET_SQL, epochProof, EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, refuseUnlessProxy } from './rule.ts';
+import {
+  BACKEND_START_SQL,
+  boundCapabilitySql,
+  CAPABILITY_SECRET_SQL,
+  epochProof,
+  EPOCH_OID_SETTING,
+  NO_PREPARE_READ,
+  NO_PREPARE_SEQUENCE,
+  refuseUnlessProxy,
+} from './rule.ts';
 
 export const DEFINITIONS_VERSION = 10;
 

@@ -99,13 +99,19 @@ export class DurabilityMonitor {
       report.reasons.forEach((reason, i) => {
         if (this.logged.has(reason)) return;
         const refusing = this.opts.requireSyncStandby ? { refusingWrites: true } : {};
-        log.warn({ component: 'durability', reason, ...refusing, ...(failure !== null && reason === 'check_failed' ? { err: failure } : {}) }, report.warnings[i]!);
+        log.warn(
+          { component: 'durability', reason, ...refusing, ...(failure !== null && reason === 'check_failed' ? { err: failure } : {}) },
+          report.warnings[i]!,
+        );
       });
       for (const reason of this.logged) {
         if (!now.has(reason)) log.info({ component: 'durability', reason }, `durability: ${reason} no longer holds`);
       }
       if (this.logged.size > 0 && now.size === 0) {
-        log.info({ component: 'durability' }, `durability: no failover warnings left${this.opts.requireSyncStandby ? '; writes accepted again' : ''}`);
+        log.info(
+          { component: 'durability' },
+          `durability: no failover warnings left${this.opts.requireSyncStandby ? '; writes accepted again' : ''}`,
+        );
       }
     }
     this.logged = now;

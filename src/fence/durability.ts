@@ -21,7 +21,14 @@ export type SyncState = 'async' | 'potential' | 'sync' | 'quorum' | 'unknown';
  * - no_sync_standby: synchronous_standby_names is empty (only when a synchronous standby is required).
  * - check_failed: the check could not read the settings.
  */
-export const DURABILITY_REASONS = ['synchronous_commit_below_on', 'async_standby', 'no_sync_standby_streaming', 'waiting_on_standby', 'no_sync_standby', 'check_failed'] as const;
+export const DURABILITY_REASONS = [
+  'synchronous_commit_below_on',
+  'async_standby',
+  'no_sync_standby_streaming',
+  'waiting_on_standby',
+  'no_sync_standby',
+  'check_failed',
+] as const;
 export type DurabilityReason = (typeof DURABILITY_REASONS)[number];
 
 export interface Standby {
@@ -69,25 +76,35 @@ const BELOW_ON: Readonly<Record<string, string>> = {
   off: 'a commit is acknowledged before it is flushed to disk, so a crash of this server, or a failover, can lose it',
   local: 'a commit does not wait for the synchronous standbys, so a failover to one of them can lose it',
   remote_write:
-    'a commit waits only until a synchronous standby has written it, not flushed it, so a failover during which that standby\'s operating system also crashes can lose it',
+    "a commit waits only until a synchronous standby has written it, not flushed it, so a failover during which that standby's operating system also crashes can lose it",
 };
 
 /**
  * Reads the settings on a connection of its own, opened like the pool's (clientConfig: pg-pool
- * hides the password from a spread of its options) but without its startup options: the proxy's pools force synchronous_commit=on for themselves, and the question is what
+ * hides the password from a spread of its options) but without its startup options: the proxy's pools
+ * force synchronous_commit=on for themselves, and the question is what
  * every other session gets. Throws when it cannot connect or read the settings.
  */
 export async function checkDurability(pool: pg.Pool, opts: DurabilityCheckOptions = {}): Promise<DurabilityReport> {
   // options ' ', not '': node-postgres takes PGOPTIONS from the proxy's environment for an empty one.
-  const client = newClient({ ...clientConfig(pool.options), options: ' ', connectionTimeoutMillis: CHECK_TIMEOUT_MS, query_timeout: CHECK_TIMEOUT_MS });
+  const client = newClient({
+    ...clientConfig(pool.options),
+    options: ' ',
+    connectionTimeoutMillis: CHECK_TIMEOUT_MS,
+    query_timeout: CHECK_TIMEOUT_MS,
+  });
   client.on('error', () => {}); // a connection lost while idle: the next query reports it
   await client.connect();
   try {
-    const { rows } = await client.query<{ synchronous_commit: string; synchronous_standby_names: string; database: string; role: string }>(q.durabilitySettings());
+    const { rows } = await client.query<{ synchronous_commit: string; synchronous_standby_names: string; database: string; role: string }>(
+      q.durabilitySettings(),
+    );
     const settings = rows[0]!;
     let standbys: Standby[] | 'unknown';
     try {
-      const replication = await client.query<{ application_name: string | null; state: string | null; sync_state: string | null }>(q.replicationStandbys());
+      const replication = await client.query<{ application_name: string | null; state: string | null; sync_state: string | null }>(
+        q.replicationStandbys(),
+      );
       standbys = replication.rows.map((r) => ({
         name: r.application_name,
         state: r.state,
@@ -102,7 +119,12 @@ export async function checkDurability(pool: pg.Pool, opts: DurabilityCheckOption
     } catch {
       waitingOnStandby = 'unknown';
     }
-    const report = { standbys, synchronousCommit: settings.synchronous_commit, synchronousStandbyNames: settings.synchronous_standby_names, waitingOnStandby };
+    const report = {
+      standbys,
+      synchronousCommit: settings.synchronous_commit,
+      synchronousStandbyNames: settings.synchronous_standby_names,
+      waitingOnStandby,
+    };
     const found = durabilityWarnings(report, { database: settings.database, role: settings.role }, opts);
     return { warnings: found.map((w) => w.message), reasons: found.map((w) => w.reason), ...report };
   } finally {
@@ -113,7 +135,9 @@ export async function checkDurability(pool: pg.Pool, opts: DurabilityCheckOption
 /** The report when the check itself failed (the caller logs why). */
 export function unknownDurability(): DurabilityReport {
   return {
-    warnings: ['could not read the replication and synchronous_commit settings: whether a Postgres failover keeps every fence raise is unknown'],
+    warnings: [
+      'could not read the replication and synchronous_commit settings: whether a Postgres failover keeps every fence raise is unknown',
+    ],
     reasons: ['check_failed'],
     standbys: 'unknown',
     synchronousCommit: 'unknown',
@@ -148,10 +172,13 @@ function durabilityWarnings(
   }
   if (report.standbys !== 'unknown' && report.standbys.length > 0) {
     // With synchronous_standby_names empty every standby is asynchronous, whether or not this role may read sync_state.
-    const asynchronous = noSyncNames ? report.standbys : report.standbys.filter((s) => s.syncState === 'async' || s.syncState === 'potential');
+    const asynchronous = noSyncNames
+      ? report.standbys
+      : report.standbys.filter((s) => s.syncState === 'async' || s.syncState === 'potential');
     if (asynchronous.length > 0) {
       const named = asynchronous.map((s) => (s.name === null ? null : `"${s.name}"`)).filter((n) => n !== null);
-      const which = named.length === asynchronous.length ? named.join(', ') : `${asynchronous.length} (names need pg_read_all_stats to read)`;
+      const which =
+        named.length === asynchronous.length ? named.join(', ') : `${asynchronous.length} (names need pg_read_all_stats to read)`;
       warn(
         'async_standby',
         `asynchronous standby${asynchronous.length === 1 ? '' : 's'} ${which}${noSyncNames ? ' (synchronous_standby_names is empty)' : ''}: ` +

@@ -47,4 +47,3 @@ export class PostgresAlreadyRunningError extends Error {
     this.name = 'PostgresAlreadyRunningError';
   }
 }
-

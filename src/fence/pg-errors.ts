@@ -3,10 +3,7 @@ import { DEADLOCK_DETECTED, SERIALIZATION_FAILURE } from './sqlstate.ts';
 // SQLSTATE (sqlstate.ts) and node's error codes, never by Postgres's message text.
 
 /** The statement lost a race and can run again unchanged. */
-export const RETRYABLE_ERROR_CODES: ReadonlySet<string> = new Set([
-  SERIALIZATION_FAILURE,
-  DEADLOCK_DETECTED,
-]);
+export const RETRYABLE_ERROR_CODES: ReadonlySet<string> = new Set([SERIALIZATION_FAILURE, DEADLOCK_DETECTED]);
 
 /** The database is gone or going: the request did not commit (or we cannot know) and is safe to retry. */
 export const UNAVAILABLE_ERROR_CLASSES: ReadonlySet<string> = new Set([
@@ -56,7 +53,9 @@ export function isUnavailable(err: unknown): boolean {
   if (typeof e.code === 'string' && NODE_NET_ERRORS.has(e.code)) return true;
   // node-postgres reports a dropped connection or pool wait without a code.
   const msg = typeof e.message === 'string' ? e.message : '';
-  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end|Query read timeout/.test(msg);
+  return /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Cannot use a pool after calling end|Query read timeout/.test(
+    msg,
+  );
 }
 
 /**

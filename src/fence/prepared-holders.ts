@@ -20,7 +20,9 @@ export interface PreparedHolder {
  */
 export async function preparedHolder(pool: pg.Pool, fenceKeys: readonly string[]): Promise<PreparedHolder | null> {
   try {
-    const { rows } = await pool.query<{ fence_key: string; gid: string | null; xmax: string; direct: boolean }>(q.preparedFenceHolders(fenceKeys));
+    const { rows } = await pool.query<{ fence_key: string; gid: string | null; xmax: string; direct: boolean }>(
+      q.preparedFenceHolders(fenceKeys),
+    );
     const direct = rows.find((r) => r.gid !== null);
     if (direct) return { fenceKey: direct.fence_key, gid: direct.gid! };
     for (const r of rows) {

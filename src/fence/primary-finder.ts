@@ -17,7 +17,14 @@ import { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { writability } from './queries.ts';
 import { sqlState } from './pg-errors.ts';
-import { ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW, CRASH_SHUTDOWN, PROTOCOL_VIOLATION, READ_ONLY_SQL_TRANSACTION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from './sqlstate.ts';
+import {
+  ADMIN_SHUTDOWN,
+  CANNOT_CONNECT_NOW,
+  CRASH_SHUTDOWN,
+  PROTOCOL_VIOLATION,
+  READ_ONLY_SQL_TRANSACTION,
+  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+} from './sqlstate.ts';
 
 /** target_session_attrs values that make sense for a writer. */
 export type SessionAttrs = 'any' | 'read-write' | 'primary';
@@ -60,7 +67,14 @@ export class NoWritableHostError extends Error {
 
 /** Why a host does not qualify, in a few words after its name; null when it does. */
 async function probeHost(config: pg.ClientConfig, h: DatabaseHost, attrs: SessionAttrs, timeoutMs: number): Promise<string | null> {
-  const client = new pg.Client({ application_name: 'fencepost-probe', ...config, host: h.host, port: h.port, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs });
+  const client = new pg.Client({
+    application_name: 'fencepost-probe',
+    ...config,
+    host: h.host,
+    port: h.port,
+    connectionTimeoutMillis: timeoutMs,
+    query_timeout: timeoutMs,
+  });
   client.on('error', () => {});
   try {
     await client.connect();
@@ -150,7 +164,9 @@ export class PrimaryFinder extends EventEmitter<{ found: [DatabaseHost]; lost: [
         if (why === null) return hosts[i]!;
         reasons.push(`${describeHost(hosts[i]!)} ${why}`);
       }
-      throw new NoWritableHostError(`no host ${attrs === 'any' ? 'accepts connections' : `takes writes (target_session_attrs=${attrs})`}: ${reasons.join('; ')}`);
+      throw new NoWritableHostError(
+        `no host ${attrs === 'any' ? 'accepts connections' : `takes writes (target_session_attrs=${attrs})`}: ${reasons.join('; ')}`,
+      );
     })();
     this.search = search;
     search.then(
@@ -238,28 +254,28 @@ function followingClient(finder: PrimaryFinder, clientSql: boolean): typeof pg.C
     override connect(callback: (err: Error) => void): void;
     override connect(callback?: (err: Error) => void): Promise<pg.Client> | void {
       const self = this as unknown as ClientInternals;
-      const connected = finder
-        .target()
-        .then(async (h) => {
-          // pg-pool's connect timeout destroys the socket: do not revive it.
-          if (self.connection.stream.destroyed) throw new Error('Connection terminated due to connection timeout');
-          this.at = h;
-          self.host = self.connectionParameters.host = h.host;
-          self.port = self.connectionParameters.port = h.port;
-          try {
-            await super.connect();
-          } catch (err) {
-            if (sqlState(err) === undefined || suspicious(sqlState(err))) finder.suspect(h);
-            throw err;
-          }
-          if (this.hotStandby && finder.opts.attrs !== 'any') {
-            finder.suspect(h);
-            this.closing = true;
-            await super.end().catch(() => {});
-            throw new NoWritableHostError(`${describeHost(h)} is in hot standby (target_session_attrs=${finder.opts.attrs}); looking for the primary again`);
-          }
-          return this as pg.Client;
-        });
+      const connected = finder.target().then(async (h) => {
+        // pg-pool's connect timeout destroys the socket: do not revive it.
+        if (self.connection.stream.destroyed) throw new Error('Connection terminated due to connection timeout');
+        this.at = h;
+        self.host = self.connectionParameters.host = h.host;
+        self.port = self.connectionParameters.port = h.port;
+        try {
+          await super.connect();
+        } catch (err) {
+          if (sqlState(err) === undefined || suspicious(sqlState(err))) finder.suspect(h);
+          throw err;
+        }
+        if (this.hotStandby && finder.opts.attrs !== 'any') {
+          finder.suspect(h);
+          this.closing = true;
+          await super.end().catch(() => {});
+          throw new NoWritableHostError(
+            `${describeHost(h)} is in hot standby (target_session_attrs=${finder.opts.attrs}); looking for the primary again`,
+          );
+        }
+        return this as pg.Client;
+      });
       if (!callback) return connected;
       connected.then(
         () => (callback as (err: Error | null) => void)(null),

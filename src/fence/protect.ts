@@ -62,7 +62,10 @@ const q = {
            ORDER BY c.oid = pg_catalog.to_regclass($1) DESC, c.oid`,
     values: [table],
   }),
-  relkind: (table: string): Query => ({ text: 'SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)', values: [table] }),
+  relkind: (table: string): Query => ({
+    text: 'SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)',
+    values: [table],
+  }),
   declareTable: (oid: string, fenceKey: string): Query => ({
     text: `INSERT INTO fencepost.protected_tables (relation, fence_key) VALUES ($1::int8::oid, $2)
            ON CONFLICT (relation) DO UPDATE SET fence_key = EXCLUDED.fence_key, declared_at = now()`,
@@ -104,7 +107,8 @@ const ddl = {
   dropTrigger: (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`,
   tableTrigger: (rel: string, fenceKey: string) =>
     `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)}, ${pg.escapeLiteral(epochSequence(fenceKey))})`,
-  objectsTrigger: () => `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`,
+  objectsTrigger: () =>
+    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`,
 };
 
 function checkFenceKey(fenceKey: string): void {
@@ -131,7 +135,9 @@ async function tableFamily(client: pg.PoolClient, table: string) {
   const { rows } = await client.query<{ oid: string; name: string; owner: string; nspname: string }>(q.family(table));
   if (rows.length === 0) {
     const kind = (await client.query<{ relkind: string }>(q.relkind(table))).rows[0]?.relkind;
-    throw new ProtectError(kind === undefined ? `table ${table} does not exist` : `${table} is not a table (relkind ${kind}): protect the table it writes to`);
+    throw new ProtectError(
+      kind === undefined ? `table ${table} does not exist` : `${table} is not a table (relkind ${kind}): protect the table it writes to`,
+    );
   }
   if (rows.some((r) => r.nspname === 'fencepost')) throw new ProtectError(`${table} is fencepost's own table: it is protected already`);
   return rows;
@@ -150,9 +156,10 @@ export async function protectTable(pool: pg.Pool, table: string, fenceKey: strin
         await client.query(ddl.tableTrigger(rel.name, fenceKey));
       } catch (err) {
         if (sqlState(err) !== INSUFFICIENT_PRIVILEGE) throw err;
-        throw new ProtectError(`the proxy's database role may not create triggers on ${rel.name} (${(err as Error).message}); have its owner (${rel.owner}) or a superuser run:`, [
-          `GRANT TRIGGER ON ${rel.name} TO ${pg.escapeIdentifier(me)}`,
-        ]);
+        throw new ProtectError(
+          `the proxy's database role may not create triggers on ${rel.name} (${(err as Error).message}); have its owner (${rel.owner}) or a superuser run:`,
+          [`GRANT TRIGGER ON ${rel.name} TO ${pg.escapeIdentifier(me)}`],
+        );
       }
     }
     return { tables: family.map((r) => r.name), owners: [...new Set(family.map((r) => r.owner))] };
@@ -190,13 +197,20 @@ export async function protectPrefix(pool: pg.Pool, prefix: string, fenceKey: str
 export async function unprotectPrefix(pool: pg.Pool, prefix: string): Promise<boolean> {
   return inTransaction(pool, async (client) => {
     const removed = ((await client.query(q.forgetPrefix(prefix))).rowCount ?? 0) > 0;
-    if ((await client.query(q.anyPrefix())).rowCount === 0) await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
+    if ((await client.query(q.anyPrefix())).rowCount === 0)
+      await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
     return removed;
   });
 }
 
 export async function listProtected(pool: pg.Pool): Promise<ProtectedItem[]> {
-  const { rows } = await pool.query<{ kind: 'table' | 'prefix'; target: string; fence_key: string; enforced: boolean; why_not: string | null }>(q.list());
+  const { rows } = await pool.query<{
+    kind: 'table' | 'prefix';
+    target: string;
+    fence_key: string;
+    enforced: boolean;
+    why_not: string | null;
+  }>(q.list());
   return rows.map((r) => ({ kind: r.kind, target: r.target, fenceKey: r.fence_key, enforced: r.enforced, whyNot: r.why_not }));
 }
 
@@ -221,11 +235,17 @@ export async function protectedDataReport(pool: pg.Pool): Promise<ProtectedDataR
   const items = await listProtected(pool);
   const warnings: ProtectedDataReport['warnings'] = items
     .filter((i) => !i.enforced)
-    .map((i) => ({ reason: 'not_enforced' as const, target: `${i.kind} ${i.target}`, message: `${i.kind} ${i.target}: NOT ENFORCED: ${i.whyNot ?? 'its trigger is not the fence\'s'} (run fencepost protect again)` }));
+    .map((i) => ({
+      reason: 'not_enforced' as const,
+      target: `${i.kind} ${i.target}`,
+      message: `${i.kind} ${i.target}: NOT ENFORCED: ${i.whyNot ?? "its trigger is not the fence's"} (run fencepost protect again)`,
+    }));
   const { rows } = await pool.query<{ target: string; schema: string; roles: string[] }>(q.schemaUsers());
   for (const r of rows) {
     if (r.roles.length <= 1 && !r.roles.includes('PUBLIC')) continue;
-    const who = r.roles.includes('PUBLIC') ? `every role (PUBLIC has USAGE on schema ${r.schema})` : `roles ${r.roles.join(', ')} (USAGE on schema ${r.schema})`;
+    const who = r.roles.includes('PUBLIC')
+      ? `every role (PUBLIC has USAGE on schema ${r.schema})`
+      : `roles ${r.roles.join(', ')} (USAGE on schema ${r.schema})`;
     warnings.push({
       reason: 'shared_schema',
       target: `table ${r.target}`,
@@ -237,7 +257,9 @@ export async function protectedDataReport(pool: pg.Pool): Promise<ProtectedDataR
 
 export async function protectedPrefixes(pool: pg.Pool): Promise<{ prefix: string; fenceKey: string }[]> {
   const { rows } = await pool.query<{ prefix: string; fence_key: string }>(q.prefixes());
-  return rows.map((r) => ({ prefix: r.prefix, fenceKey: r.fence_key })).sort((a, b) => Buffer.byteLength(b.prefix) - Buffer.byteLength(a.prefix));
+  return rows
+    .map((r) => ({ prefix: r.prefix, fenceKey: r.fence_key }))
+    .sort((a, b) => Buffer.byteLength(b.prefix) - Buffer.byteLength(a.prefix));
 }
 
 /** The longest of `prefixes` (protectedPrefixes' order) that `objectKey` starts with, or null: the trigger's choice. */

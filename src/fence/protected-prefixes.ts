@@ -42,10 +42,12 @@ export class ProtectedPrefixes {
   refresh(): Promise<void> {
     if (this.queued) return this.queued;
     if (this.running) {
-      const queued = this.running.catch(() => {}).then(() => {
-        this.queued = null;
-        return this.read();
-      });
+      const queued = this.running
+        .catch(() => {})
+        .then(() => {
+          this.queued = null;
+          return this.read();
+        });
       this.queued = queued;
       return queued;
     }
@@ -67,7 +69,9 @@ export class ProtectedPrefixes {
   /** Refreshes every `intervalMs` until the returned function is called; a failed read is logged (warn) and the old copy kept. */
   refreshing(intervalMs: number, logger?: Logger): () => void {
     const timer = setInterval(() => {
-      this.refresh().catch((err: unknown) => logger?.warn({ err }, 'reading the protected prefixes failed; the previous list stays (Postgres still enforces them)'));
+      this.refresh().catch((err: unknown) =>
+        logger?.warn({ err }, 'reading the protected prefixes failed; the previous list stays (Postgres still enforces them)'),
+      );
     }, intervalMs);
     timer.unref();
     return () => clearInterval(timer);

@@ -186,7 +186,8 @@ export function isPlainPut(r: WriteRow): boolean {
 /**
  * The leader's common case, cheaper than fencedWrite (about half its cost to Postgres): plain puts
  * (isPlainPut) whose fence is at their very token, on objects of that fence or new ones: the rule's
- * share step alone (rule.ts shareFences, exactly the token), then the objects. Returns a row only for each put it applied, with its version and
+ * share step alone (rule.ts shareFences, exactly the token), then the objects. Returns a row only for
+ * each put it applied, with its version and
  * ETag; every other put (its fence absent, lower or higher: a raise or a stale token; its object
  * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
  * it. Each applied put is counted by a row in pending_counts (an insert: a quarter cheaper than
@@ -297,7 +298,9 @@ export function writeValues(rows: readonly WriteRow[]): unknown[] {
  */
 export function preconditionValues(rows: readonly WriteRow[]): unknown[] {
   return [
-    rows.map((r) => (r.ifMatch === undefined || r.ifMatch === null ? null : r.ifMatch === '*' ? '*' : r.ifMatch.filter((t) => ETAG_FORM.test(t)).join(' '))),
+    rows.map((r) =>
+      r.ifMatch === undefined || r.ifMatch === null ? null : r.ifMatch === '*' ? '*' : r.ifMatch.filter((t) => ETAG_FORM.test(t)).join(' '),
+    ),
     rows.map((r) => r.ifNoneMatch === true),
   ];
 }
@@ -352,7 +355,14 @@ log AS (
   FROM input i JOIN cur USING (fence_key)
 )
 SELECT fence_key, highest_token FROM cur`,
-    values: [rows.map((r) => r.kind), rows.map((r) => r.fenceKey), rows.map((r) => r.key), rows.map((r) => r.token.toString()), rows.map((r) => r.writerId), door],
+    values: [
+      rows.map((r) => r.kind),
+      rows.map((r) => r.fenceKey),
+      rows.map((r) => r.key),
+      rows.map((r) => r.token.toString()),
+      rows.map((r) => r.writerId),
+      door,
+    ],
   };
 }
 
@@ -417,7 +427,10 @@ const PENDING = `LEFT JOIN (SELECT s.fence_key, count(*) AS n FROM fencepost.pen
 
 /** Whether the database takes writes: in recovery (a standby), or read-only by default. */
 export function writability(): Query {
-  return { name: 'fencepost_writability', text: "SELECT pg_is_in_recovery() AS recovery, current_setting('default_transaction_read_only') AS read_only" };
+  return {
+    name: 'fencepost_writability',
+    text: "SELECT pg_is_in_recovery() AS recovery, current_setting('default_transaction_read_only') AS read_only",
+  };
 }
 
 /** Postgres's max_connections and the connections it keeps for superusers. */
@@ -540,7 +553,6 @@ SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared
 
 /** The application_name of a raise's transaction: a label for operators, never a pass (a client can name itself anything). */
 export const RAISE_APPLICATION = 'fencepost-raise';
-
 
 /** The end of a count Query: adds a CTE `per_fence (fence_key, n)` to fence_counts and totals (fold shards). */
 const ADD_PER_FENCE_COUNTS = `counted AS (
@@ -667,7 +679,9 @@ export function fenceSession(fences: readonly { fenceKey: string; token: bigint;
  * backend's start (session_start), which the capabilities of fenceSession() are bound to.
  */
 export function unfenceSession(): Query {
-  return { text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DISCARD SEQUENCES; BEGIN; SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start() AS start' };
+  return {
+    text: 'RESET ALL; SET SESSION AUTHORIZATION DEFAULT; DISCARD SEQUENCES; BEGIN; SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start() AS start',
+  };
 }
 
 /**
@@ -690,7 +704,13 @@ export function endFenceSession(): Query {
  * timeouts validated integers, the role a configured key's pgRole (a plain identifier, quoted), the
  * epoch sequences' names (hex).
  */
-export function openClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null, fenceKeys: readonly string[]): Query {
+export function openClientTransaction(
+  isolation: Isolation,
+  statementTimeoutMs: number,
+  lockTimeoutMs: number,
+  role: string | null,
+  fenceKeys: readonly string[],
+): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
   if (role !== null && !ROLE_NAME.test(role)) throw new Error('role must be a plain identifier');
   if (fenceKeys.length === 0) throw new Error('a fenced transaction needs a fence');
@@ -713,7 +733,7 @@ export function openClientTransaction(isolation: Isolation, statementTimeoutMs: 
  */
 export function sealAndCommit(): Query {
   return {
-    text: "SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SET LOCAL synchronous_commit = on; COMMIT",
+    text: 'SET LOCAL log_parameter_max_length_on_error = 0; CLOSE ALL; SET CONSTRAINTS ALL IMMEDIATE; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); SET LOCAL synchronous_commit = on; COMMIT',
   };
 }
 
@@ -725,7 +745,6 @@ export function terminateBackend(pid: number): Query {
 export function rollbackTransaction(): Query {
   return { text: 'ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()' };
 }
-
 
 /**
  * The settings a Postgres failover's safety depends on, as a new session of this role in this

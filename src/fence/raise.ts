@@ -56,7 +56,12 @@ const END_POLL_MS = 100;
  * synchronous standby cancelled) rejects with a WriteOutcomeUnknownError: the raise may have
  * committed. Any other failure committed nothing.
  */
-export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null, opts: RaiseOptions): Promise<RaisedFence[]> {
+export async function raiseFences(
+  pool: pg.Pool,
+  fences: readonly { fenceKey: string; token: bigint }[],
+  writerId: string | null,
+  opts: RaiseOptions,
+): Promise<RaisedFence[]> {
   let ender: Promise<void> = Promise.resolve();
   try {
     return await withClient(pool, (client, checkout) => raiseOn(client, checkout));
@@ -71,12 +76,21 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
       const pid = (client as unknown as { processID: number }).processID;
       // The wait for the holders, then the wait for them to go: a raise never takes longer than both.
       const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
-      await client.query(`BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`);
+      await client.query(
+        `BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`,
+      );
       open = true;
       let finish = () => {};
       const finished = new Promise<void>((resolve) => (finish = resolve));
       const timer = setTimeout(() => {
-        ender = endHolders(pool, pid, fences.map((f) => f.fenceKey), () => done, finished, opts.logger);
+        ender = endHolders(
+          pool,
+          pid,
+          fences.map((f) => f.fenceKey),
+          () => done,
+          finished,
+          opts.logger,
+        );
       }, opts.waitMs);
       let rows: { fence_key: string; highest_token: string | null }[];
       try {
@@ -95,7 +109,7 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
         if (!isLostAfterSend(err)) throw err;
         // A client that stopped waiting still has the COMMIT in flight: it must not serve another.
         checkout.discard(coerceError(err));
-        throw new WriteOutcomeUnknownError(err, 'the raise\'s COMMIT was sent and not answered: the fence may or may not have been raised');
+        throw new WriteOutcomeUnknownError(err, "the raise's COMMIT was sent and not answered: the fence may or may not have been raised");
       } finally {
         commit.stop();
       }
@@ -106,7 +120,11 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
       open = false;
       await ender;
       // Still held (a prepared transaction this role may not roll back, say): name what holds it.
-      throw await explainLockTimeout(pool, fences.map((f) => f.fenceKey), err);
+      throw await explainLockTimeout(
+        pool,
+        fences.map((f) => f.fenceKey),
+        err,
+      );
     } finally {
       if (open) await client.query('ROLLBACK').catch(() => {});
     }
@@ -114,7 +132,14 @@ export async function raiseFences(pool: pg.Pool, fences: readonly { fenceKey: st
 }
 
 /** Ends what blocks backend `raiser` on `fenceKeys`, again every END_POLL_MS until `finished()`. */
-async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly string[], finished: () => boolean, raised: Promise<void>, logger?: RaiseLogger): Promise<void> {
+async function endHolders(
+  pool: pg.Pool,
+  raiser: number,
+  fenceKeys: readonly string[],
+  finished: () => boolean,
+  raised: Promise<void>,
+  logger?: RaiseLogger,
+): Promise<void> {
   const ended = new Set<string>();
   while (!finished()) {
     try {
@@ -122,7 +147,12 @@ async function endHolders(pool: pg.Pool, raiser: number, fenceKeys: readonly str
       for (const h of rows) {
         if (finished() || ended.has(`${h.kind}:${h.id}`)) continue;
         ended.add(`${h.kind}:${h.id}`);
-        logger?.warn({ fenceKeys, holder: h }, h.kind === 'backend' ? 'raise: terminating a backend that holds the fence with an older token' : 'raise: rolling back a prepared transaction that holds the fence');
+        logger?.warn(
+          { fenceKeys, holder: h },
+          h.kind === 'backend'
+            ? 'raise: terminating a backend that holds the fence with an older token'
+            : 'raise: rolling back a prepared transaction that holds the fence',
+        );
         if (h.kind === 'backend') await pool.query('SELECT pg_terminate_backend($1)', [Number(h.id)]);
         else await pool.query(`ROLLBACK PREPARED ${quoteLiteral(h.id)}`);
       }

@@ -44,20 +44,48 @@ export interface Stats {
 }
 
 export async function readObject(pool: pg.Pool, key: string): Promise<StoredObject | null> {
-  const { rows } = await pool.query<{ fence_key: string; token: string; version: string; etag: string; content_type: string; body: Buffer; updated_at: Date }>(q.readObject(key));
+  const { rows } = await pool.query<{
+    fence_key: string;
+    token: string;
+    version: string;
+    etag: string;
+    content_type: string;
+    body: Buffer;
+    updated_at: Date;
+  }>(q.readObject(key));
   const r = rows[0];
   if (!r) return null;
-  return { fenceKey: r.fence_key, token: BigInt(r.token), version: BigInt(r.version), etag: r.etag, contentType: r.content_type, body: r.body, updatedAt: r.updated_at };
+  return {
+    fenceKey: r.fence_key,
+    token: BigInt(r.token),
+    version: BigInt(r.version),
+    etag: r.etag,
+    contentType: r.content_type,
+    body: r.body,
+    updatedAt: r.updated_at,
+  };
 }
 
 /**
  * One page of objects in key order (byte order) whose keys start with `prefix` ('' for all),
  * after `after`; `next` is the cursor of the next page (null at the end).
  */
-export async function listObjects(pool: pg.Pool, prefix: string, after: string | null, limit: number): Promise<{ objects: ObjectInfo[]; next: string | null }> {
-  const { rows } = await pool.query<{ key: string; fence_key: string; token: string; version: string; etag: string; content_type: string; size: number; updated_at: Date }>(
-    q.listObjects(prefix, after, limit + 1),
-  );
+export async function listObjects(
+  pool: pg.Pool,
+  prefix: string,
+  after: string | null,
+  limit: number,
+): Promise<{ objects: ObjectInfo[]; next: string | null }> {
+  const { rows } = await pool.query<{
+    key: string;
+    fence_key: string;
+    token: string;
+    version: string;
+    etag: string;
+    content_type: string;
+    size: number;
+    updated_at: Date;
+  }>(q.listObjects(prefix, after, limit + 1));
   const page = rows.slice(0, limit).map((r) => ({
     key: r.key,
     fenceKey: r.fence_key,
@@ -83,8 +111,13 @@ export async function readHighestToken(pool: pg.Pool, fenceKey: string): Promise
 }
 
 /** The fence with the highest token under `prefix` (queries.ts leadingFence); null when none. */
-export async function readLeadingFence(pool: pg.Pool, prefix: string): Promise<{ fenceKey: string; highestToken: bigint; raisedBy: string | null; raisedAt: Date } | null> {
-  const { rows } = await pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date }>(q.leadingFence(prefix));
+export async function readLeadingFence(
+  pool: pg.Pool,
+  prefix: string,
+): Promise<{ fenceKey: string; highestToken: bigint; raisedBy: string | null; raisedAt: Date } | null> {
+  const { rows } = await pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date }>(
+    q.leadingFence(prefix),
+  );
   const r = rows[0];
   return r ? { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, raisedAt: r.updated_at } : null;
 }
@@ -95,7 +128,11 @@ export async function readFence(pool: pg.Pool, fenceKey: string): Promise<FenceR
 }
 
 /** One page of fences in key order, and the cursor of the next page (null at the end). */
-export async function listFences(pool: pg.Pool, after: string | null, limit: number): Promise<{ fences: FenceRecord[]; next: string | null }> {
+export async function listFences(
+  pool: pg.Pool,
+  after: string | null,
+  limit: number,
+): Promise<{ fences: FenceRecord[]; next: string | null }> {
   const { rows } = await pool.query<FenceRow>(q.listFences(after, limit + 1));
   const page = rows.slice(0, limit).map(toFence);
   return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
@@ -104,14 +141,28 @@ export async function listFences(pool: pg.Pool, after: string | null, limit: num
 export async function readStats(pool: pg.Pool, perFenceLimit: number): Promise<Stats> {
   const [totals, per] = await Promise.all([
     pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
-    pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date; accepted: string; rejected: string }>(q.statsPerFence(perFenceLimit)),
+    pool.query<{
+      fence_key: string;
+      highest_token: string;
+      raised_by: string | null;
+      updated_at: Date;
+      accepted: string;
+      rejected: string;
+    }>(q.statsPerFence(perFenceLimit)),
   ]);
   const t = totals.rows[0]!;
   return {
     fences: Number(t.fences),
     accepted: BigInt(t.accepted),
     rejected: BigInt(t.rejected),
-    perFence: per.rows.map((r) => ({ fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, raisedAt: r.updated_at, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) })),
+    perFence: per.rows.map((r) => ({
+      fenceKey: r.fence_key,
+      highestToken: BigInt(r.highest_token),
+      raisedBy: r.raised_by,
+      raisedAt: r.updated_at,
+      accepted: BigInt(r.accepted),
+      rejected: BigInt(r.rejected),
+    })),
   };
 }
 
@@ -125,5 +176,12 @@ interface FenceRow {
 }
 
 function toFence(r: FenceRow): FenceRecord {
-  return { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), updatedAt: r.updated_at, raisedBy: r.raised_by, accepted: BigInt(r.accepted), rejected: BigInt(r.rejected) };
+  return {
+    fenceKey: r.fence_key,
+    highestToken: BigInt(r.highest_token),
+    updatedAt: r.updated_at,
+    raisedBy: r.raised_by,
+    accepted: BigInt(r.accepted),
+    rejected: BigInt(r.rejected),
+  };
 }

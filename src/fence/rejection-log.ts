@@ -59,7 +59,10 @@ export class RejectionLog {
     } catch (err) {
       for (const listener of this.unrecorded) listener(door, rows.length);
       const code = (err as { code?: unknown }).code;
-      this.failures.log('warn', `${door}:${typeof code === 'string' ? code : ''}`, { door }, err, 'could not record a rejection', { fenceKeys: [...new Set(rows.map((r) => r.fenceKey))].slice(0, 10), rejections: rows.length });
+      this.failures.log('warn', `${door}:${typeof code === 'string' ? code : ''}`, { door }, err, 'could not record a rejection', {
+        fenceKeys: [...new Set(rows.map((r) => r.fenceKey))].slice(0, 10),
+        rejections: rows.length,
+      });
       throw err;
     }
     return new Map(result.rows.map((r) => [r.fence_key, BigInt(r.highest_token)]));

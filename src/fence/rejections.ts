@@ -156,21 +156,22 @@ interface RejectionRow {
 }
 
 /** One page of the log, newest first. */
-export async function readRejections(pool: pg.Pool, opts: { fenceKey: string | null; before: bigint | null; limit: number }): Promise<RejectionPage> {
+export async function readRejections(
+  pool: pg.Pool,
+  opts: { fenceKey: string | null; before: bigint | null; limit: number },
+): Promise<RejectionPage> {
   const { rows } = await pool.query<RejectionRow>(listRejections(opts.fenceKey, opts.before, opts.limit + 1));
-  const page = rows.slice(0, opts.limit).map(
-    (r): Rejection => ({
-      id: BigInt(r.id),
-      fenceKey: r.fence_key,
-      objectKey: r.object_key,
-      operation: r.operation,
-      door: r.door,
-      token: BigInt(r.token),
-      highestToken: BigInt(r.highest_token),
-      writerId: r.writer_id,
-      rejectedAt: r.rejected_at,
-    }),
-  );
+  const page = rows.slice(0, opts.limit).map((r): Rejection => ({
+    id: BigInt(r.id),
+    fenceKey: r.fence_key,
+    objectKey: r.object_key,
+    operation: r.operation,
+    door: r.door,
+    token: BigInt(r.token),
+    highestToken: BigInt(r.highest_token),
+    writerId: r.writer_id,
+    rejectedAt: r.rejected_at,
+  }));
   return { rejections: page, next: rows.length > opts.limit ? (page.at(-1)?.id ?? null) : null };
 }
 

@@ -5,7 +5,14 @@
 import type pg from 'pg';
 import type { Logger } from 'pino';
 import { coerceError } from './pg-errors.ts';
-import { pruneRejectionMinutes, pruneRejectionsByAge, pruneRejectionsUpTo, rejectionRowCutoff, retentionUnlock, tryRetentionLock } from './rejections.ts';
+import {
+  pruneRejectionMinutes,
+  pruneRejectionsByAge,
+  pruneRejectionsUpTo,
+  rejectionRowCutoff,
+  retentionUnlock,
+  tryRetentionLock,
+} from './rejections.ts';
 import { withClient } from './checkout.ts';
 
 // Arbitrary constant, distinct from the migration lock: "fencepost retention".
@@ -81,7 +88,8 @@ export class RejectionPruner {
           if (maxRows > 0) {
             const cut = await client.query<{ cutoff: string | null }>(rejectionRowCutoff(maxRows));
             const cutoff = cut.rows[0]?.cutoff;
-            if (cutoff != null && BigInt(cutoff) > 0n) deleted += await this.batches(client, () => pruneRejectionsUpTo(BigInt(cutoff), batchSize));
+            if (cutoff != null && BigInt(cutoff) > 0n)
+              deleted += await this.batches(client, () => pruneRejectionsUpTo(BigInt(cutoff), batchSize));
           }
           await client.query(pruneRejectionMinutes());
         } finally {

@@ -123,7 +123,8 @@ export function epochProof(epoch: string): string {
 export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
 
 /**
- * SQL: this backend's start, as text that no session setting changes (UTC, to the microsecond). With the pid it names one backend for good: a reconnect that gets the same pid
+ * SQL: this backend's start, as text that no session setting changes (UTC, to the microsecond). With
+ * the pid it names one backend for good: a reconnect that gets the same pid
  * gets another start.
  */
 export const BACKEND_START_SQL =
@@ -135,8 +136,16 @@ export interface BackendIdentity {
   start: string;
 }
 
-/** The capability a session presents to fence_session(): bound to its backend, the fence key and the token (null: no fence, only the session's setup). */
-export function sessionFenceCapability(capability: string, backend: BackendIdentity, fenceKey: string | null, token: bigint | null): string {
+/**
+ * The capability a session presents to fence_session(): bound to its backend, the fence key and the
+ * token (null: no fence, only the session's setup).
+ */
+export function sessionFenceCapability(
+  capability: string,
+  backend: BackendIdentity,
+  fenceKey: string | null,
+  token: bigint | null,
+): string {
   return boundCapability(capability, backend, ['fence_session', fenceKey, token === null ? null : token.toString()]);
 }
 
@@ -158,12 +167,22 @@ const CAPABILITY_DOMAIN = 'fencepost bound capability v2';
  */
 export function boundCapability(capability: string, backend: BackendIdentity, fields: readonly (string | null)[]): string {
   return createHash('sha256')
-    .update([CAPABILITY_DOMAIN, capability, String(backend.pid), backend.start, ...fields.map((f) => f ?? 'NULL'), capability].join('|'), 'utf8')
+    .update(
+      [CAPABILITY_DOMAIN, capability, String(backend.pid), backend.start, ...fields.map((f) => f ?? 'NULL'), capability].join('|'),
+      'utf8',
+    )
     .digest('hex');
 }
 
 /** SQL: boundCapability() of the secret `secret` and the text expressions `fields`, for this backend. */
 export function boundCapabilitySql(secret: string, fields: readonly string[]): string {
-  const parts = [`'${CAPABILITY_DOMAIN}'`, secret, 'pg_backend_pid()', BACKEND_START_SQL, ...fields.map((f) => `coalesce(${f}, 'NULL')`), secret];
+  const parts = [
+    `'${CAPABILITY_DOMAIN}'`,
+    secret,
+    'pg_backend_pid()',
+    BACKEND_START_SQL,
+    ...fields.map((f) => `coalesce(${f}, 'NULL')`),
+    secret,
+  ];
   return `encode(sha256(convert_to(${parts.join(" || '|' || ")}, 'UTF8')), 'hex')`;
 }

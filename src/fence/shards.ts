@@ -14,5 +14,7 @@ export type ShardRange = keyof typeof FIRST_SHARD;
 /** This backend's counter shard in `range`, as an SQL smallint expression. */
 export function shardSql(range: ShardRange): string {
   const first = FIRST_SHARD[range];
-  return first === 0 ? `(pg_backend_pid() % ${SHARDS_PER_RANGE})::smallint` : `(${first} + pg_backend_pid() % ${SHARDS_PER_RANGE})::smallint`;
+  return first === 0
+    ? `(pg_backend_pid() % ${SHARDS_PER_RANGE})::smallint`
+    : `(${first} + pg_backend_pid() % ${SHARDS_PER_RANGE})::smallint`;
 }

@@ -48,7 +48,10 @@ export class FenceStore {
   readonly pool: pg.Pool;
   /** The rejection log: the store's writes record into it, and so do the other doors (transactions, the SQL endpoint). */
   readonly rejections: RejectionLog;
-  /** The protected object-key prefixes as last read: the door resolves a write's fence key from them (Postgres enforces them regardless). */
+  /**
+   * The protected object-key prefixes as last read: the door resolves a write's fence key from them
+   * (Postgres enforces them regardless).
+   */
   readonly protectedPrefixes: ProtectedPrefixes;
   /** Accepted counts of the SQL doors, added to the counters in batches (accepted-counts.ts); the reads below flush them first. */
   readonly accepted: AcceptedCounts;
@@ -57,7 +60,11 @@ export class FenceStore {
   constructor(pool: pg.Pool, opts: FenceStoreOptions) {
     this.pool = pool;
     this.accepted = new AcceptedCounts(pool);
-    this.rejections = new RejectionLog(pool, { retries: opts.retries, logRepeatWindowMs: opts.logRepeatWindowMs, ...(opts.logger ? { logger: opts.logger } : {}) });
+    this.rejections = new RejectionLog(pool, {
+      retries: opts.retries,
+      logRepeatWindowMs: opts.logRepeatWindowMs,
+      ...(opts.logger ? { logger: opts.logger } : {}),
+    });
     this.protectedPrefixes = new ProtectedPrefixes(pool);
     this.coalescer = new WriteCoalescer(pool, {
       concurrency: opts.concurrency,
@@ -113,7 +120,10 @@ export class FenceStore {
     return reads.listFences(this.pool, after, limit);
   }
 
-  /** The counters, after this proxy's own counts are flushed; `unflushed`: what this proxy counted that they still lack (its flush failed). */
+  /**
+   * The counters, after this proxy's own counts are flushed; `unflushed`: what this proxy counted that
+   * they still lack (its flush failed).
+   */
   async stats(perFenceLimit: number): Promise<Stats & { unflushed: number }> {
     await this.flushCounts();
     const s = await reads.readStats(this.pool, perFenceLimit);

@@ -34,7 +34,14 @@ import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
-import { provisionClientLogins, resetClientPassword, type ClientLogin, type LoginProblem, type LoginSpec, type ProvisionResult } from './client-logins.ts';
+import {
+  provisionClientLogins,
+  resetClientPassword,
+  type ClientLogin,
+  type LoginProblem,
+  type LoginSpec,
+  type ProvisionResult,
+} from './client-logins.ts';
 import { ADMIN_SHUTDOWN, INTERNAL_ERROR, INVALID_PASSWORD, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
 
 export type { Isolation };
@@ -72,7 +79,9 @@ export class StatementError extends Error {
 export class TransactionEndedError extends Error {
   readonly index: number;
   constructor(index: number) {
-    super(`statements[${index}] ended the transaction: the fence and the statements before it are as that statement left them; nothing after it was applied`);
+    super(
+      `statements[${index}] ended the transaction: the fence and the statements before it are as that statement left them; nothing after it was applied`,
+    );
     this.name = 'TransactionEndedError';
     this.index = index;
   }
@@ -115,7 +124,6 @@ export class SessionUnusableError extends ConnectionLostError {
   }
 }
 
-
 /** The transaction's fence is absent or below its token: nothing ran; raise it and start again. */
 class RaiseFirstError extends Error {
   constructor(cause: unknown) {
@@ -156,7 +164,12 @@ export class FenceBusyError extends Error {
   readonly heldBy: FenceHeldByPreparedError | null;
   constructor(cause: unknown) {
     const heldBy = cause instanceof FenceHeldByPreparedError ? cause : null;
-    super(heldBy ? `${heldBy.message}; nothing applied` : 'a fence of the transaction is locked by another transaction; nothing applied, safe to retry', { cause });
+    super(
+      heldBy
+        ? `${heldBy.message}; nothing applied`
+        : 'a fence of the transaction is locked by another transaction; nothing applied, safe to retry',
+      { cause },
+    );
     this.name = 'FenceBusyError';
     this.heldBy = heldBy;
   }
@@ -174,8 +187,21 @@ export class LoginUnavailableError extends Error {
 // refused before anything is sent, as a friendly early error. Safety does not rest on this: the
 // login's privileges and the checks in runAttempt hold whatever the text says.
 const REFUSED_FIRST_WORDS = new Set([
-  'begin', 'start', 'commit', 'end', 'rollback', 'abort', 'savepoint', 'release', 'prepare',
-  'set', 'reset', 'do', 'copy', 'listen', 'discard',
+  'begin',
+  'start',
+  'commit',
+  'end',
+  'rollback',
+  'abort',
+  'savepoint',
+  'release',
+  'prepare',
+  'set',
+  'reset',
+  'do',
+  'copy',
+  'listen',
+  'discard',
 ]);
 
 /** Why a statement is refused before it is sent, or null. A convenience, not a boundary. */
@@ -220,8 +246,6 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
   // fromEntries defines own properties, so a column named __proto__ is just a key.
   return r.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, row[i]])));
 }
-
-
 
 /** At most `n` holders at once; the rest wait in arrival order. */
 /**
@@ -363,7 +387,13 @@ export class TransactionRunner {
     const { logins, problems, capability } = await this.provision();
     const login = logins.get(keyName);
     if (!login) {
-      throw new LoginUnavailableError(problems.get(keyName) ?? { login: '', message: `no client login for ${keyName === null ? 'open mode' : `key ${keyName}`}`, sql: [] });
+      throw new LoginUnavailableError(
+        problems.get(keyName) ?? {
+          login: '',
+          message: `no client login for ${keyName === null ? 'open mode' : `key ${keyName}`}`,
+          sql: [],
+        },
+      );
     }
     try {
       await this.slots.take(keyName ?? '', deadline);
@@ -371,33 +401,44 @@ export class TransactionRunner {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
     try {
-      const outcome = await this.deposedOnLoss(sorted, () => retryOnConflict(
-        async () => {
-          for (let fresh = 0, raised = false, refenced = false; ; fresh++) {
-            try {
-              return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
-            } catch (err) {
-              if (err instanceof RefenceError && !refenced && !deadline.aborted) {
-                refenced = true;
-                continue;
+      const outcome = await this.deposedOnLoss(sorted, () =>
+        retryOnConflict(
+          async () => {
+            for (let fresh = 0, raised = false, refenced = false; ; fresh++) {
+              try {
+                return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
+              } catch (err) {
+                if (err instanceof RefenceError && !refenced && !deadline.aborted) {
+                  refenced = true;
+                  continue;
+                }
+                if (err instanceof RefenceError) throw new FenceBusyError(err.cause);
+                if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
+                  // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
+                  raised = true;
+                  await raiseFences(this.opts.owner, sorted, opts.writerId, {
+                    waitMs: this.opts.raiseWaitMs,
+                    lockTimeoutMs: this.opts.lockTimeoutMs,
+                    ...(this.opts.raiseLogger ? { logger: this.opts.raiseLogger } : {}),
+                  }).catch((e: unknown) => {
+                    if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
+                    throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
+                  });
+                  continue;
+                }
+                if (err instanceof RaiseFirstError) throw new FenceBusyError(err.cause);
+                if (!(err instanceof SessionUnusableError) || fresh >= SESSION_RETRIES || deadline.aborted) throw err;
               }
-              if (err instanceof RefenceError) throw new FenceBusyError(err.cause);
-              if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
-                // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
-                raised = true;
-                await raiseFences(this.opts.owner, sorted, opts.writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, ...(this.opts.raiseLogger ? { logger: this.opts.raiseLogger } : {}) }).catch((e: unknown) => {
-                  if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
-                  throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
-                });
-                continue;
-              }
-              if (err instanceof RaiseFirstError) throw new FenceBusyError(err.cause);
-              if (!(err instanceof SessionUnusableError) || fresh >= SESSION_RETRIES || deadline.aborted) throw err;
             }
-          }
-        },
-        { retries: this.opts.retries, backoffMs: 10, retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err), stop: () => deadline.aborted },
-      ));
+          },
+          {
+            retries: this.opts.retries,
+            backoffMs: 10,
+            retryable: (err) => isRetryable(err instanceof StatementError ? err.cause : err),
+            stop: () => deadline.aborted,
+          },
+        ),
+      );
       // A committed one was counted by its fence (a row in pending_counts that commits with it,
       // folded into the counters later: migration 0012); no counter row is held by a writer's
       // transaction. A refused one is recorded outside the retries above: the log retries its
@@ -465,9 +506,24 @@ export class TransactionRunner {
     }
   }
 
-  private async attempt(login: ClientLogin, capability: string, fences: readonly TxFence[], statements: readonly TxStatement[], isolation: Isolation, deadline: AbortSignal): Promise<TxResult> {
+  private async attempt(
+    login: ClientLogin,
+    capability: string,
+    fences: readonly TxFence[],
+    statements: readonly TxStatement[],
+    isolation: Isolation,
+    deadline: AbortSignal,
+  ): Promise<TxResult> {
     const client = await this.connect(login);
-    const conn = (client as unknown as { connection: { stream: NodeJS.EventEmitter & { destroy(): void }; on(e: 'readyForQuery', f: (m: { status: string }) => void): void; off(e: 'readyForQuery', f: (m: { status: string }) => void): void } }).connection;
+    const conn = (
+      client as unknown as {
+        connection: {
+          stream: NodeJS.EventEmitter & { destroy(): void };
+          on(e: 'readyForQuery', f: (m: { status: string }) => void): void;
+          off(e: 'readyForQuery', f: (m: { status: string }) => void): void;
+        };
+      }
+    ).connection;
     let status = 'I';
     let resultBytes = 0;
     let counting = false;
@@ -508,7 +564,10 @@ export class TransactionRunner {
         // The proof failed: a raise replaced an epoch since this connection was fenced. Nothing
         // ran; the caller fences the session again, which says stale (or raises it first).
         this.fencedFor.delete(client);
-        reusable = await client.query(q.rollbackTransaction()).then(() => true, () => false);
+        reusable = await client.query(q.rollbackTransaction()).then(
+          () => true,
+          () => false,
+        );
         throw new RefenceError(err);
       }
       if (index === -1 && sqlState(err) !== LOCK_NOT_AVAILABLE && !isRetryable(err)) {
@@ -516,7 +575,12 @@ export class TransactionRunner {
         // or BEGIN. Nothing applied (no COMMIT was sent): drop the connection, try another.
         throw new SessionUnusableError(err);
       }
-      const alive = !lost && (await client.query(q.rollbackTransaction()).then(() => true, () => false));
+      const alive =
+        !lost &&
+        (await client.query(q.rollbackTransaction()).then(
+          () => true,
+          () => false,
+        ));
       if (!alive) throw commitSent ? new CommitUnknownError(err) : new ConnectionLostError(err);
       reusable = true;
       if (index === -1) throw sqlState(err) === LOCK_NOT_AVAILABLE ? new FenceBusyError(err) : err;
@@ -534,14 +598,18 @@ export class TransactionRunner {
           const unfenced = (await client.query(q.unfenceSession())) as unknown as pg.QueryResult<{ start?: string }>[];
           const start = unfenced.at(-1)?.rows[0]?.start ?? '';
           const { rows } = await client.query<{ ord: number; highest_token: string | null }>(
-            q.fenceSession(fences.map((f) => ({ ...f, capability: sessionFenceCapability(capability, { pid, start }, f.fenceKey, f.token) }))),
+            q.fenceSession(
+              fences.map((f) => ({ ...f, capability: sessionFenceCapability(capability, { pid, start }, f.fenceKey, f.token) })),
+            ),
           );
           await client.query(q.endFenceSession());
           const highest = fences.map((_, i) => {
             const h = rows.find((r) => r.ord === i)?.highest_token ?? null;
             return h === null ? null : BigInt(h);
           });
-          const stale = fences.flatMap((f, i) => (highest[i] !== null && highest[i]! > f.token ? [{ fenceKey: f.fenceKey, token: f.token, highestToken: highest[i]! }] : []));
+          const stale = fences.flatMap((f, i) =>
+            highest[i] !== null && highest[i]! > f.token ? [{ fenceKey: f.fenceKey, token: f.token, highestToken: highest[i]! }] : [],
+          );
           reusable = true;
           if (stale.length > 0) return { committed: false, stale };
           // A fence absent or below its token: the caller raises it (raise.ts) and starts again.
@@ -549,7 +617,15 @@ export class TransactionRunner {
           reusable = false;
           this.fencedFor.set(client, set);
         }
-        await client.query(q.openClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole, fences.map((f) => f.fenceKey)));
+        await client.query(
+          q.openClientTransaction(
+            isolation,
+            this.opts.statementTimeoutMs,
+            this.opts.lockTimeoutMs,
+            login.pgRole,
+            fences.map((f) => f.fenceKey),
+          ),
+        );
       } catch (err) {
         if (err instanceof RaiseFirstError) throw err;
         return await fail(err, -1);

@@ -67,6 +67,9 @@ export class RepeatLimiter {
     clearTimeout(w.timer);
     this.windows.delete(key);
     if (w.repeats === 0 || this.logger === null) return;
-    this.logger[w.level]({ ...w.fields, repeats: w.repeats, windowMs: this.opts.windowMs }, `${w.msg} … and ${w.repeats.toLocaleString('en')} more like it in the last ${this.opts.windowMs / 1000} s`);
+    this.logger[w.level](
+      { ...w.fields, repeats: w.repeats, windowMs: this.opts.windowMs },
+      `${w.msg} … and ${w.repeats.toLocaleString('en')} more like it in the last ${this.opts.windowMs / 1000} s`,
+    );
   }
 }

@@ -13,7 +13,8 @@ export function processMetrics(): Registry {
     collectDefaultMetrics({ register: processRegistry });
     // Gauges named `_total` (the sums of nodejs_active_handles, _requests and _resources by type,
     // which stay): `promtool check metrics` refuses them, since `_total` names a counter.
-    for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) processRegistry.removeSingleMetric(name);
+    for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'])
+      processRegistry.removeSingleMetric(name);
   }
   return processRegistry;
 }

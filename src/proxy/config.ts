@@ -85,7 +85,10 @@ export interface ProxyConfig {
   clientRole: string;
   /** How often the HTTP door reads the protected object-key prefixes again (it also does after Postgres refused a write as misfenced). */
   protectedPrefixRefreshMs: number;
-  /** FENCEPOST_DURABILITY_CHECK_MS: time between checks of whether a Postgres failover keeps every fence raise (src/fence/durability-monitor.ts). */
+  /**
+   * FENCEPOST_DURABILITY_CHECK_MS: time between checks of whether a Postgres failover keeps every
+   * fence raise (src/fence/durability-monitor.ts).
+   */
   durabilityCheckMs: number;
   /** FENCEPOST_REQUIRE_SYNC_STANDBY=1: refuse writes (503 durability_unsafe) while a failover could lose a fence raise. */
   requireSyncStandby: boolean;
@@ -183,7 +186,11 @@ export class ConfigError extends Error {
  * token write again): $XDG_DATA_HOME/fencepost, else ~/.local/share/fencepost; as root
  * /var/lib/fencepost, since Postgres then runs as the postgres user, who cannot reach /root.
  */
-export function defaultDataDir(packageRoot: string = PACKAGE_ROOT, uid: number = userInfo().uid, env: NodeJS.ProcessEnv = process.env): string {
+export function defaultDataDir(
+  packageRoot: string = PACKAGE_ROOT,
+  uid: number = userInfo().uid,
+  env: NodeJS.ProcessEnv = process.env,
+): string {
   return join(dataHome(uid, env), checkoutId(packageRoot), 'pgdata');
 }
 
@@ -223,10 +230,10 @@ function int(env: NodeJS.ProcessEnv, name: string, def: number, min: number, max
 function clientRole(env: NodeJS.ProcessEnv): string {
   const raw = env.FENCEPOST_CLIENT_ROLE;
   if (raw === undefined || raw === '') return TX_DEFAULTS.clientRole;
-  if (!/^[a-z_][a-z0-9_]{0,39}$/.test(raw)) throw new ConfigError('FENCEPOST_CLIENT_ROLE', 'must be 1–40 of a-z 0-9 _ (not starting with a digit)');
+  if (!/^[a-z_][a-z0-9_]{0,39}$/.test(raw))
+    throw new ConfigError('FENCEPOST_CLIENT_ROLE', 'must be 1–40 of a-z 0-9 _ (not starting with a digit)');
   return raw;
 }
-
 
 /** Loopback addresses: binding one of these without keys is safe. */
 export function isLoopbackHost(host: string): boolean {
@@ -295,7 +302,10 @@ function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
   }
   const mappings = Object.entries(doc).map(([prefix, electionPath]) => {
     if (typeof electionPath !== 'string' || electionPathProblem(electionPath) !== null) {
-      throw new ConfigError('FENCEPOST_FORGERY_GUARD', `election path for ${JSON.stringify(prefix)} must be an absolute ZooKeeper path without a trailing slash`);
+      throw new ConfigError(
+        'FENCEPOST_FORGERY_GUARD',
+        `election path for ${JSON.stringify(prefix)} must be an absolute ZooKeeper path without a trailing slash`,
+      );
     }
     return Object.freeze({ prefix, electionPath });
   });
@@ -304,7 +314,11 @@ function loadForgeryGuard(env: NodeJS.ProcessEnv): ForgeryGuardConfig | null {
   // The elections' credentials: the guard trusts only election paths reserved to their identity
   // (and reads with them, to see ACLs in full; it writes nothing).
   const zkAuth = env.ZK_AUTH;
-  if (!zkAuth) throw new ConfigError('ZK_AUTH', 'is required when FENCEPOST_FORGERY_GUARD is set: the user:password the elections run with (fencepost elect --zk-auth); the guard trusts only election nodes made under it');
+  if (!zkAuth)
+    throw new ConfigError(
+      'ZK_AUTH',
+      'is required when FENCEPOST_FORGERY_GUARD is set: the user:password the elections run with (fencepost elect --zk-auth); the guard trusts only election nodes made under it',
+    );
   let electionAuth: DigestAuth;
   try {
     electionAuth = Object.freeze(parseDigestAuth(zkAuth));
@@ -329,8 +343,10 @@ function tlsFiles(env: NodeJS.ProcessEnv): Readonly<TlsFiles> | null {
   const certFile = env.FENCEPOST_TLS_CERT || null;
   const keyFile = env.FENCEPOST_TLS_KEY || null;
   if (certFile === null && keyFile === null) return null;
-  if (certFile === null) throw new ConfigError('FENCEPOST_TLS_CERT', 'is required with FENCEPOST_TLS_KEY (set both, or neither for plain HTTP)');
-  if (keyFile === null) throw new ConfigError('FENCEPOST_TLS_KEY', 'is required with FENCEPOST_TLS_CERT (set both, or neither for plain HTTP)');
+  if (certFile === null)
+    throw new ConfigError('FENCEPOST_TLS_CERT', 'is required with FENCEPOST_TLS_KEY (set both, or neither for plain HTTP)');
+  if (keyFile === null)
+    throw new ConfigError('FENCEPOST_TLS_KEY', 'is required with FENCEPOST_TLS_CERT (set both, or neither for plain HTTP)');
   return Object.freeze({ certFile, keyFile });
 }
 
@@ -352,7 +368,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   if (host.trim() === '') throw new ConfigError('HOST', 'must not be empty');
   const poolSize = int(env, 'FENCEPOST_POOL_SIZE', 10, 2, 1000);
   const writeConcurrency = int(env, 'FENCEPOST_WRITE_CONCURRENCY', Math.min(STORE_DEFAULTS.concurrency, poolSize - 1), 1, 1000);
-  if (writeConcurrency >= poolSize) throw new ConfigError('FENCEPOST_WRITE_CONCURRENCY', `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`);
+  if (writeConcurrency >= poolSize)
+    throw new ConfigError(
+      'FENCEPOST_WRITE_CONCURRENCY',
+      `must be below FENCEPOST_POOL_SIZE (${poolSize}) so reads always find a connection`,
+    );
   const statementTimeoutMs = int(env, 'FENCEPOST_STATEMENT_TIMEOUT_MS', 10_000, 0, 3_600_000);
   // A healthy writer holds a fence row only for its own statement or its transaction's commit
   // (milliseconds even under load: p99 16 ms in the README's benchmark). A wait of a second means
@@ -362,17 +382,24 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   // well below the statement timeout.
   const lockTimeoutMs = int(env, 'FENCEPOST_LOCK_TIMEOUT_MS', TX_DEFAULTS.lockTimeoutMs, 1, 3_600_000);
   if (statementTimeoutMs > 0 && lockTimeoutMs >= statementTimeoutMs) {
-    throw new ConfigError('FENCEPOST_LOCK_TIMEOUT_MS', `must be below FENCEPOST_STATEMENT_TIMEOUT_MS (${statementTimeoutMs}), or a locked fence would still hold its writes until the statement timeout`);
+    throw new ConfigError(
+      'FENCEPOST_LOCK_TIMEOUT_MS',
+      `must be below FENCEPOST_STATEMENT_TIMEOUT_MS (${statementTimeoutMs}), or a locked fence would still hold its writes until the statement timeout`,
+    );
   }
   const rejectionsMaxAgeMs = int(env, 'FENCEPOST_REJECTIONS_MAX_AGE_MS', 7 * 24 * 3600 * 1000, 0, 3650 * 24 * 3600 * 1000);
   const rejectionsMaxRows = int(env, 'FENCEPOST_REJECTIONS_MAX_ROWS', 1_000_000, 0, 1_000_000_000_000);
   if (rejectionsMaxAgeMs === 0 && rejectionsMaxRows === 0) {
-    throw new ConfigError('FENCEPOST_REJECTIONS_MAX_ROWS', 'and FENCEPOST_REJECTIONS_MAX_AGE_MS cannot both be 0: the rejection log must be bounded');
+    throw new ConfigError(
+      'FENCEPOST_REJECTIONS_MAX_ROWS',
+      'and FENCEPOST_REJECTIONS_MAX_AGE_MS cannot both be 0: the rejection log must be bounded',
+    );
   }
   const keys = loadKeys(env);
   const readAccess = env.FENCEPOST_READ_ACCESS || (keys.length > 0 ? 'key' : 'open');
   if (readAccess !== 'open' && readAccess !== 'key') throw new ConfigError('FENCEPOST_READ_ACCESS', 'must be open or key');
-  if (readAccess === 'key' && keys.length === 0) throw new ConfigError('FENCEPOST_READ_ACCESS', 'key needs keys (FENCEPOST_KEYS_FILE / FENCEPOST_KEYS)');
+  if (readAccess === 'key' && keys.length === 0)
+    throw new ConfigError('FENCEPOST_READ_ACCESS', 'key needs keys (FENCEPOST_KEYS_FILE / FENCEPOST_KEYS)');
   const allowOpenRaw = env.FENCEPOST_ALLOW_OPEN ?? '';
   if (!['', '0', '1'].includes(allowOpenRaw)) throw new ConfigError('FENCEPOST_ALLOW_OPEN', 'must be 0 or 1');
   const allowOpen = allowOpenRaw === '1';
@@ -380,7 +407,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
   if (!['', '0', '1'].includes(requireSyncRaw)) throw new ConfigError('FENCEPOST_REQUIRE_SYNC_STANDBY', 'must be 0 or 1');
   assertSafeBind({ host, keys, allowOpen });
   if (env.FENCEPOST_PG_PORT !== undefined && env.FENCEPOST_PG_PORT !== '') {
-    throw new ConfigError('FENCEPOST_PG_PORT', 'was renamed FENCEPOST_EMBEDDED_PG_PORT (the embedded Postgres\'s port; the SQL endpoint\'s is FENCEPOST_PGWIRE_PORT)');
+    throw new ConfigError(
+      'FENCEPOST_PG_PORT',
+      "was renamed FENCEPOST_EMBEDDED_PG_PORT (the embedded Postgres's port; the SQL endpoint's is FENCEPOST_PGWIRE_PORT)",
+    );
   }
   const forgeryGuard = loadForgeryGuard(env);
   const sqlPort = pgwirePort(env);
@@ -395,7 +425,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     tls: tlsFiles(env),
     pgwirePort: sqlPort,
     pgwireMaxConnections: pgwireMax,
-    pgwireIdleInTransactionMs: int(env, 'FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS', PGWIRE_DEFAULTS.idleInTransactionMs, 0, 24 * 3600 * 1000),
+    pgwireIdleInTransactionMs: int(
+      env,
+      'FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS',
+      PGWIRE_DEFAULTS.idleInTransactionMs,
+      0,
+      24 * 3600 * 1000,
+    ),
     pgwireMaxStartupsPerAddress: int(env, 'FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS', PGWIRE_DEFAULTS.maxStartupsPerAddress, 1, 10_000),
     // With several keys, no key may hold more than half of what is shared, so another always finds room.
     pgwireMaxSessionsPerKey: int(env, 'FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY', fairShare(keys, pgwireMax), 1, 10_000),

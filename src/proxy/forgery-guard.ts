@@ -92,7 +92,6 @@ const INT32_MAX = 2n ** 31n - 1n;
 const MAX_VERIFIED = 10_000;
 const MAX_HIGHEST = 100_000;
 
-
 export class ForgeryGuard {
   private readonly opts: ForgeryGuardOptions;
   private readonly mappings: GuardMapping[];
@@ -143,11 +142,15 @@ export class ForgeryGuard {
   admitObject(objectKey: string, fenceKey: string, token: bigint): void {
     const path = this.pathFor(objectKey);
     if (path === null || this.pathFor(fenceKey) === path) return;
-    throw new ApiError('unverified_token', `object ${JSON.stringify(objectKey)} is guarded by the election under ${path}; its fence key must be guarded by the same election`, {
-      fenceKey,
-      token: token.toString(),
-      electionPath: path,
-    });
+    throw new ApiError(
+      'unverified_token',
+      `object ${JSON.stringify(objectKey)} is guarded by the election under ${path}; its fence key must be guarded by the same election`,
+      {
+        fenceKey,
+        token: token.toString(),
+        electionPath: path,
+      },
+    );
   }
 
   /**
@@ -171,19 +174,30 @@ export class ForgeryGuard {
     const untrusted = this.untrustedWhy.get(path);
     if (untrusted !== undefined) {
       // A configuration problem, not a forged token: say what to fix.
-      throw new ApiError('unverified_token', `election path ${path} not trusted: ${untrusted}; no token from it raises fence ${JSON.stringify(fenceKey)} (use a new election path, created with ZK_AUTH)`, {
+      throw new ApiError(
+        'unverified_token',
+        `election path ${path} not trusted: ${untrusted}; no token from it raises fence ${JSON.stringify(fenceKey)} (use a new election path, created with ZK_AUTH)`,
+        {
+          fenceKey,
+          token: token.toString(),
+          electionPath: path,
+          untrusted,
+        },
+      );
+    }
+    this.opts.logger?.warn(
+      { fenceKey, token: token.toString(), electionPath: path },
+      "forgery guard refused a token that is not the leader's",
+    );
+    throw new ApiError(
+      'unverified_token',
+      `token ${token} would raise fence ${JSON.stringify(fenceKey)} but is not the sequence of the current leader under ${path}`,
+      {
         fenceKey,
         token: token.toString(),
         electionPath: path,
-        untrusted,
-      });
-    }
-    this.opts.logger?.warn({ fenceKey, token: token.toString(), electionPath: path }, 'forgery guard refused a token that is not the leader\'s');
-    throw new ApiError('unverified_token', `token ${token} would raise fence ${JSON.stringify(fenceKey)} but is not the sequence of the current leader under ${path}`, {
-      fenceKey,
-      token: token.toString(),
-      electionPath: path,
-    });
+      },
+    );
   }
 
   /** True if the lowest live candidate under `path` has sequence `token` (re-read on a miss). */
@@ -232,7 +246,9 @@ export class ForgeryGuard {
       }
       return { electionPath: m.electionPath, fenceKeyPrefix: m.prefix, candidates: r.candidates, leader, untrusted: r.untrusted };
     });
-    return (await Promise.all(views)).sort((a, b) => (a.electionPath === b.electionPath ? a.fenceKeyPrefix.localeCompare(b.fenceKeyPrefix) : a.electionPath < b.electionPath ? -1 : 1));
+    return (await Promise.all(views)).sort((a, b) =>
+      a.electionPath === b.electionPath ? a.fenceKeyPrefix.localeCompare(b.fenceKeyPrefix) : a.electionPath < b.electionPath ? -1 : 1,
+    );
   }
 
   /**
@@ -242,7 +258,8 @@ export class ForgeryGuard {
    */
   private async readElection(path: string, unavailable: string): Promise<ElectionRead> {
     const identity = this.identity;
-    if (identity === null) return { candidates: 0, leader: null, untrusted: 'no election identity is configured (ZK_AUTH): no election node is trusted' };
+    if (identity === null)
+      return { candidates: 0, leader: null, untrusted: 'no election identity is configured (ZK_AUTH): no election node is trusted' };
     try {
       const s = await this.zk();
       this.zkReads++;
@@ -265,13 +282,15 @@ export class ForgeryGuard {
       // Who could have made that node: only the identity, if the path's ACL says so and always has.
       const { acl, stat } = await s.getAcl(path);
       if (!isElectionAcl(acl, identity) || stat.aversion !== 0) {
-        const why = stat.aversion !== 0
-          ? `its ACL was changed after it was created (ACL version ${stat.aversion}): nodes planted before the change may remain`
-          : `created without these credentials (ACL): its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
+        const why =
+          stat.aversion !== 0
+            ? `its ACL was changed after it was created (ACL version ${stat.aversion}): nodes planted before the change may remain`
+            : `created without these credentials (ACL): its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
         return { candidates, leader: null, untrusted: why };
       }
       const node = await s.exists(`${path}/${lowest.name}`);
-      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null }; // gone meanwhile, or not a candidate's
+      // gone meanwhile, or not a candidate's
+      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null };
       return { candidates, leader: { seq: lowest.seq, joinedAt: new Date(Number(node.ctime.readBigInt64BE(0))) }, untrusted: null };
     } catch (err) {
       if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return { candidates: 0, leader: null, untrusted: null };

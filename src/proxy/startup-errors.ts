@@ -95,9 +95,13 @@ export function databaseError(err: unknown, setting: string, databaseUrl: string
   if (err instanceof pg.DatabaseError) {
     // PgBouncer refuses the `options` the proxy's connections carry (synchronous_commit=on, timeouts).
     const pooler = /unsupported startup parameter/i.test(err.message)
-      ? '. DATABASE_URL must reach Postgres itself, not a connection pooler: the proxy pools its own connections and sets each one\'s synchronous_commit and timeouts'
+      ? ". DATABASE_URL must reach Postgres itself, not a connection pooler: the proxy pools its own connections and sets each one's synchronous_commit and timeouts"
       : '';
-    return new StartupError(setting, `${where}${database ? ` (database ${database})` : ''}: ${firstLine(err)} (SQLSTATE ${err.code ?? '?'})${pooler}`, { cause: err });
+    return new StartupError(
+      setting,
+      `${where}${database ? ` (database ${database})` : ''}: ${firstLine(err)} (SQLSTATE ${err.code ?? '?'})${pooler}`,
+      { cause: err },
+    );
   }
   switch (systemCode(err)) {
     case 'ECONNREFUSED':
@@ -126,13 +130,26 @@ function zkHosts(connect: string): string[] {
  */
 export async function checkZooKeeper(guard: ForgeryGuardConfig, connectTimeoutMs = 5000): Promise<void> {
   const hosts = zkHosts(guard.zkConnect);
-  const resolved = await Promise.all(hosts.map((h) => lookup(h).then(() => null, (err: unknown) => ({ host: h, err }))));
+  const resolved = await Promise.all(
+    hosts.map((h) =>
+      lookup(h).then(
+        () => null,
+        (err: unknown) => ({ host: h, err }),
+      ),
+    ),
+  );
   const failures = resolved.filter((r) => r !== null);
   if (hosts.length === 0 || failures.length === hosts.length) {
     const first = failures[0];
-    throw new StartupError('ZK_CONNECT', first ? `cannot resolve ${failures.map((f) => f.host).join(', ')} (${systemCode(first.err) ?? firstLine(first.err)})` : `no server in ${JSON.stringify(guard.zkConnect)}`, {
-      cause: first?.err,
-    });
+    throw new StartupError(
+      'ZK_CONNECT',
+      first
+        ? `cannot resolve ${failures.map((f) => f.host).join(', ')} (${systemCode(first.err) ?? firstLine(first.err)})`
+        : `no server in ${JSON.stringify(guard.zkConnect)}`,
+      {
+        cause: first?.err,
+      },
+    );
   }
   let session: ZkSession;
   try {

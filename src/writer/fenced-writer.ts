@@ -155,5 +155,4 @@ export class FencedWriter extends EventEmitter<FencedWriterEvents> {
         return;
     }
   }
-
 }

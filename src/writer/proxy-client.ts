@@ -72,11 +72,16 @@ export class ProxyClient {
   }
 
   async put(key: string, body: string | Uint8Array, o: { token: bigint; fenceKey?: string; contentType?: string }): Promise<PutResult> {
-    const res = await this.request('PUT', `/v1/objects/${encodeURIComponent(key)}`, {
-      'fencing-token': o.token.toString(),
-      'content-type': o.contentType ?? 'application/octet-stream',
-      ...(o.fenceKey === undefined ? {} : { 'fence-key': o.fenceKey }),
-    }, body);
+    const res = await this.request(
+      'PUT',
+      `/v1/objects/${encodeURIComponent(key)}`,
+      {
+        'fencing-token': o.token.toString(),
+        'content-type': o.contentType ?? 'application/octet-stream',
+        ...(o.fenceKey === undefined ? {} : { 'fence-key': o.fenceKey }),
+      },
+      body,
+    );
     const json = (await res.json()) as { key: string; fenceKey: string; token: string; version: number };
     return { key: json.key, fenceKey: json.fenceKey, token: BigInt(json.token), version: json.version };
   }
@@ -112,7 +117,13 @@ export class ProxyClient {
     return { ...j, highestToken: BigInt(j.highestToken) };
   }
 
-  private async request(method: string, path: string, headers: Record<string, string>, body?: string | Uint8Array, allow: number[] = []): Promise<Response> {
+  private async request(
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body?: string | Uint8Array,
+    allow: number[] = [],
+  ): Promise<Response> {
     const res = await fetch(this.baseUrl + path, {
       method,
       headers: {

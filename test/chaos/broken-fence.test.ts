@@ -26,6 +26,9 @@ test('with the fence off, the checker reports stale writes accepted (and exits n
   expect(result.faults.filter((f) => f.kind === 'pause-writer').length, context).toBeGreaterThan(0);
   const stale = result.check.violations.filter((v) => v.invariant === 'monotonic');
   expect(stale.length, context).toBeGreaterThan(0);
-  expect(stale.some((v) => v.message.includes('accepted')), context).toBe(true);
+  expect(
+    stale.some((v) => v.message.includes('accepted')),
+    context,
+  ).toBe(true);
   expect(result.report).toMatch(/FAIL: \d+ violations/);
 }, 120_000);

@@ -22,7 +22,10 @@ test('strict fence under a seeded nemesis: no invariant violated, every planned 
   expect(result.check.violations, context).toEqual([]);
   expect(result.ok).toBe(true);
   // Under fire: several kinds of fault, all injected without error, and the fence did its job.
-  expect(result.faults.filter((f) => f.error), context).toEqual([]);
+  expect(
+    result.faults.filter((f) => f.error),
+    context,
+  ).toEqual([]);
   expect(new Set(result.faults.map((f) => f.kind)).size, context).toBeGreaterThanOrEqual(5);
   expect(result.ops.filter((o) => o.outcome === 'ok').length, context).toBeGreaterThan(100);
   expect(result.ops.filter((o) => o.outcome === 'rejected').length, context).toBeGreaterThan(0);
@@ -38,7 +41,11 @@ test('strict fence under a seeded nemesis: no invariant violated, every planned 
     const committed = writes.filter((o) => o.outcome === 'ok').length;
     // The SQL endpoint has two writers; PUT and /v1/transactions one each.
     if (door === 'sql' || committed > 0) expect(committed, `${door}\n${context}`).toBeGreaterThan(0);
-    else expect(writes.length > 0 && writes.every((o) => o.status === 503 || o.status === 409), `${door}: no write committed, and not for the database's absence\n${context}`).toBe(true);
+    else
+      expect(
+        writes.length > 0 && writes.every((o) => o.status === 503 || o.status === 409),
+        `${door}: no write committed, and not for the database's absence\n${context}`,
+      ).toBe(true);
   }
   expect(new Set(result.ops.filter((o) => o.door !== 'sql').map((o) => o.proxy)).size).toBe(2);
   expect(new Set(result.ops.filter((o) => o.door === 'sql').map((o) => o.proxy)).size).toBe(2);

@@ -36,7 +36,10 @@ function op(p: Partial<Operation> & Pick<Operation, 'op' | 'writer' | 'kind' | '
 function finalFor(ops: Operation[], over: { objects?: [string, StoredObject | null][]; stats?: FinalState['stats'] } = {}): FinalState {
   const objects = new Map<string, StoredObject>();
   for (const o of ops) if (o.outcome === 'ok' && o.kind === 'object') objects.set(o.key!, { body: o.body!, token: o.token, version: 1 });
-  const ledger = ops.filter((o) => o.kind === 'ledger' && o.outcome === 'ok').sort((a, b) => a.version! - b.version!).at(-1);
+  const ledger = ops
+    .filter((o) => o.kind === 'ledger' && o.outcome === 'ok')
+    .sort((a, b) => a.version! - b.version!)
+    .at(-1);
   if (ledger) objects.set(LEDGER, { body: ledger.body!, token: ledger.token, version: ledger.version! });
   for (const [k, v] of over.objects ?? []) {
     if (v) objects.set(k, v);
@@ -47,7 +50,8 @@ function finalFor(ops: Operation[], over: { objects?: [string, StoredObject | nu
   return { objects, stats: over.stats ?? { accepted, rejected, byFenceKey: [{ fenceKey: FK, accepted, rejected }] } };
 }
 
-const invariants = (ops: Operation[], final = finalFor(ops)): Invariant[] => [...new Set(check(ops, final).violations.map((v) => v.invariant))].sort();
+const invariants = (ops: Operation[], final = finalFor(ops)): Invariant[] =>
+  [...new Set(check(ops, final).violations.map((v) => v.invariant))].sort();
 
 /** Leader w1 (token 1) writes, w2 takes over with token 2, the zombie w1 is refused. */
 function cleanHistory(): Operation[] {
@@ -89,7 +93,11 @@ describe('a correct history', () => {
         [ops.find((o) => o.op === 'b5')!.key!, { body: '{"op":"b5"}', token: 2n, version: 1 }],
         [LEDGER, { body: '{"op":"b6"}', token: 2n, version: 4 }],
       ],
-      stats: { accepted: base.stats.accepted + 2, rejected: 1, byFenceKey: [{ fenceKey: FK, accepted: base.stats.accepted + 2, rejected: 1 }] },
+      stats: {
+        accepted: base.stats.accepted + 2,
+        rejected: 1,
+        byFenceKey: [{ fenceKey: FK, accepted: base.stats.accepted + 2, rejected: 1 }],
+      },
     });
     expect(check(ops, committed).violations).toEqual([]);
     expect(check(ops, base).violations).toEqual([]);
@@ -190,7 +198,7 @@ describe('invariant 4: /v1/stats equals the history', () => {
     expect(check(ops, finalFor(ops, { stats })).violations[0]!.message).toBe('/v1/stats says 9 accepted, the history 7…8');
   });
 
-  test("excuses, and only excuses, the SQL-door counts a SIGKILLed proxy had not added", () => {
+  test('excuses, and only excuses, the SQL-door counts a SIGKILLed proxy had not added', () => {
     // Invariant: accepted ≥ acknowledged − (SQL-door acknowledgements of the killed proxy within its window).
     const ops = cleanHistory();
     const sql = (n: string, proxy: string) => op({ op: n, writer: 'w2', kind: 'object', token: 2n, door: 'sql', proxy });
@@ -201,7 +209,9 @@ describe('invariant 4: /v1/stats equals the history', () => {
     // Both of proxy 1's SQL acknowledgements may be lost; the HTTP ones and proxy 2's may not.
     expect(check(ops, finalFor(ops, { stats: short(2) }), lost).violations).toEqual([]);
     const three = check(ops, finalFor(ops, { stats: short(3) }), lost).violations;
-    expect(three[0]!.message).toBe('/v1/stats says 7 accepted, the history 10 (2 of them acknowledged by a proxy killed before it added its counts)');
+    expect(three[0]!.message).toBe(
+      '/v1/stats says 7 accepted, the history 10 (2 of them acknowledged by a proxy killed before it added its counts)',
+    );
     // Without the kill, none may be lost.
     expect(check(ops, finalFor(ops, { stats: short(1) })).violations.map((v) => v.invariant)).toEqual(['stats', 'stats']);
     // Outside the window, none may be lost.
@@ -211,7 +221,11 @@ describe('invariant 4: /v1/stats equals the history', () => {
   test('catches counts on a fence key the history never wrote', () => {
     const ops = cleanHistory();
     const f = finalFor(ops);
-    const stats = { ...f.stats, accepted: f.stats.accepted + 1, byFenceKey: [...f.stats.byFenceKey, { fenceKey: 'chaos/z', accepted: 1, rejected: 0 }] };
+    const stats = {
+      ...f.stats,
+      accepted: f.stats.accepted + 1,
+      byFenceKey: [...f.stats.byFenceKey, { fenceKey: 'chaos/z', accepted: 1, rejected: 0 }],
+    };
     expect(check(ops, { ...f, stats }).violations.map((v) => v.fenceKey)).toEqual(['chaos/z', null]);
   });
 });
@@ -220,10 +234,27 @@ describe('history files', () => {
   test('an invocation without a completion (writer killed in flight) is indeterminate; a torn last line is skipped', () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-chaos-history-'));
     try {
-      const inv = (op: string, t: number) => JSON.stringify({ type: 'invoke', op, writer: 'w1.0', fenceKey: FK, kind: 'object', key: `${FK}/${op}`, token: '3', body: 'x', proxy: 'p', t });
+      const inv = (op: string, t: number) =>
+        JSON.stringify({
+          type: 'invoke',
+          op,
+          writer: 'w1.0',
+          fenceKey: FK,
+          kind: 'object',
+          key: `${FK}/${op}`,
+          token: '3',
+          body: 'x',
+          proxy: 'p',
+          t,
+        });
       writeFileSync(
         join(dir, 'w1.0.jsonl'),
-        [inv('w1.0:1', 10), JSON.stringify({ type: 'complete', op: 'w1.0:1', outcome: 'ok', status: 200, version: 1, t: 12 }), inv('w1.0:2', 20), '{"type":"inv'].join('\n'),
+        [
+          inv('w1.0:1', 10),
+          JSON.stringify({ type: 'complete', op: 'w1.0:1', outcome: 'ok', status: 200, version: 1, t: 12 }),
+          inv('w1.0:2', 20),
+          '{"type":"inv',
+        ].join('\n'),
       );
       const ops = readHistory(dir);
       expect(ops.map((o) => [o.op, o.outcome, o.ackT, o.token])).toEqual([

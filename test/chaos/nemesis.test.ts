@@ -1,11 +1,27 @@
 // The fault schedule is a pure function of the seed: the same seed replays the same faults; and how
 // the nemesis picks the writer a leader pause hits.
 import { describe, expect, test } from 'vitest';
-import { FAULT_KINDS, laneOf, planSchedule, runNemesis, type NemesisTarget, type PlannedFault, type ScheduleOptions } from '../../tools/chaos/nemesis.ts';
+import {
+  FAULT_KINDS,
+  laneOf,
+  planSchedule,
+  runNemesis,
+  type NemesisTarget,
+  type PlannedFault,
+  type ScheduleOptions,
+} from '../../tools/chaos/nemesis.ts';
 import type { Door } from '../../tools/chaos/history.ts';
 import { Prng } from '../../tools/chaos/prng.ts';
 
-const base: ScheduleOptions = { seed: 1, durationMs: 30_000, writers: 4, proxies: 2, zkServers: 3, fenceKeys: ['chaos/a', 'chaos/b'], sessionTimeoutMs: 2000 };
+const base: ScheduleOptions = {
+  seed: 1,
+  durationMs: 30_000,
+  writers: 4,
+  proxies: 2,
+  zkServers: 3,
+  fenceKeys: ['chaos/a', 'chaos/b'],
+  sessionTimeoutMs: 2000,
+};
 
 describe('fault schedule', () => {
   test('the same seed gives the same schedule', () => {
@@ -27,7 +43,8 @@ describe('fault schedule', () => {
 
   test('pauses and partitions outlast the session timeout (the writer must lose its session)', () => {
     const s = planSchedule({ ...base, seed: 7, durationMs: 120_000 });
-    for (const f of s) if (f.kind === 'pause-writer' || f.kind === 'partition-writer') expect(f.durationMs).toBeGreaterThan(base.sessionTimeoutMs);
+    for (const f of s)
+      if (f.kind === 'pause-writer' || f.kind === 'partition-writer') expect(f.durationMs).toBeGreaterThan(base.sessionTimeoutMs);
   });
 
   test('faults of one lane do not overlap: at most one writer and one component faulty at a time', () => {
@@ -54,7 +71,7 @@ test('the PRNG is mulberry32: fixed output for a fixed seed', () => {
   expect([r.next(), r.next(), r.next()].map((x) => x.toFixed(8))).toEqual(['0.62707394', '0.00273572', '0.52744704']);
 });
 
-test('a seed outside 0…2^32−1 is refused, not aliased to another seed\'s schedule', () => {
+test("a seed outside 0…2^32−1 is refused, not aliased to another seed's schedule", () => {
   expect(() => planSchedule({ ...base, seed: 2 ** 32 + 1 })).toThrow(RangeError);
   for (const seed of [-1, 1.5, Number.NaN]) expect(() => new Prng(seed)).toThrow(RangeError);
   expect(new Prng(2 ** 32 - 1).next()).toBeTypeOf('number');
@@ -68,12 +85,22 @@ describe('leader pauses take turns over the doors', () => {
     const paused: number[] = [];
     const target = {
       leaderOf: (k: string) => (k === 'a' ? 0 : 1),
-      currentLeaders: () => [{ fenceKey: 'a', slot: 0 }, { fenceKey: 'b', slot: 1 }],
+      currentLeaders: () => [
+        { fenceKey: 'a', slot: 0 },
+        { fenceKey: 'b', slot: 1 },
+      ],
       doorOf: (slot: number) => doors[slot]!,
       pauseWriter: async (slot: number) => void paused.push(slot),
       resumeWriter: () => {},
     } as unknown as NemesisTarget;
-    const pause = (n: number): PlannedFault => ({ n, atMs: 0, kind: 'pause-writer', target: { leaderOf: 'a', slot: 2 }, durationMs: 1, midWrite: false });
+    const pause = (n: number): PlannedFault => ({
+      n,
+      atMs: 0,
+      kind: 'pause-writer',
+      target: { leaderOf: 'a', slot: 2 },
+      durationMs: 1,
+      midWrite: false,
+    });
     const events = await runNemesis([pause(1), pause(2), pause(3)], target, { startedAt: Date.now() });
     expect(paused).toEqual([1, 0, 0]);
     expect(events.map((e) => e.target)).toEqual(['writer 2 (leader of b, sql door)', 'writer 1', 'writer 1 (leader of a, http door)']);

@@ -9,8 +9,17 @@ import { verdictOf } from '../../tools/chaos/verdict.ts';
 import { formatReport } from '../../tools/chaos/report.ts';
 import { REPO } from '../support/proxy.ts';
 
-const schedule = planSchedule({ seed: 7, durationMs: 20_000, writers: 4, proxies: 2, zkServers: 3, fenceKeys: ['chaos/a'], sessionTimeoutMs: 2000 });
-const applied = (): FaultEvent[] => schedule.map((f) => ({ n: f.n, kind: f.kind, target: 'x', plannedAtMs: f.atMs, startedAt: 0, endedAt: 1 }));
+const schedule = planSchedule({
+  seed: 7,
+  durationMs: 20_000,
+  writers: 4,
+  proxies: 2,
+  zkServers: 3,
+  fenceKeys: ['chaos/a'],
+  sessionTimeoutMs: 2000,
+});
+const applied = (): FaultEvent[] =>
+  schedule.map((f) => ({ n: f.n, kind: f.kind, target: 'x', plannedAtMs: f.atMs, startedAt: 0, endedAt: 1 }));
 const acked = [{ outcome: 'ok' } as Operation];
 const clean = { ok: true, violations: [] };
 
@@ -30,8 +39,21 @@ test('a planned fault that could not be applied fails the run, even with no viol
   const v = verdictOf({ check: clean, schedule, faults, ops: acked });
   expect(v.outcome).toBe('fail');
   expect(v.exitCode).toBe(1);
-  expect(v.line).toBe(`FAIL: 1 of ${schedule.length} planned faults could not be applied (#${broken.n} ${broken.kind}: postgres did not start within 30000 ms)`);
-  const report = formatReport({ seed: 7, loadMs: 20_000, fenceMode: 'strict', writers: 4, proxies: 2, ops: acked, faults, check: clean, verdict: v, dir: '/tmp/x' });
+  expect(v.line).toBe(
+    `FAIL: 1 of ${schedule.length} planned faults could not be applied (#${broken.n} ${broken.kind}: postgres did not start within 30000 ms)`,
+  );
+  const report = formatReport({
+    seed: 7,
+    loadMs: 20_000,
+    fenceMode: 'strict',
+    writers: 4,
+    proxies: 2,
+    ops: acked,
+    faults,
+    check: clean,
+    verdict: v,
+    dir: '/tmp/x',
+  });
   expect(report).not.toContain('PASS');
   expect(report.split('\n').at(-1)).toBe(v.line);
 });
@@ -39,7 +61,12 @@ test('a planned fault that could not be applied fails the run, even with no viol
 test('violations and unapplied faults are both said', () => {
   const faults = applied();
   faults[0]!.error = 'no such writer';
-  const v = verdictOf({ check: { ok: false, violations: [{ invariant: 'monotonic', fenceKey: 'chaos/a', message: 'm', ops: [] }] }, schedule, faults, ops: acked });
+  const v = verdictOf({
+    check: { ok: false, violations: [{ invariant: 'monotonic', fenceKey: 'chaos/a', message: 'm', ops: [] }] },
+    schedule,
+    faults,
+    ops: acked,
+  });
   expect(v.line).toMatch(/^FAIL: 1 violations; 1 of \d+ planned faults could not be applied \(#1 /);
 });
 
@@ -53,7 +80,12 @@ test('faults the load phase ended before are said, not failed; nothing written o
 });
 
 test('npm run chaos -- --help prints usage and exits 0 without starting anything; an unknown flag exits 2 with it', () => {
-  const chaos = (args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'scripts', 'chaos.ts'), ...args], { cwd: REPO, encoding: 'utf8', timeout: 30_000 });
+  const chaos = (args: string[]) =>
+    spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'scripts', 'chaos.ts'), ...args], {
+      cwd: REPO,
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
   const help = chaos(['--help']);
   expect(help.status, help.stderr).toBe(0);
   expect(help.stdout).toMatch(/^usage: npm run chaos -- /);

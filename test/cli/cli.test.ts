@@ -50,12 +50,15 @@ describe('flags', () => {
     }
   });
 
-  test.each(['serve', 'migrate', 'elect', 'doctor', 'leader', 'protect', 'unprotect'])('%s with an unknown flag exits 2 with its usage', (command) => {
-    const r = run([command, '--no-such-flag'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
-    expect(r.status, r.stderr).toBe(2);
-    expect(r.stderr).toContain('--no-such-flag');
-    expect(r.stderr).toContain(`usage: fencepost ${command}`);
-  });
+  test.each(['serve', 'migrate', 'elect', 'doctor', 'leader', 'protect', 'unprotect'])(
+    '%s with an unknown flag exits 2 with its usage',
+    (command) => {
+      const r = run([command, '--no-such-flag'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
+      expect(r.status, r.stderr).toBe(2);
+      expect(r.stderr).toContain('--no-such-flag');
+      expect(r.stderr).toContain(`usage: fencepost ${command}`);
+    },
+  );
 
   test('elect with its command not after -- exits 2, naming where the command goes; nothing is run', () => {
     const marker = `/tmp/fencepost-elect-no-dashdash-${process.pid}`;
@@ -70,7 +73,14 @@ describe('flags', () => {
     const db = await createTestDatabase();
     // --port 0: a port of the OS's choosing, which the listening line names (logged at info).
     const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--host', '127.0.0.1'], {
-      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url), PORT: '1', HOST: '0.0.0.0', FENCEPOST_LOG_LEVEL: 'info' },
+      env: {
+        ...process.env,
+        DATABASE_URL: db.url,
+        FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url),
+        PORT: '1',
+        HOST: '0.0.0.0',
+        FENCEPOST_LOG_LEVEL: 'info',
+      },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let err = '';
@@ -99,7 +109,11 @@ describe('flags', () => {
     npm.stderr.on('data', (d: Buffer) => (err += d.toString()));
     try {
       const url = await readyUrl(npm, () => err);
-      const up = () => fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+      const up = () =>
+        fetch(`${url}/readyz`).then(
+          (r) => r.ok,
+          () => false,
+        );
       npm.kill('SIGTERM');
       // Bounded generously (a loaded box): the watch looks every 0.5 s; a serve left running would answer forever.
       let gone = false;
@@ -115,7 +129,9 @@ describe('flags', () => {
   });
 
   test('a bad --port is refused naming the flag', () => {
-    expect(oneLineFailure(run(['serve', '--port', '70000']))).toMatch(/^fencepost: invalid configuration: --port: must be between 0 and 65535, got 70000$/);
+    expect(oneLineFailure(run(['serve', '--port', '70000']))).toMatch(
+      /^fencepost: invalid configuration: --port: must be between 0 and 65535, got 70000$/,
+    );
   });
 });
 
@@ -132,7 +148,9 @@ describe('protect', () => {
       const list = run(['protect', '--list'], env);
       expect(list.stdout.trim().split('\n').sort()).toEqual(['prefix\tjobs/\tjobs', 'table\tcli_orders\torders/main']);
       await expect(db.pool.query('INSERT INTO public.cli_orders VALUES (1)')).rejects.toMatchObject({ code: 'FP403' });
-      expect(oneLineFailure(run(['protect', 'public.nothing', '--fence-key', 'k'], env))).toBe('fencepost: table public.nothing does not exist');
+      expect(oneLineFailure(run(['protect', 'public.nothing', '--fence-key', 'k'], env))).toBe(
+        'fencepost: table public.nothing does not exist',
+      );
       expect(run(['protect', 'public.cli_orders'], env).status).toBe(2);
       expect(run(['unprotect', 'public.cli_orders'], env).status).toBe(0);
       expect(run(['unprotect', '--prefix', 'jobs/'], env).stdout).toContain('no longer protected');
@@ -162,8 +180,12 @@ describe('start-up failures: one line naming the setting and the cause', () => {
     const db = await createTestDatabase();
     const bouncer = await startPgbouncer(db.url, 2);
     try {
-      const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: bouncer.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url) }));
-      expect(line).toMatch(/^fencepost: cannot start: DATABASE_URL: .*unsupported startup parameter: options \(SQLSTATE 08P01\)\. DATABASE_URL must reach Postgres itself, not a connection pooler/);
+      const line = oneLineFailure(
+        run(['serve', '--port', '0'], { DATABASE_URL: bouncer.url, FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url) }),
+      );
+      expect(line).toMatch(
+        /^fencepost: cannot start: DATABASE_URL: .*unsupported startup parameter: options \(SQLSTATE 08P01\)\. DATABASE_URL must reach Postgres itself, not a connection pooler/,
+      );
     } finally {
       await bouncer.stop();
       await db.drop();
@@ -189,34 +211,52 @@ describe('start-up failures: one line naming the setting and the cause', () => {
     }
   });
 
-  test('the embedded Postgres\'s port in use: one line naming FENCEPOST_EMBEDDED_PG_PORT', { timeout: 120_000 }, async () => {
+  test("the embedded Postgres's port in use: one line naming FENCEPOST_EMBEDDED_PG_PORT", { timeout: 120_000 }, async () => {
     const { server, port } = await occupy();
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-cli-'));
     chmodSync(dir, 0o755); // as root, Postgres runs as the postgres user
     try {
-      const line = oneLineFailure(run(['serve', '--port', '0'], { DATABASE_URL: '', FENCEPOST_DATA_DIR: join(dir, 'pgdata'), FENCEPOST_EMBEDDED_PG_PORT: String(port) }));
-      expect(line).toBe(`fencepost: cannot start: FENCEPOST_EMBEDDED_PG_PORT: 127.0.0.1:${port} is already in use (set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port)`);
+      const line = oneLineFailure(
+        run(['serve', '--port', '0'], {
+          DATABASE_URL: '',
+          FENCEPOST_DATA_DIR: join(dir, 'pgdata'),
+          FENCEPOST_EMBEDDED_PG_PORT: String(port),
+        }),
+      );
+      expect(line).toBe(
+        `fencepost: cannot start: FENCEPOST_EMBEDDED_PG_PORT: 127.0.0.1:${port} is already in use (set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port)`,
+      );
     } finally {
       server.close();
       rmSync(dir, { recursive: true, force: true });
     }
   });
 
-  test('the forgery guard\'s ZooKeeper unresolvable', () => {
-    const guard = { FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}', ZK_AUTH: 'writer:secret', DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' };
+  test("the forgery guard's ZooKeeper unresolvable", () => {
+    const guard = {
+      FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}',
+      ZK_AUTH: 'writer:secret',
+      DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x',
+    };
     const line = oneLineFailure(run(['serve', '--port', '0'], { ...guard, ZK_CONNECT: 'zk.invalid:2181' }));
     expect(line).toMatch(/^fencepost: cannot start: ZK_CONNECT: cannot resolve zk\.invalid \(\w+\)$/);
   });
 
-  test('the forgery guard\'s ZooKeeper unreachable', async () => {
-    const guard = { FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}', ZK_AUTH: 'writer:secret', DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' };
+  test("the forgery guard's ZooKeeper unreachable", async () => {
+    const guard = {
+      FENCEPOST_FORGERY_GUARD: '{"orders/":"/elections/orders"}',
+      ZK_AUTH: 'writer:secret',
+      DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x',
+    };
     const zk = `127.0.0.1:${await closedPort()}`;
     const line = oneLineFailure(run(['serve', '--port', '0'], { ...guard, ZK_CONNECT: zk }));
     expect(line).toMatch(new RegExp(`^fencepost: cannot start: ZK_CONNECT: ZooKeeper at ${zk} unreachable: `));
   });
 
   test('FENCEPOST_POOL_SIZE=-1 is out of range (not "not a whole number")', () => {
-    expect(oneLineFailure(run(['serve'], { FENCEPOST_POOL_SIZE: '-1' }))).toBe('fencepost: invalid configuration: FENCEPOST_POOL_SIZE: must be between 2 and 1000, got -1');
+    expect(oneLineFailure(run(['serve'], { FENCEPOST_POOL_SIZE: '-1' }))).toBe(
+      'fencepost: invalid configuration: FENCEPOST_POOL_SIZE: must be between 2 and 1000, got -1',
+    );
   });
 });
 

@@ -51,7 +51,9 @@ test('--status-port in use: one line naming --status-port, before joining the el
   const path = uniquePath('elect-status-port');
   try {
     const r = run(['elect', '--zk', zk, '--path', path, '--status-host', '127.0.0.1', '--status-port', String(port), '--', 'true']);
-    expect(oneLineFailure(r)).toBe(`fencepost elect: --status-port: 127.0.0.1:${port} is already in use (another fencepost elect on this host? pick another --status-port)`);
+    expect(oneLineFailure(r)).toBe(
+      `fencepost elect: --status-port: 127.0.0.1:${port} is already in use (another fencepost elect on this host? pick another --status-port)`,
+    );
     noStack(r.stderr);
     expect(run(['leader', '--zk', zk, '--path', path]).status).toBe(4); // never joined: the path was not even created
   } finally {
@@ -80,7 +82,10 @@ test.each([
 
 test('commands found on PATH, and paths relative to the working directory, still run', async () => {
   expect(run(['elect', '--zk', zk, '--path', uniquePath('elect-cmd'), '--', 'sh', '-c', 'exit 5']).status).toBe(5);
-  const child = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', uniquePath('elect-cmd'), '--', './job.sh'], { cwd: plain, stdio: 'ignore' });
+  const child = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', uniquePath('elect-cmd'), '--', './job.sh'], {
+    cwd: plain,
+    stdio: 'ignore',
+  });
   children.push(child);
   expect(await new Promise((resolve) => child.once('exit', resolve))).toBe(7);
 });
@@ -91,21 +96,48 @@ test('a --proxy that never answers: the leader gives up after 5 failed fence adv
   const out = join(dir, 'standby.log');
   try {
     const bad = `http://127.0.0.1:${await closedPort()}`; // nothing listens there
-    const a = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'a', '--session-timeout-ms', '20000', '--proxy', bad, '--fence-key', 'k', '--', 'sh', '-c', `echo ran-a >> ${out}`], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
+    const a = spawn(
+      process.execPath,
+      [
+        BIN,
+        'elect',
+        '--zk',
+        zk,
+        '--path',
+        path,
+        '--id',
+        'a',
+        '--session-timeout-ms',
+        '20000',
+        '--proxy',
+        bad,
+        '--fence-key',
+        'k',
+        '--',
+        'sh',
+        '-c',
+        `echo ran-a >> ${out}`,
+      ],
+      {
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
     children.push(a);
     let aErr = '';
     a.stderr!.on('data', (d: Buffer) => (aErr += d.toString()));
     const aExit = new Promise<number | null>((resolve) => a.once('exit', (code) => resolve(code)));
     await waitFor(() => aErr.includes('"msg":"elected"'), 20_000, 'a is elected');
-    const b = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'b', '--', 'sh', '-c', `echo ran-b >> ${out}`], { stdio: 'ignore' });
+    const b = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'b', '--', 'sh', '-c', `echo ran-b >> ${out}`], {
+      stdio: 'ignore',
+    });
     children.push(b);
     const bExit = new Promise<number | null>((resolve) => b.once('exit', (code) => resolve(code)));
     const code = await aExit;
     const lines = aErr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
     expect(code, aErr).toBe(1);
-    expect(lines, aErr).toEqual([`fencepost elect: --proxy ${bad}: the fence advance of "k" failed 5 times in a row (connect ECONNREFUSED ${bad.slice(7)}): left the election so a standby can lead`]);
+    expect(lines, aErr).toEqual([
+      `fencepost elect: --proxy ${bad}: the fence advance of "k" failed 5 times in a row (connect ECONNREFUSED ${bad.slice(7)}): left the election so a standby can lead`,
+    ]);
     noStack(aErr);
     expect(aErr.match(/fence advance failed; retrying/g)).toHaveLength(4);
     // The standby was elected when a left (not after a's 20 s session timeout) and ran its command.
@@ -127,10 +159,14 @@ test('an election path created without the credentials: elect exits 1 with the r
   const guarded = { ZK_CONNECT: zk, ZK_AUTH: 'elector:open-path-secret', FENCEPOST_FORGERY_GUARD: JSON.stringify({ 'nightly/': path }) };
   const proxy = await spawnProxy({ DATABASE_URL: db.url, ...guarded });
   try {
-    const a = spawn(process.execPath, [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'a', '--proxy', proxy.url, '--fence-key', 'nightly/report', '--', 'true'], {
-      env: { ...process.env, ZK_AUTH: guarded.ZK_AUTH, FENCEPOST_LOG_LEVEL: 'warn' },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
+    const a = spawn(
+      process.execPath,
+      [BIN, 'elect', '--zk', zk, '--path', path, '--id', 'a', '--proxy', proxy.url, '--fence-key', 'nightly/report', '--', 'true'],
+      {
+        env: { ...process.env, ZK_AUTH: guarded.ZK_AUTH, FENCEPOST_LOG_LEVEL: 'warn' },
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
     children.push(a);
     let aErr = '';
     a.stderr!.on('data', (d: Buffer) => (aErr += d.toString()));
@@ -138,7 +174,11 @@ test('an election path created without the credentials: elect exits 1 with the r
     const lines = aErr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
     expect(code, aErr).toBe(1);
     expect(lines, aErr).toHaveLength(1);
-    expect(lines[0]).toMatch(new RegExp(`^fencepost elect: --proxy \\S+ refused the fence advance of "nightly/report": 409 unverified_token: election path ${path} not trusted: created without these credentials \\(ACL\\)`));
+    expect(lines[0]).toMatch(
+      new RegExp(
+        `^fencepost elect: --proxy \\S+ refused the fence advance of "nightly/report": 409 unverified_token: election path ${path} not trusted: created without these credentials \\(ACL\\)`,
+      ),
+    );
     expect(aErr).not.toContain('not the sequence of the current leader');
     noStack(aErr);
   } finally {
@@ -151,7 +191,9 @@ test('fencepost leader tells a missing election path (exit 4) from an election n
   const missing = uniquePath('leader-typo');
   const r = run(['leader', '--zk', zk, '--path', missing]);
   expect(r.status).toBe(4);
-  expect(r.stderr).toBe(`fencepost leader: no election at ${missing}: the path does not exist in ZooKeeper (check --path; it is created when the first candidate joins)\n`);
+  expect(r.stderr).toBe(
+    `fencepost leader: no election at ${missing}: the path does not exist in ZooKeeper (check --path; it is created when the first candidate joins)\n`,
+  );
   const json = run(['leader', '--zk', zk, '--path', missing, '--json']);
   expect(json.status).toBe(4);
   expect(JSON.parse(json.stdout)).toEqual({ electionPath: missing, id: null, token: null, pathExists: false });

@@ -15,12 +15,14 @@ function occupy(): Promise<{ server: Server; port: number }> {
   });
 }
 
-test('the SQL endpoint\'s port in use is refused naming FENCEPOST_PGWIRE_PORT, before Postgres is used', async () => {
+test("the SQL endpoint's port in use is refused naming FENCEPOST_PGWIRE_PORT, before Postgres is used", async () => {
   const { server, port: sql } = await occupy();
   try {
     // Nothing listens at DATABASE_URL: the port check comes first, so that is never reached.
     const r = run(['serve'], { PORT: '0', FENCEPOST_PGWIRE_PORT: String(sql), DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x' });
-    expect(oneLineFailure(r)).toBe(`fencepost: cannot start: FENCEPOST_PGWIRE_PORT: 127.0.0.1:${sql} is already in use (another fencepost serve? set FENCEPOST_PGWIRE_PORT)`);
+    expect(oneLineFailure(r)).toBe(
+      `fencepost: cannot start: FENCEPOST_PGWIRE_PORT: 127.0.0.1:${sql} is already in use (another fencepost serve? set FENCEPOST_PGWIRE_PORT)`,
+    );
   } finally {
     server.close();
   }
@@ -33,11 +35,13 @@ test('a listen of the SQL endpoint that fails after the bind test (taken meanwhi
     message: 'FENCEPOST_PGWIRE_PORT: 127.0.0.1:6543 is already in use (another fencepost serve? set FENCEPOST_PGWIRE_PORT)',
   });
   const denied = Object.assign(new Error('listen EACCES'), { code: 'EACCES' });
-  expect(listenError(denied, '127.0.0.1', 543, 'FENCEPOST_PGWIRE_PORT').message).toBe('FENCEPOST_PGWIRE_PORT: not allowed to listen on 127.0.0.1:543 (ports below 1024 need privileges)');
+  expect(listenError(denied, '127.0.0.1', 543, 'FENCEPOST_PGWIRE_PORT').message).toBe(
+    'FENCEPOST_PGWIRE_PORT: not allowed to listen on 127.0.0.1:543 (ports below 1024 need privileges)',
+  );
   expect(listenError(inUse, '127.0.0.1', 8080).setting).toBe('PORT'); // the HTTP door's, as before
 });
 
-test('PORT=0 and FENCEPOST_PGWIRE_PORT=0: both doors listen on ports of the OS\'s choosing, which the listening lines name', async () => {
+test("PORT=0 and FENCEPOST_PGWIRE_PORT=0: both doors listen on ports of the OS's choosing, which the listening lines name", async () => {
   const db = await createTestDatabase();
   const proxy = await spawnProxy({ DATABASE_URL: db.url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0' });
   try {

@@ -67,7 +67,7 @@ test('with credentials, the election path, the parents it creates and each candi
   expect((await anyone.getAcl(open.nodePath!)).acl).toEqual([{ perms: 31, scheme: 'world', id: 'anyone' }]);
 });
 
-test('a client without the credentials, or with other ones, can neither plant a low-sequence candidate nor delete the leader\'s node (NoAuth)', async () => {
+test("a client without the credentials, or with other ones, can neither plant a low-sequence candidate nor delete the leader's node (NoAuth)", async () => {
   const path = uniquePath('acl-forge');
   const a = track(new Election({ connect, path, id: 'a', sessionTimeoutMs: 4000, auth: AUTH }));
   await a.start();
@@ -75,9 +75,15 @@ test('a client without the credentials, or with other ones, can neither plant a 
   const leaderNode = a.nodePath!;
   const planted = `${path}/c_${randomUUID()}_1-0000000000`; // sorts before every real candidate
 
-  for (const forger of [await session(), await session({ user: 'elector', password: 'wrong' }), await session({ user: 'mallory', password: 'x' })]) {
+  for (const forger of [
+    await session(),
+    await session({ user: 'elector', password: 'wrong' }),
+    await session({ user: 'mallory', password: 'x' }),
+  ]) {
     expect(await refusal(forger.create(planted, Buffer.from('{"id":"forged"}'), zookeeper.CreateMode.EPHEMERAL))).toBe(ZK_CODES.NO_AUTH);
-    expect(await refusal(forger.create(`${path}/c_${randomUUID()}_1-`, null, zookeeper.CreateMode.EPHEMERAL_SEQUENTIAL))).toBe(ZK_CODES.NO_AUTH);
+    expect(await refusal(forger.create(`${path}/c_${randomUUID()}_1-`, null, zookeeper.CreateMode.EPHEMERAL_SEQUENTIAL))).toBe(
+      ZK_CODES.NO_AUTH,
+    );
     expect(await refusal(forger.remove(leaderNode))).toBe(ZK_CODES.NO_AUTH);
     expect(await refusal(forger.getData(leaderNode))).toBe('accepted'); // everyone may read
   }
@@ -108,14 +114,17 @@ test('a candidate with credentials on a path that others can write (created with
   const logs: Array<{ level: number; msg: string; acl?: string }> = [];
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
-      for (const line of chunk.toString().split('\n').filter(Boolean)) logs.push(JSON.parse(line) as { level: number; msg: string; acl?: string });
+      for (const line of chunk.toString().split('\n').filter(Boolean))
+        logs.push(JSON.parse(line) as { level: number; msg: string; acl?: string });
       done();
     },
   });
   const a = track(new Election({ connect, path, id: 'a', sessionTimeoutMs: 4000, auth: AUTH, logger: pino(sink) }));
   await a.start();
   await a.waitForLeadership(); // it still runs: the path is usable, only not protected
-  const warning = logs.find((l) => l.level === 50 && l.msg.startsWith('the election path exists with an ACL that lets others create or delete candidates'));
+  const warning = logs.find(
+    (l) => l.level === 50 && l.msg.startsWith('the election path exists with an ACL that lets others create or delete candidates'),
+  );
   expect(warning?.acl).toBe('world:anyone:cdrwa');
   expect(JSON.stringify(logs)).not.toContain(AUTH.password);
 });

@@ -63,7 +63,9 @@ function elect(args: string[], env: Record<string, string> = {}): Proc {
       }
     }
   });
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.once('exit', (code, signal) => r({ code, signal })));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
+    child.once('exit', (code, signal) => r({ code, signal })),
+  );
   const p = { child, logs, exited };
   procs.push(p);
   return p;
@@ -71,7 +73,11 @@ function elect(args: string[], env: Record<string, string> = {}): Proc {
 
 function lines(file: string): string[][] {
   try {
-    return readFileSync(file, 'utf8').trim().split('\n').filter(Boolean).map((l) => l.split(' '));
+    return readFileSync(file, 'utf8')
+      .trim()
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => l.split(' '));
   } catch {
     return [];
   }
@@ -131,10 +137,28 @@ test('fencepost elect on leadership loss: SIGTERM, SIGKILL after the grace perio
   try {
     const path = uniquePath('cli-revoke');
     const out = join(dir, 'revoke.log');
-    const p = elect(['--zk', proxy.address, '--path', path, '--id', 'r', '--session-timeout-ms', '3000', '--grace-ms', '300', '--', process.execPath, '-e', CHILD], {
-      OUT: out,
-      IGNORE_TERM: '1',
-    });
+    const p = elect(
+      [
+        '--zk',
+        proxy.address,
+        '--path',
+        path,
+        '--id',
+        'r',
+        '--session-timeout-ms',
+        '3000',
+        '--grace-ms',
+        '300',
+        '--',
+        process.execPath,
+        '-e',
+        CHILD,
+      ],
+      {
+        OUT: out,
+        IGNORE_TERM: '1',
+      },
+    );
     await waitFor(() => starts(out).length === 1, 20_000, 'first term starts the command');
     const first = starts(out)[0]!;
     pidsToReap.add(first.pid);
@@ -164,7 +188,25 @@ test('fencepost elect --proxy --fence-key: SIGTERM while the proxy is unreachabl
   // Invariant: the fence advance retries while the proxy is down, but never past a stop signal.
   const path = uniquePath('cli-proxy-down');
   const out = join(dir, 'proxy-down.log');
-  const p = elect(['--zk', connect, '--path', path, '--id', 'pd', '--proxy', 'http://127.0.0.1:9', '--fence-key', 'k', '--', process.execPath, '-e', CHILD], { OUT: out });
+  const p = elect(
+    [
+      '--zk',
+      connect,
+      '--path',
+      path,
+      '--id',
+      'pd',
+      '--proxy',
+      'http://127.0.0.1:9',
+      '--fence-key',
+      'k',
+      '--',
+      process.execPath,
+      '-e',
+      CHILD,
+    ],
+    { OUT: out },
+  );
   await waitFor(() => hasLog(p, 'fence advance failed; retrying'), 20_000, 'the advance is being retried');
   p.child.kill('SIGTERM');
   const exit = await Promise.race([p.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
@@ -215,18 +257,39 @@ fs.appendFileSync(out, 'standby ' + process.env.FENCING_TOKEN + ' ' + held.filte
 setInterval(() => {}, 1000);
 `;
 
-test('SIGKILL of fencepost elect alone (not its group): its command\'s whole process group is gone before the standby starts', async () => {
+test("SIGKILL of fencepost elect alone (not its group): its command's whole process group is gone before the standby starts", async () => {
   // Invariant: however elect dies, its command never runs beside the next leader's. The kill hits
   // only the elect process, as the OOM killer would; the command (a shell and two children that
   // ignore SIGTERM) is in a process group of its own, which its guardian kills.
   const path = uniquePath('cli-orphan');
   const out = join(dir, 'orphan.log');
-  const held = (): number[] => lines(out).filter((l) => l[0] === 'hold').map((l) => Number(l[1]));
-  const a = elect(['--id', 'a', '--zk', connect, '--path', path, '--session-timeout-ms', '2000', '--', 'sh', '-c', 'node -e "$HOLD" & node -e "$HOLD" & wait'], { OUT: out, HOLD });
+  const held = (): number[] =>
+    lines(out)
+      .filter((l) => l[0] === 'hold')
+      .map((l) => Number(l[1]));
+  const a = elect(
+    [
+      '--id',
+      'a',
+      '--zk',
+      connect,
+      '--path',
+      path,
+      '--session-timeout-ms',
+      '2000',
+      '--',
+      'sh',
+      '-c',
+      'node -e "$HOLD" & node -e "$HOLD" & wait',
+    ],
+    { OUT: out, HOLD },
+  );
   await waitFor(() => held().length === 2, 20_000, "the leader's command and its children hold on");
   const shellPid = Number(a.logs.find((l) => l.msg === 'elected: started the command')?.childPid);
   for (const pid of [shellPid, ...held()]) pidsToReap.add(pid);
-  const b = elect(['--id', 'b', '--zk', connect, '--path', path, '--session-timeout-ms', '2000', '--', process.execPath, '-e', STANDBY], { OUT: out });
+  const b = elect(['--id', 'b', '--zk', connect, '--path', path, '--session-timeout-ms', '2000', '--', process.execPath, '-e', STANDBY], {
+    OUT: out,
+  });
   const observer = await openObserver(connect);
   try {
     const deadline = now() + 20_000;
@@ -252,7 +315,9 @@ test('SIGKILL of fencepost elect alone (not its group): its command\'s whole pro
   expect(goneAfterMs, 'the old command was gone before the standby started').not.toBeNull();
   expect(a.logs.some((l) => String(l.msg).startsWith('fencepost elect is gone without stopping its command'))).toBe(true);
   expect(b.child.exitCode).toBeNull();
-  console.info(`orphaned command group gone ${goneAfterMs!.toFixed(0)} ms after SIGKILL of fencepost elect (SIGTERM ignored: SIGKILL after the guardian's wait)`);
+  console.info(
+    `orphaned command group gone ${goneAfterMs!.toFixed(0)} ms after SIGKILL of fencepost elect (SIGTERM ignored: SIGKILL after the guardian's wait)`,
+  );
 });
 
 test('fencepost leader prints who leads and with which token, as text or --json; exit 4 before the path exists, 2 on bad usage', async () => {
@@ -295,7 +360,10 @@ test('--status-port: /leader is 200 with id and token on the leader only and 503
   await waitFor(() => statusUrl(b) !== null && hasLog(b, 'connection state'), 20_000, 'b serves its status');
   const [urlA, urlB] = [statusUrl(a)!, statusUrl(b)!];
 
-  expect(await get(`${urlA}/leader`)).toEqual({ status: 200, body: { leader: true, id: 's-a', electionPath: path, token: first.token.toString() } });
+  expect(await get(`${urlA}/leader`)).toEqual({
+    status: 200,
+    body: { leader: true, id: 's-a', electionPath: path, token: first.token.toString() },
+  });
   expect(await get(`${urlB}/leader`)).toEqual({ status: 503, body: { leader: false, id: 's-b', electionPath: path } });
   expect(await get(`${urlA}/healthz`)).toMatchObject({ status: 200, body: { status: 'ok', leader: true, zookeeper: 'connected' } });
   expect(await get(`${urlB}/healthz`)).toMatchObject({ status: 200, body: { status: 'ok', leader: false, zookeeper: 'connected' } });
@@ -306,7 +374,10 @@ test('--status-port: /leader is 200 with id and token on the leader only and 503
   await waitFor(() => starts(out).length === 2, 20_000, 'b takes over');
   const second = starts(out)[1]!;
   pidsToReap.add(second.pid);
-  expect(await get(`${urlB}/leader`)).toEqual({ status: 200, body: { leader: true, id: 's-b', electionPath: path, token: second.token.toString() } });
+  expect(await get(`${urlB}/leader`)).toEqual({
+    status: 200,
+    body: { leader: true, id: 's-b', electionPath: path, token: second.token.toString() },
+  });
 });
 
 test('ZK_AUTH (or --zk-auth): fencepost elect creates its election nodes with the election ACL, keeps the credentials from its command; a malformed value is a usage error (exit 2)', async () => {

@@ -51,7 +51,11 @@ test('3-server ensemble losing the server the leader is connected to, then the q
     await zk.stopNode(quorumLeader, 'SIGKILL');
     // Followers without a leader stop serving and drop their clients: every session is disturbed.
     await waitFor(() => suspensions >= es.length, 20_000, 'every session suspended by the quorum loss');
-    await waitFor(() => allSettled(es) && es.every((e) => serverIdOf(e) !== quorumLeader), 30_000, 'settled after losing the quorum leader');
+    await waitFor(
+      () => allSettled(es) && es.every((e) => serverIdOf(e) !== quorumLeader),
+      30_000,
+      'settled after losing the quorum leader',
+    );
     expect(leaders(es)[0]!.token! > t2).toBe(true); // the leader was suspended too, so its term ended
     expect(es.every((e) => e.stats.sessions === 1)).toBe(true); // sessions survived: no expiry needed
     expect(watch.violations).toEqual([]);

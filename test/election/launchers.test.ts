@@ -25,7 +25,10 @@ beforeAll(() => {
   const out = execFileSync('npm', ['pack', '--pack-destination', project, '--ignore-scripts', '--silent'], { cwd: REPO, encoding: 'utf8' });
   const tarball = out.trim().split('\n').at(-1)!;
   writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
-  execFileSync('npm', ['install', `./${tarball}`, '--prefer-offline', '--no-audit', '--no-fund', '--ignore-scripts', '--loglevel=error'], { cwd: project, stdio: 'pipe' });
+  execFileSync('npm', ['install', `./${tarball}`, '--prefer-offline', '--no-audit', '--no-fund', '--ignore-scripts', '--loglevel=error'], {
+    cwd: project,
+    stdio: 'pipe',
+  });
 }, 180_000);
 afterAll(() => rmSync(project, { recursive: true, force: true, maxRetries: 3 }));
 
@@ -85,7 +88,10 @@ async function sigtermHandsOver(how: (electArgs: string[], out: string) => Launc
       return [];
     }
   };
-  const a = how(['elect', '--zk', connect, '--path', path, '--id', 'a', '--session-timeout-ms', '20000', '--', process.execPath, '-e', CHILD], out);
+  const a = how(
+    ['elect', '--zk', connect, '--path', path, '--id', 'a', '--session-timeout-ms', '20000', '--', process.execPath, '-e', CHILD],
+    out,
+  );
   cleanups.push(() => {
     if (a.child.exitCode === null && a.child.signalCode === null) a.child.kill('SIGKILL');
     const pid = electPid(a);
@@ -122,7 +128,9 @@ test('npx fencepost elect: SIGTERM to npx reaches elect, which stops the command
   // npm forwards SIGTERM to the `sh -c` it runs elect under; the shell dies of it without passing it
   // on, and elect, orphaned, stops as it would on SIGTERM.
   const a = await sigtermHandsOver((args, out) => launch('npx', ['--no', 'fencepost', ...args], cleanEnv({ OUT: out })));
-  expect(a.logs.some((l) => l.msg === 'the process that started fencepost elect (npm) is gone: stopping as on SIGTERM' || l.msg === 'stopping')).toBe(true);
+  expect(
+    a.logs.some((l) => l.msg === 'the process that started fencepost elect (npm) is gone: stopping as on SIGTERM' || l.msg === 'stopping'),
+  ).toBe(true);
 });
 
 test('the image: the entrypoint is exec form with tini as PID 1 in front of node bin/fencepost.js (no shell to swallow SIGTERM)', () => {

@@ -11,7 +11,8 @@ import { closedPort } from '../../tools/ports.ts';
 const connect = inject('zkConnect');
 const BIN = resolve(import.meta.dirname, '../../bin/fencepost.js');
 // The command under election: runs until stopped, exits when orphaned.
-const CHILD = 'const p = process.ppid; process.on("SIGTERM", () => process.exit(0)); setInterval(() => { if (process.ppid !== p) process.exit(0); }, 100);';
+const CHILD =
+  'const p = process.ppid; process.on("SIGTERM", () => process.exit(0)); setInterval(() => { if (process.ppid !== p) process.exit(0); }, 100);';
 
 interface Proc {
   child: ChildProcess;
@@ -81,7 +82,7 @@ test('/metrics: is_leader, token, changes, session state and seconds since chang
   const [urlA, urlB] = [statusUrl(a)!, statusUrl(b)!];
   const la = `election_path="${path}",candidate="m-a"`;
   const lb = `election_path="${path}",candidate="m-b"`;
-  const tokenA = BigInt((await (await fetch(`${urlA}/leader`)).json() as { token: string }).token);
+  const tokenA = BigInt(((await (await fetch(`${urlA}/leader`)).json()) as { token: string }).token);
 
   const before = { a: await scrape(urlA), b: await scrape(urlB) };
   expect(value(before.a, 'fencepost_election_is_leader', la)).toBe(1);
@@ -90,9 +91,13 @@ test('/metrics: is_leader, token, changes, session state and seconds since chang
   expect(value(before.b, 'fencepost_election_token', lb)).toBeNull(); // only while leading
   expect(value(before.a, 'fencepost_election_leadership_changes_total', la)).toBe(1);
   expect(value(before.b, 'fencepost_election_leadership_changes_total', lb)).toBe(0); // exposed at 0 from the start
-  for (const [text, l] of [[before.a, la], [before.b, lb]] as const) {
+  for (const [text, l] of [
+    [before.a, la],
+    [before.b, lb],
+  ] as const) {
     expect(value(text, 'fencepost_election_session_state', `${l},state="connected"`)).toBe(1);
-    for (const state of ['connecting', 'suspended', 'lost', 'closed']) expect(value(text, 'fencepost_election_session_state', `${l},state="${state}"`)).toBe(0);
+    for (const state of ['connecting', 'suspended', 'lost', 'closed'])
+      expect(value(text, 'fencepost_election_session_state', `${l},state="${state}"`)).toBe(0);
   }
   // No --proxy: no fence advance, no series for it.
   expect(before.a).not.toContain('fencepost_election_fence_advance_failures_total');
@@ -108,7 +113,7 @@ test('/metrics: is_leader, token, changes, session state and seconds since chang
   expect(await a.exited).toBe(143);
   await waitFor(() => hasLog(b, 'elected: started the command'), 20_000, 'b takes over');
   const after = await scrape(urlB);
-  const tokenB = BigInt((await (await fetch(`${urlB}/leader`)).json() as { token: string }).token);
+  const tokenB = BigInt(((await (await fetch(`${urlB}/leader`)).json()) as { token: string }).token);
   expect(tokenB > tokenA).toBe(true);
   expect(value(after, 'fencepost_election_is_leader', lb)).toBe(1);
   expect(value(after, 'fencepost_election_token', lb)).toBe(Number(tokenB));
@@ -121,7 +126,26 @@ test('/metrics with --proxy: fence advance failures count up while the candidate
   // A port nothing listens on: every advance fails at once (ECONNREFUSED), 5 times ~1 s apart, then elect exits 1.
   const port = await closedPort();
   const path = uniquePath('metrics-proxy');
-  const p = elect(['--zk', connect, '--path', path, '--id', 'm-p', '--status-port', '0', '--status-host', '127.0.0.1', '--proxy', `http://127.0.0.1:${port}`, '--fence-key', 'k', '--', process.execPath, '-e', CHILD]);
+  const p = elect([
+    '--zk',
+    connect,
+    '--path',
+    path,
+    '--id',
+    'm-p',
+    '--status-port',
+    '0',
+    '--status-host',
+    '127.0.0.1',
+    '--proxy',
+    `http://127.0.0.1:${port}`,
+    '--fence-key',
+    'k',
+    '--',
+    process.execPath,
+    '-e',
+    CHILD,
+  ]);
   await waitFor(() => p.logs.filter((l) => l.msg === 'fence advance failed; retrying').length >= 2, 20_000, 'two failed advances');
   const text = await scrape(statusUrl(p)!);
   const l = `election_path="${path}",candidate="m-p"`;

@@ -13,7 +13,10 @@ test('a failed flush keeps its counts and says how many; the next one adds them 
   const pool = new pg.Pool({ connectionString: db.url, max: 1, options: `-c role=${pgRole}` });
   const counts = new AcceptedCounts(pool);
   const accepted = async (key: string) =>
-    Number((await db.pool.query("SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.fence_counts WHERE fence_key = $1", [key])).rows[0].n);
+    Number(
+      (await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.fence_counts WHERE fence_key = $1', [key])).rows[0]
+        .n,
+    );
   try {
     counts.add(['flush/a']);
     counts.add(['flush/a', 'flush/b']);
@@ -24,7 +27,9 @@ test('a failed flush keeps its counts and says how many; the next one adds them 
     expect(counts.unflushed).toBe(4);
     expect([await accepted('flush/a'), await accepted('flush/b')]).toEqual([0, 0]);
 
-    await db.pool.query(`GRANT USAGE ON SCHEMA fencepost TO ${pgRole}; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA fencepost TO ${pgRole}`);
+    await db.pool.query(
+      `GRANT USAGE ON SCHEMA fencepost TO ${pgRole}; GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA fencepost TO ${pgRole}`,
+    );
     await counts.flush();
     expect(counts.unflushed).toBe(0);
     await counts.flush(); // nothing left: adds nothing

@@ -49,7 +49,10 @@ test('a backend ended mid-query: the work fails with the FATAL, and the client i
   const failed = withClient(pool, async (client) => {
     pid = pidOf(client);
     const running = client.query('SELECT pg_sleep(30)');
-    await waitFor(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'`, [pid])).rowCount === 1);
+    await waitFor(
+      async () =>
+        (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'`, [pid])).rowCount === 1,
+    );
     await terminate(pid);
     await running;
   });

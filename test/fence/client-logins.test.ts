@@ -66,14 +66,19 @@ describe('a DATABASE_URL role that may not create roles', () => {
   test('transactions are refused with the SQL that fixes it; once an operator runs it, they run as the client login', async () => {
     const r = runner();
     try {
-      const refused = await r.run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null }).catch((e: Error) => e);
+      const refused = await r
+        .run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null })
+        .catch((e: Error) => e);
       expect((refused as Error).name).toBe('LoginUnavailableError');
       const { problems } = await r.provision();
       const sql = problems.get(null)!.sql;
       expect(sql[0]).toMatch(new RegExp(`^CREATE ROLE "${clientRole}" LOGIN .*NOSUPERUSER.* PASSWORD 'SCRAM-SHA-256\\$4096:`));
       expect((await ownerPool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'k'`)).rowCount).toBe(0);
       for (const stmt of sql) await adminOnDb.query(stmt); // the operator, as a superuser
-      const ok = (await r.run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT current_user::text AS u', params: [] }], { isolation: 'read committed', writerId: null })) as Extract<TxResult, { committed: true }>;
+      const ok = (await r.run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT current_user::text AS u', params: [] }], {
+        isolation: 'read committed',
+        writerId: null,
+      })) as Extract<TxResult, { committed: true }>;
       expect(ok.committed).toBe(true);
       expect(ok.results[0]!.rows[0]).toEqual({ u: clientRole });
     } finally {
@@ -91,11 +96,15 @@ describe('roles that would escape are refused', () => {
   beforeAll(async () => {
     db = await createTestDatabase();
     const admin = (await db.pool.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u;
-    await adminQuery(`CREATE ROLE ${bad} NOLOGIN; GRANT "${admin}" TO ${bad}; CREATE ROLE ${foreign} LOGIN; CREATE ROLE ${extra} NOLOGIN; CREATE ROLE ${good} NOLOGIN`);
+    await adminQuery(
+      `CREATE ROLE ${bad} NOLOGIN; GRANT "${admin}" TO ${bad}; CREATE ROLE ${foreign} LOGIN; CREATE ROLE ${extra} NOLOGIN; CREATE ROLE ${good} NOLOGIN`,
+    );
   });
   afterAll(async () => {
     await db.drop();
-    await adminQuery(`DROP ROLE IF EXISTS ${bad}; DROP ROLE IF EXISTS ${foreign}; DROP ROLE IF EXISTS ${extra}; DROP ROLE IF EXISTS ${good}`);
+    await adminQuery(
+      `DROP ROLE IF EXISTS ${bad}; DROP ROLE IF EXISTS ${foreign}; DROP ROLE IF EXISTS ${extra}; DROP ROLE IF EXISTS ${good}`,
+    );
   });
 
   test('a pgRole that reaches a superuser (here: the owner of the fencepost schema) gets no login', async () => {
@@ -134,7 +143,7 @@ describe('roles that would escape are refused', () => {
     }
   });
 
-  test('a pgRole with USAGE on schema fencepost (it could queue DDL locks on the fence\'s tables) gets no login; the logins and roles provisioned have none', async () => {
+  test("a pgRole with USAGE on schema fencepost (it could queue DDL locks on the fence's tables) gets no login; the logins and roles provisioned have none", async () => {
     const naming = uniqueRole('naming');
     await adminQuery(`CREATE ROLE ${naming} NOLOGIN`);
     await db.pool.query(`GRANT USAGE ON SCHEMA fencepost TO ${naming}`);
@@ -156,13 +165,13 @@ describe('roles that would escape are refused', () => {
     }
   });
 
-  test('a role of the login\'s name made elsewhere (roles are cluster-wide) is not adopted', async () => {
+  test("a role of the login's name made elsewhere (roles are cluster-wide) is not adopted", async () => {
     const { logins, problems } = await provisionClientLogins(db.pool, foreign, [{ keyName: null, pgRole: null }]);
     expect(logins.size).toBe(0);
     expect(problems.get(null)!.message).toMatch(/not created for this database/);
   });
 
-  test('a login granted another role since is brought back to its key\'s role only', async () => {
+  test("a login granted another role since is brought back to its key's role only", async () => {
     const role = clientRoleFor(db.pool);
     const first = await provisionClientLogins(db.pool, role, [{ keyName: 'g', pgRole: good }]);
     const login = first.logins.get('g')!.login;
@@ -187,7 +196,7 @@ describe('roles that would escape are refused', () => {
     expect(a.logins.get('twice')!.password).toBe(b.logins.get('twice')!.password);
   });
 
-  test('a proxy starting while another provisions waits for its turn past the pool\'s lock_timeout', async () => {
+  test("a proxy starting while another provisions waits for its turn past the pool's lock_timeout", async () => {
     // Like the proxy's pool (FENCEPOST_LOCK_TIMEOUT_MS), set on the connection.
     const owner = new pg.Pool({ connectionString: db.url, max: 2, options: '-c lock_timeout=100' });
     const other = await db.pool.connect();
@@ -222,7 +231,12 @@ describe('role-level settings of a client login', () => {
     await db?.drop();
   });
   const settingsOf = async (role: string) =>
-    (await db.pool.query<{ setconfig: string[] }>('SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1', [role])).rows;
+    (
+      await db.pool.query<{ setconfig: string[] }>(
+        'SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1',
+        [role],
+      )
+    ).rows;
 
   test('a proxy start resets synchronous_commit = off set on the login, for every database and for this one', async () => {
     const login = clientRoleFor(db.url);

@@ -74,7 +74,12 @@ afterAll(async () => {
 
 async function run(statements: string[], token = 1n): Promise<TxResult | Error> {
   try {
-    return await runner.run('writer', [{ fenceKey: 'w/attack', token }], statements.map((sql) => ({ sql, params: [] })), { isolation: 'read committed', writerId: 'attacker' });
+    return await runner.run(
+      'writer',
+      [{ fenceKey: 'w/attack', token }],
+      statements.map((sql) => ({ sql, params: [] })),
+      { isolation: 'read committed', writerId: 'attacker' },
+    );
   } catch (err) {
     return err as Error;
   }
@@ -84,7 +89,9 @@ async function run(statements: string[], token = 1n): Promise<TxResult | Error> 
 async function fenceIntact(): Promise<void> {
   const { rows } = await db.pool.query(`SELECT highest_token FROM fencepost.fences WHERE fence_key = 'o/victim'`);
   expect(rows[0]?.highest_token).toBe('100');
-  const triggers = await db.pool.query(`SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'fencepost.fences'::regclass AND NOT tgisinternal`);
+  const triggers = await db.pool.query(
+    `SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'fencepost.fences'::regclass AND NOT tgisinternal`,
+  );
   expect(triggers.rows.length).toBe(4);
   for (const t of triggers.rows) expect(t.tgenabled, t.tgname).toBe('O');
 }
@@ -92,17 +99,20 @@ async function fenceIntact(): Promise<void> {
 const whoami = 'SELECT current_user::text AS current_user, session_user::text AS session_user';
 
 describe('the login and its role', () => {
-  test('a key\'s statements run as its pgRole on its own login, which is no superuser and owns nothing', async () => {
+  test("a key's statements run as its pgRole on its own login, which is no superuser and owns nothing", async () => {
     const r = await run([whoami, `SELECT rolsuper, rolcreaterole, rolbypassrls, rolinherit FROM pg_roles WHERE rolname = session_user`]);
     expect(r).toMatchObject({ committed: true });
     const res = (r as Extract<TxResult, { committed: true }>).results;
     expect(res[0]!.rows[0]).toEqual({ current_user: role, session_user: loginName(clientRoleFor(db.url), 'writer') });
     expect(res[1]!.rows[0]).toEqual({ rolsuper: false, rolcreaterole: false, rolbypassrls: false, rolinherit: false });
-    const owned = await db.pool.query(`SELECT count(*)::int AS n FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = $1`, [res[0]!.rows[0]!.session_user]);
+    const owned = await db.pool.query(
+      `SELECT count(*)::int AS n FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = $1`,
+      [res[0]!.rows[0]!.session_user],
+    );
     expect(owned.rows[0].n).toBe(0);
   });
 
-  test('each key\'s login is a member of its own pgRole and no other', async () => {
+  test("each key's login is a member of its own pgRole and no other", async () => {
     const { rows } = await db.pool.query(
       `SELECT l.rolname AS login, array_agg(r.rolname::text ORDER BY r.rolname) AS roles
        FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles l ON l.oid = m.member
@@ -116,12 +126,12 @@ describe('the login and its role', () => {
   });
 });
 
-describe('nothing of schema fencepost can be named by a key\'s login or role', () => {
+describe("nothing of schema fencepost can be named by a key's login or role", () => {
   // Invariant: DDL that Postgres locks before it checks ownership (CREATE RULE, CREATE TRIGGER,
   // a REFERENCES) would queue its lock behind any open transaction and stall every tenant's fence
   // behind it. Refused at the schema's name lookup, it takes no lock at all: "permission denied
   // for schema fencepost", never "must be owner", never a lock timeout. The epoch sequences too.
-  test('every table, view and sequence of the fence (epochs included): refused at the name, as the key\'s role and as its login', async () => {
+  test("every table, view and sequence of the fence (epochs included): refused at the name, as the key's role and as its login", async () => {
     // A fence with an epoch: the session fence makes it.
     expect(await run(['SELECT 1'], 1n)).toMatchObject({ committed: true });
     const { rows } = await db.pool.query<{ name: string }>(
@@ -130,7 +140,12 @@ describe('nothing of schema fencepost can be named by a key\'s login or role', (
     );
     expect(rows.some((r) => r.name.startsWith('fencepost.epoch_'))).toBe(true);
     for (const { name } of rows) {
-      for (const ddl of [`CREATE RULE r AS ON INSERT TO ${name} DO INSTEAD NOTHING`, `CREATE TRIGGER t BEFORE INSERT ON ${name} EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger()`, `LOCK TABLE ${name} IN ACCESS SHARE MODE`, `COMMENT ON TABLE ${name} IS 'x'`]) {
+      for (const ddl of [
+        `CREATE RULE r AS ON INSERT TO ${name} DO INSTEAD NOTHING`,
+        `CREATE TRIGGER t BEFORE INSERT ON ${name} EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger()`,
+        `LOCK TABLE ${name} IN ACCESS SHARE MODE`,
+        `COMMENT ON TABLE ${name} IS 'x'`,
+      ]) {
         for (const asLogin of [false, true]) {
           const r = await run(asLogin ? ['RESET ROLE', ddl] : [ddl]);
           expect(r, `${ddl}${asLogin ? ' (as the login)' : ''}`).toBeInstanceOf(Error);
@@ -190,15 +205,17 @@ describe('role escapes end in a role that can harm nothing', () => {
     await fenceIntact();
   });
 
-  test('calling the fence function from client SQL without the proxy\'s capability is refused: no fence raised', async () => {
-    const r = await run([`SELECT * FROM fencepost.fence_transaction('guess', ARRAY['o/victim', 'o/new'], ARRAY[999999, 5]::bigint[], NULL)`]);
+  test("calling the fence function from client SQL without the proxy's capability is refused: no fence raised", async () => {
+    const r = await run([
+      `SELECT * FROM fencepost.fence_transaction('guess', ARRAY['o/victim', 'o/new'], ARRAY[999999, 5]::bigint[], NULL)`,
+    ]);
     expect(r).toBeInstanceOf(Error);
     await fenceIntact();
     expect((await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'o/new'`)).rowCount).toBe(0);
   });
 });
 
-describe('the proxy\'s own statements take nothing from the writer', () => {
+describe("the proxy's own statements take nothing from the writer", () => {
   test('a type shadowed in pg_temp and parameters logged in errors never expose the capability', async () => {
     // The attack of the review: shadow `text` in pg_temp with a domain whose check raises its input,
     // and turn on bind parameters in error reports, so a proxy statement with a ::text cast would
@@ -209,18 +226,22 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
       `CREATE FUNCTION pg_temp.leak(x pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'leaked: %', x; END $$`,
       `CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (pg_temp.leak(VALUE))`,
     ]);
-    const seen = r instanceof Error ? `${r.message} ${String((r.cause as Error | undefined)?.message)}` : JSON.stringify(r, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
+    const seen =
+      r instanceof Error
+        ? `${r.message} ${String((r.cause as Error | undefined)?.message)}`
+        : JSON.stringify(r, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
     expect(seen).not.toContain(capability);
     expect(r).toMatchObject({ committed: true });
     // The temp objects are gone for the next transaction on the connection.
     expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
   });
-  test('settings that change how SQL text is read, left by one transaction, do not reach the next one\'s fence', async () => {
+  test("settings that change how SQL text is read, left by one transaction, do not reach the next one's fence", async () => {
     // The proxy's first round trip is SQL text. A transaction leaves the session reading text as
     // SJIS without standard-conforming strings (a classic way to break out of a quoted literal);
     // the next transaction on that connection, with quotes, backslashes and non-ASCII in its fence
     // key and writer id, still fences exactly that key and sees the defaults again.
-    const pid = async () => ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid;
+    const pid = async () =>
+      ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid;
     const before = await pid();
     const dirty = await run([
       `SELECT pg_catalog.set_config('standard_conforming_strings', 'off', false), pg_catalog.set_config('backslash_quote', 'on', false)`,
@@ -228,10 +249,20 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     ]);
     expect(dirty).toMatchObject({ committed: true });
     const key = "w/it's \\' ü表\\";
-    const next = await runner.run('writer', [{ fenceKey: key, token: 7n }], [{ sql: `SELECT pg_backend_pid() AS pid, current_setting('client_encoding') AS enc, current_setting('standard_conforming_strings') AS scs`, params: [] }], {
-      isolation: 'read committed',
-      writerId: "o'neil \\ 表",
-    });
+    const next = await runner.run(
+      'writer',
+      [{ fenceKey: key, token: 7n }],
+      [
+        {
+          sql: `SELECT pg_backend_pid() AS pid, current_setting('client_encoding') AS enc, current_setting('standard_conforming_strings') AS scs`,
+          params: [],
+        },
+      ],
+      {
+        isolation: 'read committed',
+        writerId: "o'neil \\ 表",
+      },
+    );
     expect(next.committed).toBe(true);
     expect((next as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ pid: before, enc: 'UTF8', scs: 'on' });
     const { rows } = await db.pool.query(`SELECT highest_token, raised_by FROM fencepost.fences WHERE fence_key = $1`, [key]);
@@ -244,7 +275,10 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     // another fence, or from another backend (another pid, or the same pid after a reconnect: the
     // backend's start differs), is refused before anything is read or locked.
     const { capability } = await runner.provision();
-    const r = (await run([`SELECT pg_backend_pid() AS pid, fencepost_api.session_start() AS start`])) as Extract<TxResult, { committed: true }>;
+    const r = (await run([`SELECT pg_backend_pid() AS pid, fencepost_api.session_start() AS start`])) as Extract<
+      TxResult,
+      { committed: true }
+    >;
     const here = { pid: r.results[0]!.rows[0]!.pid as number, start: r.results[0]!.rows[0]!.start as string };
     expect(here.start).toMatch(/^[0-9]{20}$/);
     const call = (cap: string) => `SELECT fencepost_api.fence_session('${cap}', 'o/victim', 100)`;
@@ -259,7 +293,9 @@ describe('the proxy\'s own statements take nothing from the writer', () => {
     expect(String((reused as Error).message)).toMatch(/may be called by the proxy only/);
     // Oversized arguments are refused before anything is hashed, read or locked.
     const huge = await run([`SELECT fencepost_api.fence_session(repeat('a', 64), repeat('k', 2000000), 100)`]);
-    expect(String((huge as Error).message)).toMatch(/argument too long \(capability 64 bytes, fence key 2000000 bytes; at most 64 and 1024\)/);
+    expect(String((huge as Error).message)).toMatch(
+      /argument too long \(capability 64 bytes, fence key 2000000 bytes; at most 64 and 1024\)/,
+    );
     await fenceIntact();
   });
 });
@@ -273,15 +309,18 @@ describe('statements that end the fenced transaction go no further', () => {
     expect(ids).toEqual([1]); // committed with the fence, as COMMIT said; the rest never ran
   });
 
-  test.each(['COMMIT AND CHAIN', 'ROLLBACK AND CHAIN'])('%s then a write: the chained, unfenced transaction never commits', async (chain) => {
-    // The chained transaction also lost SET LOCAL ROLE: its write fails on privileges, or, were it
-    // allowed, the chain's command tag stops the runner, which rolls it back.
-    const r = await run([chain, `INSERT INTO app.items VALUES (3, 'chained')`]);
-    expect(r).toBeInstanceOf(Error);
-    expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 3')).rowCount).toBe(0);
-    const allowed = await run([chain, 'SELECT 1']);
-    expect((allowed as Error).name).toBe('TransactionEndedError');
-  });
+  test.each(['COMMIT AND CHAIN', 'ROLLBACK AND CHAIN'])(
+    '%s then a write: the chained, unfenced transaction never commits',
+    async (chain) => {
+      // The chained transaction also lost SET LOCAL ROLE: its write fails on privileges, or, were it
+      // allowed, the chain's command tag stops the runner, which rolls it back.
+      const r = await run([chain, `INSERT INTO app.items VALUES (3, 'chained')`]);
+      expect(r).toBeInstanceOf(Error);
+      expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 3')).rowCount).toBe(0);
+      const allowed = await run([chain, 'SELECT 1']);
+      expect((allowed as Error).name).toBe('TransactionEndedError');
+    },
+  );
 
   test('COMMIT AND CHAIN, then the session fence with a guessed capability, then COMMIT AND CHAIN: no fence raised', async () => {
     const r = await run(['COMMIT AND CHAIN', `SELECT fencepost_api.fence_session('', 'o/victim', 999999)`, 'COMMIT AND CHAIN']);
@@ -296,7 +335,9 @@ describe('no statement takes the process down or chooses the status', () => {
     // terminate even its own login's backend).
     const killer = (async () => {
       for (let i = 0; i < 100; i++) {
-        const { rows } = await db.pool.query(`SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)' AND state = 'active'`);
+        const { rows } = await db.pool.query(
+          `SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)' AND state = 'active'`,
+        );
         if (rows.length > 0) return;
         await new Promise((res) => setTimeout(res, 20));
       }
@@ -306,7 +347,10 @@ describe('no statement takes the process down or chooses the status', () => {
       method: 'POST',
       url: '/v1/transactions',
       headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
-      payload: { fences: [{ key: 'w/die', token: '1' }], statements: [{ sql: `INSERT INTO app.items VALUES (10, 'x')` }, { sql: 'SELECT pg_sleep(20)' }] },
+      payload: {
+        fences: [{ key: 'w/die', token: '1' }],
+        statements: [{ sql: `INSERT INTO app.items VALUES (10, 'x')` }, { sql: 'SELECT pg_sleep(20)' }],
+      },
     });
     await killer;
     await patient.close();
@@ -314,20 +358,25 @@ describe('no statement takes the process down or chooses the status', () => {
     expect(res.json().error).toBe('unavailable');
     expect((await db.pool.query('SELECT 1 FROM app.items WHERE id = 10')).rowCount).toBe(0);
     // The raise, a transaction of the proxy's own before the writer's, did commit: nothing of the writer's did.
-    expect((await db.pool.query(`SELECT highest_token FROM fencepost.fences WHERE fence_key = 'w/die'`)).rows).toEqual([{ highest_token: '1' }]);
+    expect((await db.pool.query(`SELECT highest_token FROM fencepost.fences WHERE fence_key = 'w/die'`)).rows).toEqual([
+      { highest_token: '1' },
+    ]);
     expect(await run(['SELECT 1'])).toMatchObject({ committed: true });
   });
 
-  test.each(['XX000', '08006', '57P01', '58030'])('a function raising %s on a live connection is the statement\'s error (4xx), not the database\'s', async (state) => {
-    const res = await app.inject({
-      method: 'POST',
-      url: '/v1/transactions',
-      headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
-      payload: { fences: [{ key: 'w/raise', token: '1' }], statements: [{ sql: 'SELECT app.raise($1)', params: [state] }] },
-    });
-    expect(res.statusCode).toBe(400);
-    expect(res.json()).toMatchObject({ error: 'sql_error', sqlState: state, statement: 0 });
-  });
+  test.each(['XX000', '08006', '57P01', '58030'])(
+    "a function raising %s on a live connection is the statement's error (4xx), not the database's",
+    async (state) => {
+      const res = await app.inject({
+        method: 'POST',
+        url: '/v1/transactions',
+        headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+        payload: { fences: [{ key: 'w/raise', token: '1' }], statements: [{ sql: 'SELECT app.raise($1)', params: [state] }] },
+      });
+      expect(res.statusCode).toBe(400);
+      expect(res.json()).toMatchObject({ error: 'sql_error', sqlState: state, statement: 0 });
+    },
+  );
 
   test('results past the cap fail the transaction while streaming in, nothing applied', async () => {
     const before = process.memoryUsage().rss;
@@ -349,30 +398,47 @@ describe('no statement takes the process down or chooses the status', () => {
       if (rows[0].n === 0) break;
       await new Promise((res) => setTimeout(res, 100));
     }
-    expect((await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'`)).rows[0].n).toBe(0);
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'`)).rows[0].n).toBe(
+      0,
+    );
   });
 
   test('a statement that weakens synchronous_commit cannot weaken the commit of its fence raise', async () => {
     const r = await run(['SET LOCAL synchronous_commit = off', `SELECT current_setting('synchronous_commit') AS s`]);
     expect(r).toMatchObject({ committed: true });
     // The seal before COMMIT forces it back on; visible in the same way a commit would see it.
-    const seen = await runner.run('writer', [{ fenceKey: 'w/attack', token: 1n }], [{ sql: 'SET LOCAL synchronous_commit = off', params: [] }], { isolation: 'read committed', writerId: null });
+    const seen = await runner.run(
+      'writer',
+      [{ fenceKey: 'w/attack', token: 1n }],
+      [{ sql: 'SET LOCAL synchronous_commit = off', params: [] }],
+      { isolation: 'read committed', writerId: null },
+    );
     expect(seen.committed).toBe(true);
   });
 
   test('session state does not outlive its transaction: settings, role and advisory locks are gone for the next', async () => {
     const first = await run([`SET search_path = app`, `SELECT pg_advisory_lock(42)`]);
     expect(first).toMatchObject({ committed: true });
-    const next = await run([`SELECT current_setting('search_path') AS p, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`]);
+    const next = await run([
+      `SELECT current_setting('search_path') AS p, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`,
+    ]);
     expect((next as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ p: '"$user", public', locks: 0 });
   });
 });
 
 describe('the pooled session', () => {
-  test.each(['read committed', 'repeatable read', 'serializable'] as const)('%s: the transaction runs at that isolation level (the session reset before it takes snapshots of its own)', async (isolation) => {
-    const r = await runner.run('writer', [{ fenceKey: 'w/iso', token: 1n }], [{ sql: `SELECT current_setting('transaction_isolation') AS iso`, params: [] }], { isolation, writerId: null });
-    expect((r as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ iso: isolation });
-  });
+  test.each(['read committed', 'repeatable read', 'serializable'] as const)(
+    '%s: the transaction runs at that isolation level (the session reset before it takes snapshots of its own)',
+    async (isolation) => {
+      const r = await runner.run(
+        'writer',
+        [{ fenceKey: 'w/iso', token: 1n }],
+        [{ sql: `SELECT current_setting('transaction_isolation') AS iso`, params: [] }],
+        { isolation, writerId: null },
+      );
+      expect((r as Extract<TxResult, { committed: true }>).results[0]!.rows[0]).toEqual({ iso: isolation });
+    },
+  );
 
   test('a transaction that leaves its session unable to reset (a 1 ms statement timeout, 300,000 settings) costs later transactions nothing: the session is dropped, another one serves', async () => {
     // RESET ALL, the first statement of the next transaction's first round trip, then runs past
@@ -383,8 +449,16 @@ describe('the pooled session', () => {
     const patient = new TransactionRunner({ ...runnerOptions(), statementTimeoutMs: 30_000, transactionTimeoutMs: 60_000 });
     onTestFinished(() => patient.close());
     const run = (statements: string[]) =>
-      patient.run('writer', [{ fenceKey: 'w/attack', token: 1n }], statements.map((sql) => ({ sql, params: [] })), { isolation: 'read committed', writerId: 'attacker' }).catch((err: Error) => err);
-    const pid = async () => ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
+      patient
+        .run(
+          'writer',
+          [{ fenceKey: 'w/attack', token: 1n }],
+          statements.map((sql) => ({ sql, params: [] })),
+          { isolation: 'read committed', writerId: 'attacker' },
+        )
+        .catch((err: Error) => err);
+    const pid = async () =>
+      ((await run(['SELECT pg_backend_pid() AS pid'])) as Extract<TxResult, { committed: true }>).results[0]!.rows[0]!.pid as number;
     const poisoned = await pid();
     // The settings commit with the fenced transaction; the timeout is set in the chained one, which
     // its own COMMIT ends (the run stops there: TransactionEndedError, the connection is reused).
@@ -396,12 +470,19 @@ describe('the pooled session', () => {
     ]);
     expect((r as Error).name).toBe('TransactionEndedError');
     for (let i = 0; i < 4; i++) {
-      const honest = await patient.run('writer', [{ fenceKey: 'w/honest', token: 1n }], [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }], { isolation: 'read committed', writerId: 'honest' });
+      const honest = await patient.run(
+        'writer',
+        [{ fenceKey: 'w/honest', token: 1n }],
+        [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }],
+        { isolation: 'read committed', writerId: 'honest' },
+      );
       expect(honest.committed).toBe(true);
     }
     expect((await db.pool.query('SELECT count(*)::int AS n FROM app.items WHERE id BETWEEN 900 AND 903')).rows[0].n).toBe(4);
     // The dropped connection's backend exits once it reads the close: wait for it, do not race it.
-    await expect.poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = $1', [poisoned])).rows[0].n).toBe(0);
+    await expect
+      .poll(async () => (await db.pool.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = $1', [poisoned])).rows[0].n)
+      .toBe(0);
   });
 });
 
@@ -409,9 +490,10 @@ describe('nothing of a transaction stays active while its connection waits in th
   // The next transaction resets the session before its statements; what acts on other sessions in
   // the meantime (a session advisory lock, a LISTEN) ends with the transaction itself.
   const held = async (key: number) =>
-    (await db.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted`, [key])).rows[0].n as number;
+    (await db.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted`, [key])).rows[0]
+      .n as number;
 
-  test('a committed transaction\'s session advisory lock ends with it', async () => {
+  test("a committed transaction's session advisory lock ends with it", async () => {
     const r = await run([`SELECT pg_advisory_lock(4242)`]);
     expect(r).toMatchObject({ committed: true });
     expect(await held(4242)).toBe(0);
@@ -425,7 +507,7 @@ describe('nothing of a transaction stays active while its connection waits in th
     }
   });
 
-  test('so does a failed one\'s', async () => {
+  test("so does a failed one's", async () => {
     const r = await run([`SELECT pg_advisory_lock(4243)`, `SELECT 1/0`]);
     expect(r).toBeInstanceOf(Error);
     expect(await held(4243)).toBe(0);
@@ -440,25 +522,39 @@ describe('property: role changes in any spelling, through HTTP', () => {
   const word = (w: string) => fc.constantFrom(w, w.toUpperCase(), w[0]!.toUpperCase() + w.slice(1));
   const attack = fc.oneof(
     fc.tuple(pad, word('reset'), pad, word('role')).map(([a, b, c, d]) => `${a}${b} ${c}${d}`),
-    fc.tuple(pad, word('set'), pad, word('role'), fc.constantFrom(` "${'OWNER'}"`, ' none', ' session_user')).map(([a, b, c, d, e]) => `${a}${b} ${c}${d}${e}`),
-    fc.tuple(pad, fc.constantFrom('set_config', 'U&"\\0073et_config"', '"set_config"', 'pg_catalog.set_config', 'U&"set\\005fconfig"')).map(
-      ([a, f]) => `${a}SELECT ${f}('role', session_user, true)`,
-    ),
-    fc.tuple(pad, fc.constantFrom(`'RESET ROLE'`, `$x$SET ROLE "OWNER"$x$`, `U&'\\0052ESET ROLE'`)).map(([a, s]) => `${a}DO $$ BEGIN EXECUTE ${s}; END $$`),
+    fc
+      .tuple(pad, word('set'), pad, word('role'), fc.constantFrom(` "${'OWNER'}"`, ' none', ' session_user'))
+      .map(([a, b, c, d, e]) => `${a}${b} ${c}${d}${e}`),
+    fc
+      .tuple(pad, fc.constantFrom('set_config', 'U&"\\0073et_config"', '"set_config"', 'pg_catalog.set_config', 'U&"set\\005fconfig"'))
+      .map(([a, f]) => `${a}SELECT ${f}('role', session_user, true)`),
+    fc
+      .tuple(pad, fc.constantFrom(`'RESET ROLE'`, `$x$SET ROLE "OWNER"$x$`, `U&'\\0052ESET ROLE'`))
+      .map(([a, s]) => `${a}DO $$ BEGIN EXECUTE ${s}; END $$`),
   );
   test('any spelling: 400 refused, or privileges refuse the harm; fence and triggers intact', async () => {
     await fc.assert(
-      fc.asyncProperty(attack, fc.constantFrom(...['UPDATE fencepost.fences SET highest_token = 0', 'ALTER TABLE fencepost.fences DISABLE TRIGGER ALL', 'INSERT INTO app.other VALUES (2)']), async (esc, harm) => {
-        const sql = esc.replaceAll('OWNER', owner);
-        const res = await app.inject({
-          method: 'POST',
-          url: '/v1/transactions',
-          headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
-          payload: { fences: [{ key: 'w/prop', token: '1' }], statements: [{ sql }, { sql: harm }] },
-        });
-        expect([400, 403], `${sql} → ${res.body}`).toContain(res.statusCode);
-        await fenceIntact();
-      }),
+      fc.asyncProperty(
+        attack,
+        fc.constantFrom(
+          ...[
+            'UPDATE fencepost.fences SET highest_token = 0',
+            'ALTER TABLE fencepost.fences DISABLE TRIGGER ALL',
+            'INSERT INTO app.other VALUES (2)',
+          ],
+        ),
+        async (esc, harm) => {
+          const sql = esc.replaceAll('OWNER', owner);
+          const res = await app.inject({
+            method: 'POST',
+            url: '/v1/transactions',
+            headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+            payload: { fences: [{ key: 'w/prop', token: '1' }], statements: [{ sql }, { sql: harm }] },
+          });
+          expect([400, 403], `${sql} → ${res.body}`).toContain(res.statusCode);
+          await fenceIntact();
+        },
+      ),
       { numRuns: 60 },
     );
     expect((await app.inject({ url: '/healthz' })).statusCode).toBe(200);
@@ -470,8 +566,15 @@ test('the fence row lock of another transaction stalls a transaction no longer t
   await holder.connect();
   try {
     await holder.query('BEGIN');
-    await holder.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('w/held', 1) ON CONFLICT (fence_key) DO UPDATE SET updated_at = now()`);
-    const r = await runner.run('writer', [{ fenceKey: 'w/held', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null }).catch((e: Error) => e);
+    await holder.query(
+      `INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('w/held', 1) ON CONFLICT (fence_key) DO UPDATE SET updated_at = now()`,
+    );
+    const r = await runner
+      .run('writer', [{ fenceKey: 'w/held', token: 1n }], [{ sql: 'SELECT 1', params: [] }], {
+        isolation: 'read committed',
+        writerId: null,
+      })
+      .catch((e: Error) => e);
     expect((r as Error).name).toBe('FenceBusyError');
   } finally {
     await holder.query('ROLLBACK');
@@ -479,7 +582,7 @@ test('the fence row lock of another transaction stalls a transaction no longer t
   }
 });
 
-test('one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key\'s second transaction waits', async () => {
+test("one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key's second transaction waits", async () => {
   const fair = new TransactionRunner({
     owner: db.pool,
     rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),

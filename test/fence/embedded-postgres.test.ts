@@ -45,7 +45,10 @@ async function put(url: string, key: string, body: string): Promise<number> {
 
 describe('two proxies on one machine', () => {
   test('with different FENCEPOST_DATA_DIR both start, each on its own cluster (embedded port picked free)', async () => {
-    const [a, b] = await Promise.all([start({ FENCEPOST_DATA_DIR: join(dir, 'a', 'pgdata') }), start({ FENCEPOST_DATA_DIR: join(dir, 'b', 'pgdata') })]);
+    const [a, b] = await Promise.all([
+      start({ FENCEPOST_DATA_DIR: join(dir, 'a', 'pgdata') }),
+      start({ FENCEPOST_DATA_DIR: join(dir, 'b', 'pgdata') }),
+    ]);
     expect(await put(a.url, 'only-in-a', 'x')).toBe(200);
     expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
     expect((await fetch(`${b.url}/v1/objects/only-in-a`)).status).toBe(404);
@@ -54,10 +57,18 @@ describe('two proxies on one machine', () => {
     expect(statSync(join(dir, 'a', 'postgres.url')).mode & 0o777).toBe(0o600);
     const m = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
     expect(m.status, m.stderr).toBe(0);
-    const l = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'protect', '--list'], { env, encoding: 'utf8', timeout: 60_000 });
+    const l = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'protect', '--list'], {
+      env,
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
     expect(l.status, l.stderr).toBe(0);
     // doctor with neither --zk nor DATABASE_URL checks that cluster (a lone primary: nothing to warn of).
-    const d = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'doctor', '--json'], { env, encoding: 'utf8', timeout: 60_000 });
+    const d = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'doctor', '--json'], {
+      env,
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
     expect(d.status, d.stderr).toBe(0);
     expect(JSON.parse(d.stdout)).toHaveProperty('postgres');
     expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
@@ -77,7 +88,9 @@ describe('two proxies on one machine', () => {
     await client.connect();
     try {
       await client.query('CREATE TABLE unqualified_orders (id int)');
-      const { rows } = await client.query<{ schema: string }>("SELECT relnamespace::regnamespace::text AS schema FROM pg_class WHERE relname = 'unqualified_orders'");
+      const { rows } = await client.query<{ schema: string }>(
+        "SELECT relnamespace::regnamespace::text AS schema FROM pg_class WHERE relname = 'unqualified_orders'",
+      );
       expect(rows).toEqual([{ schema: 'public' }]);
     } finally {
       await client.end();
@@ -89,7 +102,10 @@ describe('two proxies on one machine', () => {
     const two = copyCheckout('checkout-two');
     expect(defaultDataDir(one)).not.toBe(defaultDataDir(two));
     const defaults = { FENCEPOST_DATA_DIR: '' };
-    const [a, b] = await Promise.all([start(defaults, join(one, 'bin', 'fencepost.js')), start(defaults, join(two, 'bin', 'fencepost.js'))]);
+    const [a, b] = await Promise.all([
+      start(defaults, join(one, 'bin', 'fencepost.js')),
+      start(defaults, join(two, 'bin', 'fencepost.js')),
+    ]);
     expect(await put(a.url, 'checkout-one', 'x')).toBe(200);
     expect((await fetch(`${b.url}/v1/objects/checkout-one`)).status).toBe(404);
 
@@ -98,7 +114,9 @@ describe('two proxies on one machine', () => {
     const r = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'serve'], { env, encoding: 'utf8', timeout: 60_000 });
     expect(r.status, r.stderr).toBe(1);
     const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('{'));
-    expect(lines).toEqual([expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres \(pid \d+\)/)]);
+    expect(lines).toEqual([
+      expect.stringMatching(/^fencepost: cannot start: FENCEPOST_DATA_DIR: .* is in use by a running Postgres \(pid \d+\)/),
+    ]);
     // fencepost migrate on that folder uses the running cluster instead.
     const m = spawnSync(process.execPath, [join(one, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
     expect(m.status, m.stderr).toBe(0);

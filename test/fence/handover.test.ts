@@ -12,20 +12,23 @@ import { fenceOptions, fenceRow, type SqlProxy } from '../support/sql.ts';
 import type { TestDatabase } from '../support/db.ts';
 import { protectTable } from '../../src/fence/protect.ts';
 
-const test = sqlTest
-  .extend('sqlEnv', { scope: 'file' }, { FENCEPOST_RAISE_WAIT_MS: '300' })
-  .extend('clientTables', { scope: 'file' }, [
-    { definition: 'public.ho_items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
-    { definition: 'public.ho_guarded (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
-    { definition: 'public.ho_busy (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
-  ]);
+const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_RAISE_WAIT_MS: '300' }).extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.ho_items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+  { definition: 'public.ho_guarded (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+  { definition: 'public.ho_busy (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+]);
 
-const has = async (db: TestDatabase, id: number, table = 'ho_items') => (await db.pool.query(`SELECT 1 FROM public.${table} WHERE id = $1`, [id])).rowCount === 1;
-const putFence = (sql: SqlProxy, fenceKey: string, token: number) => fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
+const has = async (db: TestDatabase, id: number, table = 'ho_items') =>
+  (await db.pool.query(`SELECT 1 FROM public.${table} WHERE id = $1`, [id])).rowCount === 1;
+const putFence = (sql: SqlProxy, fenceKey: string, token: number) =>
+  fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
 const until = async (what: () => Promise<boolean>) => expect.poll(what, { interval: 20 }).toBe(true);
 
-describe('a raise past an older token\'s open transaction', () => {
-  test('on the SQL endpoint: the new leader\'s first write ends the zombie\'s open transaction and commits; the zombie\'s COMMIT fails with FP409', async ({ db, sql }) => {
+describe("a raise past an older token's open transaction", () => {
+  test("on the SQL endpoint: the new leader's first write ends the zombie's open transaction and commits; the zombie's COMMIT fails with FP409", async ({
+    db,
+    sql,
+  }) => {
     await protectTable(db.pool, 'public.ho_guarded', 'ho/sql');
     const zombie = await sql.connect('zombie', { options: fenceOptions(5, 'ho/sql') });
     const seen: unknown[] = [];
@@ -46,7 +49,9 @@ describe('a raise past an older token\'s open transaction', () => {
     const zombie = await sql.connect('named-zombie', { options: fenceOptions(5, 'ho/named') });
     zombie.on('error', () => {});
     await zombie.query("SET application_name = 'fencepost-raise'");
-    expect((await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'fencepost-raise'`)).rows[0].n).toBeGreaterThan(0);
+    expect(
+      (await db.pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'fencepost-raise'`)).rows[0].n,
+    ).toBeGreaterThan(0);
     await zombie.query('BEGIN');
     await zombie.query(`INSERT INTO public.ho_items VALUES (11, 'named zombie')`);
     const leader = await sql.connect('named-leader', { options: fenceOptions(6, 'ho/named') });
@@ -58,7 +63,10 @@ describe('a raise past an older token\'s open transaction', () => {
     await leader.end();
   });
 
-  test('a busy zombie cannot starve the raise: 32 pooled old-token sessions running overlapping transactions back to back, reconnecting when ended', async ({ db, sql }) => {
+  test('a busy zombie cannot starve the raise: 32 pooled old-token sessions running overlapping transactions back to back, reconnecting when ended', async ({
+    db,
+    sql,
+  }) => {
     // Invariants: the new leader's first write commits, long before the tens of seconds such a
     // zombie used to hold the fence (FOR SHARE requests never queued behind a waiting raise; the
     // epoch's DROP queues ahead of every later proof); and no zombie transaction that began after
@@ -113,15 +121,21 @@ describe('a raise past an older token\'s open transaction', () => {
     expect(await fenceRow(db.pool, 'ho/busy')).toEqual({ highest_token: '6' });
   });
 
-  test('a zombie ended mid-statement hears Postgres\'s FATAL and its connection ends at once', async ({ db, sql }) => {
+  test("a zombie ended mid-statement hears Postgres's FATAL and its connection ends at once", async ({ db, sql }) => {
     // Invariant: a writer answered with a FATAL is not left waiting on an open socket (straight to
     // Postgres the connection closes right after it); nothing of its transaction commits.
     const zombie = await sql.connect('mid-statement', { options: fenceOptions(5, 'ho/mid') });
     const ended = new Promise<'ended'>((r) => zombie.once('end', () => r('ended')));
     await zombie.query('BEGIN');
     await zombie.query(`INSERT INTO public.ho_items VALUES (21, 'mid-statement zombie')`);
-    const sleeping = zombie.query('SELECT pg_sleep(60)').then(() => 'ok', (e: pg.DatabaseError) => e.code);
-    await until(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'`)).rowCount === 1);
+    const sleeping = zombie.query('SELECT pg_sleep(60)').then(
+      () => 'ok',
+      (e: pg.DatabaseError) => e.code,
+    );
+    await until(
+      async () =>
+        (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'`)).rowCount === 1,
+    );
     const leader = await sql.connect('mid-leader', { options: fenceOptions(6, 'ho/mid') });
     await leader.query(`INSERT INTO public.ho_items VALUES (22, 'leader')`);
     expect(await sleeping).toBe('57P01');
@@ -164,14 +178,27 @@ except psycopg2.Error:
     await leader.end();
   });
 
-  test('over HTTP: PUT /v1/fences past a sleeping /v1/transactions transaction that lifted its statement timeout answers 200; the sleeper answers 409 stale_token', async ({ db, sql }) => {
+  test('over HTTP: PUT /v1/fences past a sleeping /v1/transactions transaction that lifted its statement timeout answers 200; the sleeper answers 409 stale_token', async ({
+    db,
+    sql,
+  }) => {
     expect((await putFence(sql, 'ho/tx', 5)).status).toBe(200);
     const sleeper = fetch(`${sql.proxy.url}/v1/transactions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ fences: [{ key: 'ho/tx', token: '5' }], statements: [{ sql: `INSERT INTO public.ho_items VALUES (3, 'sleeper')` }, { sql: ';SET LOCAL statement_timeout = 0' }, { sql: 'SELECT pg_sleep(25)' }] }),
+      body: JSON.stringify({
+        fences: [{ key: 'ho/tx', token: '5' }],
+        statements: [
+          { sql: `INSERT INTO public.ho_items VALUES (3, 'sleeper')` },
+          { sql: ';SET LOCAL statement_timeout = 0' },
+          { sql: 'SELECT pg_sleep(25)' },
+        ],
+      }),
     });
-    await until(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`)).rowCount === 1);
+    await until(
+      async () =>
+        (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(25)' AND state = 'active'`)).rowCount === 1,
+    );
     const raise = await putFence(sql, 'ho/tx', 6);
     expect(raise.status, await raise.clone().text()).toBe(200);
     const answer = await sleeper;
@@ -180,16 +207,23 @@ except psycopg2.Error:
     expect(await has(db, 3)).toBe(false);
   });
 
-  test('over HTTP: an object write that raises the fence past a zombie\'s open SQL transaction answers 200; the zombie\'s COMMIT fails with FP409', async ({ db, sql }) => {
+  test("over HTTP: an object write that raises the fence past a zombie's open SQL transaction answers 200; the zombie's COMMIT fails with FP409", async ({
+    db,
+    sql,
+  }) => {
     const putObject = (token: number) =>
-      fetch(`${sql.proxy.url}/v1/objects/ho%2Fobj%2F1`, { method: 'PUT', headers: { 'fencing-token': String(token), 'fence-key': 'ho/obj' }, body: `at ${token}` });
+      fetch(`${sql.proxy.url}/v1/objects/ho%2Fobj%2F1`, {
+        method: 'PUT',
+        headers: { 'fencing-token': String(token), 'fence-key': 'ho/obj' },
+        body: `at ${token}`,
+      });
     expect((await putObject(5)).status).toBe(200);
     const zombie = await sql.connect('obj-zombie', { options: fenceOptions(5, 'ho/obj') });
     await zombie.query('BEGIN');
     await zombie.query(`INSERT INTO public.ho_items VALUES (6, 'obj zombie')`);
     const res = await putObject(6);
     expect(res.status, await res.clone().text()).toBe(200);
-    expect((await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e) as pg.DatabaseError).code).toBe('FP409');
+    expect(((await zombie.query('COMMIT').catch((e: pg.DatabaseError) => e)) as pg.DatabaseError).code).toBe('FP409');
     expect(await has(db, 6)).toBe(false);
   });
 
@@ -197,7 +231,9 @@ except psycopg2.Error:
     expect((await putFence(sql, 'ho/prep', 5)).status).toBe(200);
     const c = await db.pool.connect();
     try {
-      await c.query(`BEGIN; SELECT 1 FROM fencepost.fences WHERE fence_key = 'ho/prep' FOR SHARE; INSERT INTO public.ho_items VALUES (4, 'prepared'); PREPARE TRANSACTION 'ho-stuck'`);
+      await c.query(
+        `BEGIN; SELECT 1 FROM fencepost.fences WHERE fence_key = 'ho/prep' FOR SHARE; INSERT INTO public.ho_items VALUES (4, 'prepared'); PREPARE TRANSACTION 'ho-stuck'`,
+      );
     } finally {
       c.release();
     }
@@ -207,7 +243,10 @@ except psycopg2.Error:
     expect(await has(db, 4)).toBe(false);
   });
 
-  test('never ends a transaction at the raise\'s own token: a leader\'s open transaction survives a PUT /v1/fences at its token and commits', async ({ db, sql }) => {
+  test("never ends a transaction at the raise's own token: a leader's open transaction survives a PUT /v1/fences at its token and commits", async ({
+    db,
+    sql,
+  }) => {
     const leader = await sql.connect('own', { options: fenceOptions(7, 'ho/own') });
     await leader.query('BEGIN');
     await leader.query(`INSERT INTO public.ho_items VALUES (5, 'own')`);

@@ -43,11 +43,18 @@ async function holdFence(fenceKey: string): Promise<{ release(): Promise<void> }
 }
 
 function put(app: FastifyInstance, key: string, fenceKey: string, token: number) {
-  return app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': String(token), 'fence-key': fenceKey, 'content-type': 'text/plain' }, payload: key });
+  return app.inject({
+    method: 'PUT',
+    url: `/v1/objects/${encodeURIComponent(key)}`,
+    headers: { 'fencing-token': String(token), 'fence-key': fenceKey, 'content-type': 'text/plain' },
+    payload: key,
+  });
 }
 
 async function storedKeys(prefix: string): Promise<string[]> {
-  const { rows } = await db.pool.query<{ key: string }>('SELECT key FROM fencepost.objects WHERE starts_with(key, $1) ORDER BY key', [prefix]);
+  const { rows } = await db.pool.query<{ key: string }>('SELECT key FROM fencepost.objects WHERE starts_with(key, $1) ORDER BY key', [
+    prefix,
+  ]);
   return rows.map((r) => r.key);
 }
 
@@ -75,7 +82,11 @@ describe.each([
       { fence: b, key: `${b}/${String(i).padStart(2, '0')}` },
     ]).flat();
     const replies = await Promise.all(writes.map((w) => put(app, w.key, w.fence, 5)));
-    const answers = writes.map((w, i) => ({ ...w, status: replies[i]!.statusCode, body: replies[i]!.json<{ error?: string; message?: string }>() }));
+    const answers = writes.map((w, i) => ({
+      ...w,
+      status: replies[i]!.statusCode,
+      body: replies[i]!.json<{ error?: string; message?: string }>(),
+    }));
     const onA = answers.filter((x) => x.fence === a);
     const onB = answers.filter((x) => x.fence === b);
     expect(onB.filter((x) => x.status !== 200)).toEqual([]);
@@ -84,7 +95,10 @@ describe.each([
     expect(replies[0]!.headers['retry-after']).toBe('1');
     expect(await storedKeys(`${b}/`)).toEqual([`${b}/seed`, ...onB.map((x) => x.key)].sort());
     expect(await storedKeys(`${a}/`)).toEqual([`${a}/seed`]);
-    const { rows } = await db.pool.query('SELECT fence_key, accepted::int FROM fencepost.fence_stats WHERE fence_key = ANY($1) ORDER BY fence_key', [[a, b]]);
+    const { rows } = await db.pool.query(
+      'SELECT fence_key, accepted::int FROM fencepost.fence_stats WHERE fence_key = ANY($1) ORDER BY fence_key',
+      [[a, b]],
+    );
     expect(rows).toEqual([
       { fence_key: a, accepted: 1 },
       { fence_key: b, accepted: 31 },
@@ -100,7 +114,15 @@ describe.each([
 });
 
 describe('FenceStore batches around a locked fence', () => {
-  const putOp = (key: string, fenceKey: string): FencedOp => ({ kind: 'put', key, fenceKey, token: 1n, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+  const putOp = (key: string, fenceKey: string): FencedOp => ({
+    kind: 'put',
+    key,
+    fenceKey,
+    token: 1n,
+    contentType: 'text/plain',
+    body: Buffer.from(key),
+    writerId: null,
+  });
 
   test('a batch that mixes a locked fence with free ones commits the free writes; only the locked one fails with 55P03', async () => {
     const sizes: number[] = [];
@@ -115,7 +137,10 @@ describe('FenceStore batches around a locked fence', () => {
       const free = store.write(putOp('mix/b', 'mix-B'));
       await expect(first).resolves.toMatchObject({ accepted: true });
       await expect(free).resolves.toMatchObject({ accepted: true });
-      const err = await locked.then(() => null, (e: unknown) => e);
+      const err = await locked.then(
+        () => null,
+        (e: unknown) => e,
+      );
       expect(sqlState(err)).toBe(LOCK_NOT_AVAILABLE);
       await store.idle();
       expect(sizes).toEqual([1, 2, 1, 1]); // the batch of two failed whole, then each ran alone
@@ -151,7 +176,15 @@ describe('FenceStore batches around a locked fence', () => {
 });
 
 describe('the leaner statement beside a locked fence', () => {
-  const putOp = (key: string, fenceKey: string, token = 1n): FencedOp => ({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+  const putOp = (key: string, fenceKey: string, token = 1n): FencedOp => ({
+    kind: 'put',
+    key,
+    fenceKey,
+    token,
+    contentType: 'text/plain',
+    body: Buffer.from(key),
+    writerId: null,
+  });
 
   // Invariant: a put the leaner statement committed is answered accepted exactly once, even when
   // the full statement for the rest of its batch hits the lock timeout (it is never run again).
@@ -172,8 +205,13 @@ describe('the leaner statement beside a locked fence', () => {
     } finally {
       await lock.release();
     }
-    const { rows } = await db.pool.query(`SELECT key, fence_key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/seed-l') ORDER BY key`);
-    expect(rows).toEqual([{ key: 'part/f', fence_key: 'part-F', version: '1' }, { key: 'part/seed-l', fence_key: 'part-L', version: '1' }]);
+    const { rows } = await db.pool.query(
+      `SELECT key, fence_key, version::text FROM fencepost.objects WHERE key IN ('part/f', 'part/seed-l') ORDER BY key`,
+    );
+    expect(rows).toEqual([
+      { key: 'part/f', fence_key: 'part-F', version: '1' },
+      { key: 'part/seed-l', fence_key: 'part-L', version: '1' },
+    ]);
     expect(await new FenceStore(db.pool, STORE_DEFAULTS).readFence('part-F')).toMatchObject({ accepted: 2n }); // the seed and the leader's put, once
   });
 
@@ -209,7 +247,9 @@ describe('the leaner statement beside a locked fence', () => {
   test('reads of the counts and the fold never wait for counter rows writers hold', async () => {
     const store = new FenceStore(pool, STORE_DEFAULTS);
     await store.write(putOp('fold/seed', 'fold-K'));
-    await db.pool.query(`INSERT INTO fencepost.fence_counts (fence_key, shard) SELECT 'fold-K', g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
+    await db.pool.query(
+      `INSERT INTO fencepost.fence_counts (fence_key, shard) SELECT 'fold-K', g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`,
+    );
     await db.pool.query(`INSERT INTO fencepost.totals (shard) SELECT g FROM generate_series(0, 63) g ON CONFLICT DO NOTHING`);
     await db.pool.query(`INSERT INTO fencepost.pending_counts (fence_key) VALUES ('fold-K'), ('fold-K')`);
     const holder = new pg.Client({ connectionString: db.url });

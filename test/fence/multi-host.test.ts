@@ -28,7 +28,13 @@ function multiHostUrl(ports: number[], query = 'target_session_attrs=read-write'
 
 /** `log`: the proxy's log lines at info and above, parsed. */
 async function start(databaseUrl: string, log?: Record<string, unknown>[]): Promise<RunningProxy> {
-  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
+  const config = loadConfig({
+    DATABASE_URL: databaseUrl,
+    PORT: '0',
+    FENCEPOST_PGWIRE_PORT: '0',
+    FENCEPOST_CLIENT_ROLE: CLIENT_ROLE,
+    FENCEPOST_LOG_LEVEL: 'silent',
+  });
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
       for (const line of chunk.toString().split('\n').filter(Boolean)) log!.push(JSON.parse(line) as Record<string, unknown>);
@@ -49,8 +55,17 @@ async function on<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> 
   }
 }
 
-async function put(proxy: RunningProxy, key: string, token: number, body: string): Promise<{ status: number; json: { error?: string; message?: string } }> {
-  const r = await fetch(`${proxy.url}/v1/objects/${encodeURIComponent(key)}`, { method: 'PUT', headers: { 'fencing-token': String(token), 'fence-key': 'mh' }, body });
+async function put(
+  proxy: RunningProxy,
+  key: string,
+  token: number,
+  body: string,
+): Promise<{ status: number; json: { error?: string; message?: string } }> {
+  const r = await fetch(`${proxy.url}/v1/objects/${encodeURIComponent(key)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token), 'fence-key': 'mh' },
+    body,
+  });
   return { status: r.status, json: (await r.json()) as { error?: string; message?: string } };
 }
 
@@ -58,14 +73,23 @@ async function transaction(proxy: RunningProxy, token: number): Promise<{ status
   const r = await fetch(`${proxy.url}/v1/transactions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ fences: [{ key: 'mh-tx', token: String(token) }], statements: [{ sql: 'UPDATE public.counters SET n = n + 1 WHERE id = 1' }] }),
+    body: JSON.stringify({
+      fences: [{ key: 'mh-tx', token: String(token) }],
+      statements: [{ sql: 'UPDATE public.counters SET n = n + 1 WHERE id = 1' }],
+    }),
   });
   return { status: r.status, json: (await r.json()) as { error?: string; message?: string } };
 }
 
 /** A fenced UPDATE through the SQL endpoint, on a session of its own. */
 async function sqlWrite(proxy: RunningProxy, token: number): Promise<void> {
-  const c = new pg.Client({ host: '127.0.0.1', port: proxy.pgwirePort!, user: 'mh-writer', database: auth.database, options: fenceOptions(token, 'mh-sql') });
+  const c = new pg.Client({
+    host: '127.0.0.1',
+    port: proxy.pgwirePort!,
+    user: 'mh-writer',
+    database: auth.database,
+    options: fenceOptions(token, 'mh-sql'),
+  });
   c.on('error', () => {});
   await c.connect();
   try {
@@ -98,7 +122,9 @@ describe('starting against the list', () => {
     const proxy = await start(multiHostUrl([await closedPort(), pair.standbyPort, pair.primaryPort]));
     try {
       expect((await put(proxy, 'mh/0', 1, 'zero')).status).toBe(200);
-      expect(await on(pair.primaryUrl, async (c) => (await c.query("SELECT 1 FROM fencepost.objects WHERE key = 'mh/0'")).rowCount)).toBe(1);
+      expect(await on(pair.primaryUrl, async (c) => (await c.query("SELECT 1 FROM fencepost.objects WHERE key = 'mh/0'")).rowCount)).toBe(
+        1,
+      );
     } finally {
       await proxy.close();
     }
@@ -108,7 +134,11 @@ describe('starting against the list', () => {
     const log: Record<string, unknown>[] = [];
     const proxy = await start(multiHostUrl([pair.standbyPort, pair.primaryPort], 'application_name=mh'), log).catch((e: Error) => e);
     // The standby answers first, and the migrations need the primary: the start fails, as it would on the standby alone.
-    expect((proxy as Error).message).toMatch(new RegExp(`^DATABASE_URL: 127\\.0\\.0\\.1:${pair.standbyPort}, 127\\.0\\.0\\.1:${pair.primaryPort} \\(database ${auth.database}\\): cannot execute .* in a read-only transaction \\(SQLSTATE 25006\\)$`));
+    expect((proxy as Error).message).toMatch(
+      new RegExp(
+        `^DATABASE_URL: 127\\.0\\.0\\.1:${pair.standbyPort}, 127\\.0\\.0\\.1:${pair.primaryPort} \\(database ${auth.database}\\): cannot execute .* in a read-only transaction \\(SQLSTATE 25006\\)$`,
+      ),
+    );
     expect(log.filter((l) => l.level === 40).map((l) => l.msg)).toContain(
       'DATABASE_URL lists several hosts without target_session_attrs=read-write (or primary): connections go to the first that answers, even a standby, as libpq does',
     );
@@ -116,8 +146,13 @@ describe('starting against the list', () => {
 
   test('no host takes writes: the proxy does not start, and says why in one line naming DATABASE_URL', async () => {
     const down = await closedPort();
-    const err = await start(multiHostUrl([pair.standbyPort, down])).then(() => null, (e: Error) => e);
-    expect(err?.message).toBe(`DATABASE_URL: no host takes writes (target_session_attrs=read-write): 127.0.0.1:${pair.standbyPort} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
+    const err = await start(multiHostUrl([pair.standbyPort, down])).then(
+      () => null,
+      (e: Error) => e,
+    );
+    expect(err?.message).toBe(
+      `DATABASE_URL: no host takes writes (target_session_attrs=read-write): 127.0.0.1:${pair.standbyPort} is in recovery (a standby); 127.0.0.1:${down} refused the connection`,
+    );
   });
 });
 
@@ -154,19 +189,37 @@ describe('a host that is now a standby, under a name the proxy found writable', 
       const hot = `127.0.0.1:${moving.port} is in hot standby (target_session_attrs=read-write); looking for the primary again`;
       // The SQL endpoint's dial.
       moving.to = pair.standbyPort; // the name now reaches the standby; no connection of the proxy failed
-      const login = { user: auth.user, password: auth.password, parameters: new Map<string, string>(), settings: new Map<string, string>() };
-      const backend = await openBackend(databaseTarget(url), login, 5000).then(() => null, (e: Error) => e);
+      const login = {
+        user: auth.user,
+        password: auth.password,
+        parameters: new Map<string, string>(),
+        settings: new Map<string, string>(),
+      };
+      const backend = await openBackend(databaseTarget(url), login, 5000).then(
+        () => null,
+        (e: Error) => e,
+      );
       expect(backend).toBeInstanceOf(BackendStartupError);
       expect([(backend as BackendStartupError).code, backend?.message]).toEqual(['08001', hot]);
       // node-postgres's, for the pools and the checks.
       moving.to = pair.primaryPort;
       expect(await foundAgain()).toEqual({ host: '127.0.0.1', port: moving.port });
       moving.to = pair.standbyPort;
-      const pooled = await newClient(clientConfig(url)).connect().then(() => null, (e: Error & { code?: string }) => e);
+      const pooled = await newClient(clientConfig(url))
+        .connect()
+        .then(
+          () => null,
+          (e: Error & { code?: string }) => e,
+        );
       expect([pooled?.code, pooled?.message]).toEqual(['08001', hot]);
       // Both told the finder, whose search now says why no host fits.
-      const why = await finder.target().then(() => null, (e: Error) => e.message);
-      expect(why).toBe(`no host takes writes (target_session_attrs=read-write): 127.0.0.1:${moving.port} is in recovery (a standby); 127.0.0.1:${down} refused the connection`);
+      const why = await finder.target().then(
+        () => null,
+        (e: Error) => e.message,
+      );
+      expect(why).toBe(
+        `no host takes writes (target_session_attrs=read-write): 127.0.0.1:${moving.port} is in recovery (a standby); 127.0.0.1:${down} refused the connection`,
+      );
     } finally {
       await moving.close();
     }
@@ -185,7 +238,12 @@ describe("a pool of the finder's clients", () => {
       const refused = await pool.connect();
       expect(await pidOf(refused)).toBe(first);
       await refused.query('BEGIN READ ONLY');
-      expect(await refused.query('CREATE TABLE public.never_made (id int)').then(() => null, (e: pg.DatabaseError) => e.code)).toBe('25006');
+      expect(
+        await refused.query('CREATE TABLE public.never_made (id int)').then(
+          () => null,
+          (e: pg.DatabaseError) => e.code,
+        ),
+      ).toBe('25006');
       await refused.query('ROLLBACK');
       refused.release(); // without an error, as a caller that handled it would
       const next = await pool.connect();
@@ -215,7 +273,10 @@ describe('the standby listed first, the primary second', () => {
     expect((await put(proxy, 'mh/1', 1, 'one')).status).toBe(200);
     expect((await transaction(proxy, 1)).status).toBe(200);
     await sqlWrite(proxy, 1);
-    const stored = await on(pair.primaryUrl, async (c) => (await c.query<{ body: Buffer }>("SELECT body FROM fencepost.objects WHERE key = 'mh/1'")).rows);
+    const stored = await on(
+      pair.primaryUrl,
+      async (c) => (await c.query<{ body: Buffer }>("SELECT body FROM fencepost.objects WHERE key = 'mh/1'")).rows,
+    );
     expect(stored.map((r) => r.body.toString())).toEqual(['one']);
     expect(await counters(pair.primaryUrl)).toEqual([1, 1]);
     expect((await fetch(`${proxy.url}/readyz`)).status).toBe(200);
@@ -268,7 +329,11 @@ describe('the standby listed first, the primary second', () => {
       const refused = answers.filter((a) => a.status !== 200);
       expect(refused.length).toBeGreaterThan(0);
       expect(refused.map((a) => [a.status, a.json.error])).toEqual(refused.map(() => [503, 'unavailable']));
-      expect(refused.at(-1)!.json.message).toMatch(new RegExp(`127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} is read-only \\(default_transaction_read_only\\)`));
+      expect(refused.at(-1)!.json.message).toMatch(
+        new RegExp(
+          `127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} is read-only \\(default_transaction_read_only\\)`,
+        ),
+      );
     } finally {
       await on(pair.primaryUrl, async (c) => {
         await c.query('ALTER SYSTEM RESET default_transaction_read_only');
@@ -300,7 +365,9 @@ describe('the standby listed first, the primary second', () => {
     // A search during the shutdown may see the old primary still stopping (57P03, a cut connection);
     // once it has stopped, the answer says it refused the connection. Every answer is a 503.
     const answers: { status: number; json: { error?: string; message?: string } }[] = [];
-    const steady = new RegExp(`no host takes writes \\(target_session_attrs=read-write\\): 127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} refused the connection; nothing committed, safe to retry`);
+    const steady = new RegExp(
+      `no host takes writes \\(target_session_attrs=read-write\\): 127\\.0\\.0\\.1:${pair.standbyPort} is in recovery \\(a standby\\); 127\\.0\\.0\\.1:${pair.primaryPort} refused the connection; nothing committed, safe to retry`,
+    );
     for (let i = 0; i < 50 && !steady.test(answers.at(-1)?.json.message ?? ''); i++) {
       if (i > 0) await new Promise((r) => setTimeout(r, 100));
       answers.push(await put(proxy, 'mh/gap', 2, 'gap'));
@@ -311,7 +378,10 @@ describe('the standby listed first, the primary second', () => {
     const ready = await fetch(`${proxy.url}/readyz`);
     expect(ready.status).toBe(503);
     expect(((await ready.json()) as { message: string }).message).toMatch(/no host takes writes/);
-    const refused = await sqlWrite(proxy, 2).then(() => null, (e: pg.DatabaseError) => e);
+    const refused = await sqlWrite(proxy, 2).then(
+      () => null,
+      (e: pg.DatabaseError) => e,
+    );
     expect(refused?.code).toBe('08001');
     expect(refused?.message).toMatch(/no host takes writes/);
   });
@@ -330,7 +400,9 @@ describe('the standby listed first, the primary second', () => {
     expect(statuses.filter((s) => s !== 200 && s !== 503)).toEqual([]);
     expect((await transaction(proxy, 2)).status).toBe(200);
     await sqlWrite(proxy, 2);
-    const stored = await on(pair.standbyUrl, async (c) => (await c.query<{ key: string }>("SELECT key FROM fencepost.objects WHERE key LIKE 'mh/%' ORDER BY key")).rows.map((r) => r.key));
+    const stored = await on(pair.standbyUrl, async (c) =>
+      (await c.query<{ key: string }>("SELECT key FROM fencepost.objects WHERE key LIKE 'mh/%' ORDER BY key")).rows.map((r) => r.key),
+    );
     expect(stored.filter((k) => !k.startsWith('mh/ro-') && !k.startsWith('mh/load-'))).toEqual(['mh/0', 'mh/1', 'mh/2']); // the gap's write committed nowhere
     expect(await counters(pair.standbyUrl)).toEqual([2, 2]);
     expect((await fetch(`${proxy.url}/readyz`)).status).toBe(200);
@@ -341,7 +413,11 @@ describe('the standby listed first, the primary second', () => {
     await new Promise((r) => setTimeout(r, 300)); // writes after the promotion too
     load.stop = true;
     await Promise.all(load.running);
-    const stored = new Set(await on(pair.standbyUrl, async (c) => (await c.query<{ key: string }>("SELECT key FROM fencepost.objects WHERE key LIKE 'mh/load-%'")).rows.map((r) => r.key)));
+    const stored = new Set(
+      await on(pair.standbyUrl, async (c) =>
+        (await c.query<{ key: string }>("SELECT key FROM fencepost.objects WHERE key LIKE 'mh/load-%'")).rows.map((r) => r.key),
+      ),
+    );
     expect(load.answers.filter((a) => a.status !== 200 && a.status !== 503)).toEqual([]);
     const ok = load.answers.filter((a) => a.status === 200);
     expect(ok.length).toBeGreaterThan(0);
@@ -351,7 +427,9 @@ describe('the standby listed first, the primary second', () => {
   });
 
   test('the log says where new connections go, and when no host fits, once per change', () => {
-    const said = log.filter((l) => typeof l.msg === 'string' && l.msg.startsWith('DATABASE_URL')).map((l) => [l.msg, l.host ?? String(l.reason).split(':')[0]]);
+    const said = log
+      .filter((l) => typeof l.msg === 'string' && l.msg.startsWith('DATABASE_URL'))
+      .map((l) => [l.msg, l.host ?? String(l.reason).split(':')[0]]);
     const found = 'DATABASE_URL: new connections go to this host';
     const lost = 'DATABASE_URL: no host fits target_session_attrs; writes answer 503 until one does';
     const none = 'no host takes writes (target_session_attrs=read-write)';
@@ -364,4 +442,3 @@ describe('the standby listed first, the primary second', () => {
     ]);
   });
 });
-

@@ -17,16 +17,27 @@ const test = twoProxiesTest;
 
 const RAISES: [string, (b: FastifyInstance, fenceKey: string, token: number) => Promise<{ statusCode: number; body: string }>][] = [
   ['PUT /v1/fences through proxy B', (b, fenceKey, token) => raiseFence(b, fenceKey, token)],
-  ['a PUT of another object at the new token through proxy B', (b, fenceKey, token) => putObject(b, `${fenceKey}/other`, token, 'raise', fenceKey)],
+  [
+    'a PUT of another object at the new token through proxy B',
+    (b, fenceKey, token) => putObject(b, `${fenceKey}/other`, token, 'raise', fenceKey),
+  ],
   [
     'POST /v1/transactions through proxy B',
     (b, fenceKey, token) =>
-      b.inject({ method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'application/json' }, payload: { fences: [{ key: fenceKey, token: String(token) }], statements: [{ sql: 'SELECT 1' }] } }),
+      b.inject({
+        method: 'POST',
+        url: '/v1/transactions',
+        headers: { 'content-type': 'application/json' },
+        payload: { fences: [{ key: fenceKey, token: String(token) }], statements: [{ sql: 'SELECT 1' }] },
+      }),
   ],
 ];
 
 for (const [how, raise] of RAISES) {
-  test(`a put at token T through a proxy whose hint says T passed is stale after ${how} raised the fence to T+1`, async ({ db, proxies: { a, b, statementsOfA } }) => {
+  test(`a put at token T through a proxy whose hint says T passed is stale after ${how} raised the fence to T+1`, async ({
+    db,
+    proxies: { a, b, statementsOfA },
+  }) => {
     // Invariant: no write of a token below the fence is accepted, whatever a proxy last saw pass.
     const fenceKey = `hint/${how.replace(/[^a-z0-9]+/gi, '-')}`;
     const key = `${fenceKey}/1`;

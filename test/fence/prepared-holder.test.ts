@@ -29,7 +29,11 @@ beforeAll(async () => {
   // A short raise wait, so the raise ends the prepared transaction soon. The lock timeout is what
   // the ending may take: ROLLBACK PREPARED waits for a WAL fsync, which on a loaded CI box's disk
   // took longer than 200 ms now and then (the raise then failed: FP428 at the SQL door).
-  sql = await startSqlProxy(db, { FENCEPOST_LOCK_TIMEOUT_MS: '2000', FENCEPOST_RAISE_WAIT_MS: '200' }, { logger: pino({ level: 'warn' }, sink) });
+  sql = await startSqlProxy(
+    db,
+    { FENCEPOST_LOCK_TIMEOUT_MS: '2000', FENCEPOST_RAISE_WAIT_MS: '200' },
+    { logger: pino({ level: 'warn' }, sink) },
+  );
   await db.pool.query('CREATE TABLE public.held_rows (id int PRIMARY KEY)');
   await db.pool.query(`GRANT SELECT, INSERT ON public.held_rows TO ${clientRoleFor(db.url)}`);
 });
@@ -44,7 +48,11 @@ afterAll(async () => {
   await db?.drop();
 });
 
-async function put(path: string, token: number, headers: Record<string, string> = {}): Promise<{ status: number; body: Record<string, unknown> }> {
+async function put(
+  path: string,
+  token: number,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: Record<string, unknown> }> {
   const res = await fetch(`${sql.proxy.url}${path}`, { method: 'PUT', headers: { 'fencing-token': String(token), ...headers }, body: 'x' });
   return { status: res.status, body: (await res.json()) as Record<string, unknown> };
 }
@@ -65,7 +73,8 @@ async function prepareHolding(fenceKey: string, gid: string): Promise<void> {
 
 const prepared = async (gid: string) => ((await db.pool.query('SELECT 1 FROM pg_prepared_xacts WHERE gid = $1', [gid])).rowCount ?? 0) > 0;
 /** The raise logged, at warn, that it rolled back `gid`. */
-const rolledBack = (gid: string) => logs.some((l) => l.level === 40 && (l.holder as { kind?: string; id?: string } | undefined)?.id === gid);
+const rolledBack = (gid: string) =>
+  logs.some((l) => l.level === 40 && (l.holder as { kind?: string; id?: string } | undefined)?.id === gid);
 
 const naming = (fenceKey: string, gid: string) => ({
   error: 'unavailable',
@@ -142,7 +151,7 @@ describe('HTTP', () => {
 });
 
 describe('SQL endpoint', () => {
-  test('a session\'s raise rolls back the prepared transaction that holds its fence, says so at warn; the writer\'s transaction commits', async () => {
+  test("a session's raise rolls back the prepared transaction that holds its fence, says so at warn; the writer's transaction commits", async () => {
     await prepareHolding('held/sql', 'stuck-sql');
     const c = await sql.connect('held-writer', { options: fenceOptions(2, 'held/sql') });
     try {

@@ -18,15 +18,21 @@ const test = sqlTest.extend('clientTables', { scope: 'file' }, [
 ]);
 
 const FENCE = 'orders/main';
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
-const count = async (db: TestDatabase) => Number((await db.pool.query<{ n: string }>('SELECT count(*) AS n FROM public.orders')).rows[0]!.n);
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
+const count = async (db: TestDatabase) =>
+  Number((await db.pool.query<{ n: string }>('SELECT count(*) AS n FROM public.orders')).rows[0]!.n);
 const ids = { next: 1 };
 const id = () => ids.next++;
 
 /** A connection straight to Postgres on the open mode's client login (the proxy made it). */
 async function clientLogin(db: TestDatabase): Promise<pg.Client> {
   const login = clientRoleFor(db.url);
-  const password = (await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login])).rows[0]!.password;
+  const password = (await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login]))
+    .rows[0]!.password;
   const url = new URL(db.url);
   url.username = login;
   url.password = password;
@@ -48,7 +54,10 @@ describe('a protected table', () => {
     expect(await listProtected(db.pool)).toContainEqual({ kind: 'table', target: 'orders', fenceKey: FENCE, enforced: true, whyNot: null });
   });
 
-  test('refuses every kind of write straight to Postgres, even by its owner: INSERT, UPDATE, DELETE, TRUNCATE, COPY, MERGE, a view', async ({ db, sql }) => {
+  test('refuses every kind of write straight to Postgres, even by its owner: INSERT, UPDATE, DELETE, TRUNCATE, COPY, MERGE, a view', async ({
+    db,
+    sql,
+  }) => {
     void sql;
     await setup(db);
     const before = await count(db);
@@ -64,7 +73,10 @@ describe('a protected table', () => {
     ];
     for (const sqlText of attempts) expect(await code(db.pool.query(sqlText)), sqlText).toBe('FP403');
     // COPY FROM (psql's \copy sends COPY … FROM STDIN) fires the INSERT statement trigger.
-    const copy = spawnSync('psql', [db.url, '-v', 'ON_ERROR_STOP=1', '-c', 'COPY public.orders FROM STDIN'], { input: `${id()}\tcopy\n\\.\n`, encoding: 'utf8' });
+    const copy = spawnSync('psql', [db.url, '-v', 'ON_ERROR_STOP=1', '-c', 'COPY public.orders FROM STDIN'], {
+      input: `${id()}\tcopy\n\\.\n`,
+      encoding: 'utf8',
+    });
     expect(copy.status).not.toBe(0);
     expect(copy.stderr).toMatch(/did not pass the fence/);
     expect(await count(db)).toBe(before);
@@ -80,7 +92,7 @@ describe('a protected table', () => {
     await c.end();
   });
 
-  test('takes writes from an SQL-endpoint session at the fence\'s token, in the simple and the extended protocol', async ({ db, sql }) => {
+  test("takes writes from an SQL-endpoint session at the fence's token, in the simple and the extended protocol", async ({ db, sql }) => {
     await setup(db);
     const c = await sql.connect('leader', { options: fenceOptions(6, FENCE) });
     const before = await count(db);
@@ -134,26 +146,35 @@ describe('a protected table', () => {
     await c.end();
   });
 
-  test('a writer\'s temporary object in place of the fence\'s own sequence fails the protected write; it is never queried as the fence\'s owner', async ({ db, sql }) => {
+  test("a writer's temporary object in place of the fence's own sequence fails the protected write; it is never queried as the fence's owner", async ({
+    db,
+    sql,
+  }) => {
     void sql;
     await setup(db);
     // The session fenced straight to Postgres on the client login, with the capability the proxy
     // would compute for that backend; the protected table's trigger reads the temporary sequence.
     const c = await clientLogin(db);
     // The backend's start read as session_start() reads it, without making the temporary sequence.
-    const backend = (await c.query<{ pid: number; start: string }>(`SELECT pg_backend_pid() AS pid, ${BACKEND_START_SQL} AS start`)).rows[0]!;
+    const backend = (await c.query<{ pid: number; start: string }>(`SELECT pg_backend_pid() AS pid, ${BACKEND_START_SQL} AS start`))
+      .rows[0]!;
     const secret = (await db.pool.query<{ secret: string }>('SELECT secret FROM fencepost.fence_capability')).rows[0]!.secret;
     // Each would run pg_temp.who() as the fence's owner if it were queried: a view, a table with a
     // policy. A sequence of the writer's runs no code: read or refused, PREPARE stays refused.
-    await c.query(`CREATE FUNCTION pg_temp.who() RETURNS text LANGUAGE sql AS $$ SELECT set_config('fp.test.ran_as', current_user, false) $$`);
+    await c.query(
+      `CREATE FUNCTION pg_temp.who() RETURNS text LANGUAGE sql AS $$ SELECT set_config('fp.test.ran_as', current_user, false) $$`,
+    );
     const fence = async () => {
       await c.query('SELECT fencepost_api.fence_session($1, $2, 6)', [sessionFenceCapability(secret, backend, FENCE, 6n), FENCE]);
       return c.query(`INSERT INTO public.orders VALUES (${id()}, 'squatted')`);
     };
     const squatters: [string, string][] = [
       ['CREATE TEMPORARY VIEW fencepost_no_prepare_seq AS SELECT pg_temp.who() AS who', '42809'],
-      [`CREATE TEMPORARY TABLE fencepost_no_prepare_seq (who text); ALTER TABLE fencepost_no_prepare_seq ENABLE ROW LEVEL SECURITY;
-        CREATE POLICY p ON fencepost_no_prepare_seq USING (pg_temp.who() IS NOT NULL); GRANT ALL ON fencepost_no_prepare_seq TO PUBLIC`, '42809'],
+      [
+        `CREATE TEMPORARY TABLE fencepost_no_prepare_seq (who text); ALTER TABLE fencepost_no_prepare_seq ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY p ON fencepost_no_prepare_seq USING (pg_temp.who() IS NOT NULL); GRANT ALL ON fencepost_no_prepare_seq TO PUBLIC`,
+        '42809',
+      ],
     ];
     for (const [squat, expected] of squatters) {
       await c.query('BEGIN');
@@ -171,11 +192,18 @@ describe('a protected table', () => {
     await c.end();
   });
 
-  test('through POST /v1/transactions: writes with the fence key among its fences, refused with 403 not_fenced without', async ({ db, sql }) => {
+  test('through POST /v1/transactions: writes with the fence key among its fences, refused with 403 not_fenced without', async ({
+    db,
+    sql,
+  }) => {
     await setup(db);
     const before = await count(db);
     const post = (fences: { key: string; token: string }[], stmt: string) =>
-      fetch(`${sql.proxy.url}/v1/transactions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ fences, statements: [{ sql: stmt }] }) });
+      fetch(`${sql.proxy.url}/v1/transactions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ fences, statements: [{ sql: stmt }] }),
+      });
     const ok = await post([{ key: FENCE, token: '6' }], `INSERT INTO public.orders VALUES (${id()}, 'tx')`);
     expect(ok.status, await ok.clone().text()).toBe(200);
     const refused = await post([{ key: 'elsewhere', token: '1' }], `INSERT INTO public.orders VALUES (${id()}, 'tx other')`);
@@ -202,7 +230,10 @@ describe('a protected table', () => {
     await expect(protectTable(db.pool, 'public.nothing_here', 'x')).rejects.toThrow(/does not exist/);
   });
 
-  test('--list says NOT ENFORCED, with the reason, for every trigger that would let a write through; protect again restores it', async ({ db, sql }) => {
+  test('--list says NOT ENFORCED, with the reason, for every trigger that would let a write through; protect again restores it', async ({
+    db,
+    sql,
+  }) => {
     // Invariant: "enforced" in the list means an unfenced INSERT is refused. Each tampering below
     // is done by the table's owner, who may; the list says so, and in most an unfenced INSERT lands.
     void sql;
@@ -213,10 +244,26 @@ describe('a protected table', () => {
       ['ALTER TABLE public.tampered ENABLE REPLICA TRIGGER fencepost_fence', /fires only in replica sessions/, true],
       ['ALTER TABLE public.tampered DISABLE TRIGGER fencepost_fence', /is disabled/, true],
       ['DROP TRIGGER fencepost_fence ON public.tampered', /is missing/, true],
-      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION public.no_op()', /calls public\.no_op\(\), not fencepost\.refuse_unfenced_write\(\)/, true],
-      ["DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write('other-key')", /other arguments/, false],
-      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE UPDATE OR DELETE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(\'tampered\')', /events it was declared for/, true],
-      ['DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OF v OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(\'tampered\')', /only on updates of some columns/, false],
+      [
+        'DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION public.no_op()',
+        /calls public\.no_op\(\), not fencepost\.refuse_unfenced_write\(\)/,
+        true,
+      ],
+      [
+        "DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write('other-key')",
+        /other arguments/,
+        false,
+      ],
+      [
+        "DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE UPDATE OR DELETE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write('tampered')",
+        /events it was declared for/,
+        true,
+      ],
+      [
+        "DROP TRIGGER fencepost_fence ON public.tampered; CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OF v OR DELETE OR TRUNCATE ON public.tampered FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write('tampered')",
+        /only on updates of some columns/,
+        false,
+      ],
     ];
     for (const [tamper, why, lands] of tamperings) {
       await protectTable(db.pool, 'public.tampered', 'tampered');
@@ -233,40 +280,72 @@ describe('a protected table', () => {
     expect((await listProtected(db.pool)).find((p) => p.target === 'tampered')).toMatchObject({ enforced: true, whyNot: null });
     // The CLI prints the reason.
     await db.pool.query('ALTER TABLE public.tampered ENABLE REPLICA TRIGGER fencepost_fence');
-    const cli = spawnSync(process.execPath, [BIN, 'protect', '--list'], { env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_LOG_LEVEL: 'warn' }, encoding: 'utf8' });
+    const cli = spawnSync(process.execPath, [BIN, 'protect', '--list'], {
+      env: { ...process.env, DATABASE_URL: db.url, FENCEPOST_LOG_LEVEL: 'warn' },
+      encoding: 'utf8',
+    });
     expect(cli.status, cli.stderr).toBe(0);
-    expect(cli.stdout).toContain('table\ttampered\ttampered\tNOT ENFORCED: its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER) (run protect again)');
+    expect(cli.stdout).toContain(
+      'table\ttampered\ttampered\tNOT ENFORCED: its trigger fires only in replica sessions (ENABLE REPLICA TRIGGER) (run protect again)',
+    );
   });
 
-  test('doctor warns of a protected table others can name (a schema several roles, or PUBLIC, may use) and of one not enforced; a schema of its own writer is quiet', async ({ db, sql }) => {
+  test('doctor warns of a protected table others can name (a schema several roles, or PUBLIC, may use) and of one not enforced; a schema of its own writer is quiet', async ({
+    db,
+    sql,
+  }) => {
     // Invariant: doctor exits 3 and names the table whenever a role other than its writer could
     // queue a lock on it, or its trigger would let a write through.
     void sql;
     const writer = `${clientRoleFor(db.url)}_dw`;
     const other = `${clientRoleFor(db.url)}_do`;
-    await db.pool.query(`DROP ROLE IF EXISTS ${writer}; DROP ROLE IF EXISTS ${other}; CREATE ROLE ${writer} NOLOGIN; CREATE ROLE ${other} NOLOGIN`);
+    await db.pool.query(
+      `DROP ROLE IF EXISTS ${writer}; DROP ROLE IF EXISTS ${other}; CREATE ROLE ${writer} NOLOGIN; CREATE ROLE ${other} NOLOGIN`,
+    );
     try {
-      await db.pool.query(`CREATE SCHEMA own_a; REVOKE ALL ON SCHEMA own_a FROM PUBLIC; GRANT USAGE ON SCHEMA own_a TO ${writer}; CREATE TABLE own_a.ledger (id int)`);
-      await db.pool.query(`CREATE SCHEMA shared_b; GRANT USAGE ON SCHEMA shared_b TO ${writer}, ${other}; CREATE TABLE shared_b.ledger (id int)`);
+      await db.pool.query(
+        `CREATE SCHEMA own_a; REVOKE ALL ON SCHEMA own_a FROM PUBLIC; GRANT USAGE ON SCHEMA own_a TO ${writer}; CREATE TABLE own_a.ledger (id int)`,
+      );
+      await db.pool.query(
+        `CREATE SCHEMA shared_b; GRANT USAGE ON SCHEMA shared_b TO ${writer}, ${other}; CREATE TABLE shared_b.ledger (id int)`,
+      );
       await db.pool.query('CREATE TABLE public.open_ledger (id int)');
       await protectTable(db.pool, 'own_a.ledger', 'doctor/a');
       await protectTable(db.pool, 'shared_b.ledger', 'doctor/b');
       await protectTable(db.pool, 'public.open_ledger', 'doctor/c');
       await db.pool.query('ALTER TABLE own_a.ledger DISABLE TRIGGER fencepost_fence');
-      const doctor = () => spawnSync(process.execPath, [BIN, 'doctor', '--database-url', db.url], { env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' }, encoding: 'utf8' });
+      const doctor = () =>
+        spawnSync(process.execPath, [BIN, 'doctor', '--database-url', db.url], {
+          env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' },
+          encoding: 'utf8',
+        });
       const r = doctor();
       expect(r.status, r.stderr).toBe(3);
       const lines = r.stdout.split('\n');
       expect(lines).toContain('Protected data:');
-      expect(lines).toContain('  warning [not_enforced]: table own_a.ledger: NOT ENFORCED: its trigger is disabled (run fencepost protect again)');
-      expect(lines.filter((l) => l.includes('[shared_schema]: table shared_b.ledger:'))).toEqual([expect.stringContaining(`roles ${[other, writer].sort().join(', ')} (USAGE on schema shared_b)`)]);
-      expect(lines.filter((l) => l.includes('[shared_schema]: table open_ledger:'))).toEqual([expect.stringContaining('every role (PUBLIC has USAGE on schema public)')]);
+      expect(lines).toContain(
+        '  warning [not_enforced]: table own_a.ledger: NOT ENFORCED: its trigger is disabled (run fencepost protect again)',
+      );
+      expect(lines.filter((l) => l.includes('[shared_schema]: table shared_b.ledger:'))).toEqual([
+        expect.stringContaining(`roles ${[other, writer].sort().join(', ')} (USAGE on schema shared_b)`),
+      ]);
+      expect(lines.filter((l) => l.includes('[shared_schema]: table open_ledger:'))).toEqual([
+        expect.stringContaining('every role (PUBLIC has USAGE on schema public)'),
+      ]);
       expect(lines.filter((l) => l.includes('[shared_schema]: table own_a.ledger'))).toEqual([]);
-      const json = JSON.parse(spawnSync(process.execPath, [BIN, 'doctor', '--json', '--database-url', db.url], { encoding: 'utf8' }).stdout) as { protectedData: { warnings: { reason: string; target: string }[] } };
-      expect(json.protectedData.warnings).toContainEqual(expect.objectContaining({ reason: 'shared_schema', target: 'table shared_b.ledger' }));
+      const json = JSON.parse(
+        spawnSync(process.execPath, [BIN, 'doctor', '--json', '--database-url', db.url], { encoding: 'utf8' }).stdout,
+      ) as { protectedData: { warnings: { reason: string; target: string }[] } };
+      expect(json.protectedData.warnings).toContainEqual(
+        expect.objectContaining({ reason: 'shared_schema', target: 'table shared_b.ledger' }),
+      );
     } finally {
-      await db.pool.query('DROP SCHEMA IF EXISTS own_a CASCADE; DROP SCHEMA IF EXISTS shared_b CASCADE; DROP TABLE IF EXISTS public.open_ledger');
-      await db.pool.query(`DELETE FROM fencepost.protected_tables WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = relation)`).catch(() => {});
+      await db.pool.query(
+        'DROP SCHEMA IF EXISTS own_a CASCADE; DROP SCHEMA IF EXISTS shared_b CASCADE; DROP TABLE IF EXISTS public.open_ledger',
+      );
+      await db.pool
+        .query(`DELETE FROM fencepost.protected_tables WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = relation)`)
+        .catch(() => {});
       await db.pool.query(`DROP ROLE IF EXISTS ${writer}; DROP ROLE IF EXISTS ${other}`);
     }
   });

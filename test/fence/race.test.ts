@@ -91,7 +91,13 @@ describe('race on one fence key', () => {
       // Stale writes get through only when a check and a raise interleave; up to three races.
       let violations = 0;
       for (let round = 0; round < 3 && violations === 0; round++) {
-        const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey: `race-broken-${round}`, objectKeys: ['race-broken/a'], writers: 32, writesPerWriter: 25 });
+        const records = await runRace({
+          urls: proxies.map((p) => p.url),
+          fenceKey: `race-broken-${round}`,
+          objectKeys: ['race-broken/a'],
+          writers: 32,
+          writesPerWriter: 25,
+        });
         violations = checkRace(records).length;
       }
       expect(violations).toBeGreaterThan(0);

@@ -36,7 +36,16 @@ let database: string;
 let login: string;
 
 beforeAll(async () => {
-  server = await startCrashablePostgres(['-c', 'wal_writer_delay=10s', '-c', 'autovacuum=off', '-c', 'checkpoint_timeout=1d', '-c', 'max_connections=100']);
+  server = await startCrashablePostgres([
+    '-c',
+    'wal_writer_delay=10s',
+    '-c',
+    'autovacuum=off',
+    '-c',
+    'checkpoint_timeout=1d',
+    '-c',
+    'max_connections=100',
+  ]);
   database = 'fp_durable';
   await query(server.url, `CREATE DATABASE ${database}`);
   url = withDatabase(server.url, database);
@@ -80,7 +89,8 @@ async function weakenDurability(): Promise<void> {
   await query(url, `ALTER ROLE ${login} SET synchronous_commit = off`);
   await query(url, `ALTER DATABASE ${database} SET synchronous_commit = off`);
   // In force: a new session of the login gets off.
-  const password = (await query<{ password: string }>(url, 'SELECT password FROM fencepost.client_logins WHERE login = $1', [login]))[0]!.password;
+  const password = (await query<{ password: string }>(url, 'SELECT password FROM fencepost.client_logins WHERE login = $1', [login]))[0]!
+    .password;
   expect(await query<{ s: string }>(loginUrl(password), "SELECT current_setting('synchronous_commit') AS s")).toEqual([{ s: 'off' }]);
 }
 
@@ -168,7 +178,9 @@ describe('controls: this crash loses asynchronous commits, so the rounds above w
     let lost = 0;
     for (let i = 0; i < CONTROL_TRIES; i++) {
       await weakenDurability();
-      const password = (await query<{ password: string }>(url, 'SELECT password FROM fencepost.client_logins WHERE login = $1', [login]))[0]!.password;
+      const password = (
+        await query<{ password: string }>(url, 'SELECT password FROM fencepost.client_logins WHERE login = $1', [login])
+      )[0]!.password;
       const id = 100_000 + i;
       await query(loginUrl(password), 'INSERT INTO public.items VALUES ($1, $2)', [id, 'async']); // acknowledged
       await crashAndRecover(null);

@@ -56,14 +56,23 @@ afterAll(async () => {
 });
 
 const raise = async (p: Proxy, fenceKey: string, token: number) => {
-  const res = await p.proxy.app.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': String(token) } });
+  const res = await p.proxy.app.inject({
+    method: 'PUT',
+    url: `/v1/fences/${encodeURIComponent(fenceKey)}`,
+    headers: { 'fencing-token': String(token) },
+  });
   expect(res.statusCode, res.body).toBe(200);
 };
 
 /** Sends one write with `token` through `door` on `fenceKey`; resolves to what the writer was answered. */
 async function writeThrough(p: Proxy, door: Door, fenceKey: string, token: number): Promise<string> {
   if (door === 'http') {
-    const res = await p.proxy.app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(`${fenceKey}/obj`)}`, headers: { 'fencing-token': String(token), 'fence-key': fenceKey, 'writer-id': 'zombie' }, payload: 'x' });
+    const res = await p.proxy.app.inject({
+      method: 'PUT',
+      url: `/v1/objects/${encodeURIComponent(`${fenceKey}/obj`)}`,
+      headers: { 'fencing-token': String(token), 'fence-key': fenceKey, 'writer-id': 'zombie' },
+      payload: 'x',
+    });
     return String(res.statusCode);
   }
   if (door === 'transaction') {
@@ -94,7 +103,12 @@ async function writeThrough(p: Proxy, door: Door, fenceKey: string, token: numbe
 const STALE: Record<Door, string> = { http: '409', transaction: '409', sql: 'FP409' };
 
 const logged = async (fenceKey: string) =>
-  (await db.pool.query<{ operation: string; door: string; token: string }>('SELECT operation, door, token::text FROM fencepost.rejections WHERE fence_key = $1 ORDER BY id', [fenceKey])).rows;
+  (
+    await db.pool.query<{ operation: string; door: string; token: string }>(
+      'SELECT operation, door, token::text FROM fencepost.rejections WHERE fence_key = $1 ORDER BY id',
+      [fenceKey],
+    )
+  ).rows;
 
 /** Resolves once a session waits for fencepost.rejections while it holds fencepost.totals: the recording statement. */
 async function recordingWaits(): Promise<void> {
@@ -106,7 +120,9 @@ WHERE w.relation = 'fencepost.rejections'::regclass AND NOT w.granted
 }
 
 const warnings = (p: Proxy, door: Door, fenceKey: string) =>
-  p.lines.filter((l) => l.msg === 'could not record a rejection' && l.level === 40 && l.door === door && (l.fenceKeys as string[]).includes(fenceKey));
+  p.lines.filter(
+    (l) => l.msg === 'could not record a rejection' && l.level === 40 && l.door === door && (l.fenceKeys as string[]).includes(fenceKey),
+  );
 
 describe('every door records its rejections in one log', () => {
   test('a stale write on each door lands in GET /v1/rejections with its door (SQL endpoint: operation transaction, door sql)', async () => {
@@ -133,25 +149,28 @@ describe('a failure to record', () => {
   // fencepost.totals. The session then takes totals: a deadlock, and Postgres aborts the
   // recording, which waited first (deadlock_timeout, 1 s). The session's lock is granted only
   // once that attempt has rolled back, so the one row that lands is a retry's.
-  test.each(DOORS)('a deadlock while recording is retried on door %s: the rejection lands once, the writer is answered stale', async (door) => {
-    const fenceKey = `deadlock-${door}`;
-    await raise(patient, fenceKey, 10);
-    const blocker = new pg.Client({ connectionString: db.url });
-    await blocker.connect();
-    try {
-      await blocker.query('BEGIN');
-      await blocker.query('LOCK TABLE fencepost.rejections IN EXCLUSIVE MODE');
-      const answer = writeThrough(patient, door, fenceKey, 4);
-      await recordingWaits();
-      await blocker.query('LOCK TABLE fencepost.totals IN EXCLUSIVE MODE'); // granted once the recording's attempt is aborted
-      await blocker.query('COMMIT');
-      expect(await answer).toBe(STALE[door]);
-    } finally {
-      await blocker.end();
-    }
-    await expect.poll(() => logged(fenceKey)).toEqual([{ operation: door === 'http' ? 'put' : 'transaction', door, token: '4' }]);
-    expect(warnings(patient, door, fenceKey)).toEqual([]);
-  });
+  test.each(DOORS)(
+    'a deadlock while recording is retried on door %s: the rejection lands once, the writer is answered stale',
+    async (door) => {
+      const fenceKey = `deadlock-${door}`;
+      await raise(patient, fenceKey, 10);
+      const blocker = new pg.Client({ connectionString: db.url });
+      await blocker.connect();
+      try {
+        await blocker.query('BEGIN');
+        await blocker.query('LOCK TABLE fencepost.rejections IN EXCLUSIVE MODE');
+        const answer = writeThrough(patient, door, fenceKey, 4);
+        await recordingWaits();
+        await blocker.query('LOCK TABLE fencepost.totals IN EXCLUSIVE MODE'); // granted once the recording's attempt is aborted
+        await blocker.query('COMMIT');
+        expect(await answer).toBe(STALE[door]);
+      } finally {
+        await blocker.end();
+      }
+      await expect.poll(() => logged(fenceKey)).toEqual([{ operation: door === 'http' ? 'put' : 'transaction', door, token: '4' }]);
+      expect(warnings(patient, door, fenceKey)).toEqual([]);
+    },
+  );
 
   // A lock timeout (55P03) is no lost race: no door retries it. Each logs it once; the SQL
   // endpoint's writer is answered its refusal all the same.
@@ -181,7 +200,10 @@ describe('migration 0016 (the door column)', () => {
     try {
       await migrate(old.pool, { upTo: 15 });
       const insert = (operation: string) =>
-        old.pool.query(`INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token) VALUES ('m', NULL, $1, 1, 2)`, [operation]);
+        old.pool.query(
+          `INSERT INTO fencepost.rejections (fence_key, object_key, operation, token, highest_token) VALUES ('m', NULL, $1, 1, 2)`,
+          [operation],
+        );
       for (const op of ['put', 'delete', 'fence', 'transaction']) await insert(op);
       await migrate(old.pool);
       await insert('transaction');
@@ -196,7 +218,9 @@ describe('migration 0016 (the door column)', () => {
         { operation: 'put', door: 'http' },
       ]);
       await expect(
-        old.pool.query(`INSERT INTO fencepost.rejections (fence_key, operation, token, highest_token, door) VALUES ('m', 'put', 1, 2, 'smtp')`),
+        old.pool.query(
+          `INSERT INTO fencepost.rejections (fence_key, operation, token, highest_token, door) VALUES ('m', 'put', 1, 2, 'smtp')`,
+        ),
       ).rejects.toMatchObject({ code: '23514', constraint: 'rejections_door' });
     } finally {
       await old.drop();

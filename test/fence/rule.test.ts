@@ -15,14 +15,13 @@ const WRITER = { name: 'rule-writer', secret: 'rule-writer-secret-4c9e2a7f' };
 const SEED = { name: 'rule-seed', secret: 'rule-seed-secret-8d1b3e6a' };
 const SEEDED_TOKEN = '5';
 
-const test = sqlTest
-  .extend('sqlEnv', { scope: 'file' }, async ({ pgRole }) => ({
-    FENCEPOST_KEYS: JSON.stringify([
-      { name: WRITER.name, secret: WRITER.secret, fenceKeyPrefixes: ['rule/in/'], pgRole },
-      { name: SEED.name, secret: SEED.secret, fenceKeyPrefixes: [''], pgRole },
-    ]),
-    FENCEPOST_READ_ACCESS: 'key',
-  }));
+const test = sqlTest.extend('sqlEnv', { scope: 'file' }, async ({ pgRole }) => ({
+  FENCEPOST_KEYS: JSON.stringify([
+    { name: WRITER.name, secret: WRITER.secret, fenceKeyPrefixes: ['rule/in/'], pgRole },
+    { name: SEED.name, secret: SEED.secret, fenceKeyPrefixes: [''], pgRole },
+  ]),
+  FENCEPOST_READ_ACCESS: 'key',
+}));
 
 test.beforeAll(async ({ db, pgRole }) => {
   await db.pool.query('CREATE TABLE public.rule_data (id text PRIMARY KEY, v text NOT NULL)');
@@ -71,7 +70,10 @@ async function seedObject(sql: SqlProxy, t: Target): Promise<void> {
 }
 
 async function readObject(db: TestDatabase, t: Target): Promise<string | null> {
-  const { rows } = await db.pool.query<{ body: string }>(`SELECT convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`, [t.dataKey]);
+  const { rows } = await db.pool.query<{ body: string }>(
+    `SELECT convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`,
+    [t.dataKey],
+  );
   return rows[0]?.body ?? null;
 }
 
@@ -114,7 +116,13 @@ const DOORS: Door[] = [
     name: 'object DELETE',
     seed: seedObject,
     write: async (sql, t, token) =>
-      httpOutcome(await fetch(objectUrl(sql, t.dataKey), { method: 'DELETE', headers: { ...bearer(WRITER.secret), 'fencing-token': token, 'fence-key': t.fenceKey } }), 204),
+      httpOutcome(
+        await fetch(objectUrl(sql, t.dataKey), {
+          method: 'DELETE',
+          headers: { ...bearer(WRITER.secret), 'fencing-token': token, 'fence-key': t.fenceKey },
+        }),
+        204,
+      ),
     read: readObject,
     written: null,
   },
@@ -163,17 +171,23 @@ const CASES: Case[] = [
   { name: 'lower token', token: '4', inPrefixes: true, outcome: 'stale', fenceAfter: '5' },
   { name: 'malformed token (not digits)', token: '5x', inPrefixes: true, outcome: 'invalid', fenceAfter: '5' },
   { name: 'malformed token (2^63, out of range)', token: '9223372036854775808', inPrefixes: true, outcome: 'invalid', fenceAfter: '5' },
-  { name: 'fence key outside the key\'s prefixes', token: '5', inPrefixes: false, outcome: 'forbidden', fenceAfter: '5' },
+  { name: "fence key outside the key's prefixes", token: '5', inPrefixes: false, outcome: 'forbidden', fenceAfter: '5' },
 ];
 
 const slug = (s: string) => s.replace(/[^a-z0-9]+/gi, '-').toLowerCase();
 
 for (const c of CASES) {
-  test(`${c.name}: ${c.outcome} on every door, fence 5 → ${c.fenceAfter}, data ${c.outcome === 'accepted' ? 'written' : 'untouched'}`, async ({ db, sql }) => {
+  test(`${c.name}: ${c.outcome} on every door, fence 5 → ${c.fenceAfter}, data ${c.outcome === 'accepted' ? 'written' : 'untouched'}`, async ({
+    db,
+    sql,
+  }) => {
     const seen: Record<string, { outcome: string; highestToken: string | undefined; data: string | null }> = {};
     const want: typeof seen = {};
     for (const door of DOORS) {
-      const t: Target = { fenceKey: `rule/${c.inPrefixes ? 'in' : 'out'}/${slug(c.name)}/${slug(door.name)}`, dataKey: `rule/in/data/${slug(c.name)}/${slug(door.name)}` };
+      const t: Target = {
+        fenceKey: `rule/${c.inPrefixes ? 'in' : 'out'}/${slug(c.name)}/${slug(door.name)}`,
+        dataKey: `rule/in/data/${slug(c.name)}/${slug(door.name)}`,
+      };
       await door.seed(sql, t);
       const outcome = await door.write(sql, t, c.token);
       seen[door.name] = { outcome, highestToken: (await fenceRow(db.pool, t.fenceKey))?.highest_token, data: await door.read(db, t) };

@@ -29,8 +29,10 @@ describe('one schema', () => {
   });
 
   // Every earlier schema, upgraded by migrate(): the same schema as a fresh install, and ready.
-  const earlier = loadMigrations().slice(0, -1).map((m) => m.id);
-  test.each(earlier)('an upgrade from the schema of migration %i ends with the fresh install\'s schema', async (upTo) => {
+  const earlier = loadMigrations()
+    .slice(0, -1)
+    .map((m) => m.id);
+  test.each(earlier)("an upgrade from the schema of migration %i ends with the fresh install's schema", async (upTo) => {
     const db = await createTestDatabase({ migrate: false, poolSize: 2 });
     try {
       await migrate(db.pool, { upTo });
@@ -65,7 +67,7 @@ describe('one schema', () => {
 });
 
 describe('migration 19: the client functions move to schema fencepost_api', () => {
-  test('roles the fence was granted to lose USAGE on schema fencepost; epoch sequences are the owner\'s alone', async () => {
+  test("roles the fence was granted to lose USAGE on schema fencepost; epoch sequences are the owner's alone", async () => {
     const db = await createTestDatabase({ migrate: false, poolSize: 2 });
     const role = uniqueRole('m19');
     await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
@@ -74,7 +76,8 @@ describe('migration 19: the client functions move to schema fencepost_api', () =
       // As 0.2 left them: its fence function (a definition, so not made by the migrations), a
       // key's role as its provisioning granted it, an epoch sequence.
       await db.pool.query(`CREATE FUNCTION fencepost.fence_session(text, text, bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1'`);
-      await db.pool.query(`GRANT USAGE ON SCHEMA fencepost TO ${role}; GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text, bigint) TO ${role};
+      await db.pool
+        .query(`GRANT USAGE ON SCHEMA fencepost TO ${role}; GRANT EXECUTE ON FUNCTION fencepost.fence_session(text, text, bigint) TO ${role};
                            CREATE SEQUENCE fencepost.epoch_00; GRANT SELECT ON SEQUENCE fencepost.epoch_00 TO PUBLIC`);
       await migrate(db.pool);
       const { rows } = await db.pool.query(

@@ -33,23 +33,36 @@ afterAll(async () => {
 });
 
 const put = (key: string, fenceKey: string, token: number) =>
-  app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fence-key': fenceKey, 'fencing-token': String(token) }, payload: `${key}@${token}` });
-const advance = (fenceKey: string, token: number) => app.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': String(token) } });
+  app.inject({
+    method: 'PUT',
+    url: `/v1/objects/${encodeURIComponent(key)}`,
+    headers: { 'fence-key': fenceKey, 'fencing-token': String(token) },
+    payload: `${key}@${token}`,
+  });
+const advance = (fenceKey: string, token: number) =>
+  app.inject({ method: 'PUT', url: `/v1/fences/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': String(token) } });
 const tx = (fenceKey: string, token: number, sql: string) =>
-  app.inject({ method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'application/json' }, payload: { fences: [{ key: fenceKey, token: String(token) }], statements: [{ sql }] } });
+  app.inject({
+    method: 'POST',
+    url: '/v1/transactions',
+    headers: { 'content-type': 'application/json' },
+    payload: { fences: [{ key: fenceKey, token: String(token) }], statements: [{ sql }] },
+  });
 
 /** Resolves once a backend runs `pattern` and waits on a lock. */
 async function waitingOnLock(pattern: string): Promise<void> {
   for (let i = 0; i < 600; i++) {
-    const { rows } = await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event_type IN ('Lock', 'Advisory') AND query LIKE $1`, [pattern]);
+    const { rows } = await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event_type IN ('Lock', 'Advisory') AND query LIKE $1`, [
+      pattern,
+    ]);
     if (rows.length > 0) return;
     await new Promise((r) => setTimeout(r, 25));
   }
   throw new Error(`no backend waiting on a lock for ${pattern}`);
 }
 
-describe('writes with the fence\'s token share it; a raise takes it alone', () => {
-  test('a write with the fence\'s token goes through while another session holds the fence in share mode', async () => {
+describe("writes with the fence's token share it; a raise takes it alone", () => {
+  test("a write with the fence's token goes through while another session holds the fence in share mode", async () => {
     expect((await advance('shared-a', 5)).statusCode).toBe(200);
     const holder = new pg.Client({ connectionString: db.url });
     await holder.connect();
@@ -127,7 +140,8 @@ describe('writes with the fence\'s token share it; a raise takes it alone', () =
     // Whatever the interleaving, no token-8 write committed after the raise did. Commit order, not
     // start time: a token-8 write that started after the raise's statement may share the fence
     // before the raise gets it, and commit first (track_commit_timestamp: the suite's Postgres).
-    const tracked = (await db.pool.query<{ track_commit_timestamp: string }>('SHOW track_commit_timestamp')).rows[0]!.track_commit_timestamp === 'on';
+    const tracked =
+      (await db.pool.query<{ track_commit_timestamp: string }>('SHOW track_commit_timestamp')).rows[0]!.track_commit_timestamp === 'on';
     if (tracked) {
       const { rows } = await db.pool.query(
         `SELECT o.key, o.token FROM fencepost.objects o, fencepost.fences f
@@ -149,7 +163,9 @@ describe('race: one fence key, many objects, two interleaved tokens and raises',
     const one = buildApp({ store: new FenceStore(db.pool, { ...STORE_DEFAULTS, concurrency: 2 }), bodyLimitBytes: 1024 * 1024 });
     const base = await listen(one);
     const objectKeys = Array.from({ length: 40 }, (_, i) => `ilv-one/${i}`);
-    const records = await runRace({ urls: [base], fenceKey: 'ilv-one', objectKeys, writers: 32, writesPerWriter: 25, maxLag: 1 }).finally(() => one.close());
+    const records = await runRace({ urls: [base], fenceKey: 'ilv-one', objectKeys, writers: 32, writesPerWriter: 25, maxLag: 1 }).finally(
+      () => one.close(),
+    );
     expect(checkRace(records)).toEqual([]);
     expect(records.some((r) => r.status === 200)).toBe(true);
     expect(records.some((r) => r.status === 409)).toBe(true);
@@ -160,7 +176,14 @@ describe('race: one fence key, many objects, two interleaved tokens and raises',
     const proxies: ProxyProcess[] = await Promise.all([spawnProxy(env), spawnProxy(env)]);
     try {
       const objectKeys = Array.from({ length: 40 }, (_, i) => `ilv-two/${i}`);
-      const records = await runRace({ urls: proxies.map((p) => p.url), fenceKey: 'ilv-two', objectKeys, writers: 32, writesPerWriter: 25, maxLag: 1 });
+      const records = await runRace({
+        urls: proxies.map((p) => p.url),
+        fenceKey: 'ilv-two',
+        objectKeys,
+        writers: 32,
+        writesPerWriter: 25,
+        maxLag: 1,
+      });
       expect(checkRace(records)).toEqual([]);
       for (const p of proxies) expect(records.some((r) => r.url === p.url && (r.status === 200 || r.status === 409))).toBe(true);
       // Counts agree with the answers: every 200 counted accepted, every 409 rejected.

@@ -33,7 +33,8 @@ describe('a batch whose rejection log write fails', () => {
     // Invariant: a committed write is never reported as failed (a 5xx says "did not commit").
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('batch/stale', 100)`);
     const store = new FenceStore(poolFailingRejectionLog(db.pool), { ...STORE_DEFAULTS, concurrency: 1 });
-    const put = (key: string, token: bigint) => store.write({ kind: 'put', key, fenceKey: key, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+    const put = (key: string, token: bigint) =>
+      store.write({ kind: 'put', key, fenceKey: key, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
     // The first write takes the only slot; the next two queue and go out together in one statement.
     const first = put('batch/first', 1n);
     const ok = put('batch/ok', 5n);
@@ -51,14 +52,16 @@ describe('a batch whose rejection log write fails', () => {
 function recordingPool(pool: pg.Pool): { pool: pg.Pool; names: string[]; arm(name: string): void } {
   const names: string[] = [];
   let armed: string | null = null;
-  const recorded = (query: (...a: unknown[]) => unknown) => (config: { name?: string }, ...rest: unknown[]) => {
-    if (config?.name) names.push(config.name);
-    if (config?.name !== undefined && config.name === armed) {
-      armed = null;
-      return Promise.reject(Object.assign(new Error('deadlock detected'), { code: '40P01' }));
-    }
-    return query(config, ...rest);
-  };
+  const recorded =
+    (query: (...a: unknown[]) => unknown) =>
+    (config: { name?: string }, ...rest: unknown[]) => {
+      if (config?.name) names.push(config.name);
+      if (config?.name !== undefined && config.name === armed) {
+        armed = null;
+        return Promise.reject(Object.assign(new Error('deadlock detected'), { code: '40P01' }));
+      }
+      return query(config, ...rest);
+    };
   // The store sends its statements on clients it takes with connect(), and reads with query().
   const wrapped = new Proxy(pool, {
     get(target, prop, receiver) {
@@ -87,12 +90,15 @@ describe('a batch of plain puts', () => {
   // Invariant: the cheaper statement applies only puts at their fence's own token on objects of
   // that fence; every other put (stale, raising, another fence's object) is decided by the full
   // statement, exactly as if it had come alone, and each is counted once.
-  test('the leader\'s puts take the cheaper statement; stale, raising and other-fence puts are decided in full', async () => {
+  test("the leader's puts take the cheaper statement; stale, raising and other-fence puts are decided in full", async () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('lean/f', 7), ('lean/g', 9), ('lean/slot', 1)`);
-    await db.pool.query(`INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('lean/other', 'lean/g', 9, 1, 'text/plain', 'g')`);
+    await db.pool.query(
+      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('lean/other', 'lean/g', 9, 1, 'text/plain', 'g')`,
+    );
     const rec = recordingPool(db.pool);
     const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
-    const put = (key: string, fenceKey: string, token: bigint) => store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: 'w' });
+    const put = (key: string, fenceKey: string, token: bigint) =>
+      store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: 'w' });
     // Each fence's first write goes through the full statement; the store then knows its token.
     await expect(put('lean/seed', 'lean/f', 7n)).resolves.toMatchObject({ accepted: true });
     await expect(put('lean/slot-seed', 'lean/slot', 1n)).resolves.toMatchObject({ accepted: true });
@@ -113,7 +119,9 @@ describe('a batch of plain puts', () => {
     await expect(stale).resolves.toMatchObject({ accepted: false, highestToken: 7n });
     await expect(raising).resolves.toMatchObject({ accepted: true, highestToken: 3n, version: 1n });
     await store.idle();
-    const written = await db.pool.query(`SELECT key, fence_key, token::text, version::text FROM fencepost.objects WHERE key LIKE 'lean/%' AND key NOT LIKE 'lean/slot%' ORDER BY key`);
+    const written = await db.pool.query(
+      `SELECT key, fence_key, token::text, version::text FROM fencepost.objects WHERE key LIKE 'lean/%' AND key NOT LIKE 'lean/slot%' ORDER BY key`,
+    );
     expect(written.rows).toEqual([
       { key: 'lean/a1', fence_key: 'lean/f', token: '7', version: '1' },
       { key: 'lean/a2', fence_key: 'lean/f', token: '7', version: '1' },
@@ -139,19 +147,31 @@ describe('a batch of plain puts', () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('bodies/f', 4)`);
     const rec = recordingPool(db.pool);
     const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
-    const put = (key: string, body: Buffer) => store.write({ kind: 'put', key, fenceKey: 'bodies/f', token: 4n, contentType: 'application/octet-stream', body, writerId: null });
+    const put = (key: string, body: Buffer) =>
+      store.write({ kind: 'put', key, fenceKey: 'bodies/f', token: 4n, contentType: 'application/octet-stream', body, writerId: null });
     await expect(put('bodies/seed', Buffer.from('seed'))).resolves.toMatchObject({ accepted: true });
-    const bodies = [Buffer.alloc(0), Buffer.from([0]), Buffer.from([0x5c, 0x78, 0x22, 0x7b, 0x2c, 0x7d, 0xff]), Buffer.alloc(70_000, 7), Buffer.alloc(0), Buffer.from('{"a":"\\x00"}'), randomBytes(513)];
+    const bodies = [
+      Buffer.alloc(0),
+      Buffer.from([0]),
+      Buffer.from([0x5c, 0x78, 0x22, 0x7b, 0x2c, 0x7d, 0xff]),
+      Buffer.alloc(70_000, 7),
+      Buffer.alloc(0),
+      Buffer.from('{"a":"\\x00"}'),
+      randomBytes(513),
+    ];
     const blocker = put('bodies/blocker', Buffer.from('b')); // takes the only slot; the rest queue into one batch
     const writes = bodies.map((b, i) => put(`bodies/${i}`, b));
     await blocker;
     for (const w of writes) await expect(w).resolves.toMatchObject({ accepted: true, version: 1n });
     await store.idle();
-    const { rows } = await db.pool.query<{ key: string; body: Buffer }>(`SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/_' ORDER BY key`);
+    const { rows } = await db.pool.query<{ key: string; body: Buffer }>(
+      `SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/_' ORDER BY key`,
+    );
     expect(rows.map((r) => r.body.toString('hex'))).toEqual(bodies.map((b) => b.toString('hex')));
     expect(rec.names.filter((n) => n.startsWith('fencepost_fenced')).slice(-1)).toEqual(['fencepost_fenced_puts']);
     // The same through the full statement: a batch that raises a fence and deletes an object.
-    const putG = (key: string, body: Buffer) => store.write({ kind: 'put', key, fenceKey: 'bodies/g', token: 2n, contentType: 'application/octet-stream', body, writerId: null });
+    const putG = (key: string, body: Buffer) =>
+      store.write({ kind: 'put', key, fenceKey: 'bodies/g', token: 2n, contentType: 'application/octet-stream', body, writerId: null });
     const blocker2 = put('bodies/blocker', Buffer.from('c'));
     const del = store.write({ kind: 'delete', key: 'bodies/0', fenceKey: 'bodies/f', token: 4n, writerId: null });
     const raised = bodies.map((b, i) => putG(`bodies/g${i}`, b));
@@ -159,7 +179,9 @@ describe('a batch of plain puts', () => {
     await expect(del).resolves.toMatchObject({ accepted: true });
     for (const w of raised) await expect(w).resolves.toMatchObject({ accepted: true, version: 1n });
     await store.idle();
-    const g = await db.pool.query<{ key: string; body: Buffer }>(`SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/g_' ORDER BY key`);
+    const g = await db.pool.query<{ key: string; body: Buffer }>(
+      `SELECT key, body FROM fencepost.objects WHERE key LIKE 'bodies/g_' ORDER BY key`,
+    );
     expect(g.rows.map((r) => r.body.toString('hex'))).toEqual(bodies.map((b) => b.toString('hex')));
     expect((await db.pool.query(`SELECT 1 FROM fencepost.objects WHERE key = 'bodies/0'`)).rowCount).toBe(0);
     expect(rec.names.filter((n) => n.startsWith('fencepost_fenced')).slice(-1)).toEqual(['fencepost_fenced_write']);
@@ -170,10 +192,13 @@ describe('a batch of plain puts', () => {
   // deadlock and runs again.
   test('a deadlock in the second statement retries that statement only', async () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('retry/f', 4), ('retry/g', 5), ('retry/slot', 1)`);
-    await db.pool.query(`INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('retry/other', 'retry/g', 5, 1, 'text/plain', 'g')`);
+    await db.pool.query(
+      `INSERT INTO fencepost.objects (key, fence_key, token, version, content_type, body) VALUES ('retry/other', 'retry/g', 5, 1, 'text/plain', 'g')`,
+    );
     const rec = recordingPool(db.pool);
     const store = new FenceStore(rec.pool, { ...STORE_DEFAULTS, concurrency: 1 });
-    const put = (key: string, fenceKey: string, token: bigint) => store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
+    const put = (key: string, fenceKey: string, token: bigint) =>
+      store.write({ kind: 'put', key, fenceKey, token, contentType: 'text/plain', body: Buffer.from(key), writerId: null });
     await expect(put('retry/seed', 'retry/f', 4n)).resolves.toMatchObject({ accepted: true }); // the store learns each fence's token
     await expect(put('retry/slot-seed', 'retry/slot', 1n)).resolves.toMatchObject({ accepted: true });
     rec.names.length = 0;
@@ -186,9 +211,17 @@ describe('a batch of plain puts', () => {
     await expect(other).resolves.toMatchObject({ accepted: false, fenceKey: 'retry/g', highestToken: 5n });
     await store.idle();
     const v = await db.pool.query(`SELECT key, version::text FROM fencepost.objects WHERE key IN ('retry/a', 'retry/other') ORDER BY key`);
-    expect(v.rows).toEqual([{ key: 'retry/a', version: '1' }, { key: 'retry/other', version: '1' }]);
+    expect(v.rows).toEqual([
+      { key: 'retry/a', version: '1' },
+      { key: 'retry/other', version: '1' },
+    ]);
     expect(await counts('retry/f')).toBe(2); // the seed and retry/a, once each
-    expect(rec.names.filter((n) => n.startsWith('fencepost_fenced'))).toEqual(['fencepost_fenced_puts', 'fencepost_fenced_puts', 'fencepost_fenced_write', 'fencepost_fenced_write']);
+    expect(rec.names.filter((n) => n.startsWith('fencepost_fenced'))).toEqual([
+      'fencepost_fenced_puts',
+      'fencepost_fenced_puts',
+      'fencepost_fenced_write',
+      'fencepost_fenced_write',
+    ]);
   });
 });
 
@@ -206,7 +239,9 @@ describe('folding committed transactions into the counters', () => {
       await c.query(`INSERT INTO fencepost.pending_counts (fence_key) SELECT 'plan/k' FROM generate_series(1, 20000)`);
       await c.query(foldPendingCounts());
       expect((await c.query('SELECT count(*)::int AS n FROM fencepost.pending_counts')).rows[0].n).toBe(0);
-      expect((await c.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'plan/k'`)).rows[0].n).toBe(20000);
+      expect((await c.query(`SELECT sum(accepted)::int AS n FROM fencepost.fence_counts WHERE fence_key = 'plan/k'`)).rows[0].n).toBe(
+        20000,
+      );
     } finally {
       await c.end();
     }

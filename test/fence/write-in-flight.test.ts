@@ -19,7 +19,10 @@ for (const [statement, seededThroughA] of [
   [fencedWrite([]).name, false],
   [fencedPuts([]).name, true],
 ] as const) {
-  test(`a raise waits for an HTTP write at the older token in flight (${statement}); the write commits first, and the old token is stale after`, async ({ db, proxies: { a, b, statementsOfA } }) => {
+  test(`a raise waits for an HTTP write at the older token in flight (${statement}); the write commits first, and the old token is stale after`, async ({
+    db,
+    proxies: { a, b, statementsOfA },
+  }) => {
     // Invariant: once a raise to T+1 has answered 200, no write at T can commit; a write at T
     // already holding the fence is waited for, not overtaken.
     const fenceKey = `inflight/${statement}`;

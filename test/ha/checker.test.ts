@@ -37,7 +37,13 @@ describe('the HA check', () => {
     const verdict = check(heldRun());
     expect(verdict.violations).toEqual([]);
     expect(verdict.leaders['1']).toMatchObject({ sent: 2, accepted: 1, stale: 1 });
-    expect(verdict.leaders['2']).toMatchObject({ sent: 4, accepted: 1, unavailable: { unavailable: 1, commit_unknown: 1 }, noAnswer: 1, committedUnacknowledged: 1 });
+    expect(verdict.leaders['2']).toMatchObject({
+      sent: 4,
+      accepted: 1,
+      unavailable: { unavailable: 1, commit_unknown: 1 },
+      noAnswer: 1,
+      committedUnacknowledged: 1,
+    });
   });
 
   it('reports a write answered 200 that the new primary does not hold', () => {

@@ -16,7 +16,9 @@ const missing = etcdInstalled();
 if (missing !== null) console.warn(`${missing}: skipping the etcd lock tests`);
 
 const test = sqlTest
-  .extend('clientTables', { scope: 'file' }, [{ definition: 'public.orders_summary (id int PRIMARY KEY, written_by text NOT NULL)', privileges: 'SELECT, INSERT, UPDATE' }])
+  .extend('clientTables', { scope: 'file' }, [
+    { definition: 'public.orders_summary (id int PRIMARY KEY, written_by text NOT NULL)', privileges: 'SELECT, INSERT, UPDATE' },
+  ])
   // eslint-disable-next-line no-empty-pattern
   .extend('writers', { scope: 'file' }, async ({}, { onCleanup }): Promise<string> => {
     // The page's writer scripts, in the folder the lock commands run them from (./orders-writer.sh).
@@ -77,7 +79,12 @@ const groups: number[] = [];
 
 /** Runs the page's lock command for writer `name` in `dir`, in a process group of its own. */
 function holder(dir: string, command: string, name: string, env: Record<string, string>): Holder {
-  const child = spawn('sh', ['-c', command], { cwd: dir, detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env, WRITER: name } });
+  const child = spawn('sh', ['-c', command], {
+    cwd: dir,
+    detached: true,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...env, WRITER: name },
+  });
   const pgid = child.pid!;
   groups.push(pgid);
   let out = '';
@@ -124,7 +131,7 @@ async function until<T>(read: () => Promise<T>, accept: (v: T) => boolean, what:
 }
 
 test.skipIf(missing !== null)(
-  'HTTP: a holder paused past its etcd lease is refused once the next holder (higher ETCD_LOCK_REV) wrote; the value and the fence stay the new holder\'s',
+  "HTTP: a holder paused past its etcd lease is refused once the next holder (higher ETCD_LOCK_REV) wrote; the value and the fence stay the new holder's",
   async ({ etcd, sql, writers }) => {
     const url = sql.proxy.url;
     const command = pageBlock('etcd lock, HTTP');
@@ -154,18 +161,21 @@ test.skipIf(missing !== null)(
     expect(after).toEqual({ body: `written by b with token ${tokenB}`, token: String(tokenB) });
     const fence = (await (await fetch(`${url}/v1/fences/orders`)).json()) as { highestToken: string };
     expect(fence.highestToken).toBe(String(tokenB));
-    const { rejections } = (await (await fetch(`${url}/v1/rejections?fenceKey=orders`)).json()) as { rejections: { token: string; highestToken: string; door: string }[] };
+    const { rejections } = (await (await fetch(`${url}/v1/rejections?fenceKey=orders`)).json()) as {
+      rejections: { token: string; highestToken: string; door: string }[];
+    };
     expect(rejections).toContainEqual(expect.objectContaining({ token: String(tokenA), highestToken: String(tokenB), door: 'http' }));
     await stopHolder(b);
   },
 );
 
 test.skipIf(missing !== null)(
-  'SQL endpoint: a holder paused past its etcd lease gets FP409 once the next holder (higher ETCD_LOCK_REV) wrote; the row and the fence stay the new holder\'s',
+  "SQL endpoint: a holder paused past its etcd lease gets FP409 once the next holder (higher ETCD_LOCK_REV) wrote; the row and the fence stay the new holder's",
   async ({ etcd, sql, db, writers }) => {
     const command = pageBlock('etcd lock, SQL');
     const env = (name: string) => ({ ETCDCTL_ENDPOINTS: etcd.endpoint, FENCEPOST_SQL: sql.url(`writer-${name}`) });
-    const row = async () => (await db.pool.query<{ written_by: string }>('SELECT written_by FROM public.orders_summary WHERE id = 1')).rows[0]?.written_by ?? '';
+    const row = async () =>
+      (await db.pool.query<{ written_by: string }>('SELECT written_by FROM public.orders_summary WHERE id = 1')).rows[0]?.written_by ?? '';
     const tokenOf = (writtenBy: string) => BigInt(/ with token (\d+)$/.exec(writtenBy)![1]!);
 
     const a = holder(writers, command, 'a', env('a'));
@@ -184,8 +194,15 @@ test.skipIf(missing !== null)(
     expect(await row()).toBe(`b with token ${tokenB}`);
     expect((await fenceRow(db.pool, 'orders'))?.highest_token).toBe(String(tokenB));
     // The SQL endpoint records a refusal after answering it.
-    const rejections = async () => ((await (await fetch(`${sql.proxy.url}/v1/rejections?fenceKey=orders`)).json()) as { rejections: { token: string; highestToken: string; door: string }[] }).rejections;
-    await expect.poll(rejections).toContainEqual(expect.objectContaining({ token: String(tokenA), highestToken: String(tokenB), door: 'sql' }));
+    const rejections = async () =>
+      (
+        (await (await fetch(`${sql.proxy.url}/v1/rejections?fenceKey=orders`)).json()) as {
+          rejections: { token: string; highestToken: string; door: string }[];
+        }
+      ).rejections;
+    await expect
+      .poll(rejections)
+      .toContainEqual(expect.objectContaining({ token: String(tokenA), highestToken: String(tokenB), door: 'sql' }));
     await stopHolder(b);
   },
 );

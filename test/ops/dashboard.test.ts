@@ -40,7 +40,10 @@ describe('serving', () => {
     expect(page.headers['content-type']).toBe('text/html; charset=utf-8');
     expect(page.headers['content-security-policy']).toContain("default-src 'none'");
     expect(page.headers['content-security-policy']).toContain("connect-src 'self'");
-    for (const [path, type] of [['/dashboard/dashboard.js', 'text/javascript'], ['/dashboard/dashboard.css', 'text/css']]) {
+    for (const [path, type] of [
+      ['/dashboard/dashboard.js', 'text/javascript'],
+      ['/dashboard/dashboard.css', 'text/css'],
+    ]) {
       const res = await app.inject({ url: path! });
       expect(res.statusCode, path).toBe(200);
       expect(res.headers['content-type']).toContain(type);
@@ -104,7 +107,7 @@ describe('in headless Chromium', () => {
     }
   });
 
-  test('each fence shows its highest token and the writer that raised it, from object writes and transactions, and follows a new leader\'s raise', async () => {
+  test("each fence shows its highest token and the writer that raised it, from object writes and transactions, and follows a new leader's raise", async () => {
     // Invariant: the writer shown is the one whose write raised the fence to the token shown.
     expect((await write('/v1/objects/ledger%2F1', '3', { 'fence-key': 'ledger', 'writer-id': 'replica-a' })).status).toBe(200);
     expect((await write('/v1/objects/ledger%2F2', '3', { 'fence-key': 'ledger' })).status).toBe(200); // same token, no id: still replica-a's
@@ -131,10 +134,18 @@ describe('in headless Chromium', () => {
       await page.close();
     }
     // The same in the API and the view operators query.
-    expect(await (await fetch(`${url}/v1/fences/ledger`)).json()).toMatchObject({ fenceKey: 'ledger', highestToken: '4', raisedBy: 'replica-b' });
-    const list = (await (await fetch(`${url}/v1/fences?limit=1000`)).json()) as { fences: Array<{ fenceKey: string; raisedBy: string | null }> };
+    expect(await (await fetch(`${url}/v1/fences/ledger`)).json()).toMatchObject({
+      fenceKey: 'ledger',
+      highestToken: '4',
+      raisedBy: 'replica-b',
+    });
+    const list = (await (await fetch(`${url}/v1/fences?limit=1000`)).json()) as {
+      fences: Array<{ fenceKey: string; raisedBy: string | null }>;
+    };
     expect(list.fences.find((f) => f.fenceKey === 'ledger-tx')?.raisedBy).toBe('replica-tx');
-    const { rows } = await db.pool.query(`SELECT fence_key, highest_token::text, raised_by FROM fencepost.fence_stats WHERE fence_key LIKE 'ledger%' ORDER BY fence_key`);
+    const { rows } = await db.pool.query(
+      `SELECT fence_key, highest_token::text, raised_by FROM fencepost.fence_stats WHERE fence_key LIKE 'ledger%' ORDER BY fence_key`,
+    );
     expect(rows).toEqual([
       { fence_key: 'ledger', highest_token: '4', raised_by: 'replica-b' },
       { fence_key: 'ledger-tx', highest_token: '5', raised_by: 'replica-tx' },
@@ -163,7 +174,11 @@ describe('in headless Chromium', () => {
     const page = await browser.newPage();
     try {
       let fail = false;
-      await page.route('**/v1/stats*', (route) => (fail ? route.fulfill({ status: 503, contentType: 'application/json', body: '{"error":"unavailable","message":"x"}' }) : route.continue()));
+      await page.route('**/v1/stats*', (route) =>
+        fail
+          ? route.fulfill({ status: 503, contentType: 'application/json', body: '{"error":"unavailable","message":"x"}' })
+          : route.continue(),
+      );
       await page.goto(`${url}/dashboard?refreshMs=300`);
       await expect.poll(() => page.locator('#status').getAttribute('data-state'), { timeout: 10_000 }).toBe('live');
       fail = true;
@@ -203,7 +218,9 @@ describe('with bearer keys required for reads', () => {
       await page.locator('#key-form button').click();
       await expect.poll(() => page.locator('#status').getAttribute('data-state'), { timeout: 10_000 }).toBe('live');
       expect(await page.locator('#key-form').isHidden()).toBe(true);
-      const { rejected } = (await (await fetch(`${securedUrl}/v1/stats`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { rejected: number };
+      const { rejected } = (await (await fetch(`${securedUrl}/v1/stats`, { headers: { authorization: `Bearer ${secret}` } })).json()) as {
+        rejected: number;
+      };
       expect(await page.locator('#total-rejected').getAttribute('data-value')).toBe(String(rejected));
       expect(sent.at(-1)).toBe(`Bearer ${secret}`);
     } finally {

@@ -31,7 +31,10 @@ beforeAll(async () => {
   exposed = new Set(seriesNames(text));
   // An election that never connects exposes every series but the token, which exists while leading.
   const election = new Election({ connect: '127.0.0.1:1', path: '/dashboards', id: 'd' });
-  electionSeries = new Set([...seriesNames(await new ElectionMetrics(election, { fenceAdvance: true, processMetrics: false }).text()), 'fencepost_election_token']);
+  electionSeries = new Set([
+    ...seriesNames(await new ElectionMetrics(election, { fenceAdvance: true, processMetrics: false }).text()),
+    'fencepost_election_token',
+  ]);
   for (const name of electionSeries) exposed.add(name);
   // Histograms with no observation yet in this app still exist with these suffixes.
   for (const m of text.matchAll(/^# TYPE (\S+) histogram$/gm)) for (const s of ['_bucket', '_sum', '_count']) exposed.add(m[1]! + s);
@@ -50,10 +53,11 @@ function metricNames(expr: string): string[] {
 function checkExpr(where: string, expr: string): void {
   const names = metricNames(expr);
   for (const name of names) expect(exposed, `${where}: ${name}`).toContain(name);
-  for (const m of expr.matchAll(/outcome=~?"([^"]+)"/g)) for (const o of m[1]!.split('|')) expect(OUTCOMES, `${where}: outcome ${o}`).toContain(o);
+  for (const m of expr.matchAll(/outcome=~?"([^"]+)"/g))
+    for (const o of m[1]!.split('|')) expect(OUTCOMES, `${where}: outcome ${o}`).toContain(o);
 }
 
-test('every Grafana panel queries the dashboard\'s Prometheus datasource for metrics the proxy exposes', () => {
+test("every Grafana panel queries the dashboard's Prometheus datasource for metrics the proxy exposes", () => {
   const dash = JSON.parse(readFileSync(join(REPO, 'dashboards', 'grafana.json'), 'utf8')) as {
     uid: string;
     panels: { type: string; title: string; datasource?: { uid: string }; targets?: { expr: string }[] }[];
@@ -69,8 +73,17 @@ test('every Grafana panel queries the dashboard\'s Prometheus datasource for met
     }
   }
   // The signals the README tells operators to watch are all on it.
-  const all = graphs.flatMap((p) => p.targets ?? []).map((t) => t.expr).join('\n');
-  for (const name of ['fencepost_writes_total', 'fencepost_write_duration_seconds_bucket', 'fencepost_db_pool_waiting_requests', 'fencepost_db_pool_connections', 'nodejs_eventloop_lag_p99_seconds']) {
+  const all = graphs
+    .flatMap((p) => p.targets ?? [])
+    .map((t) => t.expr)
+    .join('\n');
+  for (const name of [
+    'fencepost_writes_total',
+    'fencepost_write_duration_seconds_bucket',
+    'fencepost_db_pool_waiting_requests',
+    'fencepost_db_pool_connections',
+    'nodejs_eventloop_lag_p99_seconds',
+  ]) {
     expect(all).toContain(name);
   }
   // And every election metric of `fencepost elect --status-port`: who leads, the token, changes, failures.
@@ -104,7 +117,12 @@ test('the Prometheus alert rules use metrics the proxy or elect expose, and ever
   expect(exprs.length).toBeGreaterThanOrEqual(8);
   for (const e of exprs) checkExpr('alert rule', e);
   const used = new Set(exprs.flatMap(metricNames));
-  for (const name of ['fencepost_election_is_leader', 'fencepost_election_leadership_changes_total', 'fencepost_election_fence_advance_failures_total']) expect(used, name).toContain(name);
+  for (const name of [
+    'fencepost_election_is_leader',
+    'fencepost_election_leadership_changes_total',
+    'fencepost_election_fence_advance_failures_total',
+  ])
+    expect(used, name).toContain(name);
 });
 
 test('Prometheus scrapes /metrics of the compose proxy service, and has a job for elect status ports', () => {
@@ -118,7 +136,8 @@ test('Prometheus scrapes /metrics of the compose proxy service, and has a job fo
 });
 
 test('docker-compose.yml runs prometheus and grafana with those files mounted', () => {
-  const compose = (...args: string[]) => spawnSync('docker-compose', ['-f', join(REPO, 'docker-compose.yml'), ...args], { cwd: REPO, encoding: 'utf8' });
+  const compose = (...args: string[]) =>
+    spawnSync('docker-compose', ['-f', join(REPO, 'docker-compose.yml'), ...args], { cwd: REPO, encoding: 'utf8' });
   const services = compose('config', '--services');
   expect(services.error, 'docker-compose is not installed: run scripts/test.sh, which installs it').toBeUndefined();
   expect(services.status, services.stderr).toBe(0);

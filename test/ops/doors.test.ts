@@ -8,7 +8,9 @@ import { fenceOptions, type SqlProxy } from '../support/sql.ts';
 import type { TestDatabase } from '../support/db.ts';
 import { DOORS } from '../../src/proxy/metrics.ts';
 
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.door_items (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.door_items (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' },
+]);
 
 /** `name{labels}` → value, labels as printed. */
 async function scrape(sql: SqlProxy): Promise<Map<string, number>> {
@@ -35,18 +37,37 @@ function writes(m: Map<string, number>, labels: Record<string, string>): number 
 
 const stats = async (sql: SqlProxy) => (await (await fetch(`${sql.proxy.url}/v1/stats`)).json()) as { accepted: number; rejected: number };
 const dbCounts = async (db: TestDatabase) =>
-  (await db.pool.query<{ accepted: number; rejected: number }>('SELECT coalesce(sum(accepted), 0)::int AS accepted, coalesce(sum(rejected), 0)::int AS rejected FROM fencepost.fence_stats')).rows[0]!;
+  (
+    await db.pool.query<{ accepted: number; rejected: number }>(
+      'SELECT coalesce(sum(accepted), 0)::int AS accepted, coalesce(sum(rejected), 0)::int AS rejected FROM fencepost.fence_stats',
+    )
+  ).rows[0]!;
 const rejectionsByDoor = async (db: TestDatabase) =>
-  new Map((await db.pool.query<{ door: string; n: number }>('SELECT door, count(*)::int AS n FROM fencepost.rejections GROUP BY door')).rows.map((r) => [r.door, r.n]));
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+  new Map(
+    (await db.pool.query<{ door: string; n: number }>('SELECT door, count(*)::int AS n FROM fencepost.rejections GROUP BY door')).rows.map(
+      (r) => [r.door, r.n],
+    ),
+  );
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 
 const put = (sql: SqlProxy, key: string, token: number) =>
-  fetch(`${sql.proxy.url}/v1/objects/${key}`, { method: 'PUT', headers: { 'fencing-token': String(token), 'fence-key': 'doors', 'content-type': 'application/json' }, body: '{}' });
+  fetch(`${sql.proxy.url}/v1/objects/${key}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token), 'fence-key': 'doors', 'content-type': 'application/json' },
+    body: '{}',
+  });
 const tx = (sql: SqlProxy, token: number, id: number) =>
   fetch(`${sql.proxy.url}/v1/transactions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ fences: [{ key: 'doors', token: String(token) }], statements: [{ sql: 'INSERT INTO public.door_items VALUES ($1)', params: [id] }] }),
+    body: JSON.stringify({
+      fences: [{ key: 'doors', token: String(token) }],
+      statements: [{ sql: 'INSERT INTO public.door_items VALUES ($1)', params: [id] }],
+    }),
   });
 
 describe('every door in /metrics', () => {
@@ -79,7 +100,9 @@ describe('every door in /metrics', () => {
     expect(await code(leader.query('SELECT 1/0'))).toBe('22012');
     await leader.query('COMMIT');
     // A savepoint rolled back inside a block that then commits: one committed transaction (4).
-    await leader.query('BEGIN; SAVEPOINT s; INSERT INTO door_items VALUES (14); ROLLBACK TO SAVEPOINT s; INSERT INTO door_items VALUES (15); COMMIT');
+    await leader.query(
+      'BEGIN; SAVEPOINT s; INSERT INTO door_items VALUES (14); ROLLBACK TO SAVEPOINT s; INSERT INTO door_items VALUES (15); COMMIT',
+    );
     await leader.end();
     // A zombie on SQL, twice: FP409.
     const zombie = await sql.connect('door-zombie', { options: fenceOptions(2, 'doors') });
@@ -117,8 +140,12 @@ describe('every door in /metrics', () => {
 
   test('rejections the log cannot record are refused all the same and counted as unrecorded, per door', async ({ sql, db }) => {
     // The rejection log fails (as it does with Postgres down) while the fences still work.
-    await db.pool.query(`CREATE FUNCTION public.refuse_rejection() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'rejection log unavailable'; END $$`);
-    await db.pool.query('CREATE TRIGGER refuse_rejection BEFORE INSERT ON fencepost.rejections FOR EACH ROW EXECUTE FUNCTION public.refuse_rejection()');
+    await db.pool.query(
+      `CREATE FUNCTION public.refuse_rejection() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'rejection log unavailable'; END $$`,
+    );
+    await db.pool.query(
+      'CREATE TRIGGER refuse_rejection BEFORE INSERT ON fencepost.rejections FOR EACH ROW EXECUTE FUNCTION public.refuse_rejection()',
+    );
     try {
       const before = await scrape(sql);
       expect((await put(sql, 'doors/1', 1)).status).toBeGreaterThanOrEqual(500);

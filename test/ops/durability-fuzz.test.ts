@@ -6,7 +6,17 @@
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../support/fixtures.ts';
 import { clientRoleFor } from '../support/db.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, FUZZ_WAITS as WAITS, INTRUDERS, PREPARE_FINDS as PREPARES, type FuzzTarget } from '../support/pgwire-fuzz.ts';
+import {
+  assertFuzz,
+  controlWrite,
+  prepareFuzzDatabase,
+  runCase,
+  FuzzStats,
+  FUZZ_WAITS as WAITS,
+  INTRUDERS,
+  PREPARE_FINDS as PREPARES,
+  type FuzzTarget,
+} from '../support/pgwire-fuzz.ts';
 import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20261201);
@@ -34,7 +44,16 @@ describe('the SQL endpoint refusing writes, under a protocol fuzzer', () => {
 
   test(`random message sequences of current, stale, tokenless and other-key sessions land nothing anywhere and leave no prepared transaction (seed ${SEED}, ${RUNS} runs)`, async () => {
     const stats = new FuzzStats();
-    await assertFuzz(target!, { seed: SEED, numRuns: RUNS, maxMessages: 12, sessions: ['current', ...INTRUDERS], openTable: true, nothingLands: true, stats, ...WAITS });
+    await assertFuzz(target!, {
+      seed: SEED,
+      numRuns: RUNS,
+      maxMessages: 12,
+      sessions: ['current', ...INTRUDERS],
+      openTable: true,
+      nothingLands: true,
+      stats,
+      ...WAITS,
+    });
     console.log(`fuzz (refusing writes): ${stats.summary()}`);
     // Not vacuous: the sequences met the refusal.
     expect(stats.errors.get(DURABILITY_UNSAFE) ?? 0).toBeGreaterThan(0);

@@ -49,7 +49,10 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>, timeo
 describe('configuration', () => {
   test('FENCEPOST_DURABILITY_CHECK_MS defaults to 10 s and FENCEPOST_REQUIRE_SYNC_STANDBY to off', () => {
     expect(loadConfig({})).toMatchObject({ durabilityCheckMs: 10_000, requireSyncStandby: false });
-    expect(loadConfig({ FENCEPOST_DURABILITY_CHECK_MS: '500', FENCEPOST_REQUIRE_SYNC_STANDBY: '1' })).toMatchObject({ durabilityCheckMs: 500, requireSyncStandby: true });
+    expect(loadConfig({ FENCEPOST_DURABILITY_CHECK_MS: '500', FENCEPOST_REQUIRE_SYNC_STANDBY: '1' })).toMatchObject({
+      durabilityCheckMs: 500,
+      requireSyncStandby: true,
+    });
   });
 
   test.each([
@@ -113,7 +116,14 @@ describe('the monitor on a database without standbys', () => {
     const relaxedMetrics = new ProxyMetrics(pool, { processMetrics: false, durability: relaxed });
     await relaxed.check();
     text = await relaxedMetrics.text();
-    for (const reason of ['synchronous_commit_below_on', 'async_standby', 'no_sync_standby_streaming', 'waiting_on_standby', 'no_sync_standby', 'check_failed']) {
+    for (const reason of [
+      'synchronous_commit_below_on',
+      'async_standby',
+      'no_sync_standby_streaming',
+      'waiting_on_standby',
+      'no_sync_standby',
+      'check_failed',
+    ]) {
       expect(text).toContain(`fencepost_fence_durability_unsafe{reason="${reason}"} 0`);
     }
     expect(text).toContain('fencepost_fence_durability_refusing_writes 0');
@@ -154,7 +164,15 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
   };
   const ready = async () => {
     const res = await fetch(`${url}/readyz`);
-    return { status: res.status, body: (await res.json()) as { status?: string; error?: string; reasons?: string[]; durability?: { reasons: string[]; waitingOnStandby: number } } };
+    return {
+      status: res.status,
+      body: (await res.json()) as {
+        status?: string;
+        error?: string;
+        reasons?: string[];
+        durability?: { reasons: string[]; waitingOnStandby: number };
+      },
+    };
   };
   const metricsText = async () => await (await fetch(`${url}/metrics`)).text();
   const put = (path: string, token: string, headers: Record<string, string> = {}, body?: string) =>
@@ -163,7 +181,10 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
     fetch(`${url}/v1/transactions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ fences: [{ key: 'dur/tx', token }], statements: [{ sql: 'INSERT INTO public.ledger (id) VALUES ($1)', params: [id] }] }),
+      body: JSON.stringify({
+        fences: [{ key: 'dur/tx', token }],
+        statements: [{ sql: 'INSERT INTO public.ledger (id) VALUES ($1)', params: [id] }],
+      }),
     });
   const ledger = async () => (await admin.query<{ id: string }>('SELECT id FROM public.ledger ORDER BY id')).rows.map((r) => r.id);
 
@@ -174,11 +195,19 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
     await admin.query(`ALTER SYSTEM SET synchronous_standby_names = 'fp_sync'`);
     await admin.query('SELECT pg_reload_conf()');
     await until('the standby to be synchronous', async () => {
-      const { rows } = await admin.query<{ sync_state: string }>(`SELECT sync_state FROM pg_stat_replication WHERE application_name = 'fp_sync'`);
+      const { rows } = await admin.query<{ sync_state: string }>(
+        `SELECT sync_state FROM pg_stat_replication WHERE application_name = 'fp_sync'`,
+      );
       return rows[0]?.sync_state === 'sync' ? true : undefined;
     });
     proxy = await startProxy(
-      loadConfig({ DATABASE_URL: repl.url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_DURABILITY_CHECK_MS: '100', FENCEPOST_REQUIRE_SYNC_STANDBY: '1' }),
+      loadConfig({
+        DATABASE_URL: repl.url,
+        PORT: '0',
+        FENCEPOST_PGWIRE_PORT: '0',
+        FENCEPOST_DURABILITY_CHECK_MS: '100',
+        FENCEPOST_REQUIRE_SYNC_STANDBY: '1',
+      }),
       log.logger,
     );
     url = proxy.url;
@@ -226,8 +255,15 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
       const object = await put('/v1/objects/dur/http/2', '2', { 'fence-key': 'dur/http' }, 'two');
       expect(object.status).toBe(503);
       expect(object.headers.get('retry-after')).toBe('1');
-      expect(await object.json()).toMatchObject({ error: 'durability_unsafe', reasons: ['no_sync_standby_streaming'], message: expect.stringContaining('nothing committed') as unknown });
-      const del = await fetch(`${url}/v1/objects/dur/http/1`, { method: 'DELETE', headers: { 'fencing-token': '2', 'fence-key': 'dur/http' } });
+      expect(await object.json()).toMatchObject({
+        error: 'durability_unsafe',
+        reasons: ['no_sync_standby_streaming'],
+        message: expect.stringContaining('nothing committed') as unknown,
+      });
+      const del = await fetch(`${url}/v1/objects/dur/http/1`, {
+        method: 'DELETE',
+        headers: { 'fencing-token': '2', 'fence-key': 'dur/http' },
+      });
       expect(del.status).toBe(503);
       const fence = await put('/v1/fences/dur-fence', '2');
       expect(fence.status).toBe(503);

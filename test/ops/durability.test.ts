@@ -28,7 +28,14 @@ describe('on the test Postgres (no standbys)', () => {
   });
 
   test('with the default synchronous_commit, the check warns of nothing', async () => {
-    expect(await checkDurability(pool)).toEqual({ warnings: [], reasons: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '', waitingOnStandby: 0 });
+    expect(await checkDurability(pool)).toEqual({
+      warnings: [],
+      reasons: [],
+      standbys: [],
+      synchronousCommit: 'on',
+      synchronousStandbyNames: '',
+      waitingOnStandby: 0,
+    });
   });
 
   test("the proxy's own PGOPTIONS does not colour the report: it reads what other sessions get", async () => {
@@ -47,7 +54,10 @@ describe('on the test Postgres (no standbys)', () => {
     try {
       const res = await app.inject({ method: 'GET', url: '/readyz' });
       expect(res.statusCode).toBe(200);
-      expect(res.json()).toEqual({ status: 'ready', durability: { warnings: [], reasons: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '', waitingOnStandby: 0 } });
+      expect(res.json()).toEqual({
+        status: 'ready',
+        durability: { warnings: [], reasons: [], standbys: [], synchronousCommit: 'on', synchronousStandbyNames: '', waitingOnStandby: 0 },
+      });
     } finally {
       await app.close();
     }
@@ -161,7 +171,14 @@ describe('with a real streaming standby', () => {
   test('a standby that synchronous_standby_names covers (sync_state sync) is not warned about', async () => {
     await setSynchronousStandbyNames(repl, repl.standbyName, 'sync');
     const report = await checkDurability(pool);
-    expect(report).toEqual({ warnings: [], reasons: [], standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }], synchronousCommit: 'on', synchronousStandbyNames: 'fp_standby', waitingOnStandby: 0 });
+    expect(report).toEqual({
+      warnings: [],
+      reasons: [],
+      standbys: [{ name: 'fp_standby', state: 'streaming', syncState: 'sync' }],
+      synchronousCommit: 'on',
+      synchronousStandbyNames: 'fp_standby',
+      waitingOnStandby: 0,
+    });
   });
 
   test('a standby that synchronous_standby_names leaves out is warned about as asynchronous, and commits would hang', async () => {
@@ -171,7 +188,9 @@ describe('with a real streaming standby', () => {
     expect(report.standbys).toEqual([{ name: 'fp_standby', state: 'streaming', syncState: 'async' }]);
     expect(report.reasons).toEqual(['async_standby', 'no_sync_standby_streaming']);
     expect(report.warnings[0]).toMatch(/^asynchronous standby "fp_standby": /);
-    expect(report.warnings[1]).toMatch(/^synchronous_standby_names is "some_other_standby" but no synchronous standby is streaming: every commit that waits for them .* hangs/);
+    expect(report.warnings[1]).toMatch(
+      /^synchronous_standby_names is "some_other_standby" but no synchronous standby is streaming: every commit that waits for them .* hangs/,
+    );
   });
 
   test('synchronous_standby_names asking for more synchronous standbys than stream: writes would hang', async () => {

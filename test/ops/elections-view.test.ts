@@ -82,33 +82,61 @@ const view = async (): Promise<View> => {
 };
 const electionAt = async (path: string) => (await view()).elections.find((e) => e.electionPath === path)!;
 const raise = (token: bigint, writerId: string) =>
-  fetch(`${url}/v1/objects/nightly%2Freport`, { method: 'PUT', headers: { 'fencing-token': token.toString(), 'fence-key': 'nightly/report', 'writer-id': writerId }, body: 'r' });
+  fetch(`${url}/v1/objects/nightly%2Freport`, {
+    method: 'PUT',
+    headers: { 'fencing-token': token.toString(), 'fence-key': 'nightly/report', 'writer-id': writerId },
+    body: 'r',
+  });
 
 describe('GET /v1/elections', () => {
-  test('follows a real election: the leader\'s token, the queue, and whether its fence is raised, through a handover', async () => {
+  test("follows a real election: the leader's token, the queue, and whether its fence is raised, through a handover", async () => {
     // Invariant: the leader shown is the lowest live candidate, and fenceRaised is true exactly when
     // the fence under the prefix is at that leader's token.
-    expect(await electionAt(jobs)).toMatchObject({ fenceKeyPrefix: 'nightly/', candidates: 0, leader: null, fenceRaised: null, fence: null });
+    expect(await electionAt(jobs)).toMatchObject({
+      fenceKeyPrefix: 'nightly/',
+      candidates: 0,
+      leader: null,
+      fenceRaised: null,
+      fence: null,
+    });
 
     const a = await candidate('replica-a');
     const tokenA = await a.waitForLeadership();
     const b = await candidate('replica-b');
     // One reading answers for up to ELECTIONS_CACHE_MS: what changed shows within it.
-    await expect.poll(() => electionAt(jobs)).toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
+    await expect
+      .poll(() => electionAt(jobs))
+      .toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
     const before = await electionAt(jobs);
     expect(Date.parse(before.leader!.joinedAt)).toBeGreaterThan(Date.now() - 60_000);
-    expect(Date.parse(before.leader!.seenSince)).toBeGreaterThanOrEqual(Date.parse(before.leader!.joinedAt) - 5_000); // clocks: ZooKeeper's and ours
+    // clocks: ZooKeeper's and ours
+    expect(Date.parse(before.leader!.seenSince)).toBeGreaterThanOrEqual(Date.parse(before.leader!.joinedAt) - 5_000);
 
     expect((await raise(tokenA, 'replica-a')).status).toBe(200);
-    await expect.poll(() => electionAt(jobs)).toMatchObject({ leader: { token: tokenA.toString() }, fenceRaised: true, fence: { fenceKey: 'nightly/report', highestToken: tokenA.toString(), raisedBy: 'replica-a' } });
+    await expect
+      .poll(() => electionAt(jobs))
+      .toMatchObject({
+        leader: { token: tokenA.toString() },
+        fenceRaised: true,
+        fence: { fenceKey: 'nightly/report', highestToken: tokenA.toString(), raisedBy: 'replica-a' },
+      });
 
     // The leader goes; the next in line leads, and its fence is behind until it writes.
     await a.close();
     const tokenB = await b.waitForLeadership();
     expect(tokenB).toBeGreaterThan(tokenA);
-    await expect.poll(() => electionAt(jobs)).toMatchObject({ leader: { token: tokenB.toString() }, candidates: 1, fenceRaised: false, fence: { highestToken: tokenA.toString() } });
+    await expect
+      .poll(() => electionAt(jobs))
+      .toMatchObject({
+        leader: { token: tokenB.toString() },
+        candidates: 1,
+        fenceRaised: false,
+        fence: { highestToken: tokenA.toString() },
+      });
     expect((await raise(tokenB, 'replica-b')).status).toBe(200);
-    await expect.poll(() => electionAt(jobs)).toMatchObject({ fenceRaised: true, fence: { highestToken: tokenB.toString(), raisedBy: 'replica-b' } });
+    await expect
+      .poll(() => electionAt(jobs))
+      .toMatchObject({ fenceRaised: true, fence: { highestToken: tokenB.toString(), raisedBy: 'replica-b' } });
     await b.close();
   });
 
@@ -136,7 +164,12 @@ describe('GET /v1/elections', () => {
     const dead = buildApp({
       store: new FenceStore(db.pool, STORE_DEFAULTS),
       bodyLimitBytes: 1024,
-      forgeryGuard: { zkConnect: `127.0.0.1:${await closedPort()}`, electionAuth: AUTH, connectTimeoutMs: 500, mappings: [{ prefix: 'x/', electionPath: '/x' }] },
+      forgeryGuard: {
+        zkConnect: `127.0.0.1:${await closedPort()}`,
+        electionAuth: AUTH,
+        connectTimeoutMs: 500,
+        mappings: [{ prefix: 'x/', electionPath: '/x' }],
+      },
     });
     try {
       const res = await dead.inject({ url: '/v1/elections' });
@@ -148,7 +181,7 @@ describe('GET /v1/elections', () => {
   });
 });
 
-describe('the dashboard\'s Elections panel, in headless Chromium', () => {
+describe("the dashboard's Elections panel, in headless Chromium", () => {
   test('shows the leader and its fence, flags a leader that does not raise it, follows a handover, and says when nobody leads', async () => {
     const c = await candidate('replica-c');
     const tokenC = await c.waitForLeadership();

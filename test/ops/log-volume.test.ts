@@ -27,7 +27,13 @@ function capture(level: string): { logger: pino.Logger; lines: Line[] } {
 }
 
 function app(pool: pg.Pool, logger: pino.Logger, logDigest: { staleIntervalMs?: number; repeatWindowMs?: number }): FastifyInstance {
-  return buildApp({ store: new FenceStore(pool, { ...STORE_DEFAULTS, logger }), bodyLimitBytes: 1024, logger, logDigest, transactions: { clientRole: clientRoleFor(pool) } });
+  return buildApp({
+    store: new FenceStore(pool, { ...STORE_DEFAULTS, logger }),
+    bodyLimitBytes: 1024,
+    logger,
+    logDigest,
+    transactions: { clientRole: clientRoleFor(pool) },
+  });
 }
 
 const put = (a: FastifyInstance, key: string, token: number, fenceKey: string) =>
@@ -49,7 +55,8 @@ describe('stale rejections', () => {
       expect((await put(a, 'lv/a', 10, 'lv-a')).statusCode).toBe(200);
       expect((await put(a, 'lv/b', 10, 'lv-b')).statusCode).toBe(200);
       const N = 150;
-      for (let i = 0; i < N; i++) expect((await put(a, i % 3 === 0 ? 'lv/b' : 'lv/a', 5, i % 3 === 0 ? 'lv-b' : 'lv-a')).statusCode).toBe(409);
+      for (let i = 0; i < N; i++)
+        expect((await put(a, i % 3 === 0 ? 'lv/b' : 'lv/a', 5, i % 3 === 0 ? 'lv-b' : 'lv-a')).statusCode).toBe(409);
       await a.close(); // ends the interval
       const stale = lines.filter((l) => typeof l.msg === 'string' && l.msg.startsWith('stale token'));
       expect(stale).toHaveLength(2);
@@ -91,7 +98,10 @@ describe('stale rejections', () => {
 
 describe('a Postgres outage', () => {
   test('M failed requests make a bounded number of lines, with counts, and no stack below debug', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({
+      connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`,
+      connectionTimeoutMillis: 2000,
+    });
     pool.on('error', () => {});
     const { logger, lines } = capture('info');
     const down = app(pool, logger, { repeatWindowMs: 60_000 });
@@ -115,7 +125,10 @@ describe('a Postgres outage', () => {
   });
 
   test('at debug, the first failure of a window also logs its stack', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({
+      connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`,
+      connectionTimeoutMillis: 2000,
+    });
     pool.on('error', () => {});
     const { logger, lines } = capture('debug');
     const down = app(pool, logger, { repeatWindowMs: 60_000 });

@@ -25,7 +25,9 @@ async function scrape(target: FastifyInstance): Promise<Map<string, number>> {
 
 /** The HTTP door's series; POST /v1/transactions is door "transaction". */
 const writes = (m: Map<string, number>, operation: string, outcome: string) =>
-  m.get(`fencepost_writes_total{door="${operation === 'transaction' ? 'transaction' : 'http'}",operation="${operation}",outcome="${outcome}"}`) ?? 0;
+  m.get(
+    `fencepost_writes_total{door="${operation === 'transaction' ? 'transaction' : 'http'}",operation="${operation}",outcome="${outcome}"}`,
+  ) ?? 0;
 const latencyCount = (m: Map<string, number>, operation: string, outcome: string) =>
   m.get(`fencepost_write_duration_seconds_count{operation="${operation}",outcome="${outcome}"}`) ?? 0;
 
@@ -41,7 +43,11 @@ describe('write counters', () => {
       const m = await scrape(fresh);
       for (const door of DOORS) {
         for (const operation of DOOR_SERIES[door].operations) {
-          for (const outcome of DOOR_SERIES[door].outcomes) expect(m.get(`fencepost_writes_total{door="${door}",operation="${operation}",outcome="${outcome}"}`), `${door} ${operation} ${outcome}`).toBe(0);
+          for (const outcome of DOOR_SERIES[door].outcomes)
+            expect(
+              m.get(`fencepost_writes_total{door="${door}",operation="${operation}",outcome="${outcome}"}`),
+              `${door} ${operation} ${outcome}`,
+            ).toBe(0);
         }
         expect(m.get(`fencepost_rejections_total{door="${door}",reason="stale_token"}`), door).toBe(0);
         expect(m.get(`fencepost_rejections_unrecorded_total{door="${door}"}`), door).toBe(0);
@@ -57,11 +63,17 @@ describe('write counters', () => {
   test('a write whose If-Match or If-None-Match fails counts as precondition_failed, neither accepted nor rejected', async ({ app }) => {
     expect((await put(app, 'm-cond', '1')).statusCode).toBe(200);
     const before = await scrape(app);
-    const res = await app.inject({ method: 'PUT', url: '/v1/objects/m-cond', headers: { 'fencing-token': '1', 'if-none-match': '*' }, payload: 'x' });
+    const res = await app.inject({
+      method: 'PUT',
+      url: '/v1/objects/m-cond',
+      headers: { 'fencing-token': '1', 'if-none-match': '*' },
+      payload: 'x',
+    });
     expect(res.statusCode).toBe(412);
     const after = await scrape(app);
     expect(writes(after, 'put', 'precondition_failed') - writes(before, 'put', 'precondition_failed')).toBe(1);
-    for (const outcome of ['accepted', 'rejected', 'invalid']) expect(writes(after, 'put', outcome), outcome).toBe(writes(before, 'put', outcome));
+    for (const outcome of ['accepted', 'rejected', 'invalid'])
+      expect(writes(after, 'put', outcome), outcome).toBe(writes(before, 'put', outcome));
   });
 
   test('transactions count under operation "transaction": stale fences as rejected, SQL conflicts as invalid', async ({ app, db }) => {
@@ -70,7 +82,11 @@ describe('write counters', () => {
     await app.transactionRunner.provision();
     await db.pool.query(`GRANT SELECT, INSERT ON public.metric_tx TO ${clientRoleFor(db.pool)}`);
     const tx = (token: string, sql: string) =>
-      app.inject({ method: 'POST', url: '/v1/transactions', payload: { fences: [{ key: 'm-tx', token }], statements: [{ sql, params: [] }] } });
+      app.inject({
+        method: 'POST',
+        url: '/v1/transactions',
+        payload: { fences: [{ key: 'm-tx', token }], statements: [{ sql, params: [] }] },
+      });
     const before = await scrape(app);
     expect((await tx('5', 'INSERT INTO public.metric_tx VALUES (1)')).statusCode).toBe(200);
     expect((await tx('4', 'INSERT INTO public.metric_tx VALUES (2)')).json().error).toBe('stale_token');
@@ -143,7 +159,10 @@ describe('write counters', () => {
   });
 
   test('a write the database cannot take counts as error', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({
+      connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`,
+      connectionTimeoutMillis: 2000,
+    });
     pool.on('error', () => {});
     const down = testApp(pool);
     try {

@@ -8,9 +8,10 @@ import { sqlTest as test } from '../support/fixtures.ts';
 import { fenceOptions } from '../support/sql.ts';
 
 const installed = spawnSync('promtool', ['--version'], { encoding: 'utf8' }).error === undefined;
-if (!installed) console.warn('promtool is not installed (scripts/setup.sh --test, or apt-get install prometheus): skipping promtool check metrics');
+if (!installed)
+  console.warn('promtool is not installed (scripts/setup.sh --test, or apt-get install prometheus): skipping promtool check metrics');
 
-test.skipIf(!installed)('promtool check metrics: the proxy\'s /metrics passes, after writes at every door', async ({ sql }) => {
+test.skipIf(!installed)("promtool check metrics: the proxy's /metrics passes, after writes at every door", async ({ sql }) => {
   const url = sql.proxy.url;
   expect((await fetch(`${url}/v1/objects/lint/1`, { method: 'PUT', headers: { 'fencing-token': '2' }, body: 'x' })).status).toBe(200);
   expect((await fetch(`${url}/v1/objects/lint/1`, { method: 'PUT', headers: { 'fencing-token': '1' }, body: 'x' })).status).toBe(409);

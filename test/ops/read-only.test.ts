@@ -38,7 +38,12 @@ afterAll(async () => {
 });
 
 test('a write through a proxy on a standby answers 503 unavailable, safe to retry, not 500', async () => {
-  const put = await app.inject({ method: 'PUT', url: '/v1/objects/ro%2F1', headers: { 'fencing-token': '1', 'fence-key': 'ro' }, payload: 'x' });
+  const put = await app.inject({
+    method: 'PUT',
+    url: '/v1/objects/ro%2F1',
+    headers: { 'fencing-token': '1', 'fence-key': 'ro' },
+    payload: 'x',
+  });
   expect(put.statusCode, put.body).toBe(503);
   expect(put.json()).toMatchObject({ error: 'unavailable', message: expect.stringContaining('read-only') });
   expect(put.headers['retry-after']).toBe('1');

@@ -32,7 +32,8 @@ async function rejections(app: FastifyInstance, query: string): Promise<{ reject
 /** Fills a fresh fence key with `n` rejections with tokens 1…n (newest = highest token). */
 async function rejectMany(app: FastifyInstance, fenceKey: string, n: number): Promise<void> {
   expect((await write(app, `/v1/fences/${fenceKey}`, '1000')).statusCode).toBe(200);
-  for (let i = 1; i <= n; i++) expect((await write(app, `/v1/objects/${fenceKey}-obj`, String(i), { 'fence-key': fenceKey })).statusCode).toBe(409);
+  for (let i = 1; i <= n; i++)
+    expect((await write(app, `/v1/objects/${fenceKey}-obj`, String(i), { 'fence-key': fenceKey })).statusCode).toBe(409);
 }
 
 async function rowCount(db: TestDatabase): Promise<number> {
@@ -51,7 +52,15 @@ describe('GET /v1/rejections', () => {
     expect(page.rejections.map(({ id: _id, rejectedAt: _at, ...r }) => r)).toEqual([
       { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'delete', door: 'http', token: '39', highestToken: '42', writerId: null },
       { fenceKey: 'orders/7', objectKey: null, operation: 'fence', door: 'http', token: '40', highestToken: '42', writerId: null },
-      { fenceKey: 'orders/7', objectKey: 'orders/7', operation: 'put', door: 'http', token: '41', highestToken: '42', writerId: 'zombie-a' },
+      {
+        fenceKey: 'orders/7',
+        objectKey: 'orders/7',
+        operation: 'put',
+        door: 'http',
+        token: '41',
+        highestToken: '42',
+        writerId: 'zombie-a',
+      },
     ]);
     const at = Date.parse(page.rejections[0]!.rejectedAt);
     expect(Math.abs(Date.now() - at)).toBeLessThan(60_000);
@@ -161,7 +170,9 @@ describe('GET /v1/rejections/histogram', () => {
 
 describe('retention', () => {
   async function fenceRows(db: TestDatabase): Promise<string> {
-    const { rows } = await db.pool.query('SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fence_stats ORDER BY fence_key');
+    const { rows } = await db.pool.query(
+      'SELECT fence_key, highest_token, accepted, rejected FROM fencepost.fence_stats ORDER BY fence_key',
+    );
     return JSON.stringify(rows);
   }
 
@@ -170,7 +181,13 @@ describe('retention', () => {
     const fencesBefore = await fenceRows(db);
     const newest = (await rejections(app, '?limit=12')).rejections.map((r) => r.id);
     let pruned = 0;
-    const pruner = new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 12, intervalMs: 60_000, batchSize: 7, onPruned: (n) => (pruned += n) });
+    const pruner = new RejectionPruner(db.pool, {
+      maxAgeMs: 0,
+      maxRows: 12,
+      intervalMs: 60_000,
+      batchSize: 7,
+      onPruned: (n) => (pruned += n),
+    });
     const total = await rowCount(db);
     expect(await pruner.pruneOnce()).toEqual({ ran: true, deleted: total - 12 });
     expect(pruned).toBe(total - 12);
@@ -216,7 +233,10 @@ describe('retention', () => {
 
   test('concurrent pruners on one database delete each row once and leave exactly the limit', async ({ app, db }) => {
     await rejectMany(app, 'ret-race', 40);
-    const pruners = Array.from({ length: 4 }, () => new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 5, intervalMs: 60_000, batchSize: 4 }));
+    const pruners = Array.from(
+      { length: 4 },
+      () => new RejectionPruner(db.pool, { maxAgeMs: 0, maxRows: 5, intervalMs: 60_000, batchSize: 4 }),
+    );
     const before = await rowCount(db);
     const results = await Promise.all(pruners.map((p) => p.pruneOnce()));
     const deleted = results.reduce((s, r) => s + (r.ran ? r.deleted : 0), 0);
@@ -238,7 +258,11 @@ describe('retention', () => {
       await expect.poll(() => rowCount(db), { timeout: 10_000 }).toBe(3);
       // New rejections through the running proxy are pruned on a later round.
       for (let i = 0; i < 4; i++) {
-        const res = await fetch(`${proxy.url}/v1/objects/ret-server-obj`, { method: 'PUT', headers: { 'fencing-token': '1', 'fence-key': 'ret-server' }, body: 'x' });
+        const res = await fetch(`${proxy.url}/v1/objects/ret-server-obj`, {
+          method: 'PUT',
+          headers: { 'fencing-token': '1', 'fence-key': 'ret-server' },
+          body: 'x',
+        });
         expect(res.status).toBe(409);
       }
       await expect.poll(() => rowCount(db), { timeout: 10_000 }).toBe(3);

@@ -21,7 +21,12 @@ beforeAll(async () => {
       done();
     },
   });
-  app = buildApp({ store: new FenceStore(db.pool, STORE_DEFAULTS), bodyLimitBytes: 1024, logger: pino({ level: 'info' }, sink), transactions: { clientRole: clientRoleFor(db.pool) } });
+  app = buildApp({
+    store: new FenceStore(db.pool, STORE_DEFAULTS),
+    bodyLimitBytes: 1024,
+    logger: pino({ level: 'info' }, sink),
+    transactions: { clientRole: clientRoleFor(db.pool) },
+  });
   await app.ready();
 });
 afterAll(async () => {
@@ -53,12 +58,19 @@ test('a client id that is not sane (too long, odd characters, repeated) is repla
     const res = await app.inject({ url: '/healthz', headers: { 'x-request-id': id } });
     expect(res.headers['x-request-id'], JSON.stringify(id)).toMatch(UUID);
   }
-  expect((await app.inject({ url: '/healthz', headers: { 'x-request-id': 'x'.repeat(128) } })).headers['x-request-id']).toBe('x'.repeat(128));
+  expect((await app.inject({ url: '/healthz', headers: { 'x-request-id': 'x'.repeat(128) } })).headers['x-request-id']).toBe(
+    'x'.repeat(128),
+  );
 });
 
-test('the request\'s log lines carry its id', async () => {
+test("the request's log lines carry its id", async () => {
   await app.inject({ method: 'PUT', url: '/v1/objects/logged', headers: { 'fencing-token': '5' }, payload: 'a' });
-  await app.inject({ method: 'PUT', url: '/v1/objects/logged', headers: { 'fencing-token': '4', 'x-request-id': 'zombie-write-1' }, payload: 'b' });
+  await app.inject({
+    method: 'PUT',
+    url: '/v1/objects/logged',
+    headers: { 'fencing-token': '4', 'x-request-id': 'zombie-write-1' },
+    payload: 'b',
+  });
   const line = lines.find((l) => l.msg === 'stale token rejected' && l.fenceKey === 'logged');
   expect(line).toMatchObject({ reqId: 'zombie-write-1', token: '4' });
 });

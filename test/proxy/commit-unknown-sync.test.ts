@@ -5,7 +5,14 @@
 // `commit_unknown`, and once the standby resumes it is there: a `unavailable` ("safe to retry")
 // would have lied. A write that failed before its commit answers `unavailable` and is never there.
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
-import { stallStandby, drainSyncRep, startSynchronousDatabase, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../support/replication.ts';
+import {
+  stallStandby,
+  drainSyncRep,
+  startSynchronousDatabase,
+  syncRepWaiters,
+  type ReplicatedPostgres,
+  type StalledStandby,
+} from '../support/replication.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { startSqlProxy, type SqlProxy } from '../support/sql.ts';
 
@@ -19,7 +26,12 @@ beforeAll(async () => {
   // Statements are cut server-side at 300 ms, and the pool stops waiting 5 s later: a commit
   // waiting for the standby is past any statement_timeout, so only that query timeout ends it.
   // A transaction's deadline is 3 s.
-  proxy = await startSqlProxy(db, { FENCEPOST_STATEMENT_TIMEOUT_MS: '300', FENCEPOST_LOCK_TIMEOUT_MS: '100', FENCEPOST_TX_TIMEOUT_MS: '3000', FENCEPOST_RAISE_WAIT_MS: '0' });
+  proxy = await startSqlProxy(db, {
+    FENCEPOST_STATEMENT_TIMEOUT_MS: '300',
+    FENCEPOST_LOCK_TIMEOUT_MS: '100',
+    FENCEPOST_TX_TIMEOUT_MS: '3000',
+    FENCEPOST_RAISE_WAIT_MS: '0',
+  });
   await db.pool.query(`GRANT SELECT, INSERT ON public.items TO ${clientRoleFor(db.url)}`);
 }, 120_000);
 
@@ -42,18 +54,33 @@ afterAll(async () => {
 
 // Async, so each request is sent at once (an inject's request goes when it is awaited).
 const put = async (key: string, token: number, fenceKey: string, body: string) =>
-  await proxy.proxy.app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': String(token), 'fence-key': fenceKey }, payload: body });
+  await proxy.proxy.app.inject({
+    method: 'PUT',
+    url: `/v1/objects/${encodeURIComponent(key)}`,
+    headers: { 'fencing-token': String(token), 'fence-key': fenceKey },
+    payload: body,
+  });
 
 const transaction = async (fenceKey: string, token: number, statements: { sql: string; params?: unknown[] }[]) =>
-  await proxy.proxy.app.inject({ method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'application/json' }, payload: { fences: [{ key: fenceKey, token: String(token) }], statements } });
+  await proxy.proxy.app.inject({
+    method: 'POST',
+    url: '/v1/transactions',
+    headers: { 'content-type': 'application/json' },
+    payload: { fences: [{ key: fenceKey, token: String(token) }], statements },
+  });
 
 async function objectBody(key: string): Promise<string | null> {
-  const { rows } = await db.pool.query<{ body: string }>(`SELECT convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`, [key]);
+  const { rows } = await db.pool.query<{ body: string }>(
+    `SELECT convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1`,
+    [key],
+  );
   return rows[0]?.body ?? null;
 }
 
 async function highestToken(fenceKey: string): Promise<string | null> {
-  const { rows } = await db.pool.query<{ h: string }>('SELECT highest_token::text AS h FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const { rows } = await db.pool.query<{ h: string }>('SELECT highest_token::text AS h FROM fencepost.fences WHERE fence_key = $1', [
+    fenceKey,
+  ]);
   return rows[0]?.h ?? null;
 }
 
@@ -99,7 +126,7 @@ test('a raise that cannot get its fence row before the lock timeout answers 503 
   expect(await highestToken('sync-b')).toBe('1');
 }, 30_000);
 
-test('a PUT whose wait for the standby is cancelled answers 503 commit_unknown with Postgres\'s warning, never 200: it is committed on the primary only', async () => {
+test("a PUT whose wait for the standby is cancelled answers 503 commit_unknown with Postgres's warning, never 200: it is committed on the primary only", async () => {
   expect((await put('sync/c0', 1, 'sync-c', 'warm')).statusCode).toBe(200);
   stalled = await stallStandby(repl);
   const answer = put('sync/c1', 1, 'sync-c', 'local');
@@ -115,7 +142,9 @@ test('a PUT whose wait for the standby is cancelled answers 503 commit_unknown w
 test('a DELETE and a PUT /v1/fences whose waits for the standby are cancelled answer 503 commit_unknown; both landed on the primary', async () => {
   expect((await put('sync/d1', 1, 'sync-d', 'doomed')).statusCode).toBe(200);
   stalled = await stallStandby(repl);
-  const del = proxy.proxy.app.inject({ method: 'DELETE', url: '/v1/objects/sync%2Fd1', headers: { 'fencing-token': '1', 'fence-key': 'sync-d' } }).then((r) => r);
+  const del = proxy.proxy.app
+    .inject({ method: 'DELETE', url: '/v1/objects/sync%2Fd1', headers: { 'fencing-token': '1', 'fence-key': 'sync-d' } })
+    .then((r) => r);
   const [deleter] = await syncRepWaiters(db.url, 1);
   await db.pool.query('SELECT pg_cancel_backend($1)', [deleter]);
   const deleted = await del;
@@ -143,7 +172,7 @@ test('a transaction whose COMMIT waits on the stalled standby past its deadline 
   await eventually(itemIds, [1, 2]);
 }, 30_000);
 
-test('a transaction whose fence raise\'s COMMIT goes unanswered answers 503 commit_unknown: the fence is raised afterwards, its statements never ran', async () => {
+test("a transaction whose fence raise's COMMIT goes unanswered answers 503 commit_unknown: the fence is raised afterwards, its statements never ran", async () => {
   stalled = await stallStandby(repl);
   const answer = transaction('sync-r', 1, [{ sql: 'INSERT INTO public.items VALUES (10, $1)', params: ['never'] }]);
   await syncRepWaiters(db.url, 1); // the raise, in its COMMIT

@@ -64,12 +64,23 @@ describe('token errors', () => {
     await expectError('token_required', { method: 'PUT', url: '/v1/fences/k' });
   });
 
-  test.each(['-1', '1e3', '0x10', '+5', ' 5', '5 ', '', '1.0', '١٢', '99999999999999999999', '9223372036854775808', '18446744073709551615', 'abc'])(
-    'token %j gets 400 invalid_token',
-    async (token) => {
-      await expectError('invalid_token', putWith(token));
-    },
-  );
+  test.each([
+    '-1',
+    '1e3',
+    '0x10',
+    '+5',
+    ' 5',
+    '5 ',
+    '',
+    '1.0',
+    '١٢',
+    '99999999999999999999',
+    '9223372036854775808',
+    '18446744073709551615',
+    'abc',
+  ])('token %j gets 400 invalid_token', async (token) => {
+    await expectError('invalid_token', putWith(token));
+  });
 
   test('a stale token gets 409 stale_token with the fence, the token and the highest token', async () => {
     await app.inject(putWith('50', '/v1/objects/stale'));
@@ -105,7 +116,12 @@ describe('key errors', () => {
 
 describe('other errors', () => {
   test('a body over the limit gets 413 payload_too_large', async () => {
-    await expectError('payload_too_large', { method: 'PUT', url: '/v1/objects/big', headers: { 'fencing-token': '1' }, payload: Buffer.alloc(1025) });
+    await expectError('payload_too_large', {
+      method: 'PUT',
+      url: '/v1/objects/big',
+      headers: { 'fencing-token': '1' },
+      payload: Buffer.alloc(1025),
+    });
   });
 
   test('an unknown route or object gets 404 not_found', async () => {
@@ -117,7 +133,11 @@ describe('other errors', () => {
     await app.inject(putWith('3', '/v1/objects/cond'));
     await expectError('precondition_failed', putWith('3', '/v1/objects/cond', { 'if-none-match': '*' }));
     await expectError('precondition_failed', putWith('3', '/v1/objects/cond', { 'if-match': '"0.0"' }));
-    await expectError('precondition_failed', { method: 'DELETE', url: '/v1/objects/cond', headers: { 'fencing-token': '3', 'if-match': '"0.0"' } });
+    await expectError('precondition_failed', {
+      method: 'DELETE',
+      url: '/v1/objects/cond',
+      headers: { 'fencing-token': '3', 'if-match': '"0.0"' },
+    });
   });
 
   test('a malformed limit gets 400 invalid_query', async () => {
@@ -126,11 +146,19 @@ describe('other errors', () => {
   });
 
   test('a malformed request gets 400 bad_request', async () => {
-    await expectError('bad_request', { method: 'PUT', url: '/v1/objects/cl', headers: { 'fencing-token': '1', 'content-length': '10' }, payload: 'abc' });
+    await expectError('bad_request', {
+      method: 'PUT',
+      url: '/v1/objects/cl',
+      headers: { 'fencing-token': '1', 'content-length': '10' },
+      payload: 'abc',
+    });
   });
 
   test('an unreachable database gets 503 unavailable with Retry-After', async () => {
-    const pool = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`, connectionTimeoutMillis: 2000 });
+    const pool = new pg.Pool({
+      connectionString: `postgres://nobody:x@127.0.0.1:${await closedPort()}/none`,
+      connectionTimeoutMillis: 2000,
+    });
     pool.on('error', () => {});
     const down = testApp(pool);
     try {
@@ -182,7 +210,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     await expectError('forbidden', putWith('1', '/v1/objects/elsewhere', bearer(SECRET.writer)), secured);
   });
 
-  test('the forgery guard refuses a token that would raise a fence but is no leader\'s: 409 unverified_token', async () => {
+  test("the forgery guard refuses a token that would raise a fence but is no leader's: 409 unverified_token", async () => {
     await expectError('unverified_token', putWith('5', '/v1/fences/w%2Fguarded%2Ff', bearer(SECRET.writer)), secured);
   });
 
@@ -199,7 +227,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     await expectError('sql_timeout', tx([{ sql: 'SELECT pg_sleep(2)' }]), secured);
   });
 
-  test('transaction failures of the proxy\'s own: result_too_large, transactions_unavailable, commit_unknown', async () => {
+  test("transaction failures of the proxy's own: result_too_large, transactions_unavailable, commit_unknown", async () => {
     const small = securedApp(db.pool, role, { transactions: { clientRole: clientRoleFor(db.pool), maxResultBytes: 4096 } });
     const noRole = securedApp(db.pool, uniqueRole('missing'), { transactions: { clientRole: clientRoleFor(db.pool) } });
     // The transaction's connection goes through a TCP proxy that lets COMMIT reach Postgres and
@@ -228,7 +256,9 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     expect(big).toMatch(/^HTTP\/1\.1 431 /);
     expect(JSON.parse(big.slice(big.indexOf('\r\n\r\n') + 4)).error).toBe('headers_too_large');
     produced.add('headers_too_large');
-    const slow = await rawHttp(url, [`PUT /v1/objects/w%2Fslow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${SECRET.writer}\r\nFencing-Token: 1\r\nContent-Length: 10\r\n\r\nab`]);
+    const slow = await rawHttp(url, [
+      `PUT /v1/objects/w%2Fslow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${SECRET.writer}\r\nFencing-Token: 1\r\nContent-Length: 10\r\n\r\nab`,
+    ]);
     expect(slow).toMatch(/^HTTP\/1\.1 408 /);
     expect(JSON.parse(slow.slice(slow.indexOf('\r\n\r\n') + 4)).error).toBe('request_timeout');
     produced.add('request_timeout');
@@ -237,7 +267,12 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
 
 describe('browser errors (test/proxy/http/browser-guard.test.ts has the rest)', () => {
   test('a transaction not sent as JSON gets 415, a foreign Origin 403 forbidden_origin, an open proxy under a foreign name 403 forbidden_host', async () => {
-    await expectError('unsupported_media_type', { method: 'POST', url: '/v1/transactions', headers: { 'content-type': 'text/plain' }, payload: '{}' });
+    await expectError('unsupported_media_type', {
+      method: 'POST',
+      url: '/v1/transactions',
+      headers: { 'content-type': 'text/plain' },
+      payload: '{}',
+    });
     await expectError('forbidden_origin', { ...putWith('1'), headers: { 'fencing-token': '1', origin: 'https://evil.example' } });
     await expectError('forbidden_host', { ...putWith('1'), headers: { 'fencing-token': '1', host: 'evil.example:8080' } });
   });
@@ -259,7 +294,7 @@ test('a write while a failover could lose a fence raise, a synchronous standby r
   }
 });
 
-test('every registry code except internal is produced above, and the HTTP API doc\'s error table matches the registry', () => {
+test("every registry code except internal is produced above, and the HTTP API doc's error table matches the registry", () => {
   const codes = Object.keys(ERRORS) as ErrorCode[];
   expect(codes.filter((c) => c !== 'internal' && !produced.has(c))).toEqual([]);
   const doc = readFileSync(join(REPO, 'docs', 'http-api.md'), 'utf8');

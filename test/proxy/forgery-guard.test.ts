@@ -81,7 +81,12 @@ async function candidate(id: string): Promise<Election> {
 }
 
 const put = (fenceKey: string, token: bigint | string) =>
-  app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(fenceKey)}`, headers: { 'fencing-token': token.toString() }, payload: 'v' });
+  app.inject({
+    method: 'PUT',
+    url: `/v1/objects/${encodeURIComponent(fenceKey)}`,
+    headers: { 'fencing-token': token.toString() },
+    payload: 'v',
+  });
 const highest = async (fenceKey: string) =>
   (await db.pool.query('SELECT highest_token FROM fencepost.fences WHERE fence_key = $1', [fenceKey])).rows[0]?.highest_token ?? null;
 
@@ -127,7 +132,11 @@ describe('forgery guard with a real election', () => {
       expect(res.statusCode).toBe(409);
       expect(res.json()).toMatchObject({ error: 'unverified_token', electionPath });
     }
-    const del = await app.inject({ method: 'DELETE', url: '/v1/objects/orders%2F1', headers: { 'fencing-token': '9223372036854775807', 'fence-key': 'elsewhere/x' } });
+    const del = await app.inject({
+      method: 'DELETE',
+      url: '/v1/objects/orders%2F1',
+      headers: { 'fencing-token': '9223372036854775807', 'fence-key': 'elsewhere/x' },
+    });
     expect(del.json().error).toBe('unverified_token');
     expect(await highest('elsewhere/x')).toBeNull();
     // The leader still writes both.
@@ -135,7 +144,7 @@ describe('forgery guard with a real election', () => {
     expect((await put('orders/not-yet-written', tokenA)).statusCode).toBe(200);
   });
 
-  test('a queued candidate\'s sequence is not the leader\'s token: refused, and the leader keeps writing', async () => {
+  test("a queued candidate's sequence is not the leader's token: refused, and the leader keeps writing", async () => {
     b = await candidate('b');
     const seqB = BigInt(b.nodePath!.slice(-10));
     expect(seqB).toBeGreaterThan(tokenA);
@@ -143,7 +152,7 @@ describe('forgery guard with a real election', () => {
     expect((await put('orders/1', tokenA)).statusCode).toBe(200);
   });
 
-  test('a client without the elections\' credentials can neither plant a low-sequence candidate nor delete the leader\'s node, and the guard is not fooled', async () => {
+  test("a client without the elections' credentials can neither plant a low-sequence candidate nor delete the leader's node, and the guard is not fooled", async () => {
     const forger = await zk();
     const leaderNode = a.nodePath!;
     const plant = `${electionPath}/c_${randomUUID()}_1-0000000000`; // would sort before the leader (token 0 came and went)
@@ -182,7 +191,7 @@ describe('forgery guard with a real election', () => {
   });
 });
 
-test('the guard trusts no election path that others than the elections\' identity could write: a planted lowest node raises nothing', async () => {
+test("the guard trusts no election path that others than the elections' identity could write: a planted lowest node raises nothing", async () => {
   // Open to anyone (created without credentials, as before ZK_AUTH): the forger plants sequence 1.
   const forger = await zk();
   await forger.mkdirp(forged.open);
@@ -200,11 +209,16 @@ test('the guard trusts no election path that others than the elections\' identit
   await new Promise<void>((resolve, reject) => {
     const c = zookeeper.createClient(inject('zkConnect'));
     c.once('connected', () =>
-      c.setACL(forged.relocked, electionAcl(digestId(AUTH)).map((e) => new zookeeper.ACL(e.perms, new zookeeper.Id(e.scheme, e.id))), -1, (e) => {
-        c.close();
-        if (e) reject(e);
-        else resolve();
-      }),
+      c.setACL(
+        forged.relocked,
+        electionAcl(digestId(AUTH)).map((e) => new zookeeper.ACL(e.perms, new zookeeper.Id(e.scheme, e.id))),
+        -1,
+        (e) => {
+          c.close();
+          if (e) reject(e);
+          else resolve();
+        },
+      ),
     );
     c.connect();
   });
@@ -226,7 +240,12 @@ test('ZooKeeper unreachable: a raise gets 503 unavailable, writes that cannot ra
   const down = buildApp({
     store: new FenceStore(db.pool, STORE_DEFAULTS),
     bodyLimitBytes: 1024,
-    forgeryGuard: { zkConnect: `127.0.0.1:${await closedPort()}`, electionAuth: AUTH, mappings: [{ prefix: 'zk-down/', electionPath }], connectTimeoutMs: 300 },
+    forgeryGuard: {
+      zkConnect: `127.0.0.1:${await closedPort()}`,
+      electionAuth: AUTH,
+      mappings: [{ prefix: 'zk-down/', electionPath }],
+      connectTimeoutMs: 300,
+    },
   });
   try {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('zk-down/1', 50)`);
@@ -245,7 +264,13 @@ test('the guard checks the fence key a protected prefix resolves, also when Post
   // Objects under unguarded prefixes, fenced by guarded fence keys (under orders/).
   await protectPrefix(db.pool, 'guarded-jobs/', 'orders/jobs');
   await app.store.protectedPrefixes.refresh();
-  const forgedPut = (key: string) => app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': '9223372036854775807' }, payload: 'forged' });
+  const forgedPut = (key: string) =>
+    app.inject({
+      method: 'PUT',
+      url: `/v1/objects/${encodeURIComponent(key)}`,
+      headers: { 'fencing-token': '9223372036854775807' },
+      payload: 'forged',
+    });
   const res = await forgedPut('guarded-jobs/1');
   expect(res.statusCode, res.body).toBe(409);
   expect(res.json()).toMatchObject({ error: 'unverified_token', fenceKey: 'orders/jobs', electionPath });

@@ -26,7 +26,9 @@ describe('durability and graceful shutdown', () => {
       const client = async (c: number) => {
         for (let i = c; i < keys.length; i += 16) {
           const body = `value-${i}`;
-          const res = await fetch(`${first.url}/v1/objects/${keys[i]}`, { method: 'PUT', headers: { 'fencing-token': '1' }, body }).catch(() => null);
+          const res = await fetch(`${first.url}/v1/objects/${keys[i]}`, { method: 'PUT', headers: { 'fencing-token': '1' }, body }).catch(
+            () => null,
+          );
           if (res?.status === 200) acked.set(keys[i]!, body);
           else if (res && res.status !== 503) throw new Error(`unexpected ${res.status}`);
           if (acked.size >= 50 && !stopping) stopping = first.stop('SIGTERM');
@@ -70,7 +72,12 @@ describe('durability across a Postgres crash', () => {
       await Promise.all(
         Array.from({ length: 8 }, async (_, c) => {
           for (let i = c; i < 200; i += 8) {
-            const res = await app.inject({ method: 'PUT', url: `/v1/objects/crash-${i}`, headers: { 'fencing-token': '1' }, payload: `v${i}` });
+            const res = await app.inject({
+              method: 'PUT',
+              url: `/v1/objects/crash-${i}`,
+              headers: { 'fencing-token': '1' },
+              payload: `v${i}`,
+            });
             if (res.statusCode === 200) acked.push(`crash-${i}`);
           }
         }),
@@ -115,9 +122,13 @@ describe('migrations', () => {
   test('a database migrated by an older version (bookkeeping in public) is taken over, nothing applied twice', async () => {
     const old = await createTestDatabase();
     try {
-      await old.pool.query('ALTER TABLE fencepost.migrations SET SCHEMA public; ALTER TABLE public.migrations RENAME TO fencepost_migrations');
+      await old.pool.query(
+        'ALTER TABLE fencepost.migrations SET SCHEMA public; ALTER TABLE public.migrations RENAME TO fencepost_migrations',
+      );
       expect(await migrate(old.pool)).toEqual([]);
-      const { rows } = await old.pool.query(`SELECT to_regclass('public.fencepost_migrations') IS NOT NULL AS old, to_regclass('fencepost.migrations') IS NOT NULL AS new`);
+      const { rows } = await old.pool.query(
+        `SELECT to_regclass('public.fencepost_migrations') IS NOT NULL AS old, to_regclass('fencepost.migrations') IS NOT NULL AS new`,
+      );
       expect(rows[0]).toEqual({ old: false, new: true });
     } finally {
       await old.drop();
@@ -192,14 +203,28 @@ describe('bounded waits', () => {
       expect((await app.inject({ method: 'PUT', url: '/v1/fences/locked', headers: { 'fencing-token': '5' } })).statusCode).toBe(200);
       await holder.query('BEGIN');
       await holder.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'locked' FOR UPDATE`);
-      const res = await app.inject({ method: 'PUT', url: '/v1/objects/stuck', headers: { 'fencing-token': '6', 'fence-key': 'locked' }, payload: 'x' });
+      const res = await app.inject({
+        method: 'PUT',
+        url: '/v1/objects/stuck',
+        headers: { 'fencing-token': '6', 'fence-key': 'locked' },
+        payload: 'x',
+      });
       expect(res.statusCode).toBe(503);
       expect(res.json().error).toBe('unavailable');
       await holder.query('ROLLBACK');
       expect((await app.inject({ url: '/v1/objects/stuck' })).statusCode).toBe(404);
       expect((await app.inject({ url: '/v1/fences/locked' })).json().highestToken).toBe('5');
       // Once the lock is gone the same write goes through.
-      expect((await app.inject({ method: 'PUT', url: '/v1/objects/stuck', headers: { 'fencing-token': '6', 'fence-key': 'locked' }, payload: 'x' })).statusCode).toBe(200);
+      expect(
+        (
+          await app.inject({
+            method: 'PUT',
+            url: '/v1/objects/stuck',
+            headers: { 'fencing-token': '6', 'fence-key': 'locked' },
+            payload: 'x',
+          })
+        ).statusCode,
+      ).toBe(200);
     } finally {
       holder.release();
       await app.close();

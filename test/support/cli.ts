@@ -6,7 +6,8 @@ import { BIN } from './proxy.ts';
 /** Runs `fencepost …args` to the end; DATABASE_URL and the like come only from `env`. */
 export function run(args: string[], env: Record<string, string> = {}, timeout = 60_000): SpawnSyncReturns<string> {
   const base = { ...process.env };
-  for (const name of ['DATABASE_URL', 'PORT', 'HOST', 'ZK_CONNECT', 'ZK_AUTH', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_DATA_DIR']) delete base[name];
+  for (const name of ['DATABASE_URL', 'PORT', 'HOST', 'ZK_CONNECT', 'ZK_AUTH', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_DATA_DIR'])
+    delete base[name];
   return spawnSync(process.execPath, [BIN, ...args], { env: { ...base, FENCEPOST_LOG_LEVEL: 'warn', ...env }, encoding: 'utf8', timeout });
 }
 

@@ -16,7 +16,10 @@ export interface TestDatabase {
  */
 export function clientRoleFor(databaseUrlOrPool: string | pg.Pool): string {
   // A pool made from a URL keeps it; createPool's keeps the parsed settings (src/fence/database-url.ts).
-  const options = typeof databaseUrlOrPool === 'string' ? { connectionString: databaseUrlOrPool } : (databaseUrlOrPool as unknown as { options: { connectionString?: string; database?: string } }).options;
+  const options =
+    typeof databaseUrlOrPool === 'string'
+      ? { connectionString: databaseUrlOrPool }
+      : (databaseUrlOrPool as unknown as { options: { connectionString?: string; database?: string } }).options;
   const name = options.connectionString !== undefined ? new URL(options.connectionString).pathname.slice(1) : (options.database ?? '');
   return `fpc_${name.replace(/^fp_test_/, '').replace(/[^a-z0-9_]/g, '_')}`.slice(0, 40);
 }
@@ -46,7 +49,9 @@ export async function createTestDatabase(opts: { migrate?: boolean; poolSize?: n
       const a = new pg.Client({ connectionString: adminUrl });
       await a.connect();
       await a.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      const { rows } = await a.query<{ rolname: string }>(`SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1)`, [clientRoleFor(url)]);
+      const { rows } = await a.query<{ rolname: string }>(`SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1)`, [
+        clientRoleFor(url),
+      ]);
       for (const r of rows) await a.query(`DROP ROLE IF EXISTS ${pg.escapeIdentifier(r.rolname)}`);
       await a.end();
     },

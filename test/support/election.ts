@@ -96,7 +96,11 @@ export async function killSession(connect: string, session: ZkSession): Promise<
   const lost = new Promise<void>((resolve) => session.once('lost', () => resolve()));
   for (let attempt = 0; attempt < 10; attempt++) {
     if (session.state === 'lost') return;
-    const client = zookeeper.createClient(connect, { sessionId: id, sessionPassword: password, sessionTimeout: session.negotiatedTimeoutMs });
+    const client = zookeeper.createClient(connect, {
+      sessionId: id,
+      sessionPassword: password,
+      sessionTimeout: session.negotiatedTimeoutMs,
+    });
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error('killSession: could not attach to the session')), 10_000);
       client.once('connected', () => {

@@ -12,7 +12,10 @@ export const ETCDCTL = process.env.ETCDCTL ?? 'etcdctl';
 
 /** null when both binaries run, else a message naming what to install. */
 export function etcdInstalled(): string | null {
-  for (const [bin, arg] of [[ETCD, '--version'], [ETCDCTL, 'version']] as const) {
+  for (const [bin, arg] of [
+    [ETCD, '--version'],
+    [ETCDCTL, 'version'],
+  ] as const) {
     if (spawnSync(bin, [arg], { encoding: 'utf8' }).error !== undefined) {
       return `${bin} is not installed: run scripts/setup.sh --test (apt-get install etcd-server etcd-client)`;
     }
@@ -48,21 +51,36 @@ export async function startEtcd(opts: { log?: (line: string) => void; attempts?:
   );
 }
 
-async function startOnce(dir: string, clientPort: number, peerPort: number, log: (line: string) => void, timeoutMs: number): Promise<LocalEtcd> {
+async function startOnce(
+  dir: string,
+  clientPort: number,
+  peerPort: number,
+  log: (line: string) => void,
+  timeoutMs: number,
+): Promise<LocalEtcd> {
   const endpoint = `http://127.0.0.1:${clientPort}`;
   const peer = `http://127.0.0.1:${peerPort}`;
   const child: ChildProcess = spawn(
     ETCD,
     [
-      '--name', 'test',
-      '--data-dir', join(dir, 'data'),
-      '--listen-client-urls', endpoint,
-      '--advertise-client-urls', endpoint,
-      '--listen-peer-urls', peer,
-      '--initial-advertise-peer-urls', peer,
-      '--initial-cluster', `test=${peer}`,
-      '--logger', 'zap',
-      '--log-level', 'warn',
+      '--name',
+      'test',
+      '--data-dir',
+      join(dir, 'data'),
+      '--listen-client-urls',
+      endpoint,
+      '--advertise-client-urls',
+      endpoint,
+      '--listen-peer-urls',
+      peer,
+      '--initial-advertise-peer-urls',
+      peer,
+      '--initial-cluster',
+      `test=${peer}`,
+      '--logger',
+      'zap',
+      '--log-level',
+      'warn',
     ],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );

@@ -88,7 +88,9 @@ export const sqlTest = roleTest
     onCleanup(() => sql.close());
     for (const t of clientTables) {
       await db.pool.query(`CREATE TABLE ${t.definition}`);
-      await db.pool.query(`GRANT ${t.privileges} ON ${t.definition.slice(0, t.definition.indexOf('(')).trim()} TO ${clientRoleFor(db.url)}`);
+      await db.pool.query(
+        `GRANT ${t.privileges} ON ${t.definition.slice(0, t.definition.indexOf('(')).trim()} TO ${clientRoleFor(db.url)}`,
+      );
     }
     return sql;
   });

@@ -30,7 +30,9 @@ function newest(path: string): number {
 /** dist/ was built after every input of `npm run build` last changed. */
 function distIsFresh(root: string): boolean {
   const built = newest(join(root, 'dist', 'cli', 'main.js'));
-  const inputs = ['src', 'types', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'scripts/copy-assets.mjs'].map((p) => newest(join(root, p)));
+  const inputs = ['src', 'types', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'scripts/copy-assets.mjs'].map((p) =>
+    newest(join(root, p)),
+  );
   return built > 0 && built >= Math.max(...inputs);
 }
 
@@ -39,7 +41,8 @@ export default async function setup(project: TestProject): Promise<() => Promise
   // unless it is newer than all of them (npm ci has just built it; FENCEPOST_TEST_SKIP_BUILD=1
   // skips the check too).
   const root = join(import.meta.dirname, '..', '..');
-  if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1' && !distIsFresh(root)) execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'inherit' });
+  if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1' && !distIsFresh(root))
+    execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'inherit' });
   let pg: RunningPostgres | undefined;
   let zk: LocalZooKeeper | undefined;
   let pgDir: string | undefined;

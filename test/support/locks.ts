@@ -9,7 +9,10 @@ export async function backendPid(client: pg.Client | pg.PoolClient): Promise<num
 
 /** Backends that wait on a lock held by `pid` (pg_blocking_pids), in pid order. */
 export async function waitersOn(pool: pg.Pool, pid: number): Promise<number[]> {
-  const { rows } = await pool.query<{ pid: number }>('SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) ORDER BY pid', [pid]);
+  const { rows } = await pool.query<{ pid: number }>(
+    'SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) ORDER BY pid',
+    [pid],
+  );
   return rows.map((r) => r.pid);
 }
 
@@ -40,7 +43,12 @@ export function settled<T>(p: Promise<T>): { done: boolean } {
  * name a reason to stop (what should be waiting has already settled): then this throws it. Gives
  * up after `limit` polls, 20 ms apart; the bound only keeps a broken test from hanging.
  */
-export async function pollUntil<T>(what: string, probe: () => Promise<T | undefined>, failIf: () => string | null = () => null, limit = 1000): Promise<T> {
+export async function pollUntil<T>(
+  what: string,
+  probe: () => Promise<T | undefined>,
+  failIf: () => string | null = () => null,
+  limit = 1000,
+): Promise<T> {
   for (let i = 0; i < limit; i++) {
     const reason = failIf();
     if (reason !== null) throw new Error(`${what}: ${reason}`);

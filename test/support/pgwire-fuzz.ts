@@ -141,19 +141,45 @@ const DO_COMMIT = `DO $$BEGIN PERFORM set_config('default_transaction_read_only'
  * session that claims the current token may write (open mode has no forgery guard).
  */
 export const TRANSACTION_CONTROL = [
-  'BEGIN', 'BEGIN READ WRITE', 'START TRANSACTION', 'START TRANSACTION READ WRITE', 'BEGIN ISOLATION LEVEL SERIALIZABLE',
-  'COMMIT', 'END', 'ROLLBACK', 'ABORT', 'COMMIT AND CHAIN', 'ROLLBACK AND CHAIN',
-  'SAVEPOINT a', 'RELEASE a', 'ROLLBACK TO a',
-  "PREPARE TRANSACTION 'fz'", "COMMIT PREPARED 'fz'", "ROLLBACK PREPARED 'fz'",
+  'BEGIN',
+  'BEGIN READ WRITE',
+  'START TRANSACTION',
+  'START TRANSACTION READ WRITE',
+  'BEGIN ISOLATION LEVEL SERIALIZABLE',
+  'COMMIT',
+  'END',
+  'ROLLBACK',
+  'ABORT',
+  'COMMIT AND CHAIN',
+  'ROLLBACK AND CHAIN',
+  'SAVEPOINT a',
+  'RELEASE a',
+  'ROLLBACK TO a',
+  "PREPARE TRANSACTION 'fz'",
+  "COMMIT PREPARED 'fz'",
+  "ROLLBACK PREPARED 'fz'",
 ];
 export const SETTINGS = [
-  'SET default_transaction_read_only = off', 'SET transaction_read_only = off', 'SET TRANSACTION READ WRITE',
+  'SET default_transaction_read_only = off',
+  'SET transaction_read_only = off',
+  'SET TRANSACTION READ WRITE',
   'SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE',
-  "SELECT set_config('default_transaction_read_only', 'off', false)", "SELECT set_config('transaction_read_only', 'off', true)",
-  "SET fencepost.token = '5'", "SET fencepost.token = '3'", "SET fencepost.token = 'x'", 'RESET fencepost.token',
-  `SET fencepost.fence_key = '${FENCE_KEY}'`, `SET fencepost.fence_key = '${OTHER_KEY}'`, "SELECT set_config('fencepost.token', '5', false)",
+  "SELECT set_config('default_transaction_read_only', 'off', false)",
+  "SELECT set_config('transaction_read_only', 'off', true)",
+  "SET fencepost.token = '5'",
+  "SET fencepost.token = '3'",
+  "SET fencepost.token = 'x'",
+  'RESET fencepost.token',
+  `SET fencepost.fence_key = '${FENCE_KEY}'`,
+  `SET fencepost.fence_key = '${OTHER_KEY}'`,
+  "SELECT set_config('fencepost.token', '5', false)",
   "SELECT set_config('fencepost.fenced', repeat('a', 64), true)",
-  'RESET ALL', 'DISCARD ALL', 'DISCARD TEMP', 'DEALLOCATE ALL', 'SET standard_conforming_strings = off', 'SET ROLE NONE',
+  'RESET ALL',
+  'DISCARD ALL',
+  'DISCARD TEMP',
+  'DEALLOCATE ALL',
+  'SET standard_conforming_strings = off',
+  'SET ROLE NONE',
 ];
 export const WRITES = [
   `INSERT INTO ${GUARDED} VALUES (10, 'fz')`,
@@ -174,8 +200,18 @@ export const WRITES = [
   `COPY ${OPEN} FROM STDIN`,
 ];
 export const OTHERS = [
-  'SELECT 1', `SELECT count(*) FROM ${GUARDED}`, `VACUUM ${GUARDED}`, 'CHECKPOINT', `LOCK TABLE ${GUARDED}`,
-  'SELEC 1', `INSERT INTO ${GUARDED} VALUES (13, 'unterminated`, 'SELECT $$', 'COMMIT; SELEC', '', ';', '-- nothing',
+  'SELECT 1',
+  `SELECT count(*) FROM ${GUARDED}`,
+  `VACUUM ${GUARDED}`,
+  'CHECKPOINT',
+  `LOCK TABLE ${GUARDED}`,
+  'SELEC 1',
+  `INSERT INTO ${GUARDED} VALUES (13, 'unterminated`,
+  'SELECT $$',
+  'COMMIT; SELEC',
+  '',
+  ';',
+  '-- nothing',
 ];
 export const STATEMENTS = [...TRANSACTION_CONTROL, ...SETTINGS, ...WRITES, ...OTHERS];
 
@@ -202,10 +238,26 @@ const copyTail: fc.Arbitrary<FuzzMessage[]> = fc
 
 const single: fc.Arbitrary<FuzzMessage> = fc.oneof(
   { weight: 5, arbitrary: queryText.map((sql): FuzzMessage => ({ type: 'Query', sql })) },
-  { weight: 5, arbitrary: fc.record({ name: stmtName, sql: fc.oneof({ weight: 6, arbitrary: statement }, { weight: 1, arbitrary: multiStatement }) }).map((r): FuzzMessage => ({ type: 'Parse', ...r })) },
-  { weight: 5, arbitrary: fc.record({ portal: portalName, statement: stmtName, values: fc.constantFrom<string[]>([], [], ['7'], ['1', '2', '3', '4']) }).map((r): FuzzMessage => ({ type: 'Bind', ...r })) },
-  { weight: 2, arbitrary: fc.record({ target, name: fc.oneof(stmtName, portalName) }).map((r): FuzzMessage => ({ type: 'Describe', ...r })) },
-  { weight: 5, arbitrary: fc.record({ portal: portalName, maxRows: fc.constantFrom(0, 0, 1) }).map((r): FuzzMessage => ({ type: 'Execute', ...r })) },
+  {
+    weight: 5,
+    arbitrary: fc
+      .record({ name: stmtName, sql: fc.oneof({ weight: 6, arbitrary: statement }, { weight: 1, arbitrary: multiStatement }) })
+      .map((r): FuzzMessage => ({ type: 'Parse', ...r })),
+  },
+  {
+    weight: 5,
+    arbitrary: fc
+      .record({ portal: portalName, statement: stmtName, values: fc.constantFrom<string[]>([], [], ['7'], ['1', '2', '3', '4']) })
+      .map((r): FuzzMessage => ({ type: 'Bind', ...r })),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({ target, name: fc.oneof(stmtName, portalName) }).map((r): FuzzMessage => ({ type: 'Describe', ...r })),
+  },
+  {
+    weight: 5,
+    arbitrary: fc.record({ portal: portalName, maxRows: fc.constantFrom(0, 0, 1) }).map((r): FuzzMessage => ({ type: 'Execute', ...r })),
+  },
   { weight: 2, arbitrary: fc.record({ target, name: fc.oneof(stmtName, portalName) }).map((r): FuzzMessage => ({ type: 'Close', ...r })) },
   { weight: 1, arbitrary: fc.constant<FuzzMessage>({ type: 'Flush' }) },
   { weight: 4, arbitrary: fc.constant<FuzzMessage>({ type: 'Sync' }) },
@@ -228,7 +280,15 @@ const pbe: fc.Arbitrary<FuzzMessage[]> = fc
 
 /** A simple Query that starts COPY FROM STDIN, and what follows it. */
 const copyQuery: fc.Arbitrary<FuzzMessage[]> = fc
-  .tuple(fc.constantFrom(`COPY ${GUARDED} FROM STDIN`, `BEGIN; COPY ${GUARDED} FROM STDIN`, `COPY ${OPEN} FROM STDIN`, `SET default_transaction_read_only = off; COPY ${GUARDED} FROM STDIN`), copyTail)
+  .tuple(
+    fc.constantFrom(
+      `COPY ${GUARDED} FROM STDIN`,
+      `BEGIN; COPY ${GUARDED} FROM STDIN`,
+      `COPY ${OPEN} FROM STDIN`,
+      `SET default_transaction_read_only = off; COPY ${GUARDED} FROM STDIN`,
+    ),
+    copyTail,
+  )
   .map(([sql, tail]) => [{ type: 'Query', sql }, ...tail]);
 
 /** asyncpg's prepare(): Parse, Describe, Flush (no Sync), then a simple Query in the same transaction. */
@@ -243,7 +303,10 @@ const prepareThenQuery: fc.Arbitrary<FuzzMessage[]> = fc
 
 /** psycopg 3: BEGIN in a group of its own, then a statement (a SET of the fence's settings among them) in the block. */
 const beginGroupThen: fc.Arbitrary<FuzzMessage[]> = fc
-  .record({ sql: fc.oneof(statement, fc.constantFrom("SET fencepost.token = '5'", `SET fencepost.fence_key = '${OTHER_KEY}'`)), simple: fc.boolean() })
+  .record({
+    sql: fc.oneof(statement, fc.constantFrom("SET fencepost.token = '5'", `SET fencepost.fence_key = '${OTHER_KEY}'`)),
+    simple: fc.boolean(),
+  })
   .map((r): FuzzMessage[] => [
     { type: 'Parse', name: '', sql: 'BEGIN' },
     { type: 'Bind', portal: '', statement: '', values: [] },
@@ -251,7 +314,12 @@ const beginGroupThen: fc.Arbitrary<FuzzMessage[]> = fc
     { type: 'Sync' },
     ...(r.simple
       ? [{ type: 'Query', sql: r.sql } as const]
-      : ([{ type: 'Parse', name: '', sql: r.sql }, { type: 'Bind', portal: '', statement: '', values: r.sql.includes('$1') ? ['7'] : [] }, { type: 'Execute', portal: '', maxRows: 0 }, { type: 'Sync' }] as FuzzMessage[])),
+      : ([
+          { type: 'Parse', name: '', sql: r.sql },
+          { type: 'Bind', portal: '', statement: '', values: r.sql.includes('$1') ? ['7'] : [] },
+          { type: 'Execute', portal: '', maxRows: 0 },
+          { type: 'Sync' },
+        ] as FuzzMessage[])),
   ]);
 
 /** A sequence of at most `maxMessages` messages, built from single messages and driver-like units. */
@@ -333,7 +401,10 @@ export class FuzzStats {
   }
 
   summary(): string {
-    const codes = [...this.errors.entries()].sort((a, b) => b[1] - a[1]).map(([c, n]) => `${c}×${n}`).join(' ');
+    const codes = [...this.errors.entries()]
+      .sort((a, b) => b[1] - a[1])
+      .map(([c, n]) => `${c}×${n}`)
+      .join(' ');
     return `${this.cases} cases, ${this.messages} messages; errors ${codes || 'none'}; closed early ${this.closedEarly}, stalled ${this.stalled}, lingering backends ${this.lingeringBackends}`;
   }
 }
@@ -373,7 +444,10 @@ class RawSession {
       this.reader.push(chunk);
       try {
         for (let f = this.reader.next(); f !== null; f = this.reader.next()) {
-          if (trace) trace(`< ${f.type}${f.type === 'E' || f.type === 'N' ? ' ' + (parseErrorFields(f.body).get('C') ?? '') + ' ' + (parseErrorFields(f.body).get('M') ?? '') : f.type === 'Z' || f.type === 'C' ? ' ' + f.body.toString('utf8', 0, f.body.length - (f.type === 'C' ? 1 : 0)) : ''}`);
+          if (trace)
+            trace(
+              `< ${f.type}${f.type === 'E' || f.type === 'N' ? ' ' + (parseErrorFields(f.body).get('C') ?? '') + ' ' + (parseErrorFields(f.body).get('M') ?? '') : f.type === 'Z' || f.type === 'C' ? ' ' + f.body.toString('utf8', 0, f.body.length - (f.type === 'C' ? 1 : 0)) : ''}`,
+            );
           if (f.type === 'E') stats.noteError(parseErrorFields(f.body).get('C') ?? '?');
           this.lastType = f.type;
           this.lastAt = Date.now();
@@ -398,12 +472,26 @@ class RawSession {
     for (const w of this.waiters.splice(0)) w();
   }
 
-  static async open(target: FuzzTarget, user: string, options: string | null, stats: FuzzStats, trace?: (line: string) => void): Promise<RawSession> {
+  static async open(
+    target: FuzzTarget,
+    user: string,
+    options: string | null,
+    stats: FuzzStats,
+    trace?: (line: string) => void,
+  ): Promise<RawSession> {
     const socket = tcp({ host: target.host, port: target.port });
     socket.setNoDelay(true);
     await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject));
     const session = new RawSession(socket, stats, trace);
-    const params = ['user', user, 'database', target.database, 'application_name', 'fencepost-fuzz', ...(options === null ? [] : ['options', options])];
+    const params = [
+      'user',
+      user,
+      'database',
+      target.database,
+      'application_name',
+      'fencepost-fuzz',
+      ...(options === null ? [] : ['options', options]),
+    ];
     socket.write(message('', 196608, ...params, Buffer.from([0])));
     await session.until(() => session.readies >= 1 || session.closed, 10_000);
     if (session.readies < 1) throw new Error('the SQL endpoint did not finish the startup');
@@ -453,7 +541,12 @@ let caseNo = 0;
  * `openTable`: also hold stale and tokenless sessions that passed no fence to the unprotected
  * table (the proxy's own fence, no trigger behind it).
  */
-export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats, opts: RunOptions & { openTable?: boolean; nothingLands?: boolean } = {}): Promise<void> {
+export async function runCase(
+  target: FuzzTarget,
+  c: FuzzCase,
+  stats: FuzzStats,
+  opts: RunOptions & { openTable?: boolean; nothingLands?: boolean } = {},
+): Promise<void> {
   const otherKey = `fuzz/other/${process.pid}/${++caseNo}`;
   const before = await snapshot(target.pool);
   if (before.prepared.length > 0) {
@@ -471,7 +564,11 @@ export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats,
   // everything before it (a Terminate closes the session at once, and what the backend had not
   // read yet would be lost). Then Terminate.
   const marker = `fuzz-end-${caseNo}`;
-  const end = Buffer.concat([serialize.copyFail('fuzz case over'), encode({ type: 'sync' }), encode({ type: 'query', text: `SELECT '${marker}'` })]);
+  const end = Buffer.concat([
+    serialize.copyFail('fuzz case over'),
+    encode({ type: 'sync' }),
+    encode({ type: 'query', text: `SELECT '${marker}'` }),
+  ]);
   const write = async (b: Buffer) => {
     session.write(b);
     if (c.delivery !== 'pipelined') await new Promise((r) => setImmediate(r));
@@ -489,7 +586,7 @@ export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats,
   // last answer is a ReadyForQuery and 100 ms pass without another.
   const closeWaitMs = opts.closeWaitMs ?? 1500;
   const quiet = () => session.lastType === 'Z' && Date.now() - session.lastAt >= 100;
-  for (const deadline = Date.now() + closeWaitMs; Date.now() < deadline; ) {
+  for (const deadline = Date.now() + closeWaitMs; Date.now() < deadline;) {
     if (await session.until(() => session.saw(marker) || session.closed || quiet(), 50)) break;
   }
   session.write(message('X'));
@@ -502,7 +599,8 @@ export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats,
   }
   const lingered = stats.lingeringBackends;
   await waitForBackends(target, stats, opts.lingerMs ?? 5000, opts.trace);
-  if (stats.lingeringBackends > lingered && stats.lingeringCases.length < 5) stats.lingeringCases.push(`${c.session} (${c.delivery}${closed ? '' : ', stalled'}):\n${describeMessages(c.messages)}`);
+  if (stats.lingeringBackends > lingered && stats.lingeringCases.length < 5)
+    stats.lingeringCases.push(`${c.session} (${c.delivery}${closed ? '' : ', stalled'}):\n${describeMessages(c.messages)}`);
   const after = await snapshot(target.pool);
   const problems: string[] = [];
   if (after.prepared.length > 0) {
@@ -510,15 +608,24 @@ export async function runCase(target: FuzzTarget, c: FuzzCase, stats: FuzzStats,
     problems.push(`a prepared transaction was left behind: ${after.prepared.join(', ')} (rolled back)`);
   }
   if (after.highest !== before.highest) problems.push(`the fence moved: highest token ${before.highest} → ${after.highest}`);
-  if (c.session !== 'current' && after.guarded !== before.guarded) problems.push(`the protected table changed: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`);
+  if (c.session !== 'current' && after.guarded !== before.guarded)
+    problems.push(`the protected table changed: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`);
   // A stale or tokenless session that never passed a fence (it may pass the case's fresh other key's
   // with SET, which then has a row) writes nothing anywhere: the proxy's own fence, no trigger.
-  if (opts.openTable && (c.session === 'stale' || c.session === 'tokenless') && after.open !== before.open && !(await fenceExists(target.pool, otherKey))) {
+  if (
+    opts.openTable &&
+    (c.session === 'stale' || c.session === 'tokenless') &&
+    after.open !== before.open &&
+    !(await fenceExists(target.pool, otherKey))
+  ) {
     problems.push(`the unprotected table got ${after.open - before.open} rows from a session that passed no fence`);
   }
   // The proxy refuses every write (FENCEPOST_REQUIRE_SYNC_STANDBY while unsafe): whatever the session, nothing lands, no fence is made.
   if (opts.nothingLands) {
-    if (c.session === 'current' && after.guarded !== before.guarded) problems.push(`the protected table changed while writes are refused: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`);
+    if (c.session === 'current' && after.guarded !== before.guarded)
+      problems.push(
+        `the protected table changed while writes are refused: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`,
+      );
     if (after.open !== before.open) problems.push(`the unprotected table got ${after.open - before.open} rows while writes are refused`);
     if (await fenceExists(target.pool, otherKey)) problems.push('a fence was made while writes are refused');
   }
@@ -581,7 +688,12 @@ export interface FuzzRunOptions {
 /** Runs the property; rejects with fast-check's report (seed, path, the shrunk counterexample) on a violation. */
 export async function assertFuzz(target: FuzzTarget, o: FuzzRunOptions): Promise<void> {
   const property = fc.asyncProperty(fuzzCase(o.sessions, o.maxMessages), (c) =>
-    runCase(target, c, o.stats, { openTable: o.openTable ?? false, nothingLands: o.nothingLands ?? false, ...(o.closeWaitMs !== undefined ? { closeWaitMs: o.closeWaitMs } : {}), ...(o.lingerMs !== undefined ? { lingerMs: o.lingerMs } : {}) }),
+    runCase(target, c, o.stats, {
+      openTable: o.openTable ?? false,
+      nothingLands: o.nothingLands ?? false,
+      ...(o.closeWaitMs !== undefined ? { closeWaitMs: o.closeWaitMs } : {}),
+      ...(o.lingerMs !== undefined ? { lingerMs: o.lingerMs } : {}),
+    }),
   );
   await fc.assert(property, {
     seed: o.seed,
@@ -634,5 +746,13 @@ export const PREPARE_FINDS: readonly { name: string; case: FuzzCase }[] = [
       ],
     },
   },
-  { name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'", case: { session: 'tokenless', delivery: 'pipelined', pieces: [1], messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }] } },
+  {
+    name: "tokenless: Query BEGIN; PREPARE TRANSACTION 'fz'",
+    case: {
+      session: 'tokenless',
+      delivery: 'pipelined',
+      pieces: [1],
+      messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }],
+    },
+  },
 ];

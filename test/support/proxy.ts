@@ -16,7 +16,10 @@ import type { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
 
-export function testApp(pool: pg.Pool, opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number; protectedPrefixRefreshMs?: number; durability?: DurabilityMonitor } = {}): FastifyInstance {
+export function testApp(
+  pool: pg.Pool,
+  opts: Partial<FenceStoreOptions> & { bodyLimitBytes?: number; protectedPrefixRefreshMs?: number; durability?: DurabilityMonitor } = {},
+): FastifyInstance {
   const { bodyLimitBytes, protectedPrefixRefreshMs, durability, ...store } = opts;
   return buildApp({
     store: new FenceStore(pool, { ...STORE_DEFAULTS, ...store }),
@@ -50,7 +53,10 @@ export interface SpawnProxyOptions {
 }
 
 /** GET over HTTPS trusting `ca`; also reports the certificate the server presented. */
-export function httpsGet(url: string, ca: string | Buffer | Array<string | Buffer>): Promise<{ status: number; body: string; fingerprint256: string }> {
+export function httpsGet(
+  url: string,
+  ca: string | Buffer | Array<string | Buffer>,
+): Promise<{ status: number; body: string; fingerprint256: string }> {
   return new Promise((resolve, reject) => {
     const req = httpsRequest(url, { ca, agent: false }, (res) => {
       const fingerprint256 = (res.socket as TLSSocket).getPeerCertificate().fingerprint256;
@@ -75,7 +81,14 @@ export async function readyUrl(child: ChildProcess, output: () => string, timeou
     if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${output()}`);
     const ports = listeningPorts(output(), false);
     const url = ports === null ? null : `http://127.0.0.1:${ports.http}`;
-    if (url !== null && (await fetch(`${url}/readyz`).then((r) => r.ok, () => false))) return url;
+    if (
+      url !== null &&
+      (await fetch(`${url}/readyz`).then(
+        (r) => r.ok,
+        () => false,
+      ))
+    )
+      return url;
     if (Date.now() > deadline) throw new Error(`fencepost serve not ready after ${timeoutMs} ms:\n${output()}`);
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -87,8 +100,16 @@ export async function readyUrl(child: ChildProcess, output: () => string, timeou
  * endpoint), read back from its listening lines (so it logs at info at least). `fenceMode` other
  * than strict runs the harness's serve with a broken fence instead (tools/unsafe-fence.ts).
  */
-export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000, fenceMode: FenceMode = 'strict', opts: SpawnProxyOptions = {}): Promise<ProxyProcess> {
-  const args = fenceMode === 'strict' ? [opts.bin ?? BIN, 'serve'] : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
+export async function spawnProxy(
+  env: Record<string, string>,
+  timeoutMs = 60_000,
+  fenceMode: FenceMode = 'strict',
+  opts: SpawnProxyOptions = {},
+): Promise<ProxyProcess> {
+  const args =
+    fenceMode === 'strict'
+      ? [opts.bin ?? BIN, 'serve']
+      : ['--import', 'tsx', join(REPO, 'tools', 'cli.ts'), 'serve', '--fence-mode', fenceMode];
   const child = spawn(process.execPath, args, {
     env: {
       ...process.env,
@@ -113,8 +134,14 @@ export async function spawnProxy(env: Record<string, string>, timeoutMs = 60_000
     if (ports !== null) {
       url = `${opts.https ? 'https' : 'http'}://127.0.0.1:${ports.http}`;
       const ok = opts.https
-        ? await httpsGet(`${url}/readyz`, opts.https.ca).then((r) => r.status === 200, () => false)
-        : await fetch(`${url}/readyz`).then((r) => r.ok, () => false);
+        ? await httpsGet(`${url}/readyz`, opts.https.ca).then(
+            (r) => r.status === 200,
+            () => false,
+          )
+        : await fetch(`${url}/readyz`).then(
+            (r) => r.ok,
+            () => false,
+          );
       if (ok) break;
     }
     if (Date.now() > deadline) {

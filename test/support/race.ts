@@ -47,7 +47,17 @@ export async function runRace(opts: RaceOptions): Promise<RaceRecord[]> {
         body,
       });
       const json = (await res.json()) as { version?: number };
-      records.push({ writer: w, url, objectKey, token, body, sentAt, ackedAt: performance.now(), status: res.status, version: res.status === 200 ? (json.version ?? null) : null });
+      records.push({
+        writer: w,
+        url,
+        objectKey,
+        token,
+        body,
+        sentAt,
+        ackedAt: performance.now(),
+        status: res.status,
+        version: res.status === 200 ? (json.version ?? null) : null,
+      });
     }
   };
   await Promise.all(Array.from({ length: opts.writers }, (_, w) => writer(w)));

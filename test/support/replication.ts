@@ -65,7 +65,9 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     await client.connect();
     try {
       for (let i = 0; ; i++) {
-        const { rows } = await client.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName]);
+        const { rows } = await client.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [
+          standbyName,
+        ]);
         if (rows.length > 0) break;
         if (child.exitCode !== null || i > 300) throw new Error(`standby did not start streaming:\n${output()}`);
         await new Promise((r) => setTimeout(r, 100));
@@ -83,7 +85,10 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
     url = primary.url;
     const { username, password } = new URL(url);
     writeFileSync(join(standbyDir, 'standby.signal'), '');
-    appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${primary.port} user=${username} password=${password} application_name=${standbyName}'\n`);
+    appendFileSync(
+      join(standbyDir, 'postgresql.auto.conf'),
+      `primary_conninfo = 'host=127.0.0.1 port=${primary.port} user=${username} password=${password} application_name=${standbyName}'\n`,
+    );
     await startOnFreePort((port) => startStandby(port));
     const standbyUrl = new URL(url);
     standbyUrl.port = String(standbyPort);
@@ -94,7 +99,16 @@ export async function startReplicatedPostgres(standbyName: string): Promise<Repl
       paused?.resume();
       paused = null;
     };
-    return { url, standbyUrl: standbyUrl.toString(), standbyName, pauseStandby, resumeStandby, stopStandby, startStandby: () => startStandby(), stop };
+    return {
+      url,
+      standbyUrl: standbyUrl.toString(),
+      standbyName,
+      pauseStandby,
+      resumeStandby,
+      stopStandby,
+      startStandby: () => startStandby(),
+      stop,
+    };
   } catch (err) {
     await stop().catch(() => {});
     throw err;
@@ -118,7 +132,10 @@ export async function setSynchronousStandbyNames(repl: ReplicatedPostgres, names
     await client.query(`ALTER SYSTEM SET synchronous_standby_names = ${pg.escapeLiteral(names)}`);
     await client.query('SELECT pg_reload_conf()');
     for (let i = 0; ; i++) {
-      const { rows } = await client.query<{ sync_state: string }>('SELECT sync_state FROM pg_stat_replication WHERE application_name = $1', [repl.standbyName]);
+      const { rows } = await client.query<{ sync_state: string }>(
+        'SELECT sync_state FROM pg_stat_replication WHERE application_name = $1',
+        [repl.standbyName],
+      );
       if (rows[0]?.sync_state === state) return;
       if (i > 300) throw new Error(`the standby's sync_state stayed ${rows[0]?.sync_state}, expected ${state}`);
       await new Promise((r) => setTimeout(r, 100));
@@ -174,7 +191,10 @@ export async function stallStandby(repl: Pick<ReplicatedPostgres, 'standbyUrl'>)
  * `database` on it, with a table `public.items (id int PRIMARY KEY, v text)` for the writers'
  * rows; its pool is the owner's. Stopped with the pair (`repl.stop()`).
  */
-export async function startSynchronousDatabase(standbyName: string, database: string): Promise<{ repl: ReplicatedPostgres; db: TestDatabase }> {
+export async function startSynchronousDatabase(
+  standbyName: string,
+  database: string,
+): Promise<{ repl: ReplicatedPostgres; db: TestDatabase }> {
   const repl = await startReplicatedPostgres(standbyName);
   const admin = new pg.Client({ connectionString: repl.url });
   await admin.connect();
@@ -204,9 +224,12 @@ export async function syncRepWaiters(url: string, n = 1, timeoutMs = 20_000): Pr
   try {
     const until = Date.now() + timeoutMs;
     for (;;) {
-      const { rows } = await client.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' ORDER BY backend_start`);
+      const { rows } = await client.query<{ pid: number }>(
+        `SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' ORDER BY backend_start`,
+      );
       if (rows.length >= n) return rows.map((r) => r.pid);
-      if (Date.now() > until) throw new Error(`${rows.length} backends wait on the synchronous standby after ${timeoutMs} ms, expected ${n}`);
+      if (Date.now() > until)
+        throw new Error(`${rows.length} backends wait on the synchronous standby after ${timeoutMs} ms, expected ${n}`);
       await new Promise((r) => setTimeout(r, 50));
     }
   } finally {
@@ -261,7 +284,13 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
     for (let i = 0; ; i++) {
       const c = new pg.Client({ connectionString: url, connectionTimeoutMillis: 2000 });
       c.on('error', () => {});
-      const done = await c.connect().then(() => ok(c), () => false).finally(() => c.end().catch(() => {}));
+      const done = await c
+        .connect()
+        .then(
+          () => ok(c),
+          () => false,
+        )
+        .finally(() => c.end().catch(() => {}));
       if (done) return;
       if (i > 300) throw new Error(`${what}:\n${output()}`);
       await new Promise((r) => setTimeout(r, 100));
@@ -278,11 +307,20 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
     const primaryUrl = primaryAt.toString();
     const { username, password } = primaryAt;
     writeFileSync(join(standbyDir, 'standby.signal'), '');
-    appendFileSync(join(standbyDir, 'postgresql.auto.conf'), `primary_conninfo = 'host=127.0.0.1 port=${primaryPort} user=${username} password=${password} application_name=${standbyName}'\n`);
+    appendFileSync(
+      join(standbyDir, 'postgresql.auto.conf'),
+      `primary_conninfo = 'host=127.0.0.1 port=${primaryPort} user=${username} password=${password} application_name=${standbyName}'\n`,
+    );
     const standbyPort = (await startOnFreePort((port) => run(standbyDir, port))).port;
     const standbyUrl = new URL(primaryUrl);
     standbyUrl.port = String(standbyPort);
-    await waitFor(primaryUrl, async (c) => (await c.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName])).rows.length > 0, 'the standby did not start streaming');
+    await waitFor(
+      primaryUrl,
+      async (c) =>
+        (await c.query(`SELECT 1 FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, [standbyName])).rows
+          .length > 0,
+      'the standby did not start streaming',
+    );
     return {
       primaryUrl,
       standbyUrl: standbyUrl.toString(),
@@ -290,8 +328,16 @@ export async function startFailoverPair(standbyName: string): Promise<FailoverPa
       standbyPort,
       stopPrimary: () => halt(primary.child),
       promoteStandby: async () => {
-        await waitFor(standbyUrl.toString(), async (c) => (await c.query<{ p: boolean }>('SELECT pg_promote(true, 60) AS p')).rows[0]!.p, 'the standby was not promoted');
-        await waitFor(standbyUrl.toString(), async (c) => !(await c.query<{ r: boolean }>('SELECT pg_is_in_recovery() AS r')).rows[0]!.r, 'the promoted standby stayed in recovery');
+        await waitFor(
+          standbyUrl.toString(),
+          async (c) => (await c.query<{ p: boolean }>('SELECT pg_promote(true, 60) AS p')).rows[0]!.p,
+          'the standby was not promoted',
+        );
+        await waitFor(
+          standbyUrl.toString(),
+          async (c) => !(await c.query<{ r: boolean }>('SELECT pg_is_in_recovery() AS r')).rows[0]!.r,
+          'the promoted standby stayed in recovery',
+        );
       },
       stop,
     };

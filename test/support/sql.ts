@@ -60,7 +60,9 @@ export function fenceOptions(token: bigint | number | string, fenceKey: string):
 }
 
 export async function fenceRow(pool: pg.Pool, fenceKey: string): Promise<{ highest_token: string } | undefined> {
-  const { rows } = await pool.query<{ highest_token: string }>('SELECT highest_token::text FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const { rows } = await pool.query<{ highest_token: string }>('SELECT highest_token::text FROM fencepost.fences WHERE fence_key = $1', [
+    fenceKey,
+  ]);
   return rows[0];
 }
 

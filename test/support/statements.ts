@@ -6,7 +6,8 @@ import type pg from 'pg';
 export function recordingStatements(pool: pg.Pool): { pool: pg.Pool; names: string[] } {
   const names: string[] = [];
   const note = (config: unknown) => {
-    if (typeof config === 'object' && config !== null && (config as { name?: string }).name !== undefined) names.push((config as { name: string }).name);
+    if (typeof config === 'object' && config !== null && (config as { name?: string }).name !== undefined)
+      names.push((config as { name: string }).name);
   };
   const recordingClient = (client: pg.PoolClient): pg.PoolClient =>
     new Proxy(client, {

@@ -57,5 +57,8 @@ test(`tenant A's hostile mix leaves tenant B within its bound: no error, data in
   });
   const failed = report.cases.filter((c) => c.violations.length > 0);
   expect(report.cases.length, lines.join('\n')).toBe(CASES);
-  expect(failed.map((c) => ({ attacks: c.attacks, violations: c.violations })), `replay with FENCEPOST_TENANCY_SEED=${SEED}\n${lines.join('\n')}`).toEqual([]);
+  expect(
+    failed.map((c) => ({ attacks: c.attacks, violations: c.violations })),
+    `replay with FENCEPOST_TENANCY_SEED=${SEED}\n${lines.join('\n')}`,
+  ).toEqual([]);
 });

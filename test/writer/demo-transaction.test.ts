@@ -12,7 +12,7 @@ import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 const db = await createTestDatabase({ migrate: false });
 afterAll(() => db.drop());
 
-test('paused mid-transaction, the zombie\'s COMMIT fails with FP409, its row never lands, and the new leader\'s first write is accepted', async () => {
+test("paused mid-transaction, the zombie's COMMIT fails with FP409, its row never lands, and the new leader's first write is accepted", async () => {
   const lines: string[] = [];
   const result = await runDemo({
     replicas: 3,
@@ -45,7 +45,9 @@ test('paused mid-transaction, the zombie\'s COMMIT fails with FP409, its row nev
   expect(result.events.some((e) => e.event === 'stepped-down' && e.replica === zombie!.replica)).toBe(true);
   // The timeline tells it: freeze, new leader, its first accepted write, the refused COMMIT.
   const text = lines.join('\n');
-  const order = [`SIGSTOP ${zombie!.replica}`, `${successor!.replica}`, "new leader's first write accepted", 'COMMIT REFUSED (FP409)'].map((s) => text.indexOf(s));
+  const order = [`SIGSTOP ${zombie!.replica}`, `${successor!.replica}`, "new leader's first write accepted", 'COMMIT REFUSED (FP409)'].map(
+    (s) => text.indexOf(s),
+  );
   expect(order.every((i) => i >= 0)).toBe(true);
   expect([...order].sort((a, b) => a - b)).toEqual(order);
   expect(text).toContain('its row is not in the database');

@@ -39,7 +39,10 @@ test('the forced-pause demo runs green: the zombie is rejected with 409 and step
   expect(BigInt(rejected!.highestToken!) > BigInt(zombie!.token)).toBe(true);
   expect(mine.some((e) => e.event === 'stepped-down' && e.t >= rejected!.t)).toBe(true);
   // X holds a newer leader's value: the last accepted write is not the zombie's.
-  const last = result.events.filter((e) => e.event === 'write-accepted').sort((a, b) => a.version! - b.version!).at(-1)!;
+  const last = result.events
+    .filter((e) => e.event === 'write-accepted')
+    .sort((a, b) => a.version! - b.version!)
+    .at(-1)!;
   expect(last.replica).not.toBe(zombie!.replica);
   expect(BigInt(last.token!) > BigInt(zombie!.token)).toBe(true);
   // The printed timeline tells the story.

@@ -36,7 +36,10 @@ async function scenario(db: TestDatabase, sql: SqlProxy, table: string) {
   });
 }
 
-test('a leader frozen between INSERT and COMMIT: the new leader\'s first transaction commits, the zombie\'s COMMIT fails and its row never lands', async ({ db, sql }) => {
+test("a leader frozen between INSERT and COMMIT: the new leader's first transaction commits, the zombie's COMMIT fails and its row never lands", async ({
+  db,
+  sql,
+}) => {
   const r = await scenario(db, sql, 'public.et_ledger');
   expect(r.successor.replica).not.toBe(r.zombie.replica);
   expect(BigInt(r.successor.token) > BigInt(r.zombie.token)).toBe(true);
@@ -46,7 +49,7 @@ test('a leader frozen between INSERT and COMMIT: the new leader\'s first transac
   expect(r.missingCommitted).toEqual([]);
 }, 90_000);
 
-test('psycopg2 hears the zombie\'s COMMIT refused with FP409', async ({ db, sql }) => {
+test("psycopg2 hears the zombie's COMMIT refused with FP409", async ({ db, sql }) => {
   const r = await scenario(db, sql, 'public.et_ledger2');
   expect(r.zombieCommit).toMatchObject({ event: 'commit-failed', code: 'FP409' });
 }, 90_000);

@@ -21,9 +21,30 @@ afterAll(async () => {
 });
 
 function elect(fenceKey: string, command: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  const child = spawn(process.execPath, [BIN, 'elect', '--zk', inject('zkConnect'), '--path', uniquePath('fenced-elect'), '--id', 'r1', '--session-timeout-ms', '2000', '--proxy', url, '--fence-key', fenceKey, '--', ...command], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      BIN,
+      'elect',
+      '--zk',
+      inject('zkConnect'),
+      '--path',
+      uniquePath('fenced-elect'),
+      '--id',
+      'r1',
+      '--session-timeout-ms',
+      '2000',
+      '--proxy',
+      url,
+      '--fence-key',
+      fenceKey,
+      '--',
+      ...command,
+    ],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   let stderr = '';
   let stdout = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));

@@ -87,7 +87,7 @@ describe('FencedWriter', () => {
     expect(a.isLeader).toBe(false);
     await waitFor(() => b.isLeader, 10_000, 'b to lead after a resigned');
     expect(b.token! > tokenA).toBe(true);
-    expect((await new ProxyClient(url).get('k'))).toBeNull();
+    expect(await new ProxyClient(url).get('k')).toBeNull();
     wa.close();
     wb.close();
   });

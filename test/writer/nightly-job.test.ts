@@ -43,13 +43,39 @@ test('three replicas run a scheduled job: never two at once, the crashed leader 
   const logFile = join(dir, 'jobs.log');
   const path = uniquePath('nightly');
   const fenceKey = `nightly-${path}`;
-  const read = (): JobEvent[] => (existsSync(logFile) ? readFileSync(logFile, 'utf8').trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as JobEvent) : []);
+  const read = (): JobEvent[] =>
+    existsSync(logFile)
+      ? readFileSync(logFile, 'utf8')
+          .trim()
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as JobEvent)
+      : [];
   const replicas = new Map<string, ChildProcess>();
   for (const id of ['r1', 'r2', 'r3']) {
     const child = spawn(
       process.execPath,
-      [BIN, 'elect', '--zk', inject('zkConnect'), '--path', path, '--id', id, '--session-timeout-ms', '2000', '--grace-ms', '1000',
-        '--proxy', url, '--fence-key', fenceKey, '--', process.execPath, join(REPO, 'test/fixtures/nightly-job.mjs')],
+      [
+        BIN,
+        'elect',
+        '--zk',
+        inject('zkConnect'),
+        '--path',
+        path,
+        '--id',
+        id,
+        '--session-timeout-ms',
+        '2000',
+        '--grace-ms',
+        '1000',
+        '--proxy',
+        url,
+        '--fence-key',
+        fenceKey,
+        '--',
+        process.execPath,
+        join(REPO, 'test/fixtures/nightly-job.mjs'),
+      ],
       { env: { ...process.env, JOB_LOG: logFile, JOB_PERIOD_MS: '400', JOB_WORK_MS: '150' }, stdio: ['ignore', 'ignore', 'pipe'] },
     );
     child.stderr?.resume();
@@ -59,19 +85,32 @@ test('three replicas run a scheduled job: never two at once, the crashed leader 
     await waitFor(() => read().filter((e) => e.event === 'run-done').length >= 3, 30_000, 'three runs done');
     // Kill the leader mid-run: wait for a run to start, then SIGKILL both the job and its elect.
     const before = read().length;
-    await waitFor(() => read().slice(before).some((e) => e.event === 'run-start'), 10_000, 'a run to start');
-    const open = read().slice(before).find((e) => e.event === 'run-start')!;
+    await waitFor(
+      () =>
+        read()
+          .slice(before)
+          .some((e) => e.event === 'run-start'),
+      10_000,
+      'a run to start',
+    );
+    const open = read()
+      .slice(before)
+      .find((e) => e.event === 'run-start')!;
     process.kill(open.pid, 'SIGKILL');
     replicas.get(open.replica)!.kill('SIGKILL');
     const killedAt = Date.now();
     await waitFor(() => read().filter((e) => e.event === 'run-done' && e.t > killedAt).length >= 3, 30_000, 'three runs by the new leader');
   } finally {
     for (const c of replicas.values()) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
-    await Promise.all([...replicas.values()].map((c) => (c.exitCode !== null || c.signalCode !== null ? null : new Promise((r) => c.once('exit', r)))));
+    await Promise.all(
+      [...replicas.values()].map((c) => (c.exitCode !== null || c.signalCode !== null ? null : new Promise((r) => c.once('exit', r)))),
+    );
   }
 
   const events = read();
-  const killed = events.find((e) => e.event === 'run-start' && !events.some((d) => d.event === 'run-done' && d.pid === e.pid && d.slot === e.slot));
+  const killed = events.find(
+    (e) => e.event === 'run-start' && !events.some((d) => d.event === 'run-done' && d.pid === e.pid && d.slot === e.slot),
+  );
   expect(killed, 'the killed run never completed').toBeDefined();
   const killedAt = Math.max(...events.filter((e) => e.pid === killed!.pid).map((e) => e.t));
 
@@ -83,7 +122,8 @@ test('three replicas run a scheduled job: never two at once, the crashed leader 
   for (let i = 1; i < runs.length; i++) {
     const prev = runs[i - 1]!;
     const cur = runs[i]!;
-    if (cur.replica !== prev.replica) expect(cur.t, `run of ${cur.replica} began before ${prev.replica}'s ended`).toBeGreaterThanOrEqual(prev.end);
+    if (cur.replica !== prev.replica)
+      expect(cur.t, `run of ${cur.replica} began before ${prev.replica}'s ended`).toBeGreaterThanOrEqual(prev.end);
   }
   // Each scheduled run completes at most once, by one replica, and the proxy holds that replica's record.
   const done = events.filter((e) => e.event === 'run-done');

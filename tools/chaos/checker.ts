@@ -84,7 +84,8 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
   const violations: Violation[] = [];
   const groups = byFence(ops);
   for (const [fenceKey, fops] of [...groups].sort(([a], [b]) => a.localeCompare(b))) {
-    const v = (invariant: Invariant, message: string, involved: Operation[]) => violations.push({ invariant, fenceKey, message, ops: involved.map((o) => o.op) });
+    const v = (invariant: Invariant, message: string, involved: Operation[]) =>
+      violations.push({ invariant, fenceKey, message, ops: involved.map((o) => o.op) });
     const ok = fops.filter((o) => o.outcome === 'ok');
     const ledgerOk = ok.filter((o) => o.kind === 'ledger' && o.version !== null).sort((a, b) => a.version! - b.version!);
 
@@ -92,8 +93,13 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
     for (let i = 1; i < ledgerOk.length; i++) {
       const prev = ledgerOk[i - 1]!;
       const cur = ledgerOk[i]!;
-      if (cur.version === prev.version) v('monotonic', `ledger version ${cur.version} acknowledged twice (${prev.op}, ${cur.op})`, [prev, cur]);
-      else if (cur.token < prev.token) v('monotonic', `commit order: ledger v${cur.version} has token ${cur.token} after v${prev.version} with token ${prev.token}`, [prev, cur]);
+      if (cur.version === prev.version)
+        v('monotonic', `ledger version ${cur.version} acknowledged twice (${prev.op}, ${cur.op})`, [prev, cur]);
+      else if (cur.token < prev.token)
+        v('monotonic', `commit order: ledger v${cur.version} has token ${cur.token} after v${prev.version} with token ${prev.token}`, [
+          prev,
+          cur,
+        ]);
     }
     // 1b. Real time: no accepted write below a token acknowledged before it was sent.
     const byAck = ok.filter((o) => o.ackT !== null).sort((a, b) => a.ackT! - b.ackT!);
@@ -105,7 +111,11 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
         i++;
       }
       if (maxAcked && o.token < maxAcked.token) {
-        v('monotonic', `real time: ${o.op} (token ${o.token}) accepted, sent ${o.sendT - maxAcked.ackT!} ms after ${maxAcked.op} (token ${maxAcked.token}) was acknowledged`, [maxAcked, o]);
+        v(
+          'monotonic',
+          `real time: ${o.op} (token ${o.token}) accepted, sent ${o.sendT - maxAcked.ackT!} ms after ${maxAcked.op} (token ${maxAcked.token}) was acknowledged`,
+          [maxAcked, o],
+        );
       }
     }
 
@@ -115,9 +125,14 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
       if (o.outcome === 'ok') {
         if (!stored) v('durable', `${o.op} was acknowledged (200) but ${o.key} is not in the database`, [o]);
         else if (stored.body !== o.body) v('durable', `${o.op} was acknowledged (200) but ${o.key} holds another body`, [o]);
-        else if (stored.token !== o.token) v('durable', `${o.op} was acknowledged with token ${o.token} but ${o.key} carries token ${stored.token}`, [o]);
+        else if (stored.token !== o.token)
+          v('durable', `${o.op} was acknowledged with token ${o.token} but ${o.key} carries token ${stored.token}`, [o]);
       } else if ((o.outcome === 'rejected' || o.outcome === 'failed') && stored) {
-        v('durable', `${o.op} was ${o.outcome === 'rejected' ? 'rejected (409)' : `refused (${o.status ?? 'no connection'})`} but ${o.key} is in the database`, [o]);
+        v(
+          'durable',
+          `${o.op} was ${o.outcome === 'rejected' ? 'rejected (409)' : `refused (${o.status ?? 'no connection'})`} but ${o.key} is in the database`,
+          [o],
+        );
       }
     }
     // 2. Durable: the ledger.
@@ -128,17 +143,34 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
       const finalVersion = stored?.version ?? 0;
       const indet = ledgerOps.filter((o) => o.outcome === 'indeterminate');
       const maxAckedVersion = ledgerOk.at(-1)?.version ?? 0;
-      if (maxAckedVersion > finalVersion) v('durable', `ledger ${key}: version ${maxAckedVersion} was acknowledged but the database holds version ${finalVersion}`, [ledgerOk.at(-1)!]);
-      if (finalVersion < ledgerOk.length) v('durable', `ledger ${key}: ${ledgerOk.length} writes acknowledged but only ${finalVersion} committed`, []);
+      if (maxAckedVersion > finalVersion)
+        v('durable', `ledger ${key}: version ${maxAckedVersion} was acknowledged but the database holds version ${finalVersion}`, [
+          ledgerOk.at(-1)!,
+        ]);
+      if (finalVersion < ledgerOk.length)
+        v('durable', `ledger ${key}: ${ledgerOk.length} writes acknowledged but only ${finalVersion} committed`, []);
       if (finalVersion > ledgerOk.length + indet.length) {
-        v('durable', `ledger ${key}: ${finalVersion} writes committed but only ${ledgerOk.length} acknowledged + ${indet.length} indeterminate: a refused write committed`, []);
+        v(
+          'durable',
+          `ledger ${key}: ${finalVersion} writes committed but only ${ledgerOk.length} acknowledged + ${indet.length} indeterminate: a refused write committed`,
+          [],
+        );
       }
       if (stored) {
         const owner = ledgerOps.find((o) => o.body === stored.body);
         const atFinal = ledgerOk.find((o) => o.version === finalVersion);
         if (!owner) v('durable', `ledger ${key} holds a body no write of this run sent`, []);
-        else if (owner.outcome === 'rejected' || owner.outcome === 'failed') v('durable', `ledger ${key} holds the body of ${owner.op}, which was ${owner.outcome === 'rejected' ? 'rejected (409)' : 'refused'}`, [owner]);
-        else if (atFinal && atFinal !== owner) v('durable', `ledger ${key} v${finalVersion} was acknowledged to ${atFinal.op} but holds the body of ${owner.op}`, [atFinal, owner]);
+        else if (owner.outcome === 'rejected' || owner.outcome === 'failed')
+          v(
+            'durable',
+            `ledger ${key} holds the body of ${owner.op}, which was ${owner.outcome === 'rejected' ? 'rejected (409)' : 'refused'}`,
+            [owner],
+          );
+        else if (atFinal && atFinal !== owner)
+          v('durable', `ledger ${key} v${finalVersion} was acknowledged to ${atFinal.op} but holds the body of ${owner.op}`, [
+            atFinal,
+            owner,
+          ]);
       }
     }
 
@@ -146,7 +178,12 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
     const writersOf = new Map<bigint, Set<string>>();
     for (const o of ok) writersOf.set(o.token, (writersOf.get(o.token) ?? new Set()).add(o.writer));
     for (const [token, ws] of writersOf) {
-      if (ws.size > 1) v('single-term', `token ${token} was accepted from ${ws.size} writers: ${[...ws].sort().join(', ')}`, ok.filter((o) => o.token === token));
+      if (ws.size > 1)
+        v(
+          'single-term',
+          `token ${token} was accepted from ${ws.size} writers: ${[...ws].sort().join(', ')}`,
+          ok.filter((o) => o.token === token),
+        );
     }
     // A term resumed by the highest token so far was interrupted by a lower one: that one is reported.
     const ended = new Map<bigint, Operation>();
@@ -159,14 +196,20 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
       const interrupted = cur.token >= highest;
       if (cur.token > highest) highest = cur.token;
       if (cur.token !== prev.token && endedBy && !interrupted) {
-        v('single-term', `term of token ${cur.token} (${cur.writer}) committed ledger v${cur.version} after token ${endedBy.token} (${endedBy.writer}) had committed v${endedBy.version}`, [endedBy, cur]);
+        v(
+          'single-term',
+          `term of token ${cur.token} (${cur.writer}) committed ledger v${cur.version} after token ${endedBy.token} (${endedBy.writer}) had committed v${endedBy.version}`,
+          [endedBy, cur],
+        );
       }
     }
   }
 
   // 4. Stats, per fence key and overall.
   const uncountable = (o: Operation) =>
-    (o.door === 'tx' || o.door === 'sql') && o.ackT !== null && countLoss.some((l) => l.proxies.includes(o.proxy) && o.ackT! > l.from && o.ackT! <= l.to);
+    (o.door === 'tx' || o.door === 'sql') &&
+    o.ackT !== null &&
+    countLoss.some((l) => l.proxies.includes(o.proxy) && o.ackT! > l.from && o.ackT! <= l.to);
   const count = (fops: readonly Operation[]) => ({
     ok: fops.filter((o) => o.outcome === 'ok').length,
     /** Acknowledged writes whose count a killed proxy may have lost. */
@@ -184,7 +227,10 @@ export function check(ops: readonly Operation[], final: FinalState, countLoss: r
     const lost = c.lost === 0 ? '' : ` (${c.lost} of them acknowledged by a proxy killed before it added its counts)`;
     if (badAccepted) v(`/v1/stats says ${accepted} accepted, the history ${range(c.ok, c.indeterminate)}${lost}`);
     if (badRejected) v(`/v1/stats says ${rejected} rejected, the history ${range(c.rejected, c.indeterminate)}`);
-    if (!badAccepted && !badRejected && accepted + rejected > c.ok + c.rejected + c.indeterminate) v(`/v1/stats counts ${accepted + rejected} answered writes, more than the ${c.ok + c.rejected + c.indeterminate} the history could explain`);
+    if (!badAccepted && !badRejected && accepted + rejected > c.ok + c.rejected + c.indeterminate)
+      v(
+        `/v1/stats counts ${accepted + rejected} answered writes, more than the ${c.ok + c.rejected + c.indeterminate} the history could explain`,
+      );
   };
   const statsByKey = new Map(final.stats.byFenceKey.map((f) => [f.fenceKey, f]));
   for (const [fenceKey, fops] of [...groups].sort(([a], [b]) => a.localeCompare(b))) stat(fenceKey, count(fops), statsByKey.get(fenceKey));

@@ -90,7 +90,10 @@ export class ChaosCluster implements NemesisTarget {
     try {
       // allSettled, not all: when one fails, the other must still be known to stop() (a ZooKeeper
       // ensemble left running is three JVMs nobody stops).
-      const [pgStart, zkStart] = await Promise.allSettled([c.startPostgres(), LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') })]);
+      const [pgStart, zkStart] = await Promise.allSettled([
+        c.startPostgres(),
+        LocalZooKeeper.start({ servers: 3, tickTimeMs: opts.zkTickMs, baseDir: join(opts.dir, 'zookeeper') }),
+      ]);
       if (zkStart.status === 'fulfilled') c.zk = zkStart.value;
       if (pgStart.status === 'rejected') throw pgStart.reason;
       if (zkStart.status === 'rejected') throw zkStart.reason;
@@ -156,7 +159,8 @@ export class ChaosCluster implements NemesisTarget {
   async waitForLeaders(timeoutMs: number): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (this.opts.fenceKeys.some((k) => !this.leaders.has(k))) {
-      if (Date.now() > deadline) throw new Error(`no leader within ${timeoutMs} ms for ${this.opts.fenceKeys.filter((k) => !this.leaders.has(k)).join(', ')}`);
+      if (Date.now() > deadline)
+        throw new Error(`no leader within ${timeoutMs} ms for ${this.opts.fenceKeys.filter((k) => !this.leaders.has(k)).join(', ')}`);
       await new Promise((r) => setTimeout(r, 100));
     }
   }
@@ -209,19 +213,32 @@ export class ChaosCluster implements NemesisTarget {
     const child = spawn(
       process.execPath,
       [
-        ...TOOLS, 'chaos-writer',
-        '--id', id,
-        '--zk', w.zkLinks.map((l) => l.address).join(','),
-        '--proxies', this.proxyUrls.join(','),
-        '--fence-keys', this.opts.fenceKeys.join(','),
-        '--election-root', this.opts.electionRoot,
-        '--history', join(this.historyDir, `${id}.jsonl`),
-        '--session-timeout-ms', String(this.opts.sessionTimeoutMs),
-        '--interval-ms', String(this.opts.intervalMs),
-        '--work-ms', String(this.opts.workMs),
-        '--request-timeout-ms', String(this.opts.requestTimeoutMs),
-        '--door', this.doorOf(slot),
-        '--pgwire', this.pgwireUrls.join(','),
+        ...TOOLS,
+        'chaos-writer',
+        '--id',
+        id,
+        '--zk',
+        w.zkLinks.map((l) => l.address).join(','),
+        '--proxies',
+        this.proxyUrls.join(','),
+        '--fence-keys',
+        this.opts.fenceKeys.join(','),
+        '--election-root',
+        this.opts.electionRoot,
+        '--history',
+        join(this.historyDir, `${id}.jsonl`),
+        '--session-timeout-ms',
+        String(this.opts.sessionTimeoutMs),
+        '--interval-ms',
+        String(this.opts.intervalMs),
+        '--work-ms',
+        String(this.opts.workMs),
+        '--request-timeout-ms',
+        String(this.opts.requestTimeoutMs),
+        '--door',
+        this.doorOf(slot),
+        '--pgwire',
+        this.pgwireUrls.join(','),
       ],
       { stdio: ['ignore', 'pipe', err], env: { ...process.env, FENCEPOST_LOG_LEVEL: 'warn' } },
     );
@@ -286,7 +303,15 @@ export class ChaosCluster implements NemesisTarget {
       FENCEPOST_POOL_SIZE: '6',
       FENCEPOST_SHUTDOWN_TIMEOUT_MS: '2000',
     };
-    for (const k of ['FENCEPOST_KEYS', 'FENCEPOST_KEYS_FILE', 'FENCEPOST_FORGERY_GUARD', 'FENCEPOST_WRITE_LANES', 'FENCEPOST_MAX_BATCH', 'FENCEPOST_CLIENT_ROLE']) delete env[k];
+    for (const k of [
+      'FENCEPOST_KEYS',
+      'FENCEPOST_KEYS_FILE',
+      'FENCEPOST_FORGERY_GUARD',
+      'FENCEPOST_WRITE_LANES',
+      'FENCEPOST_MAX_BATCH',
+      'FENCEPOST_CLIENT_ROLE',
+    ])
+      delete env[k];
     // The product's own `fencepost serve`, or the harness's with a broken fence (the checker's self-test).
     const args = this.opts.fenceMode === 'strict' ? [BIN, 'serve'] : [...TOOLS, 'serve', '--fence-mode', this.opts.fenceMode];
     const child = spawn(process.execPath, args, { stdio: ['ignore', out, out], env });
@@ -303,7 +328,15 @@ export class ChaosCluster implements NemesisTarget {
         throw new Error(`proxy ${index + 1} exited during start (${child.exitCode ?? child.signalCode}); see ${logFile}`);
       }
       const ports = listeningPorts(output(), true);
-      if (ports?.http === p.port && ports.pgwire === p.pgwirePort && (await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false))) return;
+      if (
+        ports?.http === p.port &&
+        ports.pgwire === p.pgwirePort &&
+        (await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then(
+          (r) => r.ok,
+          () => false,
+        ))
+      )
+        return;
       if (Date.now() > deadline) throw new Error(`proxy ${index + 1} not ready within 60 s`);
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -379,7 +412,8 @@ export class ChaosCluster implements NemesisTarget {
     if (e.fenceKey !== undefined && e.token !== undefined) {
       const cur = this.leaders.get(e.fenceKey);
       if (e.event === 'ready') this.leaders.set(e.fenceKey, { slot, token: e.token });
-      else if ((e.event === 'revoked' || e.event === 'stepped-down') && cur?.slot === slot && cur.token === e.token) this.leaders.delete(e.fenceKey);
+      else if ((e.event === 'revoked' || e.event === 'stepped-down') && cur?.slot === slot && cur.token === e.token)
+        this.leaders.delete(e.fenceKey);
     }
   }
 

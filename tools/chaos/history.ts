@@ -103,7 +103,9 @@ export class HistoryRecorder {
 /** Pairs the records of every `*.jsonl` file in `dir` into operations, in send order. */
 export function readHistory(dir: string): Operation[] {
   const records: HistoryRecord[] = [];
-  for (const f of readdirSync(dir).filter((n) => n.endsWith('.jsonl')).sort()) {
+  for (const f of readdirSync(dir)
+    .filter((n) => n.endsWith('.jsonl'))
+    .sort()) {
     for (const line of readFileSync(join(dir, f), 'utf8').split('\n')) {
       if (!line.trim()) continue;
       try {
@@ -147,5 +149,8 @@ export function pairRecords(records: readonly HistoryRecord[]): Operation[] {
 
 /** Writes the paired history as one JSON-lines file (tokens as decimal strings). */
 export function writeOperations(file: string, ops: readonly Operation[]): void {
-  writeFileSync(file, ops.map((o) => JSON.stringify({ ...o, token: o.token.toString(), highestToken: o.highestToken?.toString() ?? null })).join('\n') + '\n');
+  writeFileSync(
+    file,
+    ops.map((o) => JSON.stringify({ ...o, token: o.token.toString(), highestToken: o.highestToken?.toString() ?? null })).join('\n') + '\n',
+  );
 }

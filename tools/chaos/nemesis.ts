@@ -81,7 +81,14 @@ export function planSchedule(o: ScheduleOptions): PlannedFault[] {
     const st = o.sessionTimeoutMs;
     switch (kind) {
       case 'pause-writer':
-        return { n: 0, atMs, kind, target: writerTarget(), durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)), midWrite: rng.next() < (o.midWriteBias ?? 0.75) };
+        return {
+          n: 0,
+          atMs,
+          kind,
+          target: writerTarget(),
+          durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)),
+          midWrite: rng.next() < (o.midWriteBias ?? 0.75),
+        };
       case 'partition-writer':
         return { n: 0, atMs, kind, target: writerTarget(), durationMs: rng.int(Math.round(st * 1.5), Math.round(st * 2.5)) };
       case 'kill-writer':
@@ -89,7 +96,14 @@ export function planSchedule(o: ScheduleOptions): PlannedFault[] {
       case 'restart-zookeeper':
         return { n: 0, atMs, kind, server: rng.int(1, o.zkServers), downMs: rng.int(0, 1000) };
       case 'restart-proxy':
-        return { n: 0, atMs, kind, proxy: rng.int(0, o.proxies - 1), signal: rng.next() < 0.5 ? 'SIGTERM' : 'SIGKILL', downMs: rng.int(200, 1500) };
+        return {
+          n: 0,
+          atMs,
+          kind,
+          proxy: rng.int(0, o.proxies - 1),
+          signal: rng.next() < 0.5 ? 'SIGTERM' : 'SIGKILL',
+          downMs: rng.int(200, 1500),
+        };
       case 'restart-postgres':
         return { n: 0, atMs, kind, crash: rng.next() < 0.5, downMs: rng.int(200, 1500) };
     }
@@ -108,9 +122,7 @@ export function planSchedule(o: ScheduleOptions): PlannedFault[] {
       t += estimatedMs(f) + rng.int(gapMin, gapMax);
     }
   }
-  return planned
-    .sort((a, b) => a.atMs - b.atMs)
-    .map((f, i) => ({ ...f, n: i + 1 }) as PlannedFault);
+  return planned.sort((a, b) => a.atMs - b.atMs).map((f, i) => ({ ...f, n: i + 1 }) as PlannedFault);
 }
 
 export function laneOf(kind: FaultKind): 'writers' | 'infrastructure' {
@@ -120,7 +132,8 @@ export function laneOf(kind: FaultKind): 'writers' | 'infrastructure' {
 /** One line per fault, for printing and for `schedule.txt`. */
 export function describeFault(f: PlannedFault): string {
   const at = `+${(f.atMs / 1000).toFixed(1)}s`.padStart(7);
-  const who = (t: WriterTarget) => (t.leaderOf !== undefined ? `leader of ${t.leaderOf} (else writer ${t.slot + 1})` : `writer ${t.slot + 1}`);
+  const who = (t: WriterTarget) =>
+    t.leaderOf !== undefined ? `leader of ${t.leaderOf} (else writer ${t.slot + 1})` : `writer ${t.slot + 1}`;
   switch (f.kind) {
     case 'pause-writer':
       return `${at} #${f.n} SIGSTOP ${who(f.target)}${f.midWrite ? ' mid-write' : ''} for ${f.durationMs} ms`;
@@ -201,12 +214,23 @@ export async function runNemesis(
       } catch (err) {
         error = err instanceof Error ? err.message : String(err);
       }
-      const e: FaultEvent = { n: f.n, kind: f.kind, target: what, plannedAtMs: f.atMs, startedAt, endedAt: Date.now(), ...(error ? { error } : {}) };
+      const e: FaultEvent = {
+        n: f.n,
+        kind: f.kind,
+        target: what,
+        plannedAtMs: f.atMs,
+        startedAt,
+        endedAt: Date.now(),
+        ...(error ? { error } : {}),
+      };
       events.push(e);
       o.onFault?.(e);
     }
   };
-  await Promise.all([lane(schedule.filter((f) => laneOf(f.kind) === 'writers')), lane(schedule.filter((f) => laneOf(f.kind) === 'infrastructure'))]);
+  await Promise.all([
+    lane(schedule.filter((f) => laneOf(f.kind) === 'writers')),
+    lane(schedule.filter((f) => laneOf(f.kind) === 'infrastructure')),
+  ]);
   return events.sort((a, b) => a.n - b.n);
 }
 

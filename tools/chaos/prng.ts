@@ -8,7 +8,8 @@ export class Prng {
 
   /** `seed`: a whole number in 0…2^32−1 (the state is 32 bits: a larger seed would alias a smaller one). */
   constructor(seed: number) {
-    if (!Number.isInteger(seed) || seed < 0 || seed > MAX_SEED) throw new RangeError(`seed must be a whole number in 0…${MAX_SEED}, got ${seed}`);
+    if (!Number.isInteger(seed) || seed < 0 || seed > MAX_SEED)
+      throw new RangeError(`seed must be a whole number in 0…${MAX_SEED}, got ${seed}`);
     this.state = seed;
   }
 

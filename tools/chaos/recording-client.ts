@@ -14,11 +14,22 @@ export interface DoorOptions {
 }
 
 /** A write through POST /v1/transactions: one fence, the upsert a fenced PUT runs. */
-async function transactionPut(baseUrl: string, writerId: string | undefined, timeoutMs: number, key: string, body: string, token: bigint, fenceKey: string): Promise<PutResult> {
+async function transactionPut(
+  baseUrl: string,
+  writerId: string | undefined,
+  timeoutMs: number,
+  key: string,
+  body: string,
+  token: bigint,
+  fenceKey: string,
+): Promise<PutResult> {
   const res = await fetch(`${baseUrl}/v1/transactions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...(writerId ? { 'writer-id': writerId } : {}) },
-    body: JSON.stringify({ fences: [{ key: fenceKey, token: token.toString() }], statements: [{ sql: UPSERT_OBJECT, params: [key, fenceKey, token.toString(), body] }] }),
+    body: JSON.stringify({
+      fences: [{ key: fenceKey, token: token.toString() }],
+      statements: [{ sql: UPSERT_OBJECT, params: [key, fenceKey, token.toString(), body] }],
+    }),
     signal: AbortSignal.timeout(timeoutMs),
   });
   const json = (await res.json().catch(() => ({}))) as Record<string, unknown>;
@@ -39,7 +50,13 @@ export class RecordingProxyClient extends ProxyClient {
   private readonly timeoutMs: number;
   private next = 0;
 
-  constructor(urls: readonly string[], opts: ProxyClientOptions, recorder: HistoryRecorder, isLedger: (key: string) => boolean, door: DoorOptions = { door: 'http' }) {
+  constructor(
+    urls: readonly string[],
+    opts: ProxyClientOptions,
+    recorder: HistoryRecorder,
+    isLedger: (key: string) => boolean,
+    door: DoorOptions = { door: 'http' },
+  ) {
     if (urls.length === 0) throw new Error('RecordingProxyClient needs at least one proxy URL');
     super(urls[0]!, opts);
     this.targets = urls.map((u) => new ProxyClient(u, opts));
@@ -48,27 +65,69 @@ export class RecordingProxyClient extends ProxyClient {
     this.door = door.door;
     this.writerId = opts.writerId;
     this.timeoutMs = opts.timeoutMs ?? 10_000;
-    this.sqlDoors = (door.pgwireUrls ?? []).map((url) => new SqlDoor({ url, writerId: opts.writerId ?? 'chaos', timeoutMs: this.timeoutMs }));
-    if (this.door === 'sql' && this.sqlDoors.length === 0) throw new Error('a SQL writer needs the proxies\' SQL endpoints');
+    this.sqlDoors = (door.pgwireUrls ?? []).map(
+      (url) => new SqlDoor({ url, writerId: opts.writerId ?? 'chaos', timeoutMs: this.timeoutMs }),
+    );
+    if (this.door === 'sql' && this.sqlDoors.length === 0) throw new Error("a SQL writer needs the proxies' SQL endpoints");
   }
 
-  override async put(key: string, body: string | Uint8Array, o: { token: bigint; fenceKey?: string; contentType?: string }): Promise<PutResult> {
+  override async put(
+    key: string,
+    body: string | Uint8Array,
+    o: { token: bigint; fenceKey?: string; contentType?: string },
+  ): Promise<PutResult> {
     const text = typeof body === 'string' ? body : Buffer.from(body).toString('utf8');
     const kind = this.isLedger(key) ? 'ledger' : 'object';
     const fenceKey = o.fenceKey ?? key;
     if (this.door === 'sql') {
       const door = this.sqlDoors[this.next++ % this.sqlDoors.length]!;
-      return await this.record(kind, fenceKey, key, o.token, text, door.url, 'sql', () => door.put(key, text, { token: o.token, fenceKey }), (r) => r.version);
+      return await this.record(
+        kind,
+        fenceKey,
+        key,
+        o.token,
+        text,
+        door.url,
+        'sql',
+        () => door.put(key, text, { token: o.token, fenceKey }),
+        (r) => r.version,
+      );
     }
     if (this.door === 'tx') {
       const target = this.targets[this.next++ % this.targets.length]!;
-      return await this.record(kind, fenceKey, key, o.token, text, target.baseUrl, 'tx', () => transactionPut(target.baseUrl, this.writerId, this.timeoutMs, key, text, o.token, fenceKey), (r) => r.version);
+      return await this.record(
+        kind,
+        fenceKey,
+        key,
+        o.token,
+        text,
+        target.baseUrl,
+        'tx',
+        () => transactionPut(target.baseUrl, this.writerId, this.timeoutMs, key, text, o.token, fenceKey),
+        (r) => r.version,
+      );
     }
-    return await this.recorded(kind, fenceKey, key, o.token, text, (c) => c.put(key, body, o), (r) => r.version);
+    return await this.recorded(
+      kind,
+      fenceKey,
+      key,
+      o.token,
+      text,
+      (c) => c.put(key, body, o),
+      (r) => r.version,
+    );
   }
 
   override async advanceFence(fenceKey: string, token: bigint): Promise<bigint> {
-    return await this.recorded('fence', fenceKey, null, token, null, (c) => c.advanceFence(fenceKey, token), () => undefined);
+    return await this.recorded(
+      'fence',
+      fenceKey,
+      null,
+      token,
+      null,
+      (c) => c.advanceFence(fenceKey, token),
+      () => undefined,
+    );
   }
 
   async close(): Promise<void> {
@@ -124,7 +183,8 @@ function classify(err: unknown): { outcome: Outcome; status: number | null; high
   // 5xx may hide a commit (the database may have committed before the connection broke).
   if (err instanceof ProxyError) return { outcome: err.status >= 500 ? 'indeterminate' : 'failed', status: err.status, error };
   // Refused: the proxy was down and the request never reached it.
-  if (err instanceof Error && (err.cause as { code?: string } | undefined)?.code === 'ECONNREFUSED') return { outcome: 'failed', status: null, error };
+  if (err instanceof Error && (err.cause as { code?: string } | undefined)?.code === 'ECONNREFUSED')
+    return { outcome: 'failed', status: null, error };
   // Connection reset, timeout, a body cut short: the request may or may not have committed.
   return { outcome: 'indeterminate', status: null, error };
 }

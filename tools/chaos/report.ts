@@ -23,11 +23,14 @@ export interface ReportInput {
   listPerInvariant?: number;
 }
 
-const row = (cells: (string | number)[], widths: number[]) => cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join('  ');
+const row = (cells: (string | number)[], widths: number[]) =>
+  cells.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join('  ');
 
 export function formatReport(r: ReportInput): string {
   const out: string[] = [];
-  out.push(`chaos run: seed ${r.seed}, ${(r.loadMs / 1000).toFixed(1)} s of load, fence mode ${r.fenceMode}, ${r.writers} writers, ${r.proxies} proxies, 3 ZooKeeper servers`);
+  out.push(
+    `chaos run: seed ${r.seed}, ${(r.loadMs / 1000).toFixed(1)} s of load, fence mode ${r.fenceMode}, ${r.writers} writers, ${r.proxies} proxies, 3 ZooKeeper servers`,
+  );
   out.push('');
   const ow = [22, 8, 8, 6, 13, 6];
   out.push(row(['operations', 'ok(200)', 'rej(409)', 'failed', 'indeterminate', 'total'], ow));

@@ -148,7 +148,9 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       signal: end.signal,
       onFault: (e) => {
         faultLines.push(JSON.stringify(e));
-        print(`  +${((e.startedAt - startedAt) / 1000).toFixed(1)}s fault #${e.n} ${e.kind} ${e.target} (${e.endedAt - e.startedAt} ms)${e.error ? ' FAILED: ' + e.error : ''}`);
+        print(
+          `  +${((e.startedAt - startedAt) / 1000).toFixed(1)}s fault #${e.n} ${e.kind} ${e.target} (${e.endedAt - e.startedAt} ms)${e.error ? ' FAILED: ' + e.error : ''}`,
+        );
       },
     });
     nemesisDone = true;
@@ -176,7 +178,9 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     const countLoss: CountLoss[] = faults.flatMap((e) => {
       const planned = schedule.find((f) => f.n === e.n);
       if (planned?.kind !== 'restart-proxy' || planned.signal !== 'SIGKILL') return [];
-      return [{ proxies: [proxyUrls[planned.proxy]!, pgwireUrls[planned.proxy]!], from: e.startedAt - COUNT_LOSS_WINDOW_MS, to: e.endedAt }];
+      return [
+        { proxies: [proxyUrls[planned.proxy]!, pgwireUrls[planned.proxy]!], from: e.startedAt - COUNT_LOSS_WINDOW_MS, to: e.endedAt },
+      ];
     });
     const result = check(ops, final, countLoss);
     const verdict = verdictOf({ check: result, schedule, faults, ops });

@@ -33,38 +33,50 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
   const print = o.print ?? ((l: string) => process.stdout.write(l + '\n'));
   const stats = new FuzzStats();
   const started = Date.now();
-  return await withScratchDatabase({ prefix: 'fencepost-fuzz-sql-', database: 'fuzz', postgresFlags: ['-c', 'max_prepared_transactions=10'] }, async ({ url, pool }) => {
-    const config = loadConfig({ DATABASE_URL: url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_CLIENT_ROLE: CLIENT_ROLE, FENCEPOST_LOG_LEVEL: 'silent' });
-    const proxy = await startProxy(config, pino({ level: 'silent' }));
-    try {
-      await prepareFuzzDatabase(pool, CLIENT_ROLE);
-      const target = { pool, host: '127.0.0.1', port: proxy.pgwirePort!, database: 'fuzz', clientLogin: CLIENT_ROLE };
-      if ((await controlWrite(target, stats)) !== 1) throw new Error('control: a session at the current token could not write the protected table: the fuzzer would see nothing');
-      print(`fuzz-sql: seed ${o.seed}, ${(o.durationMs / 1000).toFixed(0)} s, sequences of at most ${o.maxMessages ?? 12} messages, sessions stale/tokenless/otherKey/current`);
-      const ticker = setInterval(() => print(`  ${((Date.now() - started) / 1000).toFixed(0)} s: ${stats.summary()}`), 30_000);
-      let failure: string | null = null;
+  return await withScratchDatabase(
+    { prefix: 'fencepost-fuzz-sql-', database: 'fuzz', postgresFlags: ['-c', 'max_prepared_transactions=10'] },
+    async ({ url, pool }) => {
+      const config = loadConfig({
+        DATABASE_URL: url,
+        PORT: '0',
+        FENCEPOST_PGWIRE_PORT: '0',
+        FENCEPOST_CLIENT_ROLE: CLIENT_ROLE,
+        FENCEPOST_LOG_LEVEL: 'silent',
+      });
+      const proxy = await startProxy(config, pino({ level: 'silent' }));
       try {
-        await assertFuzz(target, {
-          seed: o.seed,
-          numRuns: Number.MAX_SAFE_INTEGER,
-          maxMessages: o.maxMessages ?? 12,
-          sessions: ['stale', 'tokenless', 'otherKey', 'current'],
-          timeLimitMs: o.durationMs,
-          stats,
-          // A session still open 2 s after its Terminate, or a backend 3 s after its session: a failure.
-          ...FUZZ_WAITS,
-        });
-        if (stats.stalled > 0 || stats.lingeringBackends > 0) {
-          failure = `${stats.stalled} stalled sessions, ${stats.lingeringBackends} lingering backends:\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => `lingering: ${l}`)].join('\n\n')}`;
+        await prepareFuzzDatabase(pool, CLIENT_ROLE);
+        const target = { pool, host: '127.0.0.1', port: proxy.pgwirePort!, database: 'fuzz', clientLogin: CLIENT_ROLE };
+        if ((await controlWrite(target, stats)) !== 1)
+          throw new Error('control: a session at the current token could not write the protected table: the fuzzer would see nothing');
+        print(
+          `fuzz-sql: seed ${o.seed}, ${(o.durationMs / 1000).toFixed(0)} s, sequences of at most ${o.maxMessages ?? 12} messages, sessions stale/tokenless/otherKey/current`,
+        );
+        const ticker = setInterval(() => print(`  ${((Date.now() - started) / 1000).toFixed(0)} s: ${stats.summary()}`), 30_000);
+        let failure: string | null = null;
+        try {
+          await assertFuzz(target, {
+            seed: o.seed,
+            numRuns: Number.MAX_SAFE_INTEGER,
+            maxMessages: o.maxMessages ?? 12,
+            sessions: ['stale', 'tokenless', 'otherKey', 'current'],
+            timeLimitMs: o.durationMs,
+            stats,
+            // A session still open 2 s after its Terminate, or a backend 3 s after its session: a failure.
+            ...FUZZ_WAITS,
+          });
+          if (stats.stalled > 0 || stats.lingeringBackends > 0) {
+            failure = `${stats.stalled} stalled sessions, ${stats.lingeringBackends} lingering backends:\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => `lingering: ${l}`)].join('\n\n')}`;
+          }
+        } catch (err) {
+          failure = err instanceof Error ? err.message : String(err);
+        } finally {
+          clearInterval(ticker);
         }
-      } catch (err) {
-        failure = err instanceof Error ? err.message : String(err);
+        return { ok: failure === null, seed: o.seed, stats, failure, elapsedMs: Date.now() - started };
       } finally {
-        clearInterval(ticker);
+        await proxy.close();
       }
-      return { ok: failure === null, seed: o.seed, stats, failure, elapsedMs: Date.now() - started };
-    } finally {
-      await proxy.close();
-    }
-  });
+    },
+  );
 }

@@ -39,7 +39,11 @@ export function verdictOf(r: VerdictInput): Verdict {
   if (problems.length > 0) return { outcome: 'fail', exitCode: 1, line: `FAIL: ${problems.join('; ')}` };
   const acknowledged = r.ops.filter((op) => op.outcome === 'ok').length;
   if (acknowledged === 0 || (planned > 0 && applied === 0)) {
-    return { outcome: 'inconclusive', exitCode: 3, line: `INCONCLUSIVE: no violations, but ${acknowledged} writes acknowledged, ${faultsSaid}` };
+    return {
+      outcome: 'inconclusive',
+      exitCode: 3,
+      line: `INCONCLUSIVE: no violations, but ${acknowledged} writes acknowledged, ${faultsSaid}`,
+    };
   }
   return { outcome: 'pass', exitCode: 0, line: `PASS: no violations; ${faultsSaid}` };
 }

@@ -64,7 +64,13 @@ export async function chaosWriterCommand(argv: string[]): Promise<number> {
   const door = values.door as Door;
   if (!DOORS.includes(door)) throw new Error(`chaos writer: --door must be one of ${DOORS.join(', ')}`);
   const doorOptions = { door, ...(values.pgwire ? { pgwireUrls: values.pgwire.split(',') } : {}) };
-  const client = new RecordingProxyClient(need('proxies').split(','), { writerId: id, timeoutMs: Number(values['request-timeout-ms']) }, recorder, (k) => ledgers.has(k), doorOptions);
+  const client = new RecordingProxyClient(
+    need('proxies').split(','),
+    { writerId: id, timeoutMs: Number(values['request-timeout-ms']) },
+    recorder,
+    (k) => ledgers.has(k),
+    doorOptions,
+  );
   const emit = (e: Omit<WriterEvent, 't' | 'writer'>) => process.stdout.write(JSON.stringify({ t: Date.now(), writer: id, ...e }) + '\n');
 
   let stopping = false;

@@ -5,7 +5,8 @@
 // leader is elected, its fence advance (PUT /v1/fences) waits FENCEPOST_RAISE_WAIT_MS for the open
 // transaction, ends it and commits, and its writer's first transaction commits. Then the zombie's
 // writer is resumed first (its COMMIT goes out before its elect, waking, could stop it) and its
-// COMMIT fails (FP409 is what the proxy answers; see the test for what psycopg2 reports); then its elect. Used by a test (outcomes) and by bench/ (the time).
+// COMMIT fails (FP409 is what the proxy answers; see the test for what psycopg2 reports); then its
+// elect. Used by a test (outcomes) and by bench/ (the time).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -65,7 +66,13 @@ export async function runElectedTransaction(o: ElectedTransactionOptions): Promi
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-elected-tx-'));
   const logFile = join(dir, 'writers.log');
   const hold = join(dir, 'hold');
-  const read = (): WriterEvent[] => (existsSync(logFile) ? readFileSync(logFile, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as WriterEvent) : []);
+  const read = (): WriterEvent[] =>
+    existsSync(logFile)
+      ? readFileSync(logFile, 'utf8')
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as WriterEvent)
+      : [];
   const until = async <T>(what: string, f: () => T | undefined, timeoutMs = 30_000): Promise<T> => {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
@@ -80,27 +87,65 @@ export async function runElectedTransaction(o: ElectedTransactionOptions): Promi
   try {
     for (let i = 1; i <= (o.replicas ?? 3); i++) {
       const id = `r${i}`;
-      const child = spawn(process.execPath, [BIN, 'elect', '--zk', o.zkConnect, '--path', o.electionPath, '--id', id, '--session-timeout-ms', String(o.sessionTimeoutMs), '--grace-ms', '1000',
-        '--proxy', o.proxyUrl, '--fence-key', o.fenceKey, '--', PYTHON, WRITER], {
-        env: { ...process.env, WRITER_PGWIRE: o.pgwire, WRITER_TABLE: o.table, WRITER_LOG: logFile, WRITER_HOLD: hold, WRITER_INTERVAL_MS: '100' },
-        stdio: ['ignore', 'ignore', 'pipe'],
-      });
+      const child = spawn(
+        process.execPath,
+        [
+          BIN,
+          'elect',
+          '--zk',
+          o.zkConnect,
+          '--path',
+          o.electionPath,
+          '--id',
+          id,
+          '--session-timeout-ms',
+          String(o.sessionTimeoutMs),
+          '--grace-ms',
+          '1000',
+          '--proxy',
+          o.proxyUrl,
+          '--fence-key',
+          o.fenceKey,
+          '--',
+          PYTHON,
+          WRITER,
+        ],
+        {
+          env: {
+            ...process.env,
+            WRITER_PGWIRE: o.pgwire,
+            WRITER_TABLE: o.table,
+            WRITER_LOG: logFile,
+            WRITER_HOLD: hold,
+            WRITER_INTERVAL_MS: '100',
+          },
+          stdio: ['ignore', 'ignore', 'pipe'],
+        },
+      );
       stderr.set(id, '');
       child.stderr!.on('data', (d: Buffer) => stderr.set(id, (stderr.get(id)! + d.toString()).slice(-8000)));
       elects.set(id, child);
     }
     // A leader commits; then its next transaction holds before COMMIT, and the replica is frozen.
-    await until('a leader\'s first commit', () => read().find((e) => e.event === 'committed'));
+    await until("a leader's first commit", () => read().find((e) => e.event === 'committed'));
     writeFileSync(hold, '');
     const held = await until('the leader to hold a transaction', () => read().find((e) => e.event === 'holding'));
     const elect = elects.get(held.replica)!;
     elect.kill('SIGSTOP');
     process.kill(held.pid, 'SIGSTOP');
     const frozenAt = Date.now();
-    const firstWrite = await until('the new leader\'s first commit', () => read().find((e) => e.event === 'committed' && e.replica !== held.replica && BigInt(e.token) > BigInt(held.token)), o.sessionTimeoutMs + 30_000);
+    const firstWrite = await until(
+      "the new leader's first commit",
+      () => read().find((e) => e.event === 'committed' && e.replica !== held.replica && BigInt(e.token) > BigInt(held.token)),
+      o.sessionTimeoutMs + 30_000,
+    );
     // Resume the zombie's writer first: its COMMIT is the zombie's write.
     process.kill(held.pid, 'SIGCONT');
-    const zombieCommit = await until('the zombie\'s COMMIT', () => read().find((e) => e.pid === held.pid && (e.event === 'commit-failed' || (e.event === 'committed' && e.key === held.key))), 15_000);
+    const zombieCommit = await until(
+      "the zombie's COMMIT",
+      () => read().find((e) => e.pid === held.pid && (e.event === 'commit-failed' || (e.event === 'committed' && e.key === held.key))),
+      15_000,
+    );
     elect.kill('SIGCONT');
     const { rows } = await o.pool.query<{ key: string; token: string }>(`SELECT key, token::text FROM ${o.table}`);
     const stored = new Map(rows.map((r) => [r.key, r.token]));
@@ -122,7 +167,9 @@ export async function runElectedTransaction(o: ElectedTransactionOptions): Promi
       c.kill('SIGCONT');
       c.kill('SIGTERM');
     }
-    await Promise.all([...elects.values()].map((c) => (c.exitCode !== null || c.signalCode !== null ? null : new Promise((r) => c.once('exit', r)))));
+    await Promise.all(
+      [...elects.values()].map((c) => (c.exitCode !== null || c.signalCode !== null ? null : new Promise((r) => c.once('exit', r)))),
+    );
     rmSync(dir, { recursive: true, force: true });
   }
 }

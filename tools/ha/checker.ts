@@ -7,7 +7,8 @@
 //   - a 503 other than commit_unknown ("nothing committed, safe to retry") left nothing behind.
 import type { WriteRecord } from './load.ts';
 
-export type ViolationKind = 'lost_write' | 'stale_accepted' | 'stale_committed' | 'fence_went_back' | 'unexpected_answer' | 'retry_safe_committed';
+export type ViolationKind =
+  'lost_write' | 'stale_accepted' | 'stale_committed' | 'fence_went_back' | 'unexpected_answer' | 'retry_safe_committed';
 
 export interface Violation {
   kind: ViolationKind;
@@ -65,31 +66,52 @@ export function check(input: CheckInput): Verdict {
       c.unavailable[code] = (c.unavailable[code] ?? 0) + 1;
     } else {
       c.other++;
-      violations.push({ kind: 'unexpected_answer', detail: `${r.kind} ${r.key} (token ${r.leader}) answered ${r.status} ${r.code ?? ''}`.trim() });
+      violations.push({
+        kind: 'unexpected_answer',
+        detail: `${r.kind} ${r.key} (token ${r.leader}) answered ${r.status} ${r.code ?? ''}`.trim(),
+      });
     }
     if (r.kind !== 'write') continue;
     const stored = input.stored.get(r.key);
     if (r.status === 200 && stored !== BigInt(r.leader)) {
-      violations.push({ kind: 'lost_write', detail: `${r.key} (token ${r.leader}) was answered 200 at ${iso(r.answeredAt)} but ${stored === undefined ? 'is missing' : `holds token ${stored}`} on the new primary` });
+      violations.push({
+        kind: 'lost_write',
+        detail: `${r.key} (token ${r.leader}) was answered 200 at ${iso(r.answeredAt)} but ${stored === undefined ? 'is missing' : `holds token ${stored}`} on the new primary`,
+      });
     }
     const afterRaise = raisedAt !== null && r.leader === 1 && r.sentAt > raisedAt;
     if (afterRaise && r.status === 200) {
-      violations.push({ kind: 'stale_accepted', detail: `${r.key} (token 1) sent ${r.sentAt - raisedAt} ms after the raise's 200 was answered 200` });
+      violations.push({
+        kind: 'stale_accepted',
+        detail: `${r.key} (token 1) sent ${r.sentAt - raisedAt} ms after the raise's 200 was answered 200`,
+      });
     } else if (afterRaise && stored !== undefined) {
-      violations.push({ kind: 'stale_committed', detail: `${r.key} (token 1) sent ${r.sentAt - raisedAt} ms after the raise's 200 is on the new primary (answered ${r.status ?? 'nothing'})` });
+      violations.push({
+        kind: 'stale_committed',
+        detail: `${r.key} (token 1) sent ${r.sentAt - raisedAt} ms after the raise's 200 is on the new primary (answered ${r.status ?? 'nothing'})`,
+      });
     }
     if (stored !== undefined && r.status !== 200) {
       c.committedUnacknowledged++;
       if (r.status === 503 && r.code !== 'commit_unknown') {
-        violations.push({ kind: 'retry_safe_committed', detail: `${r.key} (token ${r.leader}) was answered 503 ${r.code ?? ''} (nothing committed, safe to retry) but is on the new primary` });
+        violations.push({
+          kind: 'retry_safe_committed',
+          detail: `${r.key} (token ${r.leader}) was answered 503 ${r.code ?? ''} (nothing committed, safe to retry) but is on the new primary`,
+        });
       }
     }
   }
   if (raisedAt !== null && input.fenceAtTakeover !== undefined && (input.fenceAtTakeover === null || input.fenceAtTakeover < 2n)) {
-    violations.push({ kind: 'fence_went_back', detail: `the new primary took over with the fence at ${input.fenceAtTakeover ?? 'nothing'}, below the raise's 2` });
+    violations.push({
+      kind: 'fence_went_back',
+      detail: `the new primary took over with the fence at ${input.fenceAtTakeover ?? 'nothing'}, below the raise's 2`,
+    });
   }
   if (raisedAt !== null && (input.finalFenceToken === null || input.finalFenceToken < 2n)) {
-    violations.push({ kind: 'fence_went_back', detail: `the fence is at ${input.finalFenceToken ?? 'nothing'} on the new primary, below the raise's 2` });
+    violations.push({
+      kind: 'fence_went_back',
+      detail: `the fence is at ${input.finalFenceToken ?? 'nothing'} on the new primary, below the raise's 2`,
+    });
   }
   return { violations, leaders };
 }

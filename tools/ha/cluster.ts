@@ -72,13 +72,20 @@ export class HaCluster {
     await this.waitFor('node1 to bootstrap and lead', 90_000, async () => (await this.leader())?.name === 'node1');
     for (const n of this.nodes.slice(1)) n.start();
     await this.waitHealthy({ sync: true, timeoutMs: 120_000 });
-    this.haproxy = await startOnFreePort((port) => HaProxy.start(this.dir, port, this.nodes.map((n) => n.spec)));
+    this.haproxy = await startOnFreePort((port) =>
+      HaProxy.start(
+        this.dir,
+        port,
+        this.nodes.map((n) => n.spec),
+      ),
+    );
     // HAProxy takes every server for up until its checks say otherwise (2 s here): until then it
     // sends connections round robin to standbys too. Six connections in a row on the primary: the
     // standbys are marked down.
     await this.waitFor('HAProxy to reach the primary only', 30_000, async () => {
       for (let i = 0; i < 6; i++) {
-        if ((await this.queryVia(this.haproxy!.port, 'SELECT NOT pg_is_in_recovery() AS primary').catch(() => null))?.[0]?.primary !== true) return false;
+        if ((await this.queryVia(this.haproxy!.port, 'SELECT NOT pg_is_in_recovery() AS primary').catch(() => null))?.[0]?.primary !== true)
+          return false;
       }
       return true;
     });
@@ -86,7 +93,9 @@ export class HaCluster {
     await this.startProxy();
     const ready = (await (await fetch(`${this.proxyUrl}/readyz`)).json()) as { durability?: { warnings?: string[] } };
     const warnings = ready.durability?.warnings ?? [];
-    this.log(`fencepost proxy at ${this.proxyUrl} (DATABASE_URL at HAProxy); durability warnings in /readyz: ${warnings.length === 0 ? 'none' : warnings.join(' | ')}`);
+    this.log(
+      `fencepost proxy at ${this.proxyUrl} (DATABASE_URL at HAProxy); durability warnings in /readyz: ${warnings.length === 0 ? 'none' : warnings.join(' | ')}`,
+    );
   }
 
   /** On a port of the OS's choosing (PORT=0), which its listening line names. */
@@ -104,11 +113,15 @@ export class HaCluster {
     child.stderr?.on('data', keep);
     this.proxy = child;
     await this.waitFor('the fencepost proxy to be ready', 60_000, async () => {
-      if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode} (see ${join(this.dir, 'fencepost.log')})`);
+      if (child.exitCode !== null)
+        throw new Error(`fencepost serve exited with ${child.exitCode} (see ${join(this.dir, 'fencepost.log')})`);
       const ports = listeningPorts(output, false);
       if (ports === null) return false;
       this.proxyUrl = `http://127.0.0.1:${ports.http}`;
-      return await fetch(`${this.proxyUrl}/readyz`, { signal: AbortSignal.timeout(2000) }).then((r) => r.ok, () => false);
+      return await fetch(`${this.proxyUrl}/readyz`, { signal: AbortSignal.timeout(2000) }).then(
+        (r) => r.ok,
+        () => false,
+      );
     });
     child.stdout?.off('data', keep);
     child.stderr?.off('data', keep);
@@ -171,14 +184,20 @@ export class HaCluster {
   async notStreaming(): Promise<PatroniNode[]> {
     const primary = await this.leader();
     if (!primary) return this.nodes.slice();
-    const rows = await this.queryVia<{ application_name: string }>(primary.spec.pgPort, `SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'`).catch(() => []);
+    const rows = await this.queryVia<{ application_name: string }>(
+      primary.spec.pgPort,
+      `SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'`,
+    ).catch(() => []);
     const streaming = new Set(rows.map((r) => r.application_name));
     return this.nodes.filter((n) => n !== primary && !streaming.has(n.name));
   }
 
   /** The synchronous standbys' names, as the primary reports them. */
   async syncStandbys(primary: PatroniNode): Promise<string[]> {
-    const rows = await this.queryVia<{ application_name: string }>(primary.spec.pgPort, `SELECT application_name FROM pg_stat_replication WHERE sync_state = 'sync' ORDER BY 1`);
+    const rows = await this.queryVia<{ application_name: string }>(
+      primary.spec.pgPort,
+      `SELECT application_name FROM pg_stat_replication WHERE sync_state = 'sync' ORDER BY 1`,
+    );
     return rows.map((r) => r.application_name);
   }
 

@@ -77,14 +77,26 @@ export class TwoLeaders {
     }
   }
 
-  private async send(leader: 1 | 2, kind: WriteRecord['kind'], key: string, method: string, path: string, body?: string): Promise<WriteRecord> {
+  private async send(
+    leader: 1 | 2,
+    kind: WriteRecord['kind'],
+    key: string,
+    method: string,
+    path: string,
+    body?: string,
+  ): Promise<WriteRecord> {
     const sentAt = Date.now();
     let status: number | null = null;
     let code: string | null = null;
     try {
       const res = await fetch(`${this.opts.proxyUrl}${path}`, {
         method,
-        headers: { 'Fencing-Token': String(leader), 'Fence-Key': this.opts.fenceKey, 'Content-Type': 'application/json', 'Writer-Id': `leader-${leader}` },
+        headers: {
+          'Fencing-Token': String(leader),
+          'Fence-Key': this.opts.fenceKey,
+          'Content-Type': 'application/json',
+          'Writer-Id': `leader-${leader}`,
+        },
         ...(body === undefined ? {} : { body }),
         signal: AbortSignal.timeout(this.opts.requestTimeoutMs),
       });

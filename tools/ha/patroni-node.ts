@@ -197,7 +197,11 @@ function alive(pid: number): boolean {
 
 function childrenOf(pid: number): number[] {
   try {
-    return execFileSync('ps', ['-o', 'pid=', '--ppid', String(pid)]).toString().split('\n').map(Number).filter((p) => Number.isInteger(p) && p > 0);
+    return execFileSync('ps', ['-o', 'pid=', '--ppid', String(pid)])
+      .toString()
+      .split('\n')
+      .map(Number)
+      .filter((p) => Number.isInteger(p) && p > 0);
   } catch {
     return []; // ps exits 1 when there are none
   }

@@ -18,7 +18,9 @@ import { runScenario, SCENARIOS, type ScenarioName, type ScenarioResult } from '
 const USAGE = `usage: npm run ha -- [--only <scenario>[,…]] [--stall-ms <n>] [--timeout-s <n>] [--keep]
   Starts ZooKeeper, three Patroni nodes (Postgres 15, synchronous_mode_strict), HAProxy and the
   fencepost proxy on loopback, and runs, under load from two leaders:
-${Object.entries(SCENARIOS).map(([k, v]) => `    ${k.padEnd(17)} ${v}`).join('\n')}
+${Object.entries(SCENARIOS)
+  .map(([k, v]) => `    ${k.padEnd(17)} ${v}`)
+  .join('\n')}
   --only       a comma-separated subset, in that order (default: all)
   --stall-ms   stall-then-crash: how long commits wait on the stalled standby before the crash
                (default 4000; past the proxy's query timeout, 15 s, its answer to a commit still
@@ -29,7 +31,15 @@ ${Object.entries(SCENARIOS).map(([k, v]) => `    ${k.padEnd(17)} ${v}`).join('\n
 const ALL = Object.keys(SCENARIOS) as ScenarioName[];
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({ options: { only: { type: 'string' }, 'stall-ms': { type: 'string' }, 'timeout-s': { type: 'string' }, keep: { type: 'boolean' }, help: { type: 'boolean' } } });
+  const { values } = parseArgs({
+    options: {
+      only: { type: 'string' },
+      'stall-ms': { type: 'string' },
+      'timeout-s': { type: 'string' },
+      keep: { type: 'boolean' },
+      help: { type: 'boolean' },
+    },
+  });
   if (values.help) {
     console.log(USAGE);
     return 0;
@@ -83,11 +93,26 @@ async function main(): Promise<number> {
         synchronous = false;
         await cluster.patchConfig({ synchronous_mode: false, synchronous_mode_strict: false, maximum_lag_on_failover: 1024 * 1024 * 1024 });
         const primary = await cluster.waitHealthy({ sync: false, timeoutMs: 60_000 });
-        await cluster.waitFor('synchronous_standby_names to be emptied', 30_000, async () => (await cluster.queryVia<{ s: string }>(primary.spec.pgPort, `SELECT current_setting('synchronous_standby_names') AS s`).then((r) => r[0]?.s, () => null)) === '');
+        await cluster.waitFor(
+          'synchronous_standby_names to be emptied',
+          30_000,
+          async () =>
+            (await cluster.queryVia<{ s: string }>(primary.spec.pgPort, `SELECT current_setting('synchronous_standby_names') AS s`).then(
+              (r) => r[0]?.s,
+              () => null,
+            )) === '',
+        );
         log('asynchronous replication: synchronous_mode off, maximum_lag_on_failover 1 GiB');
       }
       log(`scenario ${name}: ${SCENARIOS[name]}`);
-      const r = await runScenario(cluster, name, { concurrency: 2, requestTimeoutMs: 20_000, writesAfterFault: 10, recoveryTimeoutMs: 60_000, stallMs, log });
+      const r = await runScenario(cluster, name, {
+        concurrency: 2,
+        requestTimeoutMs: 20_000,
+        writesAfterFault: 10,
+        recoveryTimeoutMs: 60_000,
+        stallMs,
+        log,
+      });
       results.push(r);
       log(`scenario ${name}: ${r.from} → ${r.to}, write gap ${r.writeGapMs} ms, ${r.verdict.violations.length} violation(s)`);
       // A crashed node comes back as a standby of the new primary before the next scenario.
@@ -106,12 +131,15 @@ async function main(): Promise<number> {
   const failures: string[] = [];
   for (const r of results) {
     if (r.name === 'async-control') {
-      if (r.verdict.violations.length === 0) failures.push('async-control: the check found nothing wrong with asynchronous replication: it cannot see a lost fence');
+      if (r.verdict.violations.length === 0)
+        failures.push('async-control: the check found nothing wrong with asynchronous replication: it cannot see a lost fence');
     } else if (r.verdict.violations.length > 0) {
       failures.push(`${r.name}: ${r.verdict.violations.length} violation(s)`);
     }
   }
-  const passed = results.some((r) => r.name === 'async-control') ? 'PASS: the fence survived every failover, and the check caught the asynchronous control run' : 'PASS: the fence survived every failover';
+  const passed = results.some((r) => r.name === 'async-control')
+    ? 'PASS: the fence survived every failover, and the check caught the asynchronous control run'
+    : 'PASS: the fence survived every failover';
   log(failures.length === 0 ? passed : `FAIL: ${failures.join('; ')}`);
   return failures.length === 0 ? 0 : 1;
 }
@@ -156,17 +184,30 @@ function printReport(results: readonly ScenarioResult[]): void {
   for (const r of results) {
     for (const leader of ['1', '2'] as const) {
       const c: LeaderCounts = r.verdict.leaders[leader];
-      const unavailable = Object.entries(c.unavailable).map(([k, v]) => `${k} ${v}`).join(', ') || '0';
+      const unavailable =
+        Object.entries(c.unavailable)
+          .map(([k, v]) => `${k} ${v}`)
+          .join(', ') || '0';
       console.log(
         `${(leader === '1' ? r.name : '').padEnd(17)} ${(leader === '1' ? `${r.from} → ${r.to}` : '').padEnd(14)} token ${leader} ${String(c.sent).padStart(5)} ${String(c.accepted).padStart(4)} ${String(c.stale).padStart(4)}  ${unavailable.padEnd(32)} ${String(c.noAnswer).padStart(4)}  ${c.committedUnacknowledged}`,
       );
     }
     const crash = r.crashAt === null || r.crashAt === r.faultAt ? '' : `the crash ${r.crashAt - r.faultAt} ms after the fault, `;
     const promoted = r.newPrimaryAt === null ? '' : `new primary (GET /primary 200) ${r.newPrimaryAt - r.faultAt} ms after the fault; `;
-    console.log(`${''.padEnd(17)} ${crash}${promoted}write gap (longest time without a 200) ${r.writeGapMs} ms; ${(r.durationMs / 1000).toFixed(1)} s`);
-    console.log(`${''.padEnd(17)} GET /readyz every 500 ms: ${Object.entries(r.readyz).map(([status, n]) => `${n} × ${status === '0' ? 'no answer' : status}`).join(', ')}`);
+    console.log(
+      `${''.padEnd(17)} ${crash}${promoted}write gap (longest time without a 200) ${r.writeGapMs} ms; ${(r.durationMs / 1000).toFixed(1)} s`,
+    );
+    console.log(
+      `${''.padEnd(17)} GET /readyz every 500 ms: ${Object.entries(r.readyz)
+        .map(([status, n]) => `${n} × ${status === '0' ? 'no answer' : status}`)
+        .join(', ')}`,
+    );
     const summary = summarizeViolations(r.verdict.violations);
-    console.log(summary.length === 0 ? `${''.padEnd(17)} check: OK` : `${''.padEnd(17)} check: ${r.verdict.violations.length} violation(s)\n${summary.map((l) => `${''.padEnd(19)}${l}`).join('\n')}`);
+    console.log(
+      summary.length === 0
+        ? `${''.padEnd(17)} check: OK`
+        : `${''.padEnd(17)} check: ${r.verdict.violations.length} violation(s)\n${summary.map((l) => `${''.padEnd(19)}${l}`).join('\n')}`,
+    );
   }
   console.log('');
 }

@@ -58,7 +58,13 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
   const primary = await cluster.waitHealthy({ sync, timeoutMs: 90_000 });
   const syncStandbys = sync ? await cluster.syncStandbys(primary) : [];
   const fenceKey = `ha-${name}`;
-  const load = new TwoLeaders({ proxyUrl: cluster.proxyUrl, fenceKey, prefix: `ha/${name}/`, concurrency: opts.concurrency, requestTimeoutMs: opts.requestTimeoutMs });
+  const load = new TwoLeaders({
+    proxyUrl: cluster.proxyUrl,
+    fenceKey,
+    prefix: `ha/${name}/`,
+    concurrency: opts.concurrency,
+    requestTimeoutMs: opts.requestTimeoutMs,
+  });
   let faultAt = 0;
   let crashAt: number | null = null;
   let newPrimaryAt: number | null = null;
@@ -86,7 +92,9 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
       faultAt = Date.now();
       const candidate = syncStandbys[0];
       const r = await primary.rest('POST', '/switchover', { leader: primary.name, candidate }, 30_000);
-      opts.log(`${name}: POST /switchover ${primary.name} → ${candidate}: ${r?.status ?? 'no answer'} ${typeof r?.json === 'string' ? r.json.trim() : JSON.stringify(r?.json)}`);
+      opts.log(
+        `${name}: POST /switchover ${primary.name} → ${candidate}: ${r?.status ?? 'no answer'} ${typeof r?.json === 'string' ? r.json.trim() : JSON.stringify(r?.json)}`,
+      );
       if (r?.status !== 200) throw new Error(`switchover refused: ${r?.status ?? 'no answer'}`);
     } else {
       const stalled = await stallWalsenders(cluster, primary, 'one-sync');
@@ -99,19 +107,33 @@ export async function runScenario(cluster: HaCluster, name: ScenarioName, opts: 
     }
     // Writes on the new primary: sent once HAProxy's check finds it (GET /primary 200).
     let next: PatroniNode | null = null;
-    await cluster.waitFor('a new primary', opts.recoveryTimeoutMs, async () => (next = await cluster.leader()) !== null && next !== primary);
+    await cluster.waitFor(
+      'a new primary',
+      opts.recoveryTimeoutMs,
+      async () => (next = await cluster.leader()) !== null && next !== primary,
+    );
     newPrimaryAt = Date.now();
     // Read at once, on the node itself: HAProxy sends it writes only after its next check.
     fenceAtTakeover = await readFenceAtTakeover(cluster, next!, fenceKey);
-    opts.log(`${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault; the fence there: ${fenceAtTakeover ?? 'not read'}`);
-    await until(`${opts.writesAfterFault} writes of the new leader on the new primary`, opts.recoveryTimeoutMs, () => load.acceptedSince(2, newPrimaryAt!) >= opts.writesAfterFault);
+    opts.log(
+      `${name}: ${next!.name} answers GET /primary 200, ${newPrimaryAt - faultAt} ms after the fault; the fence there: ${fenceAtTakeover ?? 'not read'}`,
+    );
+    await until(
+      `${opts.writesAfterFault} writes of the new leader on the new primary`,
+      opts.recoveryTimeoutMs,
+      () => load.acceptedSince(2, newPrimaryAt!) >= opts.writesAfterFault,
+    );
   } finally {
     await Promise.all([load.stop(), readiness.stop()]);
     writeFileSync(join(cluster.dir, `${name}.history.jsonl`), load.records.map((r) => JSON.stringify(r)).join('\n') + '\n');
   }
   const next = await waitForPrimary(cluster, 30_000);
   const [rows, finalFenceToken] = await Promise.all([
-    cluster.queryVia<{ key: string; token: string }>(next.spec.pgPort, 'SELECT key, token FROM fencepost.objects WHERE starts_with(key, $1)', [`ha/${name}/`]),
+    cluster.queryVia<{ key: string; token: string }>(
+      next.spec.pgPort,
+      'SELECT key, token FROM fencepost.objects WHERE starts_with(key, $1)',
+      [`ha/${name}/`],
+    ),
     readFence(cluster, next, fenceKey),
   ]);
   const verdict = check({
@@ -175,7 +197,11 @@ async function stallWalsenders(cluster: HaCluster, primary: PatroniNode, which: 
 
 /** The fence's highest token as one node holds it (null: no fence row). */
 async function readFence(cluster: HaCluster, node: PatroniNode, fenceKey: string): Promise<bigint | null> {
-  const rows = await cluster.queryVia<{ highest_token: string }>(node.spec.pgPort, 'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const rows = await cluster.queryVia<{ highest_token: string }>(
+    node.spec.pgPort,
+    'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1',
+    [fenceKey],
+  );
   return rows[0] ? BigInt(rows[0].highest_token) : null;
 }
 
@@ -210,7 +236,10 @@ async function waitForPrimary(cluster: HaCluster, timeoutMs: number): Promise<Pa
 
 /** Longest time between consecutive 200 answers to writes. */
 export function longestSilence(records: readonly WriteRecord[]): number {
-  const times = records.filter((r) => r.kind === 'write' && r.status === 200).map((r) => r.answeredAt).sort((a, b) => a - b);
+  const times = records
+    .filter((r) => r.kind === 'write' && r.status === 200)
+    .map((r) => r.answeredAt)
+    .sort((a, b) => a - b);
   let longest = 0;
   for (let i = 1; i < times.length; i++) longest = Math.max(longest, times[i]! - times[i - 1]!);
   return longest;
@@ -227,7 +256,12 @@ async function until(what: string, timeoutMs: number, cond: () => boolean): Prom
 async function withTimeout<T>(what: string, timeoutMs: number, p: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs)))]);
+    return await Promise.race([
+      p,
+      new Promise<never>(
+        (_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs)),
+      ),
+    ]);
   } finally {
     clearTimeout(timer);
   }

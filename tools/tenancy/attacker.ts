@@ -60,7 +60,10 @@ export class AttackerProcess {
   private stderr = '';
 
   constructor(e: Endpoints, t: Tenants) {
-    this.child = spawn(process.execPath, [...TOOLS_CLI, 'tenancy-attacker'], { env: { ...process.env, FENCEPOST_TENANCY_SETUP: JSON.stringify({ e, t }) }, stdio: ['pipe', 'pipe', 'pipe'] });
+    this.child = spawn(process.execPath, [...TOOLS_CLI, 'tenancy-attacker'], {
+      env: { ...process.env, FENCEPOST_TENANCY_SETUP: JSON.stringify({ e, t }) },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     this.child.stderr!.on('data', (d: Buffer) => (this.stderr += d.toString()));
     this.child.once('exit', (code) => this.failed?.(new Error(`tenancy attacker exited with ${code}: ${this.stderr.slice(-2000)}`)));
     createInterface({ input: this.child.stdout! }).on('line', (l) => {
@@ -76,8 +79,12 @@ export class AttackerProcess {
     const line =
       this.lines.shift() ??
       (await new Promise<string>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`tenancy attacker: no answer in ${timeoutMs} ms; stderr: ${this.stderr.slice(-2000)}`)), timeoutMs);
-        if (this.child.exitCode !== null) reject(new Error(`tenancy attacker exited with ${this.child.exitCode}: ${this.stderr.slice(-2000)}`));
+        const timer = setTimeout(
+          () => reject(new Error(`tenancy attacker: no answer in ${timeoutMs} ms; stderr: ${this.stderr.slice(-2000)}`)),
+          timeoutMs,
+        );
+        if (this.child.exitCode !== null)
+          reject(new Error(`tenancy attacker exited with ${this.child.exitCode}: ${this.stderr.slice(-2000)}`));
         this.failed = (err) => (clearTimeout(timer), reject(err));
         this.waiting = (l) => (clearTimeout(timer), (this.failed = null), resolve(l));
       }));

@@ -114,8 +114,20 @@ async function aDirect(ctx: AttackContext, tally: Tally): Promise<pg.Client | nu
   return await connected(directClient(ctx.e, ctx.t), tally);
 }
 
-async function aTransaction(ctx: AttackContext, statements: { sql: string; params?: unknown[] }[], fences = [{ key: ctx.t.a.fenceKey, token: String(ctx.aToken) }]): Promise<string> {
-  const r = await http(ctx.e, ctx.t.a, 'POST', '/v1/transactions', { 'content-type': 'application/json' }, JSON.stringify({ fences, statements }), ctx.signal);
+async function aTransaction(
+  ctx: AttackContext,
+  statements: { sql: string; params?: unknown[] }[],
+  fences = [{ key: ctx.t.a.fenceKey, token: String(ctx.aToken) }],
+): Promise<string> {
+  const r = await http(
+    ctx.e,
+    ctx.t.a,
+    'POST',
+    '/v1/transactions',
+    { 'content-type': 'application/json' },
+    JSON.stringify({ fences, statements }),
+    ctx.signal,
+  );
   return r.status === 200 ? 'ok' : httpCode(r);
 }
 
@@ -141,7 +153,15 @@ export interface Target {
 
 /** Every table, view, sequence and function in schemas named `fencepost…`, and B's protected table. */
 export async function lockTargets(admin: pg.Pool, t: Tenants): Promise<Target[]> {
-  const { rows } = await admin.query<{ name: string; kind: Target['kind']; schema: string; a_usage: boolean; a_select: boolean; pk_type: string | null; columns: string[] }>(
+  const { rows } = await admin.query<{
+    name: string;
+    kind: Target['kind'];
+    schema: string;
+    a_usage: boolean;
+    a_select: boolean;
+    pk_type: string | null;
+    columns: string[];
+  }>(
     `SELECT c.oid::regclass::text AS name,
             CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'view' WHEN 'S' THEN 'sequence' ELSE 'table' END AS kind,
             n.nspname AS schema,
@@ -159,7 +179,15 @@ export async function lockTargets(admin: pg.Pool, t: Tenants): Promise<Target[]>
      ORDER BY 1`,
     [t.direct.login, t.b.table],
   );
-  return rows.map((r) => ({ name: r.name, kind: r.kind, schema: r.schema, aUsage: r.a_usage, aSelect: r.a_select, pkType: r.pk_type, columns: r.columns }));
+  return rows.map((r) => ({
+    name: r.name,
+    kind: r.kind,
+    schema: r.schema,
+    aUsage: r.a_usage,
+    aSelect: r.a_select,
+    pkType: r.pk_type,
+    columns: r.columns,
+  }));
 }
 
 export type Door = 'direct' | 'sql' | 'tx';
@@ -173,9 +201,21 @@ export function ddlFor(target: Target): [string, string][] {
     case 'view':
       return [
         ['create-rule', `CREATE RULE tenancy_rule AS ON INSERT TO ${n} DO INSTEAD NOTHING`],
-        ['create-trigger', `CREATE TRIGGER tenancy_trigger BEFORE UPDATE ON ${n} FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()`],
-        ...(target.pkType !== null ? [['foreign-key', `CREATE TEMPORARY TABLE tenancy_fk (x ${target.pkType} REFERENCES ${n})`] as [string, string]] : []),
-        ...(target.kind === 'table' && target.columns.length >= 2 ? [['create-statistics', `CREATE STATISTICS pg_temp.tenancy_stats ON ${target.columns[0]}, ${target.columns[1]} FROM ${n}`] as [string, string]] : []),
+        [
+          'create-trigger',
+          `CREATE TRIGGER tenancy_trigger BEFORE UPDATE ON ${n} FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()`,
+        ],
+        ...(target.pkType !== null
+          ? [['foreign-key', `CREATE TEMPORARY TABLE tenancy_fk (x ${target.pkType} REFERENCES ${n})`] as [string, string]]
+          : []),
+        ...(target.kind === 'table' && target.columns.length >= 2
+          ? [
+              ['create-statistics', `CREATE STATISTICS pg_temp.tenancy_stats ON ${target.columns[0]}, ${target.columns[1]} FROM ${n}`] as [
+                string,
+                string,
+              ],
+            ]
+          : []),
         ['comment', `COMMENT ON ${target.kind === 'view' ? 'VIEW' : 'TABLE'} ${n} IS 'tenant A was here'`],
         ['lock-table', `LOCK TABLE ${n} IN ACCESS EXCLUSIVE MODE`],
         ['alter', `ALTER TABLE ${n} ADD COLUMN tenancy int`],
@@ -209,7 +249,10 @@ async function holdOrdinaryLocks(ctx: AttackContext, target: Target, tally: Tall
       .then(() => s.query(`INSERT INTO ${ctx.t.a.table} (v) VALUES ('a1')`))
       .then(() => s.query('SELECT pg_sleep($1)', [ctx.holdMs / 1000]))
       .then(() => s.query('COMMIT'))
-      .then(() => tally.add('ok'), (err: unknown) => ctx.signal.aborted || tally.add(`holder ${codeOf(err)}`));
+      .then(
+        () => tally.add('ok'),
+        (err: unknown) => ctx.signal.aborted || tally.add(`holder ${codeOf(err)}`),
+      );
   }
   if (target.aSelect) {
     const d = await aDirect(ctx, tally);
@@ -278,9 +321,12 @@ function otherAttacks(): Attack[] {
       return tally;
     },
   });
-  const parallel = async (n: number, fn: (i: number) => Promise<void>) => void (await Promise.all(Array.from({ length: n }, (_, i) => fn(i))));
+  const parallel = async (n: number, fn: (i: number) => Promise<void>) =>
+    void (await Promise.all(Array.from({ length: n }, (_, i) => fn(i))));
   const stormStatements = (state: string) => [
-    { sql: `CREATE FUNCTION pg_temp.tenancy_boom() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'tenant A storm' USING ERRCODE = '${state}'; END $$` },
+    {
+      sql: `CREATE FUNCTION pg_temp.tenancy_boom() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'tenant A storm' USING ERRCODE = '${state}'; END $$`,
+    },
     { sql: 'SELECT pg_temp.tenancy_boom()' },
   ];
   const list: Attack[] = [
@@ -301,7 +347,11 @@ function otherAttacks(): Attack[] {
       });
     }),
     attack('long-transaction:tx', 'long-transaction', async (ctx, tally) => {
-      await parallel(4, () => loop(ctx.signal, tally, () => aTransaction(ctx, [{ sql: `INSERT INTO ${ctx.t.a.table} (v) VALUES ('long')` }, { sql: 'SELECT pg_sleep(4.5)' }])));
+      await parallel(4, () =>
+        loop(ctx.signal, tally, () =>
+          aTransaction(ctx, [{ sql: `INSERT INTO ${ctx.t.a.table} (v) VALUES ('long')` }, { sql: 'SELECT pg_sleep(4.5)' }]),
+        ),
+      );
     }),
     attack('long-transaction:direct', 'long-transaction', async (ctx, tally) => {
       const c = await aDirect(ctx, tally);
@@ -366,50 +416,94 @@ function otherAttacks(): Attack[] {
     }),
     attack('huge-arguments:http', 'huge-arguments', async (ctx, tally) => {
       const body = Buffer.alloc(HUGE, 0x61);
-      const txBody = JSON.stringify({ fences: [{ key: ctx.t.a.fenceKey, token: String(ctx.aToken) }], statements: [{ sql: 'SELECT $1::text IS NULL', params: ['x'.repeat(HUGE)] }] });
+      const txBody = JSON.stringify({
+        fences: [{ key: ctx.t.a.fenceKey, token: String(ctx.aToken) }],
+        statements: [{ sql: 'SELECT $1::text IS NULL', params: ['x'.repeat(HUGE)] }],
+      });
       const key = 'orders/' + 'k'.repeat(256 * 1024);
       const digits = '9'.repeat(64 * 1024);
-      await loop(ctx.signal, tally, async () => {
-        const rs = await Promise.all([
-          http(ctx.e, ctx.t.a, 'PUT', '/v1/objects/orders%2Fhuge', { 'fencing-token': String(ctx.aToken), 'fence-key': ctx.t.a.fenceKey, 'content-type': 'application/octet-stream' }, body, ctx.signal),
-          http(ctx.e, ctx.t.a, 'PUT', `/v1/fences/${encodeURIComponent(key)}`, { 'fencing-token': String(ctx.aToken) }, undefined, ctx.signal),
-          http(ctx.e, ctx.t.a, 'PUT', '/v1/objects/orders%2Fx', { 'fencing-token': String(ctx.aToken), 'fence-key': key.slice(0, 12 * 1024) }, 'x', ctx.signal),
-          http(ctx.e, ctx.t.a, 'PUT', '/v1/fences/orders%2Fx', { 'fencing-token': digits.slice(0, 12 * 1024) }, undefined, ctx.signal),
-          http(ctx.e, ctx.t.a, 'POST', '/v1/transactions', { 'content-type': 'application/json' }, txBody, ctx.signal),
-        ]);
-        for (const r of rs.slice(0, -1)) tally.add(r.status === 200 ? 'ok' : httpCode(r));
-        const last = rs[rs.length - 1]!;
-        return last.status === 200 ? 'ok' : httpCode(last);
-      }, 200);
+      await loop(
+        ctx.signal,
+        tally,
+        async () => {
+          const rs = await Promise.all([
+            http(
+              ctx.e,
+              ctx.t.a,
+              'PUT',
+              '/v1/objects/orders%2Fhuge',
+              { 'fencing-token': String(ctx.aToken), 'fence-key': ctx.t.a.fenceKey, 'content-type': 'application/octet-stream' },
+              body,
+              ctx.signal,
+            ),
+            http(
+              ctx.e,
+              ctx.t.a,
+              'PUT',
+              `/v1/fences/${encodeURIComponent(key)}`,
+              { 'fencing-token': String(ctx.aToken) },
+              undefined,
+              ctx.signal,
+            ),
+            http(
+              ctx.e,
+              ctx.t.a,
+              'PUT',
+              '/v1/objects/orders%2Fx',
+              { 'fencing-token': String(ctx.aToken), 'fence-key': key.slice(0, 12 * 1024) },
+              'x',
+              ctx.signal,
+            ),
+            http(ctx.e, ctx.t.a, 'PUT', '/v1/fences/orders%2Fx', { 'fencing-token': digits.slice(0, 12 * 1024) }, undefined, ctx.signal),
+            http(ctx.e, ctx.t.a, 'POST', '/v1/transactions', { 'content-type': 'application/json' }, txBody, ctx.signal),
+          ]);
+          for (const r of rs.slice(0, -1)) tally.add(r.status === 200 ? 'ok' : httpCode(r));
+          const last = rs[rs.length - 1]!;
+          return last.status === 200 ? 'ok' : httpCode(last);
+        },
+        200,
+      );
     }),
     attack('huge-arguments:sql-startup', 'huge-arguments', async (ctx, tally) => {
       // A startup packet past Postgres's 10000 bytes: refused before the session exists.
-      await loop(ctx.signal, tally, async () => {
-        const c = sqlDoorClient(ctx.e, ctx.t.a, fenceOptions(ctx.aToken, 'orders/' + 'k'.repeat(20_000)));
-        const r = (await connected(c, tally)) === null ? 'startup refused' : 'ok';
-        await c.end().catch(() => {});
-        return r;
-      }, 200);
+      await loop(
+        ctx.signal,
+        tally,
+        async () => {
+          const c = sqlDoorClient(ctx.e, ctx.t.a, fenceOptions(ctx.aToken, 'orders/' + 'k'.repeat(20_000)));
+          const r = (await connected(c, tally)) === null ? 'startup refused' : 'ok';
+          await c.end().catch(() => {});
+          return r;
+        },
+        200,
+      );
     }),
     // Each of these on A's own SQL session at its own token, one multi-MB argument at a time.
-    ...([
-      ['sql-setting', () => `SET tenancy.setting = '${'k'.repeat(HUGE)}'`, undefined],
-      ['sql-own-row', () => 'INSERT INTO orders.items (v) VALUES ($1)', ['k'.repeat(HUGE)]],
-      ['sql-fence-key', () => `SET fencepost.fence_key = 'orders/${'k'.repeat(1024 * 1024)}'`, undefined],
-      ['sql-token', () => `SET fencepost.token = '${'9'.repeat(1024 * 1024)}'`, undefined],
-    ] as [string, () => string, unknown[] | undefined][]).map(([variant, text, values]) =>
+    ...(
+      [
+        ['sql-setting', () => `SET tenancy.setting = '${'k'.repeat(HUGE)}'`, undefined],
+        ['sql-own-row', () => 'INSERT INTO orders.items (v) VALUES ($1)', ['k'.repeat(HUGE)]],
+        ['sql-fence-key', () => `SET fencepost.fence_key = 'orders/${'k'.repeat(1024 * 1024)}'`, undefined],
+        ['sql-token', () => `SET fencepost.token = '${'9'.repeat(1024 * 1024)}'`, undefined],
+      ] as [string, () => string, unknown[] | undefined][]
+    ).map(([variant, text, values]) =>
       attack(`huge-arguments:${variant}`, 'huge-arguments', async (ctx, tally) => {
         const c = await aSqlSession(ctx, tally);
         if (c === null) return;
         const statement = text();
         try {
-          await loop(ctx.signal, tally, async () => {
-            tally.add(await query(c, statement, values).catch(codeOf));
-            // A transaction with what the session now holds, then the session set back.
-            const r = await query(c, 'SELECT 1').catch(codeOf);
-            await c.query(`SET fencepost.fence_key = '${ctx.t.a.fenceKey}'; SET fencepost.token = '${ctx.aToken}'`).catch(() => {});
-            return r;
-          }, 200);
+          await loop(
+            ctx.signal,
+            tally,
+            async () => {
+              tally.add(await query(c, statement, values).catch(codeOf));
+              // A transaction with what the session now holds, then the session set back.
+              const r = await query(c, 'SELECT 1').catch(codeOf);
+              await c.query(`SET fencepost.fence_key = '${ctx.t.a.fenceKey}'; SET fencepost.token = '${ctx.aToken}'`).catch(() => {});
+              return r;
+            },
+            200,
+          );
         } finally {
           await c.end().catch(() => {});
         }
@@ -417,17 +511,43 @@ function otherAttacks(): Attack[] {
     ),
     attack('fence-flood:http', 'fence-flood', async (ctx, tally) => {
       let n = 0;
-      await parallel(4, () => loop(ctx.signal, tally, async () => {
-        const r = await http(ctx.e, ctx.t.a, 'PUT', `/v1/fences/${encodeURIComponent(`orders/flood/${Date.now()}-${n++}`)}`, { 'fencing-token': '1' }, undefined, ctx.signal);
-        return r.status === 200 ? 'ok' : httpCode(r);
-      }, 0));
+      await parallel(4, () =>
+        loop(
+          ctx.signal,
+          tally,
+          async () => {
+            const r = await http(
+              ctx.e,
+              ctx.t.a,
+              'PUT',
+              `/v1/fences/${encodeURIComponent(`orders/flood/${Date.now()}-${n++}`)}`,
+              { 'fencing-token': '1' },
+              undefined,
+              ctx.signal,
+            );
+            return r.status === 200 ? 'ok' : httpCode(r);
+          },
+          0,
+        ),
+      );
     }),
     attack('fence-flood:tx', 'fence-flood', async (ctx, tally) => {
       let n = 0;
-      await parallel(2, () => loop(ctx.signal, tally, () => {
-        const base = `${Date.now()}-${n++}`;
-        return aTransaction(ctx, [{ sql: 'SELECT 1' }], Array.from({ length: 100 }, (_, i) => ({ key: `orders/flood-tx/${base}/${i}`, token: '1' })));
-      }, 0));
+      await parallel(2, () =>
+        loop(
+          ctx.signal,
+          tally,
+          () => {
+            const base = `${Date.now()}-${n++}`;
+            return aTransaction(
+              ctx,
+              [{ sql: 'SELECT 1' }],
+              Array.from({ length: 100 }, (_, i) => ({ key: `orders/flood-tx/${base}/${i}`, token: '1' })),
+            );
+          },
+          0,
+        ),
+      );
     }),
   ];
   return list;
@@ -436,7 +556,9 @@ function otherAttacks(): Attack[] {
 /** Every attack: the lock-queue variants on every target through every door, and the other families. */
 export async function allAttacks(admin: pg.Pool, t: Tenants): Promise<Attack[]> {
   const targets = await lockTargets(admin, t);
-  const lockQueue = targets.flatMap((target) => ddlFor(target).flatMap(([variant, ddl]) => DOORS.map((door) => lockQueueAttack(target, variant, ddl, door, t))));
+  const lockQueue = targets.flatMap((target) =>
+    ddlFor(target).flatMap(([variant, ddl]) => DOORS.map((door) => lockQueueAttack(target, variant, ddl, door, t))),
+  );
   return [...lockQueue, ...otherAttacks()];
 }
 

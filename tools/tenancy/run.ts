@@ -77,9 +77,13 @@ function latency(v: VictimRun): Latency {
 /** B's data is exactly what B wrote in `run` (rows of its tag, its objects at its tokens) and its fence at B's token. */
 async function bDataViolations(admin: pg.Pool, e: Endpoints, t: Tenants, tag: string, v: VictimRun): Promise<string[]> {
   const out: string[] = [];
-  const rows = Number((await admin.query<{ n: string }>(`SELECT count(*) AS n FROM ${t.b.table} WHERE starts_with(v, $1)`, [`${tag}:`])).rows[0]!.n);
+  const rows = Number(
+    (await admin.query<{ n: string }>(`SELECT count(*) AS n FROM ${t.b.table} WHERE starts_with(v, $1)`, [`${tag}:`])).rows[0]!.n,
+  );
   if (rows !== v.sqlRows + v.txRows) out.push(`B's table has ${rows} rows of this run, B wrote ${v.sqlRows + v.txRows}`);
-  const fence = (await admin.query<{ h: string }>('SELECT highest_token::text AS h FROM fencepost.fences WHERE fence_key = $1', [t.b.fenceKey])).rows[0]?.h;
+  const fence = (
+    await admin.query<{ h: string }>('SELECT highest_token::text AS h FROM fencepost.fences WHERE fence_key = $1', [t.b.fenceKey])
+  ).rows[0]?.h;
   if (fence !== String(v.token)) out.push(`B's fence is at ${fence}, B raised it to ${v.token}`);
   for (const [key, token] of v.objects) {
     const r = await http(e, t.b, 'GET', `/v1/objects/${encodeURIComponent(key)}`);
@@ -118,14 +122,18 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
     };
     // Fence A's leader once (its fence, its epoch), and warm B's doors: neither is timed.
     await http(o.e, o.t.a, 'PUT', `/v1/fences/${encodeURIComponent(o.t.a.fenceKey)}`, { 'fencing-token': String(aToken) });
-    await runVictim(o.e, o.t.b, { seed: victimSeed, durationMs: Math.min(500, o.windowMs), startToken: bToken, runTag: 'warm' }).then((v) => (bToken = v.token));
+    await runVictim(o.e, o.t.b, { seed: victimSeed, durationMs: Math.min(500, o.windowMs), startToken: bToken, runTag: 'warm' }).then(
+      (v) => (bToken = v.token),
+    );
 
     const solo = await victim();
     const soloLat = latency(solo.v);
     const soloErrors = solo.v.errors.map((x) => `${x.op} ${x.code}`);
     if (soloErrors.length > 0) throw new Error(`B's solo run had errors, nothing to compare with: ${soloErrors.join(', ')}`);
     const bound = { writeMs: boundFor(soloLat.writeP99), raiseMs: boundFor(soloLat.raiseP99) };
-    print(`tenancy: seed ${o.seed}; solo B: p99 write ${soloLat.writeP99.toFixed(0)} ms (${soloLat.writes}), raise ${soloLat.raiseP99.toFixed(0)} ms (${soloLat.raises}); bound write ${bound.writeMs.toFixed(0)} ms, raise ${bound.raiseMs.toFixed(0)} ms`);
+    print(
+      `tenancy: seed ${o.seed}; solo B: p99 write ${soloLat.writeP99.toFixed(0)} ms (${soloLat.writes}), raise ${soloLat.raiseP99.toFixed(0)} ms (${soloLat.raises}); bound write ${bound.writeMs.toFixed(0)} ms, raise ${bound.raiseMs.toFixed(0)} ms`,
+    );
 
     // Targets are read after B's leader has run: its epoch sequence exists by now.
     const attacks = await allAttacks(admin, o.t);
@@ -141,9 +149,13 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
       // B alone again just before the case: the box's load drifts (other suites come and go), and
       // the case is held to the slower of the two solo runs.
       const before = await victim();
-      if (before.v.errors.length > 0) throw new Error(`B's solo run before case ${i} had errors: ${before.v.errors.map((x) => `${x.op} ${x.code}`).join(', ')}`);
+      if (before.v.errors.length > 0)
+        throw new Error(`B's solo run before case ${i} had errors: ${before.v.errors.map((x) => `${x.op} ${x.code}`).join(', ')}`);
       const beforeLat = latency(before.v);
-      const caseBound = { writeMs: Math.max(bound.writeMs, boundFor(beforeLat.writeP99)), raiseMs: Math.max(bound.raiseMs, boundFor(beforeLat.raiseP99)) };
+      const caseBound = {
+        writeMs: Math.max(bound.writeMs, boundFor(beforeLat.writeP99)),
+        raiseMs: Math.max(bound.raiseMs, boundFor(beforeLat.raiseP99)),
+      };
       await attacker.start(
         mix.map((a) => a.name),
         aToken,
@@ -176,10 +188,23 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
       print(
         `  case ${i}${result.knownOpen ? ' (known open)' : ''}: ${result.attacks.join(' + ')}\n` +
           `    B p99 write ${b.writeP99.toFixed(0)} ms (${b.writes}), raise ${b.raiseP99.toFixed(0)} ms (${b.raises}): ${violations.length === 0 ? 'within bound' : 'VIOLATION ' + violations.join('; ')}\n` +
-          mix.map((a, j) => `    A ${a.name}: ${JSON.stringify(outcomes[j]!.answers)}${outcomes[j]!.longestRefusalMs > 200 ? ` (a refusal after ${outcomes[j]!.longestRefusalMs.toFixed(0)} ms)` : ''}`).join('\n'),
+          mix
+            .map(
+              (a, j) =>
+                `    A ${a.name}: ${JSON.stringify(outcomes[j]!.answers)}${outcomes[j]!.longestRefusalMs > 200 ? ` (a refusal after ${outcomes[j]!.longestRefusalMs.toFixed(0)} ms)` : ''}`,
+            )
+            .join('\n'),
       );
     }
-    return { seed: o.seed, solo: soloLat, bound, soloTooSlow: soloLat.writeP99 > BOUND.slackMs, cases, attackCount: attacks.length, elapsedMs: Date.now() - started };
+    return {
+      seed: o.seed,
+      solo: soloLat,
+      bound,
+      soloTooSlow: soloLat.writeP99 > BOUND.slackMs,
+      cases,
+      attackCount: attacks.length,
+      elapsedMs: Date.now() - started,
+    };
   } finally {
     await attacker?.close();
     await admin.end();

@@ -34,12 +34,33 @@ export const DIRECT_CONNECTION_LIMIT = 8;
 /** Role names for a run: roles are cluster-wide, so each run's are its own. */
 export function tenantNames(): Tenants {
   const tag = randomBytes(3).toString('hex');
-  const a: Tenant = { key: 'orders-writer', secret: `orders-secret-${randomBytes(8).toString('hex')}`, prefix: 'orders/', fenceKey: 'orders/main', pgRole: `fp_ten_orders_${tag}`, table: 'orders.items', schema: 'orders' };
-  const b: Tenant = { key: 'billing-writer', secret: `billing-secret-${randomBytes(8).toString('hex')}`, prefix: 'billing/', fenceKey: 'billing/main', pgRole: `fp_ten_billing_${tag}`, table: 'billing.ledger', schema: 'billing' };
+  const a: Tenant = {
+    key: 'orders-writer',
+    secret: `orders-secret-${randomBytes(8).toString('hex')}`,
+    prefix: 'orders/',
+    fenceKey: 'orders/main',
+    pgRole: `fp_ten_orders_${tag}`,
+    table: 'orders.items',
+    schema: 'orders',
+  };
+  const b: Tenant = {
+    key: 'billing-writer',
+    secret: `billing-secret-${randomBytes(8).toString('hex')}`,
+    prefix: 'billing/',
+    fenceKey: 'billing/main',
+    pgRole: `fp_ten_billing_${tag}`,
+    table: 'billing.ledger',
+    schema: 'billing',
+  };
   const keysJson = JSON.stringify({
     keys: [a, b].map((t) => ({ name: t.key, secret: t.secret, fenceKeyPrefixes: [t.prefix], pgRole: t.pgRole })),
   });
-  return { a, b, direct: { login: `fp_ten_direct_${tag}`, password: randomBytes(12).toString('hex'), connectionLimit: DIRECT_CONNECTION_LIMIT }, keysJson };
+  return {
+    a,
+    b,
+    direct: { login: `fp_ten_direct_${tag}`, password: randomBytes(12).toString('hex'), connectionLimit: DIRECT_CONNECTION_LIMIT },
+    keysJson,
+  };
 }
 
 const owner = (t: Tenant) => `${t.pgRole}_owner`;
@@ -52,7 +73,9 @@ export async function createTenantRoles(admin: pg.Pool, t: Tenants): Promise<voi
   for (const tenant of [t.a, t.b]) {
     await admin.query(`CREATE ROLE ${tenant.pgRole} NOLOGIN; CREATE ROLE ${owner(tenant)} NOLOGIN`);
   }
-  await admin.query(`CREATE ROLE ${t.direct.login} LOGIN CONNECTION LIMIT ${t.direct.connectionLimit} PASSWORD '${t.direct.password}'; GRANT ${t.a.pgRole} TO ${t.direct.login}`);
+  await admin.query(
+    `CREATE ROLE ${t.direct.login} LOGIN CONNECTION LIMIT ${t.direct.connectionLimit} PASSWORD '${t.direct.password}'; GRANT ${t.a.pgRole} TO ${t.direct.login}`,
+  );
   // INHERIT: the login has its pgRole's privileges without SET ROLE, the most a writer's login could.
 }
 
@@ -87,14 +110,27 @@ export interface Endpoints {
 }
 
 export function sqlDoorClient(e: Endpoints, t: Tenant, options?: string): pg.Client {
-  const c = new pg.Client({ host: '127.0.0.1', port: e.pgwirePort, database: e.database, user: t.key, password: t.secret, ...(options === undefined ? {} : { options }) });
+  const c = new pg.Client({
+    host: '127.0.0.1',
+    port: e.pgwirePort,
+    database: e.database,
+    user: t.key,
+    password: t.secret,
+    ...(options === undefined ? {} : { options }),
+  });
   c.on('error', () => {});
   return c;
 }
 
 export function directClient(e: Endpoints, t: Tenants): pg.Client {
   const u = new URL(e.adminUrl);
-  const c = new pg.Client({ host: u.hostname, port: Number(u.port || 5432), database: u.pathname.slice(1), user: t.direct.login, password: t.direct.password });
+  const c = new pg.Client({
+    host: u.hostname,
+    port: Number(u.port || 5432),
+    database: u.pathname.slice(1),
+    user: t.direct.login,
+    password: t.direct.password,
+  });
   c.on('error', () => {});
   return c;
 }
@@ -104,9 +140,22 @@ export function fenceOptions(token: bigint | number, fenceKey: string): string {
 }
 
 /** HTTP to the proxy as `t`; resolves with status, body text and how long it took. */
-export async function http(e: Endpoints, t: Tenant, method: string, path: string, headers: Record<string, string> = {}, body?: string | Buffer, signal?: AbortSignal): Promise<{ status: number; text: string; ms: number }> {
+export async function http(
+  e: Endpoints,
+  t: Tenant,
+  method: string,
+  path: string,
+  headers: Record<string, string> = {},
+  body?: string | Buffer,
+  signal?: AbortSignal,
+): Promise<{ status: number; text: string; ms: number }> {
   const started = performance.now();
-  const r = await fetch(`${e.http}${path}`, { method, headers: { authorization: `Bearer ${t.secret}`, ...headers }, ...(body === undefined ? {} : { body }), ...(signal ? { signal } : {}) });
+  const r = await fetch(`${e.http}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${t.secret}`, ...headers },
+    ...(body === undefined ? {} : { body }),
+    ...(signal ? { signal } : {}),
+  });
   const text = await r.text();
   return { status: r.status, text, ms: performance.now() - started };
 }

@@ -75,11 +75,21 @@ export async function runVictim(e: Endpoints, b: Tenant, o: VictimOptions): Prom
           run.sqlRows++;
         } else if (op === 'http-write') {
           const key = `${b.prefix}${o.runTag}/obj-${rng.int(0, 9)}`;
-          const r = await http(e, b, 'PUT', `/v1/objects/${encodeURIComponent(key)}`, { 'fencing-token': String(token), 'fence-key': b.fenceKey, 'content-type': 'text/plain' }, `${o.runTag}:${i}`);
+          const r = await http(
+            e,
+            b,
+            'PUT',
+            `/v1/objects/${encodeURIComponent(key)}`,
+            { 'fencing-token': String(token), 'fence-key': b.fenceKey, 'content-type': 'text/plain' },
+            `${o.runTag}:${i}`,
+          );
           if (r.status !== 200) throw Object.assign(new Error(r.text.slice(0, 200)), { code: httpCode(r) });
           run.objects.set(key, token);
         } else if (op === 'tx-write') {
-          const body = JSON.stringify({ fences: [{ key: b.fenceKey, token: String(token) }], statements: [{ sql: `INSERT INTO ${b.table} (v) VALUES ($1)`, params: [`${o.runTag}:tx:${i}`] }] });
+          const body = JSON.stringify({
+            fences: [{ key: b.fenceKey, token: String(token) }],
+            statements: [{ sql: `INSERT INTO ${b.table} (v) VALUES ($1)`, params: [`${o.runTag}:tx:${i}`] }],
+          });
           const r = await http(e, b, 'POST', '/v1/transactions', { 'content-type': 'application/json' }, body);
           if (r.status !== 200) throw Object.assign(new Error(r.text.slice(0, 200)), { code: httpCode(r) });
           run.txRows++;

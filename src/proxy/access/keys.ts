@@ -50,7 +50,11 @@ export function parseKeys(json: string): AccessKey[] {
   } catch (err) {
     throw new Error(`is not valid JSON (${(err as Error).message})`);
   }
-  const list = Array.isArray(doc) ? doc : typeof doc === 'object' && doc !== null && Array.isArray((doc as { keys?: unknown }).keys) ? (doc as { keys: unknown[] }).keys : null;
+  const list = Array.isArray(doc)
+    ? doc
+    : typeof doc === 'object' && doc !== null && Array.isArray((doc as { keys?: unknown }).keys)
+      ? (doc as { keys: unknown[] }).keys
+      : null;
   if (list === null) throw new Error('must be a JSON array of keys or {"keys": [...]}');
   const names = new Set<string>();
   const digests = new Set<string>();
@@ -65,13 +69,19 @@ export function parseKeys(json: string): AccessKey[] {
     let digest: Buffer;
     let scram: ScramSecret | undefined;
     if (k.secret !== undefined && k.secretSha256 === undefined) {
-      if (typeof k.secret !== 'string' || k.secret.length < MIN_SECRET_CHARS || k.secret.length > MAX_BEARER_CHARS || /[\s\u0000-\u001f]/.test(k.secret)) {
+      if (
+        typeof k.secret !== 'string' ||
+        k.secret.length < MIN_SECRET_CHARS ||
+        k.secret.length > MAX_BEARER_CHARS ||
+        /[\s\u0000-\u001f]/.test(k.secret)
+      ) {
         throw new Error(`key ${k.name}: secret must be ${MIN_SECRET_CHARS}–${MAX_BEARER_CHARS} characters without whitespace`);
       }
       digest = digestOf(k.secret);
       scram = scramSecret(k.secret);
     } else if (k.secretSha256 !== undefined && k.secret === undefined) {
-      if (typeof k.secretSha256 !== 'string' || !/^[0-9a-fA-F]{64}$/.test(k.secretSha256)) throw new Error(`key ${k.name}: secretSha256 must be 64 hex digits`);
+      if (typeof k.secretSha256 !== 'string' || !/^[0-9a-fA-F]{64}$/.test(k.secretSha256))
+        throw new Error(`key ${k.name}: secretSha256 must be 64 hex digits`);
       digest = Buffer.from(k.secretSha256, 'hex');
     } else {
       throw new Error(`key ${k.name}: give exactly one of secret, secretSha256`);
@@ -88,7 +98,14 @@ export function parseKeys(json: string): AccessKey[] {
     if (pgRole !== null && (typeof pgRole !== 'string' || !ROLE_NAME.test(pgRole))) {
       throw new Error(`key ${k.name}: pgRole must be a plain Postgres identifier (letters, digits, _ and $, at most 63)`);
     }
-    return Object.freeze({ name: k.name, digest, fenceKeyPrefixes: Object.freeze([...(prefixes as string[])]), pgRole, readOnly, ...(scram ? { scram } : {}) });
+    return Object.freeze({
+      name: k.name,
+      digest,
+      fenceKeyPrefixes: Object.freeze([...(prefixes as string[])]),
+      pgRole,
+      readOnly,
+      ...(scram ? { scram } : {}),
+    });
   });
 }
 

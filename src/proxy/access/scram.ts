@@ -36,7 +36,8 @@ function xor(a: Buffer, b: Buffer): Buffer {
 }
 
 function checkIterations(iterations: number): void {
-  if (!Number.isInteger(iterations) || iterations < 1 || iterations > MAX_ITERATIONS) throw new ScramError(`SCRAM iteration count ${iterations} is not within 1–${MAX_ITERATIONS}`);
+  if (!Number.isInteger(iterations) || iterations < 1 || iterations > MAX_ITERATIONS)
+    throw new ScramError(`SCRAM iteration count ${iterations} is not within 1–${MAX_ITERATIONS}`);
 }
 
 /**
@@ -115,7 +116,10 @@ export class ScramServer {
   first(clientFirst: string): string {
     // gs2-header: "n,," (no channel binding) or "y,," (client could but thinks we cannot).
     const m = /^([ny]),(?:a=[^,]*)?,(.*)$/.exec(clientFirst);
-    if (!m) throw new ScramError(clientFirst.startsWith('p=') ? 'channel binding is not supported (no TLS)' : 'malformed SCRAM client-first message');
+    if (!m)
+      throw new ScramError(
+        clientFirst.startsWith('p=') ? 'channel binding is not supported (no TLS)' : 'malformed SCRAM client-first message',
+      );
     this.gs2 = clientFirst.slice(0, clientFirst.length - m[2]!.length);
     this.clientFirstBare = m[2]!;
     const clientNonce = attributes(this.clientFirstBare).get('r');
@@ -165,7 +169,8 @@ export class ScramClient {
     if (!nonce?.startsWith(this.clientNonce) || salt === undefined || !Number.isInteger(iterations) || iterations < 1) {
       throw new ScramError('malformed SCRAM server-first message');
     }
-    if (iterations > MAX_ITERATIONS) throw new ScramError(`the server asks for ${iterations} SCRAM iterations; the proxy derives at most ${MAX_ITERATIONS}`);
+    if (iterations > MAX_ITERATIONS)
+      throw new ScramError(`the server asks for ${iterations} SCRAM iterations; the proxy derives at most ${MAX_ITERATIONS}`);
     const salted = await saltedPassword(this.password, Buffer.from(salt, 'base64'), iterations);
     const clientKey = hmac(salted, 'Client Key');
     const withoutProof = `c=biws,r=${nonce}`;
@@ -180,7 +185,7 @@ export class ScramClient {
     const v = attributes(serverFinal).get('v');
     const got = Buffer.from(v ?? '', 'base64');
     if (this.serverSignature === null || got.length !== this.serverSignature.length || !timingSafeEqual(got, this.serverSignature)) {
-      throw new ScramError('the server\'s SCRAM signature does not match');
+      throw new ScramError("the server's SCRAM signature does not match");
     }
   }
 }

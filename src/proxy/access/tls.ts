@@ -52,7 +52,10 @@ function load(files: TlsFiles): Loaded {
     throw new ConfigError('FENCEPOST_TLS_KEY', `${files.keyFile} is not a PEM private key: ${(err as Error).message}`);
   }
   if (!leaf.checkPrivateKey(privateKey)) {
-    throw new ConfigError('FENCEPOST_TLS_KEY', `${files.keyFile} is not the key of the certificate in ${files.certFile} (FENCEPOST_TLS_CERT)`);
+    throw new ConfigError(
+      'FENCEPOST_TLS_KEY',
+      `${files.keyFile} is not the key of the certificate in ${files.certFile} (FENCEPOST_TLS_CERT)`,
+    );
   }
   let context: SecureContext;
   try {

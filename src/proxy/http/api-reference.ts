@@ -61,13 +61,19 @@ function schemaLine(schema: Json): string {
 function parameters(op: Json): string {
   const params = Array.isArray(op.parameters) ? op.parameters.map(obj) : [];
   if (params.length === 0) return '';
-  const rows = params.map((p) => `<tr><td><code>${esc(p.name)}</code></td><td>${esc(p.in)}</td><td>${p.required === true ? 'yes' : 'no'}</td><td>${schemaLine(obj(p.schema))}</td><td>${inline(p.description)}</td></tr>`);
+  const rows = params.map(
+    (p) =>
+      `<tr><td><code>${esc(p.name)}</code></td><td>${esc(p.in)}</td><td>${p.required === true ? 'yes' : 'no'}</td><td>${schemaLine(obj(p.schema))}</td><td>${inline(p.description)}</td></tr>`,
+  );
   return `<h4>Parameters</h4><table><tr><th>name</th><th>in</th><th>required</th><th>schema</th><th>description</th></tr>${rows.join('')}</table>`;
 }
 
 function content(c: unknown): string {
   return Object.entries(obj(c))
-    .map(([type, media]) => `<details><summary><code>${esc(type)}</code></summary><pre>${esc(JSON.stringify(obj(media).schema ?? {}, null, 2))}</pre></details>`)
+    .map(
+      ([type, media]) =>
+        `<details><summary><code>${esc(type)}</code></summary><pre>${esc(JSON.stringify(obj(media).schema ?? {}, null, 2))}</pre></details>`,
+    )
     .join('');
 }
 
@@ -87,7 +93,10 @@ function anchor(method: string, path: string): string {
 }
 
 function operation(method: string, path: string, op: Json): string {
-  const security = Array.isArray(op.security) && op.security.length > 0 ? '<p class="muted">Needs <code>Authorization: Bearer &lt;key&gt;</code>.</p>' : '';
+  const security =
+    Array.isArray(op.security) && op.security.length > 0
+      ? '<p class="muted">Needs <code>Authorization: Bearer &lt;key&gt;</code>.</p>'
+      : '';
   const body = op.requestBody === undefined ? '' : `<h4>Request body</h4>${content(obj(op.requestBody).content)}`;
   return `<article id="${anchor(method, path)}"><h3><span class="method ${method}">${method}</span> <code>${esc(path)}</code></h3>
 ${op.summary === undefined ? '' : `<p><strong>${esc(op.summary)}</strong></p>`}${prose(op.description)}${security}${parameters(op)}${body}${responses(op)}</article>`;
@@ -105,10 +114,16 @@ export function renderReference(doc: Json): string {
   }
   const tags = Array.isArray(doc.tags) ? doc.tags.map(obj) : [];
   const groups = tags.map((t) => ({ t, list: ops.filter((o) => o.tag === t.name) })).filter((g) => g.list.length > 0);
-  const sections = groups.map(({ t, list }) => `<h2 id="tag-${esc(t.name)}">${esc(t.name)}</h2>${prose(t.description)}${list.map((o) => operation(o.method, o.path, o.op)).join('\n')}`);
+  const sections = groups.map(
+    ({ t, list }) =>
+      `<h2 id="tag-${esc(t.name)}">${esc(t.name)}</h2>${prose(t.description)}${list.map((o) => operation(o.method, o.path, o.op)).join('\n')}`,
+  );
   const nav = groups
     .flatMap((g) => g.list)
-    .map((o) => `<li><a href="#${anchor(o.method, o.path)}"><span class="method ${o.method}">${o.method}</span> <code>${esc(o.path)}</code></a></li>`)
+    .map(
+      (o) =>
+        `<li><a href="#${anchor(o.method, o.path)}"><span class="method ${o.method}">${o.method}</span> <code>${esc(o.path)}</code></a></li>`,
+    )
     .join('');
   const errors = (Object.keys(ERRORS) as ErrorCode[])
     .map((c) => `<tr><td><code>${c}</code></td><td>${ERRORS[c].status}</td><td>${prose(ERRORS[c].description)}</td></tr>`)

@@ -123,15 +123,29 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
   if (sqlState(err) === NOT_FENCED) return new ApiError('not_fenced', `${err.message}; nothing written`, {}, { cause: err });
   // A prepared transaction holds the fence row: no retry outwaits it; the answer names it.
   if (err instanceof FenceHeldByPreparedError) {
-    return new ApiError('unavailable', `${err.message}; nothing committed`, { fenceKey: err.fenceKey, preparedTransaction: err.preparedTransaction }, { cause: err });
+    return new ApiError(
+      'unavailable',
+      `${err.message}; nothing committed`,
+      { fenceKey: err.fenceKey, preparedTransaction: err.preparedTransaction },
+      { cause: err },
+    );
   }
-  if (sqlState(err) === LOCK_NOT_AVAILABLE) return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
-  if (err instanceof WriteOutcomeUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
+  if (sqlState(err) === LOCK_NOT_AVAILABLE)
+    return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
+  if (err instanceof WriteOutcomeUnknownError)
+    return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
   // DATABASE_URL lists several hosts and none takes writes now (a failover under way): say which.
-  if (err instanceof NoWritableHostError) return new ApiError('unavailable', `database unavailable: ${err.message}; nothing committed, safe to retry`, {}, { cause: err });
+  if (err instanceof NoWritableHostError)
+    return new ApiError('unavailable', `database unavailable: ${err.message}; nothing committed, safe to retry`, {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   // A standby, or a primary still promoting: nothing can have committed, and it passes.
-  if (sqlState(err) === READ_ONLY_SQL_TRANSACTION) return new ApiError('unavailable', 'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry', {}, { cause: err });
+  if (sqlState(err) === READ_ONLY_SQL_TRANSACTION)
+    return new ApiError(
+      'unavailable',
+      'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry',
+      {},
+      { cause: err },
+    );
   const status = (err as FastifyError).statusCode;
   if (status !== undefined && status >= 400 && status < 500) return new ApiError('bad_request', err.message);
   return new ApiError('internal', 'internal error; the write may not have committed: read it back or retry', {}, { cause: err });
@@ -157,11 +171,15 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     // A slow (or stalled) body cannot hold a connection longer than requestTimeoutMs; node checks
     // every connectionsCheckingInterval.
     requestTimeout: requestTimeoutMs,
-    http: { headersTimeout: Math.min(requestTimeoutMs, 60_000), connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
+    http: {
+      headersTimeout: Math.min(requestTimeoutMs, 60_000),
+      connectionsCheckingInterval: Math.min(1000, Math.max(100, Math.floor(requestTimeoutMs / 4))),
+    },
     clientErrorHandler,
     ...(opts.https ? { https: { cert: opts.https.cert, key: opts.https.key } } : {}),
     // Bad percent-encoding and the like, before routing: answer in the registry's shape.
-    frameworkErrors: (err, req, reply) => sendError((reply as unknown as FastifyReply).header(REQUEST_ID_HEADER, req.id), toApiError(err, req.url)),
+    frameworkErrors: (err, req, reply) =>
+      sendError((reply as unknown as FastifyReply).header(REQUEST_ID_HEADER, req.id), toApiError(err, req.url)),
     // Every request's id (request-id.ts): the client's X-Request-Id when sane, else generated.
     genReqId: requestId,
     // Route schemas validate bodies, querystrings, params and headers; failures are registry errors.
@@ -174,7 +192,11 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.decorate('durability', durability);
   app.decorateReply('errorCode', null);
   const guard = opts.forgeryGuard
-    ? new ForgeryGuard({ ...opts.forgeryGuard, readHighest: (k) => opts.store.readHighestToken(k), ...(opts.logger ? { logger: opts.logger } : {}) })
+    ? new ForgeryGuard({
+        ...opts.forgeryGuard,
+        readHighest: (k) => opts.store.readHighestToken(k),
+        ...(opts.logger ? { logger: opts.logger } : {}),
+      })
     : null;
   app.decorate('forgeryGuard', guard);
   const logs = { ...LOG_DEFAULTS, ...opts.logDigest };
@@ -194,9 +216,13 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   let stopRefreshing = () => {};
   app.addHook('onReady', async () => {
     void opts.store.protectedPrefixes.refresh().catch((err: unknown) => {
-      if (opts.logger) opts.logger.warn({ err }, 'reading the protected prefixes failed; they are read again on the interval and after a refused write');
+      if (opts.logger)
+        opts.logger.warn({ err }, 'reading the protected prefixes failed; they are read again on the interval and after a refused write');
     });
-    stopRefreshing = opts.store.protectedPrefixes.refreshing(opts.protectedPrefixRefreshMs ?? PROTECT_DEFAULTS.prefixRefreshMs, opts.logger || undefined);
+    stopRefreshing = opts.store.protectedPrefixes.refreshing(
+      opts.protectedPrefixRefreshMs ?? PROTECT_DEFAULTS.prefixRefreshMs,
+      opts.logger || undefined,
+    );
   });
   app.addHook('onClose', async () => stopRefreshing());
   registerRequestId(app);
@@ -249,7 +275,10 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.decorate('transactionRunner', runner);
   // A raise that the write path found held (PUT /v1/fences): ended holders, in bounded time (raise.ts).
   app.decorate('raiseFence', (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) =>
-    raiseFences(opts.store.pool, [{ fenceKey, token }], writerId, { waitMs, lockTimeoutMs: tx.lockTimeoutMs, logger: app.log }).then((r) => r[0]!.highestToken));
+    raiseFences(opts.store.pool, [{ fenceKey, token }], writerId, { waitMs, lockTimeoutMs: tx.lockTimeoutMs, logger: app.log }).then(
+      (r) => r[0]!.highestToken,
+    ),
+  );
   app.addHook('onClose', async () => await runner.close());
   app.register(transactionRoutes, { maxStatements: tx.maxStatements });
   return app;

@@ -33,7 +33,12 @@ export function registerAuth(app: FastifyInstance, auth: AuthConfig): void {
       return;
     }
     if (key === null) {
-      throw new ApiError('unauthorized', req.headers.authorization === undefined ? 'this request needs Authorization: Bearer <key>' : 'the bearer key matches no configured key');
+      throw new ApiError(
+        'unauthorized',
+        req.headers.authorization === undefined
+          ? 'this request needs Authorization: Bearer <key>'
+          : 'the bearer key matches no configured key',
+      );
     }
     if (access === 'write' && key.readOnly) {
       req.log.warn({ keyName: key.name, method: req.method, url: req.url.split('?')[0] }, 'read-only key refused a write');

@@ -34,7 +34,9 @@ export function parseOrigin(raw: string): string {
     throw new Error(`${JSON.stringify(raw)} is not an origin (scheme://host[:port])`);
   }
   if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.origin !== raw) {
-    throw new Error(`${JSON.stringify(raw)} is not an origin as browsers send it: write ${url.protocol === 'http:' || url.protocol === 'https:' ? url.origin : 'http(s)://host[:port]'} (lower case, no path, no trailing slash, no default port)`);
+    throw new Error(
+      `${JSON.stringify(raw)} is not an origin as browsers send it: write ${url.protocol === 'http:' || url.protocol === 'https:' ? url.origin : 'http(s)://host[:port]'} (lower case, no path, no trailing slash, no default port)`,
+    );
   }
   return raw;
 }
@@ -42,7 +44,8 @@ export function parseOrigin(raw: string): string {
 /** Checks one FENCEPOST_ALLOWED_HOSTS entry (a DNS name, no port); returns it in lower case. */
 export function parseHostName(raw: string): string {
   const name = raw.toLowerCase();
-  if (!HOST_NAME.test(name) || isIP(name) !== 0) throw new Error(`${JSON.stringify(raw)} is not a host name (no port, no scheme; IP addresses are always allowed)`);
+  if (!HOST_NAME.test(name) || isIP(name) !== 0)
+    throw new Error(`${JSON.stringify(raw)} is not a host name (no port, no scheme; IP addresses are always allowed)`);
   return name;
 }
 
@@ -71,7 +74,10 @@ function sameOrigin(origin: string, host: string | undefined): boolean {
 const jsonOnly: onRequestHookHandler = async (req) => {
   const type = req.headers['content-type'];
   if (typeof type !== 'string' || !JSON_TYPE.test(type)) {
-    throw new ApiError('unsupported_media_type', `this route takes Content-Type: application/json${typeof type === 'string' ? `, not ${JSON.stringify(type.slice(0, 100))}` : ''}`);
+    throw new ApiError(
+      'unsupported_media_type',
+      `this route takes Content-Type: application/json${typeof type === 'string' ? `, not ${JSON.stringify(type.slice(0, 100))}` : ''}`,
+    );
   }
 };
 
@@ -91,16 +97,28 @@ export function registerBrowserGuard(app: FastifyInstance, config: BrowserConfig
   app.addHook('onRequest', async (req: FastifyRequest) => {
     const origin = req.headers.origin;
     if (origin !== undefined && !origins.has(origin) && !sameOrigin(origin, req.headers.host)) {
-      req.log.warn({ origin: origin.slice(0, 200), method: req.method, url: req.url.split('?')[0] }, 'request from a foreign origin refused');
-      throw new ApiError('forbidden_origin', `requests from origin ${JSON.stringify(origin.slice(0, 200))} are not allowed (FENCEPOST_ALLOWED_ORIGINS)`);
+      req.log.warn(
+        { origin: origin.slice(0, 200), method: req.method, url: req.url.split('?')[0] },
+        'request from a foreign origin refused',
+      );
+      throw new ApiError(
+        'forbidden_origin',
+        `requests from origin ${JSON.stringify(origin.slice(0, 200))} are not allowed (FENCEPOST_ALLOWED_ORIGINS)`,
+      );
     }
     // No Host at all (HTTP/1.0) names no DNS name, so nothing can have rebound it.
     const host = req.headers.host;
     if (mode.open && host !== undefined) {
       const name = hostNameOf(host);
       if (isIP(name) === 0 && name !== 'localhost' && !hosts.has(name)) {
-        req.log.warn({ host: host.slice(0, 200), method: req.method, url: req.url.split('?')[0] }, 'request for a foreign host name refused');
-        throw new ApiError('forbidden_host', `host name ${JSON.stringify(name.slice(0, 200))} is not allowed: without keys the proxy answers only to IP addresses, localhost and FENCEPOST_ALLOWED_HOSTS`);
+        req.log.warn(
+          { host: host.slice(0, 200), method: req.method, url: req.url.split('?')[0] },
+          'request for a foreign host name refused',
+        );
+        throw new ApiError(
+          'forbidden_host',
+          `host name ${JSON.stringify(name.slice(0, 200))} is not allowed: without keys the proxy answers only to IP addresses, localhost and FENCEPOST_ALLOWED_HOSTS`,
+        );
       }
     }
   });

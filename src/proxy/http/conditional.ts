@@ -14,7 +14,8 @@ const ENTITY_TAG = String.raw`(?:W/)?"[\x21\x23-\x7e\x80-\xff]*"`;
 export const IF_MATCH = {
   type: 'string',
   pattern: String.raw`^(?:\*|${ENTITY_TAG}(?:[ \t]*,[ \t]*${ENTITY_TAG})*)$`,
-  description: '* (the object exists) or a list of entity tags, one of which the object has (strong comparison); else 412 precondition_failed',
+  description:
+    '* (the object exists) or a list of entity tags, one of which the object has (strong comparison); else 412 precondition_failed',
 } as const;
 
 /** `If-None-Match` of a write: only `*`. */
@@ -52,7 +53,14 @@ function headerOf(req: FastifyRequest, name: string): string | undefined {
 export function writePrecondition(req: FastifyRequest): Precondition {
   const ifMatch = headerOf(req, 'if-match');
   return {
-    ifMatch: ifMatch === undefined ? null : ifMatch === '*' ? '*' : entityTags(ifMatch).filter((t) => !t.weak).map((t) => t.tag),
+    ifMatch:
+      ifMatch === undefined
+        ? null
+        : ifMatch === '*'
+          ? '*'
+          : entityTags(ifMatch)
+              .filter((t) => !t.weak)
+              .map((t) => t.tag),
     ifNoneMatch: headerOf(req, 'if-none-match') === '*',
   };
 }

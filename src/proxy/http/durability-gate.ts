@@ -8,7 +8,10 @@ import { ApiError } from '../errors.ts';
 import './route-config.ts'; // config.operation
 
 /** The answer while writes are refused (GET /readyz's too, with the report added). */
-export function durabilityUnsafe(refusal: { reasons: readonly string[]; warnings: readonly string[] }, extra: Record<string, unknown> = {}): ApiError {
+export function durabilityUnsafe(
+  refusal: { reasons: readonly string[]; warnings: readonly string[] },
+  extra: Record<string, unknown> = {},
+): ApiError {
   return new ApiError(
     'durability_unsafe',
     `writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1): ${refusal.reasons.join(', ')}; nothing committed, safe to retry`,

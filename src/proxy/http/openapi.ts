@@ -16,7 +16,15 @@ import type { RouteAccess } from './route-config.ts';
 import { REQUEST_ID_HEADER } from './request-id.ts';
 
 /** Errors any request can get: from the HTTP layer, the browser guard, shutdown and bugs. */
-const ANY_ROUTE: readonly ErrorCode[] = ['bad_request', 'forbidden_origin', 'forbidden_host', 'request_timeout', 'headers_too_large', 'unavailable', 'internal'];
+const ANY_ROUTE: readonly ErrorCode[] = [
+  'bad_request',
+  'forbidden_origin',
+  'forbidden_host',
+  'request_timeout',
+  'headers_too_large',
+  'unavailable',
+  'internal',
+];
 
 /** Errors of a fenced write's token (its Fencing-Token header, or a transaction's fences). */
 const TOKEN_ERRORS: readonly ErrorCode[] = ['token_required', 'invalid_token', 'stale_token', 'unverified_token', 'forbidden'];
@@ -45,7 +53,13 @@ const OPERATION_ERRORS: Record<string, readonly ErrorCode[]> = {
   ],
 };
 
-type JsonSchema = { type?: unknown; format?: string; required?: readonly string[]; properties?: Record<string, JsonSchema>; [k: string]: unknown };
+type JsonSchema = {
+  type?: unknown;
+  format?: string;
+  required?: readonly string[];
+  properties?: Record<string, JsonSchema>;
+  [k: string]: unknown;
+};
 
 /** A schema (or a nested one) with a key in it: fastify answers invalid_key for those. */
 function hasKey(s: JsonSchema | undefined): boolean {
@@ -55,7 +69,13 @@ function hasKey(s: JsonSchema | undefined): boolean {
 }
 
 /** The registry codes a route can answer, in registry order. */
-export function routeErrors(schema: FastifySchema | undefined, access: RouteAccess, operation: string | undefined, method: string, url = ''): ErrorCode[] {
+export function routeErrors(
+  schema: FastifySchema | undefined,
+  access: RouteAccess,
+  operation: string | undefined,
+  method: string,
+  url = '',
+): ErrorCode[] {
   const s = (schema ?? {}) as Record<string, JsonSchema | undefined>;
   const codes = new Set<ErrorCode>(ANY_ROUTE);
   if (access !== 'open') codes.add('unauthorized');
@@ -108,8 +128,14 @@ const ERROR_HEADERS: Record<number, Record<string, unknown>> = {
   503: { 'retry-after': { type: 'string', description: '`1` (seconds) with `unavailable` and `durability_unsafe`: safe to retry' } },
 };
 
-const REQUEST_ID_RESPONSE = { type: 'string', description: 'the request\'s id (the client\'s X-Request-Id when it sent a usable one), also in the proxy\'s log lines for it' };
-const REQUEST_ID_PARAM = { type: 'string', description: 'an id for this request: 1 to 128 of A-Z a-z 0-9 . _ -; kept and echoed, else one is generated' };
+const REQUEST_ID_RESPONSE = {
+  type: 'string',
+  description: "the request's id (the client's X-Request-Id when it sent a usable one), also in the proxy's log lines for it",
+};
+const REQUEST_ID_PARAM = {
+  type: 'string',
+  description: 'an id for this request: 1 to 128 of A-Z a-z 0-9 . _ -; kept and echoed, else one is generated',
+};
 
 function tagOf(url: string): string {
   if (url.startsWith('/v1/objects')) return 'objects';
@@ -141,7 +167,11 @@ function documentRoute(auth: AuthConfig): SwaggerTransform {
       path = `${url.slice(0, -1)}:key`;
       const params = s.params as JsonSchema;
       const { '*': key, ...rest } = params.properties ?? {};
-      s.params = { ...params, required: ['key'], properties: { ...rest, key: { ...key, description: `${String(key?.description ?? '')}; \`/\` may be sent as it is or as %2F` } } };
+      s.params = {
+        ...params,
+        required: ['key'],
+        properties: { ...rest, key: { ...key, description: `${String(key?.description ?? '')}; \`/\` may be sent as it is or as %2F` } },
+      };
     }
     const headers = (s.headers ?? { type: 'object' }) as JsonSchema;
     s.headers = { ...headers, properties: { ...headers.properties, [REQUEST_ID_HEADER]: REQUEST_ID_PARAM } };
@@ -149,7 +179,10 @@ function documentRoute(auth: AuthConfig): SwaggerTransform {
     const success = Object.keys(own).length > 0 ? own : { 200: { description: 'OK' } };
     s.response = {
       ...Object.fromEntries(
-        Object.entries(success).map(([status, r]) => [status, { ...r, headers: { ...(r.headers as object | undefined), [REQUEST_ID_HEADER]: REQUEST_ID_RESPONSE } }]),
+        Object.entries(success).map(([status, r]) => [
+          status,
+          { ...r, headers: { ...(r.headers as object | undefined), [REQUEST_ID_HEADER]: REQUEST_ID_RESPONSE } },
+        ]),
       ),
       ...errorResponses(codes),
     };
@@ -160,7 +193,8 @@ function documentRoute(auth: AuthConfig): SwaggerTransform {
   };
 }
 
-const VERSION = (JSON.parse(readFileSync(join(import.meta.dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string }).version;
+const VERSION = (JSON.parse(readFileSync(join(import.meta.dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string })
+  .version;
 
 const DESCRIPTION = `Fenced writes to objects and SQL in PostgreSQL: a write carries its writer's fencing token
 (\`Fencing-Token\`), and the proxy refuses it, in the same statement as the write, when a higher token
@@ -187,7 +221,9 @@ export function registerOpenApi(app: FastifyInstance, auth: AuthConfig): void {
         schemas: {
           Error: {
             ...errorSchema(Object.keys(ERRORS) as ErrorCode[]),
-            description: (Object.keys(ERRORS) as ErrorCode[]).map((c) => `\`${c}\` (${ERRORS[c].status}): ${ERRORS[c].description}`).join('\n\n'),
+            description: (Object.keys(ERRORS) as ErrorCode[])
+              .map((c) => `\`${c}\` (${ERRORS[c].status}): ${ERRORS[c].description}`)
+              .join('\n\n'),
           },
         },
       },

@@ -12,7 +12,8 @@ import { authorizeKeys } from './auth.ts';
  */
 export function tokenHeader(req: FastifyRequest): bigint {
   const parsed = parseToken(req.headers['fencing-token']);
-  if (!parsed.ok) throw new Error(`${req.routeOptions.url ?? req.url}: Fencing-Token not validated (FENCED_HEADERS missing from the route schema)`);
+  if (!parsed.ok)
+    throw new Error(`${req.routeOptions.url ?? req.url}: Fencing-Token not validated (FENCED_HEADERS missing from the route schema)`);
   return parsed.token;
 }
 
@@ -45,7 +46,10 @@ export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
   if (protectedBy === null) return named ?? objectKey;
   if (named !== undefined && named !== protectedBy.fenceKey) {
     authorizeKeys(req, [objectKey]);
-    req.log.info({ key: objectKey, fenceKey: named, prefix: protectedBy.prefix, prefixFenceKey: protectedBy.fenceKey }, 'misfenced write to a protected prefix refused');
+    req.log.info(
+      { key: objectKey, fenceKey: named, prefix: protectedBy.prefix, prefixFenceKey: protectedBy.fenceKey },
+      'misfenced write to a protected prefix refused',
+    );
     throw notFenced(objectKey, protectedBy, named);
   }
   return protectedBy.fenceKey;

@@ -42,19 +42,35 @@ export const AJV_OPTIONS = {
  * Keys in paths, query parameters and transaction bodies. (The Fence-Key header arrives as raw
  * bytes: request.ts decodes and checks it.)
  */
-export const KEY = { type: 'string', format: 'fencepost-key', description: 'a key: 1 to 1024 bytes of UTF-8 without control characters' } as const;
+export const KEY = {
+  type: 'string',
+  format: 'fencepost-key',
+  description: 'a key: 1 to 1024 bytes of UTF-8 without control characters',
+} as const;
 
 /** Tokens, in the Fencing-Token header and in transaction bodies (JSON strings, never numbers). */
-export const TOKEN = { type: 'string', pattern: '^[0-9]+$', format: 'fencing-token', description: 'decimal digits in 0…9223372036854775807' } as const;
+export const TOKEN = {
+  type: 'string',
+  pattern: '^[0-9]+$',
+  format: 'fencing-token',
+  description: 'decimal digits in 0…9223372036854775807',
+} as const;
 
 /** Routes that take no query parameters still refuse unknown ones. (`properties: {}`: OpenAPI lists none.) */
 export const NO_QUERY = { type: 'object', additionalProperties: false, properties: {} } as const;
 
 /** `Writer-Id`, kept in the rejection log (request.ts strips control characters and caps it). */
-export const WRITER_ID = { type: 'string', description: 'who sent the write, kept in the rejection log (at most 200 characters are kept)' } as const;
+export const WRITER_ID = {
+  type: 'string',
+  description: 'who sent the write, kept in the rejection log (at most 200 characters are kept)',
+} as const;
 
 /** The headers of a fenced write. Other headers pass: a request carries many. */
-export const FENCED_HEADERS = { type: 'object', required: ['fencing-token'], properties: { 'fencing-token': TOKEN, 'writer-id': WRITER_ID } } as const;
+export const FENCED_HEADERS = {
+  type: 'object',
+  required: ['fencing-token'],
+  properties: { 'fencing-token': TOKEN, 'writer-id': WRITER_ID },
+} as const;
 
 /** Params of `/…/:name` routes whose parameter is a key. */
 export function keyParams(name: string) {
@@ -98,17 +114,26 @@ export function registryError(errors: FastifySchemaValidationError[], part: Requ
   }
   if (e.keyword === 'additionalProperties') {
     const field = JSON.stringify(String(e.params.additionalProperty).slice(0, 100));
-    return new ApiError(fallback, part === 'querystring' ? `unknown query parameter ${field}` : `${label(part, e.instancePath)} has an unknown field ${field}`);
+    return new ApiError(
+      fallback,
+      part === 'querystring' ? `unknown query parameter ${field}` : `${label(part, e.instancePath)} has an unknown field ${field}`,
+    );
   }
   const where = label(part, e.instancePath);
-  if (e.keyword === 'format' && e.params.format === KEY.format) return new ApiError('invalid_key', `${where} ${keyProblem(String(e.data))}`);
+  if (e.keyword === 'format' && e.params.format === KEY.format)
+    return new ApiError('invalid_key', `${where} ${keyProblem(String(e.data))}`);
   const code = isToken(e.parentSchema) ? 'invalid_token' : fallback;
   if (part === 'querystring' && Array.isArray(e.data)) return new ApiError(code, `${where} is given more than once`);
   const description = e.parentSchema?.description;
   return new ApiError(code, description === undefined ? `${where} ${e.message ?? 'is not valid'}` : `${where} must be ${description}`);
 }
 
-const FALLBACK: Record<RequestPart, ErrorCode> = { querystring: 'invalid_query', params: 'invalid_key', headers: 'bad_request', body: 'bad_request' };
+const FALLBACK: Record<RequestPart, ErrorCode> = {
+  querystring: 'invalid_query',
+  params: 'invalid_key',
+  headers: 'bad_request',
+  body: 'bad_request',
+};
 
 /** The app-wide schemaErrorFormatter; a route with a body schema gives its own fallback. */
 export function schemaErrorFormatter(errors: FastifySchemaValidationError[], part: RequestPart): Error {

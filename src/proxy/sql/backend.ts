@@ -9,7 +9,12 @@ import { PROTOCOL_3_0, optionArg } from './startup.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 import { describeHost, type DatabaseHost } from '../../fence/primary-finder.ts';
-import { CONNECTION_FAILURE, INVALID_AUTHORIZATION_SPECIFICATION, PROTOCOL_VIOLATION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from '../../fence/sqlstate.ts';
+import {
+  CONNECTION_FAILURE,
+  INVALID_AUTHORIZATION_SPECIFICATION,
+  PROTOCOL_VIOLATION,
+  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+} from '../../fence/sqlstate.ts';
 
 export type BackendTarget = DatabaseTarget;
 
@@ -30,7 +35,9 @@ const SSL_REQUEST = message('', 80877103);
  */
 function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const raw = target.host.startsWith('/') ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` }) : connect({ host: target.host, port: target.port });
+    const raw = target.host.startsWith('/')
+      ? connect({ path: `${target.host}/.s.PGSQL.${target.port}` })
+      : connect({ host: target.host, port: target.port });
     raw.setNoDelay(true);
     let settled = false;
     const fail = (err: Error) => {
@@ -40,7 +47,10 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       raw.destroy();
       reject(err);
     };
-    const timer = setTimeout(() => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(
+      () => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     const done = (socket: Socket) => {
       if (settled) return;
       settled = true;
@@ -63,11 +73,23 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
     raw.once('connect', () => raw.write(SSL_REQUEST));
     raw.once('data', (answer: Buffer) => {
       if (answer.length !== 1 || answer[0] !== 0x53 /* S */) {
-        fail(new BackendStartupError(CONNECTION_FAILURE, answer[0] === 0x4e ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)' : 'the database answered the TLS request with an error'));
+        fail(
+          new BackendStartupError(
+            CONNECTION_FAILURE,
+            answer[0] === 0x4e
+              ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)'
+              : 'the database answered the TLS request with an error',
+          ),
+        );
         return;
       }
       // SNI never carries an IP address (RFC 6066); the certificate is checked against `host` then.
-      const secure = tlsConnect({ ...tlsOptions, socket: raw, host: target.host, ...(isIP(target.host) === 0 ? { servername: target.host } : {}) });
+      const secure = tlsConnect({
+        ...tlsOptions,
+        socket: raw,
+        host: target.host,
+        ...(isIP(target.host) === 0 ? { servername: target.host } : {}),
+      });
       secure.once('error', fail);
       secure.once('secureConnect', () => {
         secure.off('error', fail);
@@ -101,7 +123,10 @@ export interface Backend {
 
 /** A backend's ErrorResponse during startup, with its SQLSTATE. */
 export class BackendStartupError extends Error {
-  constructor(readonly code: string, message: string) {
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
     super(message);
     this.name = 'BackendStartupError';
   }
@@ -140,10 +165,18 @@ export async function openBackend(target: BackendTarget, login: BackendLogin, ti
     if (follow && host && (code === undefined || code.startsWith('08') || code.startsWith('57P'))) follow.suspect(host);
     throw err;
   }
-  if (follow && host && follow.opts.attrs !== 'any' && backend.parameterStatus.some((b) => statusOf(b)[0] === 'in_hot_standby' && statusOf(b)[1] === 'on')) {
+  if (
+    follow &&
+    host &&
+    follow.opts.attrs !== 'any' &&
+    backend.parameterStatus.some((b) => statusOf(b)[0] === 'in_hot_standby' && statusOf(b)[1] === 'on')
+  ) {
     backend.socket.destroy();
     follow.suspect(host);
-    throw new BackendStartupError(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`);
+    throw new BackendStartupError(
+      SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+      `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`,
+    );
   }
   return backend;
 }
@@ -164,7 +197,10 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
       socket.destroy();
       reject(err);
     };
-    const timer = setTimeout(() => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(
+      () => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     const cleanup = () => {
       clearTimeout(timer);
       socket.off('data', onData);
@@ -181,12 +217,25 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           if (kind === 3) socket.write(message('p', login.password));
           else if (kind === 5) {
             const salt = r.bytes(4);
-            const inner = createHash('md5').update(login.password + login.user).digest('hex');
-            socket.write(message('p', `md5${createHash('md5').update(Buffer.concat([Buffer.from(inner), salt])).digest('hex')}`));
+            const inner = createHash('md5')
+              .update(login.password + login.user)
+              .digest('hex');
+            socket.write(
+              message(
+                'p',
+                `md5${createHash('md5')
+                  .update(Buffer.concat([Buffer.from(inner), salt]))
+                  .digest('hex')}`,
+              ),
+            );
           } else if (kind === 10) {
             const mechanisms: string[] = [];
             for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
-            if (!mechanisms.includes(MECHANISM)) throw new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`);
+            if (!mechanisms.includes(MECHANISM))
+              throw new BackendStartupError(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`,
+              );
             scram = new ScramClient(login.password);
             const first = Buffer.from(scram.first());
             const body = Buffer.concat([Buffer.from(`${MECHANISM}\u0000`), Buffer.alloc(4), first]);
@@ -199,12 +248,23 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
               (final) => {
                 if (!settled) socket.write(message('p', Buffer.from(final)));
               },
-              (err: unknown) => fail(err instanceof ScramError ? new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, err.message) : err instanceof Error ? err : new Error(String(err))),
+              (err: unknown) =>
+                fail(
+                  err instanceof ScramError
+                    ? new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, err.message)
+                    : err instanceof Error
+                      ? err
+                      : new Error(String(err)),
+                ),
             );
           } else if (kind === 12) {
             if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL final');
             scram.verify(r.rest().toString('utf8'));
-          } else throw new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, `the database asks for an authentication method the proxy does not speak (${kind})`);
+          } else
+            throw new BackendStartupError(
+              INVALID_AUTHORIZATION_SPECIFICATION,
+              `the database asks for an authentication method the proxy does not speak (${kind})`,
+            );
           return;
         }
         case 'S':

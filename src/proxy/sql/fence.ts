@@ -117,7 +117,11 @@ export function bindAndExecute(name: string, values: readonly (string | null)[])
 
 /** Close/Parse/Bind/Execute of the refusal of a CALL or DO outside a transaction block (it always fails). */
 export function runRoutineRefusal(): Buffer {
-  return Buffer.concat([closeStatement(ROUTINE_STATEMENT), parseStatement(ROUTINE_STATEMENT, { sql: REFUSE_ROUTINE_SQL, values: [] }), bindAndExecute(ROUTINE_STATEMENT, [])]);
+  return Buffer.concat([
+    closeStatement(ROUTINE_STATEMENT),
+    parseStatement(ROUTINE_STATEMENT, { sql: REFUSE_ROUTINE_SQL, values: [] }),
+    bindAndExecute(ROUTINE_STATEMENT, []),
+  ]);
 }
 
 const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
@@ -165,8 +169,12 @@ export const staleDetail = parseStaleDetail;
  * first. A wrong guess costs an error (25001), never an unfenced write: an unfenced transaction
  * is read-only.
  */
-const BEGIN_MODE = '(?:ISOLATION\\s+LEVEL\\s+(?:SERIALIZABLE|REPEATABLE\\s+READ|READ\\s+COMMITTED|READ\\s+UNCOMMITTED)|READ\\s+WRITE|READ\\s+ONLY|(?:NOT\\s+)?DEFERRABLE)';
-const DEFERRABLE_BEGIN = new RegExp(`^\\s*(?:(BEGIN)(?:\\s+(?:WORK|TRANSACTION))?|(START)\\s+TRANSACTION)(?:\\s+${BEGIN_MODE}(?:\\s*,?\\s*${BEGIN_MODE})*)?\\s*;?\\s*$`, 'i');
+const BEGIN_MODE =
+  '(?:ISOLATION\\s+LEVEL\\s+(?:SERIALIZABLE|REPEATABLE\\s+READ|READ\\s+COMMITTED|READ\\s+UNCOMMITTED)|READ\\s+WRITE|READ\\s+ONLY|(?:NOT\\s+)?DEFERRABLE)';
+const DEFERRABLE_BEGIN = new RegExp(
+  `^\\s*(?:(BEGIN)(?:\\s+(?:WORK|TRANSACTION))?|(START)\\s+TRANSACTION)(?:\\s+${BEGIN_MODE}(?:\\s*,?\\s*${BEGIN_MODE})*)?\\s*;?\\s*$`,
+  'i',
+);
 
 /**
  * A lone BEGIN or START TRANSACTION, with transaction modes at most (no comment, nothing else) —
@@ -187,4 +195,3 @@ export function startsTransactionBlock(sql: string): boolean {
 export function isEmptyQuery(sql: string): boolean {
   return /^(?:\s|;|--[^\n]*(?:\n|$)|\/\*[^]*?\*\/)*$/.test(sql);
 }
-

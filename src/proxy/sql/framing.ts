@@ -229,7 +229,11 @@ export function decodeClient(f: Frame): ClientMessage {
     }
     case 'D':
     case 'C':
-      return { type: f.type === 'D' ? 'describe' : 'close', target: body.toString('latin1', 0, Math.min(1, body.length)), name: cstringAt(body, 1).value };
+      return {
+        type: f.type === 'D' ? 'describe' : 'close',
+        target: body.toString('latin1', 0, Math.min(1, body.length)),
+        name: cstringAt(body, 1).value,
+      };
     case 'E': {
       const portal = cstringAt(body, 0);
       return { type: 'execute', portal: portal.value, maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0 };
@@ -330,7 +334,16 @@ export interface ErrorFields {
 
 /** An ErrorResponse ('E') the proxy writes itself. */
 export function errorResponse(f: ErrorFields): Buffer {
-  const parts: Buffer[] = [Buffer.from('S'), cstr(f.severity), Buffer.from('V'), cstr(f.severity), Buffer.from('C'), cstr(f.code), Buffer.from('M'), cstr(f.message)];
+  const parts: Buffer[] = [
+    Buffer.from('S'),
+    cstr(f.severity),
+    Buffer.from('V'),
+    cstr(f.severity),
+    Buffer.from('C'),
+    cstr(f.code),
+    Buffer.from('M'),
+    cstr(f.message),
+  ];
   if (f.detail !== undefined) parts.push(Buffer.from('D'), cstr(f.detail));
   if (f.hint !== undefined) parts.push(Buffer.from('H'), cstr(f.hint));
   parts.push(Buffer.from([0]));

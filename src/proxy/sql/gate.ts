@@ -92,7 +92,13 @@ export function quoteBounded(value: string, bytes = Buffer.byteLength(value, 'ut
 
 type Pair = { fenceKey: string; token: bigint };
 
-const refusal = (code: string, message: string, detail?: string, hint?: string): ErrorFields => ({ severity: 'ERROR', code, message, ...(detail !== undefined ? { detail } : {}), ...(hint !== undefined ? { hint } : {}) });
+const refusal = (code: string, message: string, detail?: string, hint?: string): ErrorFields => ({
+  severity: 'ERROR',
+  code,
+  message,
+  ...(detail !== undefined ? { detail } : {}),
+  ...(hint !== undefined ? { hint } : {}),
+});
 
 export class FenceGate {
   /** The session's settings as last known (null: read them back before the next transaction). */
@@ -176,7 +182,8 @@ export class FenceGate {
           read.fenceKey = values[2] || null;
           // The lengths only where a value was cut (else the same settings keep their verdict).
           if (read.token !== null && Number(values[1]) !== Buffer.byteLength(read.token, 'utf8')) read.tokenBytes = Number(values[1]);
-          if (read.fenceKey !== null && Number(values[3]) !== Buffer.byteLength(read.fenceKey, 'utf8')) read.fenceKeyBytes = Number(values[3]);
+          if (read.fenceKey !== null && Number(values[3]) !== Buffer.byteLength(read.fenceKey, 'utf8'))
+            read.fenceKeyBytes = Number(values[3]);
         },
         () => {
           this.settings = read;
@@ -228,7 +235,18 @@ export class FenceGate {
       this.verdict = { for: signature(settings), fence, once };
     } catch (err) {
       this.opts.logger.warn({ err }, 'SQL session: the fence could not be decided; this transaction is refused');
-      this.verdict = { for: signature(settings), fence: refusedSessionFence(refusal(RAISE_FIRST, 'the session\'s fence could not be decided', undefined, 'nothing of this transaction was applied; safe to retry')), once: true };
+      this.verdict = {
+        for: signature(settings),
+        fence: refusedSessionFence(
+          refusal(
+            RAISE_FIRST,
+            "the session's fence could not be decided",
+            undefined,
+            'nothing of this transaction was applied; safe to retry',
+          ),
+        ),
+        once: true,
+      };
     } finally {
       if (this.ahead && this.verdict?.once) this.verdict = null;
       this.ahead = false;
@@ -241,7 +259,12 @@ export class FenceGate {
   private fenced(pair: Pair, highest: bigint): { fence: SessionFence; once: boolean } {
     const { fenceKey, token } = pair;
     if (highest === token) return { fence: provenSessionFence(pair), once: false };
-    const e = refusal(STALE_TOKEN, `stale fencing token: token ${token} is below the highest token ${highest} of fence key ${JSON.stringify(fenceKey)}`, staleDetailText(fenceKey, token, highest), 'a newer leader holds this fence: nothing of this transaction was applied');
+    const e = refusal(
+      STALE_TOKEN,
+      `stale fencing token: token ${token} is below the highest token ${highest} of fence key ${JSON.stringify(fenceKey)}`,
+      staleDetailText(fenceKey, token, highest),
+      'a newer leader holds this fence: nothing of this transaction was applied',
+    );
     return { fence: refusedSessionFence(e), once: false };
   }
 
@@ -251,24 +274,48 @@ export class FenceGate {
     // Sizes first, by the lengths alone: nothing of an oversized value is parsed or quoted.
     const tokenBytes = s.tokenBytes ?? Buffer.byteLength(s.token, 'utf8');
     if (tokenBytes > MAX_TOKEN_CHARS) {
-      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token is too long: ${tokenBytes} bytes, a token is at most 19 digits (0 to ${MAX_TOKEN}, at most ${MAX_TOKEN_CHARS} characters with leading zeros)`));
+      return refused(
+        refusal(
+          INVALID_FENCE_SETTING,
+          `fencepost.token is too long: ${tokenBytes} bytes, a token is at most 19 digits (0 to ${MAX_TOKEN}, at most ${MAX_TOKEN_CHARS} characters with leading zeros)`,
+        ),
+      );
     }
     const fenceKeyBytes = s.fenceKey === null ? 0 : (s.fenceKeyBytes ?? Buffer.byteLength(s.fenceKey, 'utf8'));
     if (fenceKeyBytes > MAX_KEY_BYTES) {
-      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key is too long: ${fenceKeyBytes} bytes, a fence key is at most ${MAX_KEY_BYTES} bytes`));
+      return refused(
+        refusal(
+          INVALID_FENCE_SETTING,
+          `fencepost.fence_key is too long: ${fenceKeyBytes} bytes, a fence key is at most ${MAX_KEY_BYTES} bytes`,
+        ),
+      );
     }
     const parsed = parseToken(s.token);
     if (!parsed.ok) {
-      return refused(refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${quoteBounded(s.token)}`));
+      return refused(
+        refusal(INVALID_FENCE_SETTING, `fencepost.token must be decimal digits, 0 to ${MAX_TOKEN}, got ${quoteBounded(s.token)}`),
+      );
     }
     if (s.fenceKey === null || s.fenceKey === '') {
-      return refused(refusal(INVALID_FENCE_SETTING, 'fencepost.token is set but fencepost.fence_key is not', undefined, "SET fencepost.fence_key = '…' or -c fencepost.fence_key=… in the startup options"));
+      return refused(
+        refusal(
+          INVALID_FENCE_SETTING,
+          'fencepost.token is set but fencepost.fence_key is not',
+          undefined,
+          "SET fencepost.fence_key = '…' or -c fencepost.fence_key=… in the startup options",
+        ),
+      );
     }
     const problem = keyProblem(s.fenceKey);
     if (problem !== null) return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key ${problem}`));
     const prefixes = this.opts.prefixes;
     if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) {
-      return refused(refusal(INSUFFICIENT_PRIVILEGE, `this key may not write fence key ${quoteBounded(s.fenceKey)}: it is outside its fence-key prefixes`));
+      return refused(
+        refusal(
+          INSUFFICIENT_PRIVILEGE,
+          `this key may not write fence key ${quoteBounded(s.fenceKey)}: it is outside its fence-key prefixes`,
+        ),
+      );
     }
     const pair: Pair = { fenceKey: s.fenceKey, token: parsed.token };
     const { fenceKey, token } = pair;
@@ -280,16 +327,35 @@ export class FenceGate {
         (err: unknown) => ((err as { code?: string }).code === 'unavailable' ? ('unavailable' as const) : ('refused' as const)),
       );
       if (verdict !== 'verified') {
-        this.opts.logger.info({ fenceKey, token: token.toString(), unavailable: verdict === 'unavailable' }, 'forgery guard did not admit the session\'s token');
+        this.opts.logger.info(
+          { fenceKey, token: token.toString(), unavailable: verdict === 'unavailable' },
+          "forgery guard did not admit the session's token",
+        );
         // A token that raises nothing needs no admission: the fence decides (at its token: fenced; above: stale).
         const r = await this.fenceSession(pair);
         const highest = 'failure' in r ? null : r.highest;
         if (highest !== null && highest >= token) return this.fenced(pair, highest);
         const detail = `unverified token: ${staleDetailText(fenceKey, token, highest)}`;
         if (verdict === 'unavailable') {
-          return refused(refusal(GUARD_UNAVAILABLE, `cannot verify fencing token ${token} of fence key ${JSON.stringify(fenceKey)}: ZooKeeper unreachable`, detail, 'the forgery guard could not ask ZooKeeper whether this token is the current leader\'s; nothing was applied, safe to retry'), true);
+          return refused(
+            refusal(
+              GUARD_UNAVAILABLE,
+              `cannot verify fencing token ${token} of fence key ${JSON.stringify(fenceKey)}: ZooKeeper unreachable`,
+              detail,
+              "the forgery guard could not ask ZooKeeper whether this token is the current leader's; nothing was applied, safe to retry",
+            ),
+            true,
+          );
         }
-        return refused(refusal(STALE_TOKEN, `unverified fencing token: token ${token} would raise fence key ${JSON.stringify(fenceKey)} but is not the current leader's`, detail, 'the forgery guard did not verify this token as the sequence of the current leader\'s election node; nothing of this transaction was applied'), true);
+        return refused(
+          refusal(
+            STALE_TOKEN,
+            `unverified fencing token: token ${token} would raise fence key ${JSON.stringify(fenceKey)} but is not the current leader's`,
+            detail,
+            "the forgery guard did not verify this token as the sequence of the current leader's election node; nothing of this transaction was applied",
+          ),
+          true,
+        );
       }
     }
     let raiseFailed = false;
@@ -299,16 +365,43 @@ export class FenceGate {
       raiseFailed = true;
       // A prepared transaction holding the fence row is named (raise.ts): only an operator ends it.
       const preparedTransaction = err instanceof FenceHeldByPreparedError ? err.preparedTransaction : undefined;
-      this.opts.logger.warn({ fenceKey, token: token.toString(), err: (err as Error).message, ...(preparedTransaction !== undefined ? { preparedTransaction } : {}) }, 'could not raise the session\'s fence; its transaction is refused (FP428)');
+      this.opts.logger.warn(
+        {
+          fenceKey,
+          token: token.toString(),
+          err: (err as Error).message,
+          ...(preparedTransaction !== undefined ? { preparedTransaction } : {}),
+        },
+        "could not raise the session's fence; its transaction is refused (FP428)",
+      );
     }
     const r = await this.fenceSession(pair);
     if ('failure' in r) {
-      this.opts.logger.warn({ fenceKey, token: token.toString(), failure: r.failure }, 'could not fence the SQL session; its transaction is refused (FP428)');
+      this.opts.logger.warn(
+        { fenceKey, token: token.toString(), failure: r.failure },
+        'could not fence the SQL session; its transaction is refused (FP428)',
+      );
       // Its own SQLSTATE (55P03 lock timeout, 40001, 57014, …): the driver's retry logic knows them.
-      return refused(refusal(r.code, `could not fence this session at token ${token} of fence key ${JSON.stringify(fenceKey)}: ${r.failure}`, undefined, 'nothing of this transaction was applied; safe to retry'), true);
+      return refused(
+        refusal(
+          r.code,
+          `could not fence this session at token ${token} of fence key ${JSON.stringify(fenceKey)}: ${r.failure}`,
+          undefined,
+          'nothing of this transaction was applied; safe to retry',
+        ),
+        true,
+      );
     }
     if (r.highest !== null && r.highest >= token) return this.fenced(pair, r.highest);
-    return refused(refusal(RAISE_FIRST, `fence ${JSON.stringify(fenceKey)} could not be raised to token ${token}${raiseFailed ? '' : ' (raised meanwhile by another token?)'}`, undefined, 'nothing of this transaction was applied; safe to retry'), true);
+    return refused(
+      refusal(
+        RAISE_FIRST,
+        `fence ${JSON.stringify(fenceKey)} could not be raised to token ${token}${raiseFailed ? '' : ' (raised meanwhile by another token?)'}`,
+        undefined,
+        'nothing of this transaction was applied; safe to retry',
+      ),
+      true,
+    );
   }
 }
 

@@ -24,8 +24,31 @@ import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
-import { BodyReader, MAX_STARTUP_BYTES, MessageReader, authenticationOk, backendKeyData, errorResponse, message, parameterStatus, readyForQuery, type ErrorFields, type Frame } from './framing.ts';
-import { CLIENT_TIMEOUTS, FENCE_SETTINGS, OWN_SETTINGS, applicationName, boundedTimeout, negotiateProtocolVersion, negotiatesEncryption, parseStartupPacket, requestedSettings, type ClientTimeout } from './startup.ts';
+import {
+  BodyReader,
+  MAX_STARTUP_BYTES,
+  MessageReader,
+  authenticationOk,
+  backendKeyData,
+  errorResponse,
+  message,
+  parameterStatus,
+  readyForQuery,
+  type ErrorFields,
+  type Frame,
+} from './framing.ts';
+import {
+  CLIENT_TIMEOUTS,
+  FENCE_SETTINGS,
+  OWN_SETTINGS,
+  applicationName,
+  boundedTimeout,
+  negotiateProtocolVersion,
+  negotiatesEncryption,
+  parseStartupPacket,
+  requestedSettings,
+  type ClientTimeout,
+} from './startup.ts';
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
@@ -38,8 +61,15 @@ import type { AcceptedCounts } from '../../fence/accepted-counts.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
 import type { ProxyMetrics } from '../metrics.ts';
 import type { StaleDigest } from '../../logging/stale-digest.ts';
-import { CONNECTION_FAILURE, INVALID_AUTHORIZATION_SPECIFICATION, INVALID_CATALOG_NAME, INVALID_PASSWORD, PROTOCOL_VIOLATION, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, TOO_MANY_CONNECTIONS } from '../../fence/sqlstate.ts';
-
+import {
+  CONNECTION_FAILURE,
+  INVALID_AUTHORIZATION_SPECIFICATION,
+  INVALID_CATALOG_NAME,
+  INVALID_PASSWORD,
+  PROTOCOL_VIOLATION,
+  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+  TOO_MANY_CONNECTIONS,
+} from '../../fence/sqlstate.ts';
 
 export interface PgwireOptions {
   host: string;
@@ -92,7 +122,8 @@ class Refusal extends Error {
   }
 }
 
-const refuse = (code: string, msg: string, detail?: string): Refusal => new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
+const refuse = (code: string, msg: string, detail?: string): Refusal =>
+  new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
 
 /** The client sent Terminate during authentication: it is gone, nothing to answer. */
 class ClientLeft extends Error {}
@@ -121,7 +152,11 @@ interface Registered {
  * and `on` for one without. Later changes come from the backend as they happen.
  */
 function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
-  return status.map((b) => (b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only' ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on') : b));
+  return status.map((b) =>
+    b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only'
+      ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on')
+      : b,
+  );
 }
 
 export class PgwireServer {
@@ -192,7 +227,14 @@ export class PgwireServer {
       if (Date.now() - at >= SILENT_EVICTION_MS) {
         silent.delete(oldest);
         this.opts.logger.info({ address }, 'SQL connection closed: silent since it connected, and its address has more waiting');
-        oldest.end(errorResponse({ severity: 'FATAL', code: TOO_MANY_CONNECTIONS, message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing` }), () => oldest.destroy());
+        oldest.end(
+          errorResponse({
+            severity: 'FATAL',
+            code: TOO_MANY_CONNECTIONS,
+            message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing`,
+          }),
+          () => oldest.destroy(),
+        );
       }
     }
     silent.set(socket, Date.now());
@@ -211,7 +253,12 @@ export class PgwireServer {
     // sent in answer to the SSLRequest as a failed TLS negotiation, not as 53300, and a refusal
     // before the first packet makes the client's write fail with a reset. Counted until closed,
     // so a flood of refusals is bounded too, and closed within two seconds.
-    const refusal = full ? refuse(TOO_MANY_CONNECTIONS, `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`) : null;
+    const refusal = full
+      ? refuse(
+          TOO_MANY_CONNECTIONS,
+          `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`,
+        )
+      : null;
     if (refusal !== null) {
       setTimeout(() => {
         this.upgraded.get(socket)?.destroy();
@@ -263,7 +310,10 @@ export class PgwireServer {
         if (untyped && !negotiatesEncryption(f.body)) reader.startup = false;
         framed = f;
       } catch (err) {
-        problem = refuse(PROTOCOL_VIOLATION, `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`);
+        problem = refuse(
+          PROTOCOL_VIOLATION,
+          `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`,
+        );
       }
     };
     const onData = (chunk: Buffer) => {
@@ -300,7 +350,8 @@ export class PgwireServer {
       let encrypted = false;
       for (;;) {
         packet = parseStartupPacket((await nextFrame()).body);
-        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted) throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
+        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted)
+          throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
         if (packet.kind === 'ssl' && this.opts.tls) {
           // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
           // clear, and must not be read as if they came over TLS.
@@ -332,17 +383,26 @@ export class PgwireServer {
       }
       if (refusal !== null) throw refusal;
       if (this.opts.tls && !encrypted) {
-        throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'the fencepost SQL endpoint requires TLS', 'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver');
+        throw refuse(
+          INVALID_AUTHORIZATION_SPECIFICATION,
+          'the fencepost SQL endpoint requires TLS',
+          'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver',
+        );
       }
       const params = packet.params;
       const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
       if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
       const user = params.get('user');
       if (!user) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
-      if (params.has('replication') && params.get('replication') !== 'false') throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
+      if (params.has('replication') && params.get('replication') !== 'false')
+        throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
       const database = params.get('database') || user;
       if (database !== this.target.database) {
-        throw refuse(INVALID_CATALOG_NAME, `database ${JSON.stringify(database)} does not exist`, `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`);
+        throw refuse(
+          INVALID_CATALOG_NAME,
+          `database ${JSON.stringify(database)} does not exist`,
+          `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`,
+        );
       }
       // ---- authentication
       let key: AccessKey | null = null;
@@ -367,7 +427,8 @@ export class PgwireServer {
           } catch {
             throw refuse(PROTOCOL_VIOLATION, 'malformed password message');
           }
-          if (!timingSafeEqual(digestOf(given), key.digest)) throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
+          if (!timingSafeEqual(digestOf(given), key.digest))
+            throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
         } else {
           const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
           socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
@@ -375,7 +436,8 @@ export class PgwireServer {
             const first = authMessage(await nextFrame(), 'a SASL response');
             const r = new BodyReader(first.body);
             const mechanism = r.cstring();
-            if (mechanism !== MECHANISM) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+            if (mechanism !== MECHANISM)
+              throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
             const len = r.int32();
             const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
             socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
@@ -384,7 +446,8 @@ export class PgwireServer {
             socket.write(message('R', 12, Buffer.from(serverFinal)));
           } catch (err) {
             if (err instanceof Refusal || err instanceof ClientLeft) throw err;
-            if (err instanceof ScramError && /channel binding|malformed/.test(err.message)) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, err.message);
+            if (err instanceof ScramError && /channel binding|malformed/.test(err.message))
+              throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, err.message);
             throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
           }
         }
@@ -395,13 +458,21 @@ export class PgwireServer {
       const login = logins.get(key?.name ?? null);
       if (!login) {
         const problem = problems.get(key?.name ?? null);
-        throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, key !== null && key.pgRole === null ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role` : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`);
+        throw refuse(
+          INVALID_AUTHORIZATION_SPECIFICATION,
+          key !== null && key.pgRole === null
+            ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role`
+            : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`,
+        );
       }
       // ---- the key's share of the endpoint
       const keyName = key?.name ?? '';
       const held = this.perKey.get(keyName) ?? 0;
       if (held >= this.opts.maxSessionsPerKey) {
-        throw refuse(TOO_MANY_CONNECTIONS, `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`);
+        throw refuse(
+          TOO_MANY_CONNECTIONS,
+          `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`,
+        );
       }
       this.perKey.set(keyName, held + 1);
       let counted = true;
@@ -420,7 +491,11 @@ export class PgwireServer {
       // server_settings, pgx RuntimeParams): the gate reads them back from the backend.
       for (const [k, v] of requested) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
       // The proxy's own bound on each (it sets no idle_in_transaction_session_timeout of its own).
-      const own: Record<ClientTimeout, number | null> = { statement_timeout: this.opts.statementTimeoutMs, lock_timeout: this.opts.lockTimeoutMs, idle_in_transaction_session_timeout: null };
+      const own: Record<ClientTimeout, number | null> = {
+        statement_timeout: this.opts.statementTimeoutMs,
+        lock_timeout: this.opts.lockTimeoutMs,
+        idle_in_transaction_session_timeout: null,
+      };
       for (const name of CLIENT_TIMEOUTS) {
         const ms = boundedTimeout(requested.get(name), own[name]);
         if (ms !== null) settings.set(name, String(ms));
@@ -462,7 +537,9 @@ export class PgwireServer {
       // Held (corked) until the session is fenced for its startup settings: the writer's
       // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
       socket.cork();
-      socket.write(Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]));
+      socket.write(
+        Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
+      );
       socket.off('data', onData);
       socket.off('close', onEnd);
       clearTimeout(timer);
@@ -478,7 +555,11 @@ export class PgwireServer {
         raiseCommitMs: this.opts.lockTimeoutMs,
         idleInTransactionMs: this.opts.idleInTransactionMs,
         raise: async (fenceKey, token) => {
-          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, { waitMs: this.opts.raiseWaitMs, lockTimeoutMs: this.opts.lockTimeoutMs, logger });
+          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, {
+            waitMs: this.opts.raiseWaitMs,
+            lockTimeoutMs: this.opts.lockTimeoutMs,
+            logger,
+          });
         },
         onStale: (s) => this.recordStale(s, writerId, logger),
         onTransactionEnd: (end, fenceKey) => {
@@ -508,8 +589,13 @@ export class PgwireServer {
 
   private backendRefusal(err: unknown): Refusal {
     // DATABASE_URL lists several hosts and none takes writes now: the reason names each.
-    if (err instanceof BackendStartupError && err.code === SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION) return refuse(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `cannot reach a writable database: ${err.message}`);
-    if (err instanceof BackendStartupError) return refuse(err.code === INVALID_PASSWORD ? INVALID_AUTHORIZATION_SPECIFICATION : err.code, `the database refused the session's login: ${err.message}`);
+    if (err instanceof BackendStartupError && err.code === SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
+      return refuse(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `cannot reach a writable database: ${err.message}`);
+    if (err instanceof BackendStartupError)
+      return refuse(
+        err.code === INVALID_PASSWORD ? INVALID_AUTHORIZATION_SPECIFICATION : err.code,
+        `the database refused the session's login: ${err.message}`,
+      );
     return refuse(CONNECTION_FAILURE, `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
   }
 
@@ -522,8 +608,13 @@ export class PgwireServer {
 
   private recordStale(s: StaleRefusal, writerId: string, logger: Logger): void {
     this.opts.metrics?.countSqlRejection('stale_token');
-    if (this.opts.staleLog) this.opts.staleLog.note({ door: 'sql', fenceKey: s.fenceKey, token: s.token, highestToken: s.highestToken, writerId }, logger);
-    else logger.info({ fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null }, 'stale token refused (SQL endpoint)');
+    if (this.opts.staleLog)
+      this.opts.staleLog.note({ door: 'sql', fenceKey: s.fenceKey, token: s.token, highestToken: s.highestToken, writerId }, logger);
+    else
+      logger.info(
+        { fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null },
+        'stale token refused (SQL endpoint)',
+      );
     this.opts.rejections.recordInBackground('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
   }
 }

@@ -43,9 +43,35 @@
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
 import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
-import { bindAndExecute, closeStatement, deferrableBegin, isEmptyQuery, parseStatement, provenFence, readOnlyFence, refusalInPlaceOfFence, refusedFence, runRoutineRefusal, startsTransactionBlock, OWN_STATEMENT, RESET_READ_ONLY_SQL, ROUTINE_STATEMENT, type FenceStatements } from './fence.ts';
+import {
+  bindAndExecute,
+  closeStatement,
+  deferrableBegin,
+  isEmptyQuery,
+  parseStatement,
+  provenFence,
+  readOnlyFence,
+  refusalInPlaceOfFence,
+  refusedFence,
+  runRoutineRefusal,
+  startsTransactionBlock,
+  OWN_STATEMENT,
+  RESET_READ_ONLY_SQL,
+  ROUTINE_STATEMENT,
+  type FenceStatements,
+} from './fence.ts';
 import type { ErrorFields } from './framing.ts';
-import { deallocatedStatements, hasSeveralStatements, lexingIsSafe, needsSplitting, runsUnfenced, setsFenceSetting, splitStatements, statementKind, type StatementKind } from './statements.ts';
+import {
+  deallocatedStatements,
+  hasSeveralStatements,
+  lexingIsSafe,
+  needsSplitting,
+  runsUnfenced,
+  setsFenceSetting,
+  splitStatements,
+  statementKind,
+  type StatementKind,
+} from './statements.ts';
 import { FEATURE_NOT_SUPPORTED, SYNTAX_ERROR } from '../../fence/sqlstate.ts';
 
 /** The message a response answers. */
@@ -68,7 +94,10 @@ export interface Expect {
   insertions?: { start: number; length: number }[];
   /** An injected empty Query standing in for a refused one: the refusal to send at its ReadyForQuery. */
   refusal?: Buffer[];
-  /** parse/bind/close of the writer's: what the planner records once the backend confirms it (ParseComplete, BindComplete, CloseComplete). */
+  /**
+   * parse/bind/close of the writer's: what the planner records once the backend confirms it
+   * (ParseComplete, BindComplete, CloseComplete).
+   */
   change?: KindChange;
   /**
    * sync/query of the writer's: the transaction state the planner predicts its ReadyForQuery
@@ -130,7 +159,10 @@ export type Step =
 export interface SessionFence extends FenceStatements {
   /** Characters of `text`. */
   chars: number;
-  /** The (fence key, token) the session passed: its transactions are counted, and their proof failing means a raise above it. Null: not fenced. */
+  /**
+   * The (fence key, token) the session passed: its transactions are counted, and their proof failing
+   * means a raise above it. Null: not fenced.
+   */
   pair: { fenceKey: string; token: bigint } | null;
 }
 
@@ -297,7 +329,11 @@ export class Planner {
    * proxy answers it itself and holds Bind and Execute (`frames`, their bytes) for the next
    * message, as it holds a BEGIN Query. Returns how many messages it took and the answer, or null.
    */
-  holdExtendedBegin(next: readonly ClientMessage[], frames: readonly Buffer[], ctx: PlanContext): { taken: number; reply: Buffer[] } | null {
+  holdExtendedBegin(
+    next: readonly ClientMessage[],
+    frames: readonly Buffer[],
+    ctx: PlanContext,
+  ): { taken: number; reply: Buffer[] } | null {
     if (ctx.status !== 'I' || ctx.awaiting || this.groupOpen || this.heldBegin !== null || this.pending.length > 0) return null;
     const [b, d, e, s] = next;
     if (b?.type !== 'bind' || b.portal !== '') return null;
@@ -340,7 +376,19 @@ export class Planner {
         return this.planQuery(m.text, ctx);
       case 'functionCall':
         if (ctx.awaiting) return [];
-        return [{ do: 'reply', bytes: [errorResponse({ severity: 'ERROR', code: FEATURE_NOT_SUPPORTED, message: 'the fencepost SQL endpoint does not serve FunctionCall messages; call the function in a SELECT' }), readyForQuery(ctx.status)] }];
+        return [
+          {
+            do: 'reply',
+            bytes: [
+              errorResponse({
+                severity: 'ERROR',
+                code: FEATURE_NOT_SUPPORTED,
+                message: 'the fencepost SQL endpoint does not serve FunctionCall messages; call the function in a SELECT',
+              }),
+              readyForQuery(ctx.status),
+            ],
+          },
+        ];
       case 'copy':
         return [{ do: 'forward', expect: [] }];
       case 'terminate':
@@ -363,7 +411,13 @@ export class Planner {
     // fenced), the session ends and nothing of the Query runs.
     if (this.groupOpen) {
       if (this.unsure || this.fenceAfterExecute || this.fenceAfterBegin || this.fenceBeforeExecute || this.settingFirst) {
-        return [{ do: 'fail', reason: 'a Query message inside an extended-protocol group whose transaction state the fencepost SQL endpoint cannot tell: send Sync first' }];
+        return [
+          {
+            do: 'fail',
+            reason:
+              'a Query message inside an extended-protocol group whose transaction state the fencepost SQL endpoint cannot tell: send Sync first',
+          },
+        ];
       }
       this.groupOpen = false;
       // Never held or answered by the proxy (a BEGIN here joins the group's transaction): responses are owed.
@@ -397,7 +451,15 @@ export class Planner {
       if (ctx.status === 'T' && !isEmptyQuery(text) && !(runsUnfenced(text) && statementKind(text) === 'end')) {
         const planned = this.fenceQuery(text, true, 'T');
         if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
-        return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
+        return [
+          {
+            do: 'send',
+            what: 'fencedQuery',
+            bytes: encode({ type: 'query', text: planned.text }),
+            text: planned.text,
+            expect: [planned.expect],
+          },
+        ];
       }
     }
     const begin = this.sendHeldBegin('query');
@@ -405,7 +467,13 @@ export class Planner {
       // The block the writer was told of opens now; the fence goes in front of the writer's text.
       const planned = this.fenceQuery(text, true, 'T');
       if ('refuse' in planned) return [...begin, ...this.refuseQuery({ ...ctx, awaiting: true }, ...planned.refuse)];
-      const step: Step = { do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] };
+      const step: Step = {
+        do: 'send',
+        what: 'fencedQuery',
+        bytes: encode({ type: 'query', text: planned.text }),
+        text: planned.text,
+        expect: [planned.expect],
+      };
       return [...begin, step];
     }
     if (idle && runsUnfenced(text) && this.fence.pair !== null) {
@@ -415,7 +483,12 @@ export class Planner {
     if (idle && runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
       return [
-        { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
+        {
+          do: 'send',
+          what: 'resetReadOnly',
+          bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }),
+          expect: [{ kind: 'query', injected: true, forwardReady: false }],
+        },
         // None of them writes data: nothing of the writer's commits.
         { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ];
@@ -423,7 +496,15 @@ export class Planner {
     const planned = this.fenceQuery(text, idle, commitStateOf(ctx.status));
     if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
     if (planned.text === text) return [{ do: 'forward', expect: [planned.expect] }];
-    return [{ do: 'send', what: 'fencedQuery', bytes: encode({ type: 'query', text: planned.text }), text: planned.text, expect: [planned.expect] }];
+    return [
+      {
+        do: 'send',
+        what: 'fencedQuery',
+        bytes: encode({ type: 'query', text: planned.text }),
+        text: planned.text,
+        expect: [planned.expect],
+      },
+    ];
   }
 
   /** The held BEGIN as a Query of its own (its responses swallowed), once: null when none is held. */
@@ -431,11 +512,30 @@ export class Planner {
     const held = this.heldBegin;
     if (held === null) return null;
     this.heldBegin = null;
-    if ('text' in held) return [{ do: 'send', what: 'heldBegin', bytes: encode({ type: 'query', text: held.text }), text: held.text, expect: [{ kind: 'query', injected: true, forwardReady: false }] }];
+    if ('text' in held)
+      return [
+        {
+          do: 'send',
+          what: 'heldBegin',
+          bytes: encode({ type: 'query', text: held.text }),
+          text: held.text,
+          expect: [{ kind: 'query', injected: true, forwardReady: false }],
+        },
+      ];
     // Bind/Execute of the writer's BEGIN: at the head of the writer's group, or with a Sync of its own before a Query.
-    const expect: Expect[] = [{ kind: 'bind', injected: true }, { kind: 'execute', injected: true }];
+    const expect: Expect[] = [
+      { kind: 'bind', injected: true },
+      { kind: 'execute', injected: true },
+    ];
     if (before === 'group') return [{ do: 'send', what: 'heldBegin', bytes: held.bytes, expect }];
-    return [{ do: 'send', what: 'heldBegin', bytes: Buffer.concat([held.bytes, encode({ type: 'sync' })]), expect: [...expect, { kind: 'sync', injected: true, forwardReady: false }] }];
+    return [
+      {
+        do: 'send',
+        what: 'heldBegin',
+        bytes: Buffer.concat([held.bytes, encode({ type: 'sync' })]),
+        expect: [...expect, { kind: 'sync', injected: true, forwardReady: false }],
+      },
+    ];
   }
 
   /** An ErrorResponse and ReadyForQuery of the proxy's for a Query it does not send. */
@@ -443,14 +543,25 @@ export class Planner {
     const reply = [errorResponse({ severity: 'ERROR', code, message: msg, detail }), readyForQuery(ctx.status)];
     if (!ctx.awaiting) return [{ do: 'reply', bytes: reply }];
     // Behind responses still to come: a Query of the proxy's that does nothing keeps the order.
-    return [{ do: 'send', what: 'standIn', bytes: encode({ type: 'query', text: '' }), expect: [{ kind: 'query', injected: true, forwardReady: false, refusal: reply }] }];
+    return [
+      {
+        do: 'send',
+        what: 'standIn',
+        bytes: encode({ type: 'query', text: '' }),
+        expect: [{ kind: 'query', injected: true, forwardReady: false, refusal: reply }],
+      },
+    ];
   }
 
   /**
    * A writer's Query: the text to send with the fence in front of every transaction that starts
    * in it, or a refusal. `idle`: the Query starts a transaction (else it continues one).
    */
-  private fenceQuery(text: string, idle: boolean, status: CommitState): { text: string; expect: Expect } | { refuse: [string, string, string] } {
+  private fenceQuery(
+    text: string,
+    idle: boolean,
+    status: CommitState,
+  ): { text: string; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
     const start = idle && status !== 'T' ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
@@ -463,16 +574,34 @@ export class Planner {
         // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
         // client that keeps its own transaction state (psycopg2) takes an error here as a failed
         // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
-        return { text: `${text}\n;${fenceText}`, expect: { ...predicted, plan: [false, ...this.fenceSlots()], undoBeginOnFenceError: true } };
+        return {
+          text: `${text}\n;${fenceText}`,
+          expect: { ...predicted, plan: [false, ...this.fenceSlots()], undoBeginOnFenceError: true },
+        };
       }
-      return { text: `${fenceText}${text}`, expect: { ...predicted, plan: this.fenceSlots(), insertions: [{ start: 0, length: this.fence.chars }] } };
+      return {
+        text: `${fenceText}${text}`,
+        expect: { ...predicted, plan: this.fenceSlots(), insertions: [{ start: 0, length: this.fence.chars }] },
+      };
     }
     if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
-      return { refuse: [FEATURE_NOT_SUPPORTED, 'the fencepost SQL endpoint runs one statement per Query in this session', `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`] };
+      return {
+        refuse: [
+          FEATURE_NOT_SUPPORTED,
+          'the fencepost SQL endpoint runs one statement per Query in this session',
+          `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`,
+        ],
+      };
     }
     const stmts = splitStatements(text);
     if (stmts === null) {
-      return { refuse: [SYNTAX_ERROR, 'syntax error: the fencepost SQL endpoint could not split this Query into statements', 'PostgreSQL\'s parser refused the text; nothing of it was run.'] };
+      return {
+        refuse: [
+          SYNTAX_ERROR,
+          'syntax error: the fencepost SQL endpoint could not split this Query into statements',
+          "PostgreSQL's parser refused the text; nothing of it was run.",
+        ],
+      };
     }
     const bytes = Buffer.from(text, 'utf8');
     const parts: string[] = [];
@@ -516,8 +645,25 @@ export class Planner {
       if (st.kind === 'end' && next !== undefined) needFence = true;
     });
     copyTo(bytes.length);
-    const predicted = withPrediction(base, predictAfter(start, stmts.map((st) => st.kind)));
-    return { text: parts.join(''), expect: { ...predicted, plan, insertions, mayCommit: mayCommit(status, stmts.map((st) => st.kind)) } };
+    const predicted = withPrediction(
+      base,
+      predictAfter(
+        start,
+        stmts.map((st) => st.kind),
+      ),
+    );
+    return {
+      text: parts.join(''),
+      expect: {
+        ...predicted,
+        plan,
+        insertions,
+        mayCommit: mayCommit(
+          status,
+          stmts.map((st) => st.kind),
+        ),
+      },
+    };
   }
 
   private planExtended(m: Extended, ctx: PlanContext): Step[] {
@@ -565,7 +711,8 @@ export class Planner {
       if (ctx.status === 'I') {
         // A group that opens with a BEGIN gets the fence right after its Execute; one that opens
         // with a SET of a fence setting (pgJDBC sends SET so) gets it after that SET.
-        const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
+        const opensWithBegin =
+          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
         else if (opensWithSetting) this.settingFirst = true;
         else this.inject(steps);
@@ -590,7 +737,10 @@ export class Planner {
           this.writerUnnamed = true;
         }
         const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
-        steps.push({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }] });
+        steps.push({
+          do: 'forward',
+          expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }],
+        });
         return steps;
       }
       case 'bind': {
@@ -611,7 +761,10 @@ export class Planner {
         return steps;
       case 'close':
         this.afterBegin(false, steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }] });
+        steps.push({
+          do: 'forward',
+          expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }],
+        });
         return steps;
       case 'execute': {
         this.afterBegin(this.settingPortals.has(m.portal), steps);
@@ -645,12 +798,29 @@ export class Planner {
         this.fenceAfterExecute = false;
         this.fenceBeforeExecute = false;
         // An implicit transaction (outside a block) commits at this Sync.
-        steps.push({ do: 'forward', expect: [withPrediction({ kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit }, this.unsure ? undefined : this.inBlock ? 'T' : 'I')] });
+        steps.push({
+          do: 'forward',
+          expect: [
+            withPrediction(
+              { kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit },
+              this.unsure ? undefined : this.inBlock ? 'T' : 'I',
+            ),
+          ],
+        });
         if (this.ownStatementsUsed) {
           // A named statement of the proxy's may be left (its Execute failed, so the backend skipped the rest).
           this.ownStatementsUsed = false;
           const bytes = Buffer.concat([closeStatement(OWN_STATEMENT), closeStatement(ROUTINE_STATEMENT), encode({ type: 'sync' })]);
-          steps.push({ do: 'send', what: 'closeOwn', bytes, expect: [{ kind: 'close', injected: true }, { kind: 'close', injected: true }, { kind: 'sync', injected: true, forwardReady: false }] });
+          steps.push({
+            do: 'send',
+            what: 'closeOwn',
+            bytes,
+            expect: [
+              { kind: 'close', injected: true },
+              { kind: 'close', injected: true },
+              { kind: 'sync', injected: true, forwardReady: false },
+            ],
+          });
         }
         return steps;
       case 'flush': // no response of its own
@@ -700,7 +870,12 @@ export class Planner {
     }
     if ((kind === 'routine' || kind === 'unknown') && !this.inBlock) {
       this.ownStatementsUsed = true;
-      const expect: Expect[] = [{ kind: 'close', injected: true }, { kind: 'parse', injected: true }, { kind: 'bind', injected: true }, { kind: 'execute', injected: true }];
+      const expect: Expect[] = [
+        { kind: 'close', injected: true },
+        { kind: 'parse', injected: true },
+        { kind: 'bind', injected: true },
+        { kind: 'execute', injected: true },
+      ];
       steps.push({ do: 'send', what: 'refuseRoutine', bytes: runRoutineRefusal(), expect });
     }
     if (kind === 'begin') this.inBlock = true;
@@ -757,7 +932,6 @@ export class Planner {
     });
     steps.push({ do: 'send', what: 'fence', bytes: Buffer.concat(bytes), expect });
   }
-
 }
 
 /** The block state after statements of these kinds run from `start`; undefined when one is unknown. */
@@ -807,5 +981,13 @@ function withPrediction<T extends Expect>(e: T, predict: 'I' | 'T' | undefined):
 }
 
 function isExtended(m: ClientMessage): m is Extended {
-  return m.type === 'parse' || m.type === 'bind' || m.type === 'describe' || m.type === 'execute' || m.type === 'close' || m.type === 'sync' || m.type === 'flush';
+  return (
+    m.type === 'parse' ||
+    m.type === 'bind' ||
+    m.type === 'describe' ||
+    m.type === 'execute' ||
+    m.type === 'close' ||
+    m.type === 'sync' ||
+    m.type === 'flush'
+  );
 }

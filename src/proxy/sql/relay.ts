@@ -18,12 +18,38 @@
 // is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { MessageReader, commandTag, readyForQuery, type ErrorFields, dataRowTexts, decodeClient, encode, errorResponse, message, parameterOf, parseErrorFields, type ClientMessage, type Frame } from './framing.ts';
+import {
+  MessageReader,
+  commandTag,
+  readyForQuery,
+  type ErrorFields,
+  dataRowTexts,
+  decodeClient,
+  encode,
+  errorResponse,
+  message,
+  parameterOf,
+  parseErrorFields,
+  type ClientMessage,
+  type Frame,
+} from './framing.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
 import type { Expect, Kind, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
-import { ADMIN_SHUTDOWN, CONNECTION_FAILURE, IDLE_IN_TRANSACTION_SESSION_TIMEOUT, INTERNAL_ERROR, INVALID_SQL_STATEMENT_NAME, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE, PROTOCOL_VIOLATION, QUERY_CANCELED, READ_ONLY_SQL_TRANSACTION, TRANSACTION_RESOLUTION_UNKNOWN } from '../../fence/sqlstate.ts';
+import {
+  ADMIN_SHUTDOWN,
+  CONNECTION_FAILURE,
+  IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+  INTERNAL_ERROR,
+  INVALID_SQL_STATEMENT_NAME,
+  LOCK_NOT_AVAILABLE,
+  OBJECT_NOT_IN_PREREQUISITE_STATE,
+  PROTOCOL_VIOLATION,
+  QUERY_CANCELED,
+  READ_ONLY_SQL_TRANSACTION,
+  TRANSACTION_RESOLUTION_UNKNOWN,
+} from '../../fence/sqlstate.ts';
 
 /**
  * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on
@@ -116,7 +142,8 @@ const FLUSH = message('H');
 
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
-const READ_ONLY_HINT = 'on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = \'<token>\' and fencepost.fence_key = \'<fence key>\' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only';
+const READ_ONLY_HINT =
+  "on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = '<token>' and fencepost.fence_key = '<fence key>' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only";
 
 /** A writer's "read-only transaction" error (25006) with a hint naming fencepost.token, unless it has a hint of its own. */
 function withReadOnlyHint(bytes: Buffer): Buffer {
@@ -165,7 +192,10 @@ export class Relay {
   private idleTimer: NodeJS.Timeout | undefined;
   /** A FATAL the backend sent outside any request, right before it went away. */
   private backendFatal: Buffer | null = null;
-  /** The writer was sent a FATAL in answer to its request (a raise's pg_terminate_backend mid-query): it expects the connection to close. */
+  /**
+   * The writer was sent a FATAL in answer to its request (a raise's pg_terminate_backend mid-query):
+   * it expects the connection to close.
+   */
   private writerHeardFatal = false;
   /** A Flush of the proxy's went to the backend for a Query waiting inside an open group. */
   private flushAsked = false;
@@ -281,7 +311,6 @@ export class Relay {
     this.opts.onClose();
   }
 
-
   /** The writer went away or broke the protocol; the backend rolls back what was open. */
   private fail(reason: string, err?: unknown): void {
     if (this.closed) return;
@@ -332,7 +361,12 @@ export class Relay {
         return;
       }
       if (reason === null && writerWaits) {
-        this.answerLost({ severity: 'ERROR', code: CONNECTION_FAILURE, message: 'the database connection was lost', detail: 'nothing of the open transaction committed (no commit was in flight)' });
+        this.answerLost({
+          severity: 'ERROR',
+          code: CONNECTION_FAILURE,
+          message: 'the database connection was lost',
+          detail: 'nothing of the open transaction committed (no commit was in flight)',
+        });
         return;
       }
       if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
@@ -370,7 +404,9 @@ export class Relay {
       return;
     }
     this.client.write(Buffer.concat([errorResponse(error), readyForQuery('I')]));
-    this.answerNextWith(errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'this session\'s database connection was lost: reconnect' }));
+    this.answerNextWith(
+      errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: "this session's database connection was lost: reconnect" }),
+    );
   }
 
   /** Writes `bytes` and ends the writer's connection once they are out (a destroy would drop them), then closes. */
@@ -398,7 +434,13 @@ export class Relay {
       if (thenLost && !this.client.destroyed && !this.client.readableEnded) {
         // An answer that keeps the connection: the next message hears that the session is gone.
         this.client.write(reply as Buffer);
-        this.answerNextWith(errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'this session\'s database connection was ended by a newer leader\'s raise: reconnect' }));
+        this.answerNextWith(
+          errorResponse({
+            severity: 'FATAL',
+            code: CONNECTION_FAILURE,
+            message: "this session's database connection was ended by a newer leader's raise: reconnect",
+          }),
+        );
         return;
       }
       void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => this.endWith(bytes));
@@ -436,7 +478,8 @@ export class Relay {
     clearTimeout(this.idleTimer);
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);
-      for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next()) this.clientFrames.push({ frame: f, msg: decodeClient(f) });
+      for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next())
+        this.clientFrames.push({ frame: f, msg: decodeClient(f) });
     } catch (err) {
       this.fail('malformed message from the client', err);
       return;
@@ -462,7 +505,11 @@ export class Relay {
           continue;
         }
         this.flushBackend();
-        this.fail(this.copyStream !== null ? NOT_COPY_DATA : 'a message other than Sync after the copy data of a COPY FROM STDIN started by Execute');
+        this.fail(
+          this.copyStream !== null
+            ? NOT_COPY_DATA
+            : 'a message other than Sync after the copy data of a COPY FROM STDIN started by Execute',
+        );
         return;
       }
       if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
@@ -492,7 +539,11 @@ export class Relay {
       if (msg.type === 'bind' && this.status === 'I' && this.pendingReady === 0) {
         // A lone BEGIN group: answered here, held for the next message (planner.ts holdExtendedBegin).
         const next = this.clientFrames.slice(i, i + 4);
-        const held = this.planner.holdExtendedBegin(next.map((f) => f.msg), next.map((f) => f.frame.bytes), { status: this.status, awaiting: this.queue.length > 0 });
+        const held = this.planner.holdExtendedBegin(
+          next.map((f) => f.msg),
+          next.map((f) => f.frame.bytes),
+          { status: this.status, awaiting: this.queue.length > 0 },
+        );
         if (held !== null) {
           i += held.taken;
           this.answerBegin(held.reply);
@@ -583,7 +634,8 @@ export class Relay {
       return;
     }
     this.flushClient();
-    if (!this.losing && (this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0) this.pumpClient();
+    if (!this.losing && (this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0)
+      this.pumpClient();
   }
 
   private flushClient(): void {
@@ -599,7 +651,8 @@ export class Relay {
 
   private pop(kinds: readonly Kind[], f: Frame): Pending {
     const e = this.queue.shift();
-    if (e === undefined || !kinds.includes(e.kind)) throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
+    if (e === undefined || !kinds.includes(e.kind))
+      throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
     return e;
   }
 
@@ -769,7 +822,8 @@ export class Relay {
     else if (tag === 'ROLLBACK') this.spoiled ??= 'rolled_back';
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
     // DISCARD SEQUENCES forgets the session's fence, DISCARD TEMP its setup (rule.ts), ALL both.
-    if (tag === 'DISCARD ALL' || tag === 'DISCARD SEQUENCES' || tag === 'DISCARD TEMP') this.opts.gate?.invalidate(tag !== 'DISCARD SEQUENCES');
+    if (tag === 'DISCARD ALL' || tag === 'DISCARD SEQUENCES' || tag === 'DISCARD TEMP')
+      this.opts.gate?.invalidate(tag !== 'DISCARD SEQUENCES');
     if (tag === 'RESET') this.opts.gate?.noteReset();
     if (tag === 'DISCARD ALL' || tag === 'DEALLOCATE ALL' || (tag === 'DEALLOCATE' && extended)) this.planner.writerStatementsDropped();
   }
@@ -803,7 +857,8 @@ export class Relay {
     }
     if (head.injected) {
       const fields = parseErrorFields(f.body);
-      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === INVALID_SQL_STATEMENT_NAME)) this.planner.statementsDropped();
+      if (head.kind === 'parse' || head.kind === 'close' || (head.fence && fields.get('C') === INVALID_SQL_STATEMENT_NAME))
+        this.planner.statementsDropped();
       this.toClient.push(head.fence ? this.onFenceError(fields, f.bytes) : f.bytes);
     } else {
       if (isFatal(f.body)) this.writerHeardFatal = true;
@@ -825,7 +880,8 @@ export class Relay {
     const code = fields.get('C') ?? '';
     // The proof failed (a raise above the session's token, or its epoch gone in a way the proof did
     // not name: currval's own 55000 / XX000): fence the session again before its next transaction.
-    const proofFailed = code === STALE_TOKEN || code === RAISE_FIRST || code === OBJECT_NOT_IN_PREREQUISITE_STATE || code === INTERNAL_ERROR;
+    const proofFailed =
+      code === STALE_TOKEN || code === RAISE_FIRST || code === OBJECT_NOT_IN_PREREQUISITE_STATE || code === INTERNAL_ERROR;
     if (this.planner.fence.pair !== null && proofFailed) this.opts.gate?.invalidate(false);
     if (code === STALE_TOKEN) {
       const stale = staleDetail(fields.get('D'));
@@ -908,15 +964,21 @@ export class Relay {
 
   /** The backend's transaction state is not the planner's: end the session, never go on in a transaction the fence may not cover. */
   private lostTrack(predicted: 'I' | 'T'): void {
-    this.opts.logger.error({ predicted, reported: this.status }, 'SQL session closed: the backend\'s transaction state is not what the proxy predicted');
+    this.opts.logger.error(
+      { predicted, reported: this.status },
+      "SQL session closed: the backend's transaction state is not what the proxy predicted",
+    );
     this.flushClient();
     if (!this.client.destroyed) {
       this.client.end(
         errorResponse({
           severity: 'FATAL',
           code: INTERNAL_ERROR,
-          message: 'the fencepost SQL endpoint lost track of the session\'s transaction state; the session is closed',
-          detail: this.status === 'T' ? 'the open transaction was rolled back' : 'statements after an unforeseen end of a transaction may have run and committed',
+          message: "the fencepost SQL endpoint lost track of the session's transaction state; the session is closed",
+          detail:
+            this.status === 'T'
+              ? 'the open transaction was rolled back'
+              : 'statements after an unforeseen end of a transaction may have run and committed',
         }),
       );
     }

@@ -120,13 +120,22 @@ export class PgwireSession {
         code: STALE_TOKEN,
         message: `stale fencing token: token ${pair.token} is below the highest token ${highest} of fence key ${JSON.stringify(pair.fenceKey)}`,
         detail: staleDetailText(pair.fenceKey, pair.token, highest),
-        hint: 'a newer leader raised this fence and ended this session\'s transaction: nothing of it was applied',
+        hint: "a newer leader raised this fence and ended this session's transaction: nothing of it was applied",
       };
     };
-    this.relay = new Relay(client, clientReader, backend, planner, { logger: opts.logger, gate, onStale: opts.onStale, ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}), ...(opts.onFenceError ? { onFenceError: opts.onFenceError } : {}), onClose: () => {
+    this.relay = new Relay(client, clientReader, backend, planner, {
+      logger: opts.logger,
+      gate,
+      onStale: opts.onStale,
+      ...(opts.onTransactionEnd ? { onTransactionEnd: opts.onTransactionEnd } : {}),
+      ...(opts.onFenceError ? { onFenceError: opts.onFenceError } : {}),
+      onClose: () => {
         unwatch();
         opts.onClose();
-      }, lostReason, idleInTransactionMs: opts.idleInTransactionMs });
+      },
+      lostReason,
+      idleInTransactionMs: opts.idleInTransactionMs,
+    });
   }
 
   /** Starts relaying (bytes already framed by either reader are processed first), and fences the session for its startup settings. */

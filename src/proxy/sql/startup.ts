@@ -98,9 +98,17 @@ export function optionArg(name: string, value: string): string {
  * which refuses what it refuses, as it would straight.
  */
 export const OWN_SETTINGS: ReadonlySet<string> = new Set([
-  'user', 'database', 'options', 'replication',
-  'role', 'session_authorization', 'default_transaction_read_only', 'transaction_read_only',
-  'statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout',
+  'user',
+  'database',
+  'options',
+  'replication',
+  'role',
+  'session_authorization',
+  'default_transaction_read_only',
+  'transaction_read_only',
+  'statement_timeout',
+  'lock_timeout',
+  'idle_in_transaction_session_timeout',
 ]);
 
 /** The fencepost settings a session may carry in from its startup options. */

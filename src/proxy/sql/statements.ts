@@ -129,7 +129,11 @@ export function setsFenceSetting(sql: string): boolean {
   if (stmts === null || stmts.length !== 1) return false;
   const set = (stmts[0]!.stmt ?? {}).VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
   if (set === undefined) return false;
-  return set.is_local !== true && ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'].includes(set.kind ?? '') && FENCE_SETTINGS.has((set.name ?? '').toLowerCase());
+  return (
+    set.is_local !== true &&
+    ['VAR_SET_VALUE', 'VAR_SET_DEFAULT', 'VAR_RESET'].includes(set.kind ?? '') &&
+    FENCE_SETTINGS.has((set.name ?? '').toLowerCase())
+  );
 }
 
 /**

@@ -28,7 +28,11 @@ const PREP_EQUIVALENT = 'prep-file-secret-0123456789';
 const RAW_SECRET = 'raw-\uE000-secret-0123456789';
 const PLAIN_SECRET = 'plain-secret-0123456789';
 
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 
 let db: TestDatabase;
 let sql: SqlProxy;
@@ -63,8 +67,15 @@ except psycopg2.OperationalError as e:
 }
 
 describe('SASLprep', () => {
-  test('RFC 4013\'s examples: soft hyphen removed, NFKC, prohibited and bidi-violating strings refused', () => {
-    expect(['I\u00ADX', 'user', 'USER', '\u00AA', '\u2168', 'a\u00A0b'].map((s) => saslprep(s))).toEqual(['IX', 'user', 'USER', 'a', 'IX', 'a b']);
+  test("RFC 4013's examples: soft hyphen removed, NFKC, prohibited and bidi-violating strings refused", () => {
+    expect(['I\u00ADX', 'user', 'USER', '\u00AA', '\u2168', 'a\u00A0b'].map((s) => saslprep(s))).toEqual([
+      'IX',
+      'user',
+      'USER',
+      'a',
+      'IX',
+      'a b',
+    ]);
     expect(() => saslprep('\u0007')).toThrow(/prohibited/);
     expect(() => saslprep('\u0627\u0031')).toThrow(/right-to-left/);
     expect(saslprepOrRaw(RAW_SECRET)).toBe(RAW_SECRET);
@@ -74,7 +85,9 @@ describe('SASLprep', () => {
   test('psycopg2 logs in with the secret as configured and with its SASLprep equivalent; psql too; a different one fails', async () => {
     expect(await psycopg2Login('prep', PREP_SECRET)).toBe(role);
     expect(await psycopg2Login('prep', PREP_EQUIVALENT)).toBe(role);
-    const viaPsql = await run(PSQL, [sql.url('prep'), '-X', '-At', '-c', 'SELECT current_user'], { env: { ...process.env, PGPASSWORD: PREP_EQUIVALENT, PGOPTIONS: '' } });
+    const viaPsql = await run(PSQL, [sql.url('prep'), '-X', '-At', '-c', 'SELECT current_user'], {
+      env: { ...process.env, PGPASSWORD: PREP_EQUIVALENT, PGOPTIONS: '' },
+    });
     expect(viaPsql.stdout.trim()).toBe(role);
     expect(await psycopg2Login('prep', 'prep-file-secret-0123456780')).toMatch(/^refused: .*password authentication failed/);
   });
@@ -109,7 +122,13 @@ function serverFirst(user: string): Promise<{ salt: Buffer; iterations: number }
           const first = Buffer.from(`n,,n=*,r=${randomBytes(12).toString('base64')}`);
           sock.write(message('p', 'SCRAM-SHA-256', first.length, first));
         } else if (kind === 11) {
-          const attrs = new Map(body.subarray(4).toString('utf8').split(',').map((p) => [p[0]!, p.slice(2)] as const));
+          const attrs = new Map(
+            body
+              .subarray(4)
+              .toString('utf8')
+              .split(',')
+              .map((p) => [p[0]!, p.slice(2)] as const),
+          );
           sock.destroy();
           resolve({ salt: Buffer.from(attrs.get('s')!, 'base64'), iterations: Number(attrs.get('i')) });
         }
@@ -121,8 +140,14 @@ function serverFirst(user: string): Promise<{ salt: Buffer; iterations: number }
 describe('an unknown user', () => {
   // Comparing salts must not tell key names from other names: a name's salt is the same at every
   // attempt whether or not it is a key, and looks like a key's.
-  test('is answered with a salt that is stable across attempts and shaped like a key\'s, with the same iteration count', async () => {
-    const [a1, a2, b, key1, key2] = await Promise.all([serverFirst('nobody'), serverFirst('nobody'), serverFirst('somebody-else'), serverFirst('plain'), serverFirst('plain')]);
+  test("is answered with a salt that is stable across attempts and shaped like a key's, with the same iteration count", async () => {
+    const [a1, a2, b, key1, key2] = await Promise.all([
+      serverFirst('nobody'),
+      serverFirst('nobody'),
+      serverFirst('somebody-else'),
+      serverFirst('plain'),
+      serverFirst('plain'),
+    ]);
     expect(a1.salt.equals(a2.salt)).toBe(true);
     expect(key1.salt.equals(key2.salt)).toBe(true);
     expect(a1.salt.equals(b.salt)).toBe(false);
@@ -135,7 +160,9 @@ describe('key derivation', () => {
   // started runs before any of them is done.
   test('runs off the event loop: an immediate queued after eight derivations at the cap runs before the first finishes', async () => {
     const order: string[] = [];
-    const derivations = Array.from({ length: 8 }, () => saltedPassword('event-loop-secret', randomBytes(16), MAX_ITERATIONS).then(() => order.push('derived')));
+    const derivations = Array.from({ length: 8 }, () =>
+      saltedPassword('event-loop-secret', randomBytes(16), MAX_ITERATIONS).then(() => order.push('derived')),
+    );
     const immediate = new Promise<void>((resolve) => setImmediate(() => resolve(void order.push('immediate'))));
     await Promise.all([...derivations, immediate]);
     expect(order[0]).toBe('immediate');
@@ -150,14 +177,18 @@ describe('key derivation', () => {
   describe('of the backend login', () => {
     const login = () => loginName(clientRoleFor(db.url), 'plain');
     const setIterations = async (iterations: number) => {
-      const { rows } = await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [login()]);
-      await db.pool.query(`ALTER ROLE ${pg.escapeIdentifier(login())} PASSWORD ${pg.escapeLiteral(scramVerifier(rows[0]!.password, iterations))}`);
+      const { rows } = await db.pool.query<{ password: string }>('SELECT password FROM fencepost.client_logins WHERE login = $1', [
+        login(),
+      ]);
+      await db.pool.query(
+        `ALTER ROLE ${pg.escapeIdentifier(login())} PASSWORD ${pg.escapeLiteral(scramVerifier(rows[0]!.password, iterations))}`,
+      );
     };
     afterAll(async () => {
       await setIterations(4096);
     });
 
-    test('twenty concurrent SCRAM logins complete while the backend asks for the cap\'s iterations, and a timer set meanwhile fires', async () => {
+    test("twenty concurrent SCRAM logins complete while the backend asks for the cap's iterations, and a timer set meanwhile fires", async () => {
       await setIterations(MAX_ITERATIONS);
       let fired = false;
       const timer = new Promise<void>((resolve) => setTimeout(() => resolve(void (fired = true)), 1));

@@ -40,7 +40,9 @@ describe('HTTPS on the proxy process', () => {
     db = await createTestDatabase();
     replaceFile(first.cert, live.cert);
     replaceFile(first.key, live.key);
-    proxy = await spawnProxy({ DATABASE_URL: db.url, FENCEPOST_TLS_CERT: live.cert, FENCEPOST_TLS_KEY: live.key }, 60_000, 'strict', { https: { ca } });
+    proxy = await spawnProxy({ DATABASE_URL: db.url, FENCEPOST_TLS_CERT: live.cert, FENCEPOST_TLS_KEY: live.key }, 60_000, 'strict', {
+      https: { ca },
+    });
   });
   afterAll(async () => {
     expect(await proxy?.stop()).toBe(0);
@@ -63,7 +65,10 @@ describe('HTTPS on the proxy process', () => {
     replaceFile(second.cert, live.cert);
     replaceFile(second.key, live.key);
     proxy.child.kill('SIGHUP');
-    const res = await until(() => httpsGet(`${proxy.url}/readyz`, ca), (r) => r.fingerprint256 === second.fingerprint);
+    const res = await until(
+      () => httpsGet(`${proxy.url}/readyz`, ca),
+      (r) => r.fingerprint256 === second.fingerprint,
+    );
     expect(res.fingerprint256).toBe(second.fingerprint);
     expect(res.status).toBe(200);
   });
@@ -71,7 +76,10 @@ describe('HTTPS on the proxy process', () => {
   test('SIGHUP with a broken certificate file keeps serving the previous certificate and logs an error', async () => {
     writeFileSync(live.cert, 'not a certificate\n');
     proxy.child.kill('SIGHUP');
-    await until(async () => proxy.output(), (out) => out.includes('TLS reload failed'));
+    await until(
+      async () => proxy.output(),
+      (out) => out.includes('TLS reload failed'),
+    );
     expect(proxy.output()).toContain('TLS reload failed');
     expect(proxy.output()).toContain('FENCEPOST_TLS_CERT');
     const res = await httpsGet(`${proxy.url}/readyz`, ca);
@@ -90,7 +98,7 @@ describe('TLS settings', () => {
     expect(() => loadConfig(env)).toThrow(new RegExp(`^${missing}:`));
   });
 
-  test('a key that is not the certificate\'s fails naming FENCEPOST_TLS_KEY', () => {
+  test("a key that is not the certificate's fails naming FENCEPOST_TLS_KEY", () => {
     const a = makeCert('pair-a');
     const b = makeCert('pair-b');
     expect(() => TlsMaterial.load({ certFile: a.cert, keyFile: b.key })).toThrow(/^FENCEPOST_TLS_KEY: .*is not the key of the certificate/);
@@ -100,10 +108,17 @@ describe('TLS settings', () => {
 
   test('fencepost serve with an unreadable certificate exits 1 with one line naming FENCEPOST_TLS_CERT', () => {
     const r = spawnSync(process.execPath, [BIN, 'serve'], {
-      env: { ...process.env, DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x', FENCEPOST_TLS_CERT: join(dir, 'missing.pem'), FENCEPOST_TLS_KEY: join(dir, 'missing.key') },
+      env: {
+        ...process.env,
+        DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x',
+        FENCEPOST_TLS_CERT: join(dir, 'missing.pem'),
+        FENCEPOST_TLS_KEY: join(dir, 'missing.key'),
+      },
       encoding: 'utf8',
     });
     expect(r.status).toBe(1);
-    expect(r.stderr.trim().split('\n')).toEqual([expect.stringMatching(/^fencepost: invalid configuration: FENCEPOST_TLS_CERT: cannot read /)]);
+    expect(r.stderr.trim().split('\n')).toEqual([
+      expect.stringMatching(/^fencepost: invalid configuration: FENCEPOST_TLS_CERT: cannot read /),
+    ]);
   });
 });

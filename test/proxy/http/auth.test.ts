@@ -40,9 +40,20 @@ describe('configuration', () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencepost-keys-'));
     try {
       const file = join(dir, 'keys.json');
-      writeFileSync(file, JSON.stringify({ keys: [{ name: 'w', secret: SECRET.writer, fenceKeyPrefixes: ['a/'], pgRole: 'app_writer' }, { name: 'r', secretSha256: digestOf(SECRET.reader).toString('hex'), readOnly: true }] }));
+      writeFileSync(
+        file,
+        JSON.stringify({
+          keys: [
+            { name: 'w', secret: SECRET.writer, fenceKeyPrefixes: ['a/'], pgRole: 'app_writer' },
+            { name: 'r', secretSha256: digestOf(SECRET.reader).toString('hex'), readOnly: true },
+          ],
+        }),
+      );
       const c = loadConfig({ FENCEPOST_KEYS_FILE: file });
-      expect(c.keys.map((k) => [k.name, k.pgRole, k.readOnly, k.fenceKeyPrefixes])).toEqual([['w', 'app_writer', false, ['a/']], ['r', null, true, []]]);
+      expect(c.keys.map((k) => [k.name, k.pgRole, k.readOnly, k.fenceKeyPrefixes])).toEqual([
+        ['w', 'app_writer', false, ['a/']],
+        ['r', null, true, []],
+      ]);
       expect(c.readAccess).toBe('key');
       expect(JSON.stringify(c)).not.toContain(SECRET.writer);
       expect(loadConfig({ FENCEPOST_KEYS_FILE: file, FENCEPOST_READ_ACCESS: 'open' }).readAccess).toBe('open');
@@ -58,10 +69,32 @@ describe('configuration', () => {
     ['a short secret', JSON.stringify([{ name: 'w', secret: 'short', fenceKeyPrefixes: [''] }]), /secret must be 16/],
     ['an unknown field', JSON.stringify([{ name: 'w', secret: SECRET.writer, prefixes: [''] }]), /unknown field "prefixes"/],
     ['no prefixes on a writer', JSON.stringify([{ name: 'w', secret: SECRET.writer }]), /fenceKeyPrefixes/],
-    ['a role that is not an identifier', JSON.stringify([{ name: 'w', secret: SECRET.writer, fenceKeyPrefixes: [''], pgRole: 'x; DROP ROLE y' }]), /pgRole/],
-    ['duplicate names', JSON.stringify([{ name: 'w', secret: SECRET.writer, fenceKeyPrefixes: [''] }, { name: 'w', secret: SECRET.reader, fenceKeyPrefixes: [''] }]), /duplicate name/],
-    ['a shared secret', JSON.stringify([{ name: 'a', secret: SECRET.writer, fenceKeyPrefixes: [''] }, { name: 'b', secret: SECRET.writer, fenceKeyPrefixes: [''] }]), /same secret/],
-    ['both secret forms', JSON.stringify([{ name: 'w', secret: SECRET.writer, secretSha256: 'a'.repeat(64), fenceKeyPrefixes: [''] }]), /exactly one/],
+    [
+      'a role that is not an identifier',
+      JSON.stringify([{ name: 'w', secret: SECRET.writer, fenceKeyPrefixes: [''], pgRole: 'x; DROP ROLE y' }]),
+      /pgRole/,
+    ],
+    [
+      'duplicate names',
+      JSON.stringify([
+        { name: 'w', secret: SECRET.writer, fenceKeyPrefixes: [''] },
+        { name: 'w', secret: SECRET.reader, fenceKeyPrefixes: [''] },
+      ]),
+      /duplicate name/,
+    ],
+    [
+      'a shared secret',
+      JSON.stringify([
+        { name: 'a', secret: SECRET.writer, fenceKeyPrefixes: [''] },
+        { name: 'b', secret: SECRET.writer, fenceKeyPrefixes: [''] },
+      ]),
+      /same secret/,
+    ],
+    [
+      'both secret forms',
+      JSON.stringify([{ name: 'w', secret: SECRET.writer, secretSha256: 'a'.repeat(64), fenceKeyPrefixes: [''] }]),
+      /exactly one/,
+    ],
   ])('FENCEPOST_KEYS with %s fails fast naming the variable', (_what, json, message) => {
     expect(() => loadConfig({ FENCEPOST_KEYS: json })).toThrow(/^FENCEPOST_KEYS: /);
     expect(() => loadConfig({ FENCEPOST_KEYS: json })).toThrow(message);
@@ -72,12 +105,16 @@ describe('configuration', () => {
     expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e"}' })).toThrow(/^ZK_CONNECT: /);
     expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"e/"}', ZK_CONNECT: 'z:2181' })).toThrow(/^FENCEPOST_FORGERY_GUARD: /);
     expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181' })).toThrow(/^ZK_AUTH: /);
-    expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'no-password' })).toThrow(/^ZK_AUTH: /);
-    expect(loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'elector:s3:cret' }).forgeryGuard).toEqual({
-      zkConnect: 'z:2181',
-      mappings: [{ prefix: 'a/', electionPath: '/e/a' }],
-      electionAuth: { user: 'elector', password: 's3:cret' },
-    });
+    expect(() => loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'no-password' })).toThrow(
+      /^ZK_AUTH: /,
+    );
+    expect(loadConfig({ FENCEPOST_FORGERY_GUARD: '{"a/":"/e/a"}', ZK_CONNECT: 'z:2181', ZK_AUTH: 'elector:s3:cret' }).forgeryGuard).toEqual(
+      {
+        zkConnect: 'z:2181',
+        mappings: [{ prefix: 'a/', electionPath: '/e/a' }],
+        electionAuth: { user: 'elector', password: 's3:cret' },
+      },
+    );
     expect(() => loadConfig({ FENCEPOST_TX_MAX_STATEMENTS: '0' })).toThrow(/^FENCEPOST_TX_MAX_STATEMENTS: /);
     expect(() => loadConfig({ FENCEPOST_REQUEST_TIMEOUT_MS: 'soon' })).toThrow(/^FENCEPOST_REQUEST_TIMEOUT_MS: /);
   });
@@ -115,7 +152,12 @@ describe('who may call what', () => {
     await db.drop();
   });
 
-  const put = (url: string, headers: Record<string, string> = {}): InjectOptions => ({ method: 'PUT', url, headers: { 'fencing-token': '1', ...headers }, payload: 'v' });
+  const put = (url: string, headers: Record<string, string> = {}): InjectOptions => ({
+    method: 'PUT',
+    url,
+    headers: { 'fencing-token': '1', ...headers },
+    payload: 'v',
+  });
 
   test.each([
     ['PUT object, no key', put('/v1/objects/w%2F1'), 401],
@@ -123,7 +165,11 @@ describe('who may call what', () => {
     ['PUT object, read-only key', put('/v1/objects/w%2F1', bearer(SECRET.reader)), 403],
     ['PUT object, writer key outside prefixes', put('/v1/objects/x%2F1', bearer(SECRET.writer)), 403],
     ['PUT object, writer key, Fence-Key outside prefixes', put('/v1/objects/w%2F1', { ...bearer(SECRET.writer), 'fence-key': 'o/1' }), 403],
-    ['PUT object, writer key, object key outside prefixes behind an allowed Fence-Key', put('/v1/objects/o%2F1', { ...bearer(SECRET.writer), 'fence-key': 'w/1' }), 403],
+    [
+      'PUT object, writer key, object key outside prefixes behind an allowed Fence-Key',
+      put('/v1/objects/o%2F1', { ...bearer(SECRET.writer), 'fence-key': 'w/1' }),
+      403,
+    ],
     ['PUT object, writer key', put('/v1/objects/w%2F1', bearer(SECRET.writer)), 200],
     ['PUT fence, other writer key', put('/v1/fences/o%2F1', bearer(SECRET.other)), 200],
     ['DELETE object, no key', { method: 'DELETE', url: '/v1/objects/w%2F1', headers: { 'fencing-token': '1' } }, 401],
@@ -159,7 +205,10 @@ describe('who may call what', () => {
         await logged.inject({ method: 'POST', url: '/v1/transactions', headers: bearer(secret), payload: '{' });
       }
       // Whatever logs a request's headers gets them redacted.
-      logger.info({ req: { headers: { authorization: `Bearer ${SECRET.writer}` } }, headers: { authorization: `Bearer ${SECRET.reader}` } }, 'request');
+      logger.info(
+        { req: { headers: { authorization: `Bearer ${SECRET.writer}` } }, headers: { authorization: `Bearer ${SECRET.reader}` } },
+        'request',
+      );
     } finally {
       await logged.close();
     }

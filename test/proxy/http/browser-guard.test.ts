@@ -50,7 +50,12 @@ async function objectRow(key: string) {
 
 /** A transaction raising fence `fenceKey` to 1, as text (a form can send any text, just not as JSON). */
 const txBody = (fenceKey: string) => JSON.stringify({ fences: [{ key: fenceKey, token: '1' }], statements: [{ sql: 'SELECT 1 AS one' }] });
-const tx = (fenceKey: string, headers: Record<string, string>): InjectOptions => ({ method: 'POST', url: '/v1/transactions', headers, payload: txBody(fenceKey) });
+const tx = (fenceKey: string, headers: Record<string, string>): InjectOptions => ({
+  method: 'POST',
+  url: '/v1/transactions',
+  headers,
+  payload: txBody(fenceKey),
+});
 const put = (key: string, headers: Record<string, string>): InjectOptions => ({
   method: 'PUT',
   url: `/v1/objects/${encodeURIComponent(key)}`,
@@ -59,16 +64,20 @@ const put = (key: string, headers: Record<string, string>): InjectOptions => ({
 });
 
 describe('POST /v1/transactions takes application/json only (a form cannot send it)', () => {
-  test.each(['text/plain', 'text/plain; charset=utf-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'application/jsonx', 'application/json-patch+json'])(
-    'a transaction posted as %s gets 415 unsupported_media_type and nothing runs',
-    async (type) => {
-      const fence = uniq('form');
-      const res = await open.inject(tx(fence, { 'content-type': type }));
-      expect(res.statusCode, res.body).toBe(415);
-      expect(res.json()).toMatchObject({ error: 'unsupported_media_type' });
-      expect(await fenceRow(fence)).toBeNull();
-    },
-  );
+  test.each([
+    'text/plain',
+    'text/plain; charset=utf-8',
+    'application/x-www-form-urlencoded',
+    'multipart/form-data; boundary=x',
+    'application/jsonx',
+    'application/json-patch+json',
+  ])('a transaction posted as %s gets 415 unsupported_media_type and nothing runs', async (type) => {
+    const fence = uniq('form');
+    const res = await open.inject(tx(fence, { 'content-type': type }));
+    expect(res.statusCode, res.body).toBe(415);
+    expect(res.json()).toMatchObject({ error: 'unsupported_media_type' });
+    expect(await fenceRow(fence)).toBeNull();
+  });
 
   test('a transaction without Content-Type gets 415 and nothing runs', async () => {
     const fence = uniq('untyped');
@@ -77,16 +86,21 @@ describe('POST /v1/transactions takes application/json only (a form cannot send 
     expect(await fenceRow(fence)).toBeNull();
   });
 
-  test.each(['application/json', 'Application/JSON; charset=UTF-8', 'application/json;charset=utf-8'])('a transaction posted as %s runs', async (type) => {
-    const fence = uniq('json');
-    const res = await open.inject(tx(fence, { 'content-type': type }));
-    expect(res.statusCode, res.body).toBe(200);
-    expect(await fenceRow(fence)).toEqual({ highest_token: '1' });
-  });
+  test.each(['application/json', 'Application/JSON; charset=UTF-8', 'application/json;charset=utf-8'])(
+    'a transaction posted as %s runs',
+    async (type) => {
+      const fence = uniq('json');
+      const res = await open.inject(tx(fence, { 'content-type': type }));
+      expect(res.statusCode, res.body).toBe(200);
+      expect(await fenceRow(fence)).toEqual({ highest_token: '1' });
+    },
+  );
 
   test('with keys, a missing key is still 401 before the media type is looked at', async () => {
     expect((await keyed.inject(tx(uniq('keyed'), { 'content-type': 'text/plain' }))).statusCode).toBe(401);
-    expect((await keyed.inject(tx(uniq('keyed'), { ...bearer(SECRET.writer), 'content-type': 'text/plain' }))).json().error).toBe('unsupported_media_type');
+    expect((await keyed.inject(tx(uniq('keyed'), { ...bearer(SECRET.writer), 'content-type': 'text/plain' }))).json().error).toBe(
+      'unsupported_media_type',
+    );
   });
 });
 
@@ -102,7 +116,9 @@ describe('a request from another origin is refused unless its origin is allowed'
   test('a cross-origin PUT gets 403 forbidden_origin and writes nothing, with keys too', async () => {
     const key = uniq('cross-put');
     expect((await open.inject(put(key, { origin: 'https://evil.example' }))).json().error).toBe('forbidden_origin');
-    expect((await keyed.inject(put(`w/${key}`, { ...bearer(SECRET.writer), origin: 'https://evil.example' }))).json().error).toBe('forbidden_origin');
+    expect((await keyed.inject(put(`w/${key}`, { ...bearer(SECRET.writer), origin: 'https://evil.example' }))).json().error).toBe(
+      'forbidden_origin',
+    );
     expect(await objectRow(key)).toBeNull();
     expect(await objectRow(`w/${key}`)).toBeNull();
   });
@@ -140,10 +156,14 @@ describe('a request from another origin is refused unless its origin is allowed'
       const key = uniq('http');
       const send = (origin: string) =>
         new Promise<number>((resolve, reject) => {
-          const req = request(`${url}/v1/objects/${key}`, { method: 'PUT', headers: { origin, 'fencing-token': '1', 'content-type': 'text/plain' } }, (res) => {
-            res.resume();
-            resolve(res.statusCode ?? 0);
-          });
+          const req = request(
+            `${url}/v1/objects/${key}`,
+            { method: 'PUT', headers: { origin, 'fencing-token': '1', 'content-type': 'text/plain' } },
+            (res) => {
+              res.resume();
+              resolve(res.statusCode ?? 0);
+            },
+          );
           req.on('error', reject);
           req.end('v');
         });
@@ -163,7 +183,9 @@ describe('open mode answers only to IP addresses, localhost and allowed host nam
     expect(res.json()).toMatchObject({ error: 'forbidden_host' });
     expect(await objectRow(key)).toBeNull();
     const fence = uniq('rebound-tx');
-    expect((await open.inject(tx(fence, { host: 'evil.example:8080', 'content-type': 'application/json' }))).json().error).toBe('forbidden_host');
+    expect((await open.inject(tx(fence, { host: 'evil.example:8080', 'content-type': 'application/json' }))).json().error).toBe(
+      'forbidden_host',
+    );
     expect(await fenceRow(fence)).toBeNull();
     expect((await open.inject({ url: '/v1/stats', headers: { host: 'evil.example:8080' } })).statusCode).toBe(403);
   });
@@ -202,7 +224,12 @@ describe('open mode answers only to IP addresses, localhost and allowed host nam
 describe('objects served back cannot run as pages of the proxy', () => {
   test('GET of an object sends X-Content-Type-Options: nosniff and Content-Security-Policy: sandbox', async () => {
     const key = uniq('page');
-    await open.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': '1', 'content-type': 'text/html' }, payload: '<script>fetch("/v1/transactions")</script>' });
+    await open.inject({
+      method: 'PUT',
+      url: `/v1/objects/${key}`,
+      headers: { 'fencing-token': '1', 'content-type': 'text/html' },
+      payload: '<script>fetch("/v1/transactions")</script>',
+    });
     const res = await open.inject({ url: `/v1/objects/${key}` });
     expect(res.statusCode).toBe(200);
     expect(res.headers['content-type']).toBe('text/html');
@@ -216,7 +243,10 @@ describe('configuration', () => {
     const c = loadConfig({});
     expect(c.allowedOrigins).toEqual([]);
     expect(c.allowedHosts).toEqual([]);
-    const set = loadConfig({ FENCEPOST_ALLOWED_ORIGINS: 'https://ops.example.com, http://127.0.0.1:3000', FENCEPOST_ALLOWED_HOSTS: 'proxy,Fencepost.internal' });
+    const set = loadConfig({
+      FENCEPOST_ALLOWED_ORIGINS: 'https://ops.example.com, http://127.0.0.1:3000',
+      FENCEPOST_ALLOWED_HOSTS: 'proxy,Fencepost.internal',
+    });
     expect(set.allowedOrigins).toEqual(['https://ops.example.com', 'http://127.0.0.1:3000']);
     expect(set.allowedHosts).toEqual(['proxy', 'fencepost.internal']);
     expect(Object.isFrozen(set.allowedOrigins) && Object.isFrozen(set.allowedHosts)).toBe(true);

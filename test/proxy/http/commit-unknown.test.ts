@@ -36,10 +36,15 @@ afterAll(async () => {
 
 test('a PUT whose statement went through and whose answer was lost answers 503 commit_unknown; reading back shows it committed', async () => {
   net.loseReplyAfter((chunk) => chunk.includes(Buffer.from('fencepost.objects')) || chunk.includes(Buffer.from('fencepost_fenced')));
-  const res = await app.inject({ method: 'PUT', url: '/v1/objects/cu%2F1', headers: { 'fencing-token': '1', 'fence-key': 'cu' }, payload: 'maybe' });
+  const res = await app.inject({
+    method: 'PUT',
+    url: '/v1/objects/cu%2F1',
+    headers: { 'fencing-token': '1', 'fence-key': 'cu' },
+    payload: 'maybe',
+  });
   expect(res.statusCode, res.body).toBe(503);
   expect(res.json()).toMatchObject({ error: 'commit_unknown', message: expect.stringContaining('read back before retrying') });
-  const { rows } = await db.pool.query('SELECT convert_from(body, \'UTF8\') AS body FROM fencepost.objects WHERE key = $1', ['cu/1']);
+  const { rows } = await db.pool.query("SELECT convert_from(body, 'UTF8') AS body FROM fencepost.objects WHERE key = $1", ['cu/1']);
   expect(rows).toEqual([{ body: 'maybe' }]);
 });
 
@@ -47,12 +52,25 @@ test('a write that cannot reach the database answers 503 unavailable, safe to re
   net.refuse();
   try {
     await pool.query('SELECT 1').catch(() => {}); // drop the pooled connections' chance to be reused
-    const fresh = new pg.Pool({ connectionString: (() => { const u = new URL(db.url); u.port = String(net.port); return u.toString(); })(), max: 1, connectionTimeoutMillis: 2000 });
+    const fresh = new pg.Pool({
+      connectionString: (() => {
+        const u = new URL(db.url);
+        u.port = String(net.port);
+        return u.toString();
+      })(),
+      max: 1,
+      connectionTimeoutMillis: 2000,
+    });
     fresh.on('error', () => {});
     const cold = testApp(fresh);
     try {
       await cold.ready();
-      const res = await cold.inject({ method: 'PUT', url: '/v1/objects/cu%2F2', headers: { 'fencing-token': '1', 'fence-key': 'cu' }, payload: 'no' });
+      const res = await cold.inject({
+        method: 'PUT',
+        url: '/v1/objects/cu%2F2',
+        headers: { 'fencing-token': '1', 'fence-key': 'cu' },
+        payload: 'no',
+      });
       expect(res.statusCode, res.body).toBe(503);
       expect(res.json().error).toBe('unavailable');
     } finally {

@@ -25,7 +25,12 @@ afterAll(async () => {
 });
 
 const put = (key: string, token: string, body: string, headers: Record<string, string> = {}, target = app) =>
-  target.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': token, 'content-type': 'text/plain', ...headers }, payload: body });
+  target.inject({
+    method: 'PUT',
+    url: `/v1/objects/${key}`,
+    headers: { 'fencing-token': token, 'content-type': 'text/plain', ...headers },
+    payload: body,
+  });
 const del = (key: string, token: string, headers: Record<string, string> = {}) =>
   app.inject({ method: 'DELETE', url: `/v1/objects/${key}`, headers: { 'fencing-token': token, ...headers } });
 const get = (key: string, headers: Record<string, string> = {}, target = app) => target.inject({ url: `/v1/objects/${key}`, headers });
@@ -129,7 +134,7 @@ describe('the fence comes first', () => {
     expect((await del(key, '4', { 'if-none-match': '*' })).json().error).toBe('stale_token');
   });
 
-  test('a write the object\'s own fence refuses gets 409 for that fence, not 412', async () => {
+  test("a write the object's own fence refuses gets 409 for that fence, not 412", async () => {
     const key = uniq('guarded');
     await put(key, '10', 'a');
     const res = await put(key, '5', 'b', { 'fence-key': uniq('elsewhere'), 'if-match': '"0.0"' });
@@ -205,7 +210,7 @@ describe('concurrency', () => {
     await Promise.all(
       Array.from({ length: WRITERS }, async (_, w) => {
         const target = proxies[w % proxies.length];
-        for (let done = 0; done < EACH; ) {
+        for (let done = 0; done < EACH;) {
           if (++attempts > 5000) throw new Error('too many attempts');
           const read = await get(key, {}, target);
           const res = await put(key, '1', String(Number(read.body) + 1), { 'if-match': read.headers.etag as string }, target);
@@ -222,7 +227,9 @@ describe('concurrency', () => {
   // Invariant: of N writers creating one key with If-None-Match: *, exactly one creates it.
   test('N concurrent If-None-Match: * creators: exactly one creates the object', async () => {
     const key = uniq('create-race');
-    const answers = await Promise.all(Array.from({ length: 10 }, (_, w) => put(key, '1', `w${w}`, { 'if-none-match': '*' }, proxies[w % proxies.length])));
+    const answers = await Promise.all(
+      Array.from({ length: 10 }, (_, w) => put(key, '1', `w${w}`, { 'if-none-match': '*' }, proxies[w % proxies.length])),
+    );
     expect(answers.filter((r) => r.statusCode === 200)).toHaveLength(1);
     expect(answers.filter((r) => r.statusCode === 412)).toHaveLength(9);
     expect((await get(key)).headers['object-version']).toBe('1');

@@ -6,9 +6,23 @@ import { listObjects, prefixEnd } from '../../../src/fence/queries.ts';
 import { appTest as test } from '../../support/fixtures.ts';
 
 const put = (app: FastifyInstance, key: string, body = 'x', headers: Record<string, string> = {}) =>
-  app.inject({ method: 'PUT', url: `/v1/objects/${encodeURIComponent(key)}`, headers: { 'fencing-token': '1', 'content-type': 'text/plain', ...headers }, payload: body });
+  app.inject({
+    method: 'PUT',
+    url: `/v1/objects/${encodeURIComponent(key)}`,
+    headers: { 'fencing-token': '1', 'content-type': 'text/plain', ...headers },
+    payload: body,
+  });
 
-type Listed = { key: string; fenceKey: string; token: string; version: number; etag: string; contentType: string; size: number; updatedAt: string };
+type Listed = {
+  key: string;
+  fenceKey: string;
+  token: string;
+  version: number;
+  etag: string;
+  contentType: string;
+  size: number;
+  updatedAt: string;
+};
 type Page = { objects: Listed[]; next: string | null };
 
 const list = async (app: FastifyInstance, query: string): Promise<Page> => {
@@ -22,7 +36,10 @@ async function walk(app: FastifyInstance, prefix: string, limit: number): Promis
   const seen: string[] = [];
   let after: string | null = null;
   for (let pages = 0; pages < 1000; pages++) {
-    const page: Page = await list(app, `?prefix=${encodeURIComponent(prefix)}&limit=${limit}${after === null ? '' : `&after=${encodeURIComponent(after)}`}`);
+    const page: Page = await list(
+      app,
+      `?prefix=${encodeURIComponent(prefix)}&limit=${limit}${after === null ? '' : `&after=${encodeURIComponent(after)}`}`,
+    );
     expect(page.objects.length).toBeLessThanOrEqual(limit);
     seen.push(...page.objects.map((o) => o.key));
     if (page.next === null) return seen;
@@ -34,7 +51,22 @@ async function walk(app: FastifyInstance, prefix: string, limit: number): Promis
 const byteOrder = (a: string, b: string) => Buffer.compare(Buffer.from(a), Buffer.from(b));
 
 // Keys whose byte order differs from most collations' order: case, accents, symbols, U+10FFFF.
-const KEYS = ['ls/B', 'ls/a', 'ls/a/1', 'ls/a/2', 'ls/a-b', 'ls/ä', 'ls/é', 'ls/Z', 'ls/€', 'ls/\u{10FFFF}', 'ls/\u{10FFFF}x', 'ls/z', 'ls0', 'ls'];
+const KEYS = [
+  'ls/B',
+  'ls/a',
+  'ls/a/1',
+  'ls/a/2',
+  'ls/a-b',
+  'ls/ä',
+  'ls/é',
+  'ls/Z',
+  'ls/€',
+  'ls/\u{10FFFF}',
+  'ls/\u{10FFFF}x',
+  'ls/z',
+  'ls0',
+  'ls',
+];
 
 describe('GET /v1/objects', () => {
   test.beforeAll(async ({ app }) => {
@@ -102,7 +134,12 @@ describe('GET /v1/objects', () => {
     try {
       // A table this small is cheaper to scan whole; forbid that to see the plan a large one gets.
       await client.query('SET enable_seqscan = off; SET enable_bitmapscan = off');
-      for (const [prefix, after] of [['ls/', 'ls/a'], ['', null], ['', 'ls/a'], ['ls/', null]] as const) {
+      for (const [prefix, after] of [
+        ['ls/', 'ls/a'],
+        ['', null],
+        ['', 'ls/a'],
+        ['ls/', null],
+      ] as const) {
         const q = listObjects(prefix, after, 3);
         const { rows } = await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${String(q.text)}`, q.values);
         const plan = rows.map((r) => r['QUERY PLAN']).join('\n');

@@ -77,7 +77,12 @@ describe('PUT /v1/objects/:key', () => {
   test('stores and returns the body byte for byte with its content type', async ({ app }) => {
     const key = uniq('bytes');
     const body = Buffer.from([0, 1, 2, 255, 254, 10, 13]);
-    const res = await app.inject({ method: 'PUT', url: `/v1/objects/${key}`, headers: { 'fencing-token': '1', 'content-type': 'application/x-thing' }, payload: body });
+    const res = await app.inject({
+      method: 'PUT',
+      url: `/v1/objects/${key}`,
+      headers: { 'fencing-token': '1', 'content-type': 'application/x-thing' },
+      payload: body,
+    });
     expect(res.statusCode).toBe(200);
     const read = await get(app, key);
     expect(read.rawPayload.equals(body)).toBe(true);
@@ -198,15 +203,27 @@ describe('GET /v1/stats', () => {
     const after = (await app.inject({ url: '/v1/stats?limit=1000' })).json();
     expect(after.accepted - before.accepted).toBe(2);
     expect(after.rejected - before.rejected).toBe(2);
-    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({ fenceKey: fence, highestToken: '3', raisedBy: null, raisedAt: expect.any(String), accepted: 2, rejected: 2 });
+    expect(after.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === fence)).toEqual({
+      fenceKey: fence,
+      highestToken: '3',
+      raisedBy: null,
+      raisedAt: expect.any(String),
+      accepted: 2,
+      rejected: 2,
+    });
   });
 
   test('logs each rejection with fence key, object key, tokens and writer id', async ({ app, db }) => {
     const fence = uniq('log');
     await put(app, 'obj-' + fence, '9', 'v', { 'fence-key': fence });
     await put(app, 'obj-' + fence, '8', 'v', { 'fence-key': fence, 'writer-id': 'replica-b' });
-    const { rows } = await db.pool.query('SELECT fence_key, object_key, operation, token, highest_token, writer_id FROM fencepost.rejections WHERE fence_key = $1', [fence]);
-    expect(rows).toEqual([{ fence_key: fence, object_key: 'obj-' + fence, operation: 'put', token: '8', highest_token: '9', writer_id: 'replica-b' }]);
+    const { rows } = await db.pool.query(
+      'SELECT fence_key, object_key, operation, token, highest_token, writer_id FROM fencepost.rejections WHERE fence_key = $1',
+      [fence],
+    );
+    expect(rows).toEqual([
+      { fence_key: fence, object_key: 'obj-' + fence, operation: 'put', token: '8', highest_token: '9', writer_id: 'replica-b' },
+    ]);
   });
 });
 

@@ -40,7 +40,8 @@ const METHODS = ['get', 'put', 'post', 'delete', 'patch', 'head', 'options'];
 /** Every operation of the document, as `METHOD path` → operation. */
 function operations(d: Json): Map<string, Json> {
   const out = new Map<string, Json>();
-  for (const [path, item] of Object.entries(d.paths as Json)) for (const m of METHODS) if ((item as Json)[m]) out.set(`${m.toUpperCase()} ${path}`, (item as Json)[m] as Json);
+  for (const [path, item] of Object.entries(d.paths as Json))
+    for (const m of METHODS) if ((item as Json)[m]) out.set(`${m.toUpperCase()} ${path}`, (item as Json)[m] as Json);
   return out;
 }
 
@@ -67,12 +68,21 @@ describe('GET /openapi.json', () => {
       }
     }
     expect(missing).toEqual([]);
-    for (const op of ['PUT /v1/objects/{key}', 'GET /v1/objects', 'GET /v1/objects/{key}', 'DELETE /v1/objects/{key}', 'POST /v1/transactions', 'GET /docs', 'GET /openapi.json', 'GET /']) {
+    for (const op of [
+      'PUT /v1/objects/{key}',
+      'GET /v1/objects',
+      'GET /v1/objects/{key}',
+      'DELETE /v1/objects/{key}',
+      'POST /v1/transactions',
+      'GET /docs',
+      'GET /openapi.json',
+      'GET /',
+    ]) {
       expect([...ops.keys()]).toContain(op);
     }
   });
 
-  test('documents every registry error code, each under its status with a body of the registry\'s shape', () => {
+  test("documents every registry error code, each under its status with a body of the registry's shape", () => {
     const seen = new Set<string>();
     for (const [name, op] of operations(doc)) {
       for (const [status, res] of Object.entries(op.responses as Json)) {
@@ -91,8 +101,12 @@ describe('GET /openapi.json', () => {
   test('documents the headers each route reads, and X-Request-Id on every operation and response', () => {
     const ops = operations(doc);
     const headersOf = (op: string) => (ops.get(op)!.parameters as Json[]).filter((p) => p.in === 'header').map((p) => p.name as string);
-    expect(headersOf('PUT /v1/objects/{key}')).toEqual(expect.arrayContaining(['fencing-token', 'fence-key', 'writer-id', 'if-match', 'if-none-match', 'content-type', 'x-request-id']));
-    expect(headersOf('DELETE /v1/objects/{key}')).toEqual(expect.arrayContaining(['fencing-token', 'fence-key', 'writer-id', 'if-match', 'if-none-match']));
+    expect(headersOf('PUT /v1/objects/{key}')).toEqual(
+      expect.arrayContaining(['fencing-token', 'fence-key', 'writer-id', 'if-match', 'if-none-match', 'content-type', 'x-request-id']),
+    );
+    expect(headersOf('DELETE /v1/objects/{key}')).toEqual(
+      expect.arrayContaining(['fencing-token', 'fence-key', 'writer-id', 'if-match', 'if-none-match']),
+    );
     expect(headersOf('GET /v1/objects/{key}')).toEqual(expect.arrayContaining(['if-none-match']));
     expect(headersOf('PUT /v1/fences/{fenceKey}')).toEqual(expect.arrayContaining(['fencing-token', 'writer-id']));
     const get = ops.get('GET /v1/objects/{key}')!.responses as Json;
@@ -100,15 +114,20 @@ describe('GET /openapi.json', () => {
     expect(get[304]).toBeDefined();
     for (const [name, op] of ops) {
       expect(headersOf(name), name).toContain('x-request-id');
-      for (const [status, res] of Object.entries(op.responses as Json)) expect(Object.keys((res as Json).headers ?? {}), `${name} ${status}`).toContain('x-request-id');
+      for (const [status, res] of Object.entries(op.responses as Json))
+        expect(Object.keys((res as Json).headers ?? {}), `${name} ${status}`).toContain('x-request-id');
     }
   });
 
-  test('its request schemas are the routes\' validators', () => {
+  test("its request schemas are the routes' validators", () => {
     const put = operations(doc).get('PUT /v1/objects/{key}')!;
     const param = (name: string) => (put.parameters as Json[]).find((p) => p.name === name)!;
     expect(param('key')).toMatchObject({ in: 'path', required: true, schema: { type: 'string', format: 'fencepost-key' } });
-    expect(param('fencing-token')).toMatchObject({ in: 'header', required: true, schema: { type: 'string', pattern: TOKEN.pattern, format: TOKEN.format } });
+    expect(param('fencing-token')).toMatchObject({
+      in: 'header',
+      required: true,
+      schema: { type: 'string', pattern: TOKEN.pattern, format: TOKEN.format },
+    });
     const tx = operations(doc).get('POST /v1/transactions')!;
     const body = tx.requestBody.content['application/json'].schema as Json;
     expect(body.required).toEqual(['fences', 'statements']);
@@ -142,7 +161,9 @@ describe('GET /docs', () => {
     const html = res.body;
     for (const name of operations(doc).keys()) {
       const [method, path] = name.split(' ') as [string, string];
-      expect(html, name).toContain(`<span class="method ${method.toLowerCase()}">${method.toLowerCase()}</span> <code>${path.replace(/&/g, '&#38;')}</code>`);
+      expect(html, name).toContain(
+        `<span class="method ${method.toLowerCase()}">${method.toLowerCase()}</span> <code>${path.replace(/&/g, '&#38;')}</code>`,
+      );
     }
     for (const code of Object.keys(ERRORS)) expect(html).toContain(`<code>${code}</code>`);
     expect(html).not.toMatch(/<script|\bsrc=|https?:\/\//i);
@@ -163,7 +184,8 @@ describe('GET /docs', () => {
       expect(res?.status()).toBe(200);
       expect(await page.locator('article').count()).toBe(operations(doc).size);
       // The inline style applies (its hash is in the CSP): articles get their border.
-      const style = (e: unknown) => (globalThis as unknown as { getComputedStyle(e: unknown): { borderTopStyle: string } }).getComputedStyle(e).borderTopStyle;
+      const style = (e: unknown) =>
+        (globalThis as unknown as { getComputedStyle(e: unknown): { borderTopStyle: string } }).getComputedStyle(e).borderTopStyle;
       expect(await page.locator('article').first().evaluate(style)).toBe('solid');
       await page.screenshot({ path: 'test-artifacts/docs.png' });
       expect(problems).toEqual([]);

@@ -29,7 +29,9 @@ const test = dbTest.extend('app', { scope: 'file' }, async ({ db }, { onCleanup 
 });
 
 async function highest(db: TestDatabase, fenceKey: string): Promise<string | null> {
-  const { rows } = await db.pool.query<{ t: string }>('SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = $1', [fenceKey]);
+  const { rows } = await db.pool.query<{ t: string }>('SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = $1', [
+    fenceKey,
+  ]);
   return rows[0]?.t ?? null;
 }
 
@@ -41,7 +43,10 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
     expect(await storedObject(db, 'jobs/1')).toMatchObject({ fence_key: 'jobs', token: '6', body: 'leader' });
   });
 
-  test('a zombie at token 5 without Fence-Key is checked against fence jobs: 409 stale_token, jobs/1 unchanged, no fence of its own', async ({ app, db }) => {
+  test('a zombie at token 5 without Fence-Key is checked against fence jobs: 409 stale_token, jobs/1 unchanged, no fence of its own', async ({
+    app,
+    db,
+  }) => {
     const res = await putObject(app, 'jobs/1', 5, 'zombie');
     expect(res.statusCode, res.body).toBe(409);
     expect(res.json()).toMatchObject({ error: 'stale_token', fenceKey: 'jobs', token: '5', highestToken: '6' });
@@ -57,7 +62,10 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
     expect(await highest(db, 'jobs/new-by-zombie')).toBeNull();
   });
 
-  test('a write naming Fence-Key other gets 403 not_fenced naming the prefix and its fence key, even with a high token: nothing written, no fence raised', async ({ app, db }) => {
+  test('a write naming Fence-Key other gets 403 not_fenced naming the prefix and its fence key, even with a high token: nothing written, no fence raised', async ({
+    app,
+    db,
+  }) => {
     const res = await putObject(app, 'jobs/1', 100, 'other', 'other');
     expect(res.statusCode, res.body).toBe(403);
     expect(res.json()).toMatchObject({ error: 'not_fenced', prefix: 'jobs/', fenceKey: 'jobs' });
@@ -68,7 +76,10 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
     expect(await highest(db, 'jobs')).toBe('6');
   });
 
-  test('a new leader at token 7 without Fence-Key writes under jobs and raises it; the old leader is then stale even with Fence-Key jobs', async ({ app, db }) => {
+  test('a new leader at token 7 without Fence-Key writes under jobs and raises it; the old leader is then stale even with Fence-Key jobs', async ({
+    app,
+    db,
+  }) => {
     const res = await putObject(app, 'jobs/1', 7, 'new leader');
     expect(res.statusCode, res.body).toBe(200);
     expect(res.json()).toMatchObject({ fenceKey: 'jobs', token: '7', version: 2 });
@@ -79,7 +90,10 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
     expect(await storedObject(db, 'jobs/2')).toBeNull();
   });
 
-  test('DELETE the same: without Fence-Key a stale token gets 409 against jobs, another Fence-Key 403 not_fenced, the leader without the header deletes', async ({ app, db }) => {
+  test('DELETE the same: without Fence-Key a stale token gets 409 against jobs, another Fence-Key 403 not_fenced, the leader without the header deletes', async ({
+    app,
+    db,
+  }) => {
     expect((await putObject(app, 'jobs/del', 7, 'keep', 'jobs')).statusCode).toBe(200);
     const stale = await deleteObject(app, 'jobs/del', 6);
     expect(stale.statusCode, stale.body).toBe(409);
@@ -113,12 +127,19 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
     await protectPrefix(db.pool, 'jobs/urgent/', 'urgent');
     await app.store.protectedPrefixes.refresh();
     expect((await putObject(app, 'jobs/urgent/1', 1, 'u')).json()).toMatchObject({ fenceKey: 'urgent' });
-    expect((await putObject(app, 'jobs/urgent/1', 1, 'u', 'jobs')).json()).toMatchObject({ error: 'not_fenced', prefix: 'jobs/urgent/', fenceKey: 'urgent' });
+    expect((await putObject(app, 'jobs/urgent/1', 1, 'u', 'jobs')).json()).toMatchObject({
+      error: 'not_fenced',
+      prefix: 'jobs/urgent/',
+      fenceKey: 'urgent',
+    });
   });
 });
 
 describe('a prefix declared while the proxy runs', () => {
-  test('is enforced by Postgres at once, while the proxy\'s copy is stale: a write naming another Fence-Key gets 403 not_fenced and nothing lands; the copy is read again', async ({ app, db }) => {
+  test("is enforced by Postgres at once, while the proxy's copy is stale: a write naming another Fence-Key gets 403 not_fenced and nothing lands; the copy is read again", async ({
+    app,
+    db,
+  }) => {
     await protectPrefix(db.pool, 'late/', 'late');
     expect(app.store.protectedPrefixes.protecting('late/1')).toBeNull(); // stale
     const res = await putObject(app, 'late/1', 1, 'misfenced', 'other-late');
@@ -129,7 +150,10 @@ describe('a prefix declared while the proxy runs', () => {
     expect(app.store.protectedPrefixes.protecting('late/1')).toEqual({ prefix: 'late/', fenceKey: 'late' });
   });
 
-  test('a DELETE naming another Fence-Key is refused by Postgres too while the proxy\'s copy is stale: 403 not_fenced, the object stays', async ({ app, db }) => {
+  test("a DELETE naming another Fence-Key is refused by Postgres too while the proxy's copy is stale: 403 not_fenced, the object stays", async ({
+    app,
+    db,
+  }) => {
     // Written under its own fence first (no prefix yet), at a token the delete's fence beats.
     expect((await putObject(app, 'gone/1', 1, 'kept', 'gone-own')).statusCode).toBe(200);
     await protectPrefix(db.pool, 'gone/', 'gone');
@@ -140,7 +164,7 @@ describe('a prefix declared while the proxy runs', () => {
     expect(await storedObject(db, 'gone/1')).not.toBeNull();
   });
 
-  test('a write without Fence-Key that Postgres refused goes once more under the prefix\'s fence key', async ({ app, db }) => {
+  test("a write without Fence-Key that Postgres refused goes once more under the prefix's fence key", async ({ app, db }) => {
     await protectPrefix(db.pool, 'later/', 'later');
     expect(app.store.protectedPrefixes.protecting('later/1')).toBeNull();
     const res = await putObject(app, 'later/1', 3, 'resolved after the refusal');
@@ -151,7 +175,10 @@ describe('a prefix declared while the proxy runs', () => {
     expect(await highest(db, 'later/1')).toBeNull();
   });
 
-  test('an object written under its own fence before the prefix was declared is moved to the prefix\'s fence only by a token at or above its fence\'s', async ({ app, db }) => {
+  test("an object written under its own fence before the prefix was declared is moved to the prefix's fence only by a token at or above its fence's", async ({
+    app,
+    db,
+  }) => {
     expect((await putObject(app, 'moved/1', 9, 'before')).json()).toMatchObject({ fenceKey: 'moved/1' });
     await protectPrefix(db.pool, 'moved/', 'moved');
     await app.store.protectedPrefixes.refresh();
@@ -168,7 +195,8 @@ describe('a prefix declared while the proxy runs', () => {
     try {
       await protectPrefix(db.pool, 'tick/', 'tick');
       const deadline = Date.now() + 5000;
-      while (app.store.protectedPrefixes.protecting('tick/1') === null && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      while (app.store.protectedPrefixes.protecting('tick/1') === null && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 50));
       expect(app.store.protectedPrefixes.protecting('tick/1')).toEqual({ prefix: 'tick/', fenceKey: 'tick' });
       recorded.names.length = 0;
       const res = await putObject(app, 'tick/1', 1, 'x', 'other-tick');
@@ -192,11 +220,14 @@ describe('a prefix declared while the proxy runs', () => {
       });
       for (const w of writes) {
         const res = await w.res;
-        if (w.fenceKey === 'other-split') expect(res.json(), `write ${w.i}`).toMatchObject({ error: 'not_fenced', prefix: 'split/', fenceKey: 'split' });
+        if (w.fenceKey === 'other-split')
+          expect(res.json(), `write ${w.i}`).toMatchObject({ error: 'not_fenced', prefix: 'split/', fenceKey: 'split' });
         else expect(res.json(), `write ${w.i}`).toMatchObject({ key: `split/${w.i}`, fenceKey: 'split', token: '4' });
       }
       expect(Math.max(...sizes)).toBeGreaterThan(1); // writes did share statements
-      const { rows } = await db.pool.query<{ key: string; fence_key: string }>(`SELECT key, fence_key FROM fencepost.objects WHERE starts_with(key, 'split/') ORDER BY key`);
+      const { rows } = await db.pool.query<{ key: string; fence_key: string }>(
+        `SELECT key, fence_key FROM fencepost.objects WHERE starts_with(key, 'split/') ORDER BY key`,
+      );
       expect(rows).toHaveLength(23);
       expect(rows.every((r) => r.fence_key === 'split')).toBe(true);
       expect(await storedObject(db, 'split/12')).toBeNull();
@@ -224,9 +255,16 @@ describe('keys with fence-key prefixes', () => {
       payload: 'x',
     });
 
-  test('the resolved fence key must be within the key\'s prefixes: a key covering the objects but not the prefix\'s fence key gets 403 forbidden', async ({ db }) => {
+  test("the resolved fence key must be within the key's prefixes: a key covering the objects but not the prefix's fence key gets 403 forbidden", async ({
+    db,
+  }) => {
     await protectPrefix(db.pool, 'keyed/', 'keyed-fence');
-    const app = buildApp({ store: new FenceStore(db.pool, STORE_DEFAULTS), bodyLimitBytes: 1024, auth: { keys, readAccess: 'open' }, protectedPrefixRefreshMs: NEVER_MS });
+    const app = buildApp({
+      store: new FenceStore(db.pool, STORE_DEFAULTS),
+      bodyLimitBytes: 1024,
+      auth: { keys, readAccess: 'open' },
+      protectedPrefixRefreshMs: NEVER_MS,
+    });
     await app.ready();
     try {
       const refused = await put(app, 'keyed/1', 'objects-only-secret-0123');
@@ -235,16 +273,24 @@ describe('keys with fence-key prefixes', () => {
       expect(refused.json().message).toContain('"keyed-fence"');
       expect(await storedObject(db, 'keyed/1')).toBeNull();
       // Naming a key it may write does not get around the prefix: 403 not_fenced.
-      expect((await put(app, 'keyed/1', 'objects-only-secret-0123', 'keyed/1')).json()).toMatchObject({ error: 'not_fenced', fenceKey: 'keyed-fence' });
+      expect((await put(app, 'keyed/1', 'objects-only-secret-0123', 'keyed/1')).json()).toMatchObject({
+        error: 'not_fenced',
+        fenceKey: 'keyed-fence',
+      });
       expect((await put(app, 'keyed/1', 'whole-secret-0123456789')).json()).toMatchObject({ fenceKey: 'keyed-fence', token: '1' });
     } finally {
       await app.close();
     }
   });
 
-  test('a key outside the object\'s prefix learns nothing of its protection: 403 forbidden, not not_fenced', async ({ db }) => {
+  test("a key outside the object's prefix learns nothing of its protection: 403 forbidden, not not_fenced", async ({ db }) => {
     await protectPrefix(db.pool, 'elsewhere/', 'elsewhere');
-    const app = buildApp({ store: new FenceStore(db.pool, STORE_DEFAULTS), bodyLimitBytes: 1024, auth: { keys, readAccess: 'open' }, protectedPrefixRefreshMs: NEVER_MS });
+    const app = buildApp({
+      store: new FenceStore(db.pool, STORE_DEFAULTS),
+      bodyLimitBytes: 1024,
+      auth: { keys, readAccess: 'open' },
+      protectedPrefixRefreshMs: NEVER_MS,
+    });
     await app.ready();
     try {
       const res = await put(app, 'elsewhere/1', 'whole-secret-0123456789', 'keyed');
@@ -257,7 +303,7 @@ describe('keys with fence-key prefixes', () => {
 });
 
 describe('many concurrent writers on objects under a protected prefix', () => {
-  test('no write with a token below the prefix fence\'s highest at its commit lands, with or without Fence-Key', async ({ app, db }) => {
+  test("no write with a token below the prefix fence's highest at its commit lands, with or without Fence-Key", async ({ app, db }) => {
     await protectPrefix(db.pool, 'race/', 'race');
     await app.store.protectedPrefixes.refresh();
     // An observer in Postgres: at each commit, an object row whose token is below its fence's
@@ -272,10 +318,19 @@ describe('many concurrent writers on objects under a protected prefix', () => {
         END IF;
         RETURN NULL;
       END $$`);
-    await db.pool.query(`CREATE CONSTRAINT TRIGGER note_stale_landing AFTER INSERT OR UPDATE ON fencepost.objects DEFERRABLE INITIALLY DEFERRED
+    await db.pool
+      .query(`CREATE CONSTRAINT TRIGGER note_stale_landing AFTER INSERT OR UPDATE ON fencepost.objects DEFERRABLE INITIALLY DEFERRED
       FOR EACH ROW WHEN (starts_with(NEW.key, 'race/')) EXECUTE FUNCTION public.note_stale_landing()`);
 
-    type Sent = { token: bigint; key: string; named: string | undefined; sentAt: number; ackedAt: number; status: number; body: { fenceKey?: string; version?: number; error?: string } };
+    type Sent = {
+      token: bigint;
+      key: string;
+      named: string | undefined;
+      sentAt: number;
+      ackedAt: number;
+      status: number;
+      body: { fenceKey?: string; version?: number; error?: string };
+    };
     const sent: Sent[] = [];
     let current = 10n;
     let issued = 0;
@@ -305,7 +360,8 @@ describe('many concurrent writers on objects under a protected prefix', () => {
     // The fence history as the writers saw it: an accepted write's token is at or above every token
     // acknowledged before it was sent.
     const maxAckedBefore = (s: Sent) => accepted.filter((a) => a.ackedAt < s.sentAt).reduce((m, a) => (a.token > m ? a.token : m), 0n);
-    for (const s of accepted) expect(s.token >= maxAckedBefore(s), `token ${s.token} accepted after a higher one was acknowledged`).toBe(true);
+    for (const s of accepted)
+      expect(s.token >= maxAckedBefore(s), `token ${s.token} accepted after a higher one was acknowledged`).toBe(true);
     // The final objects: each holds its highest accepted token, under race, and its version counts the accepted writes.
     const { rows } = await db.pool.query<{ key: string; fence_key: string; token: string; version: string }>(
       `SELECT key, fence_key, token::text, version::text FROM fencepost.objects WHERE starts_with(key, 'race/')`,
@@ -317,6 +373,9 @@ describe('many concurrent writers on objects under a protected prefix', () => {
       expect(Number(row.version)).toBe(mine.length);
     }
     expect(await highest(db, 'race')).toBe(accepted.reduce((m, a) => (a.token > m ? a.token : m), 0n).toString());
-    expect((await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE starts_with(fence_key, 'race/') OR fence_key = 'elsewhere-race'`)).rowCount).toBe(0);
+    expect(
+      (await db.pool.query(`SELECT 1 FROM fencepost.fences WHERE starts_with(fence_key, 'race/') OR fence_key = 'elsewhere-race'`))
+        .rowCount,
+    ).toBe(0);
   });
 });

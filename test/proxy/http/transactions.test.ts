@@ -41,7 +41,13 @@ function patientTransactions() {
 type Fence = { key: string; token: string };
 type Stmt = { sql: string; params?: unknown[] };
 
-async function post(fences: Fence[], statements: Stmt[], key = SECRET.writer, extra: Record<string, unknown> = {}, to: FastifyInstance = app) {
+async function post(
+  fences: Fence[],
+  statements: Stmt[],
+  key = SECRET.writer,
+  extra: Record<string, unknown> = {},
+  to: FastifyInstance = app,
+) {
   const res = await to.inject({
     method: 'POST',
     url: '/v1/transactions',
@@ -63,7 +69,10 @@ async function fence(key: string) {
 describe('commit', () => {
   test('statements and fence raises commit together, with rows and row counts per statement', async () => {
     const r = await post(
-      [{ key: 'w/a', token: '5' }, { key: 'shared/b', token: '7' }],
+      [
+        { key: 'w/a', token: '5' },
+        { key: 'shared/b', token: '7' },
+      ],
       [
         { sql: 'INSERT INTO app.orders VALUES ($1, $2), ($3, $4)', params: [1, 10, 2, 20] },
         { sql: 'SELECT id, total, current_user AS who FROM app.orders ORDER BY id' },
@@ -71,32 +80,62 @@ describe('commit', () => {
     );
     expect(r.status, JSON.stringify(r.body)).toBe(200);
     expect(r.body.results[0]).toEqual({ rowCount: 2, rows: [] });
-    expect(r.body.results[1]).toEqual({ rowCount: 2, rows: [{ id: 1, total: 10, who: role }, { id: 2, total: 20, who: role }] });
+    expect(r.body.results[1]).toEqual({
+      rowCount: 2,
+      rows: [
+        { id: 1, total: 10, who: role },
+        { id: 2, total: 20, who: role },
+      ],
+    });
     expect(await fence('w/a')).toEqual({ highest_token: '5', accepted: '1', rejected: '0' });
     expect(await fence('shared/b')).toEqual({ highest_token: '7', accepted: '1', rejected: '0' });
   });
 
   test('bigint, bytea, timestamps and odd column names come back as JSON-safe values', async () => {
-    const r = await post([{ key: 'w/a', token: '5' }], [
-      { sql: `SELECT 9223372036854775807::bigint AS big, '\\xdead'::bytea AS b, '2026-01-02 03:04:05.123456+00'::timestamptz AT TIME ZONE 'UTC' AS t, 1 AS "__proto__"` },
-    ]);
+    const r = await post(
+      [{ key: 'w/a', token: '5' }],
+      [
+        {
+          sql: `SELECT 9223372036854775807::bigint AS big, '\\xdead'::bytea AS b, '2026-01-02 03:04:05.123456+00'::timestamptz AT TIME ZONE 'UTC' AS t, 1 AS "__proto__"`,
+        },
+      ],
+    );
     expect(r.status, JSON.stringify(r.body)).toBe(200);
-    expect(r.body.results[0].rows[0]).toEqual({ big: '9223372036854775807', b: '\\xdead', t: '2026-01-02 03:04:05.123456', ['__proto__']: 1 });
+    expect(r.body.results[0].rows[0]).toEqual({
+      big: '9223372036854775807',
+      b: '\\xdead',
+      t: '2026-01-02 03:04:05.123456',
+      ['__proto__']: 1,
+    });
   });
 });
 
 describe('isolation', () => {
-  test.each(['read committed', 'repeatable read', 'serializable'])('isolation %s: 200, and the statements run at that level', async (isolation) => {
-    const r = await post([{ key: 'w/iso', token: '1' }], [{ sql: `SELECT current_setting('transaction_isolation') AS iso` }], SECRET.writer, { isolation });
-    expect(r.status).toBe(200);
-    expect(r.body.results[0].rows).toEqual([{ iso: isolation }]);
-  });
+  test.each(['read committed', 'repeatable read', 'serializable'])(
+    'isolation %s: 200, and the statements run at that level',
+    async (isolation) => {
+      const r = await post(
+        [{ key: 'w/iso', token: '1' }],
+        [{ sql: `SELECT current_setting('transaction_isolation') AS iso` }],
+        SECRET.writer,
+        { isolation },
+      );
+      expect(r.status).toBe(200);
+      expect(r.body.results[0].rows).toEqual([{ iso: isolation }]);
+    },
+  );
 });
 
 describe('all or nothing', () => {
   test('a stale token on one fence answers 409 stale_token and applies nothing, not even the other fence', async () => {
     const before = await orders();
-    const r = await post([{ key: 'w/a', token: '4' }, { key: 'w/fresh', token: '100' }], [{ sql: 'INSERT INTO app.orders VALUES (50, 1)' }]);
+    const r = await post(
+      [
+        { key: 'w/a', token: '4' },
+        { key: 'w/fresh', token: '100' },
+      ],
+      [{ sql: 'INSERT INTO app.orders VALUES (50, 1)' }],
+    );
     expect(r.status).toBe(409);
     expect(r.body).toMatchObject({ error: 'stale_token', fenceKey: 'w/a', token: '4', highestToken: '5' });
     expect(await orders()).toEqual(before);
@@ -107,7 +146,7 @@ describe('all or nothing', () => {
     expect(log.rows).toEqual([{ operation: 'transaction', token: '4', highest_token: '5', writer_id: 'tx-test' }]);
   });
 
-  test('a failing later statement undoes the earlier ones; the raise, a statement of the proxy\'s own before the transaction, stays (uncounted)', async () => {
+  test("a failing later statement undoes the earlier ones; the raise, a statement of the proxy's own before the transaction, stays (uncounted)", async () => {
     const before = await orders();
     const r = await post([{ key: 'w/undo', token: '3' }], [{ sql: 'INSERT INTO app.orders VALUES (60, 1)' }, { sql: 'SELECT 1/0' }]);
     expect(r.status).toBe(400);
@@ -154,32 +193,63 @@ describe('the key and its role', () => {
 
   test('statements that switch back to the login role through a function end up with no privilege: 403 sql_permission_denied, nothing applied', async () => {
     const before = await orders();
-    const r = await post([{ key: 'w/esc', token: '1' }], [{ sql: 'SELECT app.escape()' }, { sql: 'INSERT INTO app.orders VALUES (80, 1)' }]);
+    const r = await post(
+      [{ key: 'w/esc', token: '1' }],
+      [{ sql: 'SELECT app.escape()' }, { sql: 'INSERT INTO app.orders VALUES (80, 1)' }],
+    );
     expect(r.status).toBe(403);
     expect(r.body).toMatchObject({ error: 'sql_permission_denied', statement: 1 });
     expect(await orders()).toEqual(before);
     expect(await fence('w/esc')).toMatchObject({ highest_token: '1', accepted: '0' });
   });
 
-  test('a key without pgRole, a read-only key, or a fence outside the key\'s prefixes gets 403 forbidden', async () => {
+  test("a key without pgRole, a read-only key, or a fence outside the key's prefixes gets 403 forbidden", async () => {
     expect((await post([{ key: 'w/k', token: '1' }], [{ sql: 'SELECT 1' }], SECRET.norole)).body.error).toBe('forbidden');
     expect((await post([{ key: 'w/k', token: '1' }], [{ sql: 'SELECT 1' }], SECRET.reader)).body.error).toBe('forbidden');
-    expect((await post([{ key: 'w/k', token: '1' }, { key: 'o/k', token: '1' }], [{ sql: 'SELECT 1' }])).body.error).toBe('forbidden');
+    expect(
+      (
+        await post(
+          [
+            { key: 'w/k', token: '1' },
+            { key: 'o/k', token: '1' },
+          ],
+          [{ sql: 'SELECT 1' }],
+        )
+      ).body.error,
+    ).toBe('forbidden');
     expect(await fence('w/k')).toBeNull();
   });
 
   test('malformed bodies get registry errors: invalid_transaction, invalid_token, token_required, invalid_key, too_many_statements', async () => {
     const raw = async (payload: string | Buffer) =>
-      (await app.inject({ method: 'POST', url: '/v1/transactions', headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' }, payload })).json().error;
+      (
+        await app.inject({
+          method: 'POST',
+          url: '/v1/transactions',
+          headers: { ...bearer(SECRET.writer), 'content-type': 'application/json' },
+          payload,
+        })
+      ).json().error;
     expect(await raw('')).toBe('invalid_transaction');
     expect(await raw(Buffer.from([0x7b, 0xff, 0x7d]))).toBe('invalid_transaction');
     expect(await raw('{"fences":[{"key":"w/a","token":"1"}],"statements":[{"sql":"SELECT 1"}],"extra":1}')).toBe('invalid_transaction');
-    expect(await raw('{"fences":[{"key":"w/a","token":"1"},{"key":"w/a","token":"2"}],"statements":[{"sql":"SELECT 1"}]}')).toBe('invalid_transaction');
-    expect(await raw('{"fences":[{"key":"w/a","token":"1"}],"statements":[{"sql":"DELETE FROM app.orders\\u0000 WHERE id = 1"}]}')).toBe('invalid_transaction');
+    expect(await raw('{"fences":[{"key":"w/a","token":"1"},{"key":"w/a","token":"2"}],"statements":[{"sql":"SELECT 1"}]}')).toBe(
+      'invalid_transaction',
+    );
+    expect(await raw('{"fences":[{"key":"w/a","token":"1"}],"statements":[{"sql":"DELETE FROM app.orders\\u0000 WHERE id = 1"}]}')).toBe(
+      'invalid_transaction',
+    );
     expect(await raw('{"fences":[{"key":"w/a","token":5}],"statements":[{"sql":"SELECT 1"}]}')).toBe('invalid_token');
     expect(await raw('{"fences":[{"key":"w/a"}],"statements":[{"sql":"SELECT 1"}]}')).toBe('token_required');
     expect(await raw('{"fences":[{"key":"","token":"1"}],"statements":[{"sql":"SELECT 1"}]}')).toBe('invalid_key');
-    expect((await post([{ key: 'w/a', token: '5' }], Array.from({ length: 9 }, () => ({ sql: 'SELECT 1' })))).body.error).toBe('too_many_statements');
+    expect(
+      (
+        await post(
+          [{ key: 'w/a', token: '5' }],
+          Array.from({ length: 9 }, () => ({ sql: 'SELECT 1' })),
+        )
+      ).body.error,
+    ).toBe('too_many_statements');
   });
 });
 
@@ -190,9 +260,21 @@ describe('concurrency', () => {
     const patient = securedApp(db.pool, role, { transactions: patientTransactions() });
     try {
       const runs = Array.from({ length: 12 }, (_, i) =>
-        post(i % 2 ? [{ key: 'w/p', token: '1' }, { key: 'w/q', token: '1' }] : [{ key: 'w/q', token: '1' }, { key: 'w/p', token: '1' }], [
-          { sql: `UPDATE app.counters SET n = n + 1 WHERE id = 'x'` },
-        ], SECRET.writer, {}, patient),
+        post(
+          i % 2
+            ? [
+                { key: 'w/p', token: '1' },
+                { key: 'w/q', token: '1' },
+              ]
+            : [
+                { key: 'w/q', token: '1' },
+                { key: 'w/p', token: '1' },
+              ],
+          [{ sql: `UPDATE app.counters SET n = n + 1 WHERE id = 'x'` }],
+          SECRET.writer,
+          {},
+          patient,
+        ),
       );
       const results = await Promise.all(runs);
       expect(results.map((r) => r.status)).toEqual(Array(12).fill(200));
@@ -250,7 +332,10 @@ describe('concurrency', () => {
     let deadlocks = 0;
     for (let i = 0; i < 40 && deadlocks === 0; i++) {
       await new Promise((r) => setTimeout(r, 50));
-      deadlocks = Number((await db.pool.query(`SELECT pg_stat_clear_snapshot(), deadlocks FROM pg_stat_database WHERE datname = current_database()`)).rows[0].deadlocks);
+      deadlocks = Number(
+        (await db.pool.query(`SELECT pg_stat_clear_snapshot(), deadlocks FROM pg_stat_database WHERE datname = current_database()`)).rows[0]
+          .deadlocks,
+      );
     }
     expect(deadlocks).toBeGreaterThanOrEqual(1);
   });
@@ -260,7 +345,14 @@ describe('concurrency', () => {
     await post([{ key: 'w/s', token: '9' }], [{ sql: 'SELECT 1' }]);
     await app.inject({ method: 'PUT', url: '/v1/fences/w%2Fs', headers: { ...bearer(SECRET.writer), 'fencing-token': '11' } });
     const stats = (await app.inject({ url: '/v1/stats', headers: bearer(SECRET.reader) })).json();
-    expect(stats.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === 'w/s')).toEqual({ fenceKey: 'w/s', highestToken: '11', raisedBy: null, raisedAt: expect.any(String), accepted: 2, rejected: 1 });
+    expect(stats.byFenceKey.find((f: { fenceKey: string }) => f.fenceKey === 'w/s')).toEqual({
+      fenceKey: 'w/s',
+      highestToken: '11',
+      raisedBy: null,
+      raisedAt: expect.any(String),
+      accepted: 2,
+      rejected: 1,
+    });
   });
 });
 
@@ -268,10 +360,13 @@ describe('counters', () => {
   test('a transaction that creates a fence counts it on a counter row object writes never use (shards 32–63)', async () => {
     // The row stays locked until the transaction ends: on an object write's shard it would make
     // unrelated writes wait (review finding M1).
-    const before = (await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32')).rows[0]!.n;
+    const before = (
+      await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32')
+    ).rows[0]!.n;
     const r = await post([{ key: 'w/new-fence-counted', token: '1' }], [{ sql: 'SELECT 1' }]);
     expect(r.status).toBe(200);
-    const after = (await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32')).rows[0]!.n;
+    const after = (await db.pool.query<{ n: string }>('SELECT coalesce(sum(fences), 0)::text AS n FROM fencepost.totals WHERE shard >= 32'))
+      .rows[0]!.n;
     expect(BigInt(after) - BigInt(before)).toBe(1n);
   });
 });
@@ -282,7 +377,11 @@ describe('fence rows are protected by the database itself', () => {
     const open = testApp(db.pool);
     try {
       const send = (sql: string) =>
-        open.inject({ method: 'POST', url: '/v1/transactions', payload: { fences: [{ key: 'tx-owner', token: '1' }], statements: [{ sql, params: [] }] } });
+        open.inject({
+          method: 'POST',
+          url: '/v1/transactions',
+          payload: { fences: [{ key: 'tx-owner', token: '1' }], statements: [{ sql, params: [] }] },
+        });
       expect((await open.inject({ method: 'PUT', url: '/v1/fences/guarded', headers: { 'fencing-token': '10' } })).statusCode).toBe(200);
       for (const sql of [
         `UPDATE fencepost.fences SET highest_token = 0 WHERE fence_key = 'guarded'`,

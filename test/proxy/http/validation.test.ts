@@ -16,7 +16,11 @@ const routes: RouteOptions[] = [];
 
 beforeAll(async () => {
   db = await createTestDatabase();
-  app = buildApp({ store: new FenceStore(db.pool, STORE_DEFAULTS), bodyLimitBytes: 1024 * 1024, transactions: { clientRole: clientRoleFor(db.pool), maxStatements: MAX_STATEMENTS } });
+  app = buildApp({
+    store: new FenceStore(db.pool, STORE_DEFAULTS),
+    bodyLimitBytes: 1024 * 1024,
+    transactions: { clientRole: clientRoleFor(db.pool), maxStatements: MAX_STATEMENTS },
+  });
   // Route plugins load at ready(), after this hook is in place: it sees every route.
   app.addHook('onRoute', (route) => {
     routes.push(route);
@@ -28,7 +32,15 @@ afterAll(async () => {
   await db.drop();
 });
 
-type Schema = { type?: string | string[]; properties?: Record<string, Schema>; items?: Schema; additionalProperties?: unknown; maxItems?: number; required?: string[]; pattern?: string };
+type Schema = {
+  type?: string | string[];
+  properties?: Record<string, Schema>;
+  items?: Schema;
+  additionalProperties?: unknown;
+  maxItems?: number;
+  required?: string[];
+  pattern?: string;
+};
 
 /** Paths (in the schema) of objects that allow unknown fields and arrays without maxItems. */
 function looseSpots(s: Schema, at = ''): string[] {
@@ -45,12 +57,33 @@ const methodsOf = (r: RouteOptions) => (Array.isArray(r.method) ? r.method : [r.
 const schemaOf = (r: RouteOptions) => (r.schema ?? {}) as { body?: Schema; querystring?: Schema; params?: Schema; headers?: Schema };
 
 // Not the API: probes, scrapers and browsers may add query parameters these routes never read.
-const OPS_ROUTES = ['/healthz', '/readyz', '/metrics', '/dashboard', '/dashboard/dashboard.js', '/dashboard/dashboard.css', '/', '/openapi.json', '/docs'];
+const OPS_ROUTES = [
+  '/healthz',
+  '/readyz',
+  '/metrics',
+  '/dashboard',
+  '/dashboard/dashboard.js',
+  '/dashboard/dashboard.css',
+  '/',
+  '/openapi.json',
+  '/docs',
+];
 
 describe('every route declares what it reads', () => {
   test('the route list is complete', () => {
     const urls = new Set(routes.map((r) => r.url));
-    for (const u of ['/v1/objects/*', '/v1/objects', '/v1/fences/:fenceKey', '/v1/fences', '/v1/stats', '/v1/rejections', '/v1/rejections/histogram', '/v1/transactions', ...OPS_ROUTES]) expect(urls).toContain(u);
+    for (const u of [
+      '/v1/objects/*',
+      '/v1/objects',
+      '/v1/fences/:fenceKey',
+      '/v1/fences',
+      '/v1/stats',
+      '/v1/rejections',
+      '/v1/rejections/histogram',
+      '/v1/transactions',
+      ...OPS_ROUTES,
+    ])
+      expect(urls).toContain(u);
   });
 
   test('every API route has a querystring schema, every route with a body or a path parameter a schema for it; all refuse unknown fields and bound their arrays', () => {
@@ -69,7 +102,8 @@ describe('every route declares what it reads', () => {
       const params = [...r.url.matchAll(/:([A-Za-z]+)|(\*)$/g)].map((m) => m[1] ?? m[2]!);
       if (params.length > 0) {
         if (schema.params === undefined) problems.push(`${name}: no params schema`);
-        else for (const p of params) if (!schema.params.required?.includes(p)) problems.push(`${name}: params schema does not require ${p}`);
+        else
+          for (const p of params) if (!schema.params.required?.includes(p)) problems.push(`${name}: params schema does not require ${p}`);
       }
       for (const part of ['body', 'querystring', 'params'] as const) {
         const s = schema[part];
@@ -117,13 +151,24 @@ describe('schema failures answer with registry codes', () => {
   test('PUT and DELETE /v1/objects/:key: token, key and query', async () => {
     for (const method of ['PUT', 'DELETE'] as const) {
       expect(await expectCode('token_required', { method, url: '/v1/objects/k' })).toMatch(/Fencing-Token/);
-      expect(await expectCode('invalid_token', { method, url: '/v1/objects/k', headers: { 'fencing-token': '0x10' } })).toMatch(/Fencing-Token/);
+      expect(await expectCode('invalid_token', { method, url: '/v1/objects/k', headers: { 'fencing-token': '0x10' } })).toMatch(
+        /Fencing-Token/,
+      );
       await expectCode('invalid_token', { method, url: '/v1/objects/k', headers: { 'fencing-token': '9223372036854775808' } });
-      expect(await expectCode('invalid_key', { method, url: '/v1/objects/a%01b', headers: { 'fencing-token': '1' } })).toMatch(/control character/);
-      expect(await expectCode('invalid_query', { method, url: '/v1/objects/k?version=2', headers: { 'fencing-token': '1' } })).toMatch(/"version"/);
+      expect(await expectCode('invalid_key', { method, url: '/v1/objects/a%01b', headers: { 'fencing-token': '1' } })).toMatch(
+        /control character/,
+      );
+      expect(await expectCode('invalid_query', { method, url: '/v1/objects/k?version=2', headers: { 'fencing-token': '1' } })).toMatch(
+        /"version"/,
+      );
     }
     // The body stays raw bytes whatever its type: JSON-looking, invalid UTF-8, or typed as JSON.
-    const res = await app.inject({ method: 'PUT', url: '/v1/objects/raw', headers: { 'fencing-token': '1', 'content-type': 'application/json' }, payload: Buffer.from([0x7b, 0xff, 0x00]) });
+    const res = await app.inject({
+      method: 'PUT',
+      url: '/v1/objects/raw',
+      headers: { 'fencing-token': '1', 'content-type': 'application/json' },
+      payload: Buffer.from([0x7b, 0xff, 0x00]),
+    });
     expect(res.statusCode, res.body).toBe(200);
     expect((await app.inject({ url: '/v1/objects/raw' })).rawPayload).toEqual(Buffer.from([0x7b, 0xff, 0x00]));
   });
@@ -142,7 +187,8 @@ describe('schema failures answer with registry codes', () => {
   });
 
   test('GET /v1/fences and /v1/stats: limit, after, unknown and repeated parameters', async () => {
-    for (const q of ['limit=0', 'limit=1001', 'limit=abc', 'limit=1&limit=2', 'limit=', 'after=a&after=b', 'sort=asc']) await expectCode('invalid_query', { url: `/v1/fences?${q}` });
+    for (const q of ['limit=0', 'limit=1001', 'limit=abc', 'limit=1&limit=2', 'limit=', 'after=a&after=b', 'sort=asc'])
+      await expectCode('invalid_query', { url: `/v1/fences?${q}` });
     expect(await expectCode('invalid_query', { url: '/v1/fences?limit=5&limit=5' })).toMatch(/more than once/);
     await expectCode('invalid_key', { url: '/v1/fences?after=' });
     await expectCode('invalid_key', { url: '/v1/fences?after=a%00b' });
@@ -152,12 +198,21 @@ describe('schema failures answer with registry codes', () => {
   });
 
   test('GET /v1/rejections and /v1/rejections/histogram: before, minutes, fenceKey', async () => {
-    for (const q of ['before=0', 'before=-1', 'before=9223372036854775808', 'before=00000000000000000001', 'before=1&before=2', 'fenceKey=a&fenceKey=b', 'minutes=5']) {
+    for (const q of [
+      'before=0',
+      'before=-1',
+      'before=9223372036854775808',
+      'before=00000000000000000001',
+      'before=1&before=2',
+      'fenceKey=a&fenceKey=b',
+      'minutes=5',
+    ]) {
       await expectCode('invalid_query', { url: `/v1/rejections?${q}` });
     }
     await expectCode('invalid_key', { url: '/v1/rejections?fenceKey=' });
     expect((await app.inject({ url: '/v1/rejections?before=9223372036854775807&limit=1&fenceKey=f' })).statusCode).toBe(200);
-    for (const q of ['minutes=0', 'minutes=1441', 'minutes=1.5', 'limit=5']) await expectCode('invalid_query', { url: `/v1/rejections/histogram?${q}` });
+    for (const q of ['minutes=0', 'minutes=1441', 'minutes=1.5', 'limit=5'])
+      await expectCode('invalid_query', { url: `/v1/rejections/histogram?${q}` });
     await expectCode('invalid_key', { url: '/v1/rejections/histogram?fenceKey=%01' });
   });
 
@@ -177,7 +232,11 @@ describe('schema failures answer with registry codes', () => {
       ['a fence without a token', { fences: [{ key: 'v/a' }], statements }, 'token_required'],
       ['an empty fence key', { fences: [{ key: '', token: '1' }], statements }, 'invalid_key'],
       ['101 fences', { fences: Array.from({ length: 101 }, (_, i) => ({ key: `v/${i}`, token: '1' })), statements }, 'too_many_statements'],
-      [`${MAX_STATEMENTS + 1} statements (the configured maximum is ${MAX_STATEMENTS})`, { fences, statements: Array.from({ length: MAX_STATEMENTS + 1 }, () => ({ sql: 'SELECT 1' })) }, 'too_many_statements'],
+      [
+        `${MAX_STATEMENTS + 1} statements (the configured maximum is ${MAX_STATEMENTS})`,
+        { fences, statements: Array.from({ length: MAX_STATEMENTS + 1 }, () => ({ sql: 'SELECT 1' })) },
+        'too_many_statements',
+      ],
       ['no fences', { fences: [], statements }, 'invalid_transaction'],
       ['no statements', { fences }, 'invalid_transaction'],
       ['an unknown top-level field', { fences, statements, extra: 1 }, 'invalid_transaction'],
@@ -188,12 +247,24 @@ describe('schema failures answer with registry codes', () => {
       ['SQL with a NUL', { fences, statements: [{ sql: 'SELECT 1\u0000' }] }, 'invalid_transaction'],
       ['params that are not an array', { fences, statements: [{ sql: 'SELECT $1', params: { a: 1 } }] }, 'invalid_transaction'],
       ['more than 65535 params', { fences, statements: [{ sql: 'SELECT 1', params: Array(65536).fill(0) }] }, 'invalid_transaction'],
-      ['params nested deeper than 16', { fences, statements: [{ sql: 'SELECT $1', params: [JSON.parse('['.repeat(17) + ']'.repeat(17))] }] }, 'invalid_transaction'],
+      [
+        'params nested deeper than 16',
+        { fences, statements: [{ sql: 'SELECT $1', params: [JSON.parse('['.repeat(17) + ']'.repeat(17))] }] },
+        'invalid_transaction',
+      ],
       ['a fence key twice', { fences: [fences[0], fences[0]], statements }, 'invalid_transaction'],
       ['a body that is not an object', [fences, statements], 'invalid_transaction'],
       ['invalid JSON', '{"fences":', 'invalid_transaction'],
       ['an empty body', '', 'invalid_transaction'],
-      ['invalid UTF-8 inside a string', Buffer.concat([Buffer.from('{"fences":[{"key":"v/'), Buffer.from([0xff]), Buffer.from('","token":"1"}],"statements":[{"sql":"SELECT 1"}]}')]), 'invalid_transaction'],
+      [
+        'invalid UTF-8 inside a string',
+        Buffer.concat([
+          Buffer.from('{"fences":[{"key":"v/'),
+          Buffer.from([0xff]),
+          Buffer.from('","token":"1"}],"statements":[{"sql":"SELECT 1"}]}'),
+        ]),
+        'invalid_transaction',
+      ],
     ])('%s is refused', async (_what, body, code) => {
       await expectCode(code, tx(body));
     });
@@ -204,7 +275,12 @@ describe('schema failures answer with registry codes', () => {
     });
 
     test('null isolation and params mean the defaults, and a JSON type with parameters is JSON', async () => {
-      const res = await app.inject(tx({ fences: [{ key: 'v/defaults', token: '1' }], statements: [{ sql: 'SELECT 1 AS one', params: null }], isolation: null }, { 'content-type': 'Application/JSON; charset=utf-8' }));
+      const res = await app.inject(
+        tx(
+          { fences: [{ key: 'v/defaults', token: '1' }], statements: [{ sql: 'SELECT 1 AS one', params: null }], isolation: null },
+          { 'content-type': 'Application/JSON; charset=utf-8' },
+        ),
+      );
       expect(res.statusCode, res.body).toBe(200);
       expect(res.json()).toEqual({ results: [{ rowCount: 1, rows: [{ one: 1 }] }] });
     });

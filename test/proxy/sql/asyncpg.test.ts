@@ -10,7 +10,9 @@ import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 
 const run = promisify(execFile);
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.apg (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.apg (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
+]);
 
 const PROGRAM = `import asyncio, sys, asyncpg
 url, key, token, base = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -39,12 +41,16 @@ async def main():
     await c.close()
 asyncio.run(main())`;
 
-const asyncpg = async (url: string, key: string, token: number, base: number) => (await run('/usr/bin/python3', ['-c', PROGRAM, url, key, String(token), String(base)])).stdout.trim();
+const asyncpg = async (url: string, key: string, token: number, base: number) =>
+  (await run('/usr/bin/python3', ['-c', PROGRAM, url, key, String(token), String(base)])).stdout.trim();
 const ids = async (db: { pool: { query: (q: string, v: unknown[]) => Promise<{ rows: { id: number }[] }> } }, base: number) =>
   (await db.pool.query('SELECT id FROM public.apg WHERE id > $1 AND id < $2 ORDER BY id', [base, base + 100])).rows.map((r) => r.id);
 
 describe('asyncpg', () => {
-  test('prepare() then transaction(), an argument-less execute(), copy_records_to_table: all commit through the endpoint', async ({ db, sql }) => {
+  test('prepare() then transaction(), an argument-less execute(), copy_records_to_table: all commit through the endpoint', async ({
+    db,
+    sql,
+  }) => {
     expect(await asyncpg(sql.url('asyncpg-leader'), 'asyncpg/a', 1, 100)).toBe('prepare:ok transaction:ok execute:ok copy:ok select:ok');
     expect(await ids(db, 100)).toEqual([101, 102, 103, 104]);
   });
@@ -52,7 +58,9 @@ describe('asyncpg', () => {
   test('a stale session: every step fails FP409 and nothing lands', async ({ db, sql }) => {
     const raised = await fetch(`${sql.proxy.url}/v1/fences/asyncpg%2Fb`, { method: 'PUT', headers: { 'fencing-token': '2' } });
     expect(raised.status).toBe(200);
-    expect(await asyncpg(sql.url('asyncpg-zombie'), 'asyncpg/b', 1, 200)).toBe('prepare:FP409 transaction:FP409 execute:FP409 copy:FP409 select:FP409');
+    expect(await asyncpg(sql.url('asyncpg-zombie'), 'asyncpg/b', 1, 200)).toBe(
+      'prepare:FP409 transaction:FP409 execute:FP409 copy:FP409 select:FP409',
+    );
     expect(await ids(db, 200)).toEqual([]);
   });
 });

@@ -24,20 +24,49 @@ let db: TestDatabase;
 let sql: SqlProxy;
 /** postgres://…/fp_tls?sslmode=verify-full&sslrootcert=…: TLS, the certificate checked against our own CA. */
 let tlsUrl: string;
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string; message?: string }) => e.code ?? e.message ?? String(e));
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string; message?: string }) => e.code ?? e.message ?? String(e),
+  );
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'fencepost-backend-tls-'));
   chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
   certFile = join(dir, 'server.crt');
   const keyFile = join(dir, 'server.key');
-  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', keyFile, '-out', certFile, '-days', '2', '-subj', '/CN=localhost', '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost'], { stdio: 'ignore' });
+  execFileSync(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:prime256v1',
+      '-nodes',
+      '-keyout',
+      keyFile,
+      '-out',
+      certFile,
+      '-days',
+      '2',
+      '-subj',
+      '/CN=localhost',
+      '-addext',
+      'subjectAltName=IP:127.0.0.1,DNS:localhost',
+    ],
+    { stdio: 'ignore' },
+  );
   chmodSync(keyFile, 0o600); // Postgres refuses a key others can read
   if (userInfo().uid === 0) {
     const id = (flag: string) => Number(execFileSync('id', [flag, 'postgres']).toString().trim());
     for (const f of [keyFile, certFile]) chownSync(f, id('-u'), id('-g'));
   }
-  server = await startPostgres({ dataDir: join(dir, 'data'), postgresFlags: ['-c', 'ssl=on', '-c', `ssl_cert_file=${certFile}`, '-c', `ssl_key_file=${keyFile}`] });
+  server = await startPostgres({
+    dataDir: join(dir, 'data'),
+    postgresFlags: ['-c', 'ssl=on', '-c', `ssl_cert_file=${certFile}`, '-c', `ssl_key_file=${keyFile}`],
+  });
   // TCP logins over TLS only.
   const hba = join(dir, 'data', 'pg_hba.conf');
   writeFileSync(hba, readFileSync(hba, 'utf8').replace(/^host(\s)/gm, 'hostssl$1'));
@@ -101,7 +130,13 @@ describe('a database that accepts only TLS', () => {
     const r = await fetch(`${sql.proxy.url}/v1/transactions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ fences: [{ key: 'tls-tx', token: '1' }], statements: [{ sql: 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' }, { sql: "INSERT INTO public.items VALUES (2, 'tx over tls')" }] }),
+      body: JSON.stringify({
+        fences: [{ key: 'tls-tx', token: '1' }],
+        statements: [
+          { sql: 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' },
+          { sql: "INSERT INTO public.items VALUES (2, 'tx over tls')" },
+        ],
+      }),
     });
     expect(r.status).toBe(200);
     expect(((await r.json()) as { results: { rows: unknown[] }[] }).results[0]!.rows).toEqual([{ ssl: true }]);
@@ -115,7 +150,10 @@ describe('what the URL asks for is what the endpoint does', () => {
   test('a certificate no trusted CA signed is refused with verify-full, as node-postgres refuses it', async () => {
     const noCa = new URL(tlsUrl);
     noCa.searchParams.delete('sslrootcert');
-    const err = await openBackend(databaseTarget(noCa.toString()), login, 5000).then(() => null, (e: Error) => e);
+    const err = await openBackend(databaseTarget(noCa.toString()), login, 5000).then(
+      () => null,
+      (e: Error) => e,
+    );
     expect(err?.message).toMatch(/self[- ]signed certificate/i);
   });
 
@@ -127,7 +165,10 @@ describe('what the URL asks for is what the endpoint does', () => {
     await probe.end();
     if (ssl === 'on') ctx.skip(); // a DATABASE_URL server with TLS: nothing to refuse
     plainServer.searchParams.set('sslmode', 'no-verify');
-    const err = await openBackend(databaseTarget(plainServer.toString()), login, 5000).then(() => null, (e: Error) => e);
+    const err = await openBackend(databaseTarget(plainServer.toString()), login, 5000).then(
+      () => null,
+      (e: Error) => e,
+    );
     expect(err).toBeInstanceOf(BackendStartupError);
     expect(err?.message).toMatch(/does not accept TLS/);
   });
@@ -147,7 +188,10 @@ describe('what the URL asks for is what the endpoint does', () => {
     try {
       for (const query of ['?sslmode=no-verify', '']) {
         const started = Date.now();
-        const err = await openBackend(databaseTarget(`postgresql://fp:pw@127.0.0.1:${port}/x${query}`), login, 300).then(() => null, (e: Error) => e);
+        const err = await openBackend(databaseTarget(`postgresql://fp:pw@127.0.0.1:${port}/x${query}`), login, 300).then(
+          () => null,
+          (e: Error) => e,
+        );
         expect(err, query).toBeInstanceOf(BackendStartupError);
         expect(Date.now() - started, query).toBeGreaterThanOrEqual(290);
         await expect.poll(() => open.size, { timeout: 5000, message: `connection left open (${query || 'plain'})` }).toBe(0);
@@ -191,7 +235,10 @@ describe('a DATABASE_URL listing several hosts, over TLS', () => {
     const r = await fetch(`${multi.proxy.url}/v1/transactions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ fences: [{ key: 'tls-multi-tx', token: '1' }], statements: [{ sql: 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' }] }),
+      body: JSON.stringify({
+        fences: [{ key: 'tls-multi-tx', token: '1' }],
+        statements: [{ sql: 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' }],
+      }),
     });
     expect(r.status).toBe(200);
     expect(((await r.json()) as { results: { rows: unknown[] }[] }).results[0]!.rows).toEqual([{ ssl: true }]);

@@ -23,7 +23,11 @@ const test = sqlTest
     return { DATABASE_URL: u.toString() };
   });
 
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string; message?: string }) => e.code ?? e.message ?? String(e));
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string; message?: string }) => e.code ?? e.message ?? String(e),
+  );
 
 /** A CancelRequest for a node-postgres client's session; resolves when the endpoint closes its connection. */
 function cancel(port: number, client: pg.Client): { closed: () => boolean; done: Promise<void> } {
@@ -36,12 +40,22 @@ function cancel(port: number, client: pg.Client): { closed: () => boolean; done:
 }
 
 describe('cancel requests', () => {
-  test('the endpoint closes the cancel connection only once Postgres has the cancel; the statement fails 57014 and the next one runs', async ({ db, sql, tcp: proxy }) => {
+  test('the endpoint closes the cancel connection only once Postgres has the cancel; the statement fails 57014 and the next one runs', async ({
+    db,
+    sql,
+    tcp: proxy,
+  }) => {
     // Invariant: when the endpoint closes a cancel connection, Postgres has closed its own (it has
     // signalled the backend), so the statement cancelled is the one running when the writer asked.
     const c = await sql.connect('canceller');
     const sleeping = code(c.query('SELECT pg_sleep(30)'));
-    await expect.poll(async () => (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%SELECT pg_sleep(30)' AND state = 'active'`)).rowCount, { interval: 20 }).toBe(1);
+    await expect
+      .poll(
+        async () =>
+          (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%SELECT pg_sleep(30)' AND state = 'active'`)).rowCount,
+        { interval: 20 },
+      )
+      .toBe(1);
     proxy.blackhole(); // the endpoint's cancel connection to Postgres is accepted and held silent
     const req = cancel(sql.port, c);
     await new Promise((r) => setTimeout(r, 500));
@@ -53,7 +67,9 @@ describe('cancel requests', () => {
     await c.end();
   });
 
-  test('BackendKeyData names the backend\'s own pid: pg_backend_pid() and a NOTIFY\'s pid agree with it, and a cancel by it reaches that backend', async ({ sql }) => {
+  test("BackendKeyData names the backend's own pid: pg_backend_pid() and a NOTIFY's pid agree with it, and a cancel by it reaches that backend", async ({
+    sql,
+  }) => {
     // Invariant: the pid a driver learns at startup is the one Postgres reports everywhere.
     const c = await sql.connect('pid-writer');
     const listener = await sql.connect('pid-listener');

@@ -28,29 +28,66 @@ afterAll(async () => {
   await db?.drop();
 });
 
-const counter = async (id: number) => (await db.pool.query<{ n: string }>('SELECT n::text FROM public.counters WHERE id = $1', [id])).rows[0]?.n;
+const counter = async (id: number) =>
+  (await db.pool.query<{ n: string }>('SELECT n::text FROM public.counters WHERE id = $1', [id])).rows[0]?.n;
 
 describe('psql', () => {
   // libpq picks a server for target_session_attrs=read-write from the reported
   // default_transaction_read_only: the backend's is always on, the writer's view is whether it writes.
   test('target_session_attrs=read-write takes the endpoint for a session with a token, not one without', async () => {
     const url = (user: string) => `${sql.url(user)}?target_session_attrs=read-write`;
-    const withToken = await run(PSQL, [url('rw-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (40, 1)'], { env: { ...process.env, PGOPTIONS: fenceOptions(3, 'rw') } });
+    const withToken = await run(PSQL, [url('rw-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (40, 1)'], {
+      env: { ...process.env, PGOPTIONS: fenceOptions(3, 'rw') },
+    });
     expect(withToken.stdout).toContain('INSERT 0 1');
     expect(await counter(40)).toBe('1');
-    const without = await run(PSQL, [url('rw-reader'), '-X', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } }).catch((e: { stderr: string }) => e);
+    const without = await run(PSQL, [url('rw-reader'), '-X', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } }).catch(
+      (e: { stderr: string }) => e,
+    );
     expect('stderr' in without ? without.stderr : '').toMatch(/read-only/);
     // Plain reads need no token and no attribute.
-    expect((await run(PSQL, [sql.url('reader'), '-X', '-At', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } })).stdout.trim()).toBe('1');
+    expect(
+      (await run(PSQL, [sql.url('reader'), '-X', '-At', '-c', 'SELECT 1'], { env: { ...process.env, PGOPTIONS: '' } })).stdout.trim(),
+    ).toBe('1');
   });
 
   test('writes with PGOPTIONS and reports FP409 once the fence moved past its token', async () => {
     const env = { ...process.env, PGOPTIONS: fenceOptions(7, 'psql') };
-    const ok = await run(PSQL, [sql.url('psql-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (1, 1)', '-c', 'BEGIN', '-c', 'UPDATE counters SET n = n + 1 WHERE id = 1', '-c', 'COMMIT'], { env });
+    const ok = await run(
+      PSQL,
+      [
+        sql.url('psql-writer'),
+        '-X',
+        '-v',
+        'ON_ERROR_STOP=1',
+        '-c',
+        'INSERT INTO counters VALUES (1, 1)',
+        '-c',
+        'BEGIN',
+        '-c',
+        'UPDATE counters SET n = n + 1 WHERE id = 1',
+        '-c',
+        'COMMIT',
+      ],
+      { env },
+    );
     expect(ok.stdout).toContain('COMMIT');
     expect(await counter(1)).toBe('2');
     await fetch(`${sql.proxy.url}/v1/fences/psql`, { method: 'PUT', headers: { 'fencing-token': '8' } });
-    const stale = await run(PSQL, [sql.url('psql-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-v', 'VERBOSITY=verbose', '-c', 'UPDATE counters SET n = n + 1 WHERE id = 1'], { env }).catch((e: { stderr: string }) => e);
+    const stale = await run(
+      PSQL,
+      [
+        sql.url('psql-writer'),
+        '-X',
+        '-v',
+        'ON_ERROR_STOP=1',
+        '-v',
+        'VERBOSITY=verbose',
+        '-c',
+        'UPDATE counters SET n = n + 1 WHERE id = 1',
+      ],
+      { env },
+    ).catch((e: { stderr: string }) => e);
     expect((stale as { stderr: string }).stderr).toContain('FP409');
     expect(await counter(1)).toBe('2');
   });
@@ -59,16 +96,25 @@ describe('psql', () => {
 describe('pgbench', () => {
   const dir = mkdtempSync(join(tmpdir(), 'fencepost-pgbench-'));
   const script = join(dir, 'upsert.sql');
-  writeFileSync(script, '\\set id random(100, 109)\nBEGIN;\nINSERT INTO counters VALUES (:id, 1) ON CONFLICT (id) DO UPDATE SET n = counters.n + 1;\nSELECT n FROM counters WHERE id = :id;\nEND;\nINSERT INTO counters VALUES (:id + 100, 1) ON CONFLICT (id) DO UPDATE SET n = counters.n + 1;\n');
+  writeFileSync(
+    script,
+    '\\set id random(100, 109)\nBEGIN;\nINSERT INTO counters VALUES (:id, 1) ON CONFLICT (id) DO UPDATE SET n = counters.n + 1;\nSELECT n FROM counters WHERE id = :id;\nEND;\nINSERT INTO counters VALUES (:id + 100, 1) ON CONFLICT (id) DO UPDATE SET n = counters.n + 1;\n',
+  );
   for (const mode of ['simple', 'extended', 'prepared']) {
     test(`-M ${mode}: every transaction commits under the writer's token`, async () => {
       const env = { ...process.env, PGOPTIONS: fenceOptions(3, `bench-${mode}`) };
       // The leader raises its fence once (as a new leader does); then its writers share it.
-      expect((await fetch(`${sql.proxy.url}/v1/fences/bench-${mode}`, { method: 'PUT', headers: { 'fencing-token': '3' } })).status).toBe(200);
-      const before = Number((await db.pool.query<{ s: string }>('SELECT coalesce(sum(n), 0)::text AS s FROM public.counters WHERE id >= 100')).rows[0]!.s);
+      expect((await fetch(`${sql.proxy.url}/v1/fences/bench-${mode}`, { method: 'PUT', headers: { 'fencing-token': '3' } })).status).toBe(
+        200,
+      );
+      const before = Number(
+        (await db.pool.query<{ s: string }>('SELECT coalesce(sum(n), 0)::text AS s FROM public.counters WHERE id >= 100')).rows[0]!.s,
+      );
       const { stdout } = await run(PGBENCH, ['-n', '-M', mode, '-c', '4', '-t', '50', '-f', script, sql.url('bench')], { env });
       expect(stdout).toContain('number of failed transactions: 0');
-      const after = Number((await db.pool.query<{ s: string }>('SELECT coalesce(sum(n), 0)::text AS s FROM public.counters WHERE id >= 100')).rows[0]!.s);
+      const after = Number(
+        (await db.pool.query<{ s: string }>('SELECT coalesce(sum(n), 0)::text AS s FROM public.counters WHERE id >= 100')).rows[0]!.s,
+      );
       expect(after - before).toBe(4 * 50 * 2);
       expect(await fenceRow(db.pool, `bench-${mode}`)).toEqual({ highest_token: '3' });
     }, 60_000);
@@ -107,13 +153,19 @@ describe('keys mode', () => {
   beforeAll(async () => {
     await db.pool.query(`CREATE ROLE ${role} NOLOGIN`);
     await db.pool.query(`GRANT SELECT, INSERT, UPDATE ON public.counters TO ${role}`);
-    const keys = JSON.stringify([{ name: 'orders-writer', secret: 'orders-secret-0123456789', fenceKeyPrefixes: ['orders/'], pgRole: role }]);
+    const keys = JSON.stringify([
+      { name: 'orders-writer', secret: 'orders-secret-0123456789', fenceKeyPrefixes: ['orders/'], pgRole: role },
+    ]);
     keyed = await startSqlProxy(db, { FENCEPOST_KEYS: keys, FENCEPOST_READ_ACCESS: 'key' });
   });
   afterAll(async () => {
     await keyed?.close();
   });
-  const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+  const code = (p: Promise<unknown>) =>
+    p.then(
+      () => 'ok',
+      (e: { code?: string }) => e.code ?? String(e),
+    );
 
   test('the key logs in with SCRAM-SHA-256 and writes under its prefixes as its pgRole', async () => {
     const c = await keyed.connect('orders-writer', { password: 'orders-secret-0123456789', options: fenceOptions(1, 'orders/1') });
@@ -136,7 +188,9 @@ describe('keys mode', () => {
   test('a wrong password, an unknown key or psql with PGPASSWORD', async () => {
     expect(await code(keyed.connect('orders-writer', { password: 'wrong-secret-0123456789' }))).toBe('28P01');
     expect(await code(keyed.connect('nobody', { password: 'orders-secret-0123456789' }))).toBe('28P01');
-    const { stdout } = await run(PSQL, [keyed.url('orders-writer'), '-X', '-At', '-c', 'SHOW fencepost.fence_key'], { env: { ...process.env, PGPASSWORD: 'orders-secret-0123456789', PGOPTIONS: fenceOptions(2, 'orders/2') } });
+    const { stdout } = await run(PSQL, [keyed.url('orders-writer'), '-X', '-At', '-c', 'SHOW fencepost.fence_key'], {
+      env: { ...process.env, PGPASSWORD: 'orders-secret-0123456789', PGOPTIONS: fenceOptions(2, 'orders/2') },
+    });
     expect(stdout.trim()).toBe('orders/2');
   });
 });

@@ -11,7 +11,14 @@
 // standby again, with SIGTERM ignored, until the standby resumes.)
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
 import { spawn } from 'node:child_process';
-import { stallStandby, drainSyncRep, startSynchronousDatabase, syncRepWaiters, type ReplicatedPostgres, type StalledStandby } from '../../support/replication.ts';
+import {
+  stallStandby,
+  drainSyncRep,
+  startSynchronousDatabase,
+  syncRepWaiters,
+  type ReplicatedPostgres,
+  type StalledStandby,
+} from '../../support/replication.ts';
 import { clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
@@ -56,7 +63,8 @@ afterAll(async () => {
   await repl?.stop();
 });
 
-const present = async (...ns: number[]) => (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
+const present = async (...ns: number[]) =>
+  (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
 
 /** Cuts the proxy's connections to Postgres once a commit waits for the standby (so it is in flight). */
 async function cutDuringCommit(): Promise<void> {
@@ -148,10 +156,16 @@ test('node-postgres, extended protocol: an autocommit INSERT whose backend conne
   try {
     await client.query('SELECT 1');
     stalled = await stallStandby(repl);
-    const insert = client.query('INSERT INTO items VALUES ($1, $2)', [3, 'maybe']).then(() => null, (e: unknown) => e as { code?: string });
+    const insert = client.query('INSERT INTO items VALUES ($1, $2)', [3, 'maybe']).then(
+      () => null,
+      (e: unknown) => e as { code?: string },
+    );
     await cutDuringCommit();
     expect((await insert)?.code).toBe('08007');
-    const next = await client.query('SELECT 1').then(() => null, (e: unknown) => e as { code?: string; message?: string });
+    const next = await client.query('SELECT 1').then(
+      () => null,
+      (e: unknown) => e as { code?: string; message?: string },
+    );
     expect(next).not.toBeNull();
     expect(next?.code).not.toBe('08007');
   } finally {
@@ -178,7 +192,12 @@ except psycopg2.Error as e:
     print(e.pgcode)
 `;
   const cutDuringSleep = async () => {
-    for (let i = 0; (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()`)).rows.length === 0; i++) {
+    for (
+      let i = 0;
+      (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()`)).rows.length ===
+      0;
+      i++
+    ) {
       if (i > 400) throw new Error('the sleeping statement never showed');
       await new Promise((r) => setTimeout(r, 50));
     }

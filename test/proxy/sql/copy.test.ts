@@ -11,7 +11,9 @@ import { B, E, P, Q, RawClient, S } from './raw-client.ts';
 
 const PSQL = '/usr/bin/psql';
 
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.copied (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.copied (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
+]);
 
 interface PsqlRun {
   exit: number;
@@ -30,10 +32,15 @@ function psql(sql: SqlProxy, user: string, args: string[], opts: { fence?: [numb
   delete env.PGOPTIONS;
   if (opts.fence !== undefined) env.PGOPTIONS = fenceOptions(...opts.fence);
   return new Promise((resolve) => {
-    const child = execFile(PSQL, [sql.url(user), '-X', '-v', 'VERBOSITY=verbose', ...args], { env, maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
-      const exit = err === null ? 0 : typeof err.code === 'number' ? err.code : -1;
-      resolve({ exit, stdout, stderr });
-    });
+    const child = execFile(
+      PSQL,
+      [sql.url(user), '-X', '-v', 'VERBOSITY=verbose', ...args],
+      { env, maxBuffer: 64 * 1024 * 1024 },
+      (err, stdout, stderr) => {
+        const exit = err === null ? 0 : typeof err.code === 'number' ? err.code : -1;
+        resolve({ exit, stdout, stderr });
+      },
+    );
     child.stdin!.end(opts.input ?? '');
   });
 }
@@ -42,7 +49,9 @@ function psql(sql: SqlProxy, user: string, args: string[], opts: { fence?: [numb
 const ESCAPES: Record<string, string> = { '\\': '\\\\', '\t': '\\t', '\n': '\\n' };
 const rowsText = (rows: [number, string][]) => rows.map(([id, v]) => `${id}\t${v.replace(/[\\\t\n]/g, (c) => ESCAPES[c]!)}\n`).join('');
 const inRange = async (db: TestDatabase, from: number, to: number) =>
-  (await db.pool.query<{ id: number; v: string }>('SELECT id, v FROM public.copied WHERE id BETWEEN $1 AND $2 ORDER BY id', [from, to])).rows.map((r) => [r.id, r.v]);
+  (
+    await db.pool.query<{ id: number; v: string }>('SELECT id, v FROM public.copied WHERE id BETWEEN $1 AND $2 ORDER BY id', [from, to])
+  ).rows.map((r) => [r.id, r.v]);
 const countInRange = async (db: TestDatabase, from: number, to: number) =>
   (await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM public.copied WHERE id BETWEEN $1 AND $2', [from, to])).rows[0]!.n;
 const raiseOverHttp = (sql: SqlProxy, fenceKey: string, token: number) =>
@@ -57,14 +66,24 @@ const countsOf = async (sql: SqlProxy, fenceKey: string) => {
 const acceptedOf = async (sql: SqlProxy, fenceKey: string) => (await countsOf(sql, fenceKey)).accepted;
 
 describe('COPY FROM STDIN', () => {
-  test('with a current token: the rows land, the fence rises to the token and counts each COPY as one accepted transaction', async ({ sql, db }) => {
+  test('with a current token: the rows land, the fence rises to the token and counts each COPY as one accepted transaction', async ({
+    sql,
+    db,
+  }) => {
     // Invariant: a COPY FROM STDIN of a session with a current token commits all its rows, in one
     // fenced transaction (the fence at the session's token, +1 accepted), in every way psql sends it.
     const fence: [number, string] = [4, 'copy/a'];
-    const rows: [number, string][] = [[1, 'one'], [2, 'two with\ttab'], [3, 'three']];
+    const rows: [number, string][] = [
+      [1, 'one'],
+      [2, 'two with\ttab'],
+      [3, 'three'],
+    ];
 
     // COPY … FROM STDIN in a script on psql's stdin, the data lines right after it.
-    const script = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText(rows)}\\.\nSELECT 'after copy';\n` });
+    const script = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1'], {
+      fence,
+      input: `COPY copied (id, v) FROM STDIN;\n${rowsText(rows)}\\.\nSELECT 'after copy';\n`,
+    });
     expect(script).toMatchObject({ exit: 0, stderr: '' });
     expect(script.stdout).toContain('after copy');
     expect(await inRange(db, 1, 3)).toEqual(rows);
@@ -73,15 +92,33 @@ describe('COPY FROM STDIN', () => {
     expect(afterScript).toBe(2); // the COPY's transaction and the SELECT's
 
     // psql's \copy … FROM pstdin (psql reads the file, the endpoint sees COPY … FROM STDIN).
-    const meta = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[11, 'eleven'], [12, 'twelve']]) });
+    const meta = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], {
+      fence,
+      input: rowsText([
+        [11, 'eleven'],
+        [12, 'twelve'],
+      ]),
+    });
     expect(meta).toMatchObject({ exit: 0, stderr: '' });
-    expect(await inRange(db, 11, 12)).toEqual([[11, 'eleven'], [12, 'twelve']]);
+    expect(await inRange(db, 11, 12)).toEqual([
+      [11, 'eleven'],
+      [12, 'twelve'],
+    ]);
     expect(await acceptedOf(sql, 'copy/a')).toBe(afterScript + 1);
 
     // A COPY in the middle of a multi-statement Query (which the endpoint splits to fence).
-    const inQuery = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence, input: `${rowsText([[21, 'twenty-one'], [22, 'twenty-two']])}\\.\n` });
+    const inQuery = await psql(sql, 'copier-a', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], {
+      fence,
+      input: `${rowsText([
+        [21, 'twenty-one'],
+        [22, 'twenty-two'],
+      ])}\\.\n`,
+    });
     expect(inQuery).toMatchObject({ exit: 0, stderr: '' });
-    expect(await inRange(db, 21, 22)).toEqual([[21, 'twenty-one'], [22, 'twenty-two']]);
+    expect(await inRange(db, 21, 22)).toEqual([
+      [21, 'twenty-one'],
+      [22, 'twenty-two'],
+    ]);
     expect(await acceptedOf(sql, 'copy/a')).toBe(afterScript + 2);
     expect(await fenceRow(db.pool, 'copy/a')).toEqual({ highest_token: '4' });
   });
@@ -92,7 +129,10 @@ describe('COPY FROM STDIN', () => {
     const n = 100_000;
     const base = 100_000;
     const input = Array.from({ length: n }, (_, i) => `${base + i}\trow ${base + i} ${'x'.repeat(i % 13)}\n`).join('');
-    const big = await psql(sql, 'copier-big', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence: [1, 'copy/big'], input });
+    const big = await psql(sql, 'copier-big', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], {
+      fence: [1, 'copy/big'],
+      input,
+    });
     expect(big).toMatchObject({ exit: 0, stderr: '' });
     const { rows } = await db.pool.query<{ n: number; s: string; bad: number }>(
       `SELECT count(*)::int AS n, sum(id)::text AS s, count(*) FILTER (WHERE v <> 'row ' || id || ' ' || repeat('x', (id - $1) % 13))::int AS bad FROM public.copied WHERE id BETWEEN $1 AND $2`,
@@ -108,12 +148,18 @@ describe('COPY FROM STDIN', () => {
     const fence: [number, string] = [1, 'copy/fail'];
     const base = 600_000;
     const bad = Array.from({ length: 60_000 }, (_, i) => `${base + (i === 30_000 ? 0 : i)}\tbad copy\n`).join('');
-    const good = rowsText([[base + 70_000, 'good'], [base + 70_001, 'good']]);
+    const good = rowsText([
+      [base + 70_000, 'good'],
+      [base + 70_001, 'good'],
+    ]);
     const script = `COPY copied (id, v) FROM STDIN;\n${bad}\\.\nCOPY copied (id, v) FROM STDIN;\n${good}\\.\nSELECT count(*) AS n FROM copied WHERE id >= ${base};\n`;
     const run = await psql(sql, 'failing-copier', ['-A', '-t'], { fence, input: script }); // no ON_ERROR_STOP: going on
     expect(run.stderr).toContain('23505');
     expect(run.stdout.trim().split('\n')).toEqual(['COPY 2', '2']);
-    expect(await inRange(db, base, base + 99_999)).toEqual([[base + 70_000, 'good'], [base + 70_001, 'good']]);
+    expect(await inRange(db, base, base + 99_999)).toEqual([
+      [base + 70_000, 'good'],
+      [base + 70_001, 'good'],
+    ]);
     expect(await fenceRow(db.pool, 'copy/fail')).toEqual({ highest_token: '1' });
   });
 
@@ -121,18 +167,34 @@ describe('COPY FROM STDIN', () => {
     // Invariant: once the fence is above a session's token, its COPY FROM STDIN writes nothing and
     // the fence does not move; psql gets FP409 (the fence fails before the COPY starts).
     const fence: [number, string] = [5, 'copy/b'];
-    const first = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[200, 'leader 5']]) });
+    const first = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], {
+      fence,
+      input: rowsText([[200, 'leader 5']]),
+    });
     expect(first).toMatchObject({ exit: 0, stderr: '' });
     expect((await raiseOverHttp(sql, 'copy/b', 6)).status).toBe(200);
     const raised = await countsOf(sql, 'copy/b'); // the COPY and the raise, accepted
     expect(raised).toEqual({ accepted: 2, rejected: 0 });
 
-    const script = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1'], { fence, input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[201, 'zombie'], [202, 'zombie'], [203, 'zombie']])}\\.\n` });
+    const script = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1'], {
+      fence,
+      input: `COPY copied (id, v) FROM STDIN;\n${rowsText([
+        [201, 'zombie'],
+        [202, 'zombie'],
+        [203, 'zombie'],
+      ])}\\.\n`,
+    });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('FP409');
     expect(script.stderr).toContain('token 5 is below the highest token 6');
 
-    const meta = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { fence, input: rowsText([[204, 'zombie'], [205, 'zombie']]) });
+    const meta = await psql(sql, 'old-copier', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], {
+      fence,
+      input: rowsText([
+        [204, 'zombie'],
+        [205, 'zombie'],
+      ]),
+    });
     expect(meta.exit).not.toBe(0);
     expect(meta.stderr).toContain('FP409');
 
@@ -148,25 +210,44 @@ describe('COPY FROM STDIN', () => {
     // COMMIT rolls back: not one row, the fence unchanged.
     // A current token with the same statements commits (so the failure is the fence's).
     const key = 'copy/d';
-    const data = (from: number) => rowsText([[from, 'in tx'], [from + 1, 'in tx'], [from + 2, 'in tx']]);
-    const current = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(300) });
+    const data = (from: number) =>
+      rowsText([
+        [from, 'in tx'],
+        [from + 1, 'in tx'],
+        [from + 2, 'in tx'],
+      ]);
+    const current = await psql(
+      sql,
+      'tx-copier',
+      ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'],
+      { fence: [7, key], input: data(300) },
+    );
     expect(current).toMatchObject({ exit: 0, stderr: '' });
     expect(await countInRange(db, 300, 302)).toBe(3);
     expect((await raiseOverHttp(sql, key, 8)).status).toBe(200);
 
     // Statement by statement, going on after errors (no ON_ERROR_STOP): the proxy answers BEGIN,
     // the COPY meets the fence sent with it (FP409), and COMMIT rolls the failed block back.
-    const separate = await psql(sql, 'tx-copier', ['-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { fence: [7, key], input: data(310) });
+    const separate = await psql(sql, 'tx-copier', ['-c', 'BEGIN', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], {
+      fence: [7, key],
+      input: data(310),
+    });
     expect(separate.stderr.match(/FP409/g)).toHaveLength(1);
     expect(separate.stdout).toContain('ROLLBACK');
 
     // The same in one Query, the COPY data on stdin.
-    const oneQuery = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], { fence: [7, key], input: `${data(320)}\\.\n` });
+    const oneQuery = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1', '-c', 'BEGIN; COPY copied (id, v) FROM STDIN; COMMIT'], {
+      fence: [7, key],
+      input: `${data(320)}\\.\n`,
+    });
     expect(oneQuery.exit).not.toBe(0);
     expect(oneQuery.stderr).toContain('FP409');
 
     // A script on stdin: BEGIN, COPY with its data, COMMIT (psql stops at the COPY's FP409).
-    const script = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1'], { fence: [7, key], input: `BEGIN;\nCOPY copied (id, v) FROM STDIN;\n${data(330)}\\.\nCOMMIT;\n` });
+    const script = await psql(sql, 'tx-copier', ['-v', 'ON_ERROR_STOP=1'], {
+      fence: [7, key],
+      input: `BEGIN;\nCOPY copied (id, v) FROM STDIN;\n${data(330)}\\.\nCOMMIT;\n`,
+    });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('FP409');
 
@@ -177,15 +258,38 @@ describe('COPY FROM STDIN', () => {
   test('a session without a token: 25006, even after lifting default_transaction_read_only; nothing written', async ({ sql, db }) => {
     // Invariant: a session without a token never writes, so its COPY FROM STDIN fails read-only
     // (25006) however it is sent, and not one of its rows is in the table.
-    const script = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1'], { input: `COPY copied (id, v) FROM STDIN;\n${rowsText([[400, 'no token'], [401, 'no token']])}\\.\n` });
+    const script = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1'], {
+      input: `COPY copied (id, v) FROM STDIN;\n${rowsText([
+        [400, 'no token'],
+        [401, 'no token'],
+      ])}\\.\n`,
+    });
     expect(script.exit).not.toBe(0);
     expect(script.stderr).toContain('25006');
 
-    const meta = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], { input: rowsText([[402, 'no token']]) });
+    const meta = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy copied (id, v) FROM pstdin'], {
+      input: rowsText([[402, 'no token']]),
+    });
     expect(meta.exit).not.toBe(0);
     expect(meta.stderr).toContain('25006');
 
-    const lifted = await psql(sql, 'no-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'SET default_transaction_read_only = off', '-c', 'BEGIN READ WRITE', '-c', '\\copy copied (id, v) FROM pstdin', '-c', 'COMMIT'], { input: rowsText([[403, 'no token']]) });
+    const lifted = await psql(
+      sql,
+      'no-token',
+      [
+        '-v',
+        'ON_ERROR_STOP=1',
+        '-c',
+        'SET default_transaction_read_only = off',
+        '-c',
+        'BEGIN READ WRITE',
+        '-c',
+        '\\copy copied (id, v) FROM pstdin',
+        '-c',
+        'COMMIT',
+      ],
+      { input: rowsText([[403, 'no token']]) },
+    );
     expect(lifted.exit).not.toBe(0);
     expect(lifted.stderr).toContain('25006');
 
@@ -204,9 +308,24 @@ describe('COPY TO STDOUT', () => {
     // Invariant: COPY out through the endpoint returns exactly what COPY returns from Postgres
     // (every CopyData relayed, the fence's own replies not among them), and it runs fenced.
     const fence: [number, string] = [2, 'copy/c'];
-    const out = await psql(sql, 'reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT'], { fence });
+    const out = await psql(
+      sql,
+      'reader-with-token',
+      ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT'],
+      { fence },
+    );
     expect(out).toEqual({ exit: 0, stdout: expected, stderr: '' });
-    const meta = await psql(sql, 'reader-with-token', ['-v', 'ON_ERROR_STOP=1', '-c', '\\copy (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO pstdout WITH (FORMAT csv, HEADER)'], { fence });
+    const meta = await psql(
+      sql,
+      'reader-with-token',
+      [
+        '-v',
+        'ON_ERROR_STOP=1',
+        '-c',
+        '\\copy (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO pstdout WITH (FORMAT csv, HEADER)',
+      ],
+      { fence },
+    );
     expect(meta).toEqual({ exit: 0, stdout: 'id,v\n500,five hundred\n501,\n502,with\ttab\n', stderr: '' });
     expect(await fenceRow(db.pool, 'copy/c')).toEqual({ highest_token: '2' });
     expect(await acceptedOf(sql, 'copy/c')).toBe(2);
@@ -214,7 +333,12 @@ describe('COPY TO STDOUT', () => {
 
   test('in a session without a token (read-only): the same rows', async ({ sql }) => {
     // Invariant: a session without a token reads, COPY out included, and gets the same bytes.
-    const out = await psql(sql, 'reader', ['-v', 'ON_ERROR_STOP=1', '-c', 'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT']);
+    const out = await psql(sql, 'reader', [
+      '-v',
+      'ON_ERROR_STOP=1',
+      '-c',
+      'COPY (SELECT id, v FROM copied WHERE id BETWEEN 500 AND 599 ORDER BY id) TO STDOUT',
+    ]);
     expect(out).toEqual({ exit: 0, stdout: expected, stderr: '' });
   });
 
@@ -237,7 +361,10 @@ describe('COPY FROM STDIN, message by message', () => {
   const copyData = (text: string) => message('d', Buffer.from(text));
   const COPY_DONE = message('c');
 
-  test('over the extended protocol as libpq sends it (Parse/Bind/Execute/Sync, the data, CopyDone, Sync): the rows land, fenced', async ({ sql, db }) => {
+  test('over the extended protocol as libpq sends it (Parse/Bind/Execute/Sync, the data, CopyDone, Sync): the rows land, fenced', async ({
+    sql,
+    db,
+  }) => {
     // Invariant: the backend ignores a Sync during COPY IN; the one after CopyDone answers the
     // group. The endpoint neither waits for an answer that cannot come nor adds one.
     const raw = await RawClient.connect(sql.port, sql.database, 'copier-ext', fenceOptions(6, 'copy/ext'));
@@ -248,7 +375,10 @@ describe('COPY FROM STDIN, message by message', () => {
       expect(done.errors).toEqual([]);
       expect(done.tags).toContain('COPY 2');
       expect(done.status).toBe('I');
-      expect(await inRange(db, 31, 32)).toEqual([[31, 'thirty-one'], [32, 'thirty-two']]);
+      expect(await inRange(db, 31, 32)).toEqual([
+        [31, 'thirty-one'],
+        [32, 'thirty-two'],
+      ]);
       expect(await fenceRow(db.pool, 'copy/ext')).toEqual({ highest_token: '6' });
       // The whole exchange in one write (a pipeline), and a COPY whose data the backend refuses.
       const piped = await raw.send([P('COPY copied (id, v) FROM STDIN'), B(), E(), S(), copyData('33\tthirty-three\n'), COPY_DONE, S()], 1);
@@ -258,7 +388,11 @@ describe('COPY FROM STDIN, message by message', () => {
       await new Promise((r) => setTimeout(r, 100));
       const refused = await raw.send([copyData('not a number\tx\n'), COPY_DONE, S()], 1);
       expect(refused).toMatchObject({ errors: ['22P02'], status: 'I' });
-      expect(await inRange(db, 31, 34)).toEqual([[31, 'thirty-one'], [32, 'thirty-two'], [33, 'thirty-three']]);
+      expect(await inRange(db, 31, 34)).toEqual([
+        [31, 'thirty-one'],
+        [32, 'thirty-two'],
+        [33, 'thirty-three'],
+      ]);
       // The session goes on.
       expect((await raw.send([Q('SELECT 1')], 1)).tags).toEqual(['SELECT 1']);
     } finally {
@@ -266,7 +400,10 @@ describe('COPY FROM STDIN, message by message', () => {
     }
   });
 
-  test('a message other than copy data, Flush or Sync inside a COPY IN ends the session with 08P01 (no hang), nothing of the COPY lands', async ({ sql, db }) => {
+  test('a message other than copy data, Flush or Sync inside a COPY IN ends the session with 08P01 (no hang), nothing of the COPY lands', async ({
+    sql,
+    db,
+  }) => {
     // Found by the protocol fuzzer: an Execute after COPY … FROM STDIN waited for the Query's
     // ReadyForQuery while the backend waited for the end of the copy data behind it.
     const raw = await RawClient.connect(sql.port, sql.database, 'copier-bad', fenceOptions(6, 'copy/ext'));

@@ -8,7 +8,9 @@ import type { TestDatabase } from '../../support/db.ts';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions, type SqlProxy } from '../../support/sql.ts';
 
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+]);
 
 let nextId = 1;
 const id = () => nextId++;
@@ -18,12 +20,27 @@ const fence = async (sql: SqlProxy, key: string) => {
   return (await res.json()) as { accepted: number; rejected: number; highestToken: string };
 };
 /** The accepted total as /v1/stats computes it: the counters plus the transactions not folded yet. */
-const totalAccepted = async (db: TestDatabase) => Number((await db.pool.query('SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.pending_counts))::text AS n')).rows[0].n);
-const folded = async (db: TestDatabase) => Number((await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.totals')).rows[0].n);
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const totalAccepted = async (db: TestDatabase) =>
+  Number(
+    (
+      await db.pool.query(
+        'SELECT ((SELECT coalesce(sum(accepted), 0) FROM fencepost.totals) + (SELECT count(*) FROM fencepost.pending_counts))::text AS n',
+      )
+    ).rows[0].n,
+  );
+const folded = async (db: TestDatabase) =>
+  Number((await db.pool.query('SELECT coalesce(sum(accepted), 0)::text AS n FROM fencepost.totals')).rows[0].n);
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 
 describe('accepted counts of SQL transactions', () => {
-  test('N committed transactions (implicit, explicit, extended, several in one Query) count +N; rolled back or failed ones do not', async ({ sql, db }) => {
+  test('N committed transactions (implicit, explicit, extended, several in one Query) count +N; rolled back or failed ones do not', async ({
+    sql,
+    db,
+  }) => {
     const c = await sql.connect('counter', { options: fenceOptions(2, 'count/a') });
     const before = await totalAccepted(db);
     await c.query(`INSERT INTO items VALUES (${id()}, 'implicit')`); // 1
@@ -82,11 +99,15 @@ describe('accepted counts of SQL transactions', () => {
   // Invariant: each committed transaction is counted exactly once: the proxy adds its counts to
   // the counters in batches (src/fence/accepted-counts.ts), on its own timer, never twice.
   test('the proxy adds every committed transaction to the counters exactly once, by itself', async ({ sql, db }) => {
-    const sessions = await Promise.all(Array.from({ length: 8 }, (_, i) => sql.connect(`fold-${i}`, { options: fenceOptions(1, 'count/fold') })));
+    const sessions = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => sql.connect(`fold-${i}`, { options: fenceOptions(1, 'count/fold') })),
+    );
     const before = await totalAccepted(db);
-    await Promise.all(sessions.map(async (c) => {
-      for (let i = 0; i < 25; i++) await c.query(`INSERT INTO items VALUES (${id()}, 'fold')`);
-    }));
+    await Promise.all(
+      sessions.map(async (c) => {
+        for (let i = 0; i < 25; i++) await c.query(`INSERT INTO items VALUES (${id()}, 'fold')`);
+      }),
+    );
     await expect.poll(() => totalAccepted(db), { timeout: 15_000, interval: 100 }).toBe(before + 200);
     for (const c of sessions.slice(0, 2)) await c.query(`INSERT INTO items VALUES (${id()}, 'timer')`);
     await Promise.all(sessions.map((c) => c.end()));

@@ -6,12 +6,18 @@ import type { TestDatabase } from '../../support/db.ts';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions, fenceRow, sendCancel, type SqlProxy } from '../../support/sql.ts';
 
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.items (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE' },
+]);
 
 const ids = { next: 1 };
 const id = () => ids.next++;
 const exists = async (db: TestDatabase, n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 const advanceOverHttp = (sql: SqlProxy, fenceKey: string, token: number) =>
   fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
 
@@ -26,7 +32,10 @@ describe('a session with a token', () => {
     await c.end();
   });
 
-  test('is fenced at startup: its token raises the fence before its first statement, and a stale one hears FP409 at its first transaction', async ({ sql, db }) => {
+  test('is fenced at startup: its token raises the fence before its first statement, and a stale one hears FP409 at its first transaction', async ({
+    sql,
+    db,
+  }) => {
     // connect() resolves at the session's ReadyForQuery, which the endpoint sends once the session
     // is fenced for its startup settings (a pool hands out connections that are ready to write).
     const c = await sql.connect('writer-startup', { options: fenceOptions(6, 'startup') });
@@ -86,7 +95,7 @@ describe('a session without a token', () => {
     await c.end();
   });
 
-  test('a write\'s 25006 carries a hint naming fencepost.token, in either protocol', async ({ sql }) => {
+  test("a write's 25006 carries a hint naming fencepost.token, in either protocol", async ({ sql }) => {
     const c = await sql.connect('hinted');
     for (const attempt of [c.query(`INSERT INTO items VALUES (${id()}, 'x')`), c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'x'])]) {
       const err = (await attempt.catch((e: pg.DatabaseError) => e)) as pg.DatabaseError;
@@ -96,17 +105,25 @@ describe('a session without a token', () => {
     await c.end();
   });
 
-  test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async ({ sql, db }) => {
+  test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async ({
+    sql,
+    db,
+  }) => {
     const c = await sql.connect('writer-m', { options: fenceOptions(2, 'm') });
     const [x, y] = [id(), id()];
-    expect(await code(c.query(`INSERT INTO items VALUES (${x}, 'fenced'); COMMIT; INSERT INTO items VALUES (${y}, 'fenced too')`))).toBe('ok');
+    expect(await code(c.query(`INSERT INTO items VALUES (${x}, 'fenced'); COMMIT; INSERT INTO items VALUES (${y}, 'fenced too')`))).toBe(
+      'ok',
+    );
     expect([await exists(db, x), await exists(db, y)]).toEqual([true, true]);
     await c.end();
   });
 });
 
 describe('one fence, two doors', () => {
-  test('GC-pause zombie: a new leader advances the fence over HTTP; the old SQL writer\'s next transaction fails FP409 and nothing of it commits', async ({ sql, db }) => {
+  test("GC-pause zombie: a new leader advances the fence over HTTP; the old SQL writer's next transaction fails FP409 and nothing of it commits", async ({
+    sql,
+    db,
+  }) => {
     const zombie = await sql.connect('old-leader', { options: fenceOptions(10, 'z') });
     await zombie.query(`INSERT INTO items VALUES (${id()}, 'leader 10')`);
     expect((await advanceOverHttp(sql, 'z', 11)).status).toBe(200);
@@ -122,11 +139,23 @@ describe('one fence, two doors', () => {
     expect((await zombie.query('COMMIT')).command).toBe('ROLLBACK');
     expect([await exists(db, x), await exists(db, y), await exists(db, w)]).toEqual([false, false, false]);
     expect(await fenceRow(db.pool, 'z')).toEqual({ highest_token: '11' });
-    await expect.poll(async () => (await db.pool.query("SELECT count(*)::int AS n FROM fencepost.rejections WHERE fence_key = 'z' AND writer_id = 'old-leader' AND token = 10")).rows[0].n).toBe(3);
+    await expect
+      .poll(
+        async () =>
+          (
+            await db.pool.query(
+              "SELECT count(*)::int AS n FROM fencepost.rejections WHERE fence_key = 'z' AND writer_id = 'old-leader' AND token = 10",
+            )
+          ).rows[0].n,
+      )
+      .toBe(3);
     await zombie.end();
   });
 
-  test('a BEGIN the proxy answers itself (a Query, or a prepared statement in the extended protocol) is fenced with the first statement of its block', async ({ sql, db }) => {
+  test('a BEGIN the proxy answers itself (a Query, or a prepared statement in the extended protocol) is fenced with the first statement of its block', async ({
+    sql,
+    db,
+  }) => {
     // Invariant: the block's fence is checked when its first statement runs, not when the writer's
     // BEGIN was answered: a raise in between makes that statement fail FP409 and nothing commits;
     // with the current token every statement commits at COMMIT.
@@ -182,7 +211,7 @@ describe('one fence, two doors', () => {
 });
 
 describe('the session', () => {
-  test('names the proxy\'s database or is refused with 3D000', async ({ sql }) => {
+  test("names the proxy's database or is refused with 3D000", async ({ sql }) => {
     const c = new pg.Client({ connectionString: sql.url('w').replace(`/${sql.database}`, '/other_db') });
     expect(await code(c.connect())).toBe('3D000');
   });

@@ -44,10 +44,18 @@ afterAll(async () => {
 
 const ids = { next: 1 };
 const id = () => ids.next++;
-const present = async (...ns: number[]) => (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const present = async (...ns: number[]) =>
+  (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 const raise = async (fenceKey: string, token: number) => {
-  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token) },
+  });
   expect(res.status).toBe(200);
 };
 
@@ -65,8 +73,9 @@ async function staleInFailedBlock(fenceKey: string): Promise<RawClient> {
   return raw;
 }
 
-const LIFT = "SET default_transaction_read_only = off; SET TRANSACTION READ WRITE";
-const LIFT_SET_CONFIG = "SELECT set_config('default_transaction_read_only', 'off', false), set_config('transaction_read_only', 'off', true)";
+const LIFT = 'SET default_transaction_read_only = off; SET TRANSACTION READ WRITE';
+const LIFT_SET_CONFIG =
+  "SELECT set_config('default_transaction_read_only', 'off', false), set_config('transaction_read_only', 'off', true)";
 
 describe('the read-write statement the fence runs first', () => {
   // Invariant: it makes only its own transaction read-write, and says nothing doing it (no
@@ -110,13 +119,32 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
     ['ABORT', (n) => `ABORT; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
     ['ROLLBACK AND CHAIN', (n) => `ROLLBACK AND CHAIN; SET TRANSACTION READ WRITE; INSERT INTO items VALUES (${n}, 'escaped'); COMMIT`],
     ['ROLLBACK then set_config', (n) => `ROLLBACK; ${LIFT_SET_CONFIG}; INSERT INTO items VALUES (${n}, 'escaped')`],
-    ['ROLLBACK, COMMIT AND CHAIN', (n) => `ROLLBACK; BEGIN; COMMIT AND CHAIN; SET TRANSACTION READ WRITE; INSERT INTO items VALUES (${n}, 'escaped'); COMMIT`],
-    ['a commented ROLLBACK', (n) => `/* a /* nested */ comment; */ ROLLBACK -- ; not here\n; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
-    ['dollar quotes around semicolons', (n) => `ROLLBACK; SELECT $x$ ; COMMIT ; $x$; ${LIFT}; INSERT INTO items VALUES (${n}, $$escaped; COMMIT$$)`],
-    ['E-strings and quoted identifiers', (n) => `ROLLBACK; SELECT E'\\'; COMMIT; ' AS "a;b"; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`],
-    ['a DO block that commits and writes', (n) => `ROLLBACK; DO $do$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$do$`],
+    [
+      'ROLLBACK, COMMIT AND CHAIN',
+      (n) => `ROLLBACK; BEGIN; COMMIT AND CHAIN; SET TRANSACTION READ WRITE; INSERT INTO items VALUES (${n}, 'escaped'); COMMIT`,
+    ],
+    [
+      'a commented ROLLBACK',
+      (n) => `/* a /* nested */ comment; */ ROLLBACK -- ; not here\n; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`,
+    ],
+    [
+      'dollar quotes around semicolons',
+      (n) => `ROLLBACK; SELECT $x$ ; COMMIT ; $x$; ${LIFT}; INSERT INTO items VALUES (${n}, $$escaped; COMMIT$$)`,
+    ],
+    [
+      'E-strings and quoted identifiers',
+      (n) => `ROLLBACK; SELECT E'\\'; COMMIT; ' AS "a;b"; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`,
+    ],
+    [
+      'a DO block that commits and writes',
+      (n) =>
+        `ROLLBACK; DO $do$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$do$`,
+    ],
     ['a procedure that commits and writes', (n) => `ROLLBACK; CALL commit_and_write(${n})`],
-    ['PREPARE TRANSACTION', (n) => `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped'); PREPARE TRANSACTION 'fencepost_escape_${n}'`],
+    [
+      'PREPARE TRANSACTION',
+      (n) => `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped'); PREPARE TRANSACTION 'fencepost_escape_${n}'`,
+    ],
   ];
   for (const [name, text] of escapes) {
     test(`${name}: a stale writer writes nothing and the fence stays`, async () => {
@@ -166,7 +194,14 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
     await raise('maint', 5);
     const leader = await sql.connect('maint-leader', { options: fenceOptions(5, 'maint') });
     await leader.query('SET default_transaction_read_only = off');
-    for (const stmt of ['VACUUM public.items', '/* c */ vacuum (analyze) public.items', 'CLUSTER', 'REINDEX TABLE CONCURRENTLY public.items', 'CREATE INDEX CONCURRENTLY items_v ON public.items (v)', 'DROP INDEX CONCURRENTLY IF EXISTS public.items_pkey']) {
+    for (const stmt of [
+      'VACUUM public.items',
+      '/* c */ vacuum (analyze) public.items',
+      'CLUSTER',
+      'REINDEX TABLE CONCURRENTLY public.items',
+      'CREATE INDEX CONCURRENTLY items_v ON public.items (v)',
+      'DROP INDEX CONCURRENTLY IF EXISTS public.items_pkey',
+    ]) {
       expect([stmt, await code(leader.query(stmt))]).toEqual([stmt, '25001']);
     }
     expect(await code(leader.query('DISCARD ALL'))).toBe('ok');
@@ -201,7 +236,12 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
   test('Execute of ROLLBACK, then SET TRANSACTION READ WRITE and INSERT: the fence runs before them', async () => {
     const raw = await staleInFailedBlock('ext-rollback');
     const n = id();
-    const res = await raw.send([...pbe('ROLLBACK'), ...pbe('SET TRANSACTION READ WRITE'), ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`), S()]);
+    const res = await raw.send([
+      ...pbe('ROLLBACK'),
+      ...pbe('SET TRANSACTION READ WRITE'),
+      ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`),
+      S(),
+    ]);
     expect(res.errors).toEqual(['FP409']);
     raw.close();
     expect(await present(n)).toEqual([]);
@@ -212,7 +252,14 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
     const raw = await staleInFailedBlock('ext-commit');
     const [x, y] = [id(), id()];
     const res = await raw.send(
-      [...pbe('COMMIT'), ...pbe(LIFT_SET_CONFIG), ...pbe(`INSERT INTO items VALUES (${x}, 'escaped')`), S(), ...pbe(`INSERT INTO items VALUES (${y}, 'escaped')`), S()],
+      [
+        ...pbe('COMMIT'),
+        ...pbe(LIFT_SET_CONFIG),
+        ...pbe(`INSERT INTO items VALUES (${x}, 'escaped')`),
+        S(),
+        ...pbe(`INSERT INTO items VALUES (${y}, 'escaped')`),
+        S(),
+      ],
       2,
     );
     expect(res.errors).toEqual(['FP409', 'FP409']);
@@ -223,7 +270,13 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
   test('Execute of ROLLBACK AND CHAIN, then a write: fenced right after the chain', async () => {
     const raw = await staleInFailedBlock('ext-chain');
     const n = id();
-    const res = await raw.send([...pbe('ROLLBACK AND CHAIN'), ...pbe('SET TRANSACTION READ WRITE'), ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`), ...pbe('COMMIT'), S()]);
+    const res = await raw.send([
+      ...pbe('ROLLBACK AND CHAIN'),
+      ...pbe('SET TRANSACTION READ WRITE'),
+      ...pbe(`INSERT INTO items VALUES (${n}, 'escaped')`),
+      ...pbe('COMMIT'),
+      S(),
+    ]);
     expect(res.errors).toEqual(['FP409']);
     await raw.send([Q('ROLLBACK')]);
     raw.close();
@@ -233,7 +286,18 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
   test('named statements: a COMMIT prepared once and bound later', async () => {
     const raw = await staleInFailedBlock('ext-named');
     const n = id();
-    const res = await raw.send([P('/* c */ END', 'fin'), B('fin'), E(), P(`INSERT INTO items VALUES (${n}, 'escaped')`, 'ins'), P(LIFT_SET_CONFIG), B(), E(), B('ins'), E(), S()]);
+    const res = await raw.send([
+      P('/* c */ END', 'fin'),
+      B('fin'),
+      E(),
+      P(`INSERT INTO items VALUES (${n}, 'escaped')`, 'ins'),
+      P(LIFT_SET_CONFIG),
+      B(),
+      E(),
+      B('ins'),
+      E(),
+      S(),
+    ]);
     expect(res.errors).toEqual(['FP409']);
     raw.close();
     expect(await present(n)).toEqual([]);
@@ -244,7 +308,12 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
     const [x, y, z] = [id(), id(), id()];
     expect(await code(c.query('CALL commit_and_write($1)', [x]))).toBe('0A000');
     const raw = await Raw.connect('leader-do-raw', fenceOptions(1, 'ext-do'));
-    const res = await raw.send([...pbe(`DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${y}, 'do'); END$$`), S()]);
+    const res = await raw.send([
+      ...pbe(
+        `DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${y}, 'do'); END$$`,
+      ),
+      S(),
+    ]);
     expect(res.errors).toEqual(['0A000']);
     const inBlock = await raw.send([...pbe('BEGIN'), ...pbe(`CALL commit_and_write(${z})`), S()]);
     expect(inBlock.errors).toEqual(['2D000']);
@@ -254,10 +323,16 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
     await c.end();
   });
 
-  test('a stale writer\'s DO after an Execute of ROLLBACK', async () => {
+  test("a stale writer's DO after an Execute of ROLLBACK", async () => {
     const raw = await staleInFailedBlock('ext-do-stale');
     const n = id();
-    const res = await raw.send([...pbe('ROLLBACK'), ...pbe(`DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$$`), S()]);
+    const res = await raw.send([
+      ...pbe('ROLLBACK'),
+      ...pbe(
+        `DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO items VALUES (${n}, 'do'); END$$`,
+      ),
+      S(),
+    ]);
     expect(res.errors).toEqual(['FP409']);
     raw.close();
     expect(await present(n)).toEqual([]);
@@ -278,7 +353,7 @@ describe('a leader with the current token', () => {
     await c.end();
   });
 
-  test('an error in the writer\'s statement after an inserted fence reports the position in its own text', async () => {
+  test("an error in the writer's statement after an inserted fence reports the position in its own text", async () => {
     const c = await sql.connect('leader-pos', { options: fenceOptions(7, 'leader') });
     const text = 'SELECT 1; COMMIT; SELECT 1 FROM nowhere_at_all';
     const err = (await c.query(text).catch((e: unknown) => e)) as { position?: string };
@@ -289,7 +364,12 @@ describe('a leader with the current token', () => {
   test('a pipeline with an Execute of COMMIT between writes commits both, each fenced', async () => {
     const raw = await Raw.connect('leader-raw', fenceOptions(8, 'leader-pipe'));
     const [x, y] = [id(), id()];
-    const res = await raw.send([...pbe(`INSERT INTO items VALUES (${x}, 'x')`), ...pbe('COMMIT'), ...pbe(`INSERT INTO items VALUES (${y}, 'y')`), S()]);
+    const res = await raw.send([
+      ...pbe(`INSERT INTO items VALUES (${x}, 'x')`),
+      ...pbe('COMMIT'),
+      ...pbe(`INSERT INTO items VALUES (${y}, 'y')`),
+      S(),
+    ]);
     expect(res).toMatchObject({ errors: [], status: 'I' });
     raw.close();
     expect(await present(x, y)).toEqual([x, y]);
@@ -299,13 +379,39 @@ describe('a leader with the current token', () => {
   test('psql: a multi-statement -c with COMMIT in the middle, and a script', async () => {
     const env = { ...process.env, PGOPTIONS: fenceOptions(9, 'leader-psql') };
     const [x, y, z] = [id(), id(), id()];
-    const { stdout } = await run(PSQL, [sql.url('psql-leader'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', `INSERT INTO items VALUES (${x}, 'x'); COMMIT; INSERT INTO items VALUES (${y}, 'y')`, '-c', `BEGIN; INSERT INTO items VALUES (${z}, $$z; COMMIT$$); END`], { env });
+    const { stdout } = await run(
+      PSQL,
+      [
+        sql.url('psql-leader'),
+        '-X',
+        '-v',
+        'ON_ERROR_STOP=1',
+        '-c',
+        `INSERT INTO items VALUES (${x}, 'x'); COMMIT; INSERT INTO items VALUES (${y}, 'y')`,
+        '-c',
+        `BEGIN; INSERT INTO items VALUES (${z}, $$z; COMMIT$$); END`,
+      ],
+      { env },
+    );
     expect(stdout).toContain('COMMIT');
     expect(await present(x, y, z)).toEqual([x, y, z]);
     // The same escape from psql with a stale token.
     await raise('leader-psql', 10);
     const n = id();
-    const stale = await run(PSQL, [sql.url('psql-leader'), '-X', '-v', 'VERBOSITY=verbose', '-c', 'BEGIN', '-c', `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`], { env }).catch((e: { stderr: string }) => e);
+    const stale = await run(
+      PSQL,
+      [
+        sql.url('psql-leader'),
+        '-X',
+        '-v',
+        'VERBOSITY=verbose',
+        '-c',
+        'BEGIN',
+        '-c',
+        `ROLLBACK; ${LIFT}; INSERT INTO items VALUES (${n}, 'escaped')`,
+      ],
+      { env },
+    ).catch((e: { stderr: string }) => e);
     expect((stale as { stderr: string }).stderr).toContain('FP409');
     expect(await present(n)).toEqual([]);
   });

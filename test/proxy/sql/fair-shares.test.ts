@@ -22,7 +22,12 @@ beforeAll(async () => {
     { name: 'flood', secret: 'flood-secret-0123456789', fenceKeyPrefixes: ['f/'], pgRole: role },
     { name: 'calm', secret: 'calm-secret-0123456789', fenceKeyPrefixes: ['c/'], pgRole: role },
   ]);
-  sql = await startSqlProxy(db, { FENCEPOST_KEYS: keys, FENCEPOST_READ_ACCESS: 'key', FENCEPOST_PGWIRE_MAX_CONNECTIONS: '6', FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS: '4' });
+  sql = await startSqlProxy(db, {
+    FENCEPOST_KEYS: keys,
+    FENCEPOST_READ_ACCESS: 'key',
+    FENCEPOST_PGWIRE_MAX_CONNECTIONS: '6',
+    FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS: '4',
+  });
 });
 
 afterAll(async () => {
@@ -44,13 +49,24 @@ class FromAddress extends Socket {
 }
 
 const client = (user: string, password: string, localAddress?: string) => {
-  const c = new pg.Client({ host: '127.0.0.1', port: sql.port, database: sql.database, user, password, ...(localAddress ? { stream: () => new FromAddress(localAddress) } : {}) });
+  const c = new pg.Client({
+    host: '127.0.0.1',
+    port: sql.port,
+    database: sql.database,
+    user,
+    password,
+    ...(localAddress ? { stream: () => new FromAddress(localAddress) } : {}),
+  });
   c.on('error', () => {});
   return c;
 };
-const refusal = (p: Promise<unknown>) => p.then(() => null, (e: pg.DatabaseError) => ({ code: e.code, message: e.message }));
+const refusal = (p: Promise<unknown>) =>
+  p.then(
+    () => null,
+    (e: pg.DatabaseError) => ({ code: e.code, message: e.message }),
+  );
 
-test('connections that never say anything cannot keep a writer out: past the address\'s share, a new one closes the oldest silent one, which hears why', async () => {
+test("connections that never say anything cannot keep a writer out: past the address's share, a new one closes the oldest silent one, which hears why", async () => {
   const heard: string[] = [];
   for (let i = 0; i < 4; i++) {
     const s = connect({ host: '127.0.0.1', port: sql.port, localAddress: '127.0.0.1' });
@@ -61,12 +77,15 @@ test('connections that never say anything cannot keep a writer out: past the add
   await Promise.all(idle.map((s) => new Promise((resolve) => s.once('connect', resolve))));
   await new Promise((resolve) => setTimeout(resolve, 1200)); // silent long enough to be closed for a newcomer
   await expect
-    .poll(async () => {
-      const c = client('calm', 'calm-secret-0123456789', '127.0.0.1');
-      const r = await refusal(c.connect());
-      if (r === null) await c.end();
-      return r;
-    }, { timeout: 10_000, interval: 200 })
+    .poll(
+      async () => {
+        const c = client('calm', 'calm-secret-0123456789', '127.0.0.1');
+        const r = await refusal(c.connect());
+        if (r === null) await c.end();
+        return r;
+      },
+      { timeout: 10_000, interval: 200 },
+    )
     .toBeNull();
   await expect.poll(() => heard.join('')).toContain('FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=4');
   for (const s of idle.splice(0)) s.destroy();
@@ -74,7 +93,10 @@ test('connections that never say anything cannot keep a writer out: past the add
 
 test('a burst of logins from one address, more than its share of silent connections, all get in', async () => {
   // Five at once against a share of four: each speaks at once, so none is closed for silence.
-  const clients = [...Array.from({ length: 3 }, () => client('calm', 'calm-secret-0123456789')), ...Array.from({ length: 2 }, () => client('flood', 'flood-secret-0123456789'))];
+  const clients = [
+    ...Array.from({ length: 3 }, () => client('calm', 'calm-secret-0123456789')),
+    ...Array.from({ length: 2 }, () => client('flood', 'flood-secret-0123456789')),
+  ];
   const results = await Promise.all(
     clients.map(async (c) => {
       await c.connect();

@@ -29,9 +29,13 @@ afterAll(async () => {
 
 const ids = { next: 1 };
 const id = () => ids.next++;
-const present = async (...ns: number[]) => (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
+const present = async (...ns: number[]) =>
+  (await db.pool.query<{ id: number }>('SELECT id FROM public.items WHERE id = ANY($1) ORDER BY id', [ns])).rows.map((r) => r.id);
 const raise = async (fenceKey: string, token: number) => {
-  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, { method: 'PUT', headers: { 'fencing-token': String(token) } });
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token) },
+  });
   expect(res.status).toBe(200);
 };
 

@@ -56,7 +56,11 @@ async function session(user: string, token: bigint | number, fenceKey: string): 
 let nextId = 1;
 const id = () => nextId++;
 const exists = async (n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
-const failure = (p: Promise<unknown>) => p.then(() => ({ code: 'ok', detail: '' }), (e: { code?: string; detail?: string }) => ({ code: e.code ?? String(e), detail: e.detail ?? '' }));
+const failure = (p: Promise<unknown>) =>
+  p.then(
+    () => ({ code: 'ok', detail: '' }),
+    (e: { code?: string; detail?: string }) => ({ code: e.code ?? String(e), detail: e.detail ?? '' }),
+  );
 const guard = () => sql.proxy.app.forgeryGuard!;
 
 describe('forgery guard on the SQL endpoint', () => {

@@ -43,27 +43,45 @@ describe('SCRAM-SHA-256', () => {
     const secret = scramSecret('the-bearer-key-0123');
     await expect(exchange(secret, true, 'the-bearer-key-0123')).resolves.toBeUndefined();
     await expect(exchange(secret, true, 'another-key-0123456')).rejects.toThrow(/password authentication failed/);
-    await expect(exchange(mockScramSecret(randomBytes(32), 'nobody'), false, 'the-bearer-key-0123')).rejects.toThrow(/password authentication failed/);
+    await expect(exchange(mockScramSecret(randomBytes(32), 'nobody'), false, 'the-bearer-key-0123')).rejects.toThrow(
+      /password authentication failed/,
+    );
   });
 });
 
 describe('startup options and statement guesses', () => {
   test('options: -c pairs, --name=value and escaped spaces', () => {
     expect(parseOptions('-c fencepost.token=42 -cfencepost.fence_key=a\\ b --statement-timeout=5')).toEqual(
-      new Map([['fencepost.token', '42'], ['fencepost.fence_key', 'a b'], ['statement_timeout', '5']]),
+      new Map([
+        ['fencepost.token', '42'],
+        ['fencepost.fence_key', 'a b'],
+        ['statement_timeout', '5'],
+      ]),
     );
   });
 
   test('BEGIN-like, empty and unfenced statements are told apart', () => {
-    expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([true, false]);
+    expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([
+      true,
+      false,
+    ]);
     expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
-    expect(['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced)).toEqual([true, true, false, false, false]);
+    expect(
+      ['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced),
+    ).toEqual([true, true, false, false, false]);
   });
 
   test('statement kinds stay right through the parse cache: repeated, refused, long and evicted texts', () => {
     // Invariant: a text's kind is the same on every call, however many other texts came between
     // (the cache holds 256 texts up to 1,024 characters, the oldest dropped first).
-    const texts = ['COMMIT', 'COMMIT AND CHAIN', 'BEGIN; SELECT 1', 'CALL p()', 'COMMIT garbage', `SELECT 1; COMMIT -- ${'x'.repeat(2000)}`];
+    const texts = [
+      'COMMIT',
+      'COMMIT AND CHAIN',
+      'BEGIN; SELECT 1',
+      'CALL p()',
+      'COMMIT garbage',
+      `SELECT 1; COMMIT -- ${'x'.repeat(2000)}`,
+    ];
     const expected = ['end', 'chain', 'begin', 'routine', 'unknown', 'end'];
     expect(texts.map(statementKind)).toEqual(expected);
     for (let i = 0; i < 600; i++) expect(statementKind(`SELECT ${i}; COMMIT`)).toBe('end');

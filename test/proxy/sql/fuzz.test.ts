@@ -8,7 +8,17 @@
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { clientRoleFor } from '../../support/db.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, runCase, FuzzStats, FUZZ_WAITS as WAITS, INTRUDERS, PREPARE_FINDS, type FuzzTarget } from '../../support/pgwire-fuzz.ts';
+import {
+  assertFuzz,
+  controlWrite,
+  prepareFuzzDatabase,
+  runCase,
+  FuzzStats,
+  FUZZ_WAITS as WAITS,
+  INTRUDERS,
+  PREPARE_FINDS,
+  type FuzzTarget,
+} from '../../support/pgwire-fuzz.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20240611);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 150);
@@ -24,7 +34,7 @@ test.beforeAll(async ({ db, sql }) => {
 });
 
 describe('the SQL endpoint under a protocol fuzzer', () => {
-  test('control: a session at the fence\'s current token lands a row with a simple Query (the check sees writes)', async () => {
+  test("control: a session at the fence's current token lands a row with a simple Query (the check sees writes)", async () => {
     const stats = new FuzzStats();
     expect(await controlWrite(target!, stats)).toBe(1);
   });
@@ -38,7 +48,9 @@ describe('the SQL endpoint under a protocol fuzzer', () => {
   test(`random message sequences of stale, tokenless and other-key sessions land no row in the protected table, leave no prepared transaction, never move the fence (seed ${SEED}, ${RUNS} runs)`, async () => {
     const stats = new FuzzStats();
     await assertFuzz(target!, { seed: SEED, numRuns: RUNS, maxMessages: MAX_MESSAGES, sessions: INTRUDERS, stats, ...WAITS });
-    console.log(`fuzz (intruders): ${stats.summary()}\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => 'lingering: ' + l)].join('\n\n')}`);
+    console.log(
+      `fuzz (intruders): ${stats.summary()}\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => 'lingering: ' + l)].join('\n\n')}`,
+    );
     // Not vacuous: the sequences reached the fence and the table's trigger.
     expect(stats.errors.get('FP409') ?? 0).toBeGreaterThan(0);
     expect(stats.errors.get('FP403') ?? 0).toBeGreaterThan(0);
@@ -47,8 +59,17 @@ describe('the SQL endpoint under a protocol fuzzer', () => {
 
   test(`random message sequences of a session at the current token never move the fence nor leave a prepared transaction (seed ${SEED})`, async () => {
     const stats = new FuzzStats();
-    await assertFuzz(target!, { seed: SEED + 1, numRuns: Math.ceil(RUNS / 4), maxMessages: MAX_MESSAGES, sessions: ['current'], stats, ...WAITS });
-    console.log(`fuzz (current token): ${stats.summary()}\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => 'lingering: ' + l)].join('\n\n')}`);
+    await assertFuzz(target!, {
+      seed: SEED + 1,
+      numRuns: Math.ceil(RUNS / 4),
+      maxMessages: MAX_MESSAGES,
+      sessions: ['current'],
+      stats,
+      ...WAITS,
+    });
+    console.log(
+      `fuzz (current token): ${stats.summary()}\n${[...stats.stalledCases, ...stats.lingeringCases.map((l) => 'lingering: ' + l)].join('\n\n')}`,
+    );
     expect({ stalled: stats.stalled, lingering: stats.lingeringBackends }).toEqual({ stalled: 0, lingering: 0 });
   }, 120_000);
 });

@@ -66,7 +66,10 @@ describe('a megabyte fencepost setting on the SQL endpoint', () => {
         await c.query(`SET fencepost.fence_key = '${key}'`);
         await c.query("SET fencepost.token = '8'");
         await insert(c);
-        expect((await db.pool.query<{ t: string }>('SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = $1', [key])).rows[0]?.t).toBe('8');
+        expect(
+          (await db.pool.query<{ t: string }>('SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = $1', [key])).rows[0]
+            ?.t,
+        ).toBe('8');
       } finally {
         await c.end();
       }
@@ -78,10 +81,16 @@ describe('a megabyte fencepost setting on the SQL endpoint', () => {
     try {
       await insert(c);
       await c.query(`SET fencepost.token = '${'0'.repeat(64)}4'`);
-      expect(await refusalOf(insert(c))).toMatchObject({ code: 'FP400', message: expect.stringMatching(/fencepost\.token is too long: 65 bytes/) });
+      expect(await refusalOf(insert(c))).toMatchObject({
+        code: 'FP400',
+        message: expect.stringMatching(/fencepost\.token is too long: 65 bytes/),
+      });
       await c.query(`SET fencepost.token = '${'9'.repeat(20)}'`);
       const r = await refusalOf(insert(c));
-      expect(r).toMatchObject({ code: 'FP400', message: `fencepost.token must be decimal digits, 0 to 9223372036854775807, got "${'9'.repeat(20)}"` });
+      expect(r).toMatchObject({
+        code: 'FP400',
+        message: `fencepost.token must be decimal digits, 0 to 9223372036854775807, got "${'9'.repeat(20)}"`,
+      });
       await c.query("SET fencepost.token = '0005'");
       await insert(c);
     } finally {

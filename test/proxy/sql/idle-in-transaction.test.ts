@@ -12,10 +12,15 @@ const test = sqlTest
   .extend('sqlEnv', { scope: 'file' }, { FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS: '300' })
   .extend('clientTables', { scope: 'file' }, [{ definition: 'public.idle_items (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' }]);
 
-const has = async (db: TestDatabase, id: number) => (await db.pool.query('SELECT 1 FROM public.idle_items WHERE id = $1', [id])).rowCount === 1;
+const has = async (db: TestDatabase, id: number) =>
+  (await db.pool.query('SELECT 1 FROM public.idle_items WHERE id = $1', [id])).rowCount === 1;
 /** The backend of application `name` is gone. */
 const backendGone = (db: TestDatabase, name: string) =>
-  expect.poll(async () => (await db.pool.query('SELECT 1 FROM pg_stat_activity WHERE application_name = $1', [name])).rowCount, { interval: 25 }).toBe(0);
+  expect
+    .poll(async () => (await db.pool.query('SELECT 1 FROM pg_stat_activity WHERE application_name = $1', [name])).rowCount, {
+      interval: 25,
+    })
+    .toBe(0);
 
 test.for([
   ['as it is', null],

@@ -10,8 +10,12 @@ describe('encode', () => {
   test('each frontend message the proxy sends is the bytes of its protocol framing', () => {
     const text = Buffer.from('ab', 'utf8');
     expect(encode({ type: 'query', text: 'SELECT é' })).toEqual(message('Q', 'SELECT é'));
-    expect(encode({ type: 'parse', name: 's', text: 'SELECT $1', paramTypes: [25] })).toEqual(message('P', 's', 'SELECT $1', int16(1), int32(25)));
-    expect(encode({ type: 'bind', portal: '', statement: 's', values: ['ab', null] })).toEqual(message('B', cstr(''), 's', int16(0), int16(2), int32(2), text, int32(-1), int16(0)));
+    expect(encode({ type: 'parse', name: 's', text: 'SELECT $1', paramTypes: [25] })).toEqual(
+      message('P', 's', 'SELECT $1', int16(1), int32(25)),
+    );
+    expect(encode({ type: 'bind', portal: '', statement: 's', values: ['ab', null] })).toEqual(
+      message('B', cstr(''), 's', int16(0), int16(2), int32(2), text, int32(-1), int16(0)),
+    );
     expect(encode({ type: 'execute', portal: '', maxRows: 0 })).toEqual(message('E', cstr(''), int32(0)));
     expect(encode({ type: 'close', target: 'S', name: 's' })).toEqual(message('C', Buffer.from('S'), 's'));
     expect(encode({ type: 'sync' })).toEqual(message('S'));
@@ -21,14 +25,28 @@ describe('encode', () => {
 describe('decodeClient', () => {
   test('Query, Parse, Bind and Execute decode to their fields', () => {
     expect(decodeClient(frame(message('Q', 'SELECT 1')))).toEqual({ type: 'query', text: 'SELECT 1' });
-    expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(1), int32(25))))).toEqual({ type: 'parse', name: 's', text: 'SELECT $1', paramTypes: [25] });
-    expect(decodeClient(frame(message('B', 'p', 's', int16(0), int16(0), int16(0))))).toEqual({ type: 'bind', portal: 'p', statement: 's' });
+    expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(1), int32(25))))).toEqual({
+      type: 'parse',
+      name: 's',
+      text: 'SELECT $1',
+      paramTypes: [25],
+    });
+    expect(decodeClient(frame(message('B', 'p', 's', int16(0), int16(0), int16(0))))).toEqual({
+      type: 'bind',
+      portal: 'p',
+      statement: 's',
+    });
     expect(decodeClient(frame(message('E', 'p', int32(5))))).toEqual({ type: 'execute', portal: 'p', maxRows: 5 });
   });
 
-  test('a string missing its NUL reads as \'\', a short list as far as it goes', () => {
+  test("a string missing its NUL reads as '', a short list as far as it goes", () => {
     expect(decodeClient(frame(message('Q', Buffer.from('SELECT 1'))))).toEqual({ type: 'query', text: '' });
-    expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(3), int32(25))))).toEqual({ type: 'parse', name: 's', text: 'SELECT $1', paramTypes: [25] });
+    expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(3), int32(25))))).toEqual({
+      type: 'parse',
+      name: 's',
+      text: 'SELECT $1',
+      paramTypes: [25],
+    });
     expect(decodeClient(frame(message('E', 'p')))).toEqual({ type: 'execute', portal: 'p', maxRows: 0 });
   });
 });

@@ -40,23 +40,31 @@ const fencedQuery = (steps: Step[]) => {
 };
 
 describe('simple protocol', () => {
-  test('a read-only session\'s fence is one statement (read-only, then the no-PREPARE read) in a Query\'s plan', () => {
+  test("a read-only session's fence is one statement (read-only, then the no-PREPARE read) in a Query's plan", () => {
     const p = new Planner(readOnlySessionFence());
     const q = fencedQuery(p.plan(query('SELECT 1'), IDLE));
     expect(q.text).toBe(`${p.fence.text}SELECT 1`);
     expect(q.expect.plan).toEqual([true]);
   });
 
-  test('at idle a Query gets the fence in front of it, and the fence statements\' responses are swallowed', () => {
+  test("at idle a Query gets the fence in front of it, and the fence statements' responses are swallowed", () => {
     const p = planner();
     const q = fencedQuery(p.plan(query('INSERT INTO t VALUES (1)'), IDLE));
     expect(q.text).toBe(`${p.fence.text}INSERT INTO t VALUES (1)`);
-    expect(q.expect).toMatchObject({ kind: 'query', injected: false, forwardReady: true, plan: [true], insertions: [{ start: 0, length: p.fence.chars }] });
+    expect(q.expect).toMatchObject({
+      kind: 'query',
+      injected: false,
+      forwardReady: true,
+      plan: [true],
+      insertions: [{ start: 0, length: p.fence.chars }],
+    });
   });
 
   test('inside a transaction a Query goes as it came, nothing injected', () => {
     // Still in the block at its ReadyForQuery (the relay checks).
-    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T', mayCommit: false }] }]);
+    expect(planner().plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK)).toEqual([
+      { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, at: 0, predict: 'T', mayCommit: false }] },
+    ]);
   });
 
   test('in a failed transaction ROLLBACK goes through unfenced', () => {
@@ -78,8 +86,14 @@ describe('simple protocol', () => {
     // The relay reports the block it told the writer of.
     const steps = p.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK);
     expect(sent(steps)).toEqual(['heldBegin', 'fencedQuery']);
-    expect(steps[0]).toMatchObject({ text: 'BEGIN ISOLATION LEVEL SERIALIZABLE', expect: [{ kind: 'query', injected: true, forwardReady: false }] });
-    expect(steps[1]).toMatchObject({ text: `${p.fence.text}INSERT INTO t VALUES (1)`, expect: [{ plan: [true], predict: 'T', mayCommit: false }] });
+    expect(steps[0]).toMatchObject({
+      text: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
+      expect: [{ kind: 'query', injected: true, forwardReady: false }],
+    });
+    expect(steps[1]).toMatchObject({
+      text: `${p.fence.text}INSERT INTO t VALUES (1)`,
+      expect: [{ plan: [true], predict: 'T', mayCommit: false }],
+    });
     expect(p.holdsBegin()).toBe(false);
     // Once: the block is open now, the next Query goes as it came.
     expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);
@@ -87,8 +101,15 @@ describe('simple protocol', () => {
 
   test('START TRANSACTION is answered with its own tag; an extended group after a held BEGIN opens with it and the fence', () => {
     const p = planner();
-    expect(p.plan(query('start transaction read write;'), IDLE)).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('START TRANSACTION')), readyForQuery('T')] }]);
-    expect(group(p, IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([['heldBegin', 'fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(p.plan(query('start transaction read write;'), IDLE)).toEqual([
+      { do: 'holdBegin', bytes: [message('C', cstr('START TRANSACTION')), readyForQuery('T')] },
+    ]);
+    expect(group(p, IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([
+      ['heldBegin', 'fence', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+    ]);
   });
 
   test('a BEGIN is held only at idle with nothing owed, and never with anything after it', () => {
@@ -116,13 +137,18 @@ describe('simple protocol', () => {
     for (const text of ['DISCARD ALL', 'CHECKPOINT']) {
       const steps = new Planner(readOnlySessionFence()).plan(query(text), IDLE);
       expect(steps).toEqual([
-        { do: 'send', what: 'resetReadOnly', bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }), expect: [{ kind: 'query', injected: true, forwardReady: false }] },
+        {
+          do: 'send',
+          what: 'resetReadOnly',
+          bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }),
+          expect: [{ kind: 'query', injected: true, forwardReady: false }],
+        },
         { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ]);
     }
   });
 
-  test('a fenced session\'s lone DISCARD or CHECKPOINT goes as sent: its read-write default is the writer\'s', () => {
+  test("a fenced session's lone DISCARD or CHECKPOINT goes as sent: its read-write default is the writer's", () => {
     for (const text of ['DISCARD ALL', 'CHECKPOINT']) expect(sent(planner().plan(query(text), IDLE))).toEqual(['writer']);
   });
 
@@ -134,10 +160,13 @@ describe('simple protocol', () => {
     expect(reply[1]).toEqual(Buffer.from('Z\x00\x00\x00\x05I', 'latin1'));
   });
 
-  test('behind responses still owed, a refusal waits in an empty Query of the proxy\'s', () => {
+  test("behind responses still owed, a refusal waits in an empty Query of the proxy's", () => {
     const steps = planner().plan(query('INSERT INTO t VALUES (1); COMMIT; SELEC'), { status: 'I', awaiting: true });
     expect(sent(steps)).toEqual(['standIn']);
-    expect(steps[0]).toMatchObject({ bytes: encode({ type: 'query', text: '' }), expect: [{ kind: 'query', injected: true, forwardReady: false }] });
+    expect(steps[0]).toMatchObject({
+      bytes: encode({ type: 'query', text: '' }),
+      expect: [{ kind: 'query', injected: true, forwardReady: false }],
+    });
   });
 
   test('with standard_conforming_strings off a multi-statement Query with a transaction word is refused (0A000)', () => {
@@ -151,7 +180,12 @@ describe('simple protocol', () => {
 describe('extended protocol', () => {
   test('at idle a group gets the fence statements prepared (their own Sync) and the fence before its first message', () => {
     const p = planner();
-    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
+      ['fence', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+    ]);
     // Prepared once per connection.
     expect(group(p, IDLE, parse('INSERT INTO t VALUES (2)'))).toEqual([['fence', 'writer']]);
   });
@@ -160,21 +194,34 @@ describe('extended protocol', () => {
     const steps = planner().plan(parse('SELECT 1'), IDLE);
     const ours = steps.filter((s) => s.do === 'send');
     expect(ours.flatMap((s) => s.expect).every((e) => e.injected)).toBe(true);
-    expect(steps.at(-1)).toEqual({ do: 'forward', expect: [{ kind: 'parse', injected: false, change: { of: 'statement', name: '', kind: 'other' } }] });
+    expect(steps.at(-1)).toEqual({
+      do: 'forward',
+      expect: [{ kind: 'parse', injected: false, change: { of: 'statement', name: '', kind: 'other' } }],
+    });
   });
 
-  test('Parse/Bind/Execute of BEGIN gets the fence before the group\'s next message, after it when that is a SET of a fence setting', () => {
-    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([['writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
-    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([
-      ['writer'],
-      ['writer'],
-      ['writer'],
+  test("Parse/Bind/Execute of BEGIN gets the fence before the group's next message, after it when that is a SET of a fence setting", () => {
+    expect(group(planner(), IDLE, parse('BEGIN'), bind(), execute(), parse('INSERT INTO t VALUES (1)'), sync)).toEqual([
       ['writer'],
       ['writer'],
       ['writer'],
       ['fence', 'writer'],
       ['writer'],
     ]);
+    expect(
+      group(
+        planner(),
+        IDLE,
+        parse('BEGIN'),
+        bind(),
+        execute(),
+        parse("SET fencepost.token = '7'"),
+        bind(),
+        execute(),
+        parse('INSERT INTO t VALUES (1)'),
+        sync,
+      ),
+    ).toEqual([['writer'], ['writer'], ['writer'], ['writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
   });
 
   test('BEGIN alone in its group (psycopg 3): the block owes the fence; a SET of a fence setting and COMMIT go without it, anything else gets it', () => {
@@ -190,20 +237,19 @@ describe('extended protocol', () => {
   test('after an Execute of COMMIT the fence comes before the next statement of the group', () => {
     const p = planner();
     p.plan(parse('INSERT INTO t VALUES (1)'), IDLE);
-    expect(group(p, IDLE, bind(), execute(), parse('COMMIT', 'c'), bind('c', 'c'), execute('c'), parse('INSERT INTO t VALUES (2)'), sync)).toEqual([
-      ['writer'],
-      ['writer'],
-      ['writer'],
-      ['writer'],
-      ['writer'],
-      ['fence', 'writer'],
-      ['writer'],
-    ]);
+    expect(
+      group(p, IDLE, bind(), execute(), parse('COMMIT', 'c'), bind('c', 'c'), execute('c'), parse('INSERT INTO t VALUES (2)'), sync),
+    ).toEqual([['writer'], ['writer'], ['writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer']]);
   });
 
   test('COMMIT AND CHAIN gets the fence right after its Execute', () => {
     // The writer's unnamed statement may be bound again: the fence goes on the proxy's own name, closed after the Sync.
-    expect(group(planner(), IN_BLOCK, parse('COMMIT AND CHAIN'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer', 'fence'], ['writer', 'closeOwn']]);
+    expect(group(planner(), IN_BLOCK, parse('COMMIT AND CHAIN'), bind(), execute(), sync)).toEqual([
+      ['writer'],
+      ['writer'],
+      ['writer', 'fence'],
+      ['writer', 'closeOwn'],
+    ]);
   });
 
   test('a CALL or DO executed outside a transaction block is refused by a failing statement before its Execute', () => {
@@ -214,7 +260,12 @@ describe('extended protocol', () => {
   });
 
   test('inside a transaction block a CALL goes through', () => {
-    expect(group(planner(), IN_BLOCK, parse('CALL p()'), bind(), execute(), sync)).toEqual([['writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(planner(), IN_BLOCK, parse('CALL p()'), bind(), execute(), sync)).toEqual([
+      ['writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+    ]);
   });
 
   test('in a failed transaction a group is neither prepared for nor fenced: ROLLBACK goes through', () => {
@@ -233,13 +284,18 @@ describe('extended protocol', () => {
     expect(fenceStep(p.plan(bind('s1'), IDLE))).toEqual(['bind', 'execute']);
   });
 
-  test('a writer\'s Parse of the unnamed statement replaces the fence: the next group parses it again, in front of its own Parse', () => {
+  test("a writer's Parse of the unnamed statement replaces the fence: the next group parses it again, in front of its own Parse", () => {
     const p = planner();
-    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([['fence', 'writer'], ['writer'], ['writer'], ['writer']]);
+    expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
+      ['fence', 'writer'],
+      ['writer'],
+      ['writer'],
+      ['writer'],
+    ]);
     expect(fenceStep(p.plan(parse('INSERT INTO t VALUES (2)'), IDLE))).toEqual(['parse', 'bind', 'execute']);
   });
 
-  test('a group that binds the writer\'s unnamed statement parsed earlier gets the fence on the proxy\'s own name, closed after its Sync', () => {
+  test("a group that binds the writer's unnamed statement parsed earlier gets the fence on the proxy's own name, closed after its Sync", () => {
     const p = planner();
     group(p, IDLE, parse('INSERT INTO t VALUES ($1)'), { type: 'describe', target: 'S', name: '' }, sync);
     const steps = p.plan(bind(), IDLE);
@@ -248,7 +304,7 @@ describe('extended protocol', () => {
     expect(sent(p.plan(sync, IDLE))).toEqual(['writer', 'closeOwn']);
   });
 
-  test('a Query drops the unnamed statement; so does a failed Parse of the proxy\'s: the fence is parsed again', () => {
+  test("a Query drops the unnamed statement; so does a failed Parse of the proxy's: the fence is parsed again", () => {
     const p = planner();
     group(p, IDLE, parse('INSERT INTO t VALUES (1)', 's1'), bind('s1'), execute(), sync);
     p.plan(query('SELECT 1'), IDLE);
@@ -266,7 +322,7 @@ describe('what the planner believes', () => {
     expect(sent(p.plan(query('INSERT INTO t VALUES (1)'), IDLE))).toEqual(['fail']);
   });
 
-  test('asyncpg: Parse/Describe/Flush, then a Query: the Query runs in the group\'s fenced transaction and ends the group', () => {
+  test("asyncpg: Parse/Describe/Flush, then a Query: the Query runs in the group's fenced transaction and ends the group", () => {
     const p = planner();
     expect(sent(p.plan(parse('INSERT INTO t VALUES ($1)', 's1'), IDLE))).toEqual(['fence', 'writer']);
     p.plan({ type: 'describe', target: 'S', name: 's1' }, IDLE);
@@ -279,20 +335,14 @@ describe('what the planner believes', () => {
 
   test('a group that opens with SET fencepost.token (pgJDBC) runs it unfenced; the fence comes before the next statement of the group', () => {
     const p = planner();
-    expect(group(p, IDLE, parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
-      ['writer'],
-      ['writer'],
-      ['writer'],
-      ['fence', 'writer'],
-      ['writer'],
-      ['writer'],
-      ['writer'],
-    ]);
+    expect(
+      group(p, IDLE, parse("SET fencepost.token = '7'"), bind(), execute(), parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync),
+    ).toEqual([['writer'], ['writer'], ['writer'], ['fence', 'writer'], ['writer'], ['writer'], ['writer']]);
     // SET LOCAL is not a session's setting: fenced as any statement.
     expect(group(planner(), IDLE, parse("SET LOCAL fencepost.token = '7'"))).toEqual([['fence', 'writer']]);
   });
 
-  test('a held BEGIN then SET fencepost.token goes unfenced; the block\'s COMMIT too, another statement gets the fence', () => {
+  test("a held BEGIN then SET fencepost.token goes unfenced; the block's COMMIT too, another statement gets the fence", () => {
     const p = planner();
     expect(sent(p.plan(query('BEGIN'), IDLE))).toEqual(['holdBegin']);
     expect(sent(p.plan(query("SET fencepost.token = '7'"), IDLE))).toEqual(['heldBegin', 'writer']);
@@ -309,7 +359,7 @@ describe('what the planner believes', () => {
     expect(sent(p.plan(query('COMMIT'), IDLE))).toEqual(['writer']);
   });
 
-  test('a Parse the backend refused leaves the name\'s confirmed kind: its Execute is still fenced after, as a ROLLBACK', () => {
+  test("a Parse the backend refused leaves the name's confirmed kind: its Execute is still fenced after, as a ROLLBACK", () => {
     const p = planner();
     const kinds = (steps: Step[]) => steps.flatMap((s) => (s.do === 'forward' ? s.expect : [])).map((e) => e.change);
     const first = kinds(p.plan(parse('ROLLBACK', 's1'), FAILED))[0]!;
@@ -317,12 +367,17 @@ describe('what the planner believes', () => {
     const second = kinds(p.plan(parse('SELECT 1', 's1'), FAILED))[0]!;
     p.discard(second); // refused: duplicate name
     p.plan(sync, FAILED);
-    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([['writer'], ['writer'], ['fence', 'writer']]);
+    expect(group(p, FAILED, bind('s1'), execute(), parse('INSERT INTO t VALUES (1)'))).toEqual([
+      ['writer'],
+      ['writer'],
+      ['fence', 'writer'],
+    ]);
   });
 
   test('a Sync carries the predicted block state; a statement of unknown kind in a block leaves none', () => {
     const p = planner();
-    const predict = (steps: Step[]) => (steps.at(-1)?.do === 'forward' ? (steps.at(-1) as { expect: { predict?: string }[] }).expect[0]!.predict : 'none');
+    const predict = (steps: Step[]) =>
+      steps.at(-1)?.do === 'forward' ? (steps.at(-1) as { expect: { predict?: string }[] }).expect[0]!.predict : 'none';
     p.plan(parse('COMMIT'), IN_BLOCK);
     p.plan(bind(), IN_BLOCK);
     p.plan(execute(), IN_BLOCK);
@@ -335,7 +390,10 @@ describe('what the planner believes', () => {
 
 describe('whether a commit may be in flight (mayCommit: a backend lost before the ReadyForQuery answers 08007)', () => {
   /** The writer's sync/query expectation of these steps. */
-  const writers = (steps: Step[]) => steps.flatMap((s) => (s.do === 'forward' || s.do === 'send' ? s.expect : [])).filter((e) => !e.injected && (e.kind === 'query' || e.kind === 'sync'));
+  const writers = (steps: Step[]) =>
+    steps
+      .flatMap((s) => (s.do === 'forward' || s.do === 'send' ? s.expect : []))
+      .filter((e) => !e.injected && (e.kind === 'query' || e.kind === 'sync'));
   const queryMayCommit = (text: string, ctx: PlanContext) => writers(planner().plan(query(text), ctx)).map((e) => e.mayCommit);
 
   test.each([
@@ -368,15 +426,33 @@ describe('whether a commit may be in flight (mayCommit: a backend lost before th
     expect(mayCommit(IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([false]);
     expect(mayCommit(IN_BLOCK, parse('COMMIT'), bind(), execute(), sync)).toEqual([true]);
     expect(mayCommit(FAILED, parse('ROLLBACK'), bind(), execute(), sync)).toEqual([false]);
-    expect(mayCommit(IN_BLOCK, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync, parse('INSERT INTO t VALUES ($1)'), bind(), execute(), sync)).toEqual([false, false]);
+    expect(
+      mayCommit(
+        IN_BLOCK,
+        parse('INSERT INTO t VALUES ($1)'),
+        bind(),
+        execute(),
+        sync,
+        parse('INSERT INTO t VALUES ($1)'),
+        bind(),
+        execute(),
+        sync,
+      ),
+    ).toEqual([false, false]);
   });
 
   test('extended protocol in a block: the Execute of a COMMIT may commit before any Sync is sent', () => {
     const p = planner();
-    const executes = [parse('COMMIT'), bind(), execute()].flatMap((m) => p.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    const executes = [parse('COMMIT'), bind(), execute()]
+      .flatMap((m) => p.plan(m, IN_BLOCK))
+      .flatMap((s) => (s.do === 'forward' ? s.expect : []))
+      .filter((e) => e.kind === 'execute');
     expect(executes).toEqual([{ kind: 'execute', injected: false, mayCommit: true }]);
     const q = planner();
-    const insert = [parse('INSERT INTO t VALUES ($1)'), bind(), execute()].flatMap((m) => q.plan(m, IN_BLOCK)).flatMap((s) => (s.do === 'forward' ? s.expect : [])).filter((e) => e.kind === 'execute');
+    const insert = [parse('INSERT INTO t VALUES ($1)'), bind(), execute()]
+      .flatMap((m) => q.plan(m, IN_BLOCK))
+      .flatMap((s) => (s.do === 'forward' ? s.expect : []))
+      .filter((e) => e.kind === 'execute');
     expect(insert).toEqual([{ kind: 'execute', injected: false }]);
   });
 });
@@ -391,6 +467,8 @@ describe('other messages', () => {
   });
 
   test('a message a client does not send after startup breaks the session', () => {
-    expect(planner().plan({ type: 'other', code: 'p' }, IDLE)).toEqual([{ do: 'fail', reason: 'unexpected message type "p" from the client' }]);
+    expect(planner().plan({ type: 'other', code: 'p' }, IDLE)).toEqual([
+      { do: 'fail', reason: 'unexpected message type "p" from the client' },
+    ]);
   });
 });

@@ -2,7 +2,18 @@
 // in the socket writes it is given, with no driver in between, and reads what comes back up to a
 // number of ReadyForQuery messages or until the proxy closes the session.
 import { connect as tcp, type Socket } from 'node:net';
-import { MessageReader, commandTag, cstr, dataRowTexts, int16, int32, message, parameterOf, parseErrorFields, type Frame } from '../../../src/proxy/sql/framing.ts';
+import {
+  MessageReader,
+  commandTag,
+  cstr,
+  dataRowTexts,
+  int16,
+  int32,
+  message,
+  parameterOf,
+  parseErrorFields,
+  type Frame,
+} from '../../../src/proxy/sql/framing.ts';
 
 export interface Replies {
   frames: Frame[];
@@ -84,10 +95,12 @@ export class RawClient {
       errors: out.filter((f) => f.type === 'E').map((f) => parseErrorFields(f.body).get('C') ?? '?'),
       tags: out.filter((f) => f.type === 'C').map((f) => commandTag(f.body)),
       rows: out.filter((f) => f.type === 'D').map((f) => dataRowTexts(f.body)),
-      parameters: out.filter((f) => f.type === 'S').map((f) => {
-        const { name, value } = parameterOf(f.body);
-        return [name, value] as [string, string];
-      }),
+      parameters: out
+        .filter((f) => f.type === 'S')
+        .map((f) => {
+          const { name, value } = parameterOf(f.body);
+          return [name, value] as [string, string];
+        }),
       status: last === undefined ? '' : String.fromCharCode(last.body[0]!),
       closed: seen < n,
     };

@@ -27,7 +27,11 @@ function libpqDefaults(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   return env;
 }
 
-const failure = (p: Promise<unknown>) => p.then(() => ({ stderr: '' }), (e: { stderr?: string }) => ({ stderr: e.stderr ?? String(e) }));
+const failure = (p: Promise<unknown>) =>
+  p.then(
+    () => ({ stderr: '' }),
+    (e: { stderr?: string }) => ({ stderr: e.stderr ?? String(e) }),
+  );
 
 let db: TestDatabase;
 beforeAll(async () => {
@@ -71,7 +75,12 @@ describe('a full endpoint', () => {
   test('node-postgres (no SSLRequest) gets 53300 too', async () => {
     const c = new pg.Client({ connectionString: plain.url('refused') });
     c.on('error', () => {});
-    expect(await c.connect().then(() => 'ok', (e: { code?: string }) => e.code)).toBe('53300');
+    expect(
+      await c.connect().then(
+        () => 'ok',
+        (e: { code?: string }) => e.code,
+      ),
+    ).toBe('53300');
   });
 });
 
@@ -93,7 +102,11 @@ interface RawOutcome {
  * and once `floodAfter` says so writes `flood` in 64 KiB pieces as fast as the server reads
  * them, until the server closes or `maxMs` passes.
  */
-function rawClient(port: number, first: Buffer, opts: { reply?: (type: string) => Buffer | null; flood?: number; floodAfter?: (type: string) => boolean; maxMs?: number } = {}): Promise<RawOutcome> {
+function rawClient(
+  port: number,
+  first: Buffer,
+  opts: { reply?: (type: string) => Buffer | null; flood?: number; floodAfter?: (type: string) => boolean; maxMs?: number } = {},
+): Promise<RawOutcome> {
   return new Promise((resolve) => {
     const sock = tcp({ host: '127.0.0.1', port });
     const out: RawOutcome = { types: [], errors: [], closedByServer: false, floodWritten: 0 };
@@ -143,7 +156,10 @@ describe('what a client sends with its startup packet', () => {
   let keyed: SqlProxy;
   beforeAll(async () => {
     open = await startSqlProxy(db);
-    keyed = await startSqlProxy(db, { FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'startup-secret-0123456789', readOnly: true }]), FENCEPOST_READ_ACCESS: 'key' });
+    keyed = await startSqlProxy(db, {
+      FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'startup-secret-0123456789', readOnly: true }]),
+      FENCEPOST_READ_ACCESS: 'key',
+    });
   });
   afterAll(async () => {
     await open?.close();
@@ -169,7 +185,10 @@ describe('message size bounds during startup', () => {
   let keyed: SqlProxy;
   const MIB_64 = 64 * 1024 * 1024;
   beforeAll(async () => {
-    keyed = await startSqlProxy(db, { FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'bounds-secret-0123456789', readOnly: true }]), FENCEPOST_READ_ACCESS: 'key' });
+    keyed = await startSqlProxy(db, {
+      FENCEPOST_KEYS: JSON.stringify([{ name: 'k', secret: 'bounds-secret-0123456789', readOnly: true }]),
+      FENCEPOST_READ_ACCESS: 'key',
+    });
   });
   afterAll(async () => {
     await keyed?.close();
@@ -193,7 +212,11 @@ describe('message size bounds during startup', () => {
     const head = Buffer.alloc(5);
     head.write('p', 0, 'latin1');
     head.writeInt32BE(MIB_64, 1);
-    const got = await rawClient(keyed.port, startupPacket('k', keyed.database), { reply: (t) => (t === 'R10' ? head : null), flood: MIB_64, floodAfter: (t) => t === 'R10' });
+    const got = await rawClient(keyed.port, startupPacket('k', keyed.database), {
+      reply: (t) => (t === 'R10' ? head : null),
+      flood: MIB_64,
+      floodAfter: (t) => t === 'R10',
+    });
     expect(got.errors.map((e) => [e.get('C'), e.get('M')])).toEqual([['08P01', expect.stringContaining('invalid authentication message')]]);
     expect(got.closedByServer).toBe(true);
     expect(got.floodWritten).toBeLessThan(MIB_64);
@@ -204,7 +227,15 @@ describe('message size bounds during startup', () => {
     const head = Buffer.alloc(5);
     head.write('p', 0, 'latin1');
     head.writeInt32BE(MIB_64, 1);
-    const floods = Promise.all(Array.from({ length: 6 }, () => rawClient(keyed.port, startupPacket('k', keyed.database), { reply: (t) => (t === 'R10' ? head : null), flood: MIB_64, floodAfter: (t) => t === 'R10' })));
+    const floods = Promise.all(
+      Array.from({ length: 6 }, () =>
+        rawClient(keyed.port, startupPacket('k', keyed.database), {
+          reply: (t) => (t === 'R10' ? head : null),
+          flood: MIB_64,
+          floodAfter: (t) => t === 'R10',
+        }),
+      ),
+    );
     expect(await healthz()).toBe(200);
     const all = await floods;
     expect(all.map((g) => g.closedByServer)).toEqual(Array(6).fill(true));
@@ -222,7 +253,7 @@ describe('startup parameters the session keeps', () => {
     await sql?.close();
   });
 
-  const ownRow = "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+  const ownRow = 'SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()';
   const psql = async (user: string, sqlText: string, env: Record<string, string> = {}) =>
     (await run(PSQL, [sql.url(user), '-X', '-At', '-c', sqlText], { env: libpqDefaults(env) })).stdout.trim();
   const nodePg = async (config: pg.ClientConfig, sqlText: string) => {
@@ -236,7 +267,7 @@ describe('startup parameters the session keeps', () => {
   };
 
   // What the writer named itself is what pg_stat_activity shows for its backend.
-  test('application_name: psql\'s PGAPPNAME and its default, node-postgres\'s (also as fallback_application_name), psycopg2\'s reach pg_stat_activity', async () => {
+  test("application_name: psql's PGAPPNAME and its default, node-postgres's (also as fallback_application_name), psycopg2's reach pg_stat_activity", async () => {
     expect(await psql('w', ownRow, { PGAPPNAME: 'orders-service' })).toBe('orders-service');
     expect(await psql('w', ownRow)).toBe('psql');
     expect(await nodePg({ application_name: 'billing' }, ownRow)).toBe('billing');
@@ -263,7 +294,7 @@ asyncio.run(main())`;
     expect((await run('/usr/bin/python3', ['-c', program, sql.url('asyncpg-w')])).stdout.trim()).toBe('8MB acme on');
   });
 
-  test('fencepost.token and fencepost.fence_key as startup parameters of the driver\'s own (asyncpg server_settings) fence the session', async () => {
+  test("fencepost.token and fencepost.fence_key as startup parameters of the driver's own (asyncpg server_settings) fence the session", async () => {
     const program = `import asyncio, sys, asyncpg
 async def main():
     c = await asyncpg.connect(sys.argv[1], server_settings={'fencepost.token': '3', 'fencepost.fence_key': 'startup/asyncpg'})
@@ -281,11 +312,13 @@ asyncio.run(main())`;
   });
 
   // A timeout the client asks for at or below the proxy's own is the session's; it cannot lift the proxy's bound.
-  test('statement_timeout from options (psql PGOPTIONS) or a startup parameter (node-postgres) at or below the proxy\'s own is the session\'s', async () => {
+  test("statement_timeout from options (psql PGOPTIONS) or a startup parameter (node-postgres) at or below the proxy's own is the session's", async () => {
     expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=200ms' })).toBe('200ms');
     expect(await nodePg({ statement_timeout: 200 }, 'SHOW statement_timeout')).toBe('200ms');
     expect(await psql('w', 'SHOW statement_timeout', { PGOPTIONS: '-c statement_timeout=4s' })).toBe('4s');
-    const err = await run(PSQL, [sql.url('w'), '-X', '-v', 'VERBOSITY=verbose', '-c', 'SELECT pg_sleep(2)'], { env: libpqDefaults({ PGOPTIONS: '-c statement_timeout=200' }) }).catch((e: { stderr: string }) => e);
+    const err = await run(PSQL, [sql.url('w'), '-X', '-v', 'VERBOSITY=verbose', '-c', 'SELECT pg_sleep(2)'], {
+      env: libpqDefaults({ PGOPTIONS: '-c statement_timeout=200' }),
+    }).catch((e: { stderr: string }) => e);
     expect((err as { stderr: string }).stderr).toContain('57014');
   });
 
@@ -297,12 +330,14 @@ asyncio.run(main())`;
     expect(await psql('w', 'SHOW statement_timeout')).toBe('4s');
   });
 
-  test('lock_timeout is bounded by the proxy\'s own; idle_in_transaction_session_timeout (the proxy sets none) is the client\'s', async () => {
+  test("lock_timeout is bounded by the proxy's own; idle_in_transaction_session_timeout (the proxy sets none) is the client's", async () => {
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '-c lock_timeout=300' })).toBe('300ms');
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '--lock-timeout=10s' })).toBe('1500ms');
     expect(await nodePg({ lock_timeout: 0 }, 'SHOW lock_timeout')).toBe('1500ms');
     expect(await nodePg({ idle_in_transaction_session_timeout: 2000 }, 'SHOW idle_in_transaction_session_timeout')).toBe('2s');
-    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout', { PGOPTIONS: '-c idle_in_transaction_session_timeout=1min' })).toBe('1min');
+    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout', { PGOPTIONS: '-c idle_in_transaction_session_timeout=1min' })).toBe(
+      '1min',
+    );
     expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('0');
   });
 });

@@ -45,9 +45,19 @@ beforeAll(async () => {
   await db.pool.query(`GRANT SELECT, INSERT ON public.items TO ${role}`);
   keysJson = JSON.stringify([
     { name: 'orders-writer', secret: SECRET, fenceKeyPrefixes: ['orders/'], pgRole: role },
-    { name: 'hashed-writer', secretSha256: createHash('sha256').update(HASHED_SECRET).digest('hex'), fenceKeyPrefixes: ['orders/'], pgRole: role },
+    {
+      name: 'hashed-writer',
+      secretSha256: createHash('sha256').update(HASHED_SECRET).digest('hex'),
+      fenceKeyPrefixes: ['orders/'],
+      pgRole: role,
+    },
   ]);
-  keyed = await startSqlProxy(db, { FENCEPOST_TLS_CERT: first.cert, FENCEPOST_TLS_KEY: first.key, FENCEPOST_KEYS: keysJson, FENCEPOST_READ_ACCESS: 'key' });
+  keyed = await startSqlProxy(db, {
+    FENCEPOST_TLS_CERT: first.cert,
+    FENCEPOST_TLS_KEY: first.key,
+    FENCEPOST_KEYS: keysJson,
+    FENCEPOST_READ_ACCESS: 'key',
+  });
 });
 afterAll(async () => {
   await sql?.close();
@@ -59,16 +69,31 @@ afterAll(async () => {
 let nextId = 1;
 const id = () => nextId++;
 const exists = async (n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 
 async function plainClient(proxy: SqlProxy, user: string, password: string, options?: string): Promise<pg.Client> {
-  const c = new pg.Client({ host: '127.0.0.1', port: proxy.port, database: proxy.database, user, password, ...(options !== undefined ? { options } : {}) });
+  const c = new pg.Client({
+    host: '127.0.0.1',
+    port: proxy.port,
+    database: proxy.database,
+    user,
+    password,
+    ...(options !== undefined ? { options } : {}),
+  });
   c.on('error', () => {});
   await c.connect();
   return c;
 }
 
-async function tlsClient(proxy: SqlProxy, user: string, opts: { password?: string; options?: string; ssl?: pg.ClientConfig['ssl'] } = {}): Promise<pg.Client> {
+async function tlsClient(
+  proxy: SqlProxy,
+  user: string,
+  opts: { password?: string; options?: string; ssl?: pg.ClientConfig['ssl'] } = {},
+): Promise<pg.Client> {
   const c = new pg.Client({
     host: '127.0.0.1',
     port: proxy.port,
@@ -84,7 +109,8 @@ async function tlsClient(proxy: SqlProxy, user: string, opts: { password?: strin
 }
 
 /** The certificate the endpoint showed this client. */
-const peerFingerprint = (c: pg.Client) => ((c as unknown as { connection: { stream: TLSSocket } }).connection.stream.getPeerCertificate().fingerprint256);
+const peerFingerprint = (c: pg.Client) =>
+  (c as unknown as { connection: { stream: TLSSocket } }).connection.stream.getPeerCertificate().fingerprint256;
 
 describe('TLS on the SQL endpoint', () => {
   test('node-postgres (verifying the certificate, and with rejectUnauthorized: false) writes fenced over TLS', async () => {
@@ -105,12 +131,20 @@ describe('TLS on the SQL endpoint', () => {
   test('psql with sslmode=require writes fenced; a stale token over TLS is FP409', async () => {
     const env = { ...process.env, PGOPTIONS: fenceOptions(4, 'tls/psql'), PGSSLMODE: 'require' };
     const x = id();
-    const ok = await run(PSQL, [sql.url('psql-tls'), '-X', '-At', '-v', 'ON_ERROR_STOP=1', '-c', `INSERT INTO items VALUES (${x}, 'psql')`, '-c', '\\conninfo'], { env });
+    const ok = await run(
+      PSQL,
+      [sql.url('psql-tls'), '-X', '-At', '-v', 'ON_ERROR_STOP=1', '-c', `INSERT INTO items VALUES (${x}, 'psql')`, '-c', '\\conninfo'],
+      { env },
+    );
     expect(ok.stdout).toMatch(/SSL connection|SSL.*true|TLS/i);
     expect(await exists(x)).toBe(true);
     expect(await fenceRow(db.pool, 'tls/psql')).toEqual({ highest_token: '4' });
     await db.pool.query("UPDATE fencepost.fences SET highest_token = 5 WHERE fence_key = 'tls/psql'"); // a new leader's raise
-    const stale = await run(PSQL, [sql.url('psql-tls'), '-X', '-v', 'ON_ERROR_STOP=1', '-v', 'VERBOSITY=verbose', '-c', `INSERT INTO items VALUES (${id()}, 'stale')`], { env }).catch((e: { stderr: string }) => e);
+    const stale = await run(
+      PSQL,
+      [sql.url('psql-tls'), '-X', '-v', 'ON_ERROR_STOP=1', '-v', 'VERBOSITY=verbose', '-c', `INSERT INTO items VALUES (${id()}, 'stale')`],
+      { env },
+    ).catch((e: { stderr: string }) => e);
     expect((stale as { stderr: string }).stderr).toMatch(/FP409/);
   });
 
@@ -164,7 +198,9 @@ describe('TLS on the SQL endpoint', () => {
         (e: { code?: string; message: string; hint?: string }) => e,
       );
       expect(refused?.code).toBe('28000');
-      expect(refused?.message).toBe('key "hashed-writer" can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use');
+      expect(refused?.message).toBe(
+        'key "hashed-writer" can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use',
+      );
       expect((refused as { detail?: string } | null)?.detail).toContain('sslmode=require');
       const c = await plainClient(plain, 'orders-writer', SECRET, fenceOptions(1, 'orders/plain'));
       await c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'scram without tls']);

@@ -10,8 +10,14 @@ import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions } from '../../support/sql.ts';
 
 const run = promisify(execFile);
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.modes (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);
-const code = (p: Promise<unknown>) => p.then(() => 'ok', (e: { code?: string }) => e.code ?? String(e));
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.modes (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
+]);
+const code = (p: Promise<unknown>) =>
+  p.then(
+    () => 'ok',
+    (e: { code?: string }) => e.code ?? String(e),
+  );
 let next = 0;
 const id = () => ++next;
 
@@ -38,7 +44,10 @@ describe('read-only, as the writer asks for it (node-postgres)', () => {
     await c.end();
   });
 
-  test('SET default_transaction_read_only = on, in the extended protocol too; RESET ALL lifts it and the session stays fenced', async ({ db, sql }) => {
+  test('SET default_transaction_read_only = on, in the extended protocol too; RESET ALL lifts it and the session stays fenced', async ({
+    db,
+    sql,
+  }) => {
     const c = await sql.connect('modes-default', { options: fenceOptions(1, 'modes/default') });
     const [a, b, x] = [id(), id(), id()];
     await c.query('SET default_transaction_read_only = on');
@@ -47,7 +56,9 @@ describe('read-only, as the writer asks for it (node-postgres)', () => {
     await c.query({ text: 'INSERT INTO public.modes VALUES ($1, $2)', values: [b, 'read write'], name: 'ins' });
     expect((await db.pool.query('SELECT id FROM public.modes WHERE id = ANY($1) ORDER BY id', [[a, b]])).rows).toEqual([{ id: b }]);
     // Still fenced after the RESET: a raise above its token makes its next write FP409.
-    expect((await fetch(`${sql.proxy.url}/v1/fences/modes%2Fdefault`, { method: 'PUT', headers: { 'fencing-token': '2' } })).status).toBe(200);
+    expect((await fetch(`${sql.proxy.url}/v1/fences/modes%2Fdefault`, { method: 'PUT', headers: { 'fencing-token': '2' } })).status).toBe(
+      200,
+    );
     expect(await code(c.query('INSERT INTO public.modes VALUES ($1, $2)', [x, 'stale']))).toBe('FP409');
     await c.end();
   });
@@ -92,8 +103,17 @@ conn3.read_only = False
 conn3.execute('INSERT INTO public.modes VALUES (%s, %s)', (d, 'psycopg rw'))
 conn3.commit()
 print(' '.join(out))`;
-    const { stdout } = await run('/usr/bin/python3', ['-c', program, sql.url('modes-python'), ...[a, b, c, d].map(String), fenceOptions(1, 'modes/python')]);
+    const { stdout } = await run('/usr/bin/python3', [
+      '-c',
+      program,
+      sql.url('modes-python'),
+      ...[a, b, c, d].map(String),
+      fenceOptions(1, 'modes/python'),
+    ]);
     expect(stdout.trim()).toBe('25006 25006');
-    expect((await db.pool.query('SELECT id FROM public.modes WHERE id = ANY($1) ORDER BY id', [[a, b, c, d]])).rows).toEqual([{ id: b }, { id: d }]);
+    expect((await db.pool.query('SELECT id FROM public.modes WHERE id = ANY($1) ORDER BY id', [[a, b, c, d]])).rows).toEqual([
+      { id: b },
+      { id: d },
+    ]);
   });
 });

@@ -20,7 +20,10 @@ beforeAll(async () => {
   await db.pool.query('CREATE TABLE public.orders (id int PRIMARY KEY, v text)');
   // MAINTAIN: a VACUUM that ran would run for real, so its CommandComplete shows it escaped.
   await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE, MAINTAIN ON public.orders TO ${role}`);
-  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(FENCE_KEY)}`, { method: 'PUT', headers: { 'fencing-token': '6' } });
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(FENCE_KEY)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': '6' },
+  });
   expect(res.status).toBe(200);
 });
 afterAll(async () => {
@@ -44,11 +47,27 @@ interface Body {
 }
 const insert = (id: number) => `INSERT INTO public.orders VALUES (${id}, 'escaped')`;
 const bodies: Body[] = [
-  { name: 'BEGIN READ WRITE, INSERT, COMMIT', extended: (id) => [...pbe('BEGIN READ WRITE'), ...pbe(insert(id)), ...pbe('COMMIT')], simple: (id) => `BEGIN READ WRITE; ${insert(id)}; COMMIT` },
-  { name: 'SET TRANSACTION READ WRITE, INSERT', extended: (id) => [...pbe('SET TRANSACTION READ WRITE'), ...pbe(insert(id))], simple: (id) => `SET TRANSACTION READ WRITE; ${insert(id)}` },
-  { name: 'BEGIN READ WRITE, VACUUM, COMMIT', extended: () => [...pbe('BEGIN READ WRITE'), ...pbe('VACUUM public.orders'), ...pbe('COMMIT')], simple: () => 'BEGIN READ WRITE; VACUUM public.orders; COMMIT' },
+  {
+    name: 'BEGIN READ WRITE, INSERT, COMMIT',
+    extended: (id) => [...pbe('BEGIN READ WRITE'), ...pbe(insert(id)), ...pbe('COMMIT')],
+    simple: (id) => `BEGIN READ WRITE; ${insert(id)}; COMMIT`,
+  },
+  {
+    name: 'SET TRANSACTION READ WRITE, INSERT',
+    extended: (id) => [...pbe('SET TRANSACTION READ WRITE'), ...pbe(insert(id))],
+    simple: (id) => `SET TRANSACTION READ WRITE; ${insert(id)}`,
+  },
+  {
+    name: 'BEGIN READ WRITE, VACUUM, COMMIT',
+    extended: () => [...pbe('BEGIN READ WRITE'), ...pbe('VACUUM public.orders'), ...pbe('COMMIT')],
+    simple: () => 'BEGIN READ WRITE; VACUUM public.orders; COMMIT',
+  },
   { name: 'VACUUM', extended: () => pbe('VACUUM public.orders'), simple: () => 'VACUUM public.orders' },
-  { name: "BEGIN READ WRITE, COMMIT PREPARED 'x', COMMIT", extended: () => [...pbe('BEGIN READ WRITE'), ...pbe("COMMIT PREPARED 'x'"), ...pbe('COMMIT')], simple: () => "BEGIN READ WRITE; COMMIT PREPARED 'x'; COMMIT" },
+  {
+    name: "BEGIN READ WRITE, COMMIT PREPARED 'x', COMMIT",
+    extended: () => [...pbe('BEGIN READ WRITE'), ...pbe("COMMIT PREPARED 'x'"), ...pbe('COMMIT')],
+    simple: () => "BEGIN READ WRITE; COMMIT PREPARED 'x'; COMMIT",
+  },
   { name: "COMMIT PREPARED 'x'", extended: () => pbe("COMMIT PREPARED 'x'"), simple: () => "COMMIT PREPARED 'x'" },
 ];
 

@@ -11,7 +11,9 @@ import { fenceOptions } from '../../support/sql.ts';
 import { B, D, E, P, Q, RawClient, S } from './raw-client.ts';
 
 const run = promisify(execFile);
-const test = sqlTest.extend('clientTables', { scope: 'file' }, [{ definition: 'public.seen (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' }]);
+const test = sqlTest.extend('clientTables', { scope: 'file' }, [
+  { definition: 'public.seen (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
+]);
 let next = 0;
 const id = () => ++next;
 const PREPARED = 'SELECT name FROM pg_catalog.pg_prepared_statements ORDER BY name';
@@ -33,7 +35,7 @@ describe('pg_prepared_statements and current_query() (node-postgres)', () => {
     await c.end();
   });
 
-  test('current_query() of an extended-protocol statement is the writer\'s text', async ({ sql }) => {
+  test("current_query() of an extended-protocol statement is the writer's text", async ({ sql }) => {
     const c = await sql.connect('unseen-current', { options: fenceOptions(1, 'unseen/current') });
     const text = 'SELECT pg_catalog.current_query() AS q, $1::int AS one';
     expect((await c.query(text, [1])).rows[0].q).toBe(text);
@@ -42,8 +44,11 @@ describe('pg_prepared_statements and current_query() (node-postgres)', () => {
   });
 });
 
-describe('the writer\'s unnamed statement (raw protocol)', () => {
-  test('parsed in one group and bound in the next, it runs the writer\'s statement; the proxy\'s own is gone after the Sync', async ({ db, sql }) => {
+describe("the writer's unnamed statement (raw protocol)", () => {
+  test("parsed in one group and bound in the next, it runs the writer's statement; the proxy's own is gone after the Sync", async ({
+    db,
+    sql,
+  }) => {
     const raw = await RawClient.connect(sql.port, sql.database, 'unseen-raw', fenceOptions(1, 'unseen/raw'));
     const n = id();
     const parsed = await raw.send([P(`INSERT INTO public.seen VALUES (${n}, 'mine') RETURNING v`), D(), S()]);
@@ -60,7 +65,9 @@ describe('the writer\'s unnamed statement (raw protocol)', () => {
 });
 
 describe('ParameterStatus (raw protocol)', () => {
-  test('the proxy\'s own settings of the session announce nothing the writer was not told at startup; the writer\'s own SET is announced', async ({ sql }) => {
+  test("the proxy's own settings of the session announce nothing the writer was not told at startup; the writer's own SET is announced", async ({
+    sql,
+  }) => {
     const raw = await RawClient.connect(sql.port, sql.database, 'unseen-status', fenceOptions(1, 'unseen/status'));
     // The first transaction: the gate fences the session and makes it read-write by default (its own SET).
     const first = await raw.send([Q('SELECT 1')]);
@@ -73,7 +80,10 @@ describe('ParameterStatus (raw protocol)', () => {
 });
 
 describe('psycopg 3', () => {
-  test('prepared and unprepared statements, in and out of a pipeline: pg_prepared_statements lists psycopg\'s own names only', async ({ db, sql }) => {
+  test("prepared and unprepared statements, in and out of a pipeline: pg_prepared_statements lists psycopg's own names only", async ({
+    db,
+    sql,
+  }) => {
     const [a, b] = [id(), id()];
     const program = `import sys, psycopg
 url, options, a, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -87,7 +97,14 @@ with psycopg.connect(url, options=options, autocommit=True) as conn:
     names = [r[0] for r in conn.execute("SELECT name FROM pg_catalog.pg_prepared_statements")]
     print(len(names), ",".join(n for n in names if not n.startswith("_pg3_")))
 `;
-    const { stdout } = await run('/usr/bin/python3', ['-c', program, sql.url('unseen-psycopg'), fenceOptions(1, 'unseen/psycopg'), String(a), String(b)]);
+    const { stdout } = await run('/usr/bin/python3', [
+      '-c',
+      program,
+      sql.url('unseen-psycopg'),
+      fenceOptions(1, 'unseen/psycopg'),
+      String(a),
+      String(b),
+    ]);
     const [count, foreign] = stdout.trim().split(' ');
     expect(Number(count)).toBeGreaterThanOrEqual(2);
     expect(foreign ?? '').toBe('');

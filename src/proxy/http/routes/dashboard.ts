@@ -9,7 +9,8 @@ import type { FastifyInstance } from 'fastify';
 
 const DIR = join(import.meta.dirname, '..', 'dashboard');
 
-const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+const CSP =
+  "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 const FILES = [
   { url: '/dashboard', file: 'index.html', type: 'text/html; charset=utf-8' },
@@ -20,8 +21,22 @@ const FILES = [
 export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
   for (const { url, file, type } of FILES) {
     const body = readFileSync(join(DIR, file));
-    app.get(url, { config: { access: 'open' }, schema: { summary: file === 'index.html' ? 'The live ops page (polls the JSON endpoints)' : `The live page's ${file}`, produces: [type.split(';')[0]!] } }, async (_req, reply) =>
-      reply.header('content-type', type).header('cache-control', 'no-cache').header('content-security-policy', CSP).header('x-content-type-options', 'nosniff').send(body),
+    app.get(
+      url,
+      {
+        config: { access: 'open' },
+        schema: {
+          summary: file === 'index.html' ? 'The live ops page (polls the JSON endpoints)' : `The live page's ${file}`,
+          produces: [type.split(';')[0]!],
+        },
+      },
+      async (_req, reply) =>
+        reply
+          .header('content-type', type)
+          .header('cache-control', 'no-cache')
+          .header('content-security-policy', CSP)
+          .header('x-content-type-options', 'nosniff')
+          .send(body),
     );
   }
 }

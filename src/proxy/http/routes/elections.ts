@@ -23,7 +23,12 @@ const election = {
       properties: {
         token: { type: 'string', description: 'its znode sequence: the token that may raise the fences under the prefix' },
         joinedAt: { type: 'string', format: 'date-time', description: 'when its znode was created (it queued from then; ZooKeeper time)' },
-        seenSince: { type: 'string', format: 'date-time', description: 'when this proxy instance first saw it lead: at most its leadership\'s start (ZooKeeper keeps no time of the handover)' },
+        seenSince: {
+          type: 'string',
+          format: 'date-time',
+          description:
+            "when this proxy instance first saw it lead: at most its leadership's start (ZooKeeper keeps no time of the handover)",
+        },
       },
     },
     untrusted: { type: ['string', 'null'], description: 'why no node under this path is trusted to lead' },
@@ -37,7 +42,7 @@ const election = {
         raisedAt: { type: 'string', format: 'date-time' },
       },
     },
-    fenceRaised: { type: ['boolean', 'null'], description: 'the fence is at the leader\'s token (or above it); null when nobody leads' },
+    fenceRaised: { type: ['boolean', 'null'], description: "the fence is at the leader's token (or above it); null when nobody leads" },
   },
 };
 
@@ -53,9 +58,18 @@ export async function electionRoutes(app: FastifyInstance): Promise<void> {
           electionPath: v.electionPath,
           fenceKeyPrefix: v.fenceKeyPrefix,
           candidates: v.candidates,
-          leader: v.leader && { token: v.leader.token.toString(), joinedAt: v.leader.joinedAt.toISOString(), seenSince: v.leader.seenSince.toISOString() },
+          leader: v.leader && {
+            token: v.leader.token.toString(),
+            joinedAt: v.leader.joinedAt.toISOString(),
+            seenSince: v.leader.seenSince.toISOString(),
+          },
           untrusted: v.untrusted,
-          fence: fence && { fenceKey: fence.fenceKey, highestToken: fence.highestToken.toString(), raisedBy: fence.raisedBy, raisedAt: fence.raisedAt.toISOString() },
+          fence: fence && {
+            fenceKey: fence.fenceKey,
+            highestToken: fence.highestToken.toString(),
+            raisedBy: fence.raisedBy,
+            raisedAt: fence.raisedAt.toISOString(),
+          },
           fenceRaised: v.leader === null ? null : fence !== null && fence.highestToken >= v.leader.token,
         };
       }),

@@ -18,7 +18,10 @@ const fenceSchema = {
     fenceKey: { type: 'string' },
     highestToken: { type: 'string' },
     updatedAt: { type: 'string' },
-    raisedBy: { type: ['string', 'null'], description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none' },
+    raisedBy: {
+      type: ['string', 'null'],
+      description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none',
+    },
     accepted: { type: 'integer' },
     rejected: { type: 'integer' },
   },
@@ -55,7 +58,8 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
       const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) }).catch(async (err: unknown) => {
         // The fence is held past the lock timeout (a paused leader's transaction, say): a raise
         // never waits on a zombie. The holders have had that long; end them now and raise.
-        if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token) throw err;
+        if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token)
+          throw err;
         // A raise whose COMMIT went unanswered may have raised the fence: that answer, not the lock's.
         const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch((e: unknown) => {
           throw e instanceof WriteOutcomeUnknownError ? e : err;
@@ -69,12 +73,24 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     },
   );
 
-  app.get<FenceParams>('/v1/fences/:fenceKey', { config: { access: 'read' }, schema: { summary: 'Read a fence: its highest token and counts; 404 if never seen', params: keyParams('fenceKey'), querystring: NO_QUERY, response: { 200: fenceSchema } } }, async (req) => {
-    const fenceKey = req.params.fenceKey;
-    const fence = await app.store.readFence(fenceKey);
-    if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
-    return fenceJson(fence);
-  });
+  app.get<FenceParams>(
+    '/v1/fences/:fenceKey',
+    {
+      config: { access: 'read' },
+      schema: {
+        summary: 'Read a fence: its highest token and counts; 404 if never seen',
+        params: keyParams('fenceKey'),
+        querystring: NO_QUERY,
+        response: { 200: fenceSchema },
+      },
+    },
+    async (req) => {
+      const fenceKey = req.params.fenceKey;
+      const fence = await app.store.readFence(fenceKey);
+      if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
+      return fenceJson(fence);
+    },
+  );
 
   app.get<{ Querystring: { after?: string; limit?: string } }>(
     '/v1/fences',
@@ -83,7 +99,9 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
       schema: {
         summary: 'List fences in key order (byte order), paged: pass `next` as `after`',
         querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, after: KEY } },
-        response: { 200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } } },
+        response: {
+          200: { type: 'object', properties: { fences: { type: 'array', items: fenceSchema }, next: { type: ['string', 'null'] } } },
+        },
       },
     },
     async (req) => {

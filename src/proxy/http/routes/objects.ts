@@ -23,30 +23,47 @@ const params = keyParams('*');
 const FENCE_KEY_HEADER = {
   type: 'string',
   description:
-    'the fence key to check the token against (1 to 1024 bytes of UTF-8); default: the object key. Under a protected prefix (`fencepost protect --prefix`) the default is the prefix\'s fence key, and any other is refused (403 not_fenced)',
+    "the fence key to check the token against (1 to 1024 bytes of UTF-8); default: the object key. Under a protected prefix (`fencepost protect --prefix`) the default is the prefix's fence key, and any other is refused (403 not_fenced)",
 } as const;
 
 const writeHeaders = (extra: Record<string, unknown>) =>
   ({
     ...FENCED_HEADERS,
-    properties: { ...FENCED_HEADERS.properties, 'fence-key': FENCE_KEY_HEADER, 'if-match': IF_MATCH, 'if-none-match': IF_NONE_MATCH_WRITE, ...extra },
+    properties: {
+      ...FENCED_HEADERS.properties,
+      'fence-key': FENCE_KEY_HEADER,
+      'if-match': IF_MATCH,
+      'if-none-match': IF_NONE_MATCH_WRITE,
+      ...extra,
+    },
   }) as const;
 
-const ETAG = { type: 'string', description: 'the object\'s entity tag, quotes included: changes with every write, never repeats for a key' } as const;
+const ETAG = {
+  type: 'string',
+  description: "the object's entity tag, quotes included: changes with every write, never repeats for a key",
+} as const;
 
 const putSchema = {
   summary: 'Write an object (fenced)',
   description:
-    'Stores the raw body under the key if the token is at or above the fence (and, for a write naming another fence key, the object\'s own fence), in the same statement that raises the fence. `If-Match` and `If-None-Match: *` are checked in that statement too; a stale token gets 409 first.',
+    "Stores the raw body under the key if the token is at or above the fence (and, for a write naming another fence key, the object's own fence), in the same statement that raises the fence. `If-Match` and `If-None-Match: *` are checked in that statement too; a stale token gets 409 first.",
   params,
   querystring: NO_QUERY,
-  headers: writeHeaders({ 'content-type': { type: 'string', description: 'stored with the object and returned by GET; default application/octet-stream' } }),
+  headers: writeHeaders({
+    'content-type': { type: 'string', description: 'stored with the object and returned by GET; default application/octet-stream' },
+  }),
   response: {
     200: {
       description: 'written and committed; `version` counts writes to the key from 1',
       headers: { etag: ETAG },
       type: 'object',
-      properties: { key: { type: 'string' }, fenceKey: { type: 'string' }, token: { type: 'string' }, version: { type: 'integer' }, etag: ETAG },
+      properties: {
+        key: { type: 'string' },
+        fenceKey: { type: 'string' },
+        token: { type: 'string' },
+        version: { type: 'integer' },
+        etag: ETAG,
+      },
     },
   },
 };
@@ -54,7 +71,7 @@ const putSchema = {
 /** What GET answers about the object, with its body (200) or without (304). */
 const READ_HEADERS = {
   etag: ETAG,
-  'object-version': { type: 'integer', description: 'the object\'s version: writes to the key since it was created, from 1' },
+  'object-version': { type: 'integer', description: "the object's version: writes to the key since it was created, from 1" },
   'fencing-token': { type: 'string', description: 'the token of the write that produced it' },
 } as const;
 
@@ -65,7 +82,8 @@ const getSchema = {
   headers: { type: 'object', properties: { 'if-none-match': IF_NONE_MATCH_READ } },
   response: {
     200: {
-      description: 'the body as written, with its Content-Type; served sandboxed (`Content-Security-Policy: sandbox`, `X-Content-Type-Options: nosniff`)',
+      description:
+        'the body as written, with its Content-Type; served sandboxed (`Content-Security-Policy: sandbox`, `X-Content-Type-Options: nosniff`)',
       headers: READ_HEADERS,
       content: { '*/*': { schema: { type: 'string', format: 'binary' } } },
     },
@@ -97,7 +115,11 @@ const objectInfo = {
 } as const;
 
 /** `?prefix=`: empty (every key) or the start of a key. */
-const PREFIX = { type: 'string', format: 'fencepost-key-prefix', description: 'empty, or the start of a key (at most 1024 bytes of UTF-8, no control characters)' } as const;
+const PREFIX = {
+  type: 'string',
+  format: 'fencepost-key-prefix',
+  description: 'empty, or the start of a key (at most 1024 bytes of UTF-8, no control characters)',
+} as const;
 
 const listSchema = {
   summary: 'List objects in key order',
@@ -123,7 +145,12 @@ function preconditionFailed(req: FastifyRequest, key: string): ApiError {
  * that named no Fence-Key then goes once more, under the prefix's fence key (admitted again: key
  * prefixes, forgery guard); one that named another gets 403 not_fenced.
  */
-async function fencedObjectWrite(req: FastifyRequest, key: string, token: bigint, op: (fenceKey: string) => FencedOp): Promise<{ fenceKey: string; result: FencedResult }> {
+async function fencedObjectWrite(
+  req: FastifyRequest,
+  key: string,
+  token: bigint,
+  op: (fenceKey: string) => FencedOp,
+): Promise<{ fenceKey: string; result: FencedResult }> {
   const fenceKey = fenceKeyFor(req, key);
   await admitWrite(req, fenceKey, token, key);
   try {
@@ -142,7 +169,9 @@ async function fencedObjectWrite(req: FastifyRequest, key: string, token: bigint
     }
     if (sqlState(err) !== NOT_FENCED) throw err;
     req.log.info({ key, fenceKey }, 'Postgres refused a misfenced object: reading the protected prefixes again');
-    await req.server.store.protectedPrefixes.refresh().catch((e: unknown) => req.log.warn({ err: e }, 'reading the protected prefixes failed'));
+    await req.server.store.protectedPrefixes
+      .refresh()
+      .catch((e: unknown) => req.log.warn({ err: e }, 'reading the protected prefixes failed'));
     const resolved = fenceKeyFor(req, key); // 403 not_fenced when the request named another fence key
     if (resolved === fenceKey) throw err; // nothing new in the list: answered not_fenced with the trigger's message
     await admitWrite(req, resolved, token, key);
@@ -165,7 +194,10 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
       writerId: writerId(req),
       ...writePrecondition(req),
     }));
-    if (!result.accepted) throw result.preconditionFailed === true ? preconditionFailed(req, key) : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
+    if (!result.accepted)
+      throw result.preconditionFailed === true
+        ? preconditionFailed(req, key)
+        : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     const etag = etagHeader(result.etag ?? '');
     void reply.header('etag', etag);
     return { key, fenceKey, token: token.toString(), version: Number(result.version), etag };
@@ -190,25 +222,39 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
   app.delete<KeyParams>('/v1/objects/*', { config: { operation: 'delete', access: 'write' }, schema: deleteSchema }, async (req, reply) => {
     const key = req.params['*'];
     const token = tokenHeader(req);
-    const { fenceKey, result } = await fencedObjectWrite(req, key, token, (fenceKey) => ({ kind: 'delete', key, fenceKey, token, writerId: writerId(req), ...writePrecondition(req) }));
-    if (!result.accepted) throw result.preconditionFailed === true ? preconditionFailed(req, key) : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
+    const { fenceKey, result } = await fencedObjectWrite(req, key, token, (fenceKey) => ({
+      kind: 'delete',
+      key,
+      fenceKey,
+      token,
+      writerId: writerId(req),
+      ...writePrecondition(req),
+    }));
+    if (!result.accepted)
+      throw result.preconditionFailed === true
+        ? preconditionFailed(req, key)
+        : staleToken(req, result.fenceKey ?? fenceKey, token, result.highestToken);
     return reply.code(204).send();
   });
 
-  app.get<{ Querystring: { prefix?: string; after?: string; limit?: string } }>('/v1/objects', { config: { access: 'read' }, schema: listSchema }, async (req) => {
-    const page = await app.store.listObjects(req.query.prefix ?? '', req.query.after ?? null, pageLimit(req.query.limit));
-    return {
-      objects: page.objects.map((o) => ({
-        key: o.key,
-        fenceKey: o.fenceKey,
-        token: o.token.toString(),
-        version: Number(o.version),
-        etag: etagHeader(o.etag),
-        contentType: o.contentType,
-        size: o.size,
-        updatedAt: o.updatedAt.toISOString(),
-      })),
-      next: page.next,
-    };
-  });
+  app.get<{ Querystring: { prefix?: string; after?: string; limit?: string } }>(
+    '/v1/objects',
+    { config: { access: 'read' }, schema: listSchema },
+    async (req) => {
+      const page = await app.store.listObjects(req.query.prefix ?? '', req.query.after ?? null, pageLimit(req.query.limit));
+      return {
+        objects: page.objects.map((o) => ({
+          key: o.key,
+          fenceKey: o.fenceKey,
+          token: o.token.toString(),
+          version: Number(o.version),
+          etag: etagHeader(o.etag),
+          contentType: o.contentType,
+          size: o.size,
+          updatedAt: o.updatedAt.toISOString(),
+        })),
+        next: page.next,
+      };
+    },
+  );
 }

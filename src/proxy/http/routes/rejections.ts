@@ -8,7 +8,11 @@ import { LIMIT, pageLimit } from './query.ts';
 export const MAX_HISTOGRAM_MINUTES = 1440;
 
 /** `?before=`: a rejection id from a previous page's `next`. */
-const BEFORE = { type: 'string', format: 'rejection-id', description: 'a rejection id: decimal digits from 1 to 9223372036854775807' } as const;
+const BEFORE = {
+  type: 'string',
+  format: 'rejection-id',
+  description: 'a rejection id: decimal digits from 1 to 9223372036854775807',
+} as const;
 
 /** `?minutes=`: 1…1440 in at most four digits, leading zeros allowed; default 60. */
 const MINUTES = {
@@ -24,7 +28,11 @@ const rejectionSchema = {
     fenceKey: { type: 'string' },
     objectKey: { type: ['string', 'null'] },
     operation: { type: 'string' },
-    door: { type: 'string', enum: ['http', 'transaction', 'sql'], description: 'where it was refused: HTTP object writes and fences, POST /v1/transactions, or the SQL endpoint' },
+    door: {
+      type: 'string',
+      enum: ['http', 'transaction', 'sql'],
+      description: 'where it was refused: HTTP object writes and fences, POST /v1/transactions, or the SQL endpoint',
+    },
     token: { type: 'string' },
     highestToken: { type: 'string' },
     writerId: { type: ['string', 'null'] },
@@ -42,7 +50,12 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
       schema: {
         summary: 'The rejection log, newest first, paged: pass `next` as `before`',
         querystring: { type: 'object', additionalProperties: false, properties: { limit: LIMIT, before: BEFORE, fenceKey: KEY } },
-        response: { 200: { type: 'object', properties: { rejections: { type: 'array', items: rejectionSchema }, next: { type: ['string', 'null'] } } } },
+        response: {
+          200: {
+            type: 'object',
+            properties: { rejections: { type: 'array', items: rejectionSchema }, next: { type: ['string', 'null'] } },
+          },
+        },
       },
     },
     async (req) => {

@@ -8,8 +8,15 @@ const countSchema = {
   properties: {
     fenceKey: { type: 'string' },
     highestToken: { type: 'string' },
-    raisedBy: { type: ['string', 'null'], description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none' },
-    raisedAt: { type: 'string', format: 'date-time', description: 'when the fence was raised to highestToken: since when its holder leads' },
+    raisedBy: {
+      type: ['string', 'null'],
+      description: 'Writer-Id of the write that raised the fence to highestToken; null if it sent none',
+    },
+    raisedAt: {
+      type: 'string',
+      format: 'date-time',
+      description: 'when the fence was raised to highestToken: since when its holder leads',
+    },
     accepted: { type: 'integer' },
     rejected: { type: 'integer' },
   },
@@ -30,7 +37,11 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
               accepted: { type: 'integer' },
               rejected: { type: 'integer' },
               fenceCount: { type: 'integer' },
-              unflushedAccepted: { type: 'integer', description: "SQL-door transactions this proxy saw commit that `accepted` lacks yet: 0 unless its flush to the database failed (it is retried every 2 s)" },
+              unflushedAccepted: {
+                type: 'integer',
+                description:
+                  'SQL-door transactions this proxy saw commit that `accepted` lacks yet: 0 unless its flush to the database failed (it is retried every 2 s)',
+              },
               byFenceKey: { type: 'array', items: countSchema },
             },
           },
@@ -45,7 +56,14 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
         rejected: Number(s.rejected),
         fenceCount: s.fences,
         unflushedAccepted: s.unflushed,
-        byFenceKey: s.perFence.map((f) => ({ fenceKey: f.fenceKey, highestToken: f.highestToken.toString(), raisedBy: f.raisedBy, raisedAt: f.raisedAt.toISOString(), accepted: Number(f.accepted), rejected: Number(f.rejected) })),
+        byFenceKey: s.perFence.map((f) => ({
+          fenceKey: f.fenceKey,
+          highestToken: f.highestToken.toString(),
+          raisedBy: f.raisedBy,
+          raisedAt: f.raisedAt.toISOString(),
+          accepted: Number(f.accepted),
+          rejected: Number(f.rejected),
+        })),
       };
     },
   );

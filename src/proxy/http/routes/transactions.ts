@@ -80,13 +80,24 @@ function transactionSchema(maxStatements: number) {
     additionalProperties: false,
     description: 'a JSON object {"fences":[…],"statements":[…]}',
     properties: {
-      isolation: { type: 'string', nullable: true, enum: [...ISOLATIONS, null], description: `one of ${ISOLATIONS.join(', ')} (default read committed)` },
+      isolation: {
+        type: 'string',
+        nullable: true,
+        enum: [...ISOLATIONS, null],
+        description: `one of ${ISOLATIONS.join(', ')} (default read committed)`,
+      },
       fences: {
         type: 'array',
         minItems: 1,
         maxItems: MAX_TX_FENCES,
         description: `an array of 1 to ${MAX_TX_FENCES} {"key","token"}`,
-        items: { type: 'object', required: ['key', 'token'], additionalProperties: false, description: '{"key","token"}', properties: { key: KEY, token: TOKEN } },
+        items: {
+          type: 'object',
+          required: ['key', 'token'],
+          additionalProperties: false,
+          description: '{"key","token"}',
+          properties: { key: KEY, token: TOKEN },
+        },
       },
       statements: {
         type: 'array',
@@ -111,9 +122,13 @@ function transactionSchema(maxStatements: number) {
 /** Schema failures: too many fences or statements are too_many_statements, the rest invalid_transaction. */
 function transactionSchemaError(errors: FastifySchemaValidationError[], part: RequestPart): Error {
   const e = errors[0];
-  if (part === 'body' && e?.keyword === 'maxItems' && e.instancePath === '/fences') return new ApiError('too_many_statements', `at most ${MAX_TX_FENCES} fences per transaction`);
+  if (part === 'body' && e?.keyword === 'maxItems' && e.instancePath === '/fences')
+    return new ApiError('too_many_statements', `at most ${MAX_TX_FENCES} fences per transaction`);
   if (part === 'body' && e?.keyword === 'maxItems' && e.instancePath === '/statements') {
-    return new ApiError('too_many_statements', `at most ${String(e.params.limit)} statements per transaction (FENCEPOST_TX_MAX_STATEMENTS)`);
+    return new ApiError(
+      'too_many_statements',
+      `at most ${String(e.params.limit)} statements per transaction (FENCEPOST_TX_MAX_STATEMENTS)`,
+    );
   }
   return registryError(errors, part, part === 'body' ? 'invalid_transaction' : 'bad_request');
 }
@@ -169,7 +184,8 @@ function toTransaction(body: TxBody): TxRequest {
     const params = s.params ?? [];
     if (!depthWithin(params, MAX_PARAM_DEPTH)) throw invalid(`statements[${i}].params nest deeper than ${MAX_PARAM_DEPTH}`);
     const refused = refusedStatement(s.sql);
-    if (refused) throw new ApiError('statement_not_allowed', `statements[${i}] ${refused}: transaction and session control are the proxy's`);
+    if (refused)
+      throw new ApiError('statement_not_allowed', `statements[${i}] ${refused}: transaction and session control are the proxy's`);
     return { sql: s.sql, params };
   });
   return { fences, statements, isolation: body.isolation ?? 'read committed' };
@@ -181,9 +197,11 @@ function sqlApiError(err: unknown, index: number | null): ApiError {
   const extra = { sqlState: state, statement: index };
   const msg = (err as Error).message;
   const where = index === null ? 'the transaction' : `statements[${index}]`;
-  if (state === QUERY_CANCELED) return new ApiError('sql_timeout', `${where} ran past the statement timeout; nothing applied`, extra, { cause: err });
+  if (state === QUERY_CANCELED)
+    return new ApiError('sql_timeout', `${where} ran past the statement timeout; nothing applied`, extra, { cause: err });
   if (state === NOT_FENCED) return new ApiError('not_fenced', `${where}: ${msg}; nothing applied`, extra, { cause: err });
-  if (state === INSUFFICIENT_PRIVILEGE) return new ApiError('sql_permission_denied', `${where}: ${msg}; nothing applied`, extra, { cause: err });
+  if (state === INSUFFICIENT_PRIVILEGE)
+    return new ApiError('sql_permission_denied', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state) || state === LOCK_NOT_AVAILABLE) {
     return new ApiError('sql_conflict', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   }
@@ -196,15 +214,29 @@ function sqlApiError(err: unknown, index: number | null): ApiError {
 function runnerApiError(err: unknown): unknown {
   if (err instanceof StatementError) return sqlApiError(err.cause, err.index);
   if (err instanceof TransactionEndedError) {
-    return new ApiError('statement_not_allowed', `${err.message}: transaction control is the proxy's`, { statement: err.index }, { cause: err });
+    return new ApiError(
+      'statement_not_allowed',
+      `${err.message}: transaction control is the proxy's`,
+      { statement: err.index },
+      { cause: err },
+    );
   }
-  if (err instanceof ResultTooLargeError) return new ApiError('result_too_large', `${err.message} (FENCEPOST_TX_MAX_RESULT_BYTES)`, { limit: err.limit }, { cause: err });
-  if (err instanceof TransactionTimeoutError) return new ApiError('sql_timeout', `${err.message} (FENCEPOST_TX_TIMEOUT_MS)`, { sqlState: null, statement: null }, { cause: err });
+  if (err instanceof ResultTooLargeError)
+    return new ApiError('result_too_large', `${err.message} (FENCEPOST_TX_MAX_RESULT_BYTES)`, { limit: err.limit }, { cause: err });
+  if (err instanceof TransactionTimeoutError)
+    return new ApiError('sql_timeout', `${err.message} (FENCEPOST_TX_TIMEOUT_MS)`, { sqlState: null, statement: null }, { cause: err });
   if (err instanceof FenceBusyError && err.heldBy) {
-    return new ApiError('unavailable', err.message, { fenceKey: err.heldBy.fenceKey, preparedTransaction: err.heldBy.preparedTransaction }, { cause: err });
+    return new ApiError(
+      'unavailable',
+      err.message,
+      { fenceKey: err.heldBy.fenceKey, preparedTransaction: err.heldBy.preparedTransaction },
+      { cause: err },
+    );
   }
-  if (err instanceof ConnectionLostError || err instanceof FenceBusyError) return new ApiError('unavailable', `${err.message}; safe to retry`, {}, { cause: err });
-  if (err instanceof CommitUnknownError) return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
+  if (err instanceof ConnectionLostError || err instanceof FenceBusyError)
+    return new ApiError('unavailable', `${err.message}; safe to retry`, {}, { cause: err });
+  if (err instanceof CommitUnknownError)
+    return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
   if (err instanceof LoginUnavailableError) {
     return new ApiError('transactions_unavailable', `SQL transactions are not available for this key: ${err.message}`, {}, { cause: err });
   }
@@ -226,7 +258,10 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     accepted: app.store.accepted,
     database: opts.database,
     clientRole: opts.clientRole,
-    logins: opts.keys.length === 0 ? [{ keyName: null, pgRole: null }] : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
+    logins:
+      opts.keys.length === 0
+        ? [{ keyName: null, pgRole: null }]
+        : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
     maxConcurrent: opts.maxConcurrent,
     maxConcurrentPerKey: opts.maxConcurrentPerKey ?? opts.maxConcurrent,
     statementTimeoutMs: opts.statementTimeoutMs,
@@ -238,7 +273,10 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     retries: opts.retries,
     provisionRetryMs: opts.provisionRetryMs,
     onProblem: (keyName, problem) =>
-      app.log.warn({ keyName, login: problem.login, sql: problem.sql }, `SQL transactions refused until fixed: ${problem.message}${problem.sql.length > 0 ? ` ${problem.sql.join('; ')};` : ''}`),
+      app.log.warn(
+        { keyName, login: problem.login, sql: problem.sql },
+        `SQL transactions refused until fixed: ${problem.message}${problem.sql.length > 0 ? ` ${problem.sql.join('; ')};` : ''}`,
+      ),
   });
 }
 
@@ -254,21 +292,28 @@ export async function transactionRoutes(app: FastifyInstance, opts: FastifyPlugi
     body: transactionSchema(opts.maxStatements),
     querystring: NO_QUERY,
   };
-  app.post<{ Body: TxBody }>('/v1/transactions', { config: { access: 'write', operation: 'transaction' }, schema, schemaErrorFormatter: transactionSchemaError }, async (req) => {
-    const tx = toTransaction(req.body);
-    const keyName = keyNameFor(req);
-    authorizeKeys(req, tx.fences.map((f) => f.fenceKey));
-    for (const f of tx.fences) await app.forgeryGuard?.admit(f.fenceKey, f.token);
-    let result;
-    try {
-      result = await runner.run(keyName, tx.fences, tx.statements, { isolation: tx.isolation, writerId: writerId(req) });
-    } catch (err) {
-      throw runnerApiError(err);
-    }
-    if (!result.committed) {
-      const first = result.stale[0]!;
-      throw staleToken(req, first.fenceKey, first.token, first.highestToken);
-    }
-    return { results: result.results };
-  });
+  app.post<{ Body: TxBody }>(
+    '/v1/transactions',
+    { config: { access: 'write', operation: 'transaction' }, schema, schemaErrorFormatter: transactionSchemaError },
+    async (req) => {
+      const tx = toTransaction(req.body);
+      const keyName = keyNameFor(req);
+      authorizeKeys(
+        req,
+        tx.fences.map((f) => f.fenceKey),
+      );
+      for (const f of tx.fences) await app.forgeryGuard?.admit(f.fenceKey, f.token);
+      let result;
+      try {
+        result = await runner.run(keyName, tx.fences, tx.statements, { isolation: tx.isolation, writerId: writerId(req) });
+      } catch (err) {
+        throw runnerApiError(err);
+      }
+      if (!result.committed) {
+        const first = result.stale[0]!;
+        throw staleToken(req, first.fenceKey, first.token, first.highestToken);
+      }
+      return { results: result.results };
+    },
+  );
 }

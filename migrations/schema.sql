@@ -1,197 +1,20 @@
--- The fencepost schema a fresh install leaves (PostgreSQL 18), from tools/schema-dump.ts.
--- Not applied by anything: migrations/ and src/fence/definitions.ts make it. Regenerate with `npm run schema:dump`.
+-- The fencepost and fencepost_api schemas a fresh install leaves (PostgreSQL 18), from tools/schema-dump.ts.
+-- Installs use migrate() (migrations/ and src/fence/definitions.ts), which makes exactly this; it applies to an
+-- empty database too (psql -f), as the role that is to own it. Regenerate with `npm run schema:dump`.
 
--- schema fencepost: privileges {<owner>=UC/<owner>}
+SET check_function_bodies = false;
 
-CREATE TABLE fencepost.client_logins (
-  login text NOT NULL,
-  password text NOT NULL,
-  created_at timestamp with time zone NOT NULL DEFAULT now(),
-  CONSTRAINT client_logins_pkey PRIMARY KEY (login)
-);
-CREATE UNIQUE INDEX client_logins_pkey ON fencepost.client_logins USING btree (login);
--- fencepost.client_logins: privileges {<owner>=arwdDxtm/<owner>}
+-- Schemas
 
-CREATE TABLE fencepost.definitions (
-  only_row boolean NOT NULL DEFAULT true,
-  version integer NOT NULL,
-  sha256 text NOT NULL,
-  applied_at timestamp with time zone NOT NULL DEFAULT now(),
-  CONSTRAINT definitions_only_row_check CHECK (only_row),
-  CONSTRAINT definitions_pkey PRIMARY KEY (only_row)
-);
-CREATE UNIQUE INDEX definitions_pkey ON fencepost.definitions USING btree (only_row);
--- fencepost.definitions: privileges {<owner>=arwdDxtm/<owner>}
+CREATE SCHEMA fencepost;
+CREATE SCHEMA fencepost_api;
 
-CREATE TABLE fencepost.fence_capability (
-  only_row boolean NOT NULL DEFAULT true,
-  secret text NOT NULL,
-  CONSTRAINT fence_capability_only_row_check CHECK (only_row),
-  CONSTRAINT fence_capability_pkey PRIMARY KEY (only_row)
-);
-CREATE UNIQUE INDEX fence_capability_pkey ON fencepost.fence_capability USING btree (only_row);
--- fencepost.fence_capability: privileges {<owner>=arwdDxtm/<owner>}
+-- Sequences
 
-CREATE TABLE fencepost.fence_counts (
-  fence_key text NOT NULL,
-  shard smallint NOT NULL,
-  accepted bigint NOT NULL DEFAULT 0,
-  rejected bigint NOT NULL DEFAULT 0,
-  CONSTRAINT fence_counts_pkey PRIMARY KEY (fence_key, shard)
-);
-CREATE UNIQUE INDEX fence_counts_pkey ON fencepost.fence_counts USING btree (fence_key, shard);
--- fencepost.fence_counts: privileges {<owner>=arwdDxtm/<owner>}
+CREATE SEQUENCE fencepost.object_incarnations AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+CREATE SEQUENCE fencepost.rejections_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
-CREATE VIEW fencepost.fence_stats AS
- SELECT f.fence_key,
-    f.highest_token,
-    f.created_at,
-    f.updated_at,
-    (COALESCE(sum(c.accepted), 0::numeric) + COALESCE(max(p.n), 0::bigint)::numeric)::bigint AS accepted,
-    COALESCE(sum(c.rejected), 0::numeric)::bigint AS rejected,
-    f.raised_by
-   FROM fencepost.fences f
-     LEFT JOIN fencepost.fence_counts c USING (fence_key)
-     LEFT JOIN ( SELECT s.fence_key,
-            count(*) AS n
-           FROM fencepost.pending_counts s
-          GROUP BY s.fence_key) p USING (fence_key)
-  GROUP BY f.fence_key;
--- fencepost.fence_stats: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE TABLE fencepost.fences (
-  fence_key text NOT NULL,
-  highest_token bigint NOT NULL,
-  created_at timestamp with time zone NOT NULL DEFAULT now(),
-  updated_at timestamp with time zone NOT NULL DEFAULT now(),
-  raised_by text,
-  CONSTRAINT fences_highest_token_check CHECK ((highest_token >= 0)),
-  CONSTRAINT fences_pkey PRIMARY KEY (fence_key)
-);
-CREATE INDEX fences_key_bytes ON fencepost.fences USING btree (fence_key COLLATE "C");
-CREATE UNIQUE INDEX fences_pkey ON fencepost.fences USING btree (fence_key);
-CREATE INDEX fences_updated_at ON fencepost.fences USING btree (updated_at DESC);
-CREATE TRIGGER fences_never_deleted BEFORE DELETE ON fencepost.fences FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_fence_change();
-CREATE TRIGGER fences_never_lower BEFORE UPDATE ON fencepost.fences FOR EACH ROW WHEN (((new.highest_token < old.highest_token) OR (new.fence_key <> old.fence_key))) EXECUTE FUNCTION fencepost.refuse_fence_change();
-CREATE TRIGGER fences_never_truncated BEFORE TRUNCATE ON fencepost.fences FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_fence_change();
-CREATE TRIGGER fences_next_epoch AFTER UPDATE OF highest_token ON fencepost.fences FOR EACH ROW WHEN ((new.highest_token > old.highest_token)) EXECUTE FUNCTION fencepost.next_epoch();
--- fencepost.fences: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE TABLE fencepost.migrations (
-  id integer NOT NULL,
-  name text NOT NULL,
-  applied_at timestamp with time zone NOT NULL DEFAULT now(),
-  CONSTRAINT migrations_pkey PRIMARY KEY (id)
-);
-CREATE UNIQUE INDEX migrations_pkey ON fencepost.migrations USING btree (id);
--- fencepost.migrations: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE SEQUENCE fencepost.object_incarnations AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807;
--- fencepost.object_incarnations: privileges {<owner>=rwU/<owner>}
-
-CREATE TABLE fencepost.objects (
-  key text NOT NULL,
-  fence_key text NOT NULL,
-  token bigint NOT NULL,
-  version bigint NOT NULL,
-  content_type text NOT NULL,
-  body bytea NOT NULL,
-  updated_at timestamp with time zone NOT NULL DEFAULT now(),
-  incarnation bigint NOT NULL DEFAULT nextval('fencepost.object_incarnations'::regclass),
-  CONSTRAINT objects_pkey PRIMARY KEY (key)
-);
-CREATE INDEX objects_key_bytes ON fencepost.objects USING btree (key COLLATE "C");
-CREATE UNIQUE INDEX objects_pkey ON fencepost.objects USING btree (key);
--- fencepost.objects: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE TABLE fencepost.pending_counts (
-  fence_key text NOT NULL
-);
--- fencepost.pending_counts: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE VIEW fencepost.protected_data AS
- SELECT kind,
-    target,
-    fence_key,
-    declared_at,
-    why_not IS NULL AS enforced,
-    why_not
-   FROM ( SELECT 'table'::text AS kind,
-            COALESCE(t.relation::regclass::text, t.relation::text) AS target,
-            t.fence_key,
-            t.declared_at,
-            fencepost.trigger_problem(t.relation::regclass, 'fencepost.refuse_unfenced_write()'::regprocedure, 62::smallint, ((convert_to(t.fence_key, 'UTF8'::name) || '\x00'::bytea) || convert_to('fencepost.'::text || fencepost.epoch_name(t.fence_key), 'UTF8'::name)) || '\x00'::bytea) AS why_not
-           FROM fencepost.protected_tables t
-        UNION ALL
-         SELECT 'prefix'::text,
-            p.prefix,
-            p.fence_key,
-            p.declared_at,
-            fencepost.trigger_problem('fencepost.objects'::regclass, 'fencepost.refuse_misfenced_object()'::regprocedure, 23::smallint, '\x'::bytea) AS trigger_problem
-           FROM fencepost.protected_prefixes p) d;
--- fencepost.protected_data: privileges (default)
-
-CREATE TABLE fencepost.protected_prefixes (
-  prefix text NOT NULL,
-  fence_key text NOT NULL,
-  declared_at timestamp with time zone NOT NULL DEFAULT now(),
-  CONSTRAINT protected_prefixes_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
-  CONSTRAINT protected_prefixes_pkey PRIMARY KEY (prefix),
-  CONSTRAINT protected_prefixes_prefix CHECK ((prefix <> ''::text))
-);
-CREATE UNIQUE INDEX protected_prefixes_pkey ON fencepost.protected_prefixes USING btree (prefix);
--- fencepost.protected_prefixes: privileges (default)
-
-CREATE TABLE fencepost.protected_tables (
-  relation oid NOT NULL,
-  fence_key text NOT NULL,
-  declared_at timestamp with time zone NOT NULL DEFAULT now(),
-  CONSTRAINT protected_tables_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
-  CONSTRAINT protected_tables_pkey PRIMARY KEY (relation)
-);
-CREATE UNIQUE INDEX protected_tables_pkey ON fencepost.protected_tables USING btree (relation);
--- fencepost.protected_tables: privileges (default)
-
-CREATE TABLE fencepost.rejection_minutes (
-  minute timestamp with time zone NOT NULL,
-  shard smallint NOT NULL,
-  count bigint NOT NULL DEFAULT 0,
-  CONSTRAINT rejection_minutes_pkey PRIMARY KEY (minute, shard)
-);
-CREATE UNIQUE INDEX rejection_minutes_pkey ON fencepost.rejection_minutes USING btree (minute, shard);
--- fencepost.rejection_minutes: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE TABLE fencepost.rejections (
-  id bigint NOT NULL DEFAULT nextval('fencepost.rejections_id_seq'::regclass),
-  fence_key text NOT NULL,
-  object_key text,
-  operation text NOT NULL,
-  token bigint NOT NULL,
-  highest_token bigint NOT NULL,
-  writer_id text,
-  rejected_at timestamp with time zone NOT NULL DEFAULT now(),
-  door text NOT NULL DEFAULT 'http'::text,
-  CONSTRAINT rejections_door CHECK ((door = ANY (ARRAY['http'::text, 'transaction'::text, 'sql'::text]))),
-  CONSTRAINT rejections_pkey PRIMARY KEY (id)
-);
-CREATE INDEX rejections_fence_key_id ON fencepost.rejections USING btree (fence_key, id DESC);
-CREATE INDEX rejections_fence_key_time ON fencepost.rejections USING btree (fence_key, rejected_at);
-CREATE UNIQUE INDEX rejections_pkey ON fencepost.rejections USING btree (id);
-CREATE INDEX rejections_rejected_at ON fencepost.rejections USING btree (rejected_at);
--- fencepost.rejections: privileges {<owner>=arwdDxtm/<owner>}
-
-CREATE SEQUENCE fencepost.rejections_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807;
--- fencepost.rejections_id_seq: privileges {<owner>=rwU/<owner>}
-
-CREATE TABLE fencepost.totals (
-  shard smallint NOT NULL,
-  fences bigint NOT NULL DEFAULT 0,
-  accepted bigint NOT NULL DEFAULT 0,
-  rejected bigint NOT NULL DEFAULT 0,
-  CONSTRAINT totals_pkey PRIMARY KEY (shard)
-);
-CREATE UNIQUE INDEX totals_pkey ON fencepost.totals USING btree (shard);
--- fencepost.totals: privileges {<owner>=arwdDxtm/<owner>}
+-- Functions
 
 CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
  RETURNS text
@@ -199,7 +22,6 @@ CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
  IMMUTABLE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$ SELECT 'epoch_' || left(encode(sha256(convert_to(fence_key, 'UTF8')), 'hex'), 56) $function$;
--- fencepost.epoch_name(text): privileges (default)
 
 CREATE OR REPLACE FUNCTION fencepost.next_epoch()
  RETURNS trigger
@@ -217,7 +39,7 @@ BEGIN
   END IF;
   RETURN NULL;
 END $function$;
--- fencepost.next_epoch(): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost.next_epoch() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.object_fence_ok(object_key text, fence_key text)
  RETURNS boolean
@@ -239,7 +61,7 @@ BEGIN
   END IF;
   RETURN true;
 END $function$;
--- fencepost.object_fence_ok(text,text): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost.object_fence_ok(text,text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_fence_change()
  RETURNS trigger
@@ -252,7 +74,6 @@ BEGIN
   END IF;
   RAISE EXCEPTION 'fence rows are never deleted (%)', TG_OP USING ERRCODE = 'integrity_constraint_violation';
 END $function$;
--- fencepost.refuse_fence_change(): privileges (default)
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_misfenced_object()
  RETURNS trigger
@@ -264,7 +85,7 @@ BEGIN
   PERFORM fencepost.object_fence_ok(NEW.key, NEW.fence_key);
   RETURN NEW;
 END $function$;
--- fencepost.refuse_misfenced_object(): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost.refuse_misfenced_object() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
  RETURNS trigger
@@ -283,7 +104,7 @@ BEGIN
   END;
   RETURN NULL;
 END $function$;
--- fencepost.refuse_unfenced_write(): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost.refuse_unfenced_write() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint)
  RETURNS void
@@ -304,7 +125,7 @@ BEGIN
     USING ERRCODE = 'FP428',
           HINT = 'the proxy fences the session again before its next transaction; nothing of this transaction was applied, safe to retry';
 END $function$;
--- fencepost.refuse_unproven_session(text,bigint): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost.refuse_unproven_session(text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea)
  RETURNS text
@@ -325,12 +146,6 @@ AS $function$
   FROM (SELECT 1) one
   LEFT JOIN pg_catalog.pg_trigger g ON g.tgrelid = rel AND g.tgname = 'fencepost_fence'
 $function$;
--- fencepost.trigger_problem(regclass,regprocedure,smallint,bytea): privileges (default)
-
--- The fencepost_api schema a fresh install leaves (PostgreSQL 18), from tools/schema-dump.ts.
--- Not applied by anything: migrations/ and src/fence/definitions.ts make it. Regenerate with `npm run schema:dump`.
-
--- schema fencepost_api: privileges (default)
 
 CREATE OR REPLACE FUNCTION fencepost_api.discard_temp()
  RETURNS void
@@ -343,7 +158,7 @@ BEGIN
     DISCARD TEMP;
   END IF;
 END $function$;
--- fencepost_api.discard_temp(): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost_api.discard_temp() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.fence_session(session_capability text, fence_key text, token bigint)
  RETURNS bigint
@@ -398,7 +213,7 @@ BEGIN
   PERFORM pg_catalog.set_config('fencepost.epoch_oid', v_seq::oid::text, false);
   RETURN v_highest;
 END $function$;
--- fencepost_api.fence_session(text,text,bigint): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost_api.fence_session(text,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[])
  RETURNS void
@@ -409,7 +224,7 @@ BEGIN
   PERFORM pg_catalog.currval(e::pg_catalog.regclass) FROM pg_catalog.unnest(epochs) AS u(e);
   PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
 END $function$;
--- fencepost_api.prove_epochs(text[]): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost_api.prove_epochs(text[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint)
  RETURNS void
@@ -423,7 +238,7 @@ BEGIN
     PERFORM fencepost.refuse_unproven_session(fence_key, token);
   END IF;
 END $function$;
--- fencepost_api.prove_transaction(text,text,bigint): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost_api.prove_transaction(text,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
  RETURNS void
@@ -433,7 +248,6 @@ AS $function$
 BEGIN
   RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
 END $function$;
--- fencepost_api.refuse_transaction(text,text,text,text): privileges (default)
 
 CREATE OR REPLACE FUNCTION fencepost_api.session_start()
  RETURNS text
@@ -448,4 +262,169 @@ BEGIN
   END IF;
   RETURN (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a);
 END $function$;
--- fencepost_api.session_start(): privileges {<owner>=X/<owner>}
+REVOKE ALL ON FUNCTION fencepost_api.session_start() FROM PUBLIC;
+
+-- Tables
+
+CREATE TABLE fencepost.client_logins (
+  login text NOT NULL,
+  password text NOT NULL,
+  created_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT client_logins_pkey PRIMARY KEY (login)
+);
+
+CREATE TABLE fencepost.definitions (
+  only_row boolean NOT NULL DEFAULT true,
+  version integer NOT NULL,
+  sha256 text NOT NULL,
+  applied_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT definitions_only_row_check CHECK (only_row),
+  CONSTRAINT definitions_pkey PRIMARY KEY (only_row)
+);
+
+CREATE TABLE fencepost.fence_capability (
+  only_row boolean NOT NULL DEFAULT true,
+  secret text NOT NULL,
+  CONSTRAINT fence_capability_only_row_check CHECK (only_row),
+  CONSTRAINT fence_capability_pkey PRIMARY KEY (only_row)
+);
+
+CREATE TABLE fencepost.fence_counts (
+  fence_key text NOT NULL,
+  shard smallint NOT NULL,
+  accepted bigint NOT NULL DEFAULT 0,
+  rejected bigint NOT NULL DEFAULT 0,
+  CONSTRAINT fence_counts_pkey PRIMARY KEY (fence_key, shard)
+);
+
+CREATE TABLE fencepost.fences (
+  fence_key text NOT NULL,
+  highest_token bigint NOT NULL,
+  created_at timestamp with time zone NOT NULL DEFAULT now(),
+  updated_at timestamp with time zone NOT NULL DEFAULT now(),
+  raised_by text,
+  CONSTRAINT fences_highest_token_check CHECK ((highest_token >= 0)),
+  CONSTRAINT fences_pkey PRIMARY KEY (fence_key)
+);
+
+CREATE TABLE fencepost.migrations (
+  id integer NOT NULL,
+  name text NOT NULL,
+  applied_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT migrations_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE fencepost.objects (
+  key text NOT NULL,
+  fence_key text NOT NULL,
+  token bigint NOT NULL,
+  version bigint NOT NULL,
+  content_type text NOT NULL,
+  body bytea NOT NULL,
+  updated_at timestamp with time zone NOT NULL DEFAULT now(),
+  incarnation bigint NOT NULL DEFAULT nextval('fencepost.object_incarnations'::regclass),
+  CONSTRAINT objects_pkey PRIMARY KEY (key)
+);
+
+CREATE TABLE fencepost.pending_counts (
+  fence_key text NOT NULL
+);
+
+CREATE TABLE fencepost.protected_prefixes (
+  prefix text NOT NULL,
+  fence_key text NOT NULL,
+  declared_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT protected_prefixes_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
+  CONSTRAINT protected_prefixes_pkey PRIMARY KEY (prefix),
+  CONSTRAINT protected_prefixes_prefix CHECK ((prefix <> ''::text))
+);
+
+CREATE TABLE fencepost.protected_tables (
+  relation oid NOT NULL,
+  fence_key text NOT NULL,
+  declared_at timestamp with time zone NOT NULL DEFAULT now(),
+  CONSTRAINT protected_tables_fence_key CHECK (((octet_length(fence_key) >= 1) AND (octet_length(fence_key) <= 1024))),
+  CONSTRAINT protected_tables_pkey PRIMARY KEY (relation)
+);
+
+CREATE TABLE fencepost.rejection_minutes (
+  minute timestamp with time zone NOT NULL,
+  shard smallint NOT NULL,
+  count bigint NOT NULL DEFAULT 0,
+  CONSTRAINT rejection_minutes_pkey PRIMARY KEY (minute, shard)
+);
+
+CREATE TABLE fencepost.rejections (
+  id bigint NOT NULL DEFAULT nextval('fencepost.rejections_id_seq'::regclass),
+  fence_key text NOT NULL,
+  object_key text,
+  operation text NOT NULL,
+  token bigint NOT NULL,
+  highest_token bigint NOT NULL,
+  writer_id text,
+  rejected_at timestamp with time zone NOT NULL DEFAULT now(),
+  door text NOT NULL DEFAULT 'http'::text,
+  CONSTRAINT rejections_door CHECK ((door = ANY (ARRAY['http'::text, 'transaction'::text, 'sql'::text]))),
+  CONSTRAINT rejections_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE fencepost.totals (
+  shard smallint NOT NULL,
+  fences bigint NOT NULL DEFAULT 0,
+  accepted bigint NOT NULL DEFAULT 0,
+  rejected bigint NOT NULL DEFAULT 0,
+  CONSTRAINT totals_pkey PRIMARY KEY (shard)
+);
+
+-- Views
+
+CREATE VIEW fencepost.fence_stats AS
+ SELECT f.fence_key,
+    f.highest_token,
+    f.created_at,
+    f.updated_at,
+    (COALESCE(sum(c.accepted), 0::numeric) + COALESCE(max(p.n), 0::bigint)::numeric)::bigint AS accepted,
+    COALESCE(sum(c.rejected), 0::numeric)::bigint AS rejected,
+    f.raised_by
+   FROM fencepost.fences f
+     LEFT JOIN fencepost.fence_counts c USING (fence_key)
+     LEFT JOIN ( SELECT s.fence_key,
+            count(*) AS n
+           FROM fencepost.pending_counts s
+          GROUP BY s.fence_key) p USING (fence_key)
+  GROUP BY f.fence_key;
+
+CREATE VIEW fencepost.protected_data AS
+ SELECT kind,
+    target,
+    fence_key,
+    declared_at,
+    why_not IS NULL AS enforced,
+    why_not
+   FROM ( SELECT 'table'::text AS kind,
+            COALESCE(t.relation::regclass::text, t.relation::text) AS target,
+            t.fence_key,
+            t.declared_at,
+            fencepost.trigger_problem(t.relation::regclass, 'fencepost.refuse_unfenced_write()'::regprocedure, 62::smallint, ((convert_to(t.fence_key, 'UTF8'::name) || '\x00'::bytea) || convert_to('fencepost.'::text || fencepost.epoch_name(t.fence_key), 'UTF8'::name)) || '\x00'::bytea) AS why_not
+           FROM fencepost.protected_tables t
+        UNION ALL
+         SELECT 'prefix'::text AS kind,
+            p.prefix AS target,
+            p.fence_key,
+            p.declared_at,
+            fencepost.trigger_problem('fencepost.objects'::regclass, 'fencepost.refuse_misfenced_object()'::regprocedure, 23::smallint, '\x'::bytea) AS trigger_problem
+           FROM fencepost.protected_prefixes p) d;
+
+-- Foreign keys, indexes (those no constraint makes), triggers, sequence ownership
+
+CREATE INDEX fences_key_bytes ON fencepost.fences USING btree (fence_key COLLATE "C");
+CREATE INDEX fences_updated_at ON fencepost.fences USING btree (updated_at DESC);
+CREATE INDEX objects_key_bytes ON fencepost.objects USING btree (key COLLATE "C");
+CREATE INDEX rejections_fence_key_id ON fencepost.rejections USING btree (fence_key, id DESC);
+CREATE INDEX rejections_fence_key_time ON fencepost.rejections USING btree (fence_key, rejected_at);
+CREATE INDEX rejections_rejected_at ON fencepost.rejections USING btree (rejected_at);
+CREATE TRIGGER fences_never_deleted BEFORE DELETE ON fencepost.fences FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_fence_change();
+CREATE TRIGGER fences_never_lower BEFORE UPDATE ON fencepost.fences FOR EACH ROW WHEN (((new.highest_token < old.highest_token) OR (new.fence_key <> old.fence_key))) EXECUTE FUNCTION fencepost.refuse_fence_change();
+CREATE TRIGGER fences_never_truncated BEFORE TRUNCATE ON fencepost.fences FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_fence_change();
+CREATE TRIGGER fences_next_epoch AFTER UPDATE OF highest_token ON fencepost.fences FOR EACH ROW WHEN ((new.highest_token > old.highest_token)) EXECUTE FUNCTION fencepost.next_epoch();
+ALTER SEQUENCE fencepost.rejections_id_seq OWNED BY fencepost.rejections.id;

@@ -23,7 +23,7 @@ import {
   refuseUnlessProxy,
 } from './rule.ts';
 
-export const DEFINITIONS_VERSION = 10;
+export const DEFINITIONS_VERSION = 11;
 
 /**
  * The schema of the functions client logins and keys' roles call (migration 0019): functions only,
@@ -386,7 +386,7 @@ CREATE OR REPLACE VIEW fencepost.protected_data AS
         convert_to(t.fence_key, 'UTF8') || '\\x00'::bytea || convert_to('fencepost.' || fencepost.epoch_name(t.fence_key), 'UTF8') || '\\x00'::bytea) AS why_not
     FROM fencepost.protected_tables t
     UNION ALL
-    SELECT 'prefix', p.prefix, p.fence_key, p.declared_at,
+    SELECT 'prefix' AS kind, p.prefix AS target, p.fence_key, p.declared_at,
       fencepost.trigger_problem('fencepost.objects'::regclass, 'fencepost.refuse_misfenced_object()'::regprocedure, ${OBJECTS_TRIGGER_TYPE}::smallint, ''::bytea)
     FROM fencepost.protected_prefixes p
   ) d`,

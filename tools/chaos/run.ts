@@ -10,6 +10,7 @@ import type { FenceMode } from '../unsafe-fence.ts';
 import { check, COUNT_LOSS_WINDOW_MS, type CheckResult, type CountLoss } from './checker.ts';
 import { ChaosCluster } from './cluster.ts';
 import { readFinalState } from './final-state.ts';
+import { probeStaleWrites } from './probe.ts';
 import { readHistory, writeOperations, type Door, type Operation } from './history.ts';
 import { describeFault, planSchedule, runNemesis, type FaultEvent, type FaultKind, type PlannedFault } from './nemesis.ts';
 import { formatReport } from './report.ts';
@@ -168,6 +169,8 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     await cluster.startPostgres();
     await new Promise((r) => setTimeout(r, o.settleMs ?? CHAOS_DEFAULTS.settleMs));
     await cluster.stopWriters(5000);
+    const probes = await probeStaleWrites(cluster, fenceKeys, o.requestTimeoutMs ?? CHAOS_DEFAULTS.requestTimeoutMs);
+    print(`zombie probe: ${probes} writes below their fence's token, one per door and fence key`);
 
     const ops = readHistory(cluster.historyDir);
     writeOperations(join(dir, 'history.jsonl'), ops);

@@ -6,10 +6,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 npx tsc --noEmit &
 tsc=$!
+npx prettier --check --log-level warn . &
+prettier=$!
 npx eslint .
 lint=$?
-npx prettier --check --log-level warn .
-layout=$?
 wait "$tsc"
 types=$?
+wait "$prettier"
+layout=$?
 exit $(( types != 0 || lint != 0 || layout != 0 ))

@@ -48,13 +48,18 @@ test('a backend ended mid-query: the work fails with the FATAL, and the client i
   let pid = 0;
   const failed = withClient(pool, async (client) => {
     pid = pidOf(client);
-    const running = client.query('SELECT pg_sleep(30)');
+    // Its failure is taken at once: it may come before the terminate's own answer does.
+    const running = client.query('SELECT pg_sleep(30)').then(
+      () => null,
+      (err: unknown) => err,
+    );
     await waitFor(
       async () =>
         (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'`, [pid])).rowCount === 1,
     );
     await terminate(pid);
-    await running;
+    const err = await running;
+    if (err !== null) throw err;
   });
   await expect(failed).rejects.toMatchObject({ code: '57P01', severity: 'FATAL' });
   expect(await pidsInPool()).not.toContain(pid);

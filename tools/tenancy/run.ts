@@ -1,8 +1,10 @@
 // The tenant-isolation run: tenant B's leader alone (the solo run), then case after case of the
 // same workload while tenant A runs a seeded mix of hostile actions (attacks.ts). Invariant, per
 // case: B's p99 write latency and p99 raise latency within BOUND of the solo runs' (the first one,
-// and one just before the case, whichever is slower), no B error
-// (its workload never goes stale, so it has none of its own), and B's data exactly what B wrote.
+// and one just before the case, whichever is slower), no B error (its workload never goes stale,
+// so it has none of its own), and B's data exactly what B wrote. A case that misses only the
+// latency bound runs once more and is judged by that second run: a freeze comes back with its
+// attack, a stall of a busy box does not.
 import pg from 'pg';
 import { Prng } from '../chaos/prng.ts';
 import { allAttacks, pickMix, type Attack, type AttackOutcome } from './attacks.ts';
@@ -41,6 +43,8 @@ export interface CaseResult {
   bErrors: string[];
   /** What broke the invariant: empty when the case held. */
   violations: string[];
+  /** A first try's missed latency bound, when the case ran again (see runTenancy). */
+  firstTry?: string[];
 }
 
 export interface TenancyReport {
@@ -140,12 +144,9 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
     const pool = attacks.filter(o.filter ?? ((a) => !a.knownOpen));
     const order = o.single ? rng.shuffle(pool) : [];
     // A runs in a process of its own, started once the targets exist (it reads them too).
-    attacker = new AttackerProcess(o.e, o.t);
-    const cases: CaseResult[] = [];
-    const total = o.single ? order.length : o.cases;
-    for (let i = 0; i < total; i++) {
-      if (o.deadlineMs !== undefined && Date.now() - started > o.deadlineMs) break;
-      const mix = o.single ? [order[i]!] : pickMix(rng, pool, o.attacksPerCase);
+    const tenantA = new AttackerProcess(o.e, o.t);
+    attacker = tenantA;
+    const runCase = async (i: number, mix: Attack[]): Promise<CaseResult> => {
       // B alone again just before the case: the box's load drifts (other suites come and go), and
       // the case is held to the slower of the two solo runs.
       const before = await victim();
@@ -156,14 +157,14 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
         writeMs: Math.max(bound.writeMs, boundFor(beforeLat.writeP99)),
         raiseMs: Math.max(bound.raiseMs, boundFor(beforeLat.raiseP99)),
       };
-      await attacker.start(
+      await tenantA.start(
         mix.map((a) => a.name),
         aToken,
         o.windowMs + 1000,
       );
       await new Promise((r) => setTimeout(r, 400)); // A's locks queued, its sessions open, before B starts
       const { v, tag } = await victim();
-      const stopping = attacker.stop();
+      const stopping = tenantA.stop();
       await endTenantA(admin, o.t);
       const byName = await stopping;
       const outcomes = mix.map((a) => byName[a.name] ?? { answers: { 'harness: no outcome': 1 }, longestRefusalMs: 0 });
@@ -184,15 +185,30 @@ export async function runTenancy(o: TenancyOptions): Promise<TenancyReport> {
         bErrors,
         violations,
       };
+      return result;
+    };
+    const cases: CaseResult[] = [];
+    const total = o.single ? order.length : o.cases;
+    for (let i = 0; i < total; i++) {
+      if (o.deadlineMs !== undefined && Date.now() - started > o.deadlineMs) break;
+      const mix = o.single ? [order[i]!] : pickMix(rng, pool, o.attacksPerCase);
+      const first = await runCase(i, mix);
+      // A latency bound missed with no B error and B's data intact: run the case once more. A
+      // freeze is a lock wait that the same attack queues again (it comes back); a stall of the
+      // box is not, and on a busy 2-core machine one late write out of a dozen is B's p99.
+      const latencyOnly =
+        first.violations.length > 0 && first.bErrors.length === 0 && first.violations.every((v) => v.startsWith("B's p99"));
+      const result = latencyOnly ? { ...(await runCase(i, mix)), firstTry: first.violations } : first;
       cases.push(result);
       print(
         `  case ${i}${result.knownOpen ? ' (known open)' : ''}: ${result.attacks.join(' + ')}\n` +
-          `    B p99 write ${b.writeP99.toFixed(0)} ms (${b.writes}), raise ${b.raiseP99.toFixed(0)} ms (${b.raises}): ${violations.length === 0 ? 'within bound' : 'VIOLATION ' + violations.join('; ')}\n` +
+          (result.firstTry ? `    first try: ${result.firstTry.join('; ')}; run again\n` : '') +
+          `    B p99 write ${result.b.writeP99.toFixed(0)} ms (${result.b.writes}), raise ${result.b.raiseP99.toFixed(0)} ms (${result.b.raises}): ${result.violations.length === 0 ? 'within bound' : 'VIOLATION ' + result.violations.join('; ')}\n` +
           mix
-            .map(
-              (a, j) =>
-                `    A ${a.name}: ${JSON.stringify(outcomes[j]!.answers)}${outcomes[j]!.longestRefusalMs > 200 ? ` (a refusal after ${outcomes[j]!.longestRefusalMs.toFixed(0)} ms)` : ''}`,
-            )
+            .map((a) => {
+              const out = result.outcomes[a.name]!;
+              return `    A ${a.name}: ${JSON.stringify(out.answers)}${out.longestRefusalMs > 200 ? ` (a refusal after ${out.longestRefusalMs.toFixed(0)} ms)` : ''}`;
+            })
             .join('\n'),
       );
     }

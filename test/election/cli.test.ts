@@ -209,7 +209,8 @@ test('fencepost elect --proxy --fence-key: SIGTERM while the proxy is unreachabl
   );
   await waitFor(() => hasLog(p, 'fence advance failed; retrying'), 20_000, 'the advance is being retried');
   p.child.kill('SIGTERM');
-  const exit = await Promise.race([p.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
+  // Hung: still running 30 s after SIGTERM (it stops within a second; 30 s leaves room for a loaded box).
+  const exit = await Promise.race([p.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 30_000))]);
   expect(exit).not.toBe('hung');
   expect((exit as { code: number | null }).code).toBe(143);
   expect(starts(out)).toEqual([]);
@@ -218,7 +219,10 @@ test('fencepost elect --proxy --fence-key: SIGTERM while the proxy is unreachabl
 test('fencepost elect: --proxy without --fence-key (and the reverse) is a usage error (exit 2), not a resign loop', async () => {
   const a = elect(['--zk', connect, '--path', uniquePath('cli-proxy-usage'), '--proxy', 'http://127.0.0.1:9', '--', 'true']);
   const b = elect(['--zk', connect, '--path', uniquePath('cli-proxy-usage'), '--fence-key', 'k', '--', 'true']);
-  const bounded = (q: Proc) => Promise.race([q.exited.then((e) => e.code), new Promise<'hung'>((r) => setTimeout(() => r('hung'), 5000))]);
+  // A resign loop never exits; a usage error exits at start-up, which a loaded box may stretch to
+  // several seconds (a run under load took more than 5): 30 s tells the two apart.
+  const bounded = (q: Proc) =>
+    Promise.race([q.exited.then((e) => e.code), new Promise<'hung'>((r) => setTimeout(() => r('hung'), 30_000))]);
   expect(await bounded(a)).toBe(2);
   expect(await bounded(b)).toBe(2);
 });

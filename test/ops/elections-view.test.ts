@@ -144,9 +144,15 @@ describe('GET /v1/elections', () => {
     // Invariant: the work per request is bounded; a reader cannot make the proxy hammer ZooKeeper.
     await new Promise((r) => setTimeout(r, ELECTIONS_CACHE_MS)); // past the last reading
     const reads = app.forgeryGuard!.zkReads;
+    const started = Date.now();
     const answers = await Promise.all(Array.from({ length: 50 }, () => view()));
+    const elapsed = Date.now() - started;
     expect(new Set(answers.map((a) => JSON.stringify(a))).size).toBe(1);
-    expect(app.forgeryGuard!.zkReads - reads).toBeLessThanOrEqual(2); // one per mapped path
+    // Readings start at least ELECTIONS_CACHE_MS apart, each asks once per mapped path (2). A quiet
+    // box answers the burst inside one period (2 reads); a loaded one may straddle a few, never 50.
+    const periods = 1 + Math.floor(elapsed / ELECTIONS_CACHE_MS);
+    expect(app.forgeryGuard!.zkReads - reads).toBeLessThanOrEqual(2 * periods);
+    expect(periods).toBeLessThan(25); // else the bound above says nothing about the burst
   });
 
   test('without the forgery guard no election path is known: an empty list that says why', async () => {

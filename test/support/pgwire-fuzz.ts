@@ -16,7 +16,9 @@ import { connect as tcp, type Socket } from 'node:net';
 import fc from 'fast-check';
 import pg from 'pg';
 import { serialize } from 'pg-protocol';
-import { MessageReader, encode, message, parseErrorFields } from '../../src/proxy/sql/framing.ts';
+import { MessageReader, message } from '../../src/proxy/sql/wire/framing.ts';
+import { encode } from '../../src/proxy/sql/wire/frontend.ts';
+import { parseErrorFields } from '../../src/proxy/sql/wire/backend.ts';
 import { protectTable } from '../../src/fence/protect.ts';
 
 /** The protected table, its fence key and the fence's highest token. */

@@ -4,8 +4,10 @@
 import { connect, isIP, type Socket } from 'node:net';
 import { connect as tlsConnect } from 'node:tls';
 import { createHash } from 'node:crypto';
-import { BodyReader, MessageReader, message, parseErrorFields, type Frame } from './framing.ts';
-import { PROTOCOL_3_0, optionArg } from './startup.ts';
+import { BodyReader, MessageReader, type Frame } from './wire/framing.ts';
+import { parseErrorFields } from './wire/backend.ts';
+import { optionArg } from './startup.ts';
+import { encode } from './wire/frontend.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
 import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
 import { describeHost, type DatabaseHost } from '../../fence/primary-finder.ts';
@@ -26,7 +28,7 @@ export function backendTarget(databaseUrl: string): BackendTarget {
   return databaseTarget(databaseUrl);
 }
 
-const SSL_REQUEST = message('', 80877103);
+const SSL_REQUEST = encode({ type: 'sslRequest' });
 
 /**
  * A connection to the database, ready for a startup or cancel packet: over TLS when DATABASE_URL
@@ -214,20 +216,16 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           const r = new BodyReader(f.body);
           const kind = r.int32();
           if (kind === 0) return;
-          if (kind === 3) socket.write(message('p', login.password));
+          if (kind === 3) socket.write(encode({ type: 'password', password: login.password }));
           else if (kind === 5) {
             const salt = r.bytes(4);
             const inner = createHash('md5')
               .update(login.password + login.user)
               .digest('hex');
-            socket.write(
-              message(
-                'p',
-                `md5${createHash('md5')
-                  .update(Buffer.concat([Buffer.from(inner), salt]))
-                  .digest('hex')}`,
-              ),
-            );
+            const md5 = createHash('md5')
+              .update(Buffer.concat([Buffer.from(inner), salt]))
+              .digest('hex');
+            socket.write(encode({ type: 'password', password: `md5${md5}` }));
           } else if (kind === 10) {
             const mechanisms: string[] = [];
             for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
@@ -237,16 +235,13 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
                 `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`,
               );
             scram = new ScramClient(login.password);
-            const first = Buffer.from(scram.first());
-            const body = Buffer.concat([Buffer.from(`${MECHANISM}\u0000`), Buffer.alloc(4), first]);
-            body.writeInt32BE(first.length, MECHANISM.length + 1);
-            socket.write(message('p', body));
+            socket.write(encode({ type: 'saslInitial', mechanism: MECHANISM, data: scram.first() }));
           } else if (kind === 11) {
             if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL continue');
             // The server waits for this answer: nothing else arrives while the key is derived.
             scram.final(r.rest().toString('utf8')).then(
               (final) => {
-                if (!settled) socket.write(message('p', Buffer.from(final)));
+                if (!settled) socket.write(encode({ type: 'saslResponse', data: final }));
               },
               (err: unknown) =>
                 fail(
@@ -304,10 +299,13 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
     socket.on('error', fail);
     socket.on('close', onClose);
     const options = [...login.settings].map(([k, v]) => optionArg(k, v)).join(' ');
-    const params: (string | number)[] = [PROTOCOL_3_0, 'user', login.user, 'database', database];
-    for (const [k, v] of login.parameters) params.push(k, v);
-    if (options !== '') params.push('options', options);
-    socket.write(message('', ...params, Buffer.from([0])));
+    const params: [string, string][] = [
+      ['user', login.user],
+      ['database', database],
+    ];
+    for (const [k, v] of login.parameters) params.push([k, v]);
+    if (options !== '') params.push(['options', options]);
+    socket.write(encode({ type: 'startup', params }));
   });
 }
 
@@ -322,7 +320,7 @@ export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer
         s.on('error', () => {});
         s.once('close', () => resolve());
         s.setTimeout(5000, () => s.destroy());
-        s.end(message('', 80877102, pid, secret));
+        s.end(encode({ type: 'cancelRequest', pid, secret }));
       },
       () => resolve(), // best effort, as a driver's cancel is
     );

@@ -25,7 +25,8 @@ import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
 import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
 import { epochSequence, NO_PREPARE_READ } from '../../fence/rule.ts';
-import { encode, type ErrorFields } from './framing.ts';
+import { encode } from './wire/frontend.ts';
+import type { ErrorFields } from './wire/backend.ts';
 
 /** The statement that makes a transaction read-write (the first of the two while writes are refused). */
 export const RW_SQL = 'SET transaction_read_only = off';

@@ -18,7 +18,7 @@ import { keyProblem, MAX_KEY_BYTES } from '../../fence/key.ts';
 import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
 import { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST, STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
-import type { ErrorFields } from './framing.ts';
+import type { ErrorFields } from './wire/backend.ts';
 import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
 import { INSUFFICIENT_PRIVILEGE } from '../../fence/sqlstate.ts';
 import { MAX_TOKEN, parseToken } from '../../fence/token.ts';

@@ -24,31 +24,30 @@ import { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
+import { BodyReader, MAX_STARTUP_BYTES, MessageReader, type Frame } from './wire/framing.ts';
 import {
-  BodyReader,
-  MAX_STARTUP_BYTES,
-  MessageReader,
+  authenticationCleartextPassword,
   authenticationOk,
+  authenticationSasl,
+  authenticationSaslContinue,
+  authenticationSaslFinal,
   backendKeyData,
   errorResponse,
-  message,
+  negotiateProtocolVersion,
   parameterStatus,
   readyForQuery,
   type ErrorFields,
-  type Frame,
-} from './framing.ts';
+} from './wire/backend.ts';
 import {
   CLIENT_TIMEOUTS,
   FENCE_SETTINGS,
   OWN_SETTINGS,
   applicationName,
   boundedTimeout,
-  negotiateProtocolVersion,
-  negotiatesEncryption,
-  parseStartupPacket,
   requestedSettings,
   type ClientTimeout,
 } from './startup.ts';
+import { negotiatesEncryption, parseStartupPacket } from './wire/frontend.ts';
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
@@ -419,7 +418,7 @@ export class PgwireServer {
         }
         if (encrypted && key !== null && key.scram === undefined) {
           // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
-          socket.write(message('R', 3));
+          socket.write(authenticationCleartextPassword());
           const pw = authMessage(await nextFrame(), 'a password message');
           let given = '';
           try {
@@ -431,7 +430,7 @@ export class PgwireServer {
             throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
         } else {
           const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
-          socket.write(message('R', 10, MECHANISM, Buffer.from([0])));
+          socket.write(authenticationSasl(MECHANISM));
           try {
             const first = authMessage(await nextFrame(), 'a SASL response');
             const r = new BodyReader(first.body);
@@ -440,10 +439,10 @@ export class PgwireServer {
               throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
             const len = r.int32();
             const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
-            socket.write(message('R', 11, Buffer.from(server.first(clientFirst))));
+            socket.write(authenticationSaslContinue(server.first(clientFirst)));
             const fin = authMessage(await nextFrame(), 'a SASL response');
             const serverFinal = server.final(fin.body.toString('utf8'));
-            socket.write(message('R', 12, Buffer.from(serverFinal)));
+            socket.write(authenticationSaslFinal(serverFinal));
           } catch (err) {
             if (err instanceof Refusal || err instanceof ClientLeft) throw err;
             if (err instanceof ScramError && /channel binding|malformed/.test(err.message))

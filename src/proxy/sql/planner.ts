@@ -42,7 +42,8 @@
 //   group's implicit transaction mid-pipeline, and no client library sends one.
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
-import { cstr, encode, errorResponse, message, readyForQuery, type ClientMessage } from './framing.ts';
+import { encode, type ClientMessage } from './wire/frontend.ts';
+import { bindComplete, commandComplete, errorResponse, noData, readyForQuery } from './wire/backend.ts';
 import {
   bindAndExecute,
   closeStatement,
@@ -60,7 +61,7 @@ import {
   ROUTINE_STATEMENT,
   type FenceStatements,
 } from './fence.ts';
-import type { ErrorFields } from './framing.ts';
+import type { ErrorFields } from './wire/backend.ts';
 import {
   deallocatedStatements,
   hasSeveralStatements,
@@ -343,9 +344,9 @@ export class Planner {
     const [ex, sy] = describe ? [e, s] : [d, e];
     if (ex?.type !== 'execute' || ex.portal !== '' || sy?.type !== 'sync') return null;
     this.heldBegin = { bytes: Buffer.concat([frames[0]!, frames[describe ? 2 : 1]!]) };
-    const reply = [message('2')];
-    if (describe) reply.push(message('n'));
-    reply.push(message('C', cstr(tag)), readyForQuery('T'));
+    const reply = [bindComplete()];
+    if (describe) reply.push(noData());
+    reply.push(commandComplete(tag), readyForQuery('T'));
     return { taken: describe ? 4 : 3, reply };
   }
 
@@ -431,7 +432,7 @@ export class Planner {
     const beginTag = idle && !ctx.awaiting ? deferrableBegin(text) : null;
     if (beginTag !== null) {
       this.heldBegin = { text };
-      return [{ do: 'holdBegin', bytes: [message('C', cstr(beginTag)), readyForQuery('T')] }];
+      return [{ do: 'holdBegin', bytes: [commandComplete(beginTag), readyForQuery('T')] }];
     }
     if (this.heldBegin !== null && setsFenceSetting(text)) {
       // A driver that sends BEGIN first (psycopg2, psycopg 3) setting a new token after a stale

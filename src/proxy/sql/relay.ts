@@ -1,13 +1,12 @@
 // The session's plumbing: reads the writer's messages, sends what the planner decides for each, and
 // sorts the backend's responses into the writer's and the proxy's.
 //
-// Each message sent to the backend has an expected response, tagged injected or the writer's; the
-// responses of injected messages are swallowed (notices included), the writer's are forwarded as
-// they came. An ErrorResponse outside a simple Query makes the backend skip to the next Sync: the
-// expectations up to it are dropped, and until the writer's Sync comes (it may come in a later
-// write) nothing more is expected. A new group is held until the previous one's ReadyForQuery says
-// whether the session is idle; one that would start a transaction also waits for the gate (the
-// forgery guard and the raise, gate.ts).
+// Each message sent to the backend has a reply owed (replies.ts), the proxy's own or the writer's;
+// the proxy's are swallowed (notices included), the writer's forwarded as they came. A new group is
+// held until the previous one's ReadyForQuery says whether the session is idle; one that would start
+// a transaction also waits for the gate (the forgery guard and the raise, gate.ts). COPY FROM STDIN
+// is copy-in.ts, counting fenced transactions tally.ts, a session the writer did not end
+// session-end.ts.
 //
 // What the planner believes follows what the backend did, never what was sent: a statement's or
 // portal's kind counts once its ParseComplete / BindComplete / CloseComplete arrives (a refused or
@@ -18,45 +17,30 @@
 // is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import {
-  MessageReader,
-  commandTag,
-  readyForQuery,
-  type ErrorFields,
-  dataRowTexts,
-  decodeClient,
-  encode,
-  errorResponse,
-  message,
-  parameterOf,
-  parseErrorFields,
-  type ClientMessage,
-  type Frame,
-} from './framing.ts';
+import type { MessageReader, Frame } from './wire/framing.ts';
+import { commandTag, dataRowTexts, errorFromFields, isFatal, parameterOf, parseErrorFields, type ErrorFields } from './wire/backend.ts';
+import { decodeClient, encode, type ClientMessage } from './wire/frontend.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
-import type { Expect, Kind, Planner, Step } from './planner.ts';
+import type { Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
 import {
-  ADMIN_SHUTDOWN,
-  CONNECTION_FAILURE,
-  IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+  FEATURE_NOT_SUPPORTED,
   INTERNAL_ERROR,
   INVALID_SQL_STATEMENT_NAME,
   LOCK_NOT_AVAILABLE,
   OBJECT_NOT_IN_PREREQUISITE_STATE,
-  PROTOCOL_VIOLATION,
   QUERY_CANCELED,
   READ_ONLY_SQL_TRANSACTION,
-  TRANSACTION_RESOLUTION_UNKNOWN,
+  PROTOCOL_VIOLATION,
 } from '../../fence/sqlstate.ts';
+import { errorResponse } from './wire/backend.ts';
+import { Replies, type Reply } from './replies.ts';
+import { CopyIn } from './copy-in.ts';
+import { TransactionTally, type TransactionEnd } from './tally.ts';
+import { SessionEnd } from './session-end.ts';
 
-/**
- * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on
- * an error (invalid), rolled back by the writer or left open when it went (rolled_back), or its
- * database connection lost (error; a COMMIT in flight then may or may not have committed).
- */
-export type TransactionEnd = 'accepted' | 'invalid' | 'rolled_back' | 'error';
+export type { TransactionEnd } from './tally.ts';
 
 export interface StaleRefusal {
   fenceKey: string;
@@ -100,28 +84,6 @@ export interface RelayOptions {
   idleInTransactionMs?: number;
 }
 
-interface Pending extends Expect {
-  /** query (injected): sees its messages. */
-  capture?: (f: Frame) => void;
-  /** Called at its ReadyForQuery. */
-  onReady?: () => void;
-  /** query: the fence after a lone BEGIN failed (see undoBeginOnFenceError). */
-  fenceFailed?: boolean;
-  /** How many CopyDone/CopyFail of the writer's had gone to the backend when this was sent. */
-  copyEndsAt?: number;
-}
-
-/**
- * COPY FROM STDIN, as the backend runs it: from its CopyInResponse it reads only CopyData, CopyDone
- * and CopyFail, ignores Flush and Sync, and takes any other message as an error it cannot be matched
- * with. So while the writer's copy stream is open its copy messages, Flushes and Syncs go straight
- * through (never held for an answer that comes only after the copy ends), and anything else ends
- * the session. A COPY started by an extended-protocol Execute still needs a Sync after the copy
- * (libpq sends one after CopyDone): that Sync answers the group's first one, which the backend
- * ignored.
- */
-const NOT_COPY_DATA = 'a message other than CopyData, CopyDone, CopyFail, Flush or Sync during COPY FROM STDIN';
-
 /**
  * A fence statement's errors other than stale, as the HTTP door counts its answers: the fence could
  * not be checked (the guard or the durability check refused, the fence row stayed locked, a
@@ -136,24 +98,29 @@ const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
   [INVALID_FENCE_SETTING]: 'invalid',
 };
 
-/** SQLSTATE of the session's end when the backend's transaction state is not what the planner predicted. */
 const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
-const FLUSH = message('H');
-
-/** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
-const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
+const FLUSH = encode({ type: 'flush' });
+const TWO_PHASE_HINT =
+  "a fenced session's transactions read a temporary object of its fence, so PREPARE TRANSACTION (two-phase commit) is refused on the fencepost SQL endpoint: end the transaction with COMMIT";
 const READ_ONLY_HINT =
   "on the fencepost SQL endpoint a session writes only with a fencing token: SET fencepost.token = '<token>' and fencepost.fence_key = '<fence key>' (or -c fencepost.token=… -c fencepost.fence_key=… in the startup options); without one every transaction is read-only";
 
-/** A writer's "read-only transaction" error (25006) with a hint naming fencepost.token, unless it has a hint of its own. */
-function withReadOnlyHint(bytes: Buffer): Buffer {
+/**
+ * A writer's error with the hint the endpoint owes it, unless it has a hint of its own: a
+ * "read-only transaction" (25006) of a session without a fence names fencepost.token; PREPARE
+ * TRANSACTION's "operated on temporary objects" (0A000) says why two-phase commit is refused.
+ */
+function withHint(bytes: Buffer, fenced: boolean): Buffer {
   const fields = parseErrorFields(bytes.subarray(5));
-  if (fields.get('C') !== READ_ONLY_SQL_TRANSACTION || fields.has('H')) return bytes;
-  fields.set('H', READ_ONLY_HINT);
-  const parts: Buffer[] = [];
-  for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), Buffer.from(`${value}\u0000`, 'utf8'));
-  parts.push(Buffer.from([0]));
-  return message('E', ...parts);
+  if (fields.has('H')) return bytes;
+  const code = fields.get('C');
+  let hint: string;
+  if (code === READ_ONLY_SQL_TRANSACTION && !fenced) hint = READ_ONLY_HINT;
+  else if (code === FEATURE_NOT_SUPPORTED && fenced && /PREPARE a transaction .*temporary objects/.test(fields.get('M') ?? ''))
+    hint = TWO_PHASE_HINT;
+  else return bytes;
+  fields.set('H', hint);
+  return errorFromFields(fields);
 }
 
 /**
@@ -168,60 +135,26 @@ function predictionHolds(predicted: 'I' | 'T', reported: string, failed: boolean
 }
 
 export class Relay {
+  /** The backend's transaction status at its last ReadyForQuery. */
   private status = 'I';
-  private readonly queue: Pending[] = [];
-  private pendingReady = 0;
+  private readonly replies: Replies;
+  private readonly copy: CopyIn;
+  private readonly tally: TransactionTally;
+  private readonly end: SessionEnd;
+  /** The writer's messages read and not yet sent on (held for a ReadyForQuery, the gate or the startup fence). */
   private readonly clientFrames: { frame: Frame; msg: ClientMessage }[] = [];
   private toBackend: Buffer[] = [];
   private toClient: Buffer[] = [];
   private holding = false;
   /** The session is being fenced for its startup settings (session.ts): the writer's messages wait. */
   private startupHold = false;
-  /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
-  private skipping = false;
   /** An ErrorResponse came since the last ReadyForQuery. */
   private failed = false;
   /** The backend's socket buffer is full: stop reading the writer until it drains. */
   private backendBlocked = false;
   private closed = false;
-  /** The backend is gone; the writer is told why once lostReason() answers. */
-  private losing = false;
-  /** The writer sent something meanwhile: answer it at once. */
-  private spokeWhileLosing = false;
-  /** Ends a transaction the writer leaves idle too long (armIdleInTransaction). */
-  private idleTimer: NodeJS.Timeout | undefined;
-  /** A FATAL the backend sent outside any request, right before it went away. */
-  private backendFatal: Buffer | null = null;
-  /**
-   * The writer was sent a FATAL in answer to its request (a raise's pg_terminate_backend mid-query):
-   * it expects the connection to close.
-   */
-  private writerHeardFatal = false;
   /** A Flush of the proxy's went to the backend for a Query waiting inside an open group. */
   private flushAsked = false;
-  /**
-   * Counting fenced transactions the way the database does: fence_session_bound() adds a
-   * pending_counts row when a transaction passes the fence with a token (the fence statement then
-   * returns no row: CommandComplete "SELECT 0"; a session without a token gets "SELECT 1"), and
-   * that row counts once the transaction commits. So a transaction is `fenced` from that
-   * CommandComplete; it committed at a CommandComplete "COMMIT" of the writer's (the backend sends
-   * it after the commit; a failed block's COMMIT answers "ROLLBACK"), or at a ReadyForQuery 'I'
-   * that ends an implicit transaction with no error and no ROLLBACK in it (`spoiled`). A
-   * ReadyForQuery 'T' clears `spoiled` (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and revives a
-   * failed block); 'E' sets it.
-   */
-  private fenced = false;
-  /** The fence key of the fenced transaction open now. */
-  private fencedKey = '';
-  private spoiled: 'invalid' | 'rolled_back' | null = null;
-  /** CopyDone and CopyFail messages of the writer's sent to the backend so far. */
-  private copyEnds = 0;
-  /** The backend is in COPY IN (CopyInResponse, no CommandComplete or error since). */
-  private copyActive = false;
-  /** The writer's copy stream is open: the backend is in COPY IN and the writer has not ended it. */
-  private copyStream: { extended: boolean } | null = null;
-  /** The backend needs one more Sync for a COPY started by an Execute (see NOT_COPY_DATA). */
-  private owedSync = false;
 
   /** The value of each reported setting as the writer last heard it (ParameterStatus). */
   private readonly told = new Map<string, string>();
@@ -233,6 +166,28 @@ export class Relay {
     private readonly planner: Planner,
     private readonly opts: RelayOptions,
   ) {
+    this.replies = new Replies(planner);
+    this.copy = new CopyIn(this.replies);
+    this.tally = new TransactionTally((end, fenceKey) => opts.onTransactionEnd?.(end, fenceKey));
+    this.end = new SessionEnd({
+      client,
+      backend: backend.socket,
+      logger: opts.logger,
+      replies: this.replies,
+      tally: this.tally,
+      status: () => this.status,
+      failed: () => this.failed,
+      held: (drop) => {
+        const n = this.clientFrames.length;
+        if (drop) this.clientFrames.length = 0;
+        return n;
+      },
+      push: (bytes) => this.toClient.push(bytes),
+      flushClient: () => this.flushClient(),
+      close: () => this.close(),
+      closed: () => this.closed,
+      lostReason: opts.lostReason,
+    });
     for (const b of backend.parameterStatus) {
       const { name, value } = this.noteParameter(b.subarray(5));
       this.told.set(name, value);
@@ -245,8 +200,8 @@ export class Relay {
     this.backend.socket.on('data', (chunk: Buffer) => this.onBackendData(chunk));
     this.client.on('close', () => this.close());
     this.client.on('error', () => this.close());
-    this.backend.socket.on('error', () => this.onBackendLost());
-    this.backend.socket.on('close', () => this.onBackendLost());
+    this.backend.socket.on('error', () => this.end.backendLost());
+    this.backend.socket.on('close', () => this.end.backendLost());
     this.client.on('drain', () => this.backend.socket.resume());
     this.backend.socket.on('drain', () => {
       this.backendBlocked = false;
@@ -267,7 +222,7 @@ export class Relay {
 
   /** Goes on with the writer's messages held for the gate. */
   resume(): void {
-    if (this.closed || this.losing) return; // what the gate held is answered by answerNextWith
+    if (this.closed || this.end.losing) return; // what the gate held is answered by the session's end
     this.pumpClient();
     this.flushClient();
   }
@@ -290,9 +245,9 @@ export class Relay {
 
   close(): void {
     if (this.closed) return;
-    this.endFenced(this.losing ? 'error' : 'rolled_back');
+    this.tally.end(this.end.losing ? 'error' : 'rolled_back');
     this.closed = true;
-    clearTimeout(this.idleTimer);
+    this.end.disarmIdle();
     this.backend.socket.destroy();
     // A last message written with end() (an error the writer must read: libpq reads it only after
     // its own write) goes out before the socket does; a destroy would drop it.
@@ -319,147 +274,6 @@ export class Relay {
     this.close();
   }
 
-  private onBackendLost(): void {
-    if (this.closed || this.losing) return;
-    this.losing = true;
-    const inFlight = this.queue.length > 0 || this.status !== 'I';
-    // A request of the writer's that may commit (planner.ts mayCommit: a COMMIT, a statement of an
-    // implicit transaction), not answered by its ReadyForQuery nor failed: it may have committed.
-    const commitInFlight = !this.failed && this.queue.some((e) => !e.injected && e.mayCommit === true);
-    this.opts.logger.warn({ inFlight, commitInFlight }, 'SQL session: the database connection was lost');
-    if (commitInFlight) {
-      // No raise's FP409 here: a backend ended while committing (waiting for the synchronous
-      // standby, say) has committed locally.
-      this.endFenced('error');
-      this.answerLost({
-        severity: 'ERROR',
-        code: TRANSACTION_RESOLUTION_UNKNOWN,
-        message: 'the database connection was lost while a commit was in flight: the transaction may or may not have committed',
-        hint: 'read back what it wrote before retrying it',
-      });
-      return;
-    }
-    const writerWaits = this.queue.some((e) => !e.injected);
-    const finish = (reason: ErrorFields | null) => {
-      if (this.closed) return;
-      // A reason is a newer leader's raise (FP409): counted as rejected by onStale, not here.
-      if (reason !== null) this.fenced = false;
-      this.endFenced('error');
-      if (this.writerHeardFatal) {
-        // The writer's request was answered with the FATAL (Postgres's own words, a raise's
-        // pg_terminate_backend mid-query): the connection ends now, as it would straight to Postgres.
-        this.flushClient();
-        this.endWith(Buffer.alloc(0));
-        return;
-      }
-      if (reason !== null && !this.client.destroyed) {
-        // Told as the answer to the writer's next message (a paused writer reads it as its
-        // COMMIT's), as an ERROR and a ReadyForQuery: libpq (psycopg2) keeps the SQLSTATE of an
-        // error only when the connection outlives it. The message after that ends the session.
-        this.flushClient();
-        this.answerNextWith(Buffer.concat([errorResponse({ ...reason, severity: 'ERROR' }), readyForQuery('I')]), true);
-        return;
-      }
-      if (reason === null && writerWaits) {
-        this.answerLost({
-          severity: 'ERROR',
-          code: CONNECTION_FAILURE,
-          message: 'the database connection was lost',
-          detail: 'nothing of the open transaction committed (no commit was in flight)',
-        });
-        return;
-      }
-      if (reason === null && this.backendFatal !== null) this.toClient.push(this.backendFatal);
-      this.flushClient();
-      if (!this.client.destroyed) {
-        this.client.end(
-          errorResponse(
-            reason ?? {
-              severity: 'FATAL',
-              code: CONNECTION_FAILURE,
-              message: 'the database connection was lost',
-              detail: inFlight ? 'nothing of the open transaction committed (no commit was in flight)' : undefined,
-            },
-          ),
-        );
-      }
-      this.close();
-    };
-    // Only a transaction that was open and not committing can have been ended by a raise.
-    // 57P01: terminated by an administrator, as a raise ends the transactions that hold its fence.
-    const terminated = this.backendFatal !== null && parseErrorFields(this.backendFatal.subarray(5)).get('C') === ADMIN_SHUTDOWN;
-    if (inFlight && this.opts.lostReason) this.opts.lostReason(terminated).then(finish, () => finish(null));
-    else finish(null);
-  }
-
-  /**
-   * The backend went while the writer waits for an answer: `error` answers it at once, with a
-   * ReadyForQuery (libpq keeps the SQLSTATE of an error only when the connection outlives it);
-   * the writer's next message hears that the session is gone.
-   */
-  private answerLost(error: ErrorFields): void {
-    this.flushClient();
-    if (this.client.destroyed) {
-      this.close();
-      return;
-    }
-    this.client.write(Buffer.concat([errorResponse(error), readyForQuery('I')]));
-    this.answerNextWith(
-      errorResponse({ severity: 'FATAL', code: CONNECTION_FAILURE, message: "this session's database connection was lost: reconnect" }),
-    );
-  }
-
-  /** Writes `bytes` and ends the writer's connection once they are out (a destroy would drop them), then closes. */
-  private endWith(bytes: Buffer): void {
-    if (this.client.destroyed) {
-      this.close();
-      return;
-    }
-    const timer = setTimeout(() => this.close(), 2000);
-    timer.unref();
-    this.client.end(bytes, () => {
-      clearTimeout(timer);
-      this.close();
-    });
-  }
-
-  /** The backend is gone: answer the writer's next message (or its leaving) with `reply`, then close. */
-  private answerNextWith(reply: Buffer | (() => Promise<Buffer>), thenLost = false): void {
-    this.backend.socket.destroy();
-    let answered = false;
-    const done = () => {
-      if (answered) return;
-      answered = true;
-      clearTimeout(timer);
-      if (thenLost && !this.client.destroyed && !this.client.readableEnded) {
-        // An answer that keeps the connection: the next message hears that the session is gone.
-        this.client.write(reply as Buffer);
-        this.answerNextWith(
-          errorResponse({
-            severity: 'FATAL',
-            code: CONNECTION_FAILURE,
-            message: "this session's database connection was ended by a newer leader's raise: reconnect",
-          }),
-        );
-        return;
-      }
-      void (typeof reply === 'function' ? reply() : Promise.resolve(reply)).then((bytes) => this.endWith(bytes));
-    };
-    // A writer that never comes back is not waited for past this.
-    const timer = setTimeout(done, DEPOSED_REPLY_WAIT_MS);
-    timer.unref();
-    this.client.removeAllListeners('data');
-    this.client.once('data', done);
-    this.client.once('end', done);
-    this.client.resume();
-    // Spoken already: after the loss, or before it and not yet sent on (held for the gate).
-    if (this.spokeWhileLosing || this.clientFrames.length > 0) {
-      this.spokeWhileLosing = false;
-      this.clientFrames.length = 0;
-      done();
-    }
-  }
-
   private noteParameter(body: Buffer): { name: string; value: string } {
     const p = parameterOf(body);
     this.planner.noteParameter(p.name, p.value);
@@ -470,12 +284,12 @@ export class Relay {
 
   private onClientData(chunk: Buffer): void {
     if (this.closed) return;
-    if (this.losing) {
-      // The backend is gone and the writer's answer not known yet: it is owed one (answerNextWith).
-      if (chunk.length > 0) this.spokeWhileLosing = true;
+    if (this.end.losing) {
+      // The backend is gone and the writer's answer not known yet: it is owed one.
+      if (chunk.length > 0) this.end.spoke();
       return;
     }
-    clearTimeout(this.idleTimer);
+    this.end.disarmIdle();
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);
       for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next())
@@ -496,35 +310,31 @@ export class Relay {
     let i = 0;
     while (i < this.clientFrames.length && !this.closed) {
       const { frame, msg } = this.clientFrames[i]!;
-      if ((this.copyStream !== null || this.owedSync) && msg.type !== 'copy') {
-        if (msg.type === 'sync' || msg.type === 'flush') {
+      if (this.copy.open && msg.type !== 'copy') {
+        const admitted = this.copy.admit(msg);
+        if (admitted === 'pass') {
           // Ignored by the backend in COPY IN; after it, the Sync the copy's group still needs.
           i++;
           this.toBackend.push(frame.bytes);
-          if (msg.type === 'sync' && this.copyStream === null) this.owedSync = false;
           continue;
         }
         this.flushBackend();
-        this.fail(
-          this.copyStream !== null
-            ? NOT_COPY_DATA
-            : 'a message other than Sync after the copy data of a COPY FROM STDIN started by Execute',
-        );
+        this.fail(admitted);
         return;
       }
-      if (this.pendingReady > 0 && this.planner.opensGroup(msg)) break;
+      if (this.replies.awaitingReady && this.planner.opensGroup(msg)) break;
       if (msg.type === 'query' && this.planner.inGroup()) {
         // A Query inside an open group (asyncpg: Parse/Describe/Flush, then a Query): planned once
         // the group's answers are in, as asyncpg waits for them too. After an error the backend
         // skips everything but Sync, a Query too, with no answer: so does the proxy.
-        if (this.queue.length > 0) {
+        if (this.replies.waiting) {
           // The backend holds its answers until a Flush or Sync: ask for them (a Flush answers nothing).
           if (!this.flushAsked) this.toBackend.push(FLUSH);
           this.flushAsked = true;
           break;
         }
         this.flushAsked = false;
-        if (this.skipping) {
+        if (this.replies.skipping) {
           i++;
           continue;
         }
@@ -536,13 +346,13 @@ export class Relay {
         gate.start();
         break;
       }
-      if (msg.type === 'bind' && this.status === 'I' && this.pendingReady === 0) {
+      if (msg.type === 'bind' && this.status === 'I' && !this.replies.awaitingReady) {
         // A lone BEGIN group: answered here, held for the next message (planner.ts holdExtendedBegin).
         const next = this.clientFrames.slice(i, i + 4);
         const held = this.planner.holdExtendedBegin(
           next.map((f) => f.msg),
           next.map((f) => f.frame.bytes),
-          { status: this.status, awaiting: this.queue.length > 0 },
+          { status: this.status, awaiting: this.replies.waiting },
         );
         if (held !== null) {
           i += held.taken;
@@ -552,8 +362,8 @@ export class Relay {
       }
       i++;
       if (gate && (msg.type === 'query' || msg.type === 'parse')) gate.noteText(msg.text);
-      this.apply(frame, this.planner.plan(msg, { status: this.status, awaiting: this.queue.length > 0 }));
-      if (frame.type === 'c' || frame.type === 'f') this.endCopyStream();
+      this.apply(frame, this.planner.plan(msg, { status: this.status, awaiting: this.replies.waiting }));
+      if (frame.type === 'c' || frame.type === 'f') this.copy.ended();
     }
     this.clientFrames.splice(0, i);
     this.holding = this.clientFrames.length > 0;
@@ -598,17 +408,9 @@ export class Relay {
     }
   }
 
-  private expect(e: Pending): void {
-    e.copyEndsAt = this.copyEnds;
-    if (this.skipping) {
-      if (e.kind !== 'sync' && e.kind !== 'query') {
-        this.skipped(e); // no response comes
-        return;
-      }
-      this.skipping = false;
-    }
-    this.queue.push(e);
-    if (e.kind === 'sync' || e.kind === 'query') this.pendingReady++;
+  private expect(e: Reply): void {
+    this.copy.stamp(e);
+    this.replies.expect(e);
   }
 
   private flushBackend(): void {
@@ -634,8 +436,7 @@ export class Relay {
       return;
     }
     this.flushClient();
-    if (!this.losing && (this.pendingReady === 0 || this.copyStream !== null || this.owedSync) && this.clientFrames.length > 0)
-      this.pumpClient();
+    if (!this.end.losing && (!this.replies.awaitingReady || this.copy.open) && this.clientFrames.length > 0) this.pumpClient();
   }
 
   private flushClient(): void {
@@ -645,58 +446,18 @@ export class Relay {
     if (!this.client.write(out)) this.backend.socket.pause();
   }
 
-  private forward(f: Frame, e: Pending | undefined): void {
+  private forward(f: Frame, e: Reply | undefined): void {
     if (e === undefined || !e.injected) this.toClient.push(f.bytes);
   }
 
-  private pop(kinds: readonly Kind[], f: Frame): Pending {
-    const e = this.queue.shift();
-    if (e === undefined || !kinds.includes(e.kind))
-      throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
-    return e;
-  }
-
-  /** The writer's CopyDone or CopyFail went to the backend. */
-  private endCopyStream(): void {
-    this.copyEnds++;
-    if (this.copyStream === null) return;
-    if (this.copyStream.extended) this.owedSync = true;
-    this.copyStream = null;
-  }
-
-  /** CopyInResponse to `head`, the writer's Query or Execute (see NOT_COPY_DATA). */
-  private onCopyIn(head: Pending | undefined): void {
-    if (head === undefined) throw new Error('CopyInResponse from the database answers nothing');
-    this.copyActive = true;
-    const extended = head.kind === 'execute';
-    if (extended) {
-      // What the writer sent after the Execute reached the backend in COPY IN, up to its copy end.
-      const during = this.queue.slice(1).filter((e) => e.copyEndsAt === head.copyEndsAt);
-      if (during.some((e) => e.kind !== 'sync')) {
-        this.fail(NOT_COPY_DATA);
-        return;
-      }
-      // Ignored Syncs: the first one's ReadyForQuery comes after the copy (owedSync); no other one's does.
-      for (const e of during.slice(1)) {
-        this.queue.splice(this.queue.indexOf(e), 1);
-        this.pendingReady--;
-      }
-    }
-    if (this.copyEnds === head.copyEndsAt) this.copyStream = { extended };
-    else if (extended) this.owedSync = true; // the writer's copy end went with its pipeline
-  }
-
   private onBackendFrame(f: Frame): void {
-    const head = this.queue[0];
+    const head = this.replies.head;
     if (f.type === 'G') {
-      this.onCopyIn(head);
+      const failure = this.copy.onCopyInResponse(head);
+      if (failure !== null) this.fail(failure);
       if (this.closed) return;
-    } else if (this.copyActive && (f.type === 'C' || f.type === 'E')) {
-      // The copy is over on the backend's side (an error aborts it: the backend drops the rest of
-      // the writer's copy data; after an Execute it waits for a Sync).
-      this.copyActive = false;
-      if (this.copyStream?.extended) this.owedSync = true;
-      this.copyStream = null;
+    } else if (f.type === 'C' || f.type === 'E') {
+      this.copy.onEnd();
     }
     if (head?.kind === 'query' && f.type !== 'Z' && f.type !== 'E' && f.type !== 'S' && f.type !== 'A') {
       this.onQueryMessage(f, head);
@@ -719,20 +480,20 @@ export class Relay {
         this.toClient.push(f.bytes);
         return;
       case '1':
-        this.forward(f, this.confirmed(this.pop(['parse'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(['parse'], f)));
         return;
       case '2':
-        this.forward(f, this.confirmed(this.pop(['bind'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(['bind'], f)));
         return;
       case '3':
-        this.forward(f, this.confirmed(this.pop(['close'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(['close'], f)));
         return;
       case 't':
         this.forward(f, head);
         return;
       case 'T':
       case 'n':
-        if (head?.kind === 'describe') this.forward(f, this.pop(['describe'], f));
+        if (head?.kind === 'describe') this.forward(f, this.replies.pop(['describe'], f));
         else this.forward(f, head);
         return;
       case 'C':
@@ -740,7 +501,7 @@ export class Relay {
       case 's': {
         if (head === undefined || !head.injected) this.noteCommand(f, head?.kind === 'execute');
         else if (head.fence && f.type === 'C') this.noteFence(f);
-        if (head?.kind === 'execute') this.forward(f, this.pop(['execute'], f));
+        if (head?.kind === 'execute') this.forward(f, this.replies.pop(['execute'], f));
         else this.forward(f, head);
         return;
       }
@@ -756,7 +517,7 @@ export class Relay {
   }
 
   /** A response to a writer's Query, minus what answers the fence inside it (by statement). */
-  private onQueryMessage(f: Frame, e: Pending): void {
+  private onQueryMessage(f: Frame, e: Reply): void {
     if (e.injected) {
       e.capture?.(f);
       return;
@@ -772,7 +533,7 @@ export class Relay {
   }
 
   /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
-  private queryError(f: Frame, e: Pending): Buffer {
+  private queryError(f: Frame, e: Reply): Buffer {
     const fields = parseErrorFields(f.body);
     if (e.plan?.[e.at ?? 0] ?? false) return this.onFenceError(fields, f.bytes);
     const position = Number(fields.get('P'));
@@ -781,32 +542,16 @@ export class Relay {
     let moved = position;
     for (const ins of e.insertions) if (ins.start < position - 1) moved -= Math.min(ins.length, position - 1 - ins.start);
     fields.set('P', String(Math.max(1, moved)));
-    const parts: Buffer[] = [];
-    for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), Buffer.from(`${value}\u0000`, 'utf8'));
-    parts.push(Buffer.from([0]));
-    return message('E', ...parts);
+    return errorFromFields(fields);
   }
 
   /** The fence statement's CommandComplete ("SET" of its first statement is not it): a proof that passed counts the transaction. */
   private noteFence(f: Frame): void {
-    const pair = this.planner.fence.pair;
-    if (pair !== null && commandTag(f.body).startsWith('SELECT')) {
-      this.fenced = true;
-      this.fencedKey = pair.fenceKey;
-      this.spoiled = null;
-    }
-  }
-
-  /** The fenced transaction, if one is open, ended so. */
-  private endFenced(end: TransactionEnd): void {
-    if (!this.fenced) return;
-    this.fenced = false;
-    this.spoiled = null;
-    this.opts.onTransactionEnd?.(end, this.fencedKey);
+    this.tally.fenceTag(commandTag(f.body), this.planner.fence.pair?.fenceKey ?? null);
   }
 
   /** The writer's Parse, Bind or Close took effect: the planner records what it changes. */
-  private confirmed(e: Pending): Pending {
+  private confirmed(e: Reply): Reply {
     if (!e.injected && e.change !== undefined) this.planner.confirm(e.change);
     return e;
   }
@@ -818,8 +563,7 @@ export class Relay {
   private noteCommand(f: Frame, extended: boolean): void {
     if (f.type !== 'C') return;
     const tag = commandTag(f.body);
-    if (tag === 'COMMIT') this.endFenced('accepted');
-    else if (tag === 'ROLLBACK') this.spoiled ??= 'rolled_back';
+    this.tally.commandTag(tag);
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
     // DISCARD SEQUENCES forgets the session's fence, DISCARD TEMP its setup (rule.ts), ALL both.
     if (tag === 'DISCARD ALL' || tag === 'DISCARD SEQUENCES' || tag === 'DISCARD TEMP')
@@ -828,21 +572,21 @@ export class Relay {
     if (tag === 'DISCARD ALL' || tag === 'DEALLOCATE ALL' || (tag === 'DEALLOCATE' && extended)) this.planner.writerStatementsDropped();
   }
 
-  /** A 25006 of a session without a fence gets the hint naming fencepost.token; a fenced session's is its own (BEGIN READ ONLY). */
+  /** A writer's error, with the hint the endpoint owes it (withHint). */
   private hinted(bytes: Buffer): Buffer {
-    return this.planner.fence.pair === null ? withReadOnlyHint(bytes) : bytes;
+    return withHint(bytes, this.planner.fence.pair !== null);
   }
 
-  private onError(f: Frame, head: Pending | undefined): void {
+  private onError(f: Frame, head: Reply | undefined): void {
     this.failed = true;
-    if (this.fenced) this.spoiled = 'invalid';
+    this.tally.error();
     if (head?.kind === 'query') {
       if (head.injected) {
         head.capture?.(f);
         return;
       }
       if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
-      if (isFatal(f.body)) this.writerHeardFatal = true;
+      if (isFatal(f.body)) this.end.writerHeardFatal = true;
       this.toClient.push(this.hinted(this.queryError(f, head)));
       return; // a simple Query ends with its ReadyForQuery
     }
@@ -851,8 +595,7 @@ export class Relay {
       // takes nothing more. Lost now, not at the socket's close: a message the writer sends
       // meanwhile (a paused writer's COMMIT) is never forwarded, so it is answered as one that
       // came after the loss, not as a commit in flight.
-      this.backendFatal = f.bytes;
-      this.onBackendLost();
+      this.end.backendSaidFatal(f.bytes);
       return;
     }
     if (head.injected) {
@@ -861,13 +604,12 @@ export class Relay {
         this.planner.statementsDropped();
       this.toClient.push(head.fence ? this.onFenceError(fields, f.bytes) : f.bytes);
     } else {
-      if (isFatal(f.body)) this.writerHeardFatal = true;
+      if (isFatal(f.body)) this.end.writerHeardFatal = true;
       this.toClient.push(this.hinted(f.bytes));
     }
     // Extended protocol: the backend skips everything up to the next Sync (no Query is sent inside
     // a group: planner.ts). Without one sent yet, it skips what comes until the writer's.
-    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.queue.shift()!);
-    if (this.queue.length === 0) this.skipping = true;
+    this.replies.skipToSync();
   }
 
   /**
@@ -893,20 +635,11 @@ export class Relay {
     return bytes;
   }
 
-  /** A message the backend refused or skipped: what it would change, changes nothing; fence statements it would prepare are not. */
-  private skipped(e: Pending): void {
-    if (e.change !== undefined) this.planner.discard(e.change);
-    if (e.injected && e.kind === 'parse') this.planner.statementsDropped();
-  }
-
   private onReady(f: Frame): void {
-    const e = this.pop(['sync', 'query'], f);
-    this.pendingReady--;
+    const e = this.replies.pop(['sync', 'query'], f);
     this.status = String.fromCharCode(f.body[0] ?? 73);
     // Counted as the backend reports it, before any check of the planner's prediction.
-    if (this.status === 'T') this.spoiled = null;
-    else if (this.status === 'E') this.spoiled ??= 'invalid';
-    else this.endFenced(this.spoiled ?? 'accepted');
+    this.tally.ready(this.status);
     const failed = this.failed;
     this.failed = false;
     if (e.fenceFailed && this.status === 'E') {
@@ -919,76 +652,12 @@ export class Relay {
       return;
     }
     if (e.predict !== undefined && !predictionHolds(e.predict, this.status, failed)) {
-      this.lostTrack(e.predict);
+      this.end.lostTrack(e.predict);
       return;
     }
     if (e.forwardReady) this.toClient.push(f.bytes);
     if (e.refusal) this.toClient.push(...e.refusal);
     e.onReady?.();
-    this.armIdleInTransaction();
+    this.end.armIdle(this.opts.idleInTransactionMs ?? 0);
   }
-
-  /** The writer now owes the next message of a transaction it holds open: bound how long. */
-  private armIdleInTransaction(): void {
-    const limit = this.opts.idleInTransactionMs ?? 0;
-    clearTimeout(this.idleTimer);
-    if (limit <= 0 || this.status === 'I' || this.queue.length > 0 || this.clientFrames.length > 0) return;
-    this.idleTimer = setTimeout(() => this.endIdleTransaction(limit), limit);
-    this.idleTimer.unref();
-  }
-
-  /**
-   * The writer held its transaction open past the limit (a paused writer, say): the backend goes,
-   * so the transaction rolls back and holds no fence; the writer hears it at its next message
-   * (FP409 if a newer leader has raised the fence by then, else 25P03).
-   */
-  private endIdleTransaction(limit: number): void {
-    if (this.closed || this.losing) return;
-    this.losing = true;
-    this.opts.logger.info({ limitMs: limit }, 'SQL session: a transaction idle past the limit was ended');
-    const idle: ErrorFields = {
-      severity: 'FATAL',
-      code: IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-      message: `terminating the session: its transaction was idle longer than ${limit} ms (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS)`,
-      detail: 'the transaction rolled back: nothing of it was applied',
-    };
-    this.flushClient();
-    this.answerNextWith(async () => {
-      const stale = (await this.opts.lostReason?.(false).catch(() => null)) ?? null;
-      // Stale: counted as rejected (onStale). Else ended for the writer's idleness: invalid.
-      if (stale !== null) this.fenced = false;
-      this.endFenced('invalid');
-      return errorResponse(stale ?? idle);
-    });
-  }
-
-  /** The backend's transaction state is not the planner's: end the session, never go on in a transaction the fence may not cover. */
-  private lostTrack(predicted: 'I' | 'T'): void {
-    this.opts.logger.error(
-      { predicted, reported: this.status },
-      "SQL session closed: the backend's transaction state is not what the proxy predicted",
-    );
-    this.flushClient();
-    if (!this.client.destroyed) {
-      this.client.end(
-        errorResponse({
-          severity: 'FATAL',
-          code: INTERNAL_ERROR,
-          message: "the fencepost SQL endpoint lost track of the session's transaction state; the session is closed",
-          detail:
-            this.status === 'T'
-              ? 'the open transaction was rolled back'
-              : 'statements after an unforeseen end of a transaction may have run and committed',
-        }),
-      );
-    }
-    this.close();
-  }
-}
-
-/** An ErrorResponse whose severity ends the session (FATAL, PANIC). */
-function isFatal(body: Buffer): boolean {
-  const fields = parseErrorFields(body);
-  const severity = fields.get('V') ?? fields.get('S');
-  return severity === 'FATAL' || severity === 'PANIC';
 }

@@ -8,12 +8,12 @@
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import pg from 'pg';
-import type { MessageReader } from './framing.ts';
+import type { MessageReader } from './wire/framing.ts';
 import { Planner, refusalFence } from './planner.ts';
 import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
 import type { Backend } from './backend.ts';
-import type { ErrorFields } from './framing.ts';
+import type { ErrorFields } from './wire/backend.ts';
 import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
 import { sessionFenceCapability } from '../../fence/rule.ts';

@@ -2,50 +2,6 @@
 // CancelRequest or StartupMessage), the startup parameters, the fencepost settings carried in
 // `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`, i.e. PGOPTIONS), and the
 // session timeouts a client may ask for, each at most the proxy's own.
-import { BodyReader, FramingError, message } from './framing.ts';
-
-export const PROTOCOL_3_0 = 196608;
-export const SSL_REQUEST = 80877103;
-export const GSSENC_REQUEST = 80877104;
-export const CANCEL_REQUEST = 80877102;
-
-export type StartupPacket =
-  | { kind: 'ssl' }
-  | { kind: 'gssenc' }
-  | { kind: 'cancel'; pid: number; secret: Buffer }
-  | { kind: 'startup'; minor: number; params: Map<string, string> };
-
-/** Decodes the body of a startup-phase packet (after its length). */
-export function parseStartupPacket(body: Buffer): StartupPacket {
-  const r = new BodyReader(body);
-  const code = r.int32();
-  if (code === SSL_REQUEST) return { kind: 'ssl' };
-  if (code === GSSENC_REQUEST) return { kind: 'gssenc' };
-  if (code === CANCEL_REQUEST) {
-    const pid = r.int32();
-    return { kind: 'cancel', pid, secret: Buffer.from(r.rest()) };
-  }
-  if (code >>> 16 !== 3) throw new FramingError(`unsupported protocol ${code >>> 16}.${code & 0xffff}`);
-  const params = new Map<string, string>();
-  for (;;) {
-    const name = r.cstring();
-    if (name === '') break;
-    params.set(name, r.cstring());
-  }
-  return { kind: 'startup', minor: code & 0xffff, params };
-}
-
-/** An SSLRequest or GSSENCRequest: the untyped startup phase goes on after it. */
-export function negotiatesEncryption(body: Buffer): boolean {
-  if (body.length < 4) return false;
-  const code = body.readInt32BE(0);
-  return code === SSL_REQUEST || code === GSSENC_REQUEST;
-}
-
-/** NegotiateProtocolVersion: we speak 3.0 and none of the `_pq_.` options asked for. */
-export function negotiateProtocolVersion(unsupported: readonly string[]): Buffer {
-  return message('v', PROTOCOL_3_0 & 0xffff, unsupported.length, ...unsupported);
-}
 
 /**
  * Splits a libpq `options` value into its `-c name=value` / `--name=value` settings (backslash

@@ -14,8 +14,8 @@ import { startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { MAX_ITERATIONS, ScramClient, saltedPassword } from '../../../src/proxy/access/scram.ts';
 import { saslprep, saslprepOrRaw } from '../../../src/proxy/access/saslprep.ts';
 import { loginName, scramVerifier } from '../../../src/fence/client-logins.ts';
-import { message } from '../../../src/proxy/sql/framing.ts';
-import { PROTOCOL_3_0 } from '../../../src/proxy/sql/startup.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
+import { PROTOCOL_3_0 } from '../../../src/proxy/sql/wire/frontend.ts';
 
 const run = promisify(execFile);
 const PYTHON = '/usr/bin/python3';

@@ -6,7 +6,7 @@ import { execFile } from 'node:child_process';
 import type { TestDatabase } from '../../support/db.ts';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
-import { message } from '../../../src/proxy/sql/framing.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
 import { B, E, P, Q, RawClient, S } from './raw-client.ts';
 
 const PSQL = '/usr/bin/psql';

@@ -1,6 +1,6 @@
 // The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, config.
 import { describe, expect, test } from 'vitest';
-import { MessageReader, FramingError, message } from '../../../src/proxy/sql/framing.ts';
+import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wire/framing.ts';
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';

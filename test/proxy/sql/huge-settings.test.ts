@@ -9,7 +9,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, type SqlProxy } from '../../support/sql.ts';
-import { MessageReader, message } from '../../../src/proxy/sql/framing.ts';
+import { MessageReader, message } from '../../../src/proxy/sql/wire/framing.ts';
 import { MAX_UNFENCED_CHARS, runsUnfenced, setsFenceSetting } from '../../../src/proxy/sql/statements.ts';
 import { quoteBounded } from '../../../src/proxy/sql/gate.ts';
 

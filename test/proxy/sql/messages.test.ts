@@ -2,7 +2,8 @@
 // protocol frames them as, and the client messages the planner reads decode as leniently as they
 // are forwarded (the backend refuses a malformed one).
 import { describe, expect, test } from 'vitest';
-import { cstr, decodeClient, encode, int16, int32, message, type Frame } from '../../../src/proxy/sql/framing.ts';
+import { cstr, int16, int32, message, type Frame } from '../../../src/proxy/sql/wire/framing.ts';
+import { decodeClient, encode } from '../../../src/proxy/sql/wire/frontend.ts';
 
 const frame = (bytes: Buffer): Frame => ({ type: String.fromCharCode(bytes[0]!), bytes, body: bytes.subarray(5) });
 

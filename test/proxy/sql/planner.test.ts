@@ -3,7 +3,9 @@
 // the fence's statements in a Query's `plan`).
 import { describe, expect, test } from 'vitest';
 import { Planner, provenSessionFence, readOnlySessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
-import { cstr, encode, message, parseErrorFields, readyForQuery, type ClientMessage } from '../../../src/proxy/sql/framing.ts';
+import { cstr, message } from '../../../src/proxy/sql/wire/framing.ts';
+import { encode, type ClientMessage } from '../../../src/proxy/sql/wire/frontend.ts';
+import { parseErrorFields, readyForQuery } from '../../../src/proxy/sql/wire/backend.ts';
 import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/fence.ts';
 
 const IDLE: PlanContext = { status: 'I', awaiting: false };

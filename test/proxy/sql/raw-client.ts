@@ -2,18 +2,8 @@
 // in the socket writes it is given, with no driver in between, and reads what comes back up to a
 // number of ReadyForQuery messages or until the proxy closes the session.
 import { connect as tcp, type Socket } from 'node:net';
-import {
-  MessageReader,
-  commandTag,
-  cstr,
-  dataRowTexts,
-  int16,
-  int32,
-  message,
-  parameterOf,
-  parseErrorFields,
-  type Frame,
-} from '../../../src/proxy/sql/framing.ts';
+import { MessageReader, cstr, int16, int32, message, type Frame } from '../../../src/proxy/sql/wire/framing.ts';
+import { commandTag, dataRowTexts, parameterOf, parseErrorFields } from '../../../src/proxy/sql/wire/backend.ts';
 
 export interface Replies {
   frames: Frame[];

@@ -12,8 +12,9 @@ import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { makeCert } from '../../support/tls.ts';
-import { message, parseErrorFields } from '../../../src/proxy/sql/framing.ts';
-import { PROTOCOL_3_0 } from '../../../src/proxy/sql/startup.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
+import { parseErrorFields } from '../../../src/proxy/sql/wire/backend.ts';
+import { PROTOCOL_3_0 } from '../../../src/proxy/sql/wire/frontend.ts';
 
 const run = promisify(execFile);
 const PSQL = '/usr/bin/psql';

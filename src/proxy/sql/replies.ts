@@ -1,0 +1,103 @@
+// The replies a session waits for: one per message sent to the backend, in order, tagged the
+// proxy's own (injected: its answers are swallowed) or the writer's (forwarded as they came).
+//
+// An ErrorResponse outside a simple Query makes the backend skip to the next Sync: the replies up
+// to it are dropped (skipToSync), and until the writer's Sync comes (it may come in a later write)
+// no reply is expected for what is sent.
+import type { Expect, Kind, Planner } from './planner.ts';
+import type { Frame } from './wire/framing.ts';
+
+export interface Reply extends Expect {
+  /** query (injected): sees its messages. */
+  capture?: (f: Frame) => void;
+  /** Called at its ReadyForQuery. */
+  onReady?: () => void;
+  /** query: the fence after a lone BEGIN failed (see undoBeginOnFenceError). */
+  fenceFailed?: boolean;
+  /** How many CopyDone/CopyFail of the writer's had gone to the backend when this was sent (copy-in.ts). */
+  copyEndsAt?: number;
+}
+
+export class Replies {
+  private readonly queue: Reply[] = [];
+  /** Sync and Query replies not yet answered by their ReadyForQuery. */
+  private readies = 0;
+  /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
+  skipping = false;
+
+  constructor(private readonly planner: Planner) {}
+
+  /** The reply the backend's next message belongs to. */
+  get head(): Reply | undefined {
+    return this.queue[0];
+  }
+
+  /** Any reply outstanding. */
+  get waiting(): boolean {
+    return this.queue.length > 0;
+  }
+
+  /** A ReadyForQuery outstanding: the group sent last is not answered yet. */
+  get awaitingReady(): boolean {
+    return this.readies > 0;
+  }
+
+  /** A reply the writer waits for (not only the proxy's own). */
+  get writerWaits(): boolean {
+    return this.queue.some((e) => !e.injected);
+  }
+
+  /** A writer's request that may commit (planner.ts mayCommit) is unanswered. */
+  get commitInFlight(): boolean {
+    return this.queue.some((e) => !e.injected && e.mayCommit === true);
+  }
+
+  /** A message went to the backend: its reply, unless the backend skips it. */
+  expect(e: Reply): void {
+    if (this.skipping) {
+      if (e.kind !== 'sync' && e.kind !== 'query') {
+        this.skipped(e); // no response comes
+        return;
+      }
+      this.skipping = false;
+    }
+    this.queue.push(e);
+    if (e.kind === 'sync' || e.kind === 'query') this.readies++;
+  }
+
+  /** The head, which `f` answers; a message that answers nothing expected breaks the protocol. */
+  pop(kinds: readonly Kind[], f: Frame): Reply {
+    const e = this.queue.shift();
+    if (e === undefined || !kinds.includes(e.kind))
+      throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
+    if (e.kind === 'sync' || e.kind === 'query') this.readies--;
+    return e;
+  }
+
+  /** The replies queued after `e`. */
+  after(e: Reply): Reply[] {
+    return this.queue.slice(this.queue.indexOf(e) + 1);
+  }
+
+  /** A reply that will never come (a Sync the backend ignored during COPY). */
+  remove(e: Reply): void {
+    this.queue.splice(this.queue.indexOf(e), 1);
+    if (e.kind === 'sync' || e.kind === 'query') this.readies--;
+  }
+
+  /** An error in an extended group: the backend skips everything up to the next Sync. */
+  skipToSync(): void {
+    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') {
+      const e = this.queue.shift()!;
+      if (e.kind === 'query') this.readies--;
+      this.skipped(e);
+    }
+    if (this.queue.length === 0) this.skipping = true;
+  }
+
+  /** A message the backend refused or skipped: what it would change, changes nothing; fence statements it would prepare are not. */
+  private skipped(e: Reply): void {
+    if (e.change !== undefined) this.planner.discard(e.change);
+    if (e.injected && e.kind === 'parse') this.planner.statementsDropped();
+  }
+}

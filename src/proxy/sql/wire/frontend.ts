@@ -1,0 +1,174 @@
+// Frontend messages: those a writer sends, read into typed objects (startup packets included), and
+// those the proxy sends to Postgres, built from typed objects. pg-protocol's `serialize` builds
+// the ones it frames as the proxy means them (not Bind: see encode).
+import { serialize } from 'pg-protocol';
+import { BodyReader, FramingError, cstringAt, int16, int32, message, type Frame } from './framing.ts';
+
+export const PROTOCOL_3_0 = 196608;
+export const SSL_REQUEST = 80877103;
+export const GSSENC_REQUEST = 80877104;
+export const CANCEL_REQUEST = 80877102;
+
+export type StartupPacket =
+  | { kind: 'ssl' }
+  | { kind: 'gssenc' }
+  | { kind: 'cancel'; pid: number; secret: Buffer }
+  | { kind: 'startup'; minor: number; params: Map<string, string> };
+
+/** Decodes the body of a startup-phase packet (after its length). */
+export function parseStartupPacket(body: Buffer): StartupPacket {
+  const r = new BodyReader(body);
+  const code = r.int32();
+  if (code === SSL_REQUEST) return { kind: 'ssl' };
+  if (code === GSSENC_REQUEST) return { kind: 'gssenc' };
+  if (code === CANCEL_REQUEST) {
+    const pid = r.int32();
+    return { kind: 'cancel', pid, secret: Buffer.from(r.rest()) };
+  }
+  if (code >>> 16 !== 3) throw new FramingError(`unsupported protocol ${code >>> 16}.${code & 0xffff}`);
+  const params = new Map<string, string>();
+  for (;;) {
+    const name = r.cstring();
+    if (name === '') break;
+    params.set(name, r.cstring());
+  }
+  return { kind: 'startup', minor: code & 0xffff, params };
+}
+
+/** An SSLRequest or GSSENCRequest: the untyped startup phase goes on after it. */
+export function negotiatesEncryption(body: Buffer): boolean {
+  if (body.length < 4) return false;
+  const code = body.readInt32BE(0);
+  return code === SSL_REQUEST || code === GSSENC_REQUEST;
+}
+
+// ---- what a writer sends ------------------------------------------------------------------------
+// Read leniently: a string missing its NUL reads as '' and ends the body, a short list reads as far
+// as it goes. A malformed message is still forwarded as it came, for the backend to refuse.
+
+export type ClientMessage =
+  | { type: 'query'; text: string }
+  | { type: 'parse'; name: string; text: string; paramTypes: number[] }
+  | { type: 'bind'; portal: string; statement: string }
+  /** `target`: 'S' a prepared statement, 'P' a portal. */
+  | { type: 'describe'; target: string; name: string }
+  | { type: 'execute'; portal: string; maxRows: number }
+  | { type: 'close'; target: string; name: string }
+  | { type: 'sync' }
+  | { type: 'flush' }
+  | { type: 'functionCall' }
+  /** CopyData, CopyDone, CopyFail. */
+  | { type: 'copy' }
+  | { type: 'terminate' }
+  /** `code`: the type byte of a message a client does not send after startup. */
+  | { type: 'other'; code: string };
+
+/** The message of a frame from the client. */
+export function decodeClient(f: Frame): ClientMessage {
+  const body = f.body;
+  switch (f.type) {
+    case 'Q':
+      return { type: 'query', text: cstringAt(body, 0).value };
+    case 'P': {
+      const name = cstringAt(body, 0);
+      const text = cstringAt(body, name.end);
+      const paramTypes: number[] = [];
+      const count = text.end + 2 <= body.length ? body.readInt16BE(text.end) : 0;
+      for (let i = 0, at = text.end + 2; i < count && at + 4 <= body.length; i++, at += 4) paramTypes.push(body.readInt32BE(at));
+      return { type: 'parse', name: name.value, text: text.value, paramTypes };
+    }
+    case 'B': {
+      const portal = cstringAt(body, 0);
+      return { type: 'bind', portal: portal.value, statement: cstringAt(body, portal.end).value };
+    }
+    case 'D':
+    case 'C':
+      return {
+        type: f.type === 'D' ? 'describe' : 'close',
+        target: body.toString('latin1', 0, Math.min(1, body.length)),
+        name: cstringAt(body, 1).value,
+      };
+    case 'E': {
+      const portal = cstringAt(body, 0);
+      return { type: 'execute', portal: portal.value, maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0 };
+    }
+    case 'S':
+      return { type: 'sync' };
+    case 'H':
+      return { type: 'flush' };
+    case 'F':
+      return { type: 'functionCall' };
+    case 'd':
+    case 'c':
+    case 'f':
+      return { type: 'copy' };
+    case 'X':
+      return { type: 'terminate' };
+    default:
+      return { type: 'other', code: f.type };
+  }
+}
+
+// ---- what the proxy sends -----------------------------------------------------------------------
+
+export type FrontendMessage =
+  | { type: 'query'; text: string }
+  | { type: 'parse'; name: string; text: string; paramTypes: readonly number[] }
+  /** Text parameters (null: SQL NULL), text results. */
+  | { type: 'bind'; portal: string; statement: string; values: readonly (string | null)[] }
+  | { type: 'execute'; portal: string; maxRows: number }
+  | { type: 'close'; target: 'S' | 'P'; name: string }
+  | { type: 'sync' }
+  | { type: 'flush' }
+  /** PasswordMessage: a cleartext or md5 password. */
+  | { type: 'password'; password: string }
+  /** SASLInitialResponse: the mechanism and the client-first message. */
+  | { type: 'saslInitial'; mechanism: string; data: string }
+  /** SASLResponse: the client-final message. */
+  | { type: 'saslResponse'; data: string }
+  /** StartupMessage, protocol 3.0. */
+  | { type: 'startup'; params: readonly (readonly [string, string])[] }
+  | { type: 'sslRequest' }
+  | { type: 'cancelRequest'; pid: number; secret: Buffer };
+
+/** The bytes of a frontend message. */
+export function encode(m: FrontendMessage): Buffer {
+  switch (m.type) {
+    case 'query':
+      return serialize.query(m.text);
+    case 'parse':
+      return serialize.parse({ name: m.name, text: m.text, types: [...m.paramTypes] });
+    case 'bind':
+      // pg-protocol's bind sends a format code per parameter and one for all results; these send
+      // none (all text, the default): the same meaning in other bytes, so Bind is framed here.
+      return message('B', m.portal, m.statement, int16(0), int16(m.values.length), ...m.values.map(bindValue), int16(0));
+    case 'execute':
+      return serialize.execute({ portal: m.portal, rows: m.maxRows });
+    case 'close':
+      return serialize.close({ type: m.target, name: m.name });
+    case 'sync':
+      return serialize.sync();
+    case 'flush':
+      return serialize.flush();
+    case 'password':
+      return message('p', m.password);
+    case 'saslInitial': {
+      const data = Buffer.from(m.data, 'utf8');
+      return message('p', m.mechanism, data.length, data);
+    }
+    case 'saslResponse':
+      return message('p', Buffer.from(m.data, 'utf8'));
+    case 'startup':
+      return message('', PROTOCOL_3_0, ...m.params.flat(), Buffer.from([0]));
+    case 'sslRequest':
+      return message('', SSL_REQUEST);
+    case 'cancelRequest':
+      return message('', CANCEL_REQUEST, m.pid, m.secret);
+  }
+}
+
+function bindValue(value: string | null): Buffer {
+  if (value === null) return int32(-1);
+  const b = Buffer.from(value, 'utf8');
+  return Buffer.concat([int32(b.length), b]);
+}

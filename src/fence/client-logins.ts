@@ -21,7 +21,7 @@ import type { Query } from './queries.ts';
 import { sqlState } from './pg-errors.ts';
 import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
 import { withClient } from './checkout.ts';
-import { DUPLICATE_OBJECT, INSUFFICIENT_PRIVILEGE, UNIQUE_VIOLATION } from './sqlstate.ts';
+import { DUPLICATE_OBJECT, INSUFFICIENT_PRIVILEGE, INVALID_PASSWORD, UNIQUE_VIOLATION } from './sqlstate.ts';
 
 /** Postgres role names we accept in configuration (also passed as a parameter, never spliced). */
 export const ROLE_NAME = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
@@ -289,4 +289,18 @@ async function provisionOn(
  */
 export async function resetClientPassword(owner: pg.Pool, login: ClientLogin): Promise<void> {
   await owner.query(q.setPassword(login.login, scramVerifier(login.password)));
+}
+
+/**
+ * `connect()` as `login`; when Postgres refuses its password (a statement of this login may have
+ * changed its own), the password is set back once (with `owner`) and `connect()` tried again.
+ */
+export async function connectAs<T>(owner: pg.Pool, login: ClientLogin, connect: () => Promise<T>): Promise<T> {
+  try {
+    return await connect();
+  } catch (err) {
+    if (sqlState(err) !== INVALID_PASSWORD) throw err;
+    await resetClientPassword(owner, login);
+    return await connect();
+  }
 }

@@ -36,13 +36,13 @@ import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
 import {
   provisionClientLogins,
-  resetClientPassword,
+  connectAs,
   type ClientLogin,
   type LoginProblem,
   type LoginSpec,
   type ProvisionResult,
 } from './client-logins.ts';
-import { ADMIN_SHUTDOWN, INTERNAL_ERROR, INVALID_PASSWORD, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
+import { ADMIN_SHUTDOWN, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
 
 export type { Isolation };
 
@@ -493,16 +493,9 @@ export class TransactionRunner {
 
   private async connect(login: ClientLogin): Promise<pg.PoolClient> {
     try {
-      return await this.poolFor(login).connect();
+      return await connectAs(this.opts.owner, login, () => this.poolFor(login).connect());
     } catch (err) {
-      // A statement of this login may have changed its own password: set it back once.
-      if (sqlState(err) !== INVALID_PASSWORD) throw new ConnectionLostError(err);
-      await resetClientPassword(this.opts.owner, login);
-      try {
-        return await this.poolFor(login).connect();
-      } catch (again) {
-        throw new ConnectionLostError(again);
-      }
+      throw new ConnectionLostError(err);
     }
   }
 

@@ -2,13 +2,8 @@
 // (SSLRequest, CancelRequest, StartupMessage, authentication), opens the session's backend
 // connection as the key's client login, and hands over to PgwireSession.
 //
-// Authentication: in open mode any user name is accepted (it is the writer id). With keys, the
-// user name is the key's name and the password its bearer key, checked with SCRAM-SHA-256 (the
-// key's salted SCRAM keys are derived at start-up from its `secret`; a key given only as
-// `secretSha256` can log in only over TLS, with a cleartext password). Cleartext passwords are
-// asked for only on a TLS session, and only for keys without SCRAM keys. A name that is no key
-// goes through the same exchange with made-up keys and a salt stable for the name
-// (mockScramSecret), and fails at the proof.
+// Authentication: authenticate.ts; the startup phase's connection (framing, limits, deadline, the
+// TLS upgrade): startup-channel.ts; the backend's settings: startup.ts.
 //
 // A full endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS) still negotiates TLS and reads the startup
 // packet, then refuses with 53300, as Postgres does.
@@ -20,42 +15,29 @@
 // plaintext that the server would take as sent inside TLS). With TLS configured every session
 // must use it (as HTTP is HTTPS only); without, SSLRequest is answered 'N'.
 import { createServer, type Server, type Socket } from 'node:net';
-import { TLSSocket } from 'node:tls';
+import type { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
 import type pg from 'pg';
-import { BodyReader, MAX_STARTUP_BYTES, MessageReader, type Frame } from './wire/framing.ts';
 import {
-  authenticationCleartextPassword,
   authenticationOk,
-  authenticationSasl,
-  authenticationSaslContinue,
-  authenticationSaslFinal,
   backendKeyData,
   errorResponse,
   negotiateProtocolVersion,
-  parameterStatus,
   readyForQuery,
   type ErrorFields,
 } from './wire/backend.ts';
-import {
-  CLIENT_TIMEOUTS,
-  FENCE_SETTINGS,
-  OWN_SETTINGS,
-  applicationName,
-  boundedTimeout,
-  requestedSettings,
-  type ClientTimeout,
-} from './startup.ts';
-import { negotiatesEncryption, parseStartupPacket } from './wire/frontend.ts';
-import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
+import { parseStartupPacket } from './wire/frontend.ts';
+import { backendSettings, writerView } from './startup.ts';
+import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.ts';
+import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
 import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { raisedAbove, raiseFences } from '../../fence/raise.ts';
-import { digestOf, type AccessKey } from '../access/keys.ts';
+import type { AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
-import { resetClientPassword, type ProvisionResult } from '../../fence/client-logins.ts';
+import { connectAs, type ProvisionResult } from '../../fence/client-logins.ts';
 import type { AcceptedCounts } from '../../fence/accepted-counts.ts';
 import type { RejectionLog } from '../../fence/rejection-log.ts';
 import type { ProxyMetrics } from '../metrics.ts';
@@ -115,47 +97,9 @@ export interface PgwireOptions {
 /** A connection silent this long may be closed to make room for a new one from its address. */
 const SILENT_EVICTION_MS = 1000;
 
-class Refusal extends Error {
-  constructor(readonly fields: ErrorFields) {
-    super(fields.message);
-  }
-}
-
-const refuse = (code: string, msg: string, detail?: string): Refusal =>
-  new Refusal({ severity: 'FATAL', code, message: msg, ...(detail !== undefined ? { detail } : {}) });
-
-/** The client sent Terminate during authentication: it is gone, nothing to answer. */
-class ClientLeft extends Error {}
-
-/** The most bytes of a password or SASL message (a SCRAM message is a few hundred). */
-const MAX_AUTH_MESSAGE_BYTES = 8192;
-
-/** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
-function authMessage(f: Frame, expected: string): Frame {
-  if (f.type === 'X') throw new ClientLeft('the client terminated during authentication');
-  if (f.type !== 'p') throw refuse(PROTOCOL_VIOLATION, `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
-  return f;
-}
-
 interface Registered {
   secret: Buffer;
   backend: Backend;
-}
-
-/**
- * The backend's ParameterStatus messages as the writer should read them. The backend's
- * default_transaction_read_only is always on (the backstop for a transaction that would escape
- * the fence), but a session with a token writes: each of its transactions is fenced and made
- * read-write. Drivers decide from this report whether a server takes writes (libpq's
- * target_session_attrs=read-write, …), so it says `off` for a session that starts with a token
- * and `on` for one without. Later changes come from the backend as they happen.
- */
-function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
-  return status.map((b) =>
-    b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only'
-      ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on')
-      : b,
-  );
 }
 
 export class PgwireServer {
@@ -286,173 +230,14 @@ export class PgwireServer {
 
   /** Runs the startup phase; `refusal` (a full endpoint): answered once the startup packet is in. */
   private async startup(raw: Socket, refusal: Refusal | null): Promise<void> {
-    let socket: Socket = raw;
-    const reader = new MessageReader(true);
-    // The startup phase reads one message at a time: the socket is paused while a framed message
-    // waits to be taken (and while the listener waits for the backend), so what a client sends
-    // ahead (a Terminate in the same write as its startup packet, a pipelined query) stays in
-    // `reader` for the session, and no more than one chunk past the awaited message is buffered.
-    // Each message is bounded before it is buffered: a startup packet by MAX_STARTUP_BYTES (as
-    // Postgres's), what follows it here (password and SASL messages) by MAX_AUTH_MESSAGE_BYTES;
-    // a longer length is refused as soon as its header is in.
-    let framed: Frame | null = null;
-    let wake: (() => void) | null = null;
-    let ended = false;
-    let problem: Refusal | null = null;
-    const pull = () => {
-      if (framed !== null || problem !== null) return;
-      const untyped = reader.startup;
-      try {
-        const f = reader.next(untyped ? MAX_STARTUP_BYTES : MAX_AUTH_MESSAGE_BYTES);
-        if (f === null) return;
-        // A StartupMessage (or CancelRequest) ends the untyped phase: what follows is typed.
-        if (untyped && !negotiatesEncryption(f.body)) reader.startup = false;
-        framed = f;
-      } catch (err) {
-        problem = refuse(
-          PROTOCOL_VIOLATION,
-          `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`,
-        );
-      }
-    };
-    const onData = (chunk: Buffer) => {
-      reader.push(chunk);
-      pull();
-      if (framed !== null || problem !== null) socket.pause();
-      wake?.();
-    };
-    const onEnd = () => {
-      ended = true;
-      wake?.();
-    };
-    socket.on('data', onData);
-    socket.on('close', onEnd);
-    const deadline = Date.now() + this.opts.startupTimeoutMs;
-    const timer = setTimeout(onEnd, this.opts.startupTimeoutMs);
-    const nextFrame = async (): Promise<Frame> => {
-      for (;;) {
-        pull();
-        if (problem !== null) throw problem;
-        const f = framed;
-        if (f !== null) {
-          framed = null;
-          return f;
-        }
-        if (ended || Date.now() >= deadline) throw refuse(CONNECTION_FAILURE, 'startup did not finish in time or the client went away');
-        socket.resume();
-        await new Promise<void>((resolve) => (wake = resolve));
-        wake = null;
-      }
-    };
+    const channel = new StartupChannel(raw, this.opts.startupTimeoutMs);
     try {
-      let packet;
-      let encrypted = false;
-      for (;;) {
-        packet = parseStartupPacket((await nextFrame()).body);
-        if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && encrypted)
-          throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
-        if (packet.kind === 'ssl' && this.opts.tls) {
-          // Nothing may follow the SSLRequest before the handshake: such bytes were sent in the
-          // clear, and must not be read as if they came over TLS.
-          if (reader.pending > 0 || framed !== null) throw refuse(PROTOCOL_VIOLATION, 'received unencrypted data after SSL request');
-          socket.off('data', onData);
-          socket.off('close', onEnd);
-          socket.resume(); // the TLS socket reads the raw one from here
-          socket.write('S');
-          const secure = new TLSSocket(socket, { isServer: true, secureContext: this.opts.tls.current() });
-          secure.on('error', () => {}); // a failed handshake closes it: 'close' ends the startup
-          secure.setNoDelay(true);
-          this.upgraded.set(raw, secure);
-          socket = secure;
-          socket.on('data', onData);
-          socket.on('close', onEnd);
-          encrypted = true;
-          continue;
-        }
-        if (packet.kind === 'ssl' || packet.kind === 'gssenc') {
-          socket.write('N');
-          continue;
-        }
-        break;
-      }
-      if (packet.kind === 'cancel') {
-        await this.cancel(packet.pid, packet.secret);
-        socket.end(() => socket.destroy());
-        return;
-      }
+      const packet = await this.negotiate(raw, channel);
+      if (packet === null) return; // a cancel request, served
       if (refusal !== null) throw refusal;
-      if (this.opts.tls && !encrypted) {
-        throw refuse(
-          INVALID_AUTHORIZATION_SPECIFICATION,
-          'the fencepost SQL endpoint requires TLS',
-          'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver',
-        );
-      }
       const params = packet.params;
-      const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
-      if (packet.minor !== 0 || unsupported.length > 0) socket.write(negotiateProtocolVersion(unsupported));
-      const user = params.get('user');
-      if (!user) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
-      if (params.has('replication') && params.get('replication') !== 'false')
-        throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
-      const database = params.get('database') || user;
-      if (database !== this.target.database) {
-        throw refuse(
-          INVALID_CATALOG_NAME,
-          `database ${JSON.stringify(database)} does not exist`,
-          `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`,
-        );
-      }
-      // ---- authentication
-      let key: AccessKey | null = null;
-      if (this.opts.keys.length > 0) {
-        key = this.opts.keys.find((k) => k.name === user) ?? null;
-        if (!encrypted && key !== null && key.scram === undefined) {
-          // SCRAM needs the secret's salted keys, which a secretSha256 key does not keep: its
-          // password can only be sent as is, so only inside TLS. Say so, not "password failed".
-          throw refuse(
-            INVALID_AUTHORIZATION_SPECIFICATION,
-            `key ${JSON.stringify(user)} can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use`,
-            'Serve TLS (FENCEPOST_TLS_CERT, FENCEPOST_TLS_KEY) and connect with sslmode=require, or give the key a plain `secret` (SCRAM).',
-          );
-        }
-        if (encrypted && key !== null && key.scram === undefined) {
-          // A secretSha256 key has no SCRAM keys: over TLS only, the password itself.
-          socket.write(authenticationCleartextPassword());
-          const pw = authMessage(await nextFrame(), 'a password message');
-          let given = '';
-          try {
-            given = new BodyReader(pw.body).cstring();
-          } catch {
-            throw refuse(PROTOCOL_VIOLATION, 'malformed password message');
-          }
-          if (!timingSafeEqual(digestOf(given), key.digest))
-            throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
-        } else {
-          const server = new ScramServer(key?.scram ?? mockScramSecret(this.mockNonce, user), key?.scram !== undefined);
-          socket.write(authenticationSasl(MECHANISM));
-          try {
-            const first = authMessage(await nextFrame(), 'a SASL response');
-            const r = new BodyReader(first.body);
-            const mechanism = r.cstring();
-            if (mechanism !== MECHANISM)
-              throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
-            const len = r.int32();
-            const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
-            socket.write(authenticationSaslContinue(server.first(clientFirst)));
-            const fin = authMessage(await nextFrame(), 'a SASL response');
-            const serverFinal = server.final(fin.body.toString('utf8'));
-            socket.write(authenticationSaslFinal(serverFinal));
-          } catch (err) {
-            if (err instanceof Refusal || err instanceof ClientLeft) throw err;
-            if (err instanceof ScramError && /channel binding|malformed/.test(err.message))
-              throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, err.message);
-            throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
-          }
-        }
-        if (key === null) throw refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
-      }
-      // ---- the backend, as the key's client login
+      const user = this.checkStartup(channel, packet);
+      const key = await authenticate(channel, this.opts.keys, user, this.mockNonce);
       const { logins, problems, capability } = await this.opts.provision();
       const login = logins.get(key?.name ?? null);
       if (!login) {
@@ -464,126 +249,169 @@ export class PgwireServer {
             : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`,
         );
       }
-      // ---- the key's share of the endpoint
-      const keyName = key?.name ?? '';
-      const held = this.perKey.get(keyName) ?? 0;
-      if (held >= this.opts.maxSessionsPerKey) {
-        throw refuse(
-          TOO_MANY_CONNECTIONS,
-          `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`,
-        );
-      }
-      this.perKey.set(keyName, held + 1);
-      let counted = true;
-      const uncount = () => {
-        if (!counted) return;
-        counted = false;
-        const n = (this.perKey.get(keyName) ?? 1) - 1;
-        if (n <= 0) this.perKey.delete(keyName);
-        else this.perKey.set(keyName, n);
-      };
-      raw.once('close', uncount);
-      const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
-      if (login.pgRole !== null) settings.set('role', login.pgRole);
-      const requested = requestedSettings(params);
-      // The fence's settings, from `options` or a startup parameter of the driver's own (asyncpg
-      // server_settings, pgx RuntimeParams): the gate reads them back from the backend.
-      for (const [k, v] of requested) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
-      // The proxy's own bound on each (it sets no idle_in_transaction_session_timeout of its own).
-      const own: Record<ClientTimeout, number | null> = {
-        statement_timeout: this.opts.statementTimeoutMs,
-        lock_timeout: this.opts.lockTimeoutMs,
-        idle_in_transaction_session_timeout: null,
-      };
-      for (const name of CLIENT_TIMEOUTS) {
-        const ms = boundedTimeout(requested.get(name), own[name]);
-        if (ms !== null) settings.set(name, String(ms));
-      }
-      const forwarded = new Map<string, string>();
-      for (const [k, v] of requested) if (!OWN_SETTINGS.has(k) && !FENCE_SETTINGS.has(k) && !k.startsWith('_pq_.')) forwarded.set(k, v);
-      forwarded.set('application_name', applicationName(requested));
+      this.takeKeyShare(raw, key);
+      const { settings, forwarded } = backendSettings(params, login.pgRole, this.opts);
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
-      const remaining = () => Math.max(1, deadline - Date.now());
       let backend: Backend;
       try {
-        backend = await openBackend(this.target, backendLogin, remaining());
+        backend = await connectAs(this.opts.owner, login, () => openBackend(this.target, backendLogin, channel.remaining()));
       } catch (err) {
-        if (!(err instanceof BackendStartupError) || err.code !== INVALID_PASSWORD) throw this.backendRefusal(err);
-        // A statement of this login may have changed its own password: set it back once.
-        await resetClientPassword(this.opts.owner, login);
-        try {
-          backend = await openBackend(this.target, backendLogin, remaining());
-        } catch (again) {
-          throw this.backendRefusal(again);
-        }
+        throw this.backendRefusal(err);
       }
+      const socket = channel.socket;
       if (socket.destroyed) {
         backend.socket.destroy();
         return;
       }
-      // ---- ready
-      // The backend's own pid (with a secret of the proxy's: a cancel comes to the proxy).
-      const pid = backend.pid;
-      const secret = randomBytes(4);
-      const registered: Registered = { secret, backend };
-      this.sessions.set(pid, [...(this.sessions.get(pid) ?? []), registered]);
-      this.sessionCount++;
-      const writerId = user;
-      const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
-      const writes = (settings.get('fencepost.token') ?? '') !== '';
-      // What the writer is told is what the relay compares later ParameterStatus messages with.
-      backend.parameterStatus = writerView(backend.parameterStatus, writes);
-      // Held (corked) until the session is fenced for its startup settings: the writer's
-      // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
-      socket.cork();
-      socket.write(
-        Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
-      );
-      socket.off('data', onData);
-      socket.off('close', onEnd);
-      clearTimeout(timer);
-      socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
-      const session = new PgwireSession(socket, reader, backend, {
-        logger,
+      channel.release();
+      this.startSession(socket, channel, backend, {
+        writerId: user,
+        key,
         capability,
-        prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
-        writerId,
-        guard: this.opts.guard ?? null,
-        startupSettings: { token: settings.get('fencepost.token') ?? null, fenceKey: settings.get('fencepost.fence_key') ?? null },
-        raisedAbove: (fenceKey, token, waitMs) => raisedAbove(this.opts.owner, fenceKey, token, waitMs),
-        raiseCommitMs: this.opts.lockTimeoutMs,
-        idleInTransactionMs: this.opts.idleInTransactionMs,
-        raise: async (fenceKey, token) => {
-          await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, {
-            waitMs: this.opts.raiseWaitMs,
-            lockTimeoutMs: this.opts.lockTimeoutMs,
-            logger,
-          });
-        },
-        onStale: (s) => this.recordStale(s, writerId, logger),
-        onTransactionEnd: (end, fenceKey) => {
-          this.opts.metrics?.countWrite('sql', 'transaction', end);
-          if (end === 'accepted') this.opts.accepted?.add([fenceKey]);
-        },
-        onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
-        onStartupFenced: () => socket.uncork(),
-        durability: this.opts.durability ?? null,
-        onClose: () => {
-          const all = this.sessions.get(pid) ?? [];
-          if (!all.includes(registered)) return;
-          const left = all.filter((r) => r !== registered);
-          if (left.length > 0) this.sessions.set(pid, left);
-          else this.sessions.delete(pid);
-          this.sessionCount--;
-        },
+        token: settings.get('fencepost.token') ?? null,
+        fenceKey: settings.get('fencepost.fence_key') ?? null,
       });
-      session.start();
-      logger.debug('SQL session started');
     } finally {
-      socket.off('data', onData);
-      socket.off('close', onEnd);
-      clearTimeout(timer);
+      channel.release();
     }
+  }
+
+  /**
+   * The startup packet, after any encryption requests (TLS when the proxy has it, else 'N'), or
+   * null for a cancel request (forwarded, then the connection closes).
+   */
+  private async negotiate(raw: Socket, channel: StartupChannel): Promise<{ minor: number; params: Map<string, string> } | null> {
+    for (;;) {
+      const packet = parseStartupPacket((await channel.next()).body);
+      if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && channel.encrypted)
+        throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
+      if (packet.kind === 'ssl' && this.opts.tls) {
+        this.upgraded.set(raw, channel.upgrade(this.opts.tls.current()));
+        continue;
+      }
+      if (packet.kind === 'ssl' || packet.kind === 'gssenc') {
+        channel.socket.write('N');
+        continue;
+      }
+      if (packet.kind === 'cancel') {
+        await this.cancel(packet.pid, packet.secret);
+        const socket = channel.socket;
+        socket.end(() => socket.destroy());
+        return null;
+      }
+      return packet;
+    }
+  }
+
+  /**
+   * The user name of a startup packet the endpoint serves: TLS when required, protocol 3.0 (a later
+   * minor version or `_pq_.` options are answered with NegotiateProtocolVersion), a user, no
+   * replication, its database.
+   */
+  private checkStartup(channel: StartupChannel, packet: { minor: number; params: ReadonlyMap<string, string> }): string {
+    if (this.opts.tls && !channel.encrypted) {
+      throw refuse(
+        INVALID_AUTHORIZATION_SPECIFICATION,
+        'the fencepost SQL endpoint requires TLS',
+        'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver',
+      );
+    }
+    const params = packet.params;
+    const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
+    if (packet.minor !== 0 || unsupported.length > 0) channel.socket.write(negotiateProtocolVersion(unsupported));
+    const user = params.get('user');
+    if (!user) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
+    if (params.has('replication') && params.get('replication') !== 'false')
+      throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
+    const database = params.get('database') || user;
+    if (database !== this.target.database) {
+      throw refuse(
+        INVALID_CATALOG_NAME,
+        `database ${JSON.stringify(database)} does not exist`,
+        `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`,
+      );
+    }
+    return user;
+  }
+
+  /** Counts a session against its key's share (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY) until `raw` closes; a refusal when full. */
+  private takeKeyShare(raw: Socket, key: AccessKey | null): void {
+    const keyName = key?.name ?? '';
+    const held = this.perKey.get(keyName) ?? 0;
+    if (held >= this.opts.maxSessionsPerKey) {
+      throw refuse(
+        TOO_MANY_CONNECTIONS,
+        `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`,
+      );
+    }
+    this.perKey.set(keyName, held + 1);
+    raw.once('close', () => {
+      const n = (this.perKey.get(keyName) ?? 1) - 1;
+      if (n <= 0) this.perKey.delete(keyName);
+      else this.perKey.set(keyName, n);
+    });
+  }
+
+  /** The writer is logged in and its backend open: tell it so, register the session for cancels, and hand over. */
+  private startSession(
+    socket: Socket,
+    channel: StartupChannel,
+    backend: Backend,
+    who: { writerId: string; key: AccessKey | null; capability: string; token: string | null; fenceKey: string | null },
+  ): void {
+    const { writerId, key } = who;
+    // The backend's own pid (with a secret of the proxy's: a cancel comes to the proxy).
+    const pid = backend.pid;
+    const secret = randomBytes(4);
+    const registered: Registered = { secret, backend };
+    this.sessions.set(pid, [...(this.sessions.get(pid) ?? []), registered]);
+    this.sessionCount++;
+    const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
+    // What the writer is told is what the relay compares later ParameterStatus messages with.
+    backend.parameterStatus = writerView(backend.parameterStatus, (who.token ?? '') !== '');
+    // Held (corked) until the session is fenced for its startup settings: the writer's
+    // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
+    socket.cork();
+    socket.write(
+      Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
+    );
+    socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
+    const session = new PgwireSession(socket, channel.reader, backend, {
+      logger,
+      capability: who.capability,
+      prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
+      writerId,
+      guard: this.opts.guard ?? null,
+      startupSettings: { token: who.token, fenceKey: who.fenceKey },
+      raisedAbove: (fenceKey, token, waitMs) => raisedAbove(this.opts.owner, fenceKey, token, waitMs),
+      raiseCommitMs: this.opts.lockTimeoutMs,
+      idleInTransactionMs: this.opts.idleInTransactionMs,
+      raise: async (fenceKey, token) => {
+        await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, {
+          waitMs: this.opts.raiseWaitMs,
+          lockTimeoutMs: this.opts.lockTimeoutMs,
+          logger,
+        });
+      },
+      onStale: (s) => this.recordStale(s, writerId, logger),
+      onTransactionEnd: (end, fenceKey) => {
+        this.opts.metrics?.countWrite('sql', 'transaction', end);
+        if (end === 'accepted') this.opts.accepted?.add([fenceKey]);
+      },
+      onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
+      onStartupFenced: () => socket.uncork(),
+      durability: this.opts.durability ?? null,
+      onClose: () => {
+        const all = this.sessions.get(pid) ?? [];
+        if (!all.includes(registered)) return;
+        const left = all.filter((r) => r !== registered);
+        if (left.length > 0) this.sessions.set(pid, left);
+        else this.sessions.delete(pid);
+        this.sessionCount--;
+      },
+    });
+    session.start();
+    logger.debug('SQL session started');
   }
 
   private backendRefusal(err: unknown): Refusal {

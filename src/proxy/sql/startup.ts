@@ -1,7 +1,8 @@
-// The startup phase of a client connection: the first packet (SSLRequest, GSSENCRequest,
-// CancelRequest or StartupMessage), the startup parameters, the fencepost settings carried in
-// `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`, i.e. PGOPTIONS), and the
-// session timeouts a client may ask for, each at most the proxy's own.
+// What a client's startup asks for and what its session starts with: the startup parameters, the
+// fencepost settings carried in `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`,
+// i.e. PGOPTIONS), the session timeouts a client may ask for (each at most the proxy's own), the
+// backend's settings, and the settings the writer is told.
+import { parameterStatus } from './wire/backend.ts';
 
 /**
  * Splits a libpq `options` value into its `-c name=value` / `--name=value` settings (backslash
@@ -114,4 +115,59 @@ export function boundedTimeout(requested: string | undefined, own: number | null
   const ms = requested === undefined ? null : timeSettingMs(requested);
   if (ms === null || ms <= 0) return own;
   return own === null ? ms : Math.min(ms, own);
+}
+
+/** What the backend connection of a session is opened with. */
+export interface BackendSettings {
+  /** Set as `-c` options: the fence's backstop, the login's role, the fence settings, the bounded timeouts. */
+  settings: Map<string, string>;
+  /** Startup parameters passed on as the client gave them, with its application_name. */
+  forwarded: Map<string, string>;
+}
+
+/**
+ * The backend settings of a session whose client sent `params`: every backend starts read-only
+ * (the backstop for a transaction that would escape the fence), as the login's `pgRole`, with the
+ * client's fence settings (from `options` or a startup parameter of the driver's own: asyncpg
+ * server_settings, pgx RuntimeParams; the gate reads them back from the backend) and its timeouts
+ * bounded by the proxy's own (`own`; it sets no idle_in_transaction_session_timeout of its own).
+ */
+export function backendSettings(
+  params: ReadonlyMap<string, string>,
+  pgRole: string | null,
+  own: { statementTimeoutMs: number; lockTimeoutMs: number },
+): BackendSettings {
+  const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
+  if (pgRole !== null) settings.set('role', pgRole);
+  const requested = requestedSettings(params);
+  for (const [k, v] of requested) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
+  const bounds: Record<ClientTimeout, number | null> = {
+    statement_timeout: own.statementTimeoutMs,
+    lock_timeout: own.lockTimeoutMs,
+    idle_in_transaction_session_timeout: null,
+  };
+  for (const name of CLIENT_TIMEOUTS) {
+    const ms = boundedTimeout(requested.get(name), bounds[name]);
+    if (ms !== null) settings.set(name, String(ms));
+  }
+  const forwarded = new Map<string, string>();
+  for (const [k, v] of requested) if (!OWN_SETTINGS.has(k) && !FENCE_SETTINGS.has(k) && !k.startsWith('_pq_.')) forwarded.set(k, v);
+  forwarded.set('application_name', applicationName(requested));
+  return { settings, forwarded };
+}
+
+/**
+ * The backend's ParameterStatus messages as the writer should read them. The backend's
+ * default_transaction_read_only is always on (the backstop), but a session with a token writes:
+ * each of its transactions is fenced and made read-write. Drivers decide from this report whether
+ * a server takes writes (libpq's target_session_attrs=read-write, …), so it says `off` for a
+ * session that starts with a token and `on` for one without. Later changes come from the backend
+ * as they happen.
+ */
+export function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
+  return status.map((b) =>
+    b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only'
+      ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on')
+      : b,
+  );
 }

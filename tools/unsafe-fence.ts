@@ -3,7 +3,8 @@
 // by `tools/cli.ts serve --fence-mode …`; nothing in src/ can reach them.
 //   off       no fence at all: objects are written whatever the token
 //   two-step  the classic race: read the fence in one statement, write in another, no lock between
-import { bodyOf, bodyOffsets, writeValues, type Query, type WriteRow } from '../src/fence/queries.ts';
+import { bodyOf, bodyOffsets, writeValues, type WriteRow } from '../src/fence/sql/objects.ts';
+import type { Query } from '../src/fence/sql/query.ts';
 import type { WriteOutcome, WriteStrategy } from '../src/fence/store.ts';
 
 export type FenceMode = 'strict' | 'off' | 'two-step';

@@ -6,7 +6,7 @@
 // keeps its counts for the next one; counts not flushed when the process dies are lost (a count,
 // never a write).
 import type pg from 'pg';
-import * as q from './queries.ts';
+import * as q from './sql/counts.ts';
 
 /** How often each proxy adds its accepted counts to the counters. */
 export const FLUSH_INTERVAL_MS = 2000;

@@ -17,9 +17,8 @@
 // only), and sent to Postgres as SCRAM verifiers, never in clear.
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
 import pg from 'pg';
-import type { Query } from './queries.ts';
+import * as q from './sql/logins.ts';
 import { sqlState } from './pg-errors.ts';
-import { CLIENT_FUNCTIONS, CLIENT_SCHEMA } from './definitions.ts';
 import { withClient } from './checkout.ts';
 import { DUPLICATE_OBJECT, INSUFFICIENT_PRIVILEGE, INVALID_PASSWORD, UNIQUE_VIOLATION } from './sqlstate.ts';
 
@@ -54,21 +53,6 @@ export interface ProvisionResult {
   capability: string;
 }
 
-// Predefined roles that reach the server itself or other sessions, or write past triggers: a
-// pgRole must not lead to them. pg_create_subscription (Postgres 16+): a subscription's apply
-// worker writes with session_replication_role = replica, under which the protect trigger does not
-// fire. Names a server does not have match no role.
-const DANGEROUS_BUILTIN_ROLES = [
-  'pg_execute_server_program',
-  'pg_write_server_files',
-  'pg_read_server_files',
-  'pg_signal_backend',
-  'pg_read_all_data',
-  'pg_write_all_data',
-  'pg_maintain',
-  'pg_create_subscription',
-];
-
 /** The login for a key (`null`: open mode). At most 63 bytes: long names end in a hash. */
 export function loginName(clientRole: string, keyName: string | null): string {
   if (keyName === null) return clientRole;
@@ -86,83 +70,6 @@ export function scramVerifier(password: string, iterations = 4096): string {
   const serverKey = createHmac('sha256', salted).update('Server Key').digest();
   return `SCRAM-SHA-256$${iterations}:${salt.toString('base64')}$${storedKey.toString('base64')}:${serverKey.toString('base64')}`;
 }
-
-/** The advisory lock under which the instances of one database provision in turn (next to migrate.ts's). */
-export const PROVISIONING_LOCK_KEY = 4_669_143_214_093_122n;
-
-// ---- SQL ---------------------------------------------------------------------------------------
-// Role DDL takes no parameters: names are quoted with escapeIdentifier, verifiers with escapeLiteral.
-
-const q = {
-  lock: (): Query => ({ text: 'SELECT pg_advisory_xact_lock($1)', values: [PROVISIONING_LOCK_KEY.toString()] }),
-  /** The pool's lock_timeout bounds writes; waiting for another instance's provisioning is no write. */
-  noLockTimeout: (): Query => ({ text: 'SET LOCAL lock_timeout = 0' }),
-  storedPassword: (login: string): Query => ({
-    name: 'fencepost_client_password',
-    text: 'SELECT password FROM fencepost.client_logins WHERE login = $1',
-    values: [login],
-  }),
-  storePassword: (login: string, password: string): Query => ({
-    text: 'INSERT INTO fencepost.client_logins (login, password) VALUES ($1, $2) ON CONFLICT (login) DO NOTHING',
-    values: [login, password],
-  }),
-  capability: (): Query => ({ text: 'SELECT secret FROM fencepost.fence_capability' }),
-  role: (name: string): Query => ({
-    text: `SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls OR rolinherit OR NOT rolcanlogin AS unsafe
-           FROM pg_roles WHERE rolname = $1`,
-    values: [name],
-  }),
-  memberships: (login: string): Query => ({
-    text: `SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles l ON l.oid = m.member WHERE l.rolname = $1`,
-    values: [login],
-  }),
-  /** Roles reachable from `pgRole` (SET ROLE through memberships) that would escape the box. */
-  dangerousReach: (pgRole: string): Query => ({
-    text: `SELECT r.rolname FROM pg_roles r
-           WHERE pg_has_role($1, r.oid, 'MEMBER')
-             AND (r.rolsuper OR r.rolcreaterole OR r.rolbypassrls OR r.rolreplication OR r.rolname = ANY($2::text[])
-                  OR r.oid = (SELECT relowner FROM pg_class WHERE oid = 'fencepost.fences'::regclass)
-                  OR r.oid = (SELECT nspowner FROM pg_namespace WHERE nspname = 'fencepost'))`,
-    values: [pgRole, DANGEROUS_BUILTIN_ROLES],
-  }),
-  /** Relations of the fencepost schema `role` may touch by any privilege (directly or inherited). */
-  fenceTablesReachable: (role: string): Query => ({
-    text: `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-           WHERE n.nspname = 'fencepost' AND c.relkind IN ('r', 'v', 'm', 'p')
-             AND has_table_privilege($1, c.oid, 'SELECT,INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES,TRIGGER')`,
-    values: [role],
-  }),
-  currentDatabase: (): Query => ({ text: 'SELECT current_database() AS db' }),
-  currentUser: (): Query => ({ text: 'SELECT current_user AS u' }),
-  /** `member` is a member of `role` with INHERIT (what pg_terminate_backend asks of a non-superuser). */
-  isMember: (member: string, role: string): Query => ({
-    text: `SELECT 1 FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = $2 AND u.rolname = $1`,
-    values: [member, role],
-  }),
-  hasRoleSettings: (login: string): Query => ({
-    text: 'SELECT 1 FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = $1',
-    values: [login],
-  }),
-  /** Role settings a login may have given itself (ALTER ROLE CURRENT_USER SET …): gone at each start. */
-  resetRoleSettings: (login: string, db: string): string[] => [
-    `ALTER ROLE ${pg.escapeIdentifier(login)} RESET ALL`,
-    `ALTER ROLE ${pg.escapeIdentifier(login)} IN DATABASE ${pg.escapeIdentifier(db)} RESET ALL`,
-  ],
-  roleExists: (name: string): Query => ({ text: 'SELECT 1 FROM pg_roles WHERE rolname = $1', values: [name] }),
-  createLogin: (login: string, verifier: string): string =>
-    `CREATE ROLE ${pg.escapeIdentifier(login)} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD ${pg.escapeLiteral(verifier)}`,
-  setPassword: (login: string, verifier: string): string =>
-    `ALTER ROLE ${pg.escapeIdentifier(login)} PASSWORD ${pg.escapeLiteral(verifier)}`,
-  grantRole: (pgRole: string, login: string): string => `GRANT ${pg.escapeIdentifier(pgRole)} TO ${pg.escapeIdentifier(login)}`,
-  revokeRole: (role: string, login: string): string => `REVOKE ${pg.escapeIdentifier(role)} FROM ${pg.escapeIdentifier(login)}`,
-  /** What a login (and a key's role: the fence runs after SET LOCAL ROLE) may use of the schema. */
-  grantFence: (role: string): string[] => [
-    `GRANT USAGE ON SCHEMA ${CLIENT_SCHEMA} TO ${pg.escapeIdentifier(role)}`,
-    ...CLIENT_FUNCTIONS.map((f) => `GRANT EXECUTE ON FUNCTION ${f} TO ${pg.escapeIdentifier(role)}`),
-  ],
-  /** Whether `role` may name what is in schema fencepost (USAGE, its own or inherited). */
-  namesFenceSchema: (role: string): Query => ({ text: "SELECT 1 WHERE has_schema_privilege($1, 'fencepost', 'USAGE')", values: [role] }),
-};
 
 /**
  * Creates (or checks) the login of every spec, in its own transaction each, under an advisory lock.

@@ -3,7 +3,7 @@
 // this batch or in a batch in flight (an upsert can touch a row only once per statement). Writes of
 // one fence key ride together and beside other batches of that fence: a write with the fence's
 // token locks the fence row in share mode, so a leader's writes never wait for one another; only a
-// raise takes the row exclusively (src/fence/queries.ts fencedWrite). A request that finds a free
+// raise takes the row exclusively (src/fence/sql/objects.ts fencedWrite). A request that finds a free
 // slot goes out at once; under load, one statement and one commit serve many writes.
 //
 // A fence row held by another session (a long transaction) must not stall the other fences' writes
@@ -18,8 +18,8 @@
 // Which statement carries a batch: write-strategy.ts. Rejected operations go to the rejection log
 // (rejection-log.ts) as the HTTP door's.
 import type pg from 'pg';
-import type * as q from './queries.ts';
-import type { WriteRow } from './queries.ts';
+import type * as q from './sql/query.ts';
+import type { WriteRow } from './sql/objects.ts';
 import { isLostAfterSend, sqlState } from './pg-errors.ts';
 import { NOT_FENCED } from './codes.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';

@@ -2,7 +2,7 @@
 // POST /v1/transactions; pending_counts, migration 0012) into the counters (q.foldPendingCounts).
 // The count reads add what is not folded yet, so folding only keeps pending_counts short.
 import type pg from 'pg';
-import * as q from './queries.ts';
+import * as q from './sql/counts.ts';
 
 /** How often each proxy folds committed transactions into the counters (reads add the rest). */
 const FOLD_INTERVAL_MS = 1000;

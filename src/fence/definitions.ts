@@ -207,7 +207,7 @@ BEGIN
 END $$`,
   },
   {
-    // The proof of /v1/transactions (queries.ts openClientTransaction): for each epoch sequence
+    // The proof of /v1/transactions (sql/transactions.ts openClientTransaction): for each epoch sequence
     // named, rule.ts epochProof (55000 or XX000 when a raise replaced it since the connection was
     // fenced, 42P01 before the fence's first session made it), then the no-PREPARE read. Qualified
     // names only, SECURITY DEFINER without a SET clause, as prove_transaction.
@@ -323,7 +323,7 @@ END $$`,
   {
     // The check itself: true, or FP403 for an object under a protected prefix (the longest that
     // matches) with another fence key. The objects trigger calls it for INSERT and UPDATE; a DELETE
-    // of the HTTP door calls it in its WHERE (queries.ts fencedWrite: a row trigger cannot see the
+    // of the HTTP door calls it in its WHERE (sql/objects.ts fencedWrite: a row trigger cannot see the
     // fence key a delete was sent with).
     name: 'fencepost.object_fence_ok(text, text)',
     revoke: true,

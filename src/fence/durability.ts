@@ -6,7 +6,7 @@
 // (durability-monitor.ts: on a timer, in the log, /metrics and GET /readyz), and refuses writes
 // only when told to (FENCEPOST_REQUIRE_SYNC_STANDBY).
 import pg from 'pg';
-import * as q from './queries.ts';
+import * as q from './sql/health.ts';
 import { clientConfig } from './database-url.ts';
 import { newClient } from './primary-finder.ts';
 

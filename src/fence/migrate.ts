@@ -6,16 +6,13 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
-import type { Query } from './queries.ts';
+import * as q from './sql/migrations.ts';
 import { sqlState } from './pg-errors.ts';
 import { DEFINITIONS_SHA256, DEFINITIONS_SQL, DEFINITIONS_VERSION } from './definitions.ts';
 import { withClient } from './checkout.ts';
 import { INVALID_SCHEMA_NAME, UNDEFINED_TABLE } from './sqlstate.ts';
 
 export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
-
-// Arbitrary constant: "fencepost" as a 64-bit advisory lock key.
-const MIGRATION_LOCK_KEY = 4_669_143_214_093_120n;
 
 export interface Migration {
   id: number;
@@ -33,37 +30,6 @@ export function loadMigrations(dir = MIGRATIONS_DIR): Migration[] {
   });
   return migrations;
 }
-
-// The statements of migrating, as named builders. Bookkeeping lives in the fencepost schema
-// (fencepost.migrations), beside what it describes.
-const q = {
-  noTimeouts: (): Query => ({ text: 'SET statement_timeout = 0; SET lock_timeout = 0' }),
-  resetTimeouts: (): Query => ({ text: 'RESET statement_timeout; RESET lock_timeout' }),
-  lock: (): Query => ({ text: 'SELECT pg_advisory_lock($1)', values: [MIGRATION_LOCK_KEY.toString()] }),
-  unlock: (): Query => ({ text: 'SELECT pg_advisory_unlock($1)', values: [MIGRATION_LOCK_KEY.toString()] }),
-  /** Creates the bookkeeping table, moving the one older versions kept in public. */
-  bookkeeping: (): Query => ({
-    text: `
-CREATE SCHEMA IF NOT EXISTS fencepost;
-DO $$ BEGIN
-  IF to_regclass('public.fencepost_migrations') IS NOT NULL AND to_regclass('fencepost.migrations') IS NULL THEN
-    ALTER TABLE public.fencepost_migrations SET SCHEMA fencepost;
-    ALTER TABLE fencepost.fencepost_migrations RENAME TO migrations;
-  END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS fencepost.migrations (
-  id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
-  }),
-  applied: (): Query => ({ text: 'SELECT id FROM fencepost.migrations' }),
-  record: (m: Migration): Query => ({ text: 'INSERT INTO fencepost.migrations (id, name) VALUES ($1, $2)', values: [m.id, m.name] }),
-  latestApplied: (): Query => ({ text: 'SELECT max(id) AS max FROM fencepost.migrations' }),
-  definitions: (): Query => ({ text: 'SELECT version, sha256 FROM fencepost.definitions' }),
-  recordDefinitions: (): Query => ({
-    text: `INSERT INTO fencepost.definitions (version, sha256) VALUES ($1, $2)
-ON CONFLICT (only_row) DO UPDATE SET version = EXCLUDED.version, sha256 = EXCLUDED.sha256, applied_at = now()`,
-    values: [DEFINITIONS_VERSION, DEFINITIONS_SHA256],
-  }),
-};
 
 /** What migrate() reports when it applied the definitions. */
 export const DEFINITIONS_APPLIED = `definitions v${DEFINITIONS_VERSION}`;

@@ -4,7 +4,7 @@
 // fence row for ever: no lock timeout of a raise ends it, only COMMIT PREPARED or ROLLBACK
 // PREPARED does. A 55P03 then names it, so the answer says what to run instead of "safe to retry".
 import pg from 'pg';
-import * as q from './queries.ts';
+import * as q from './sql/transactions.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 
 export interface PreparedHolder {

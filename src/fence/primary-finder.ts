@@ -15,7 +15,7 @@
 // write, and each of them answers 503 with the reason.
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
-import { writability } from './queries.ts';
+import { writability } from './sql/health.ts';
 import { sqlState } from './pg-errors.ts';
 import {
   ADMIN_SHUTDOWN,

@@ -13,9 +13,8 @@
 // What the trigger cannot stop: the table's owner (or a superuser) dropping or disabling it, or a
 // superuser's session_replication_role = replica. Writers' roles must not own protected tables.
 import pg from 'pg';
-import type { Query } from './queries.ts';
+import * as q from './sql/protection.ts';
 import { keyProblem } from './key.ts';
-import { epochSequence } from './rule.ts';
 import { sqlState } from './pg-errors.ts';
 import { withClient } from './checkout.ts';
 import { INSUFFICIENT_PRIVILEGE } from './sqlstate.ts';
@@ -50,66 +49,6 @@ export interface ProtectedTables {
   /** The owner of each (the role that could drop the trigger). */
   owners: string[];
 }
-
-const q = {
-  /** The table and every descendant (partitions, inheritance children), as regclass text. */
-  family: (table: string): Query => ({
-    text: `WITH RECURSIVE family(oid) AS (
-             SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1) AND c.relkind IN ('r', 'p')
-             UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN family f ON i.inhparent = f.oid)
-           SELECT c.oid::int8::text AS oid, c.oid::regclass::text AS name, pg_catalog.pg_get_userbyid(c.relowner) AS owner, n.nspname
-           FROM family f JOIN pg_catalog.pg_class c ON c.oid = f.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-           ORDER BY c.oid = pg_catalog.to_regclass($1) DESC, c.oid`,
-    values: [table],
-  }),
-  relkind: (table: string): Query => ({
-    text: 'SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)',
-    values: [table],
-  }),
-  declareTable: (oid: string, fenceKey: string): Query => ({
-    text: `INSERT INTO fencepost.protected_tables (relation, fence_key) VALUES ($1::int8::oid, $2)
-           ON CONFLICT (relation) DO UPDATE SET fence_key = EXCLUDED.fence_key, declared_at = now()`,
-    values: [oid, fenceKey],
-  }),
-  forgetTable: (oid: string): Query => ({ text: 'DELETE FROM fencepost.protected_tables WHERE relation = $1::int8::oid', values: [oid] }),
-  declarePrefix: (prefix: string, fenceKey: string): Query => ({
-    text: `INSERT INTO fencepost.protected_prefixes (prefix, fence_key) VALUES ($1, $2)
-           ON CONFLICT (prefix) DO UPDATE SET fence_key = EXCLUDED.fence_key, declared_at = now()`,
-    values: [prefix, fenceKey],
-  }),
-  forgetPrefix: (prefix: string): Query => ({ text: 'DELETE FROM fencepost.protected_prefixes WHERE prefix = $1', values: [prefix] }),
-  anyPrefix: (): Query => ({ text: 'SELECT 1 FROM fencepost.protected_prefixes LIMIT 1' }),
-  list: (): Query => ({ text: 'SELECT kind, target, fence_key, enforced, why_not FROM fencepost.protected_data ORDER BY kind, target' }),
-  prefixes: (): Query => ({ text: 'SELECT prefix, fence_key FROM fencepost.protected_prefixes' }),
-  installed: (): Query => ({ text: "SELECT pg_catalog.to_regclass('fencepost.protected_data') IS NOT NULL AS installed" }),
-  /**
-   * Each protected table with the roles besides its owner (superusers aside) granted USAGE on its
-   * schema, PUBLIC included: each of them can name the table.
-   */
-  schemaUsers: (): Query => ({
-    text: `SELECT c.oid::regclass::text AS target, n.nspname AS schema,
-             array(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
-                   FROM pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
-                   WHERE a.privilege_type = 'USAGE' AND a.grantee <> c.relowner
-                     AND (a.grantee = 0 OR NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = a.grantee))
-                   ORDER BY 1) AS roles
-           FROM fencepost.protected_tables t
-           JOIN pg_catalog.pg_class c ON c.oid = t.relation
-           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-           ORDER BY 1`,
-  }),
-  /** Serialises declarations (and the objects trigger's creation) of instances at once. */
-  lock: (): Query => ({ text: 'LOCK TABLE fencepost.protected_prefixes, fencepost.protected_tables IN SHARE ROW EXCLUSIVE MODE' }),
-};
-
-/** DDL takes no parameters: names come from pg_class (regclass text, quoted), the fence key as a literal. */
-const ddl = {
-  dropTrigger: (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`,
-  tableTrigger: (rel: string, fenceKey: string) =>
-    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)}, ${pg.escapeLiteral(epochSequence(fenceKey))})`,
-  objectsTrigger: () =>
-    `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`,
-};
 
 function checkFenceKey(fenceKey: string): void {
   const problem = keyProblem(fenceKey);
@@ -152,8 +91,8 @@ export async function protectTable(pool: pg.Pool, table: string, fenceKey: strin
     for (const rel of family) {
       await client.query(q.declareTable(rel.oid, fenceKey));
       try {
-        await client.query(ddl.dropTrigger(rel.name));
-        await client.query(ddl.tableTrigger(rel.name, fenceKey));
+        await client.query(q.dropTrigger(rel.name));
+        await client.query(q.tableTrigger(rel.name, fenceKey));
       } catch (err) {
         if (sqlState(err) !== INSUFFICIENT_PRIVILEGE) throw err;
         throw new ProtectError(
@@ -172,7 +111,7 @@ export async function unprotectTable(pool: pg.Pool, table: string): Promise<stri
     const family = await tableFamily(client, table);
     for (const rel of family) {
       await client.query(q.forgetTable(rel.oid));
-      await client.query(ddl.dropTrigger(rel.name));
+      await client.query(q.dropTrigger(rel.name));
     }
     return family.map((r) => r.name);
   });
@@ -187,8 +126,8 @@ export async function protectPrefix(pool: pg.Pool, prefix: string, fenceKey: str
     const first = (await client.query(q.anyPrefix())).rowCount === 0;
     await client.query(q.declarePrefix(prefix, fenceKey));
     if (first) {
-      await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
-      await client.query(ddl.objectsTrigger());
+      await client.query(q.dropTrigger('fencepost.objects'));
+      await client.query(q.objectsTrigger());
     }
   });
 }
@@ -197,8 +136,7 @@ export async function protectPrefix(pool: pg.Pool, prefix: string, fenceKey: str
 export async function unprotectPrefix(pool: pg.Pool, prefix: string): Promise<boolean> {
   return inTransaction(pool, async (client) => {
     const removed = ((await client.query(q.forgetPrefix(prefix))).rowCount ?? 0) > 0;
-    if ((await client.query(q.anyPrefix())).rowCount === 0)
-      await client.query(`DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON fencepost.objects`);
+    if ((await client.query(q.anyPrefix())).rowCount === 0) await client.query(q.dropTrigger('fencepost.objects'));
     return removed;
   });
 }

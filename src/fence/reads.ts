@@ -1,13 +1,15 @@
 // Reads of objects, fences and counts, one statement each (queries.ts), as the proxy answers them.
 // The count reads add the count rows not folded yet (count-folding.ts), so they are exact.
 import type pg from 'pg';
-import * as q from './queries.ts';
+import * as countsSql from './sql/counts.ts';
+import * as fencesSql from './sql/fences.ts';
+import * as objectsSql from './sql/objects.ts';
 
 export interface StoredObject {
   fenceKey: string;
   token: bigint;
   version: bigint;
-  /** Without quotes; changes with every write and never repeats for a key (queries.ts ETAG_SQL). */
+  /** Without quotes; changes with every write and never repeats for a key (sql/objects.ts ETAG_SQL). */
   etag: string;
   contentType: string;
   body: Buffer;
@@ -52,7 +54,7 @@ export async function readObject(pool: pg.Pool, key: string): Promise<StoredObje
     content_type: string;
     body: Buffer;
     updated_at: Date;
-  }>(q.readObject(key));
+  }>(objectsSql.readObject(key));
   const r = rows[0];
   if (!r) return null;
   return {
@@ -85,7 +87,7 @@ export async function listObjects(
     content_type: string;
     size: number;
     updated_at: Date;
-  }>(q.listObjects(prefix, after, limit + 1));
+  }>(objectsSql.listObjects(prefix, after, limit + 1));
   const page = rows.slice(0, limit).map((r) => ({
     key: r.key,
     fenceKey: r.fence_key,
@@ -101,29 +103,29 @@ export async function listObjects(
 
 /** Each object's fence key and that fence's highest token, read after a refusal (the 409 reports them). */
 export async function readObjectFences(pool: pg.Pool, keys: string[]): Promise<Map<string, { fenceKey: string; highestToken: bigint }>> {
-  const { rows } = await pool.query<{ key: string; fence_key: string; highest_token: string }>(q.objectFences(keys));
+  const { rows } = await pool.query<{ key: string; fence_key: string; highest_token: string }>(objectsSql.objectFences(keys));
   return new Map(rows.map((r) => [r.key, { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token) }]));
 }
 
 export async function readHighestToken(pool: pg.Pool, fenceKey: string): Promise<bigint | null> {
-  const { rows } = await pool.query<{ highest_token: string }>(q.readHighestToken(fenceKey));
+  const { rows } = await pool.query<{ highest_token: string }>(fencesSql.readHighestToken(fenceKey));
   return rows[0] ? BigInt(rows[0].highest_token) : null;
 }
 
-/** The fence with the highest token under `prefix` (queries.ts leadingFence); null when none. */
+/** The fence with the highest token under `prefix` (sql/fences.ts leadingFence); null when none. */
 export async function readLeadingFence(
   pool: pg.Pool,
   prefix: string,
 ): Promise<{ fenceKey: string; highestToken: bigint; raisedBy: string | null; raisedAt: Date } | null> {
   const { rows } = await pool.query<{ fence_key: string; highest_token: string; raised_by: string | null; updated_at: Date }>(
-    q.leadingFence(prefix),
+    fencesSql.leadingFence(prefix),
   );
   const r = rows[0];
   return r ? { fenceKey: r.fence_key, highestToken: BigInt(r.highest_token), raisedBy: r.raised_by, raisedAt: r.updated_at } : null;
 }
 
 export async function readFence(pool: pg.Pool, fenceKey: string): Promise<FenceRecord | null> {
-  const { rows } = await pool.query<FenceRow>(q.readFence(fenceKey));
+  const { rows } = await pool.query<FenceRow>(fencesSql.readFence(fenceKey));
   return rows[0] ? toFence(rows[0]) : null;
 }
 
@@ -133,14 +135,14 @@ export async function listFences(
   after: string | null,
   limit: number,
 ): Promise<{ fences: FenceRecord[]; next: string | null }> {
-  const { rows } = await pool.query<FenceRow>(q.listFences(after, limit + 1));
+  const { rows } = await pool.query<FenceRow>(fencesSql.listFences(after, limit + 1));
   const page = rows.slice(0, limit).map(toFence);
   return { fences: page, next: rows.length > limit ? (page.at(-1)?.fenceKey ?? null) : null };
 }
 
 export async function readStats(pool: pg.Pool, perFenceLimit: number): Promise<Stats> {
   const [totals, per] = await Promise.all([
-    pool.query<{ fences: string; accepted: string; rejected: string }>(q.statsTotals()),
+    pool.query<{ fences: string; accepted: string; rejected: string }>(countsSql.statsTotals()),
     pool.query<{
       fence_key: string;
       highest_token: string;
@@ -148,7 +150,7 @@ export async function readStats(pool: pg.Pool, perFenceLimit: number): Promise<S
       updated_at: Date;
       accepted: string;
       rejected: string;
-    }>(q.statsPerFence(perFenceLimit)),
+    }>(countsSql.statsPerFence(perFenceLimit)),
   ]);
   const t = totals.rows[0]!;
   return {

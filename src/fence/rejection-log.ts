@@ -1,7 +1,7 @@
 // Recording rejections, the same way for every door: HTTP object writes and fences (the store),
 // POST /v1/transactions (transaction.ts) and the SQL endpoint (proxy/sql/listener.ts). One statement
 // counts each rejection on its fence, in the totals and per minute, and logs it with its door
-// (queries.ts recordRejections); a deadlock or serialization failure runs it again, `retries`
+// (sql/rejections.ts recordRejections); a deadlock or serialization failure runs it again, `retries`
 // times. A recording that still fails is logged here, at warn with the door (the first of a window;
 // repeats are counted into one line: src/logging/repeat-limiter.ts), and told to whoever
 // watches (onUnrecorded: the proxy's fencepost_rejections_unrecorded_total): the database counts
@@ -9,8 +9,8 @@
 // Reading and pruning the log: rejections.ts, retention.ts.
 import type pg from 'pg';
 import type { Logger } from 'pino';
-import * as q from './queries.ts';
-import type { Door, RejectionRow } from './queries.ts';
+import * as q from './sql/rejections.ts';
+import type { Door, RejectionRow } from './sql/rejections.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
 import { RepeatLimiter } from '../logging/repeat-limiter.ts';
 

@@ -12,7 +12,7 @@ import {
   rejectionRowCutoff,
   retentionUnlock,
   tryRetentionLock,
-} from './rejections.ts';
+} from './sql/rejections.ts';
 import { withClient } from './checkout.ts';
 
 // Arbitrary constant, distinct from the migration lock: "fencepost retention".

@@ -1,6 +1,6 @@
 // The fence rule, in one place. Two forms, both built from the fragments below:
 //
-// The object writes (HTTP door; queries.ts fencedWrite, fencedPuts) take the fence per statement:
+// The object writes (HTTP door; sql/objects.ts fencedWrite, fencedPuts) take the fence per statement:
 // - share: a fence whose highest token is T (the leader's own) is locked FOR SHARE. A leader's
 //   concurrent writes share the row and never wait for one another. The lock waits for a raise in
 //   flight and re-reads the row's committed version (READ COMMITTED re-checks it), so a raise that

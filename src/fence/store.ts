@@ -18,7 +18,7 @@ import { explainLockTimeout } from './prepared-holders.ts';
 export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
 export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 export type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
-export type { OpKind } from './queries.ts';
+export type { OpKind } from './sql/objects.ts';
 export type { ProtectedPrefix, ProtectedPrefixes } from './protected-prefixes.ts';
 
 /** How the store batches and retries; defaults are the config module's (STORE_DEFAULTS). */

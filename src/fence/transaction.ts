@@ -22,8 +22,8 @@
 // their own (never the object-write pool). A backend that dies mid-transaction is a 503 (not
 // committed), but an SQLSTATE raised by a statement on a live connection is the statement's error.
 import pg from 'pg';
-import * as q from './queries.ts';
-import type { Isolation } from './queries.ts';
+import * as q from './sql/transactions.ts';
+import type { Isolation } from './sql/transactions.ts';
 import { coerceError, isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
 import type { AcceptedCounts } from './accepted-counts.ts';
@@ -347,7 +347,7 @@ export class TransactionRunner {
   private readonly opts: TransactionRunnerOptions;
   private readonly slots: Slots;
   private readonly pools = new Map<string, pg.Pool>();
-  /** What each pooled connection is fenced for (queries.ts fenceSession), as fence keys and tokens. */
+  /** What each pooled connection is fenced for (sql/transactions.ts fenceSession), as fence keys and tokens. */
   private readonly fencedFor = new WeakMap<pg.PoolClient, string>();
   private provisioned: { at: number; result: Promise<ProvisionResult> } | null = null;
   private closed = false;
@@ -586,7 +586,7 @@ export class TransactionRunner {
         if (pid === null) throw new Error('the connection has no backend pid');
         const set = JSON.stringify(fences.map((f) => [f.fenceKey, f.token.toString()]));
         if (this.fencedFor.get(client) !== set) {
-          // Fenced once per connection and set of fences (queries.ts fenceSession).
+          // Fenced once per connection and set of fences (sql/transactions.ts fenceSession).
           this.fencedFor.delete(client);
           const unfenced = (await client.query(q.unfenceSession())) as unknown as pg.QueryResult<{ start?: string }>[];
           const start = unfenced.at(-1)?.rows[0]?.start ?? '';

@@ -2,8 +2,9 @@
 // carries it. Each statement goes through the coalescer's runner, which retries only it.
 import type pg from 'pg';
 import { LRUCache } from 'lru-cache';
-import * as q from './queries.ts';
-import type { WriteRow } from './queries.ts';
+import * as q from './sql/objects.ts';
+import type { Query } from './sql/query.ts';
+import type { WriteRow } from './sql/objects.ts';
 
 /** Fence keys whose last passing token the write strategy remembers (see fencedStrategy). */
 const PASSED_HINTS = 10_000;
@@ -19,7 +20,7 @@ export interface WriteOutcome {
 }
 
 /** Runs one statement on the store's pool, again after a deadlock or serialization failure. */
-export type RunStatement = <R extends pg.QueryResultRow>(statement: q.Query) => Promise<R[]>;
+export type RunStatement = <R extends pg.QueryResultRow>(statement: Query) => Promise<R[]>;
 
 /**
  * How a batch reaches the database. The product has one (fencedStrategy below). Each statement

@@ -20,7 +20,8 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { processMetrics } from '../metrics/process.ts';
 import { DURABILITY_REASONS } from '../fence/durability.ts';
 import type { DurabilityMonitor } from '../fence/durability-monitor.ts';
-import type { Door, OpKind } from '../fence/queries.ts';
+import type { Door } from '../fence/sql/rejections.ts';
+import type { OpKind } from '../fence/sql/objects.ts';
 import './http/route-config.ts'; // config.operation
 
 export type { Door };

@@ -13,7 +13,7 @@ import { DEFAULT_DATA_DIR, legacyDataDir, PGWIRE_DEFAULTS, STORE_DEFAULTS, asser
 import { PgwireServer } from './sql/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
-import { connectionBudget } from '../fence/queries.ts';
+import { connectionBudget } from '../fence/sql/health.ts';
 import type { RunningPostgres } from '../fence/embedded-postgres.ts';
 import { RejectionPruner } from '../fence/retention.ts';
 import { DurabilityMonitor } from '../fence/durability-monitor.ts';

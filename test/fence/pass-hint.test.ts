@@ -5,7 +5,7 @@
 // the rest to fencedWrite, which rejects it.
 import { expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
-import { fencedPuts, fencedWrite } from '../../src/fence/queries.ts';
+import { fencedPuts, fencedWrite } from '../../src/fence/sql/objects.ts';
 import { twoProxiesTest } from '../support/fixtures.ts';
 import { putObject, raiseFence, storedObject } from '../support/objects.ts';
 

@@ -3,7 +3,7 @@ import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { randomBytes } from 'node:crypto';
-import { foldPendingCounts } from '../../src/fence/queries.ts';
+import { foldPendingCounts } from '../../src/fence/sql/counts.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 

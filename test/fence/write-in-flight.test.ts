@@ -6,7 +6,7 @@
 // waits on whom. See shared-lock.test.ts for holders that are not HTTP writes.
 import { expect } from 'vitest';
 import pg from 'pg';
-import { fencedPuts, fencedWrite } from '../../src/fence/queries.ts';
+import { fencedPuts, fencedWrite } from '../../src/fence/sql/objects.ts';
 import { twoProxiesTest as test } from '../support/fixtures.ts';
 import { backendPid, pollUntil, settled, waitersOn, waitsOnRowOf } from '../support/locks.ts';
 import { putObject, raiseFence, storedObject } from '../support/objects.ts';

@@ -241,7 +241,7 @@ describe('security errors (keys, transactions, forgery guard, HTTP limits)', () 
     try {
       await expectError('result_too_large', tx([{ sql: `SELECT repeat('x', 100000) AS big` }]), small);
       await expectError('transactions_unavailable', tx([{ sql: 'SELECT 1' }]), noRole);
-      // The transaction's seal (queries.ts sealAndCommit), not the session fence's own commit before it.
+      // The transaction's seal (sql/transactions.ts sealAndCommit), not the session fence's own commit before it.
       const commit = Buffer.from('synchronous_commit = on; COMMIT\0');
       net.loseReplyAfter((chunk) => chunk.includes(commit));
       await expectError('commit_unknown', tx([{ sql: 'INSERT INTO public.err_commit VALUES (1)' }]), lossy);

@@ -1,9 +1,9 @@
 // Conditional requests on objects (RFC 9110 §13): ETags, If-Match and If-None-Match.
 //
-// An object's ETag is `"<incarnation>.<version>"` (src/fence/queries.ts ETAG_SQL): it changes with
+// An object's ETag is `"<incarnation>.<version>"` (src/fence/sql/objects.ts ETAG_SQL): it changes with
 // every write and never comes back for the same key, not even after a delete. Writes send their
 // preconditions into the fenced write statement, which checks them on the object it locks
-// (src/fence/queries.ts fencedWrite); reads compare here.
+// (src/fence/sql/objects.ts fencedWrite); reads compare here.
 import type { FastifyRequest } from 'fastify';
 import type { Precondition } from '../../fence/store.ts';
 

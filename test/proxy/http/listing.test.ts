@@ -2,7 +2,7 @@
 // object keys holding `/` as it is or as %2F.
 import { describe, expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
-import { listObjects, prefixEnd } from '../../../src/fence/queries.ts';
+import { listObjects, prefixEnd } from '../../../src/fence/sql/objects.ts';
 import { appTest as test } from '../../support/fixtures.ts';
 
 const put = (app: FastifyInstance, key: string, body = 'x', headers: Record<string, string> = {}) =>

@@ -4,7 +4,7 @@
 import type { FastifyInstance } from 'fastify';
 import { migrationsApplied } from '../../../fence/migrate.ts';
 import { ApiError } from '../../errors.ts';
-import { writability } from '../../../fence/queries.ts';
+import { writability } from '../../../fence/sql/health.ts';
 import { NoWritableHostError } from '../../../fence/primary-finder.ts';
 import { durabilityUnsafe } from '../durability-gate.ts';
 

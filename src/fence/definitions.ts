@@ -248,7 +248,7 @@ END $$`,
   },
   {
     // The SQL endpoint's refusal of a transaction the proxy decided not to let write (a stale or
-    // unverified token, a fence that could not be raised, malformed settings: src/proxy/sql/gate.ts),
+    // unverified token, a fence that could not be raised, malformed settings: src/proxy/sql/fencer.ts),
     // run in the place of the session's proof so the transaction fails before the writer's first
     // statement. It only raises what it is given: anyone may call it, to no effect on anyone else.
     name: 'fencepost_api.refuse_transaction(text, text, text, text)',

@@ -401,7 +401,7 @@ export class TransactionRunner {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
     try {
-      const outcome = await this.deposedOnLoss(sorted, () =>
+      const outcome = await this.staleWhenDeposed(sorted, () =>
         retryOnConflict(
           async () => {
             for (let fresh = 0, raised = false, refenced = false; ; fresh++) {
@@ -455,7 +455,7 @@ export class TransactionRunner {
    * A connection lost before COMMIT was sent: if a fence of the transaction is now above its token,
    * a newer leader's raise ended it (raise.ts): the answer is stale, not "unavailable".
    */
-  private async deposedOnLoss(fences: readonly TxFence[], run: () => Promise<TxResult>): Promise<TxResult> {
+  private async staleWhenDeposed(fences: readonly TxFence[], run: () => Promise<TxResult>): Promise<TxResult> {
     try {
       return await run();
     } catch (err) {

@@ -10,7 +10,7 @@ import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './http/app.ts';
 import { DEFAULT_DATA_DIR, legacyDataDir, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
-import { PgwireServer } from './sql/listener.ts';
+import { SqlEndpoint } from './sql/listener.ts';
 import { FenceStore, type WriteStrategy } from '../fence/store.ts';
 import { migrate } from '../fence/migrate.ts';
 import { connectionBudget } from '../fence/sql/health.ts';
@@ -323,7 +323,7 @@ export async function startProxy(
   const pgwire =
     config.pgwirePort === null
       ? null
-      : new PgwireServer({
+      : new SqlEndpoint({
           host: config.host,
           port: config.pgwirePort,
           databaseUrl,

@@ -119,3 +119,11 @@ export function findKey(keys: readonly AccessKey[], authorization: string | unde
   for (const k of keys) if (timingSafeEqual(k.digest, presented) && found === null) found = k;
   return found;
 }
+
+/**
+ * Whether a key whose fence-key prefixes are `prefixes` may write under `fenceKey` (null: open
+ * mode, any fence key; []: a read-only key, none). The one prefix check of every door.
+ */
+export function withinPrefixes(prefixes: readonly string[] | null, fenceKey: string): boolean {
+  return prefixes === null || prefixes.some((p) => fenceKey.startsWith(p));
+}

@@ -2,7 +2,7 @@
 // Each route declares `config: { access: 'open' | 'read' | 'write' }`; the onRequest hook enforces
 // it before the body is read.
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { findKey, type AccessKey, type AuthConfig } from '../access/keys.ts';
+import { findKey, withinPrefixes, type AccessKey, type AuthConfig } from '../access/keys.ts';
 import { ApiError } from '../errors.ts';
 import type { RouteAccess } from './route-config.ts';
 
@@ -53,7 +53,7 @@ export function authorizeKeys(req: FastifyRequest, keys: readonly string[]): voi
   const k = req.accessKey;
   if (k === null) return;
   for (const key of keys) {
-    if (!k.fenceKeyPrefixes.some((p) => key.startsWith(p))) {
+    if (!withinPrefixes(k.fenceKeyPrefixes, key)) {
       req.log.warn({ keyName: k.name }, 'key outside its prefixes refused');
       throw new ApiError('forbidden', `key ${k.name} may not write ${JSON.stringify(key)}: it is outside its fence-key prefixes`);
     }

@@ -3,7 +3,7 @@
 // Parse/Bind/Execute on the unnamed statement and portal, or written as text in front of a Query.
 // Nothing of it stays in pg_prepared_statements: the unnamed statement is not listed there, and
 // the planner parses it again only when something replaced it (the writer's own unnamed Parse, a
-// Query). The session itself was fenced by gate.ts (fence_session, rule.ts); the transaction only
+// Query). The session itself was fenced by fencer.ts (fence_session, rule.ts); the transaction only
 // proves it, with C functions:
 //
 //   proven    the proof (proofSql: fencepost_api.prove_transaction, the epoch proof, rule.ts
@@ -135,7 +135,7 @@ function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): 
   return { list, text: list.map((st) => `${st.text};`).join('') };
 }
 
-/** A session fenced at its fence key's current epoch (gate.ts): the epoch's proof, in the writer's transaction mode. */
+/** A session fenced at its fence key's current epoch (fencer.ts): the epoch's proof, in the writer's transaction mode. */
 export function provenFence(fenceKey: string, token: bigint): FenceStatements {
   const values = [epochSequence(fenceKey), fenceKey, token.toString()];
   const [epoch, key, t] = values.map(lit) as [string, string, string];

@@ -1,6 +1,6 @@
 // The SQL endpoint's listener: accepts PostgreSQL protocol connections, runs the startup phase
 // (SSLRequest, CancelRequest, StartupMessage, authentication), opens the session's backend
-// connection as the key's client login, and hands over to PgwireSession.
+// connection as the key's client login, and hands over to SqlSession.
 //
 // Authentication: authenticate.ts; the startup phase's connection (framing, limits, deadline, the
 // TLS upgrade): startup-channel.ts; the backend's settings: startup.ts.
@@ -33,7 +33,7 @@ import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.t
 import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
-import { PgwireSession, type SessionGuard, type StaleRefusal } from './session.ts';
+import { SqlSession, type SessionGuard, type StaleRefusal } from './session.ts';
 import { raisedAbove, raiseFences } from '../../fence/raise.ts';
 import type { AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
@@ -52,7 +52,7 @@ import {
   TOO_MANY_CONNECTIONS,
 } from '../../fence/sqlstate.ts';
 
-export interface PgwireOptions {
+export interface SqlEndpointOptions {
   host: string;
   /** 0: any free port (tests). */
   port: number;
@@ -102,7 +102,7 @@ interface Registered {
   backend: Backend;
 }
 
-export class PgwireServer {
+export class SqlEndpoint {
   private readonly server: Server;
   private readonly target: BackendTarget;
   private readonly sockets = new Set<Socket>();
@@ -121,7 +121,7 @@ export class PgwireServer {
   /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
   private readonly mockNonce = randomBytes(32);
 
-  constructor(private readonly opts: PgwireOptions) {
+  constructor(private readonly opts: SqlEndpointOptions) {
     this.target = backendTarget(opts.databaseUrl);
     this.server = createServer((socket) => this.accept(socket));
     this.server.maxConnections = opts.maxConnections * 2; // hard cap; the polite refusal is below
@@ -376,7 +376,7 @@ export class PgwireServer {
       Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
     );
     socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
-    const session = new PgwireSession(socket, channel.reader, backend, {
+    const session = new SqlSession(socket, channel.reader, backend, {
       logger,
       capability: who.capability,
       prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,

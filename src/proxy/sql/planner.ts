@@ -176,7 +176,7 @@ export function refusalFence(): SessionFence {
   return sessionFenceOf(refusalInPlaceOfFence(), null);
 }
 
-/** The fence of a session that passed the fence of `pair` (gate.ts). */
+/** The fence of a session that passed the fence of `pair` (fencer.ts). */
 export function provenSessionFence(pair: { fenceKey: string; token: bigint }): SessionFence {
   return sessionFenceOf(provenFence(pair.fenceKey, pair.token), pair);
 }
@@ -478,7 +478,7 @@ export class Planner {
       return [...begin, step];
     }
     if (idle && runsUnfenced(text) && this.fence.pair !== null) {
-      // A fenced session is read-write by default (gate.ts); none of these writes data.
+      // A fenced session is read-write by default (fencer.ts); none of these writes data.
       return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] }];
     }
     if (idle && runsUnfenced(text)) {

@@ -4,7 +4,7 @@
 // Each message sent to the backend has a reply owed (replies.ts), the proxy's own or the writer's;
 // the proxy's are swallowed (notices included), the writer's forwarded as they came. A new group is
 // held until the previous one's ReadyForQuery says whether the session is idle; one that would start
-// a transaction also waits for the gate (the forgery guard and the raise, gate.ts). COPY FROM STDIN
+// a transaction also waits for the gate (the forgery guard and the raise, fencer.ts). COPY FROM STDIN
 // is copy-in.ts, counting fenced transactions tally.ts, a session the writer did not end
 // session-end.ts.
 //

@@ -3,7 +3,7 @@
 // - planner.ts: what to send for each of the writer's messages (the transaction's proof, splits,
 //   refusals); no sockets, so it is tested without a database.
 // - relay.ts: the sockets, the responses owed for what was sent, forwarding and swallowing them.
-// - gate.ts: before a transaction, what the session's fence is (the forgery guard's check, the raise,
+// - fencer.ts: before a transaction, what the session's fence is (the forgery guard's check, the raise,
 //   fence_session on the session's own backend).
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
@@ -11,14 +11,14 @@ import pg from 'pg';
 import type { MessageReader } from './wire/framing.ts';
 import { Planner, refusalFence } from './planner.ts';
 import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
-import { FenceGate, type FenceSettings, type SessionGuard } from './gate.ts';
+import { SessionFencer, type FenceSettings, type SessionGuard } from './fencer.ts';
 import type { Backend } from './backend.ts';
 import type { ErrorFields } from './wire/backend.ts';
 import { STALE_TOKEN } from '../../fence/codes.ts';
 import { staleDetailText } from '../../fence/detail.ts';
 import { sessionFenceCapability } from '../../fence/rule.ts';
 
-export type { SessionGuard } from './gate.ts';
+export type { SessionGuard } from './fencer.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';
 
 export interface SessionOptions {
@@ -59,15 +59,15 @@ export interface SessionOptions {
   onClose: () => void;
 }
 
-export class PgwireSession {
+export class SqlSession {
   private readonly relay: Relay;
-  private readonly gate: FenceGate;
+  private readonly gate: SessionFencer;
   private startupFenced: (() => void) | null;
 
   constructor(client: Socket, clientReader: MessageReader, backend: Backend, opts: SessionOptions) {
     const durability = opts.durability ?? null;
     const refusing = () => durability !== null && durability.refusal() !== null;
-    const gate = new FenceGate({
+    const gate = new SessionFencer({
       guard: opts.guard ?? null,
       prefixes: opts.prefixes,
       raise: opts.raise,

@@ -2,7 +2,7 @@
 // fencepost.token or fencepost.fence_key is refused by its length (FP400) with a refusal that names
 // the setting and the limit, not the value; the session stays usable once it sets sane values; no
 // refusal or log line carries the megabyte. The proxy reads the settings back cut to their limits
-// (gate.ts READ_SETTINGS_SQL), so the value never crosses to it. No wall-clock assertions: the
+// (fencer.ts READ_SETTINGS_SQL), so the value never crosses to it. No wall-clock assertions: the
 // tenancy harness (npm run chaos -- --tenancy S --attacks huge-arguments) measures the latency.
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import pg from 'pg';
@@ -11,7 +11,7 @@ import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../supp
 import { startSqlProxy, fenceOptions, type SqlProxy } from '../../support/sql.ts';
 import { MessageReader, message } from '../../../src/proxy/sql/wire/framing.ts';
 import { MAX_UNFENCED_CHARS, runsUnfenced, setsFenceSetting } from '../../../src/proxy/sql/statements.ts';
-import { quoteBounded } from '../../../src/proxy/sql/gate.ts';
+import { quoteBounded } from '../../../src/proxy/sql/fencer.ts';
 
 const MB = 1024 * 1024;
 /** A refusal's text, and a log line, stay below this many bytes whatever the client sent. */

@@ -22,6 +22,7 @@ import type { ErrorFields } from './wire/backend.ts';
 import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
 import { INSUFFICIENT_PRIVILEGE } from '../../fence/sqlstate.ts';
 import { MAX_TOKEN, parseToken } from '../../fence/token.ts';
+import { withinPrefixes } from '../access/keys.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */
 export interface SessionGuard {
@@ -100,7 +101,7 @@ const refusal = (code: string, message: string, detail?: string, hint?: string):
   ...(hint !== undefined ? { hint } : {}),
 });
 
-export class FenceGate {
+export class SessionFencer {
   /** The session's settings as last known (null: read them back before the next transaction). */
   private settings: FenceSettings | null;
   /** The session's backend has its setup (session_start's temporary sequence). */
@@ -309,7 +310,7 @@ export class FenceGate {
     const problem = keyProblem(s.fenceKey);
     if (problem !== null) return refused(refusal(INVALID_FENCE_SETTING, `fencepost.fence_key ${problem}`));
     const prefixes = this.opts.prefixes;
-    if (prefixes !== null && !prefixes.some((p) => s.fenceKey!.startsWith(p))) {
+    if (!withinPrefixes(prefixes, s.fenceKey)) {
       return refused(
         refusal(
           INSUFFICIENT_PRIVILEGE,

@@ -34,15 +34,13 @@ import { Election } from '../election/election.ts';
 import type { ElectionPolicy } from '../election/election.ts';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
-import { doctorCommand } from './doctor.ts';
 import { Guardian } from './guardian.ts';
 import { defaultCandidateId, electionPathProblem } from '../election/sequence.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
 import { ElectionMetrics } from './election-metrics.ts';
 import { CommandFailure, firstLine } from './command-failure.ts';
 import { commandProblem } from './resolve-command.ts';
-
-export { doctorCommand };
+import { advanceAtProxy, type ProxyFence } from './fence-advance.ts';
 
 export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path <election-path> [--id <name>]
                       [--session-timeout-ms <n>] [--grace-ms <n>] [--policy suspend-is-lost|wait-for-expiry]
@@ -52,11 +50,10 @@ export const ELECT_USAGE = `usage: fencepost elect --zk <connect-string> --path 
 
 /** Longest wait of the guardian between SIGTERM and SIGKILL of an orphaned command (see guardian.ts). */
 const GUARDIAN_KILL_AFTER_MAX_MS = 500;
+/** How long the start-up check of the session timeout measures (checkAdvice). */
+const ADVICE_WINDOW_MS = 2000;
 /** How often a process started by npm checks that its launcher is still there. */
 const LAUNCHER_CHECK_MS = 100;
-/** How long elect waits for its first ZooKeeper session before it gives up (said in the message). */
-
-/** Option definitions; extend (spread) to add flags, e.g. `--proxy`, and read them in the hooks. */
 export const ELECT_OPTIONS = {
   zk: { type: 'string' },
   path: { type: 'string' },
@@ -68,6 +65,8 @@ export const ELECT_OPTIONS = {
   'status-port': { type: 'string' },
   'status-host': { type: 'string' },
   advise: { type: 'boolean' },
+  proxy: { type: 'string' },
+  'fence-key': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const satisfies ParseArgsConfig['options'];
 
@@ -85,60 +84,16 @@ export interface ElectConfig {
   statusHost: string;
   advise: boolean;
   command: string[];
-  /** All parsed flags, including ones added through `ElectCommandOptions.options`. */
-  values: Record<string, string | boolean | undefined>;
-}
-
-export interface BeforeChildStart {
-  token: bigint;
-  election: Election;
-  config: ElectConfig;
-  logger: Logger;
-  /** This run's metrics (e.g. to count failed fence advances). */
-  metrics: ElectionMetrics;
-  /** Aborts when the term ends or `fencepost elect` is told to stop (SIGTERM/SIGINT). */
-  signal: AbortSignal;
-}
-
-export interface ElectCommandOptions {
-  /** Extra flag definitions, merged into ELECT_OPTIONS. */
-  options?: ParseArgsConfig['options'];
-  /** Checks the parsed flags (e.g. ones added through `options`); a returned message is a usage error (exit 2). */
-  validate?: (config: ElectConfig) => string | null;
-  /**
-   * Runs once per term before the child starts (e.g. to register the token with a fencing proxy).
-   * May return extra environment variables for the child. If the term ends meanwhile, the child is
-   * not started and the command waits for the next term.
-   */
-  beforeChildStart?: (ctx: BeforeChildStart) => Promise<Record<string, string> | void>;
-  /**
-   * True when the hook advances a fence at a proxy (e.g. --proxy given): /metrics exposes
-   * fencepost_election_fence_advance_failures_total.
-   */
-  fenceAdvance?: (config: ElectConfig) => boolean;
-  /** Logger (default: pino JSON lines on stderr). */
-  logger?: Logger;
-  /** Window of the start-up advice check (0 disables it). Default 2000 ms. */
-  adviceWindowMs?: number;
+  /** --proxy and --fence-key: each term advances this fence at the proxy before its command starts (fence-advance.ts); null: no proxy. */
+  fence: ProxyFence | null;
 }
 
 class UsageError extends Error {}
 
-/**
- * Thrown by a `beforeChildStart` hook for a condition no new term will fix: elect leaves the
- * election (a standby takes over at once) and exits 1, printing the message as its one line.
- */
-export class FatalHookError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = 'FatalHookError';
-  }
-}
-
-export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options'] = {}, env: NodeJS.ProcessEnv = process.env): ElectConfig {
+export function parseElectArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): ElectConfig {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, options: { ...ELECT_OPTIONS, ...extra }, allowPositionals: true, strict: true, tokens: true });
+    parsed = parseArgs({ args: argv, options: ELECT_OPTIONS, allowPositionals: true, strict: true, tokens: true });
   } catch (err) {
     throw new UsageError((err as Error).message);
   }
@@ -179,6 +134,11 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
   const statusPort = str('status-port') === undefined ? null : int('status-port', 0, 0);
   if (statusPort !== null && statusPort > 65535) throw new UsageError(`--status-port must be a port number, got ${statusPort}`);
   if (statusPort === null && str('status-host') !== undefined) throw new UsageError('--status-host needs --status-port');
+  // A usage error at start, not a failure every term.
+  const proxy = str('proxy');
+  const fenceKey = str('fence-key');
+  if ((proxy === undefined) !== (fenceKey === undefined) || proxy === '' || fenceKey === '')
+    throw new UsageError('--proxy <url> and --fence-key <key> go together');
   return {
     zk,
     path: path ?? '/',
@@ -191,20 +151,18 @@ export function parseElectArgs(argv: string[], extra: ParseArgsConfig['options']
     statusHost: str('status-host') ?? '0.0.0.0',
     advise,
     command: parsed.positionals,
-    values: v,
+    fence: proxy !== undefined && fenceKey !== undefined ? { proxy, fenceKey } : null,
   };
 }
 
-export async function electCommand(argv: string[], opts: ElectCommandOptions = {}): Promise<number> {
+export async function electCommand(argv: string[]): Promise<number> {
   let config: ElectConfig;
   try {
     if (argv.includes('--help') || argv.includes('-h')) {
       process.stdout.write(ELECT_USAGE + '\n');
       return 0;
     }
-    config = parseElectArgs(argv, opts.options);
-    const problem = opts.validate?.(config) ?? null;
-    if (problem !== null) throw new UsageError(problem);
+    config = parseElectArgs(argv);
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
     process.stderr.write(`fencepost elect: ${err.message}\n${ELECT_USAGE}\n`);
@@ -220,8 +178,8 @@ export async function electCommand(argv: string[], opts: ElectCommandOptions = {
     process.stdout.write(formatAdvice(advice, config.sessionTimeoutMs) + '\n');
     return 0;
   }
-  const baseLog = opts.logger ?? pino({ base: { pid: process.pid } }, pino.destination({ fd: 2, sync: true }));
-  return await new ElectRunner(config, opts, baseLog).run();
+  const baseLog = pino({ base: { pid: process.pid } }, pino.destination({ fd: 2, sync: true }));
+  return await new ElectRunner(config, baseLog).run();
 }
 
 /** One `fencepost elect` run: the election, the child of the current term, signal handling. */
@@ -237,7 +195,6 @@ class ElectRunner {
 
   constructor(
     private readonly config: ElectConfig,
-    private readonly opts: ElectCommandOptions,
     baseLog: Logger,
   ) {
     // The Election adds electionPath and candidateId to its own log lines; ours get them here.
@@ -251,7 +208,7 @@ class ElectRunner {
       logger: baseLog,
       ...(config.auth ? { auth: config.auth } : {}),
     });
-    this.metrics = new ElectionMetrics(this.election, { fenceAdvance: opts.fenceAdvance?.(config) ?? false });
+    this.metrics = new ElectionMetrics(this.election, { fenceAdvance: config.fence !== null });
   }
 
   async run(): Promise<number> {
@@ -355,26 +312,19 @@ class ElectRunner {
       if (termSignal.aborted || this.election.token !== token) continue;
       const termLog = this.log.child({ token: token.toString() });
       let extraEnv: Record<string, string> = {};
-      if (this.opts.beforeChildStart) {
+      if (this.config.fence !== null) {
         try {
-          // Also aborted by SIGTERM/SIGINT: a hook that retries (proxy unreachable) must not outlive a stop.
+          // Also aborted by SIGTERM/SIGINT: an advance that retries (proxy unreachable) must not outlive a stop.
           const signal = AbortSignal.any([termSignal, this.stop.signal]);
           extraEnv =
-            (await this.opts.beforeChildStart({
-              token,
-              election: this.election,
-              config: this.config,
-              logger: termLog,
-              metrics: this.metrics,
-              signal,
-            })) ?? {};
+            (await advanceAtProxy(this.config.fence, { token, id: this.config.id, logger: termLog, metrics: this.metrics, signal })) ?? {};
         } catch (err) {
-          if (err instanceof FatalHookError) {
+          if (err instanceof CommandFailure) {
             // One JSON line for the logs (no stack: the message is the cause); main prints it once more, alone.
             termLog.error({ reason: err.message }, 'cannot lead: leaving the election');
-            throw new CommandFailure('elect', err.message, { cause: err });
+            throw err;
           }
-          termLog.error({ err }, 'beforeChildStart failed; resigning this term');
+          termLog.error({ err }, 'the fence advance failed; resigning this term');
           await this.election.resign();
           continue;
         }
@@ -464,9 +414,9 @@ class ElectRunner {
 
   /** Warns when the configured session timeout is below what this cluster and process need. */
   private async checkAdvice(): Promise<void> {
-    const windowMs = this.opts.adviceWindowMs ?? 2000;
+    const windowMs = ADVICE_WINDOW_MS;
     const session = this.election.currentSession;
-    if (windowMs <= 0 || !session) return;
+    if (!session) return;
     try {
       const advice = await measureSessionTimeoutAdvice({ session, windowMs, probeIntervalMs: 100, signal: this.stop.signal });
       const configured = session.negotiatedTimeoutMs;

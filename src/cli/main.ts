@@ -32,11 +32,11 @@ async function main(argv: string[]): Promise<number> {
       return await migrateCommand(rest);
     }
     case 'elect': {
-      const { fencedElectCommand } = await import('./fenced-elect.ts');
-      return await fencedElectCommand(rest);
+      const { electCommand } = await import('./elect.ts');
+      return await electCommand(rest);
     }
     case 'doctor': {
-      const { doctorCommand } = await import('./elect.ts');
+      const { doctorCommand } = await import('./doctor.ts');
       return await doctorCommand(rest);
     }
     case 'leader': {

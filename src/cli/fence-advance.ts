@@ -1,4 +1,4 @@
-// `fencepost elect … --proxy <url> --fence-key <key>`: before each term's command starts, advance the
+// `fencepost elect … --proxy <url> --fence-key <key>` (elect.ts): before each term's command starts, advance the
 // fence at the proxy to the new token (locking a zombie predecessor out of every key of that fence),
 // and pass FENCEPOST_URL and FENCE_KEY to the command. A 409 means a newer leader exists: resign.
 // Another 4xx (bad key, forbidden fence) is a setup error: exit 1.
@@ -7,10 +7,29 @@
 // and exits 1 with one line naming --proxy. Not resign-and-rejoin: with a wrong --proxy on every
 // replica that would pass leadership round forever with the command never running; an exit is what
 // a supervisor (systemd, Kubernetes) shows and restarts with its own backoff.
-import { electCommand, FatalHookError, type BeforeChildStart, type ElectConfig } from './elect.ts';
+import type { Logger } from 'pino';
 import { ProxyClient } from '../writer/index.ts';
 import { advanceFence } from '../writer/advance.ts';
-import { firstLine } from './command-failure.ts';
+import { CommandFailure, firstLine } from './command-failure.ts';
+import type { ElectionMetrics } from './election-metrics.ts';
+
+/** --proxy and --fence-key. */
+export interface ProxyFence {
+  proxy: string;
+  fenceKey: string;
+}
+
+/** The term a fence is advanced for. */
+export interface Term {
+  token: bigint;
+  /** The candidate id: the advance's Writer-Id. */
+  id: string;
+  logger: Logger;
+  /** Counts failed advances. */
+  metrics: ElectionMetrics;
+  /** Aborts when the term ends or `fencepost elect` is told to stop (SIGTERM/SIGINT). */
+  signal: AbortSignal;
+}
 
 /** Failed fence advances in a row (proxy unreachable or 5xx) after which elect gives up leading. */
 export const ADVANCE_ATTEMPTS = 5;
@@ -19,29 +38,15 @@ const ADVANCE_RETRY_MS = 1000;
 /** Longest wait for one answer (a raise may first wait FENCEPOST_RAISE_WAIT_MS for older transactions). */
 const ADVANCE_TIMEOUT_MS = 10_000;
 
-export async function fencedElectCommand(argv: string[]): Promise<number> {
-  return await electCommand(argv, {
-    options: { proxy: { type: 'string' }, 'fence-key': { type: 'string' } },
-    validate: checkProxyFlags,
-    beforeChildStart: advanceBeforeChild,
-    fenceAdvance: (config) => typeof config.values.proxy === 'string',
-  });
-}
-
-/** `--proxy` and `--fence-key` go together: a usage error at start, not a failure every term. */
-function checkProxyFlags(config: ElectConfig): string | null {
-  const { proxy, 'fence-key': fenceKey } = config.values;
-  if (proxy === undefined && fenceKey === undefined) return null;
-  if (typeof proxy !== 'string' || typeof fenceKey !== 'string' || proxy === '' || fenceKey === '')
-    return '--proxy <url> and --fence-key <key> go together';
-  return null;
-}
-
-async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string, string> | void> {
-  const { proxy: url, 'fence-key': fenceKey } = ctx.config.values;
-  if (typeof url !== 'string' || typeof fenceKey !== 'string') return; // checked at start: both or neither
+/**
+ * Advances `fence` to the term's token: the environment the command gets (FENCEPOST_URL,
+ * FENCE_KEY), or nothing when the term ended meanwhile. A StaleTokenError resigns the term; a
+ * CommandFailure ends elect.
+ */
+export async function advanceAtProxy(fence: ProxyFence, ctx: Term): Promise<Record<string, string> | void> {
+  const { proxy: url, fenceKey } = fence;
   const client = new ProxyClient(url, {
-    writerId: ctx.config.id,
+    writerId: ctx.id,
     timeoutMs: ADVANCE_TIMEOUT_MS,
     ...(process.env.FENCEPOST_API_KEY ? { apiKey: process.env.FENCEPOST_API_KEY } : {}),
   });
@@ -71,13 +76,17 @@ async function advanceBeforeChild(ctx: BeforeChildStart): Promise<Record<string,
       throw outcome.error; // resigns this term
     case 'refused':
       // 401/403/400 will not go away by retrying: stop instead of resigning forever.
-      throw new FatalHookError(
+      throw new CommandFailure(
+        'elect',
+
         `--proxy ${client.baseUrl} refused the fence advance of ${JSON.stringify(fenceKey)}: ${outcome.error.message}`,
         { cause: outcome.error },
       );
     case 'aborted':
       if (!giveUp.signal.aborted || ctx.signal.aborted) return; // the term ended or elect was stopped
-      throw new FatalHookError(
+      throw new CommandFailure(
+        'elect',
+
         `--proxy ${client.baseUrl}: the fence advance of ${JSON.stringify(fenceKey)} failed ${failures} times in a row (${describeFailure(lastError)}): left the election so a standby can lead`,
         { cause: lastError },
       );

@@ -54,6 +54,7 @@ const GUARDIAN_KILL_AFTER_MAX_MS = 500;
 const ADVICE_WINDOW_MS = 2000;
 /** How often a process started by npm checks that its launcher is still there. */
 const LAUNCHER_CHECK_MS = 100;
+
 export const ELECT_OPTIONS = {
   zk: { type: 'string' },
   path: { type: 'string' },

@@ -1,4 +1,4 @@
-// Reads of objects, fences and counts, one statement each (queries.ts), as the proxy answers them.
+// Reads of objects, fences and counts, one statement each (sql/objects.ts, sql/fences.ts, sql/counts.ts), as the proxy answers them.
 // The count reads add the count rows not folded yet (count-folding.ts), so they are exact.
 import type pg from 'pg';
 import * as countsSql from './sql/counts.ts';

@@ -1,7 +1,7 @@
 // Fenced SQL transactions: the fence check and a writer's statements in one database transaction,
 // run on a client login that can harm nothing (src/fence/client-logins.ts), never as the owner.
 //
-// A connection of the key's login passes its fences once per set of fences (queries.ts
+// A connection of the key's login passes its fences once per set of fences (sql/transactions.ts
 // unfenceSession, fenceSession, endFenceSession: fence_session() with a capability bound to this
 // backend and these arguments); a token below its fence is a rejection, recorded; a fence absent or
 // below the token is raised first (raise.ts) and the transaction starts again. Then three round
@@ -24,12 +24,23 @@
 import pg from 'pg';
 import * as q from './sql/transactions.ts';
 import type { Isolation } from './sql/transactions.ts';
-import { coerceError, isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
+import { isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
 import type { AcceptedCounts } from './accepted-counts.ts';
 import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
-import { FenceHeldByPreparedError } from './prepared-holders.ts';
+import {
+  CommitUnknownError,
+  ConnectionLostError,
+  FenceBusyError,
+  LoginUnavailableError,
+  ResultTooLargeError,
+  SessionUnusableError,
+  StatementError,
+  TransactionEndedError,
+  TransactionTimeoutError,
+} from './transaction-errors.ts';
+import { Slots } from './slots.ts';
 import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
@@ -65,65 +76,6 @@ export type TxResult =
   | { committed: true; results: StatementResult[] }
   | { committed: false; stale: { fenceKey: string; token: bigint; highestToken: bigint }[] };
 
-/** A statement (index; null for COMMIT) failed on a live connection; `cause` is the pg error. Rolled back. */
-export class StatementError extends Error {
-  readonly index: number | null;
-  constructor(index: number | null, cause: unknown) {
-    super(`${index === null ? 'COMMIT' : `statement ${index}`} failed: ${coerceError(cause).message}`, { cause });
-    this.name = 'StatementError';
-    this.index = index;
-  }
-}
-
-/** Statement `index` ended the transaction (COMMIT, ROLLBACK, … AND CHAIN): what it committed stands, nothing after it did. */
-export class TransactionEndedError extends Error {
-  readonly index: number;
-  constructor(index: number) {
-    super(
-      `statements[${index}] ended the transaction: the fence and the statements before it are as that statement left them; nothing after it was applied`,
-    );
-    this.name = 'TransactionEndedError';
-    this.index = index;
-  }
-}
-
-/** The results passed `maxResultBytes`; the connection was dropped; nothing applied. */
-export class ResultTooLargeError extends Error {
-  constructor(readonly limit: number) {
-    super(`the results passed ${limit} bytes; nothing applied`);
-    this.name = 'ResultTooLargeError';
-  }
-}
-
-/** The whole transaction ran past its deadline; the backend was terminated; nothing applied. */
-export class TransactionTimeoutError extends Error {
-  constructor(readonly limitMs: number) {
-    super(`the transaction ran past ${limitMs} ms; nothing applied`);
-    this.name = 'TransactionTimeoutError';
-  }
-}
-
-/** The connection was lost before COMMIT was sent (e.g. the backend died): nothing applied. */
-export class ConnectionLostError extends Error {
-  constructor(cause: unknown) {
-    super('the database connection was lost before COMMIT; nothing applied', { cause });
-    this.name = 'ConnectionLostError';
-  }
-}
-
-/**
- * The first round trip failed for a reason of the pooled session's, not of the fence (e.g. a
- * setting an earlier transaction left made the reset time out): the connection was dropped and
- * nothing applied. The runner tries again on another connection.
- */
-export class SessionUnusableError extends ConnectionLostError {
-  constructor(cause: unknown) {
-    super(cause);
-    this.message = 'the pooled database session could not be reset and was closed; nothing applied';
-    this.name = 'SessionUnusableError';
-  }
-}
-
 /** The transaction's fence is absent or below its token: nothing ran; raise it and start again. */
 class RaiseFirstError extends Error {
   constructor(cause: unknown) {
@@ -146,93 +98,6 @@ const EPOCH_REPLACED = new Set([OBJECT_NOT_IN_PREREQUISITE_STATE, INTERNAL_ERROR
 /** Fresh connections tried after a SessionUnusableError, per attempt. */
 const SESSION_RETRIES = 3;
 
-/**
- * COMMIT was sent and not confirmed: the connection was lost (or the deadline ended the backend)
- * before its answer, or Postgres answered with a warning that the synchronous standby may not have
- * it (commit-outcome.ts). Or the raise before the statements was (they did not run).
- */
-export class CommitUnknownError extends Error {
-  constructor(cause: unknown, message = 'the database connection was lost during COMMIT; the transaction may or may not have committed') {
-    super(message, { cause });
-    this.name = 'CommitUnknownError';
-  }
-}
-
-/** A fence of the transaction is locked by another transaction past the lock timeout: nothing applied. */
-export class FenceBusyError extends Error {
-  /** When the holder is a prepared transaction (which no retry outwaits): which, on which fence. */
-  readonly heldBy: FenceHeldByPreparedError | null;
-  constructor(cause: unknown) {
-    const heldBy = cause instanceof FenceHeldByPreparedError ? cause : null;
-    super(
-      heldBy
-        ? `${heldBy.message}; nothing applied`
-        : 'a fence of the transaction is locked by another transaction; nothing applied, safe to retry',
-      { cause },
-    );
-    this.name = 'FenceBusyError';
-    this.heldBy = heldBy;
-  }
-}
-
-/** The key's client login does not exist or is unsafe (see the proxy log for the SQL that fixes it). */
-export class LoginUnavailableError extends Error {
-  constructor(readonly problem: LoginProblem) {
-    super(problem.message);
-    this.name = 'LoginUnavailableError';
-  }
-}
-
-// First words that would end, split or escape the transaction, or change the session or role:
-// refused before anything is sent, as a friendly early error. Safety does not rest on this: the
-// login's privileges and the checks in runAttempt hold whatever the text says.
-const REFUSED_FIRST_WORDS = new Set([
-  'begin',
-  'start',
-  'commit',
-  'end',
-  'rollback',
-  'abort',
-  'savepoint',
-  'release',
-  'prepare',
-  'set',
-  'reset',
-  'do',
-  'copy',
-  'listen',
-  'discard',
-]);
-
-/** Why a statement is refused before it is sent, or null. A convenience, not a boundary. */
-export function refusedStatement(sql: string): string | null {
-  if (sql.includes('\u0000')) return 'contains a NUL character';
-  if (/set_config/i.test(sql)) return 'calls set_config';
-  let i = 0;
-  for (;;) {
-    while (i < sql.length && /\s/.test(sql[i]!)) i++;
-    if (sql.startsWith('--', i)) {
-      const nl = sql.slice(i).search(/[\n\r]/);
-      i = nl < 0 ? sql.length : i + nl + 1;
-    } else if (sql.startsWith('/*', i)) {
-      let depth = 1;
-      i += 2;
-      while (i < sql.length && depth > 0) {
-        if (sql.startsWith('/*', i)) {
-          depth++;
-          i += 2;
-        } else if (sql.startsWith('*/', i)) {
-          depth--;
-          i += 2;
-        } else i++;
-      }
-    } else break;
-  }
-  const word = /^[A-Za-z_]+/.exec(sql.slice(i))?.[0]?.toLowerCase();
-  if (word !== undefined && REFUSED_FIRST_WORDS.has(word)) return `starts with ${word.toUpperCase()}`;
-  return null;
-}
-
 // Values as Postgres prints them where the JS form would lose something: bytea stays `\x…` hex
 // (not a Buffer), timestamps and dates stay text (a Date loses microseconds and the zone).
 const TEXT_OIDS = new Set([17, 1082, 1083, 1114, 1184, 1266]);
@@ -245,62 +110,6 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
   const names = (r.fields ?? []).map((f) => f.name);
   // fromEntries defines own properties, so a column named __proto__ is just a key.
   return r.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, row[i]])));
-}
-
-/** At most `n` holders at once; the rest wait in arrival order. */
-/**
- * The transaction slots, shared by the keys: at most `perKey` of them held by one key, so a key
- * that floods the door never takes the slots every other key needs. Waiters are granted in order
- * of arrival, skipping those of a key already at its share.
- */
-class Slots {
-  private free: number;
-  private readonly held = new Map<string, number>();
-  private readonly waiters: { key: string; grant: () => void }[] = [];
-  constructor(
-    n: number,
-    private readonly perKey: number,
-  ) {
-    this.free = n;
-  }
-  async take(key: string, signal: AbortSignal): Promise<void> {
-    if (signal.aborted) throw signal.reason;
-    if (this.free > 0 && (this.held.get(key) ?? 0) < this.perKey) {
-      this.grantTo(key);
-      return;
-    }
-    await new Promise<void>((resolve, reject) => {
-      const waiter = {
-        key,
-        grant: () => {
-          signal.removeEventListener('abort', abort);
-          resolve();
-        },
-      };
-      const abort = () => {
-        const i = this.waiters.indexOf(waiter);
-        if (i >= 0) this.waiters.splice(i, 1);
-        reject(signal.reason);
-      };
-      this.waiters.push(waiter);
-      signal.addEventListener('abort', abort, { once: true });
-    });
-  }
-  give(key: string): void {
-    this.free++;
-    const n = (this.held.get(key) ?? 1) - 1;
-    if (n <= 0) this.held.delete(key);
-    else this.held.set(key, n);
-    const i = this.waiters.findIndex((w) => (this.held.get(w.key) ?? 0) < this.perKey);
-    if (i < 0) return;
-    const [w] = this.waiters.splice(i, 1);
-    this.grantTo(w!.key);
-    w!.grant();
-  }
-  private grantTo(key: string): void {
-    this.free--;
-    this.held.set(key, (this.held.get(key) ?? 0) + 1);
-  }
 }
 
 export interface TransactionRunnerOptions {

@@ -136,7 +136,7 @@ export class ForgeryGuard {
   /**
    * An object under a guarded prefix may only be written under a fence key guarded by the same
    * election: otherwise a forger could name an unguarded fence key with a huge token, moving the
-   * object to that fence, whose highest token (the object rule, see queries.ts) would then lock the
+   * object to that fence, whose highest token (the object rule, see sql/objects.ts) would then lock the
    * real leader out of it.
    */
   admitObject(objectKey: string, fenceKey: string, token: bigint): void {

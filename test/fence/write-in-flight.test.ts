@@ -1,5 +1,5 @@
 // An HTTP object write holds its fence row in share mode until it commits, so a raise waits for it
-// and no write of the older token commits after the raise (src/fence/queries.ts: `held` locks the
+// and no write of the older token commits after the raise (src/fence/sql/objects.ts: `held` locks the
 // fence rows FOR SHARE before the object is written, in fencedWrite and in fencedPuts alike).
 // Shown without timing: another session keeps the write in flight by holding the object's row (the
 // write takes the fence first, then waits for the object), and pg_blocking_pids / pg_locks say who

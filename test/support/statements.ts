@@ -1,4 +1,4 @@
-// A pool that records the name of every named statement run through it (src/fence/queries.ts
+// A pool that records the name of every named statement run through it (src/fence/sql/
 // names the fence's statements), so a test can tell which statement carried a write: through
 // pool.query and through the clients pool.connect hands out alike.
 import type pg from 'pg';

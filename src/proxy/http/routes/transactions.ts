@@ -2,6 +2,7 @@
 // database transaction (src/fence/transaction.ts). All or nothing.
 import type pg from 'pg';
 import type { FastifyInstance, FastifyPluginOptions, FastifyRequest, FastifySchemaValidationError } from 'fastify';
+import { TransactionRunner, type Isolation, type TxFence, type TxStatement } from '../../../fence/transaction.ts';
 import {
   CommitUnknownError,
   ConnectionLostError,
@@ -10,13 +11,9 @@ import {
   ResultTooLargeError,
   StatementError,
   TransactionEndedError,
-  TransactionRunner,
   TransactionTimeoutError,
-  refusedStatement,
-  type Isolation,
-  type TxFence,
-  type TxStatement,
-} from '../../../fence/transaction.ts';
+} from '../../../fence/transaction-errors.ts';
+import { refusedStatement } from '../../../fence/statement-check.ts';
 import { NOT_FENCED } from '../../../fence/codes.ts';
 import { CONFLICT_ERROR_CLASSES, RETRYABLE_ERROR_CODES, sqlState } from '../../../fence/pg-errors.ts';
 import { ApiError } from '../../errors.ts';

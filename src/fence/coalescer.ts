@@ -18,7 +18,7 @@
 // Which statement carries a batch: write-strategy.ts. Rejected operations go to the rejection log
 // (rejection-log.ts) as the HTTP door's.
 import type pg from 'pg';
-import type * as q from './sql/query.ts';
+import type { Query } from './sql/query.ts';
 import type { WriteRow } from './sql/objects.ts';
 import { isLostAfterSend, sqlState } from './pg-errors.ts';
 import { NOT_FENCED } from './codes.ts';
@@ -396,7 +396,7 @@ export class WriteCoalescer {
     );
   }
 
-  private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: q.Query) =>
+  private readonly runStatement: RunStatement = async <R extends pg.QueryResultRow>(statement: Query) =>
     this.withRetry(async () => {
       // Connecting sends nothing: its failure is "unavailable". Once the statement is sent, a lost
       // connection or the pool's query timeout (a commit waiting for a stalled synchronous standby

@@ -35,9 +35,11 @@ export class CopyIn {
 
   /**
    * A writer's message while the copy is open (`open`), other than copy data: 'pass' for a Flush
-   * or Sync (sent as is), else why the session ends.
+   * or Sync (sent as is), 'leave' for a Terminate (the writer quits mid-copy: the session ends, the
+   * copy rolls back, nothing to warn about), else why the session ends.
    */
-  admit(msg: ClientMessage): 'pass' | string {
+  admit(msg: ClientMessage): 'pass' | 'leave' | string {
+    if (msg.type === 'terminate') return 'leave';
     if (msg.type !== 'sync' && msg.type !== 'flush') return this.stream !== null ? NOT_COPY_DATA : NOT_SYNC_AFTER_COPY;
     if (msg.type === 'sync' && this.stream === null) this.owedSync = false;
     return 'pass';

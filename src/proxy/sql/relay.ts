@@ -319,7 +319,8 @@ export class Relay {
           continue;
         }
         this.flushBackend();
-        this.fail(admitted);
+        if (admitted === 'leave') this.close();
+        else this.fail(admitted);
         return;
       }
       if (this.replies.awaitingReady && this.planner.opensGroup(msg)) break;

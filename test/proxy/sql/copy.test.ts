@@ -414,4 +414,19 @@ describe('COPY FROM STDIN, message by message', () => {
     expect(out.errors).toContain('08P01');
     expect(await countInRange(db, 41, 42)).toBe(0);
   });
+
+  test('a Terminate inside a COPY IN (the writer quits mid-copy) closes the session without an error: nothing of the COPY lands', async ({
+    sql,
+    db,
+  }) => {
+    // psycopg closing a connection with a copy open: the writer leaves, the copy rolls back; it is
+    // no protocol violation to answer (08P01) or to warn about.
+    const raw = await RawClient.connect(sql.port, sql.database, 'copier-quit', fenceOptions(6, 'copy/ext'));
+    raw.write(Q('COPY copied (id, v) FROM STDIN'), copyData('51\tfifty-one\n'));
+    await new Promise((r) => setTimeout(r, 100));
+    const out = await raw.send([message('X')], 1);
+    expect(out.closed).toBe(true);
+    expect(out.errors).toEqual([]);
+    expect(await countInRange(db, 51, 51)).toBe(0);
+  });
 });

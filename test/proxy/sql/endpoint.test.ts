@@ -105,6 +105,25 @@ describe('a session without a token', () => {
     await c.end();
   });
 
+  test('PREPARE TRANSACTION in a fenced session: 0A000 with a hint saying why two-phase commit is refused; nothing prepared or written', async ({
+    sql,
+    db,
+  }) => {
+    // The session's fence is a temporary object its transactions read, so Postgres refuses to
+    // prepare them; the writer is told that is the endpoint's doing, not its own temp tables'.
+    const c = await sql.connect('two-phase', { options: fenceOptions(3, 'tpc') });
+    const x = id();
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO items VALUES (${x}, 'prepared?')`);
+    const err = (await c.query(`PREPARE TRANSACTION 'fencepost_tpc_${x}'`).catch((e: pg.DatabaseError) => e)) as pg.DatabaseError;
+    expect(err.code).toBe('0A000');
+    expect(err.hint).toContain('two-phase commit');
+    expect((await c.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]); // the session goes on
+    expect(await exists(db, x)).toBe(false);
+    expect((await db.pool.query('SELECT gid FROM pg_prepared_xacts WHERE gid = $1', [`fencepost_tpc_${x}`])).rows).toEqual([]);
+    await c.end();
+  });
+
   test('COMMIT in the middle of a Query: what follows is fenced again (see escapes.test.ts), so a current token writes both', async ({
     sql,
     db,

@@ -2,7 +2,7 @@
 # Run psycopg 3's own test suite (tag 3.1.7, against the installed Debian python3-psycopg 3.1.7)
 # twice — straight to PostgreSQL 15 and through fencepost's SQL endpoint — and compare the two.
 #
-#   /tmp/h-psycopg/run-psycopg-suite.sh            # everything: deps, Postgres, proxy, both runs, comparison
+#   bash tools/psycopg-suite/run-psycopg-suite.sh   # everything: deps, Postgres, proxy, both runs, comparison (~40 min)
 #   ONLY=direct|endpoint ...                        # one run only (the other's results are kept from before)
 #   PYTEST_ARGS='tests/test_cursor.py' ...          # a subset instead of the whole suite
 #   QUICK=1 ...                                     # leave out psycopg's `slow` tests (most pool timing tests, leak tests)
@@ -31,8 +31,8 @@ PGDATA=$BASE/pgdata
 PGSOCK=$BASE/pgsock
 LOGS=$BASE/logs
 RESULTS=$BASE/results
-FENCEPOST_SRC=${FENCEPOST_SRC:-/work/main}
-PSYCOPG_MIRROR=${PSYCOPG_MIRROR:-/work/.mirror/psycopg+psycopg/repo}
+FENCEPOST_SRC=${FENCEPOST_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}   # this checkout, cloned (its committed HEAD)
+PSYCOPG_MIRROR=${PSYCOPG_MIRROR:-https://github.com/psycopg/psycopg}   # or a local mirror
 PSYCOPG_TAG=3.1.7
 SUPER_PW=fp-super-pw
 DIRECT_PW=psy-direct-pw
@@ -49,7 +49,7 @@ log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (Postgres runs as the postgres OS user via runuser, apt installs)"
-mkdir -p "$BASE" "$LOGS" "$RESULTS" "$BASE/tools"
+mkdir -p "$BASE" "$LOGS" "$RESULTS"
 
 # ---------------------------------------------------------------- dependencies (Debian packages, npm)
 need_pkgs=()

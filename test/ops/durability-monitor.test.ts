@@ -286,6 +286,12 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
       expect((await fetch(`${url}/v1/objects/dur/http/2`)).status).toBe(404);
       expect(((await (await fetch(`${url}/v1/fences/dur-fence`)).json()) as { highestToken: string }).highestToken).toBe('1');
       expect((await reader.query<{ n: number }>('SELECT count(*)::int AS n FROM public.ledger')).rows[0]!.n).toBe(2);
+      // The refusal reads the session's temporary sequence, as the fence does: no transaction of the
+      // endpoint can be prepared (a prepared one would commit whenever someone says so).
+      await reader.query('BEGIN');
+      await reader.query('SELECT 1');
+      await expect(reader.query(`PREPARE TRANSACTION 'fencepost_dur_prepare'`)).rejects.toMatchObject({ code: '0A000' });
+      expect((await reader.query(`SELECT 1 FROM pg_prepared_xacts WHERE gid = 'fencepost_dur_prepare'`)).rows).toEqual([]);
       await expect(reader.query(`INSERT INTO public.ledger (id) VALUES ('reader')`)).rejects.toMatchObject({ code: '25006' });
 
       const text = await metricsText();

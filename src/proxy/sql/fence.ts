@@ -24,7 +24,7 @@ import pg from 'pg';
 import { parseStaleDetail } from '../../fence/detail.ts';
 export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
 import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
-import { epochSequence, NO_PREPARE_READ } from '../../fence/rule.ts';
+import { epochSequence, NO_PREPARE_READ, NO_PREPARE_SEQUENCE } from '../../fence/rule.ts';
 import { encode } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
 
@@ -54,9 +54,9 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // could lose a fence raise; src/fence/durability-monitor.ts), in its place after the read-write SET: a
 // session with a token (one that writes) fails its transaction, which applies nothing; one without
 // gets a read-only transaction. Decided in the database, from the session's own settings as they
-// are in this transaction. Like the fence, it touches a temporary object, so PREPARE TRANSACTION
-// fails: a table of the session's role, under a name of its own (it runs as the session's role, so
-// a writer's object of that name can do nothing the writer could not), made once per backend.
+// are in this transaction. Like the fence, it reads the session's temporary sequence (rule.ts
+// NO_PREPARE_READ, made by session_start() if this session has none yet), so PREPARE TRANSACTION
+// fails.
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
   IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'
@@ -64,13 +64,13 @@ const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
             DETAIL = 'Nothing of this transaction was applied.',
             HINT = 'Retry once the database is safe again: the proxy''s GET /readyz says when, and why not now.';
   END IF;
-  IF pg_catalog.to_regclass('pg_temp.fencepost_refused_no_prepare') IS NULL THEN
+  IF pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}') IS NULL THEN
     -- A catalog write of a transaction that writes nothing else: its commit need not wait for a
     -- synchronous standby, which may be the very one not streaming now.
     PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
-    CREATE TEMPORARY TABLE fencepost_refused_no_prepare ();
+    PERFORM fencepost_api.session_start();
   END IF;
-  PERFORM FROM pg_temp.fencepost_refused_no_prepare;
+  PERFORM ${NO_PREPARE_READ};
   PERFORM pg_catalog.set_config('transaction_read_only', 'on', true);
 END$fencepost$`;
 

@@ -147,7 +147,7 @@ export const MAX_UNFENCED_CHARS = 16 * 1024;
 
 /** Words of the only statements that run unfenced (see runsUnfenced). */
 const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
-/** The session settings the fence reads (fence_session_bound). */
+/** The session settings the fence is decided from (fencer.ts). */
 const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
 
 /**

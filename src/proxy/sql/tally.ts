@@ -1,11 +1,11 @@
-// Counting fenced transactions the way the database does: fence_session_bound() adds a
-// pending_counts row when a transaction passes the fence with a token (the fence statement then
-// returns no row: CommandComplete "SELECT 0"; a session without a token gets "SELECT 1"), and that
-// row counts once the transaction commits. So a transaction is fenced from that CommandComplete; it
-// committed at a CommandComplete "COMMIT" of the writer's (the backend sends it after the commit; a
-// failed block's COMMIT answers "ROLLBACK"), or at a ReadyForQuery 'I' that ends an implicit
-// transaction with no error and no ROLLBACK in it. A ReadyForQuery 'T' forgets an earlier failure
-// (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and revives a failed block); 'E' marks one.
+// Counting fenced transactions as the database saw them: a transaction of a session with a token is
+// fenced once its proof (fence.ts, the statement the planner sends before the writer's first)
+// completes (CommandComplete "SELECT …"); it committed at a CommandComplete "COMMIT" of the writer's
+// (the backend sends it after the commit; a failed block's COMMIT answers "ROLLBACK"), or at a
+// ReadyForQuery 'I' that ends an implicit transaction with no error and no ROLLBACK in it. A
+// ReadyForQuery 'T' forgets an earlier failure (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and
+// revives a failed block); 'E' marks one. The ends go to the session's onTransactionEnd (metrics,
+// and the accepted counts each proxy adds to Postgres in batches).
 
 /**
  * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on

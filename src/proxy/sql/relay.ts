@@ -18,7 +18,16 @@
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { MessageReader, Frame } from './wire/framing.ts';
-import { commandTag, dataRowTexts, errorFromFields, isFatal, parameterOf, parseErrorFields, type ErrorFields } from './wire/backend.ts';
+import {
+  commandTag,
+  dataRowTexts,
+  errorFromFields,
+  errorResponse,
+  isFatal,
+  parameterOf,
+  parseErrorFields,
+  type ErrorFields,
+} from './wire/backend.ts';
 import { decodeClient, encode, type ClientMessage } from './wire/frontend.ts';
 import { staleDetail, STALE_TOKEN } from './fence.ts';
 import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
@@ -34,7 +43,6 @@ import {
   READ_ONLY_SQL_TRANSACTION,
   PROTOCOL_VIOLATION,
 } from '../../fence/sqlstate.ts';
-import { errorResponse } from './wire/backend.ts';
 import { Replies, type Reply } from './replies.ts';
 import { CopyIn } from './copy-in.ts';
 import { TransactionTally, type TransactionEnd } from './tally.ts';

@@ -18,10 +18,11 @@ export interface Reply extends Expect {
   copyEndsAt?: number;
 }
 
+/** A reply answered by a ReadyForQuery: a Sync's or a Query's. */
+const endsGroup = (e: Reply): boolean => e.kind === 'sync' || e.kind === 'query';
+
 export class Replies {
   private readonly queue: Reply[] = [];
-  /** Sync and Query replies not yet answered by their ReadyForQuery. */
-  private readies = 0;
   /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
   skipping = false;
 
@@ -39,7 +40,7 @@ export class Replies {
 
   /** A ReadyForQuery outstanding: the group sent last is not answered yet. */
   get awaitingReady(): boolean {
-    return this.readies > 0;
+    return this.queue.some(endsGroup);
   }
 
   /** A reply the writer waits for (not only the proxy's own). */
@@ -62,7 +63,6 @@ export class Replies {
       this.skipping = false;
     }
     this.queue.push(e);
-    if (e.kind === 'sync' || e.kind === 'query') this.readies++;
   }
 
   /** The head, which `f` answers; a message that answers nothing expected breaks the protocol. */
@@ -70,7 +70,6 @@ export class Replies {
     const e = this.queue.shift();
     if (e === undefined || !kinds.includes(e.kind))
       throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
-    if (e.kind === 'sync' || e.kind === 'query') this.readies--;
     return e;
   }
 
@@ -82,16 +81,11 @@ export class Replies {
   /** A reply that will never come (a Sync the backend ignored during COPY). */
   remove(e: Reply): void {
     this.queue.splice(this.queue.indexOf(e), 1);
-    if (e.kind === 'sync' || e.kind === 'query') this.readies--;
   }
 
   /** An error in an extended group: the backend skips everything up to the next Sync. */
   skipToSync(): void {
-    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') {
-      const e = this.queue.shift()!;
-      if (e.kind === 'query') this.readies--;
-      this.skipped(e);
-    }
+    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.queue.shift()!);
     if (this.queue.length === 0) this.skipping = true;
   }
 

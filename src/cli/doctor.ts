@@ -13,6 +13,7 @@ import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts
 import { checkDurability, type DurabilityReport } from '../fence/durability.ts';
 import { protectedDataReport, type ProtectedDataReport } from '../fence/protect.ts';
 import { clientConfig, checkDatabaseUrl } from '../fence/database-url.ts';
+import { hearClientErrors } from '../fence/checkout.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
 import { runningClusterUrl } from '../fence/embedded-cluster.ts';
@@ -98,8 +99,7 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   let protectedData: ProtectedDataReport | undefined;
   if (databaseUrl !== undefined) {
     progress('checking whether a Postgres failover keeps every fence raise');
-    const pool = new pg.Pool({ ...clientConfig(databaseUrl), max: 1 });
-    pool.on('error', () => {});
+    const pool = hearClientErrors(new pg.Pool({ ...clientConfig(databaseUrl), max: 1 }));
     try {
       durability = await checkDurability(pool, { requireSyncStandby: values['require-sync-standby'] ?? false });
       progress('checking the protected data');

@@ -11,6 +11,19 @@
 import type pg from 'pg';
 import { endsConnection } from './pg-errors.ts';
 
+/**
+ * Makes every client of `pool` hear its own 'error' events, for good, and returns the pool. pg-pool
+ * listens on a client only while it sits idle, and stops before the checkout's promise settles: a
+ * FATAL that reaches a new connection in the same read as its first ReadyForQuery (a backend ended
+ * right after startup) is emitted before whoever checked it out can listen. Heard here, it only
+ * marks the client broken; the holder's next query reports it, and release drops the client.
+ */
+export function hearClientErrors(pool: pg.Pool): pg.Pool {
+  pool.on('error', () => {}); // an idle client's: pg-pool drops it
+  pool.on('connect', (client) => client.on('error', () => {}));
+  return pool;
+}
+
 /** What the work may do with its checkout besides querying it. */
 export interface Checkout {
   /** Destroy the connection on release instead of pooling it. */

@@ -45,6 +45,7 @@ import { retryOnConflict } from './retry.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
+import { hearClientErrors } from './checkout.ts';
 import {
   provisionClientLogins,
   connectAs,
@@ -294,8 +295,8 @@ export class TransactionRunner {
         idleTimeoutMillis: 10_000,
         application_name: 'fencepost-client-sql',
       });
-      pool.on('error', () => {}); // an idle connection that dies is dropped; the next checkout reports
-      this.pools.set(login.login, leaveOldHosts(pool));
+      // A connection that dies is dropped; the next checkout or query reports it.
+      this.pools.set(login.login, leaveOldHosts(hearClientErrors(pool)));
     }
     return pool;
   }

@@ -19,6 +19,7 @@ import { RejectionPruner } from '../fence/retention.ts';
 import { DurabilityMonitor } from '../fence/durability-monitor.ts';
 import { clientConfig, primaryFinder } from '../fence/database-url.ts';
 import { leaveOldHosts, describeHost, type DatabaseHost } from '../fence/primary-finder.ts';
+import { hearClientErrors } from '../fence/checkout.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './access/tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
@@ -73,9 +74,8 @@ export function createPool(databaseUrl: string, max: number, opts: { statementTi
     idleTimeoutMillis: 30_000,
     ...(timeout > 0 ? { query_timeout: timeout + 5000 } : {}),
   });
-  // An idle client losing its connection must not crash the process; the next query reports it.
-  pool.on('error', () => {});
-  return leaveOldHosts(pool);
+  // A client losing its connection must not crash the process; the next query reports it.
+  return leaveOldHosts(hearClientErrors(pool));
 }
 
 /**

@@ -1,9 +1,11 @@
-// withClient (src/fence/checkout.ts) on real Postgres. Invariant: a connection lost while checked
-// out, idle or mid-query, is reported to the work (a rejected query), never as an unheard 'error'
-// event that ends the process, and never goes back to the pool; a healthy checkout is pooled again.
+// withClient and hearClientErrors (src/fence/checkout.ts) on real Postgres. Invariant: a connection
+// lost while checked out, idle or mid-query, or in the very read that completes its startup, is
+// reported to the work (a rejected query), never as an unheard 'error' event that ends the process,
+// and never goes back to the pool; a healthy checkout is pooled again.
+import { createServer, connect as tcp, type AddressInfo, type Server } from 'node:net';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import pg from 'pg';
-import { withClient } from '../../src/fence/checkout.ts';
+import { hearClientErrors, withClient } from '../../src/fence/checkout.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 
 let db: TestDatabase;
@@ -82,6 +84,69 @@ test('a healthy checkout goes back to the pool; one the work discards does not',
     }),
   ).rejects.toThrow('the work failed');
   expect(await pidsInPool()).toContain(thrownPid);
+});
+
+test('a backend ended right after startup, its FATAL in the same read as its first ReadyForQuery: the checkout hears it, the process lives', async () => {
+  // A relay between the pool and Postgres that, once it has the backend's pid (BackendKeyData),
+  // holds what Postgres sends next, ends the backend, and passes the ReadyForQuery and the FATAL
+  // on in one write. pg-pool stops listening on a new client before the checkout's promise
+  // settles: without hearClientErrors the FATAL is an 'error' event nobody hears.
+  const target = new URL(db.url);
+  const relay: Server = createServer((client) => {
+    const server = tcp(Number(target.port), target.hostname);
+    client.on('error', () => server.destroy());
+    server.on('error', () => client.destroy());
+    client.on('data', (b) => server.write(b));
+    client.on('end', () => server.end());
+    server.on('end', () => client.end());
+    let seen = Buffer.alloc(0);
+    let held: Buffer | null = null;
+    server.on('data', (b: Buffer) => {
+      if (held !== null) {
+        held = Buffer.concat([held, b]);
+        if (held.includes(Buffer.from('57P01'))) {
+          client.write(held);
+          held = Buffer.alloc(0);
+        }
+        return;
+      }
+      // Whole messages pass on as they come (authentication), up to and with BackendKeyData.
+      seen = Buffer.concat([seen, b]);
+      while (seen.length >= 5 && seen.length >= 1 + seen.readInt32BE(1)) {
+        const end = 1 + seen.readInt32BE(1);
+        client.write(seen.subarray(0, end));
+        if (seen[0] === 0x4b /* K */) {
+          held = seen.subarray(end);
+          void terminate(seen.readInt32BE(5));
+          return;
+        }
+        seen = seen.subarray(end);
+      }
+    });
+  });
+  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+  const url = new URL(db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String((relay.address() as AddressInfo).port);
+  const relayed = hearClientErrors(new pg.Pool({ connectionString: url.toString(), max: 1 }));
+  try {
+    const outcome = await relayed.connect().then(
+      async (client) => {
+        client.on('error', () => {}); // the holder's own listener, as withClient attaches: too late for the FATAL
+        const answer = await client.query('SELECT 1').then(
+          () => 'answered',
+          (err: Error) => `rejected: ${err.message}`,
+        );
+        client.release(true);
+        return answer;
+      },
+      (err: Error) => `connect rejected: ${err.message}`,
+    );
+    expect(outcome).toMatch(/rejected: /);
+  } finally {
+    await relayed.end();
+    await new Promise((resolve) => relay.close(resolve));
+  }
 });
 
 /** The backends of the pool's idle clients, checked out all at once so each is seen. */

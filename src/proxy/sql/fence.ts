@@ -1,6 +1,7 @@
 // The fence each transaction of a session carries (planner.ts sends it before the writer's first
 // statement): one statement of the proxy's (two while writes are refused), run with
-// Parse/Bind/Execute on the unnamed statement and portal, or written as text in front of a Query.
+// Parse/Bind/Execute on the unnamed statement and portal, as a Query of its own ahead of a Query in
+// a block, or written as text in front of a Query outside one (planner.ts).
 // Nothing of it stays in pg_prepared_statements: the unnamed statement is not listed there, and
 // the planner parses it again only when something replaced it (the writer's own unnamed Parse, a
 // Query). The session itself was fenced by fencer.ts (fence_session, rule.ts); the transaction only

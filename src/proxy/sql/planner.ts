@@ -109,6 +109,14 @@ export interface Expect {
   /** query: a lone BEGIN; if the fence after it fails, the proxy rolls the block back (as if BEGIN had failed). */
   undoBeginOnFenceError?: boolean;
   /**
+   * query: the proof sent in a block as a Query of its own, every statement the proxy's, ahead of
+   * the writer's Query (proofAhead). Its error is the writer's answer; `failed` is shared with the
+   * writer's Query that follows, whose error (25P02, the block aborted) then is not.
+   */
+  proofOutcome?: { failed: boolean };
+  /** query of the writer's behind a proof of its own (proofOutcome). */
+  afterProof?: { failed: boolean };
+  /**
    * sync/query of the writer's: a transaction may commit before its ReadyForQuery (an implicit
    * transaction's statement, a COMMIT or ROLLBACK, a kind the proxy cannot tell); execute: this
    * Execute may (a COMMIT in a block). A backend lost before the answer leaves the outcome unknown
@@ -141,7 +149,9 @@ export type Injection =
   /** An empty Query standing in for a refused one behind responses still owed. */
   | 'standIn'
   /** The writer's BEGIN the proxy answered, sent in front of the next message. */
-  | 'heldBegin';
+  | 'heldBegin'
+  /** The proof as a Query of its own, in a block, ahead of the writer's Query (proofAhead). */
+  | 'proof';
 
 export type Step =
   /** The writer's message, as it came. */
@@ -450,6 +460,7 @@ export class Planner {
     if (this.fenceOwedInBlock) {
       this.fenceOwedInBlock = false;
       if (ctx.status === 'T' && !isEmptyQuery(text) && !(runsUnfenced(text) && statementKind(text) === 'end')) {
+        if (provesAhead(text)) return this.proofAhead(text, null);
         const planned = this.fenceQuery(text, true, 'T');
         if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
         return [
@@ -462,6 +473,12 @@ export class Planner {
           },
         ];
       }
+    }
+    if (this.heldBegin !== null && 'text' in this.heldBegin && provesAhead(text)) {
+      // The block the writer was told of opens now, with the proof, in a Query of the proxy's.
+      const held = this.heldBegin;
+      this.heldBegin = null;
+      return this.proofAhead(text, held.text);
     }
     const begin = this.sendHeldBegin('query');
     if (begin !== null) {
@@ -505,6 +522,33 @@ export class Planner {
         text: planned.text,
         expect: [planned.expect],
       },
+    ];
+  }
+
+  /**
+   * In a block (or the one a held BEGIN opens: `begin`, its text), the proof as a Query of the
+   * proxy's, then the writer's Query as it came: pipelined, no round trip more, and
+   * pg_stat_activity and current_query() show only the writer's text. Outside a block the proof
+   * stays written in front of the writer's text (fenceQuery): a Query of its own would commit at
+   * its ReadyForQuery, and the writer's statements would run in another transaction.
+   */
+  private proofAhead(text: string, begin: string | null): Step[] {
+    const outcome = { failed: false };
+    const ours = begin === null ? this.fence.text : `${begin}\n;${this.fence.text}`;
+    const plan = begin === null ? this.fenceSlots() : [true, ...this.fenceSlots()];
+    const writer = this.fenceQuery(text, false, 'T');
+    if ('refuse' in writer) throw new Error('unreachable: a Query that needs no splitting is never refused');
+    return [
+      {
+        do: 'send',
+        what: 'proof',
+        bytes: encode({ type: 'query', text: ours }),
+        text: ours,
+        expect: [
+          { kind: 'query', injected: false, forwardReady: false, at: 0, plan, predict: 'T', mayCommit: false, proofOutcome: outcome },
+        ],
+      },
+      { do: 'forward', expect: [{ ...writer.expect, afterProof: outcome }] },
     ];
   }
 
@@ -944,6 +988,15 @@ function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 
     else if (k === 'end') state = 'I';
   }
   return state;
+}
+
+/**
+ * May the proof go ahead of this Query as a Query of its own (proofAhead)? When its statements all
+ * run in the block the proof opens or continues: none starts or ends a transaction in a way that
+ * would need a fence of its own (needsSplitting), and it is not a BEGIN or empty.
+ */
+function provesAhead(text: string): boolean {
+  return !needsSplitting(text) && !startsTransactionBlock(text) && !isEmptyQuery(text);
 }
 
 /** The block state as mayCommit follows it: idle (an implicit transaction), in a block, in a failed block. */

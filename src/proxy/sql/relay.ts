@@ -594,8 +594,13 @@ export class Relay {
         head.capture?.(f);
         return;
       }
-      if (head.undoBeginOnFenceError && (head.plan?.[head.at ?? 0] ?? false)) head.fenceFailed = true;
+      const ours = head.plan?.[head.at ?? 0] ?? false;
+      if (head.undoBeginOnFenceError && ours) head.fenceFailed = true;
       if (isFatal(f.body)) this.end.writerHeardFatal = true;
+      if (head.proofOutcome && ours) head.proofOutcome.failed = true;
+      // Behind a proof that failed, the writer's Query fails as the block it ran in (25P02): the
+      // proof's error was its answer.
+      else if (head.afterProof?.failed && !isFatal(f.body)) return;
       this.toClient.push(this.hinted(this.queryError(f, head)));
       return; // a simple Query ends with its ReadyForQuery
     }

@@ -80,22 +80,25 @@ describe('simple protocol', () => {
     expect(q.expect.plan).toEqual([false, true]);
   });
 
-  test('a plain lone BEGIN is answered by the proxy; it goes, with the fence, in front of the next Query', () => {
+  test('a plain lone BEGIN is answered by the proxy; it goes, with the proof, in a Query of its own ahead of the next Query, which goes as it came', () => {
     const p = planner();
     const held = p.plan(query('BEGIN ISOLATION LEVEL SERIALIZABLE'), IDLE);
     expect(held).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('BEGIN')), readyForQuery('T')] }]);
     expect(p.holdsBegin()).toBe(true);
     // The relay reports the block it told the writer of.
     const steps = p.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK);
-    expect(sent(steps)).toEqual(['heldBegin', 'fencedQuery']);
+    expect(sent(steps)).toEqual(['proof', 'writer']);
+    // Every statement of the proxy's Query is the proxy's; its ReadyForQuery is not the writer's.
     expect(steps[0]).toMatchObject({
-      text: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
-      expect: [{ kind: 'query', injected: true, forwardReady: false }],
+      text: `BEGIN ISOLATION LEVEL SERIALIZABLE\n;${p.fence.text}`,
+      expect: [{ kind: 'query', injected: false, forwardReady: false, plan: [true, true], predict: 'T', mayCommit: false }],
     });
-    expect(steps[1]).toMatchObject({
-      text: `${p.fence.text}INSERT INTO t VALUES (1)`,
-      expect: [{ plan: [true], predict: 'T', mayCommit: false }],
-    });
+    expect(steps[1]).toMatchObject({ expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] });
+    // One outcome, shared: the writer's Query knows whether the proof ahead of it failed.
+    const proof = steps[0]!.do === 'send' ? steps[0]!.expect[0]!.proofOutcome : undefined;
+    const writer = steps[1]!.do === 'forward' ? steps[1]!.expect[0]!.afterProof : undefined;
+    expect(proof).toEqual({ failed: false });
+    expect(writer).toBe(proof);
     expect(p.holdsBegin()).toBe(false);
     // Once: the block is open now, the next Query goes as it came.
     expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);
@@ -352,7 +355,12 @@ describe('what the planner believes', () => {
     const q = planner();
     q.plan(query('BEGIN'), IDLE);
     q.plan(query("SET fencepost.token = '7'"), IDLE);
-    expect(sent(q.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK))).toEqual(['fencedQuery']);
+    expect(sent(q.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK))).toEqual(['proof', 'writer']);
+    // A Query that needs a fence of its own after a COMMIT in it keeps the fence written into it.
+    const r = planner();
+    r.plan(query('BEGIN'), IDLE);
+    r.plan(query("SET fencepost.token = '7'"), IDLE);
+    expect(sent(r.plan(query('INSERT INTO t VALUES (1); COMMIT; INSERT INTO t VALUES (2)'), IN_BLOCK))).toEqual(['fencedQuery']);
   });
 
   test('a Query inside a group that opened in a block continues the block, unfenced', () => {

@@ -44,6 +44,57 @@ describe('pg_prepared_statements and current_query() (node-postgres)', () => {
   });
 });
 
+describe('a simple-protocol Query in a block (node-postgres, no parameters)', () => {
+  // In a block the proof goes as a Query of the proxy's ahead of the writer's (planner.ts proofAhead).
+  test("current_query() and pg_stat_activity.query are the writer's text, BEGIN held or not", async ({ db, sql }) => {
+    const c = await sql.connect('unseen-block', { options: fenceOptions(1, 'unseen/block') });
+    const n = id();
+    await c.query('BEGIN');
+    const text = 'SELECT pg_catalog.current_query() AS q, pg_catalog.pg_backend_pid() AS pid';
+    const first = (await c.query(text)).rows[0];
+    expect(first.q).toBe(text);
+    const insert = `INSERT INTO public.seen VALUES (${n}, 'block')`;
+    await c.query(insert);
+    // Idle in the block: its last Query is the writer's.
+    expect((await db.pool.query('SELECT query FROM pg_catalog.pg_stat_activity WHERE pid = $1', [first.pid])).rows[0].query).toBe(insert);
+    await c.query('COMMIT');
+    // A BEGIN the proxy cannot hold (a comment in it) goes as sent; the proof follows in a Query of its own.
+    await c.query('BEGIN -- not held');
+    expect((await c.query(text)).rows[0].q).toBe(text);
+    await c.query('COMMIT');
+    expect((await db.pool.query('SELECT v FROM public.seen WHERE id = $1', [n])).rows).toEqual([{ v: 'block' }]);
+    await c.end();
+  });
+
+  test("a stale session: the Query after BEGIN fails with FP409 alone (not the block's 25P02), ROLLBACK works, nothing is written", async ({
+    db,
+    sql,
+  }) => {
+    const old = await sql.connect('unseen-stale-old', { options: fenceOptions(1, 'unseen/stale') });
+    await old.query('SELECT 1'); // fenced at token 1
+    const leader = await sql.connect('unseen-stale-new', { options: fenceOptions(2, 'unseen/stale') });
+    await leader.query(`INSERT INTO public.seen VALUES (${id()}, 'leader')`);
+    const n = id();
+    await old.query('BEGIN');
+    const failed = await old.query(`INSERT INTO public.seen VALUES (${n}, 'stale')`).then(
+      () => null,
+      (err: { code?: string }) => err.code,
+    );
+    expect(failed).toBe('FP409');
+    await old.query('ROLLBACK');
+    // The session answers as any after a failed block: the next statement is fenced again, stale still.
+    expect(
+      await old.query('SELECT 1 AS one').then(
+        (r) => r.rows[0].one,
+        (err: { code?: string }) => err.code,
+      ),
+    ).toBe('FP409');
+    expect((await db.pool.query('SELECT 1 FROM public.seen WHERE id = $1', [n])).rowCount).toBe(0);
+    await old.end();
+    await leader.end();
+  });
+});
+
 describe("the writer's unnamed statement (raw protocol)", () => {
   test("parsed in one group and bound in the next, it runs the writer's statement; the proxy's own is gone after the Sync", async ({
     db,

@@ -74,6 +74,11 @@ export interface Comparison {
   /** CPU over each measured run: Postgres, the proxy (its run only) and wrk or pgbench. */
   proxyCpu: CpuWindow;
   directCpu: CpuWindow;
+  /**
+   * pgbench ran at the proxy's rate (pgbench -R): CPU per operation compared at equal rate, where
+   * the work decides it, not how many operations share a WAL flush or a wakeup. Not a throughput row.
+   */
+  equalRate?: boolean;
 }
 
 export interface RaiseResult {
@@ -239,6 +244,8 @@ async function compare(
   spec: Omit<Comparison, 'proxy' | 'direct' | 'placement' | 'proxyCpu' | 'directCpu'> & {
     wrk: Omit<WrkOptions, 'url' | 'connections' | 'durationS'>;
     pgbench: string;
+    /** After the shared runs, pgbench once more at the proxy's rate; the CPU goals are judged on that pair. */
+    equalRateDirect?: boolean;
   },
   runs: { direct: boolean; protection: Protection | null },
   log: (line: string) => void,
@@ -259,9 +266,13 @@ async function compare(
     await settleDisk(w.sql);
     return measureCpu(probes(true), () => runWrk({ ...wrk, durationS: o.durationS }));
   };
-  const { wrk: _w, pgbench: _p, ...rest } = spec;
+  const { wrk: _w, pgbench: _p, equalRateDirect, ...spec0 } = spec;
+  // With an equal-rate pair the CPU goals are judged there only.
+  const { cpuGoals: _g, ...withoutGoals } = spec0;
+  const rest: typeof spec0 = equalRateDirect ? withoutGoals : spec0;
   const comparisons: Comparison[] = [];
   let proxyShared: WrkResult | null = null;
+  let proxySharedCpu: CpuWindow | null = null;
   try {
     // Without the direct run (the protected pair alone) only the shared run, the pair's first half.
     const order: Placement[] = runs.direct ? [...placements()].sort((a, b) => (a === 'pinned' ? -1 : b === 'pinned' ? 1 : 0)) : ['shared'];
@@ -275,9 +286,27 @@ async function compare(
         direct = await measureCpu(probes(false), () => runPgbench({ ...pgb, durationS: o.durationS }));
       }
       const proxy = await runProxy('', placement);
-      if (placement === 'shared') proxyShared = proxy.result;
+      if (placement === 'shared') [proxyShared, proxySharedCpu] = [proxy.result, proxy.cpu];
       if (direct !== null)
         comparisons.push({ ...rest, placement, proxy: proxy.result, direct: direct.result, proxyCpu: proxy.cpu, directCpu: direct.cpu });
+    }
+    if (equalRateDirect && runs.direct && proxyShared !== null && proxySharedCpu !== null) {
+      const rate = Math.max(1, Math.floor(proxyShared.rps));
+      log(`${spec.name}: pgbench -M prepared at the proxy's ${rate} tx/s, ${spec.inFlight} clients, ${o.durationS} s, shared`);
+      place('shared', placed);
+      if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS, rate });
+      await settleDisk(w.sql);
+      const direct = await measureCpu(probes(false), () => runPgbench({ ...pgb, durationS: o.durationS, rate }));
+      comparisons.push({
+        ...spec0,
+        name: `${spec.name}, direct at the proxy's rate (${rate} tx/s)`,
+        placement: 'shared',
+        proxy: proxyShared,
+        direct: direct.result,
+        proxyCpu: proxySharedCpu,
+        directCpu: direct.cpu,
+        equalRate: true,
+      });
     }
   } finally {
     place('shared', placed);
@@ -302,7 +331,7 @@ async function compare(
     };
     protectedCpu = {
       ...wrkCpuRow(spec.name, `proxy (wrk), ${p.protection}`, 'shared', protectedRun, cpu),
-      ...(spec.cpuGoals ? { goals: spec.cpuGoals } : {}),
+      ...(rest.cpuGoals ? { goals: rest.cpuGoals } : {}),
     };
   }
   return { comparisons, protectedPair, protectedCpu };
@@ -526,6 +555,7 @@ async function transactions(
         inFlight: 16,
         goalRatio: 0.4,
         cpuGoals: [{ part: 'postgres', maxRatio: 1.5 }],
+        equalRateDirect: true,
         wrk: {
           method: 'POST',
           path: '/v1/transactions',
@@ -748,7 +778,7 @@ function non2xx(r: WrkResult): string {
 
 export function fenceKeyTables(r: FenceKeyReport, durationS: number): string {
   const out: string[] = [];
-  const shared = r.comparisons.filter((c) => c.placement === 'shared');
+  const shared = r.comparisons.filter((c) => c.placement === 'shared' && !c.equalRate);
   if (shared.length > 0) {
     const v = loadGeneratorVersions();
     out.push(

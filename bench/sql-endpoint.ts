@@ -392,7 +392,7 @@ function equalRateRows(r: SqlEndpointReport): CpuRow[] {
   const rated = r.runs.filter((x) => x.equalRate !== undefined && x.result && x.cpu);
   const groups = new Map<string, SqlEndpointRun[]>();
   for (const run of rated) {
-    const k = `${run.mode}\u0000${run.script}\u0000${run.path}`;
+    const k = [run.mode, run.script, run.path, run.placement, run.equalRate!.rate].join('\u0000');
     groups.set(k, [...(groups.get(k) ?? []), run]);
   }
   for (const g of groups.values()) {

@@ -1,8 +1,8 @@
 // The bench's coordinated-omission correction (bench/loadgen.ts), the one wrk applies to its own
 // percentiles: pgbench's latencies get it too, so a p99 through the proxy (wrk) and a direct p99
-// (pgbench) weigh a stall alike.
+// (pgbench) weigh a stall alike. And how pgbench's per-transaction log is read (parsePgbenchLogs).
 import { describe, expect, it } from 'vitest';
-import { correctCoordinatedOmission } from '../../bench/loadgen.ts';
+import { correctCoordinatedOmission, parsePgbenchLogs } from '../../bench/loadgen.ts';
 import { distribution } from '../../src/election/advice.ts';
 
 describe('correctCoordinatedOmission', () => {
@@ -33,5 +33,13 @@ describe('correctCoordinatedOmission', () => {
 
   it('leaves latencies alone without an expected interval', () => {
     expect(correctCoordinatedOmission([5, 500], 0)).toEqual([5, 500]);
+  });
+});
+
+describe('parsePgbenchLogs', () => {
+  it("reads each transaction's latency; a scheduled run's (-R) counts from its schedule, its lag added", () => {
+    const free = '0 1 1500 0 1733390000 123456\n0 2 2500 0 1733390000 223456\n';
+    const scheduled = '1 1 1500 0 1733390000 123456 300\n1 2 failed 0 1733390000 223456 0\n';
+    expect(parsePgbenchLogs([free, scheduled])).toEqual({ latenciesMs: [1.5, 2.5, 1.8], failed: 1 });
   });
 });

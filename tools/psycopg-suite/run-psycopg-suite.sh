@@ -66,6 +66,14 @@ if [ ! -d "$BASE/fencepost/.git" ]; then
   log "cloning fencepost from $FENCEPOST_SRC"
   git clone -q "$FENCEPOST_SRC" "$BASE/fencepost"
 fi
+# A clone kept from an earlier run follows the source's HEAD (and is built again).
+want=$(git -C "$FENCEPOST_SRC" rev-parse HEAD)
+if [ "$(git -C "$BASE/fencepost" rev-parse HEAD)" != "$want" ]; then
+  log "checking out $want in $BASE/fencepost"
+  git -C "$BASE/fencepost" fetch -q "$FENCEPOST_SRC" "$want"
+  git -C "$BASE/fencepost" checkout -q --detach "$want"
+  rm -rf "$BASE/fencepost/dist"
+fi
 if [ ! -d "$BASE/fencepost/node_modules" ] || [ ! -f "$BASE/fencepost/dist/cli/main.js" ]; then
   log "npm ci in $BASE/fencepost (builds dist/)"
   (cd "$BASE/fencepost" && npm ci --no-audit --no-fund >"$LOGS/npm-ci.log" 2>&1) || die "npm ci: see $LOGS/npm-ci.log"

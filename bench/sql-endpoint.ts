@@ -205,6 +205,27 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
       ...(path === 'pgbouncer' && bouncerPid !== null ? [treeProbe('pgbouncer', bouncerPid)] : []),
       exitedChildrenProbe(),
     ];
+    /** pgbench's options on `path`: its URL, and the sessions' token and fence key through the endpoint. */
+    const pgbenchOn = (path: SqlPath, script: SqlScript, mode: PgbenchMode): PgbenchOptions => {
+      const viaEndpoint = path === 'endpoint' || path === 'protected';
+      const url = path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : path === 'relay' ? relayUrl.toString() : bouncer!.url;
+      return {
+        url,
+        scriptSql: SCRIPTS[script],
+        clients: o.clients,
+        mode,
+        durationS: o.durationS,
+        ...(viaEndpoint ? { env: endpointEnv } : {}),
+      };
+    };
+    /** One measured run: placed, warmed up (then `afterWarmup`), the disk settled, CPU read around it. */
+    const measured = async (path: SqlPath, placement: Placement, pgb: PgbenchOptions, afterWarmup = async () => {}) => {
+      place(placement, placed);
+      if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
+      await afterWarmup();
+      await settleDisk(sql);
+      return measureCpu(probes(path), () => runPgbench(pgb));
+    };
     const runs: SqlEndpointRun[] = [];
     const pairs: ProtectedPair[] = [];
     try {
@@ -220,17 +241,7 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
                 runs.push({ ...at, result: null, cpu: null, skipped: 'pgbouncer not installed (scripts/setup.sh --bench)' });
                 continue;
               }
-              const viaEndpoint = path === 'endpoint' || path === 'protected';
-              const url =
-                path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : path === 'relay' ? relayUrl.toString() : bouncer!.url;
-              const pgb: PgbenchOptions = {
-                url,
-                scriptSql: SCRIPTS[script],
-                clients: o.clients,
-                mode: ranAs,
-                durationS: o.durationS,
-                ...(viaEndpoint ? { env: endpointEnv } : {}),
-              };
+              const pgb = pgbenchOn(path, script, ranAs);
               if (path === 'protected') {
                 await protectTable(sql, TABLE, FENCE_KEY);
                 await expectRefused(sql, `UPDATE ${TABLE} SET n = n WHERE id = 1`);
@@ -240,11 +251,9 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
               let after = before;
               try {
                 o.log(`sql endpoint: pgbench -M ${ranAs} ${script} ${path}, ${placement}, ${o.clients} clients, ${o.durationS} s`);
-                place(placement, placed);
-                if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
-                if (path === 'protected') before = await triggerCalls(sql, TRIGGER);
-                await settleDisk(sql);
-                const { result, cpu } = await measureCpu(probes(path), () => runPgbench(pgb));
+                const { result, cpu } = await measured(path, placement, pgb, async () => {
+                  if (path === 'protected') before = await triggerCalls(sql, TRIGGER);
+                });
                 runs.push({ ...at, result, cpu });
                 if (path === 'protected') after = await triggerCalls(sql, TRIGGER);
               } finally {
@@ -274,23 +283,10 @@ export async function runSqlEndpointBench(options: SqlEndpointBenchOptions): Pro
             const rate = Math.max(50, Math.floor((EQUAL_RATE_SHARE * Math.min(...fastest.map((r) => r!.result!.tps))) / 50) * 50);
             for (let round = 1; round <= o.equalRateRounds; round++) {
               for (const path of equal) {
-                const viaEndpoint = path === 'endpoint';
-                const pgb: PgbenchOptions = {
-                  url: path === 'direct' ? db.url : viaEndpoint ? endpointUrl.toString() : relayUrl.toString(),
-                  scriptSql: SCRIPTS[script],
-                  clients: o.clients,
-                  mode,
-                  durationS: o.durationS,
-                  rate,
-                  ...(viaEndpoint ? { env: endpointEnv } : {}),
-                };
                 o.log(
                   `sql endpoint: pgbench -M ${mode} ${script} ${path} at ${rate} tx/s, ${placement}, round ${round} of ${o.equalRateRounds}`,
                 );
-                place(placement, placed);
-                if (o.warmupS > 0) await runPgbench({ ...pgb, durationS: o.warmupS });
-                await settleDisk(sql);
-                const { result, cpu } = await measureCpu(probes(path), () => runPgbench(pgb));
+                const { result, cpu } = await measured(path, placement, { ...pgbenchOn(path, script, mode), rate });
                 runs.push({ mode, path, script, placement, ranAs: mode, result, cpu, equalRate: { rate, round } });
               }
             }

@@ -536,8 +536,6 @@ export class Planner {
     const outcome = { failed: false };
     const ours = begin === null ? this.fence.text : `${begin}\n;${this.fence.text}`;
     const plan = begin === null ? this.fenceSlots() : [true, ...this.fenceSlots()];
-    const writer = this.fenceQuery(text, false, 'T');
-    if ('refuse' in writer) throw new Error('unreachable: a Query that needs no splitting is never refused');
     return [
       {
         do: 'send',
@@ -548,7 +546,7 @@ export class Planner {
           { kind: 'query', injected: false, forwardReady: false, at: 0, plan, predict: 'T', mayCommit: false, proofOutcome: outcome },
         ],
       },
-      { do: 'forward', expect: [{ ...writer.expect, afterProof: outcome }] },
+      { do: 'forward', expect: [{ ...unsplitQuery(text, 'T', 'T'), afterProof: outcome }] },
     ];
   }
 
@@ -612,8 +610,7 @@ export class Planner {
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.
-      const kind = statementKind(text);
-      const predicted = { ...withPrediction(base, predictAfter(start, [kind])), mayCommit: mayCommit(status, [kind]) };
+      const predicted = unsplitQuery(text, start, status);
       if (!idle) return { text, expect: predicted };
       if (startsTransactionBlock(text) && !hasSeveralStatements(text)) {
         // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
@@ -988,6 +985,16 @@ function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 
     else if (k === 'end') state = 'I';
   }
   return state;
+}
+
+/**
+ * What a writer's Query that needs no splitting (needsSplitting) is expected to answer, sent from
+ * block state `start` as it came: the state its ReadyForQuery reports, and whether it may commit.
+ */
+function unsplitQuery(text: string, start: 'I' | 'T', status: CommitState): Expect {
+  const kind = statementKind(text);
+  const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
+  return { ...withPrediction(base, predictAfter(start, [kind])), mayCommit: mayCommit(status, [kind]) };
 }
 
 /**

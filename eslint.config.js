@@ -34,4 +34,15 @@ export default tseslint.config(
       'max-len': ['error', { code: 140, ignoreStrings: true, ignoreTemplateLiterals: true, ignoreRegExpLiterals: true, ignoreUrls: true }],
     },
   },
+  {
+    // The fence has one front door (src/fence/index.ts); nothing outside src/fence reaches past it.
+    files: ['src/**/*.ts'],
+    ignores: ['src/fence/**'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        { patterns: [{ regex: '(^|/)fence/(?!index\\.ts$)', message: 'Import the fence from its front door, src/fence/index.ts.' }] },
+      ],
+    },
+  },
 );

@@ -6,6 +6,4 @@ export { buildApp, type AppOptions } from './proxy/http/app.ts';
 export { startProxy, createPool, type RunningProxy } from './proxy/server.ts';
 export { loadConfig, ConfigError, type ProxyConfig } from './proxy/config.ts';
 export { ERRORS, ApiError, type ErrorCode } from './proxy/errors.ts';
-export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult } from './fence/store.ts';
-export { migrate } from './fence/migrate.ts';
-export { parseToken, MAX_TOKEN } from './fence/token.ts';
+export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult, migrate, parseToken, MAX_TOKEN } from './fence/index.ts';

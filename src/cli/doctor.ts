@@ -10,13 +10,18 @@
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
-import { checkDurability, type DurabilityReport } from '../fence/durability.ts';
-import { protectedDataReport, type ProtectedDataReport } from '../fence/protect.ts';
-import { clientConfig, checkDatabaseUrl } from '../fence/database-url.ts';
-import { hearClientErrors } from '../fence/checkout.ts';
+import {
+  checkDurability,
+  type DurabilityReport,
+  protectedDataReport,
+  type ProtectedDataReport,
+  clientConfig,
+  checkDatabaseUrl,
+  hearClientErrors,
+  runningClusterUrl,
+} from '../fence/index.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
-import { runningClusterUrl } from '../fence/embedded-cluster.ts';
 
 export const DOCTOR_USAGE =
   'usage: fencepost doctor [--zk <connect-string>] [--database-url <postgres-url>] [--require-sync-standby] [--window-ms <n>] [--session-timeout-ms <n>] [--json]\n' +

@@ -4,8 +4,7 @@ import { parseArgs } from 'node:util';
 import { loadConfig } from '../proxy/config.ts';
 import { createLogger, createPool, useEmbedded } from '../proxy/server.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
-import { migrate } from '../fence/migrate.ts';
-import { listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/protect.ts';
+import { migrate, listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/index.ts';
 import type pg from 'pg';
 
 export const PROTECT_USAGE = `usage: fencepost protect <schema.table> --fence-key <key>

@@ -23,7 +23,7 @@ import { StartupError } from '../proxy/startup-errors.ts';
 import { LocalZooKeeper, localZooKeeperMissing } from './local-zookeeper.ts';
 import pgClient from 'pg';
 import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
-import { protectTable } from '../fence/protect.ts';
+import { protectTable } from '../fence/index.ts';
 import { demoLedgerTable } from './sql-transaction.ts';
 import type { DemoEvent } from './writer.ts';
 

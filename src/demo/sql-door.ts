@@ -11,7 +11,7 @@
 // have committed (connection lost, timeout, the backend died or was shut down).
 import pg from 'pg';
 import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
-import { STALE_TOKEN } from '../fence/codes.ts';
+import { STALE_TOKEN } from '../fence/index.ts';
 
 export const STALE_TOKEN_SQLSTATE = STALE_TOKEN;
 

@@ -10,7 +10,7 @@ import { parseKeys, type AccessKey } from './access/keys.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
 import { electionPathProblem } from '../election/sequence.ts';
-import { checkDatabaseUrl } from '../fence/database-url.ts';
+import { checkDatabaseUrl } from '../fence/index.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
 import type { TlsFiles } from './access/tls.ts';
 

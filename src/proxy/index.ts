@@ -3,6 +3,4 @@ export { buildApp, type AppOptions } from './http/app.ts';
 export { startProxy, createPool, type RunningProxy } from './server.ts';
 export { loadConfig, ConfigError, type ProxyConfig } from './config.ts';
 export { ERRORS, ApiError, type ErrorCode } from './errors.ts';
-export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult } from '../fence/store.ts';
-export { migrate } from '../fence/migrate.ts';
-export { parseToken, MAX_TOKEN } from '../fence/token.ts';
+export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult, migrate, parseToken, MAX_TOKEN } from '../fence/index.ts';

@@ -18,10 +18,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { processMetrics } from '../metrics/process.ts';
-import { DURABILITY_REASONS } from '../fence/durability.ts';
-import type { DurabilityMonitor } from '../fence/durability-monitor.ts';
-import type { Door } from '../fence/sql/rejections.ts';
-import type { OpKind } from '../fence/sql/objects.ts';
+import { DURABILITY_REASONS, type DurabilityMonitor, type Door, type OpKind } from '../fence/index.ts';
 import './http/route-config.ts'; // config.operation
 
 export type { Door };

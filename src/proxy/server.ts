@@ -11,15 +11,21 @@ import type { FastifyInstance } from 'fastify';
 import { buildApp } from './http/app.ts';
 import { DEFAULT_DATA_DIR, legacyDataDir, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
 import { SqlEndpoint } from './sql/listener.ts';
-import { FenceStore, type WriteStrategy } from '../fence/store.ts';
-import { migrate } from '../fence/migrate.ts';
-import { connectionBudget } from '../fence/sql/health.ts';
-import type { RunningPostgres } from '../fence/embedded-postgres.ts';
-import { RejectionPruner } from '../fence/retention.ts';
-import { DurabilityMonitor } from '../fence/durability-monitor.ts';
-import { clientConfig, primaryFinder } from '../fence/database-url.ts';
-import { leaveOldHosts, describeHost, type DatabaseHost } from '../fence/primary-finder.ts';
-import { hearClientErrors } from '../fence/checkout.ts';
+import {
+  FenceStore,
+  type WriteStrategy,
+  migrate,
+  connectionBudget,
+  type RunningPostgres,
+  RejectionPruner,
+  DurabilityMonitor,
+  clientConfig,
+  primaryFinder,
+  leaveOldHosts,
+  describeHost,
+  type DatabaseHost,
+  hearClientErrors,
+} from '../fence/index.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './access/tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';

@@ -5,8 +5,7 @@ import { createServer } from 'node:net';
 import { lookup } from 'node:dns/promises';
 import pg from 'pg';
 import { ZkSession } from '../election/zk-session.ts';
-import { databaseTarget, describeTarget } from '../fence/database-url.ts';
-import { NoWritableHostError } from '../fence/primary-finder.ts';
+import { databaseTarget, describeTarget, NoWritableHostError } from '../fence/index.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 
 export class StartupError extends Error {

@@ -5,11 +5,19 @@ import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
-import type { FenceStore } from '../../fence/store.ts';
-import { isUnavailable, sqlState } from '../../fence/pg-errors.ts';
-import { NoWritableHostError } from '../../fence/primary-finder.ts';
-import { NOT_FENCED } from '../../fence/codes.ts';
-import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
+import {
+  type FenceStore,
+  isUnavailable,
+  sqlState,
+  NoWritableHostError,
+  NOT_FENCED,
+  FenceHeldByPreparedError,
+  raiseFences,
+  WriteOutcomeUnknownError,
+  DurabilityMonitor,
+  LOCK_NOT_AVAILABLE,
+  READ_ONLY_SQL_TRANSACTION,
+} from '../../fence/index.ts';
 import { ApiError } from '../errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
@@ -27,16 +35,12 @@ import { createTransactionRunner, transactionRoutes, type TransactionOptions } f
 import { LOG_DEFAULTS, PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
 import { StaleDigest } from '../../logging/stale-digest.ts';
 import { RepeatLimiter } from '../../logging/repeat-limiter.ts';
-import { raiseFences } from '../../fence/raise.ts';
-import { WriteOutcomeUnknownError } from '../../fence/commit-outcome.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
 import { registerOpenApi } from './openapi.ts';
 import type { TlsPem } from '../access/tls.ts';
 import { docsRoutes } from './routes/docs.ts';
-import { DurabilityMonitor } from '../../fence/durability-monitor.ts';
 import { registerDurabilityGate } from './durability-gate.ts';
-import { LOCK_NOT_AVAILABLE, READ_ONLY_SQL_TRANSACTION } from '../../fence/sqlstate.ts';
 
 export interface AppOptions {
   store: FenceStore;

@@ -5,7 +5,7 @@
 // preconditions into the fenced write statement, which checks them on the object it locks
 // (src/fence/sql/objects.ts fencedWrite); reads compare here.
 import type { FastifyRequest } from 'fastify';
-import type { Precondition } from '../../fence/store.ts';
+import type { Precondition } from '../../fence/index.ts';
 
 /** One entity tag, strong or weak (`W/"…"`), as RFC 9110 spells it. */
 const ENTITY_TAG = String.raw`(?:W/)?"[\x21\x23-\x7e\x80-\xff]*"`;

@@ -1,8 +1,6 @@
 // Reading the fencing headers and keys of a request, with registry errors for bad input.
 import type { FastifyRequest } from 'fastify';
-import { parseToken } from '../../fence/token.ts';
-import { keyProblem } from '../../fence/key.ts';
-import type { ProtectedPrefix } from '../../fence/store.ts';
+import { parseToken, keyProblem, type ProtectedPrefix } from '../../fence/index.ts';
 import { ApiError } from '../errors.ts';
 import { authorizeKeys } from './auth.ts';
 

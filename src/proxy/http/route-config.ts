@@ -3,7 +3,7 @@
 //   (Every reply also carries `errorCode`, set by the error handler, so outcomes follow the registry.)
 //   access:    the access level the authentication hook enforces ('open' needs no credentials).
 // Declared in one place so every route and hook agree on the names and values.
-import type { OpKind } from '../../fence/sql/objects.ts';
+import type { OpKind } from '../../fence/index.ts';
 
 export type RouteAccess = 'read' | 'write' | 'open';
 

@@ -3,8 +3,7 @@
 // Ajv stops at the first failure (allErrors stays off: the cost of a hostile request is bounded),
 // so one failure decides the answer.
 import type { FastifySchemaValidationError } from 'fastify';
-import { keyProblem } from '../../fence/key.ts';
-import { parseToken } from '../../fence/token.ts';
+import { keyProblem, parseToken } from '../../fence/index.ts';
 import { ApiError, type ErrorCode } from '../errors.ts';
 
 /** fastify's name for the part of the request a schema failed on. */

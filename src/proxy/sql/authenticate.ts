@@ -16,7 +16,7 @@ import {
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import { ClientLeft, Refusal, refuse, type StartupChannel } from './startup-channel.ts';
-import { INVALID_AUTHORIZATION_SPECIFICATION, INVALID_PASSWORD, PROTOCOL_VIOLATION } from '../../fence/sqlstate.ts';
+import { INVALID_AUTHORIZATION_SPECIFICATION, INVALID_PASSWORD, PROTOCOL_VIOLATION } from '../../fence/index.ts';
 
 /** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
 function authMessage(f: Frame, expected: string): Frame {

@@ -9,14 +9,16 @@ import { parseErrorFields } from './wire/backend.ts';
 import { optionArg } from './startup.ts';
 import { encode } from './wire/frontend.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
-import { databaseTarget, type DatabaseTarget } from '../../fence/database-url.ts';
-import { describeHost, type DatabaseHost } from '../../fence/primary-finder.ts';
 import {
+  databaseTarget,
+  type DatabaseTarget,
+  describeHost,
+  type DatabaseHost,
   CONNECTION_FAILURE,
   INVALID_AUTHORIZATION_SPECIFICATION,
   PROTOCOL_VIOLATION,
   SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-} from '../../fence/sqlstate.ts';
+} from '../../fence/index.ts';
 
 export type BackendTarget = DatabaseTarget;
 

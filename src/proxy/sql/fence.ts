@@ -22,10 +22,7 @@
 // (an implicit transaction up to Sync, the autocommit statement of most drivers) that writes a
 // WARNING to the server log and a notice to the proxy in every transaction.
 import pg from 'pg';
-import { parseStaleDetail } from '../../fence/detail.ts';
-export { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, STALE_TOKEN } from '../../fence/codes.ts';
-import { DURABILITY_UNSAFE } from '../../fence/codes.ts';
-import { epochSequence, NO_PREPARE_READ, NO_PREPARE_SEQUENCE } from '../../fence/rule.ts';
+import { parseStaleDetail, DURABILITY_UNSAFE, epochSequence, NO_PREPARE_READ, NO_PREPARE_SEQUENCE } from '../../fence/index.ts';
 import { encode } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
 

@@ -14,14 +14,21 @@
 // (DISCARD, or a proof that failed: a raise above it). The database decides whether a write lands
 // (the proof, and the protected tables' triggers); the gate decides only what the session asks.
 import type { Logger } from 'pino';
-import { keyProblem, MAX_KEY_BYTES } from '../../fence/key.ts';
-import { FenceHeldByPreparedError } from '../../fence/prepared-holders.ts';
-import { GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST, STALE_TOKEN } from '../../fence/codes.ts';
-import { staleDetailText } from '../../fence/detail.ts';
+import {
+  keyProblem,
+  MAX_KEY_BYTES,
+  FenceHeldByPreparedError,
+  GUARD_UNAVAILABLE,
+  INVALID_FENCE_SETTING,
+  RAISE_FIRST,
+  STALE_TOKEN,
+  staleDetailText,
+  INSUFFICIENT_PRIVILEGE,
+  MAX_TOKEN,
+  parseToken,
+} from '../../fence/index.ts';
 import type { ErrorFields } from './wire/backend.ts';
 import { provenSessionFence, readOnlySessionFence, refusedSessionFence, type SessionFence } from './planner.ts';
-import { INSUFFICIENT_PRIVILEGE } from '../../fence/sqlstate.ts';
-import { MAX_TOKEN, parseToken } from '../../fence/token.ts';
 import { withinPrefixes } from '../access/keys.ts';
 
 /** The forgery guard, as the session uses it (src/proxy/forgery-guard.ts). */

@@ -32,17 +32,14 @@ import { backendSettings, writerView } from './startup.ts';
 import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.ts';
 import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
-import type { DurabilityMonitor } from '../../fence/durability-monitor.ts';
-import { SqlSession, type SessionGuard, type StaleRefusal } from './session.ts';
-import { raisedAbove, raiseFences } from '../../fence/raise.ts';
-import type { AccessKey } from '../access/keys.ts';
-import type { TlsMaterial } from '../access/tls.ts';
-import { connectAs, type ProvisionResult } from '../../fence/client-logins.ts';
-import type { AcceptedCounts } from '../../fence/accepted-counts.ts';
-import type { RejectionLog } from '../../fence/rejection-log.ts';
-import type { ProxyMetrics } from '../metrics.ts';
-import type { StaleDigest } from '../../logging/stale-digest.ts';
 import {
+  type DurabilityMonitor,
+  raisedAbove,
+  raiseFences,
+  connectAs,
+  type ProvisionResult,
+  type AcceptedCounts,
+  type RejectionLog,
   CONNECTION_FAILURE,
   INVALID_AUTHORIZATION_SPECIFICATION,
   INVALID_CATALOG_NAME,
@@ -50,7 +47,12 @@ import {
   PROTOCOL_VIOLATION,
   SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
   TOO_MANY_CONNECTIONS,
-} from '../../fence/sqlstate.ts';
+} from '../../fence/index.ts';
+import { SqlSession, type SessionGuard, type StaleRefusal } from './session.ts';
+import type { AccessKey } from '../access/keys.ts';
+import type { TlsMaterial } from '../access/tls.ts';
+import type { ProxyMetrics } from '../metrics.ts';
+import type { StaleDigest } from '../../logging/stale-digest.ts';
 
 export interface SqlEndpointOptions {
   host: string;

@@ -73,7 +73,7 @@ import {
   statementKind,
   type StatementKind,
 } from './statements.ts';
-import { FEATURE_NOT_SUPPORTED, SYNTAX_ERROR } from '../../fence/sqlstate.ts';
+import { FEATURE_NOT_SUPPORTED, SYNTAX_ERROR } from '../../fence/index.ts';
 
 /** The message a response answers. */
 export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';

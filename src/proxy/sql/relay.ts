@@ -29,11 +29,13 @@ import {
   type ErrorFields,
 } from './wire/backend.ts';
 import { decodeClient, encode, type ClientMessage } from './wire/frontend.ts';
-import { staleDetail, STALE_TOKEN } from './fence.ts';
-import { DURABILITY_UNSAFE, GUARD_UNAVAILABLE, INVALID_FENCE_SETTING, RAISE_FIRST } from '../../fence/codes.ts';
-import type { Planner, Step } from './planner.ts';
-import type { Backend } from './backend.ts';
+import { staleDetail } from './fence.ts';
 import {
+  DURABILITY_UNSAFE,
+  STALE_TOKEN,
+  GUARD_UNAVAILABLE,
+  INVALID_FENCE_SETTING,
+  RAISE_FIRST,
   FEATURE_NOT_SUPPORTED,
   INTERNAL_ERROR,
   INVALID_SQL_STATEMENT_NAME,
@@ -42,7 +44,9 @@ import {
   QUERY_CANCELED,
   READ_ONLY_SQL_TRANSACTION,
   PROTOCOL_VIOLATION,
-} from '../../fence/sqlstate.ts';
+} from '../../fence/index.ts';
+import type { Planner, Step } from './planner.ts';
+import type { Backend } from './backend.ts';
 import { Replies, type Reply } from './replies.ts';
 import { CopyIn } from './copy-in.ts';
 import { TransactionTally, type TransactionEnd } from './tally.ts';

@@ -15,7 +15,7 @@ import {
   IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
   INTERNAL_ERROR,
   TRANSACTION_RESOLUTION_UNKNOWN,
-} from '../../fence/sqlstate.ts';
+} from '../../fence/index.ts';
 
 /** How long a session whose backend a raise ended waits for the writer's next message, to answer it FP409. */
 const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;

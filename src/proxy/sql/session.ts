@@ -14,9 +14,7 @@ import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { SessionFencer, type FenceSettings, type SessionGuard } from './fencer.ts';
 import type { Backend } from './backend.ts';
 import type { ErrorFields } from './wire/backend.ts';
-import { STALE_TOKEN } from '../../fence/codes.ts';
-import { staleDetailText } from '../../fence/detail.ts';
-import { sessionFenceCapability } from '../../fence/rule.ts';
+import { STALE_TOKEN, staleDetailText, sessionFenceCapability } from '../../fence/index.ts';
 
 export type { SessionGuard } from './fencer.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';

@@ -12,7 +12,7 @@ import { TLSSocket, type SecureContext } from 'node:tls';
 import { MAX_STARTUP_BYTES, MessageReader, type Frame } from './wire/framing.ts';
 import { negotiatesEncryption } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
-import { CONNECTION_FAILURE, PROTOCOL_VIOLATION } from '../../fence/sqlstate.ts';
+import { CONNECTION_FAILURE, PROTOCOL_VIOLATION } from '../../fence/index.ts';
 
 /** The most bytes of a password or SASL message (a SCRAM message is a few hundred). */
 const MAX_AUTH_MESSAGE_BYTES = 8192;

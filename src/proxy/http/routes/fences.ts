@@ -1,14 +1,11 @@
 // PUT/GET /v1/fences/:fenceKey and GET /v1/fences — advance and inspect fences.
 import type { FastifyInstance } from 'fastify';
-import type { FenceRecord } from '../../../fence/store.ts';
+import { type FenceRecord, sqlState, WriteOutcomeUnknownError, LOCK_NOT_AVAILABLE } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
-import { sqlState } from '../../../fence/pg-errors.ts';
-import { WriteOutcomeUnknownError } from '../../../fence/commit-outcome.ts';
 import { admitWrite, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
 import { staleToken } from './stale.ts';
-import { LOCK_NOT_AVAILABLE } from '../../../fence/sqlstate.ts';
 
 type FenceParams = { Params: { fenceKey: string } };
 

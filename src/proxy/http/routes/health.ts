@@ -2,10 +2,8 @@
 // database takes writes; with `durability`, the durability monitor's latest report: failover
 // warnings, which make it unready only while writes are refused for them, FENCEPOST_REQUIRE_SYNC_STANDBY).
 import type { FastifyInstance } from 'fastify';
-import { migrationsApplied } from '../../../fence/migrate.ts';
+import { migrationsApplied, writability, NoWritableHostError } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
-import { writability } from '../../../fence/sql/health.ts';
-import { NoWritableHostError } from '../../../fence/primary-finder.ts';
 import { durabilityUnsafe } from '../durability-gate.ts';
 
 export async function healthRoutes(app: FastifyInstance): Promise<void> {

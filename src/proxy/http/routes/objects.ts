@@ -2,17 +2,20 @@
 // Keys may hold `/` as it is (PUT /v1/objects/orders/7, as object stores allow) or percent-encoded
 // (orders%2F7): the route is a wildcard, so both name the same object.
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { FencedOp, FencedResult } from '../../../fence/store.ts';
-import { NOT_FENCED } from '../../../fence/codes.ts';
-import { sqlState } from '../../../fence/pg-errors.ts';
-import { WriteOutcomeUnknownError } from '../../../fence/commit-outcome.ts';
+import {
+  type FencedOp,
+  type FencedResult,
+  NOT_FENCED,
+  sqlState,
+  WriteOutcomeUnknownError,
+  LOCK_NOT_AVAILABLE,
+} from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
 import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
 import { staleToken } from './stale.ts';
-import { LOCK_NOT_AVAILABLE } from '../../../fence/sqlstate.ts';
 
 type KeyParams = { Params: { '*': string } };
 

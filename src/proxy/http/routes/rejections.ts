@@ -1,7 +1,7 @@
 // GET /v1/rejections (the rejection log, newest first, paged) and GET /v1/rejections/histogram
 // (rejections per minute). Both read the database, so every proxy instance answers the same.
 import type { FastifyInstance } from 'fastify';
-import { readRejectionHistogram, readRejections } from '../../../fence/rejections.ts';
+import { readRejectionHistogram, readRejections } from '../../../fence/index.ts';
 import { KEY } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
 

@@ -2,8 +2,11 @@
 // database transaction (src/fence/transaction.ts). All or nothing.
 import type pg from 'pg';
 import type { FastifyInstance, FastifyPluginOptions, FastifyRequest, FastifySchemaValidationError } from 'fastify';
-import { TransactionRunner, type Isolation, type TxFence, type TxStatement } from '../../../fence/transaction.ts';
 import {
+  TransactionRunner,
+  type Isolation,
+  type TxFence,
+  type TxStatement,
   CommitUnknownError,
   ConnectionLostError,
   FenceBusyError,
@@ -12,16 +15,20 @@ import {
   StatementError,
   TransactionEndedError,
   TransactionTimeoutError,
-} from '../../../fence/transaction-errors.ts';
-import { refusedStatement } from '../../../fence/statement-check.ts';
-import { NOT_FENCED } from '../../../fence/codes.ts';
-import { CONFLICT_ERROR_CLASSES, RETRYABLE_ERROR_CODES, sqlState } from '../../../fence/pg-errors.ts';
+  refusedStatement,
+  NOT_FENCED,
+  CONFLICT_ERROR_CLASSES,
+  RETRYABLE_ERROR_CODES,
+  sqlState,
+  INSUFFICIENT_PRIVILEGE,
+  LOCK_NOT_AVAILABLE,
+  QUERY_CANCELED,
+} from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
 import { writerId } from '../request.ts';
 import { KEY, NO_QUERY, TOKEN, registryError, type RequestPart } from '../validation.ts';
 import { staleToken } from './stale.ts';
-import { INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED } from '../../../fence/sqlstate.ts';
 
 export interface TransactionOptions {
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */

@@ -12,7 +12,7 @@ export const FENCED_TRANSACTION_ENDED = 'FP410';
 export const GUARD_UNAVAILABLE = 'FP503';
 /**
  * Not raised by a definition: the SQL endpoint's refusal of a fenced transaction while a Postgres
- * failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY; src/proxy/sql/fence.ts).
+ * failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY; src/proxy/sql/proof.ts).
  * Nothing of the transaction was applied: safe to retry.
  */
 export const DURABILITY_UNSAFE = 'FP533';

@@ -181,7 +181,7 @@ BEGIN
 END $$`,
   },
   {
-    // The SQL endpoint's proof for each transaction of a fenced session (src/proxy/sql/fence.ts):
+    // The SQL endpoint's proof for each transaction of a fenced session (src/proxy/sql/proof.ts):
     // while the fence key's epoch is still the one the session was fenced in (its oid, which the
     // gate keeps in fencepost.epoch_oid), rule.ts epochProof, which fails unless this session
     // passed the fence in it and holds it until the transaction ends, and the no-PREPARE read;

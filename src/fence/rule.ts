@@ -117,7 +117,7 @@ export function epochProof(epoch: string): string {
 
 /**
  * The setting where the SQL endpoint keeps the oid of the epoch sequence a session was fenced in
- * (src/proxy/sql/fence.ts proofSql): a convenience for the error a failed proof gives, never a
+ * (src/proxy/sql/proof.ts proofSql): a convenience for the error a failed proof gives, never a
  * proof itself (currval() is).
  */
 export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';

@@ -1,4 +1,4 @@
-// The session fence of the SQL endpoint (rule.ts): before a transaction starts at idle, the gate
+// The session fence of the SQL endpoint (rule.ts): before a transaction starts at idle, the fencer
 // knows the session's token and fence key (startup options; read back with a SELECT after text
 // that mentions `fencepost`) and, once per (fence key, token), decides what the session's
 // transactions carry (planner.ts SessionFence):
@@ -12,7 +12,7 @@
 //   epoch proof; stale: refused (FP409); still below: refused (FP428).
 // A verdict stands until the settings change, or the relay reports that the session lost its fence
 // (DISCARD, or a proof that failed: a raise above it). The database decides whether a write lands
-// (the proof, and the protected tables' triggers); the gate decides only what the session asks.
+// (the proof, and the protected tables' triggers); the fencer decides only what the session asks.
 import type { Logger } from 'pino';
 import {
   keyProblem,
@@ -53,7 +53,7 @@ export interface FenceSettings {
   fenceKeyBytes?: number;
 }
 
-/** What the gate needs of the session. */
+/** What the fencer needs of the session. */
 export interface GateHost {
   /**
    * Sends a Query of the proxy's ahead of the writer's messages: `onRow` sees each row's texts,
@@ -158,7 +158,7 @@ export class SessionFencer {
     if (setUp) this.setUp = false;
   }
 
-  /** May the transaction about to start go ahead now? It waits while the gate reads, asks, raises or fences. */
+  /** May the transaction about to start go ahead now? It waits while the fencer reads, asks, raises or fences. */
   ready(): boolean {
     if (this.busy || this.settings === null || !this.setUp || this.verdict === null) return false;
     if (this.verdict.for !== signature(this.settings)) return false;

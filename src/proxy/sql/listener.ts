@@ -28,7 +28,7 @@ import {
   type ErrorFields,
 } from './wire/backend.ts';
 import { parseStartupPacket } from './wire/frontend.ts';
-import { backendSettings, writerView } from './startup.ts';
+import { backendSettings, statusForWriter } from './startup.ts';
 import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.ts';
 import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
@@ -370,7 +370,7 @@ export class SqlEndpoint {
     this.sessionCount++;
     const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
     // What the writer is told is what the relay compares later ParameterStatus messages with.
-    backend.parameterStatus = writerView(backend.parameterStatus, (who.token ?? '') !== '');
+    backend.parameterStatus = statusForWriter(backend.parameterStatus, (who.token ?? '') !== '');
     // Held (corked) until the session is fenced for its startup settings: the writer's
     // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
     socket.cork();

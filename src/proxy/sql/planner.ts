@@ -5,10 +5,10 @@
 //
 // Whenever the last ReadyForQuery said idle ('I') and the writer starts something (a Query, or the
 // first message of an extended-protocol group up to Sync), the proxy sends the fence first
-// (fence.ts: Parse/Bind/Execute on the unnamed statement, no Sync), so the fence and the writer's
+// (proof.ts: Parse/Bind/Execute on the unnamed statement, no Sync), so the fence and the writer's
 // statements are one backend transaction. A lone `BEGIN …` goes first and the fence right after it
 // (in the same round trip), so an isolation level still applies. A lone plain `BEGIN` Query at
-// idle (fence.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
+// idle (proof.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
 // front of the writer's next message: one round trip to the database fewer per transaction, and a
 // writer paused after its BEGIN holds nothing. (The transaction's start, now(), is then its first
 // statement's.) Inside a transaction ('T')
@@ -60,7 +60,7 @@ import {
   RESET_READ_ONLY_SQL,
   ROUTINE_STATEMENT,
   type FenceStatements,
-} from './fence.ts';
+} from './proof.ts';
 import type { ErrorFields } from './wire/backend.ts';
 import {
   deallocatedStatements,
@@ -130,7 +130,7 @@ export interface KindChange {
   of: 'statement' | 'portal';
   name: string;
   kind: StatementKind | null;
-  /** statement: a BEGIN the proxy may answer itself (fence.ts deferrableBegin), its tag. */
+  /** statement: a BEGIN the proxy may answer itself (proof.ts deferrableBegin), its tag. */
   beginTag?: string;
 }
 
@@ -166,7 +166,7 @@ export type Step =
   /** The writer broke the protocol. */
   | { do: 'fail'; reason: string };
 
-/** The fence as this session sends it (fence.ts): Bind/Execute bytes, and SQL text for a Query. */
+/** The fence as this session sends it (proof.ts): Bind/Execute bytes, and SQL text for a Query. */
 export interface SessionFence extends FenceStatements {
   /** Characters of `text`. */
   chars: number;
@@ -181,7 +181,7 @@ function sessionFenceOf(f: FenceStatements, pair: SessionFence['pair']): Session
   return { ...f, chars: [...f.text].length, pair };
 }
 
-/** In place of the fence while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY): fence.ts refusalInPlaceOfFence. */
+/** In place of the fence while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY): proof.ts refusalInPlaceOfFence. */
 export function refusalFence(): SessionFence {
   return sessionFenceOf(refusalInPlaceOfFence(), null);
 }
@@ -196,7 +196,7 @@ export function readOnlySessionFence(): SessionFence {
   return sessionFenceOf(readOnlyFence(), null);
 }
 
-/** The fence of a session whose transactions the gate refuses with `error`. */
+/** The fence of a session whose transactions the fencer refuses with `error`. */
 export function refusedSessionFence(error: ErrorFields): SessionFence {
   return sessionFenceOf(refusedFence(error), null);
 }

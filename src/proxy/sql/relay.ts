@@ -4,7 +4,7 @@
 // Each message sent to the backend has a reply owed (replies.ts), the proxy's own or the writer's;
 // the proxy's are swallowed (notices included), the writer's forwarded as they came. A new group is
 // held until the previous one's ReadyForQuery says whether the session is idle; one that would start
-// a transaction also waits for the gate (the forgery guard and the raise, fencer.ts). COPY FROM STDIN
+// a transaction also waits for the fencer (the forgery guard and the raise, fencer.ts). COPY FROM STDIN
 // is copy-in.ts, counting fenced transactions tally.ts, a session the writer did not end
 // session-end.ts.
 //
@@ -29,7 +29,7 @@ import {
   type ErrorFields,
 } from './wire/backend.ts';
 import { decodeClient, encode, type ClientMessage } from './wire/frontend.ts';
-import { staleDetail } from './fence.ts';
+import { staleDetail } from './proof.ts';
 import {
   DURABILITY_UNSAFE,
   STALE_TOKEN,
@@ -153,7 +153,7 @@ export class Relay {
   private readonly copy: CopyIn;
   private readonly tally: TransactionTally;
   private readonly end: SessionEnd;
-  /** The writer's messages read and not yet sent on (held for a ReadyForQuery, the gate or the startup fence). */
+  /** The writer's messages read and not yet sent on (held for a ReadyForQuery, the fencer or the startup fence). */
   private readonly clientFrames: { frame: Frame; msg: ClientMessage }[] = [];
   private toBackend: Buffer[] = [];
   private toClient: Buffer[] = [];
@@ -232,9 +232,9 @@ export class Relay {
     this.startupHold = false;
   }
 
-  /** Goes on with the writer's messages held for the gate. */
+  /** Goes on with the writer's messages held for the fencer. */
   resume(): void {
-    if (this.closed || this.end.losing) return; // what the gate held is answered by the session's end
+    if (this.closed || this.end.losing) return; // what the fencer held is answered by the session's end
     this.pumpClient();
     this.flushClient();
   }
@@ -634,7 +634,7 @@ export class Relay {
    * The fence statement failed; what the writer hears (as Postgres said it). A stale token is a
    * rejection (onStale); some other errors are counted as the HTTP door counts them. A fenced
    * session whose proof failed (fencepost_api.prove_transaction: a raise above its token) is fenced again
-   * by the gate before its next transaction.
+   * by the fencer before its next transaction.
    */
   private onFenceError(fields: Map<string, string>, bytes: Buffer): Buffer {
     const code = fields.get('C') ?? '';

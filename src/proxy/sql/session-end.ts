@@ -31,7 +31,7 @@ export interface EndingHost {
   status(): string;
   /** An ErrorResponse came since the last ReadyForQuery. */
   failed(): boolean;
-  /** Writer's messages read and not yet sent on (held for the gate); `drop` forgets them. */
+  /** Writer's messages read and not yet sent on (held for the fencer); `drop` forgets them. */
   held(drop: boolean): number;
   /** Queues bytes for the writer. */
   push(bytes: Buffer): void;
@@ -269,7 +269,7 @@ export class SessionEnd {
     h.client.once('data', done);
     h.client.once('end', done);
     h.client.resume();
-    // Spoken already: after the loss, or before it and not yet sent on (held for the gate).
+    // Spoken already: after the loss, or before it and not yet sent on (held for the fencer).
     if (this.spokeWhileLosing || h.held(false) > 0) {
       this.spokeWhileLosing = false;
       h.held(true);

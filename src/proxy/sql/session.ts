@@ -41,7 +41,7 @@ export interface SessionOptions {
   /**
    * While this refuses (FENCEPOST_REQUIRE_SYNC_STANDBY and a failover could lose a fence raise,
    * src/fence/durability-monitor.ts), each transaction the session starts gets the refusal in the
-   * fence's place (fence.ts REFUSE_UNSAFE_SQL) and no raise; absent: never refused.
+   * fence's place (proof.ts REFUSE_UNSAFE_SQL) and no raise; absent: never refused.
    */
   durability?: { refusal(): unknown; onChange(listener: () => void): () => void } | null;
   /** Each fenced transaction's end, once, with its fence key (relay.ts TransactionEnd); absent: not counted. */
@@ -49,7 +49,7 @@ export interface SessionOptions {
   /** A fence that failed for another reason than a stale token (relay.ts FENCE_ERROR_OUTCOMES). */
   onFenceError?: (outcome: 'error' | 'invalid') => void;
   /**
-   * The session is fenced at startup: the gate decides for the startup settings before the
+   * The session is fenced at startup: the fencer decides for the startup settings before the
    * writer's first message. Called once it has (the listener sends the writer's ReadyForQuery
    * then, so a pool's connection is fenced before it is handed out).
    */
@@ -77,8 +77,8 @@ export class SqlSession {
       fenceSql: (pair, start) => {
         const cap = sessionFenceCapability(opts.capability, { pid: backend.pid, start }, pair.fenceKey, pair.token);
         // A session with a token is read-write by default from now on, as straight to Postgres: a
-        // transaction that is not proven carries a read-only SET of its own (fence.ts).
-        // fence_session also keeps the epoch it fenced the session in (fence.ts proofSql).
+        // transaction that is not proven carries a read-only SET of its own (proof.ts).
+        // fence_session also keeps the epoch it fenced the session in (proof.ts proofSql).
         return `SET transaction_read_only = off; SET default_transaction_read_only = off; SET LOCAL synchronous_commit = local; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(pair.fenceKey)}, ${pair.token.toString()})`;
       },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
@@ -101,7 +101,7 @@ export class SqlSession {
     });
     this.gate = gate;
     this.startupFenced = opts.onStartupFenced ?? null;
-    // Built again when the gate decides, and when writes start or stop being refused.
+    // Built again when the fencer decides, and when writes start or stop being refused.
     const fence = () => (refusing() ? refusalFence() : gate.fence());
     const planner = new Planner(fence());
     const unwatch = durability?.onChange(() => (planner.fence = fence())) ?? (() => {});

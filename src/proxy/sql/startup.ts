@@ -129,7 +129,7 @@ export interface BackendSettings {
  * The backend settings of a session whose client sent `params`: every backend starts read-only
  * (the backstop for a transaction that would escape the fence), as the login's `pgRole`, with the
  * client's fence settings (from `options` or a startup parameter of the driver's own: asyncpg
- * server_settings, pgx RuntimeParams; the gate reads them back from the backend) and its timeouts
+ * server_settings, pgx RuntimeParams; the fencer reads them back from the backend) and its timeouts
  * bounded by the proxy's own (`own`; it sets no idle_in_transaction_session_timeout of its own).
  */
 export function backendSettings(
@@ -164,7 +164,7 @@ export function backendSettings(
  * session that starts with a token and `on` for one without. Later changes come from the backend
  * as they happen.
  */
-export function writerView(status: readonly Buffer[], writes: boolean): Buffer[] {
+export function statusForWriter(status: readonly Buffer[], writes: boolean): Buffer[] {
   return status.map((b) =>
     b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only'
       ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on')

@@ -141,7 +141,7 @@ export function setsFenceSetting(sql: string): boolean {
  * of a valid fence key (at most MAX_KEY_BYTES) or token, a DISCARD or a COMMIT fits many times
  * over, and a longer one is fenced like any other statement (the safe side: at worst the fence
  * refuses it) without the parser reading megabytes of it. A huge `SET fencepost.token = '…'` is
- * then refused by the gate's size check at the next transaction (fencer.ts).
+ * then refused by the fencer's size check at the next transaction (fencer.ts).
  */
 export const MAX_UNFENCED_CHARS = 16 * 1024;
 

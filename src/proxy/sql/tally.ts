@@ -1,5 +1,5 @@
 // Counting fenced transactions as the database saw them: a transaction of a session with a token is
-// fenced once its proof (fence.ts, the statement the planner sends before the writer's first)
+// fenced once its proof (proof.ts, the statement the planner sends before the writer's first)
 // completes (CommandComplete "SELECT …"); it committed at a CommandComplete "COMMIT" of the writer's
 // (the backend sends it after the commit; a failed block's COMMIT answers "ROLLBACK"), or at a
 // ReadyForQuery 'I' that ends an implicit transaction with no error and no ROLLBACK in it. A

@@ -14,7 +14,7 @@ import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { RawClient, B, E, P, Q, S, pbe } from './raw-client.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
-import { RW_SQL } from '../../../src/proxy/sql/fence.ts';
+import { RW_SQL } from '../../../src/proxy/sql/proof.ts';
 import pg from 'pg';
 
 const run = promisify(execFile);

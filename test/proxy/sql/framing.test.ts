@@ -4,7 +4,7 @@ import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wir
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../../src/proxy/sql/fence.ts';
+import { isEmptyQuery, staleDetail, startsTransactionBlock } from '../../../src/proxy/sql/proof.ts';
 import { runsUnfenced, splitStatements, statementKind } from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 

@@ -6,7 +6,7 @@ import { Planner, provenSessionFence, readOnlySessionFence, type PlanContext, ty
 import { cstr, message } from '../../../src/proxy/sql/wire/framing.ts';
 import { encode, type ClientMessage } from '../../../src/proxy/sql/wire/frontend.ts';
 import { parseErrorFields, readyForQuery } from '../../../src/proxy/sql/wire/backend.ts';
-import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/fence.ts';
+import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/proof.ts';
 
 const IDLE: PlanContext = { status: 'I', awaiting: false };
 const IN_BLOCK: PlanContext = { status: 'T', awaiting: false };

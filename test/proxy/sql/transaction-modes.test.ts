@@ -1,5 +1,5 @@
 // A fenced session's transaction modes are the writer's, as straight to Postgres: the proof a
-// transaction carries (fence.ts) leaves its mode alone, so a writer that asks for read-only gets
+// transaction carries (proof.ts) leaves its mode alone, so a writer that asks for read-only gets
 // read-only. Each test names the client and the way it asks; the invariant of each: a write in a
 // transaction the writer made read-only fails 25006 and nothing of it lands, and the same session
 // writes again once the writer lifts it.

@@ -1,4 +1,4 @@
-// Nothing of the endpoint's shows to the writer: the fence each transaction carries (fence.ts) runs
+// Nothing of the endpoint's shows to the writer: the fence each transaction carries (proof.ts) runs
 // on the unnamed statement, which pg_prepared_statements does not list, and never replaces an
 // unnamed statement of the writer's that the writer may still bind. Invariant of each test: what
 // the writer sees of its session (prepared statements, current_query(), its own unnamed statement)
@@ -120,7 +120,7 @@ describe('ParameterStatus (raw protocol)', () => {
     sql,
   }) => {
     const raw = await RawClient.connect(sql.port, sql.database, 'unseen-status', fenceOptions(1, 'unseen/status'));
-    // The first transaction: the gate fences the session and makes it read-write by default (its own SET).
+    // The first transaction: the fencer fences the session and makes it read-write by default (its own SET).
     const first = await raw.send([Q('SELECT 1')]);
     expect(first.errors).toEqual([]);
     expect(first.parameters).toEqual([]);

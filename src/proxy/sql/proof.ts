@@ -9,11 +9,11 @@
 //
 //   proven    the proof (proofSql: fencepost_api.prove_transaction, the epoch proof, rule.ts
 //             epochProof, and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the epoch until
-//             the transaction ends otherwise. The transaction's mode is the writer's: the gate made
+//             the transaction ends otherwise. The transaction's mode is the writer's: the fencer made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
 //   read-only transaction_read_only = on, and the no-PREPARE read: a session without a token.
-//   refused   transaction_read_only = on, and fencepost_api.refuse_transaction() with the gate's
+//   refused   transaction_read_only = on, and fencepost_api.refuse_transaction() with the fencer's
 //             verdict (a stale or unverified token, a fence that could not be raised, malformed
 //             settings): the transaction fails before the writer's first statement.
 //
@@ -145,7 +145,7 @@ export function readOnlyFence(): FenceStatements {
   return fenceOf(statement(READ_ONLY_SQL, [], READ_ONLY_SQL));
 }
 
-/** A transaction the gate refuses: it fails with `error` before the writer's first statement. */
+/** A transaction the fencer refuses: it fails with `error` before the writer's first statement. */
 export function refusedFence(error: ErrorFields): FenceStatements {
   const values = [error.code, error.message, error.detail ?? null, error.hint ?? null];
   return fenceOf(statement(REFUSE_SQL, values, `${READ_ONLY_PREFIX}fencepost_api.refuse_transaction(${values.map(lit).join(', ')})`));

@@ -10,6 +10,10 @@ export * from './sqlstate.ts';
 export { CONFLICT_ERROR_CLASSES, RETRYABLE_ERROR_CODES, isUnavailable, sqlState } from './pg-errors.ts';
 export { parseStaleDetail, staleDetailText } from './detail.ts';
 
+// The fence every door calls: client logins, raises, where refusals and commits are recorded.
+export { Fence, type FenceOptions } from './fence.ts';
+export type { LoginSpec, LoginProblem } from './client-logins.ts';
+
 // The HTTP object door: fenced object writes, reads and fence raises.
 export {
   FenceStore,
@@ -23,7 +27,6 @@ export {
   type WriteStrategy,
 } from './store.ts';
 export { WriteOutcomeUnknownError } from './commit-outcome.ts';
-export { raiseFences, raisedAbove } from './raise.ts';
 export { FenceHeldByPreparedError } from './prepared-holders.ts';
 
 // The /v1/transactions door.

@@ -14,7 +14,7 @@
 // proxy's own role's backends (other raises, the HTTP door's statements, short and under the lock
 // timeout) are left alone.
 import type pg from 'pg';
-import { fenceHolders, raiseFences as raiseFencesQuery, RAISE_APPLICATION } from './sql/fences.ts';
+import { fenceHolders, raiseFencesQuery, RAISE_APPLICATION } from './sql/fences.ts';
 import { readHighestToken } from './reads.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';

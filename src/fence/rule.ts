@@ -44,7 +44,7 @@ export const CAPABILITY_SECRET_SQL = '(SELECT c.secret FROM fencepost.fence_capa
  * `=` (exactly) or `>=` (at least) the token, FOR SHARE in byte order. Columns fence_key,
  * highest_token.
  */
-export function shareFences(rel: string, cmp: '=' | '>='): string {
+export function shareStep(rel: string, cmp: '=' | '>='): string {
   return `SELECT f.fence_key, f.highest_token FROM fencepost.fences f JOIN ${rel} k ON k.fence_key = f.fence_key AND f.highest_token ${cmp} k.token
   ORDER BY f.fence_key COLLATE "C"
   FOR SHARE OF f`;
@@ -56,7 +56,7 @@ export function shareFences(rel: string, cmp: '=' | '>='): string {
  * recorded as raised_by. `upTo` '<' leaves alone a fence that reached the token meanwhile (it is
  * not returned: read it again). Columns fence_key, highest_token, created.
  */
-export function raiseFences(rel: string, writerId: string, upTo: '<=' | '<' = '<='): string {
+export function raiseStep(rel: string, writerId: string, upTo: '<=' | '<' = '<='): string {
   return `INSERT INTO fencepost.fences AS f (fence_key, highest_token, raised_by)
   SELECT k.fence_key, k.token, ${writerId} FROM ${rel} k WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.fence_key = k.fence_key)
   ORDER BY k.fence_key COLLATE "C"
@@ -72,10 +72,10 @@ export function raiseFences(rel: string, writerId: string, upTo: '<=' | '<' = '<
  */
 export function fenceCtes(rel: string, writerId: string): string {
   return `held AS (
-  ${shareFences(rel, '>=')}
+  ${shareStep(rel, '>=')}
 ),
 raised AS (
-  ${raiseFences(rel, writerId)}
+  ${raiseStep(rel, writerId)}
 ),
 fence AS (
   SELECT h.fence_key, h.highest_token FROM held h

@@ -26,8 +26,7 @@ import * as q from './sql/transactions.ts';
 import type { Isolation } from './sql/transactions.ts';
 import { isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
-import type { AcceptedCounts } from './accepted-counts.ts';
-import { raisedAbove, raiseFences, type RaiseLogger } from './raise.ts';
+import type { Fence } from './fence.ts';
 import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
 import {
   CommitUnknownError,
@@ -42,18 +41,10 @@ import {
 } from './transaction-errors.ts';
 import { Slots } from './slots.ts';
 import { retryOnConflict } from './retry.ts';
-import type { RejectionLog } from './rejection-log.ts';
 import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
 import { hearClientErrors } from './checkout.ts';
-import {
-  provisionClientLogins,
-  connectAs,
-  type ClientLogin,
-  type LoginProblem,
-  type LoginSpec,
-  type ProvisionResult,
-} from './client-logins.ts';
+import { connectAs, type ClientLogin } from './client-logins.ts';
 import { ADMIN_SHUTDOWN, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
 
 export type { Isolation };
@@ -114,38 +105,22 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
 }
 
 export interface TransactionRunnerOptions {
-  /** The proxy's own pool (DATABASE_URL's role): provisioning, terminating backends. */
-  owner: pg.Pool;
-  /** Where a refused transaction is recorded (door `transaction`): the store's log. */
-  rejections: RejectionLog;
-  /** Where a committed transaction is counted, per fence key (the store's, accepted-counts.ts); absent: not counted. */
-  accepted?: AcceptedCounts;
+  /** The fence (fence.ts): client logins, raises, and where refusals and commits are recorded. */
+  fence: Fence;
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
   database: string | pg.ClientConfig;
-  /** Login name in open mode, and prefix of the per-key logins. */
-  clientRole: string;
-  /** Keys that may run transactions (`keyName: null` for open mode). */
-  logins: readonly LoginSpec[];
   /** Transactions running at once, over all keys. */
   maxConcurrent: number;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
-  /** A raise waits this long for older tokens' transactions, then ends them (raise.ts). */
-  raiseWaitMs: number;
   /** Of maxConcurrent, the most one key may hold at once (the others wait their turn). */
   maxConcurrentPerKey: number;
-  /** Where a raise says what it ended. */
-  raiseLogger?: RaiseLogger;
   /** Deadline of a whole transaction, from the request's turn in the queue to COMMIT. */
   transactionTimeoutMs: number;
   /** Most bytes of results (as Postgres sends them) per transaction. */
   maxResultBytes: number;
   /** Extra attempts after a serialization failure or deadlock. */
   retries: number;
-  /** How long an incomplete provisioning stands before the next transaction tries again. */
-  provisionRetryMs: number;
-  /** Login problems found at provisioning (once per problem). */
-  onProblem?: (keyName: string | null, problem: LoginProblem) => void;
 }
 
 export interface RunOptions {
@@ -159,7 +134,6 @@ export class TransactionRunner {
   private readonly pools = new Map<string, pg.Pool>();
   /** What each pooled connection is fenced for (sql/transactions.ts fenceSession), as fence keys and tokens. */
   private readonly fencedFor = new WeakMap<pg.PoolClient, string>();
-  private provisioned: { at: number; result: Promise<ProvisionResult> } | null = null;
   private closed = false;
 
   constructor(opts: TransactionRunnerOptions) {
@@ -167,20 +141,9 @@ export class TransactionRunner {
     this.slots = new Slots(opts.maxConcurrent, Math.min(opts.maxConcurrent, opts.maxConcurrentPerKey));
   }
 
-  /** Creates or checks the client logins (memoised; an incomplete result is retried after a while). */
-  provision(): Promise<ProvisionResult> {
-    const p = this.provisioned;
-    if (p && Date.now() - p.at < this.opts.provisionRetryMs) return p.result;
-    const result = provisionClientLogins(this.opts.owner, this.opts.clientRole, this.opts.logins);
-    this.provisioned = { at: Date.now(), result };
-    void result.then(
-      (r) => {
-        if (r.problems.size === 0) this.provisioned = { at: Infinity, result };
-        for (const [key, problem] of r.problems) this.opts.onProblem?.(key, problem);
-      },
-      () => {},
-    );
-    return result;
+  /** The fence this runner's transactions pass (client logins, raises, records). */
+  get fence(): Fence {
+    return this.opts.fence;
   }
 
   async close(): Promise<void> {
@@ -194,7 +157,7 @@ export class TransactionRunner {
     if (this.closed) throw new ConnectionLostError(new Error('the transaction runner is closed'));
     const sorted = [...fences].sort((a, b) => Buffer.compare(Buffer.from(a.fenceKey), Buffer.from(b.fenceKey)));
     const deadline = AbortSignal.timeout(this.opts.transactionTimeoutMs);
-    const { logins, problems, capability } = await this.provision();
+    const { logins, problems, capability } = await this.opts.fence.provision();
     const login = logins.get(keyName);
     if (!login) {
       throw new LoginUnavailableError(
@@ -226,11 +189,7 @@ export class TransactionRunner {
                 if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                   // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                   raised = true;
-                  await raiseFences(this.opts.owner, sorted, opts.writerId, {
-                    waitMs: this.opts.raiseWaitMs,
-                    lockTimeoutMs: this.opts.lockTimeoutMs,
-                    ...(this.opts.raiseLogger ? { logger: this.opts.raiseLogger } : {}),
-                  }).catch((e: unknown) => {
+                  await this.opts.fence.raise(sorted, opts.writerId).catch((e: unknown) => {
                     if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
                     throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                   });
@@ -249,12 +208,12 @@ export class TransactionRunner {
           },
         ),
       );
-      // A committed one was counted by its fence (a row in pending_counts that commits with it,
-      // folded into the counters later: migration 0012); no counter row is held by a writer's
-      // transaction. A refused one is recorded outside the retries above: the log retries its
-      // own statement as on every door, and a stale token stays stale.
+      // A committed one is counted by this proxy, added to the counters in batches
+      // (accepted-counts.ts); no counter row is held by a writer's transaction. A refused one is
+      // recorded outside the retries above: the log retries its own statement as on every door,
+      // and a stale token stays stale.
       if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
-      else this.opts.accepted?.add(sorted.map((f) => f.fenceKey));
+      else this.opts.fence.accepted?.add(sorted.map((f) => f.fenceKey));
       return outcome;
     } finally {
       this.slots.give(keyName ?? '');
@@ -271,10 +230,10 @@ export class TransactionRunner {
     } catch (err) {
       if (!(err instanceof ConnectionLostError)) throw err;
       // Terminated by an administrator (57P01, what a raise does): give that raise its commit.
-      const wait = sqlState(err.cause) === ADMIN_SHUTDOWN ? this.opts.lockTimeoutMs : 0;
+      const wait = sqlState(err.cause) === ADMIN_SHUTDOWN ? this.opts.fence.lockTimeoutMs : 0;
       const stale: { fenceKey: string; token: bigint; highestToken: bigint }[] = [];
       for (const f of fences) {
-        const highest = await raisedAbove(this.opts.owner, f.fenceKey, f.token, wait).catch(() => null);
+        const highest = await this.opts.fence.raisedAbove(f.fenceKey, f.token, wait).catch(() => null);
         if (highest !== null) stale.push({ fenceKey: f.fenceKey, token: f.token, highestToken: highest });
       }
       if (stale.length === 0) throw err;
@@ -303,7 +262,7 @@ export class TransactionRunner {
 
   private async connect(login: ClientLogin): Promise<pg.PoolClient> {
     try {
-      return await connectAs(this.opts.owner, login, () => this.poolFor(login).connect());
+      return await connectAs(this.opts.fence.owner, login, () => this.poolFor(login).connect());
     } catch (err) {
       throw new ConnectionLostError(err);
     }
@@ -346,7 +305,7 @@ export class TransactionRunner {
       lost = true;
       // Terminate the backend (a statement may have lifted its own timeouts), then drop the socket.
       const pid = (client as unknown as { processID: number | null }).processID;
-      if (pid !== null) void this.opts.owner.query(q.terminateBackend(pid)).catch(() => {});
+      if (pid !== null) void this.opts.fence.owner.query(q.terminateBackend(pid)).catch(() => {});
       conn.stream.destroy();
     };
     client.on('error', onError);
@@ -485,7 +444,7 @@ export class TransactionRunner {
 
   /** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
   private async recordStale(stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
-    const highest = await this.opts.rejections.record(
+    const highest = await this.opts.fence.rejections.record(
       'transaction',
       stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId })),
     );

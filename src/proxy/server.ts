@@ -11,6 +11,7 @@ import type { FastifyInstance } from 'fastify';
 import { buildApp } from './http/app.ts';
 import { DEFAULT_DATA_DIR, legacyDataDir, PGWIRE_DEFAULTS, STORE_DEFAULTS, assertSafeBind, type ProxyConfig } from './config.ts';
 import { SqlEndpoint } from './sql/listener.ts';
+import { buildSharedParts, closeSharedParts } from './shared.ts';
 import {
   FenceStore,
   type WriteStrategy,
@@ -293,23 +294,31 @@ export async function startProxy(
     logger: logger.child({ component: 'rejections' }),
     ...(seams.__test__writeStrategy ? { __test__writeStrategy: seams.__test__writeStrategy } : {}),
   });
+  // The fence, the forgery guard and the stale log, shared by every door (closed after the doors).
+  const shared = buildSharedParts({
+    store,
+    keys: config.keys,
+    clientRole: config.clientRole,
+    raiseWaitMs: config.raiseWaitMs,
+    lockTimeoutMs: config.lockTimeoutMs,
+    forgeryGuard: config.forgeryGuard,
+    logger,
+  });
   const app = buildApp({
     store,
+    shared,
     bodyLimitBytes: config.bodyLimitBytes,
     logger,
     metrics,
     auth: { keys: config.keys, readAccess: config.readAccess },
-    forgeryGuard: config.forgeryGuard,
     browser: { allowedOrigins: config.allowedOrigins, allowedHosts: config.allowedHosts },
     transactions: {
       database: databaseUrl,
-      clientRole: config.clientRole,
       maxConcurrent: config.txPoolSize,
       maxConcurrentPerKey: config.txMaxPerKey,
       maxStatements: config.txMaxStatements,
       statementTimeoutMs: config.txStatementTimeoutMs,
       lockTimeoutMs: config.lockTimeoutMs,
-      raiseWaitMs: config.raiseWaitMs,
       transactionTimeoutMs: config.txTimeoutMs,
       maxResultBytes: config.txMaxResultBytes,
       retries: config.txRetries,
@@ -334,15 +343,11 @@ export async function startProxy(
           port: config.pgwirePort,
           databaseUrl,
           keys: config.keys,
-          provision: () => app.transactionRunner.provision(),
-          owner: pool,
-          rejections: store.rejections,
-          accepted: store.accepted,
+          fence: shared.fence,
           metrics,
-          staleLog: app.staleLog,
+          staleLog: shared.staleLog,
           statementTimeoutMs: config.txStatementTimeoutMs,
           lockTimeoutMs: config.lockTimeoutMs,
-          raiseWaitMs: config.raiseWaitMs,
           idleInTransactionMs: config.pgwireIdleInTransactionMs,
           maxSessionsPerKey: config.pgwireMaxSessionsPerKey,
           maxStartupsPerAddress: config.pgwireMaxStartupsPerAddress,
@@ -350,7 +355,7 @@ export async function startProxy(
           startupTimeoutMs: PGWIRE_DEFAULTS.startupTimeoutMs,
           logger: logger.child({ component: 'pgwire' }),
           tls,
-          guard: app.forgeryGuard,
+          guard: shared.guard,
           durability,
         });
   let pgwirePort: number | null = null;
@@ -379,7 +384,7 @@ export async function startProxy(
       );
     }
     // Client logins for SQL transactions: created now, or the log says what to run (see Security).
-    await app.transactionRunner.provision();
+    await shared.fence.provision();
     await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
       throw listenError(err, config.host, config.port); // taken since the bind test
     });
@@ -396,6 +401,7 @@ export async function startProxy(
     await pruner.stop().catch(() => {});
     stopFolding();
     await app.close().catch(() => {});
+    await closeSharedParts(shared).catch(() => {});
     await pool.end().catch(() => {});
     stopFollowing();
     await embedded?.stop().catch(() => {});
@@ -421,6 +427,7 @@ export async function startProxy(
       clearTimeout(timer);
       // SQL sessions end with the proxy: their open transactions roll back.
       await pgwire?.close();
+      await closeSharedParts(shared);
       await store.idle();
       await pruner.stop();
       await durability.stop();

@@ -8,6 +8,7 @@ import { migrate } from '../../src/fence/migrate.ts';
 import { provisionClientLogins } from '../../src/fence/client-logins.ts';
 import { PROVISIONING_LOCK_KEY } from '../../src/fence/sql/logins.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import { Fence } from '../../src/fence/fence.ts';
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { withDatabase, createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
@@ -45,21 +46,25 @@ afterAll(async () => {
 });
 
 function runner(): TransactionRunner {
-  return new TransactionRunner({
+  const fence = new Fence({
     owner: ownerPool,
     rejections: new RejectionLog(ownerPool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
-    database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
     clientRole,
     logins: [{ keyName: null, pgRole: null }],
+    lockTimeoutMs: 500,
+    raiseWaitMs: 1000,
+    provisionRetryMs: 0,
+  });
+  return new TransactionRunner({
+    fence,
+    database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
     maxConcurrent: 2,
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
-    raiseWaitMs: 1000,
     maxConcurrentPerKey: 4,
     transactionTimeoutMs: 5000,
     maxResultBytes: 65536,
     retries: 0,
-    provisionRetryMs: 0,
   });
 }
 
@@ -71,7 +76,7 @@ describe('a DATABASE_URL role that may not create roles', () => {
         .run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null })
         .catch((e: Error) => e);
       expect((refused as Error).name).toBe('LoginUnavailableError');
-      const { problems } = await r.provision();
+      const { problems } = await r.fence.provision();
       const sql = problems.get(null)!.sql;
       expect(sql[0]).toMatch(new RegExp(`^CREATE ROLE "${clientRole}" LOGIN .*NOSUPERUSER.* PASSWORD 'SCRAM-SHA-256\\$4096:`));
       expect((await ownerPool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'k'`)).rowCount).toBe(0);

@@ -9,6 +9,7 @@ import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, bearer, SECRET, securedApp, uniqueRole } from '../support/keys.ts';
 import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import { Fence } from '../../src/fence/fence.ts';
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
@@ -43,25 +44,33 @@ beforeAll(async () => {
 });
 
 /** The file's runner settings: small timeouts, so the tests of timeouts run quickly. */
-function runnerOptions(): ConstructorParameters<typeof TransactionRunner>[0] {
-  return {
+/** The file's fence: the two keys' client logins. */
+function fenceOf(): Fence {
+  return new Fence({
     owner: db.pool,
     rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
-    database: db.url,
     clientRole: clientRoleFor(db.url),
     logins: [
       { keyName: 'writer', pgRole: role },
       { keyName: 'other', pgRole: otherRole },
     ],
+    lockTimeoutMs: 500,
+    raiseWaitMs: 1000,
+    provisionRetryMs: 5000,
+  });
+}
+
+function runnerOptions(): ConstructorParameters<typeof TransactionRunner>[0] {
+  return {
+    fence: fenceOf(),
+    database: db.url,
     maxConcurrent: 4,
     statementTimeoutMs: 2000,
     lockTimeoutMs: 500,
-    raiseWaitMs: 1000,
     maxConcurrentPerKey: 4,
     transactionTimeoutMs: 3000,
     maxResultBytes: 64 * 1024,
     retries: 1,
-    provisionRetryMs: 5000,
   };
 }
 
@@ -220,7 +229,7 @@ describe("the proxy's own statements take nothing from the writer", () => {
     // The attack of the review: shadow `text` in pg_temp with a domain whose check raises its input,
     // and turn on bind parameters in error reports, so a proxy statement with a ::text cast would
     // leak the capability. The proxy's statements have no casts and no parameters after the fence.
-    const { capability } = await runner.provision();
+    const { capability } = await runner.fence.provision();
     const r = await run([
       `SELECT U&"\\0073et_config"('log_parameter_max_length_on_error', '-1', true)`,
       `CREATE FUNCTION pg_temp.leak(x pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'leaked: %', x; END $$`,
@@ -274,7 +283,7 @@ describe("the proxy's own statements take nothing from the writer", () => {
     // A capability the proxy computed for one backend and one (fence key, token), presented for
     // another fence, or from another backend (another pid, or the same pid after a reconnect: the
     // backend's start differs), is refused before anything is read or locked.
-    const { capability } = await runner.provision();
+    const { capability } = await runner.fence.provision();
     const r = (await run([`SELECT pg_backend_pid() AS pid, fencepost_api.session_start() AS start`])) as Extract<
       TxResult,
       { committed: true }
@@ -584,23 +593,15 @@ test('the fence row lock of another transaction stalls a transaction no longer t
 
 test("one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key's second transaction waits", async () => {
   const fair = new TransactionRunner({
-    owner: db.pool,
-    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
+    fence: fenceOf(),
     database: db.url,
-    clientRole: clientRoleFor(db.url),
-    logins: [
-      { keyName: 'writer', pgRole: role },
-      { keyName: 'other', pgRole: otherRole },
-    ],
     maxConcurrent: 2,
     maxConcurrentPerKey: 1,
     statementTimeoutMs: 5000,
     lockTimeoutMs: 500,
-    raiseWaitMs: 1000,
     transactionTimeoutMs: 8000,
     maxResultBytes: 64 * 1024,
     retries: 1,
-    provisionRetryMs: 5000,
   });
   try {
     const order: string[] = [];

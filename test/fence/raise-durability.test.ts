@@ -21,7 +21,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { migrate } from '../../src/fence/migrate.ts';
-import { raiseFences as raiseFencesQuery } from '../../src/fence/sql/fences.ts';
+import { raiseFencesQuery } from '../../src/fence/sql/fences.ts';
 import { startCrashablePostgres, type CrashablePostgres } from '../support/crashable-postgres.ts';
 import { clientRoleFor, withDatabase, type TestDatabase } from '../support/db.ts';
 import { fenceOptions, startSqlProxy, type SqlProxy } from '../support/sql.ts';

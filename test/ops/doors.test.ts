@@ -72,7 +72,7 @@ const tx = (sql: SqlProxy, token: number, id: number) =>
 
 describe('every door in /metrics', () => {
   test('HTTP, /v1/transactions and the SQL endpoint: /metrics, /v1/stats and fence_stats agree exactly', async ({ sql, db }) => {
-    await sql.proxy.app.transactionRunner.provision();
+    await sql.proxy.app.fence.provision();
     const before = await scrape(sql);
     for (const door of DOORS) expect(writes(before, { door }), door).toBe(0);
 

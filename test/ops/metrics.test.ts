@@ -79,7 +79,7 @@ describe('write counters', () => {
   test('transactions count under operation "transaction": stale fences as rejected, SQL conflicts as invalid', async ({ app, db }) => {
     await db.pool.query('CREATE TABLE IF NOT EXISTS public.metric_tx (id int PRIMARY KEY)');
     // Open mode: client SQL runs as the client login, with what the operator granted it.
-    await app.transactionRunner.provision();
+    await app.fence.provision();
     await db.pool.query(`GRANT SELECT, INSERT ON public.metric_tx TO ${clientRoleFor(db.pool)}`);
     const tx = (token: string, sql: string) =>
       app.inject({

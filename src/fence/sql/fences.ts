@@ -1,6 +1,6 @@
 // The fences' statements: reading fences, the raise, and who holds a fence a raise waits for.
 import type { Query } from './query.ts';
-import { shareFences, raiseFences as raiseFencesStep } from '../rule.ts';
+import { shareStep, raiseStep } from '../rule.ts';
 import { shardSql } from '../shards.ts';
 import { prefixEnd } from './objects.ts';
 
@@ -82,17 +82,17 @@ ORDER BY f.fence_key COLLATE "C"`,
  * writer's transaction takes the fence at that token. A fence already at or above its token is only
  * read: locked FOR SHARE, as any writer at its token does. Rows: fence_key, highest_token (after).
  */
-export function raiseFences(fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
+export function raiseFencesQuery(fences: readonly { fenceKey: string; token: bigint }[], writerId: string | null): Query {
   return {
     name: 'fencepost_raise_fences',
     text: `WITH input AS (
   SELECT t.fence_key, t.token FROM unnest($1::text[], $2::bigint[]) AS t(fence_key, token)
 ),
 held AS (
-  ${shareFences('input', '>=')}
+  ${shareStep('input', '>=')}
 ),
 raised AS (
-  ${raiseFencesStep('input', '$3', '<')}
+  ${raiseStep('input', '$3', '<')}
 ),
 created AS (
   INSERT INTO fencepost.totals AS t (shard, fences)

@@ -1,7 +1,7 @@
 // The object store's statements: the fenced write (and its plain-put fast path), object reads and
 // listings, and the fences of objects.
 import type { Query } from './query.ts';
-import { fenceCtes, shareFences } from '../rule.ts';
+import { fenceCtes, shareStep } from '../rule.ts';
 import { shardSql } from '../shards.ts';
 
 export type OpKind = 'put' | 'delete' | 'fence';
@@ -182,7 +182,7 @@ export function isPlainPut(r: WriteRow): boolean {
 /**
  * The leader's common case, cheaper than fencedWrite (about half its cost to Postgres): plain puts
  * (isPlainPut) whose fence is at their very token, on objects of that fence or new ones: the rule's
- * share step alone (rule.ts shareFences, exactly the token), then the objects. Returns a row only for
+ * share step alone (rule.ts shareStep, exactly the token), then the objects. Returns a row only for
  * each put it applied, with its version and
  * ETag; every other put (its fence absent, lower or higher: a raise or a stale token; its object
  * under another fence: the object rule) was left untouched and goes to fencedWrite, which decides
@@ -201,7 +201,7 @@ WITH input AS (
     AS t(ord, fence_key, key, token, content_type, body_start, body_length)
 ),
 held AS (
-  ${shareFences('(SELECT DISTINCT fence_key, token FROM input)', '=')}
+  ${shareStep('(SELECT DISTINCT fence_key, token FROM input)', '=')}
 ),
 put AS (
   INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)

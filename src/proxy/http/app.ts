@@ -7,12 +7,12 @@ import Fastify, { LogController, type FastifyInstance, type FastifyError, type F
 import type { Logger } from 'pino';
 import {
   type FenceStore,
+  type Fence,
   isUnavailable,
   sqlState,
   NoWritableHostError,
   NOT_FENCED,
   FenceHeldByPreparedError,
-  raiseFences,
   WriteOutcomeUnknownError,
   DurabilityMonitor,
   LOCK_NOT_AVAILABLE,
@@ -30,10 +30,11 @@ import { rejectionRoutes } from './routes/rejections.ts';
 import { dashboardRoutes } from './routes/dashboard.ts';
 import { registerAuth, type AuthConfig } from './auth.ts';
 import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
-import { ForgeryGuard, type ForgeryGuardConfig } from '../forgery-guard.ts';
+import type { ForgeryGuard, ForgeryGuardConfig } from '../forgery-guard.ts';
+import { buildSharedParts, closeSharedParts, type SharedParts } from '../shared.ts';
 import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
 import { LOG_DEFAULTS, PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
-import { StaleDigest } from '../../logging/stale-digest.ts';
+import type { StaleDigest } from '../../logging/stale-digest.ts';
 import { RepeatLimiter } from '../../logging/repeat-limiter.ts';
 import { AJV_OPTIONS, schemaErrorFormatter } from './validation.ts';
 import { REQUEST_ID_HEADER, registerRequestId, requestId } from './request-id.ts';
@@ -50,7 +51,12 @@ export interface AppOptions {
   metrics?: ProxyMetrics;
   /** Bearer keys and read access; default: no keys (open). */
   auth?: AuthConfig;
-  /** Token forgery guard; default: off. Its ZooKeeper session closes with the app. */
+  /**
+   * The parts every door shares (shared.ts: the fence, the forgery guard, the stale log), built and
+   * closed by the caller (server.ts). Default: built from these options and closed with the app.
+   */
+  shared?: SharedParts;
+  /** Token forgery guard, when the app builds its shared parts; default: off. */
   forgeryGuard?: ForgeryGuardConfig | null;
   /** POST /v1/transactions; defaults: TX_DEFAULTS, client logins on the database of `store.pool`. */
   transactions?: Partial<Omit<TransactionOptions, 'keys'>>;
@@ -86,8 +92,8 @@ declare module 'fastify' {
     staleLog: StaleDigest;
     /** Whether a Postgres failover keeps every fence raise (durability-monitor.ts). */
     durability: DurabilityMonitor;
-    /** Raises a fence in a transaction of its own, ending its older token's holders after `waitMs` (raise.ts): its highest token after. */
-    raiseFence: (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) => Promise<bigint | null>;
+    /** The fence every door calls (src/fence/fence.ts): raises, client logins, where refusals and commits go. */
+    fence: Fence;
   }
 }
 
@@ -195,24 +201,27 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   const durability = opts.durability ?? new DurabilityMonitor(opts.store.pool, { intervalMs: 0, requireSyncStandby: false, logger: null });
   app.decorate('durability', durability);
   app.decorateReply('errorCode', null);
-  const guard = opts.forgeryGuard
-    ? new ForgeryGuard({
-        ...opts.forgeryGuard,
-        readHighest: (k) => opts.store.readHighestToken(k),
-        ...(opts.logger ? { logger: opts.logger } : {}),
-      })
-    : null;
-  app.decorate('forgeryGuard', guard);
+  const shared =
+    opts.shared ??
+    buildSharedParts({
+      store: opts.store,
+      keys: opts.auth?.keys ?? [],
+      ...(opts.transactions?.clientRole ? { clientRole: opts.transactions.clientRole } : {}),
+      ...(opts.transactions?.raiseWaitMs !== undefined ? { raiseWaitMs: opts.transactions.raiseWaitMs } : {}),
+      ...(opts.transactions?.lockTimeoutMs !== undefined ? { lockTimeoutMs: opts.transactions.lockTimeoutMs } : {}),
+      ...(opts.transactions?.provisionRetryMs !== undefined ? { provisionRetryMs: opts.transactions.provisionRetryMs } : {}),
+      forgeryGuard: opts.forgeryGuard ?? null,
+      ...(opts.logDigest ? { logDigest: opts.logDigest } : {}),
+      logger: opts.logger || null,
+    });
+  if (!opts.shared) app.addHook('onClose', async () => await closeSharedParts(shared));
+  app.decorate('fence', shared.fence);
+  app.decorate('forgeryGuard', shared.guard);
   const logs = { ...LOG_DEFAULTS, ...opts.logDigest };
-  const staleLog = new StaleDigest(opts.logger || null, { intervalMs: logs.staleIntervalMs, maxFenceKeys: logs.staleMaxFenceKeys });
   // 5xx answers: the first of a kind with its message (the stack at debug), then a count per window.
   const failures = new RepeatLimiter(opts.logger || null, { windowMs: logs.repeatWindowMs, maxKinds: logs.repeatMaxKinds });
-  app.decorate('staleLog', staleLog);
-  app.addHook('onClose', async () => {
-    staleLog.flush();
-    failures.flush();
-  });
-  if (guard) app.addHook('onClose', async () => await guard.close());
+  app.decorate('staleLog', shared.staleLog);
+  app.addHook('onClose', async () => failures.flush());
   // The protected prefixes are read when the app starts (not awaited: a pool with no free
   // connection must not hold the start), then kept fresh. A read that fails or comes late is no
   // reason not to serve: Postgres refuses a misfenced object whatever the copy holds, and each
@@ -277,12 +286,6 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   };
   const runner = createTransactionRunner(app, tx);
   app.decorate('transactionRunner', runner);
-  // A raise that the write path found held (PUT /v1/fences): ended holders, in bounded time (raise.ts).
-  app.decorate('raiseFence', (fenceKey: string, token: bigint, writerId: string | null, waitMs: number) =>
-    raiseFences(opts.store.pool, [{ fenceKey, token }], writerId, { waitMs, lockTimeoutMs: tx.lockTimeoutMs, logger: app.log }).then(
-      (r) => r[0]!.highestToken,
-    ),
-  );
   app.addHook('onClose', async () => await runner.close());
   app.register(transactionRoutes, { maxStatements: tx.maxStatements });
   return app;

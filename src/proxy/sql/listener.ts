@@ -18,7 +18,6 @@ import { createServer, type Server, type Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Logger } from 'pino';
-import type pg from 'pg';
 import {
   authenticationOk,
   backendKeyData,
@@ -34,12 +33,8 @@ import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
 import {
   type DurabilityMonitor,
-  raisedAbove,
-  raiseFences,
   connectAs,
-  type ProvisionResult,
-  type AcceptedCounts,
-  type RejectionLog,
+  type Fence,
   CONNECTION_FAILURE,
   INVALID_AUTHORIZATION_SPECIFICATION,
   INVALID_CATALOG_NAME,
@@ -62,22 +57,17 @@ export interface SqlEndpointOptions {
   databaseUrl: string;
   /** Empty: open mode. */
   keys: readonly AccessKey[];
-  /** The client logins and the fence capability (TransactionRunner.provision, memoised). */
-  provision: () => Promise<ProvisionResult>;
-  /** The proxy's own pool: resetting a client login's password. */
-  owner: pg.Pool;
-  /** Where a refused transaction is recorded (door `sql`): the store's log. */
-  rejections: RejectionLog;
-  /** Where a committed fenced transaction is counted (the store's, src/fence/accepted-counts.ts); absent: not counted. */
-  accepted?: AcceptedCounts;
+  /**
+   * The proxy's fence (src/fence/fence.ts, one for every door): the client logins and the fence
+   * capability, raises, where refused transactions are recorded (door `sql`) and committed ones counted.
+   */
+  fence: Fence;
   /** Where the door's transactions and refusals are counted (fencepost_writes_total{door="sql"}); absent: nowhere. */
   metrics?: ProxyMetrics;
-  /** Where refusals are logged, summed per interval (the app's staleLog); absent: a line each. */
+  /** Where refusals are logged, summed per interval (every door's, shared.ts); absent: a line each. */
   staleLog?: StaleDigest;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
-  /** A raise waits this long for older tokens' transactions, then ends them (src/fence/raise.ts). */
-  raiseWaitMs: number;
   /** A session's transaction left idle this long is ended (0: never). */
   idleInTransactionMs: number;
   /** Sessions one key (open mode: everyone) may hold at once. */
@@ -240,7 +230,7 @@ export class SqlEndpoint {
       const params = packet.params;
       const user = this.checkStartup(channel, packet);
       const key = await authenticate(channel, this.opts.keys, user, this.mockNonce);
-      const { logins, problems, capability } = await this.opts.provision();
+      const { logins, problems, capability } = await this.opts.fence.provision();
       const login = logins.get(key?.name ?? null);
       if (!login) {
         const problem = problems.get(key?.name ?? null);
@@ -256,7 +246,7 @@ export class SqlEndpoint {
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
       let backend: Backend;
       try {
-        backend = await connectAs(this.opts.owner, login, () => openBackend(this.target, backendLogin, channel.remaining()));
+        backend = await connectAs(this.opts.fence.owner, login, () => openBackend(this.target, backendLogin, channel.remaining()));
       } catch (err) {
         throw this.backendRefusal(err);
       }
@@ -385,20 +375,16 @@ export class SqlEndpoint {
       writerId,
       guard: this.opts.guard ?? null,
       startupSettings: { token: who.token, fenceKey: who.fenceKey },
-      raisedAbove: (fenceKey, token, waitMs) => raisedAbove(this.opts.owner, fenceKey, token, waitMs),
-      raiseCommitMs: this.opts.lockTimeoutMs,
+      raisedAbove: (fenceKey, token, waitMs) => this.opts.fence.raisedAbove(fenceKey, token, waitMs),
+      raiseCommitMs: this.opts.fence.lockTimeoutMs,
       idleInTransactionMs: this.opts.idleInTransactionMs,
       raise: async (fenceKey, token) => {
-        await raiseFences(this.opts.owner, [{ fenceKey, token }], writerId, {
-          waitMs: this.opts.raiseWaitMs,
-          lockTimeoutMs: this.opts.lockTimeoutMs,
-          logger,
-        });
+        await this.opts.fence.raise([{ fenceKey, token }], writerId, { logger });
       },
       onStale: (s) => this.recordStale(s, writerId, logger),
       onTransactionEnd: (end, fenceKey) => {
         this.opts.metrics?.countWrite('sql', 'transaction', end);
-        if (end === 'accepted') this.opts.accepted?.add([fenceKey]);
+        if (end === 'accepted') this.opts.fence.accepted?.add([fenceKey]);
       },
       onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
       onStartupFenced: () => socket.uncork(),
@@ -444,6 +430,8 @@ export class SqlEndpoint {
         { fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null },
         'stale token refused (SQL endpoint)',
       );
-    this.opts.rejections.recordInBackground('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
+    this.opts.fence.rejections.recordInBackground('sql', [
+      { kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId },
+    ]);
   }
 }

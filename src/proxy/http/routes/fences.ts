@@ -58,7 +58,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
         if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token)
           throw err;
         // A raise whose COMMIT went unanswered may have raised the fence: that answer, not the lock's.
-        const highest = await app.raiseFence(fenceKey, token, writerId(req), 0).catch((e: unknown) => {
+        const highest = await app.fence.raiseOne(fenceKey, token, writerId(req), { waitMs: 0, logger: req.log }).catch((e: unknown) => {
           throw e instanceof WriteOutcomeUnknownError ? e : err;
         });
         if (highest === null || highest !== token) throw err; // a raise above it won meanwhile: the retry reads it

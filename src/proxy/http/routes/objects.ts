@@ -164,9 +164,11 @@ async function fencedObjectWrite(
       // zombie (raise.ts ends the older token's holders now), then the write goes once more.
       // A raise whose COMMIT went unanswered may have raised the fence: commit_unknown (the
       // object itself was not written), not the lock's "nothing committed".
-      const highest = await req.server.raiseFence(fenceKey, token, writerId(req), 0).catch((e: unknown) => {
-        throw e instanceof WriteOutcomeUnknownError ? e : err;
-      });
+      const highest = await req.server.fence
+        .raiseOne(fenceKey, token, writerId(req), { waitMs: 0, logger: req.log })
+        .catch((e: unknown) => {
+          throw e instanceof WriteOutcomeUnknownError ? e : err;
+        });
       if (highest !== token) throw err;
       return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
     }

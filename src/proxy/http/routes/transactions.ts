@@ -33,14 +33,14 @@ import { staleToken } from './stale.ts';
 export interface TransactionOptions {
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
   database: string | pg.ClientConfig;
-  /** Open-mode login, and prefix of the per-key logins (FENCEPOST_CLIENT_ROLE). */
+  /** Open-mode login, and prefix of the per-key logins (FENCEPOST_CLIENT_ROLE): for the app's own shared parts only. */
   clientRole: string;
   /** The configured keys: each with a pgRole gets a login of its own. */
   keys: readonly AccessKey[];
   maxStatements: number;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
-  /** How long a raise waits for older tokens' transactions before it ends them (FENCEPOST_RAISE_WAIT_MS). */
+  /** How long a raise waits for older tokens' transactions before it ends them (FENCEPOST_RAISE_WAIT_MS): for the app's own shared parts only. */
   raiseWaitMs: number;
   transactionTimeoutMs: number;
   maxResultBytes: number;
@@ -50,7 +50,7 @@ export interface TransactionOptions {
   maxConcurrentPerKey?: number;
   /** Extra attempts after 40001/40P01. */
   retries: number;
-  /** A key whose login could not be provisioned is checked again after this. */
+  /** A key whose login could not be provisioned is checked again after this: for the app's own shared parts only. */
   provisionRetryMs: number;
 }
 
@@ -257,30 +257,15 @@ function keyNameFor(req: FastifyRequest): string | null {
 /** The runner of an app's transactions (buildApp creates it; the route uses it). */
 export function createTransactionRunner(app: FastifyInstance, opts: Omit<TransactionOptions, 'maxStatements'>): TransactionRunner {
   return new TransactionRunner({
-    owner: app.store.pool,
-    rejections: app.store.rejections,
-    accepted: app.store.accepted,
+    fence: app.fence,
     database: opts.database,
-    clientRole: opts.clientRole,
-    logins:
-      opts.keys.length === 0
-        ? [{ keyName: null, pgRole: null }]
-        : opts.keys.filter((k) => k.pgRole !== null && !k.readOnly).map((k) => ({ keyName: k.name, pgRole: k.pgRole })),
     maxConcurrent: opts.maxConcurrent,
     maxConcurrentPerKey: opts.maxConcurrentPerKey ?? opts.maxConcurrent,
     statementTimeoutMs: opts.statementTimeoutMs,
     lockTimeoutMs: opts.lockTimeoutMs,
-    raiseWaitMs: opts.raiseWaitMs,
-    raiseLogger: app.log,
     transactionTimeoutMs: opts.transactionTimeoutMs,
     maxResultBytes: opts.maxResultBytes,
     retries: opts.retries,
-    provisionRetryMs: opts.provisionRetryMs,
-    onProblem: (keyName, problem) =>
-      app.log.warn(
-        { keyName, login: problem.login, sql: problem.sql },
-        `SQL transactions refused until fixed: ${problem.message}${problem.sql.length > 0 ? ` ${problem.sql.join('; ')};` : ''}`,
-      ),
   });
 }
 

@@ -23,14 +23,13 @@ import type { WriteRow } from './sql/objects.ts';
 import { isLostAfterSend, sqlState } from './pg-errors.ts';
 import { NOT_FENCED } from './codes.ts';
 import { retryOnConflict, STATEMENT_BACKOFF_MS } from './retry.ts';
-import { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
+import { type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
 import { readObjectFences } from './reads.ts';
 import type { RejectionLog } from './rejection-log.ts';
-import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { watchCommit } from './commit-outcome.ts';
 import { withClient } from './checkout.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
-
-export { WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { PartialWriteError, WriteOutcomeUnknownError } from './errors.ts';
 
 /**
  * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless

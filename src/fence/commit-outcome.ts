@@ -8,14 +8,7 @@
 import type pg from 'pg';
 import type { NoticeMessage } from 'pg-protocol/dist/messages.js';
 import { ADMIN_SHUTDOWN, WARNING } from './sqlstate.ts';
-
-/** The write or COMMIT was sent, and its answer did not say it committed durably: it may or may not have. */
-export class WriteOutcomeUnknownError extends Error {
-  constructor(cause: unknown, message = 'the database connection was lost after the write was sent: it may or may not have committed') {
-    super(message, { cause });
-    this.name = 'WriteOutcomeUnknownError';
-  }
-}
+import { WriteOutcomeUnknownError } from './errors.ts';
 
 /** SQLSTATEs of the WARNINGs Postgres sends when a wait for the synchronous standby ends without it (syncrep.c). */
 const SYNC_REP_WARNING_CODES: ReadonlySet<string> = new Set([

@@ -26,21 +26,25 @@ export {
   type ProtectedPrefix,
   type WriteStrategy,
 } from './store.ts';
-export { WriteOutcomeUnknownError } from './commit-outcome.ts';
-export { FenceHeldByPreparedError } from './prepared-holders.ts';
 
 // The /v1/transactions door.
 export { TransactionRunner, type Isolation, type TxFence, type TxStatement } from './transaction.ts';
+
+// What the fence fails with (errors.ts).
 export {
   CommitUnknownError,
   ConnectionLostError,
   FenceBusyError,
+  FenceHeldByPreparedError,
   LoginUnavailableError,
+  NoWritableHostError,
+  ProtectError,
   ResultTooLargeError,
   StatementError,
   TransactionEndedError,
   TransactionTimeoutError,
-} from './transaction-errors.ts';
+  WriteOutcomeUnknownError,
+} from './errors.ts';
 export { refusedStatement } from './statement-check.ts';
 
 // The SQL endpoint: the session fence's objects, and the logins writers connect as.
@@ -49,7 +53,7 @@ export { ROLE_NAME, connectAs, type ProvisionResult } from './client-logins.ts';
 
 // Reaching Postgres: the URL, the writable primary, pools, the embedded server.
 export { checkDatabaseUrl, clientConfig, databaseTarget, describeTarget, primaryFinder, type DatabaseTarget } from './database-url.ts';
-export { NoWritableHostError, describeHost, leaveOldHosts, type DatabaseHost } from './primary-finder.ts';
+export { describeHost, leaveOldHosts, type DatabaseHost } from './primary-finder.ts';
 export { hearClientErrors } from './checkout.ts';
 export type { RunningPostgres } from './embedded-postgres.ts';
 export { runningClusterUrl } from './embedded-cluster.ts';
@@ -69,7 +73,6 @@ export { RejectionPruner } from './retention.ts';
 
 // Protected data (`fencepost protect`).
 export {
-  ProtectError,
   listProtected,
   protectPrefix,
   protectTable,

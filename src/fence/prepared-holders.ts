@@ -6,6 +6,7 @@
 import pg from 'pg';
 import * as q from './sql/transactions.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
+import { FenceHeldByPreparedError } from './errors.ts';
 
 export interface PreparedHolder {
   fenceKey: string;
@@ -36,23 +37,6 @@ export async function preparedHolder(pool: pg.Pool, fenceKeys: readonly string[]
     // The answer stays the lock timeout's own.
   }
   return null;
-}
-
-/**
- * A fence row held by a prepared transaction past the lock timeout. Its `code` stays 55P03, so
- * whatever handles a lock timeout handles it; it adds who holds the row and what releases it.
- */
-export class FenceHeldByPreparedError extends Error {
-  readonly code = LOCK_NOT_AVAILABLE;
-  readonly fenceKey: string;
-  readonly preparedTransaction: string;
-  constructor(holder: PreparedHolder, cause: unknown) {
-    const gid = pg.escapeLiteral(holder.gid);
-    super(`fence ${holder.fenceKey} is held by prepared transaction ${gid} (ROLLBACK PREPARED ${gid} releases it)`, { cause });
-    this.name = 'FenceHeldByPreparedError';
-    this.fenceKey = holder.fenceKey;
-    this.preparedTransaction = holder.gid;
-  }
 }
 
 /** `err` itself, or a FenceHeldByPreparedError when it is a lock timeout and a prepared transaction holds one of the fence rows. */

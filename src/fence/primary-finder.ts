@@ -17,14 +17,8 @@ import { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { writability } from './sql/health.ts';
 import { sqlState } from './pg-errors.ts';
-import {
-  ADMIN_SHUTDOWN,
-  CANNOT_CONNECT_NOW,
-  CRASH_SHUTDOWN,
-  PROTOCOL_VIOLATION,
-  READ_ONLY_SQL_TRANSACTION,
-  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-} from './sqlstate.ts';
+import { ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW, CRASH_SHUTDOWN, PROTOCOL_VIOLATION, READ_ONLY_SQL_TRANSACTION } from './sqlstate.ts';
+import { NoWritableHostError } from './errors.ts';
 
 /** target_session_attrs values that make sense for a writer. */
 export type SessionAttrs = 'any' | 'read-write' | 'primary';
@@ -50,19 +44,6 @@ function sameHost(a: DatabaseHost | null, b: DatabaseHost | null): boolean {
 function firstLine(err: unknown): string {
   const message = err instanceof Error ? err.message || (err instanceof AggregateError ? String(err.errors[0]) : err.name) : String(err);
   return message.split('\n')[0]!;
-}
-
-/**
- * No host of the list is the one target_session_attrs asks for, or the host connected to turned
- * out not to be. SQLSTATE 08001 (sqlclient_unable_to_establish_sqlconnection): nothing was sent,
- * so the write did not commit and is safe to retry (503 `unavailable`).
- */
-export class NoWritableHostError extends Error {
-  readonly code = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
-  constructor(message: string) {
-    super(message);
-    this.name = 'NoWritableHostError';
-  }
 }
 
 /** Why a host does not qualify, in a few words after its name; null when it does. */

@@ -18,19 +18,9 @@ import { keyProblem } from './key.ts';
 import { sqlState } from './pg-errors.ts';
 import { withClient } from './checkout.ts';
 import { INSUFFICIENT_PRIVILEGE } from './sqlstate.ts';
+import { ProtectError } from './errors.ts';
 
 export const PROTECT_TRIGGER = 'fencepost_fence';
-
-export class ProtectError extends Error {
-  constructor(
-    message: string,
-    /** SQL an operator may run to make it possible (empty when none helps). */
-    readonly sql: string[] = [],
-  ) {
-    super(message);
-    this.name = 'ProtectError';
-  }
-}
 
 export interface ProtectedItem {
   kind: 'table' | 'prefix';

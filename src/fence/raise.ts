@@ -17,9 +17,10 @@ import type pg from 'pg';
 import { fenceHolders, raiseFencesQuery, RAISE_APPLICATION } from './sql/fences.ts';
 import { readHighestToken } from './reads.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
-import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { watchCommit } from './commit-outcome.ts';
 import { coerceError, isLostAfterSend } from './pg-errors.ts';
 import { withClient, type Checkout } from './checkout.ts';
+import { WriteOutcomeUnknownError } from './errors.ts';
 
 export interface RaisedFence {
   fenceKey: string;

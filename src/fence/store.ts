@@ -16,7 +16,7 @@ import { ProtectedPrefixes } from './protected-prefixes.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
 
 export type { FencedOp, FencedResult, Precondition } from './coalescer.ts';
-export { PartialWriteError, type RunStatement, type WriteOutcome, type WriteStrategy } from './write-strategy.ts';
+export type { RunStatement, WriteOutcome, WriteStrategy } from './write-strategy.ts';
 export type { FenceRecord, ObjectInfo, Stats, StoredObject } from './reads.ts';
 export type { OpKind } from './sql/objects.ts';
 export type { ProtectedPrefix, ProtectedPrefixes } from './protected-prefixes.ts';

@@ -27,7 +27,7 @@ import type { Isolation } from './sql/transactions.ts';
 import { isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
 import type { Fence } from './fence.ts';
-import { watchCommit, WriteOutcomeUnknownError } from './commit-outcome.ts';
+import { watchCommit } from './commit-outcome.ts';
 import {
   CommitUnknownError,
   ConnectionLostError,
@@ -38,7 +38,7 @@ import {
   StatementError,
   TransactionEndedError,
   TransactionTimeoutError,
-} from './transaction-errors.ts';
+} from './errors.ts';
 import { Slots } from './slots.ts';
 import { retryOnConflict } from './retry.ts';
 import { clientConfig } from './database-url.ts';
@@ -46,6 +46,7 @@ import { leaveOldHosts } from './primary-finder.ts';
 import { hearClientErrors } from './checkout.ts';
 import { connectAs, type ClientLogin } from './client-logins.ts';
 import { ADMIN_SHUTDOWN, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
+import { WriteOutcomeUnknownError } from './errors.ts';
 
 export type { Isolation };
 

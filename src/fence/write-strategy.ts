@@ -5,6 +5,7 @@ import { LRUCache } from 'lru-cache';
 import * as q from './sql/objects.ts';
 import type { Query } from './sql/query.ts';
 import type { WriteRow } from './sql/objects.ts';
+import { PartialWriteError } from './errors.ts';
 
 /** Fence keys whose last passing token the write strategy remembers (see fencedStrategy). */
 const PASSED_HINTS = 10_000;
@@ -69,17 +70,4 @@ export function fencedStrategy(): WriteStrategy {
     note(rows, outcomes);
     return [...applied, ...outcomes];
   };
-}
-
-/**
- * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
- * that committed (they are answered as such), `cause` the failure of every other operation.
- */
-export class PartialWriteError extends Error {
-  constructor(
-    readonly applied: WriteOutcome[],
-    override readonly cause: unknown,
-  ) {
-    super('part of a batch committed; the rest failed');
-  }
 }

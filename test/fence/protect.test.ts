@@ -9,8 +9,9 @@ import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { BACKEND_START_SQL, sessionFenceCapability } from '../../src/fence/rule.ts';
-import { listProtected, protectTable, unprotectTable, ProtectError } from '../../src/fence/protect.ts';
+import { listProtected, protectTable, unprotectTable } from '../../src/fence/protect.ts';
 import { BIN } from '../support/proxy.ts';
+import { ProtectError } from '../../src/fence/errors.ts';
 
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [
   { definition: 'public.orders (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE' },

@@ -40,7 +40,7 @@ export interface TransactionOptions {
   maxStatements: number;
   statementTimeoutMs: number;
   lockTimeoutMs: number;
-  /** How long a raise waits for older tokens' transactions before it ends them (FENCEPOST_RAISE_WAIT_MS): for the app's own shared parts only. */
+  /** How long a raise waits for older tokens' transactions, then ends them (FENCEPOST_RAISE_WAIT_MS); the app's own shared parts only. */
   raiseWaitMs: number;
   transactionTimeoutMs: number;
   maxResultBytes: number;

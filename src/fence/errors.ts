@@ -1,8 +1,13 @@
-// What a fenced SQL transaction (transaction.ts) fails with, as POST /v1/transactions answers it:
-// the writer's statement failed, the transaction was ended by a statement, a result or the
-// deadline was too large, the connection was lost (before COMMIT: nothing applied), COMMIT's fate
-// is unknown, the fence stayed locked, or the key's login is unusable.
-import { FenceHeldByPreparedError } from './prepared-holders.ts';
+// The errors the fence raises to its callers, in one place: what a fenced SQL transaction
+// (transaction.ts) fails with, as POST /v1/transactions answers it (the writer's statement
+// failed, the transaction was ended by a statement, a result or the deadline was too large, the
+// connection was lost before COMMIT so nothing applied, COMMIT's fate is unknown, the fence stayed
+// locked, the key's login is unusable); a write whose commit is unknown; a fence row held by a
+// prepared transaction; no writable host; a batch that committed in part; a refused protect.
+import pg from 'pg';
+import type { PreparedHolder } from './prepared-holders.ts';
+import type { WriteOutcome } from './write-strategy.ts';
+import { LOCK_NOT_AVAILABLE, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from './sqlstate.ts';
 import { coerceError } from './pg-errors.ts';
 import type { LoginProblem } from './client-logins.ts';
 
@@ -99,5 +104,67 @@ export class LoginUnavailableError extends Error {
   constructor(readonly problem: LoginProblem) {
     super(problem.message);
     this.name = 'LoginUnavailableError';
+  }
+}
+
+/** The write or COMMIT was sent, and its answer did not say it committed durably: it may or may not have. */
+export class WriteOutcomeUnknownError extends Error {
+  constructor(cause: unknown, message = 'the database connection was lost after the write was sent: it may or may not have committed') {
+    super(message, { cause });
+    this.name = 'WriteOutcomeUnknownError';
+  }
+}
+
+/**
+ * A fence row held by a prepared transaction past the lock timeout. Its `code` stays 55P03, so
+ * whatever handles a lock timeout handles it; it adds who holds the row and what releases it.
+ */
+export class FenceHeldByPreparedError extends Error {
+  readonly code = LOCK_NOT_AVAILABLE;
+  readonly fenceKey: string;
+  readonly preparedTransaction: string;
+  constructor(holder: PreparedHolder, cause: unknown) {
+    const gid = pg.escapeLiteral(holder.gid);
+    super(`fence ${holder.fenceKey} is held by prepared transaction ${gid} (ROLLBACK PREPARED ${gid} releases it)`, { cause });
+    this.name = 'FenceHeldByPreparedError';
+    this.fenceKey = holder.fenceKey;
+    this.preparedTransaction = holder.gid;
+  }
+}
+
+/**
+ * No host of the list is the one target_session_attrs asks for, or the host connected to turned
+ * out not to be. SQLSTATE 08001 (sqlclient_unable_to_establish_sqlconnection): nothing was sent,
+ * so the write did not commit and is safe to retry (503 `unavailable`).
+ */
+export class NoWritableHostError extends Error {
+  readonly code = SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION;
+  constructor(message: string) {
+    super(message);
+    this.name = 'NoWritableHostError';
+  }
+}
+
+/**
+ * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
+ * that committed (they are answered as such), `cause` the failure of every other operation.
+ */
+export class PartialWriteError extends Error {
+  constructor(
+    readonly applied: WriteOutcome[],
+    override readonly cause: unknown,
+  ) {
+    super('part of a batch committed; the rest failed');
+  }
+}
+
+export class ProtectError extends Error {
+  constructor(
+    message: string,
+    /** SQL an operator may run to make it possible (empty when none helps). */
+    readonly sql: string[] = [],
+  ) {
+    super(message);
+    this.name = 'ProtectError';
   }
 }

@@ -22,7 +22,14 @@
 // (an implicit transaction up to Sync, the autocommit statement of most drivers) that writes a
 // WARNING to the server log and a notice to the proxy in every transaction.
 import pg from 'pg';
-import { parseStaleDetail, DURABILITY_UNSAFE, epochSequence, NO_PREPARE_READ, NO_PREPARE_SEQUENCE } from '../../fence/index.ts';
+import {
+  parseStaleDetail,
+  DURABILITY_UNSAFE,
+  FEATURE_NOT_SUPPORTED,
+  epochSequence,
+  NO_PREPARE_READ,
+  NO_PREPARE_SEQUENCE,
+} from '../../fence/index.ts';
 import { encode } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
 
@@ -44,7 +51,7 @@ const REFUSE_SQL = `${READ_ONLY_PREFIX}fencepost_api.refuse_transaction($1, $2, 
 // block could COMMIT there and go on in a transaction nobody fenced): it fails, so the backend
 // skips the writer's Execute and the rest of its pipeline up to Sync, and the group commits nothing.
 const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost SQL endpoint runs CALL and DO only inside a transaction block'
-  USING ERRCODE = '0A000',
+  USING ERRCODE = '${FEATURE_NOT_SUPPORTED}',
         DETAIL = 'A procedure or DO block run on its own may COMMIT and go on in a transaction the fence does not cover.',
         HINT = 'Send BEGIN first (or use the simple protocol, where it runs in the fenced implicit transaction).'; END$fencepost$`;
 

@@ -23,6 +23,7 @@ import {
   INSUFFICIENT_PRIVILEGE,
   LOCK_NOT_AVAILABLE,
   QUERY_CANCELED,
+  INTERNAL_ERROR,
 } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
@@ -197,7 +198,7 @@ function toTransaction(body: TxBody): TxRequest {
 
 /** A statement's error (on a live connection, rolled back) as a registry error: always a 4xx or the timeout. */
 function sqlApiError(err: unknown, index: number | null): ApiError {
-  const state = sqlState(err) ?? 'XX000';
+  const state = sqlState(err) ?? INTERNAL_ERROR;
   const extra = { sqlState: state, statement: index };
   const msg = (err as Error).message;
   const where = index === null ? 'the transaction' : `statements[${index}]`;

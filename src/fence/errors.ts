@@ -70,14 +70,22 @@ export class SessionUnusableError extends ConnectionLostError {
   }
 }
 
+/** The write or COMMIT was sent, and its answer did not say it committed durably: it may or may not have. */
+export class WriteOutcomeUnknownError extends Error {
+  constructor(cause: unknown, message = 'the database connection was lost after the write was sent: it may or may not have committed') {
+    super(message, { cause });
+    this.name = 'WriteOutcomeUnknownError';
+  }
+}
+
 /**
  * COMMIT was sent and not confirmed: the connection was lost (or the deadline ended the backend)
  * before its answer, or Postgres answered with a warning that the synchronous standby may not have
  * it (commit-outcome.ts). Or the raise before the statements was (they did not run).
  */
-export class CommitUnknownError extends Error {
+export class CommitUnknownError extends WriteOutcomeUnknownError {
   constructor(cause: unknown, message = 'the database connection was lost during COMMIT; the transaction may or may not have committed') {
-    super(message, { cause });
+    super(cause, message);
     this.name = 'CommitUnknownError';
   }
 }
@@ -104,14 +112,6 @@ export class LoginUnavailableError extends Error {
   constructor(readonly problem: LoginProblem) {
     super(problem.message);
     this.name = 'LoginUnavailableError';
-  }
-}
-
-/** The write or COMMIT was sent, and its answer did not say it committed durably: it may or may not have. */
-export class WriteOutcomeUnknownError extends Error {
-  constructor(cause: unknown, message = 'the database connection was lost after the write was sent: it may or may not have committed') {
-    super(message, { cause });
-    this.name = 'WriteOutcomeUnknownError';
   }
 }
 

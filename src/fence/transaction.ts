@@ -38,6 +38,7 @@ import {
   StatementError,
   TransactionEndedError,
   TransactionTimeoutError,
+  WriteOutcomeUnknownError,
 } from './errors.ts';
 import { Slots } from './slots.ts';
 import { retryOnConflict } from './retry.ts';
@@ -46,7 +47,6 @@ import { leaveOldHosts } from './primary-finder.ts';
 import { hearClientErrors } from './checkout.ts';
 import { connectAs, type ClientLogin } from './client-logins.ts';
 import { ADMIN_SHUTDOWN, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
-import { WriteOutcomeUnknownError } from './errors.ts';
 
 export type { Isolation };
 

@@ -206,12 +206,12 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     buildSharedParts({
       store: opts.store,
       keys: opts.auth?.keys ?? [],
-      ...(opts.transactions?.clientRole ? { clientRole: opts.transactions.clientRole } : {}),
-      ...(opts.transactions?.raiseWaitMs !== undefined ? { raiseWaitMs: opts.transactions.raiseWaitMs } : {}),
-      ...(opts.transactions?.lockTimeoutMs !== undefined ? { lockTimeoutMs: opts.transactions.lockTimeoutMs } : {}),
-      ...(opts.transactions?.provisionRetryMs !== undefined ? { provisionRetryMs: opts.transactions.provisionRetryMs } : {}),
+      clientRole: opts.transactions?.clientRole,
+      raiseWaitMs: opts.transactions?.raiseWaitMs,
+      lockTimeoutMs: opts.transactions?.lockTimeoutMs,
+      provisionRetryMs: opts.transactions?.provisionRetryMs,
       forgeryGuard: opts.forgeryGuard ?? null,
-      ...(opts.logDigest ? { logDigest: opts.logDigest } : {}),
+      logDigest: opts.logDigest,
       logger: opts.logger || null,
     });
   if (!opts.shared) app.addHook('onClose', async () => await closeSharedParts(shared));

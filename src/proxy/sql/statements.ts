@@ -31,6 +31,55 @@ export interface Statement {
 
 /** Any statement of these kinds contains one of these words: text without them needs no parser. */
 const TRANSACTION_WORDS = /\b(?:begin|start|commit|end|rollback|abort|prepare|call|do)\b/i;
+/** And begins with one of them: a lone statement that begins with another word is of kind `other`. */
+const TRANSACTION_LEADS = new Set(['begin', 'start', 'commit', 'end', 'rollback', 'abort', 'prepare', 'call', 'do']);
+
+/**
+ * The first word of a text, lowercased, as the server's lexer reads it after blanks and comments
+ * (`--` to the end of the line, nested `/* … *\/`); null when the text does not begin with a plain
+ * ASCII word that way (a quote, a parenthesis, a `;`, a non-ASCII byte, an unterminated comment).
+ * A statement's kind follows from its first word, so a lone statement whose first word is not
+ * one the question is about needs no parser: an UPDATE's `SET` or an upsert's `DO` is not a SET
+ * statement or a DO block (the parser costs tens of µs a statement, and a simple-protocol text
+ * with literals in it is new every time). Where the server would read a longer word (a non-ASCII
+ * byte follows) or something else first, null sends the text to the parser.
+ */
+export function leadWord(sql: string): string | null {
+  const n = sql.length;
+  let i = 0;
+  for (;;) {
+    const c = sql.charCodeAt(i);
+    if (c === 0x20 || (c >= 0x09 && c <= 0x0d)) i++;
+    else if (c === 0x2d && sql.charCodeAt(i + 1) === 0x2d) {
+      i += 2;
+      while (i < n && sql.charCodeAt(i) !== 0x0a && sql.charCodeAt(i) !== 0x0d) i++;
+    } else if (c === 0x2f && sql.charCodeAt(i + 1) === 0x2a) {
+      i += 2;
+      for (let depth = 1; depth > 0;) {
+        if (i >= n) return null;
+        const d = sql.charCodeAt(i);
+        if (d === 0x2f && sql.charCodeAt(i + 1) === 0x2a) {
+          depth++;
+          i += 2;
+        } else if (d === 0x2a && sql.charCodeAt(i + 1) === 0x2f) {
+          depth--;
+          i += 2;
+        } else i++;
+      }
+    } else break;
+  }
+  WORD.lastIndex = i;
+  const m = WORD.exec(sql);
+  if (m === null || sql.charCodeAt(WORD.lastIndex) >= 0x80) return null;
+  return m[0].toLowerCase();
+}
+const WORD = /[A-Za-z_][A-Za-z0-9_$]*/y;
+
+/** Does `sql` hold at most one statement, led by a word other than these? Then no parser is needed to say it is none of them. */
+function loneStatementLedByOther(sql: string, leads: ReadonlySet<string>): boolean {
+  const w = leadWord(sql);
+  return w !== null && !leads.has(w) && !hasSeveralStatements(sql);
+}
 /** A lone statement needs the parser only if it could chain a transaction. */
 const CHAIN_WORD = /\bchain\b/i;
 
@@ -109,7 +158,7 @@ export function splitStatements(sql: string): Statement[] | null {
  * The worst kind wins when the parser sees several: routine, unknown, end, begin, other.
  */
 export function statementKind(sql: string): StatementKind {
-  if (!TRANSACTION_WORDS.test(sql)) return 'other';
+  if (!TRANSACTION_WORDS.test(sql) || loneStatementLedByOther(sql, TRANSACTION_LEADS)) return 'other';
   const stmts = splitStatements(sql);
   if (stmts === null) return 'unknown';
   const kinds = new Set(stmts.map((s) => s.kind));
@@ -125,6 +174,7 @@ export function statementKind(sql: string): StatementKind {
  */
 export function setsFenceSetting(sql: string): boolean {
   if (sql.length > MAX_UNFENCED_CHARS || !/\b(?:set|reset)\b/i.test(sql) || !/fencepost/i.test(sql)) return false;
+  if (loneStatementLedByOther(sql, SETTING_LEADS)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const set = (stmts[0]!.stmt ?? {}).VariableSetStmt as { kind?: string; name?: string; is_local?: boolean } | undefined;
@@ -145,8 +195,10 @@ export function setsFenceSetting(sql: string): boolean {
  */
 export const MAX_UNFENCED_CHARS = 16 * 1024;
 
-/** Words of the only statements that run unfenced (see runsUnfenced). */
+/** Words of the only statements that run unfenced (see runsUnfenced), and their first words. */
 const UNFENCED_WORDS = /\b(?:discard|checkpoint|set|reset|commit|end|rollback|abort)\b/i;
+const UNFENCED_LEADS = new Set(['discard', 'checkpoint', 'set', 'reset', 'commit', 'end', 'rollback', 'abort']);
+const SETTING_LEADS = new Set(['set', 'reset']);
 /** The session settings the fence is decided from (fencer.ts). */
 const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
 
@@ -165,7 +217,7 @@ const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
  * PREPARED: 25001): no transaction of a session escapes its fence.
  */
 export function runsUnfenced(sql: string): boolean {
-  if (sql.length > MAX_UNFENCED_CHARS || !UNFENCED_WORDS.test(sql)) return false;
+  if (sql.length > MAX_UNFENCED_CHARS || !UNFENCED_WORDS.test(sql) || loneStatementLedByOther(sql, UNFENCED_LEADS)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};
@@ -181,7 +233,7 @@ export function runsUnfenced(sql: string): boolean {
  * kinds, so a statement of the same name made later by SQL PREPARE counts as unknown.
  */
 export function deallocatedStatements(sql: string): string[] | 'all' {
-  if (!/\b(?:deallocate|discard)\b/i.test(sql)) return [];
+  if (!/\b(?:deallocate|discard)\b/i.test(sql) || loneStatementLedByOther(sql, DEALLOCATE_LEADS)) return [];
   const stmts = splitNodes(sql);
   if (stmts === null) return 'all';
   const names: string[] = [];
@@ -196,6 +248,8 @@ export function deallocatedStatements(sql: string): string[] | 'all' {
   }
   return names;
 }
+
+const DEALLOCATE_LEADS = new Set(['deallocate', 'discard']);
 
 /** Can a multi-statement Query text need splitting? (A `;` with something after it.) */
 export function hasSeveralStatements(sql: string): boolean {

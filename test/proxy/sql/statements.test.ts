@@ -1,0 +1,94 @@
+// The planner's statement questions (statements.ts) answered from a text's first word where that
+// suffices, without the parser: the answers must be the parser's.
+import { describe, expect, test } from 'vitest';
+import { deallocatedStatements, leadWord, runsUnfenced, setsFenceSetting, statementKind } from '../../../src/proxy/sql/statements.ts';
+
+describe('first words', () => {
+  test('leadWord reads past blanks and comments as the server lexes them, and gives up where it cannot', () => {
+    expect(leadWord('  \t\r\n\f\vUpdate t SET a = 1')).toBe('update');
+    expect(leadWord('-- commit\nselect 1')).toBe('select');
+    expect(leadWord('-- commit\rCOMMIT')).toBe('commit');
+    expect(leadWord('/* a /* b */ select */ commit')).toBe('commit');
+    expect(leadWord('/*/ x */ do $$ $$')).toBe('do');
+    expect(leadWord('/**/set x = 1')).toBe('set');
+    expect(leadWord('set$1')).toBe('set$1');
+    // Not a plain ASCII word first: the parser decides.
+    for (const text of ['', '   ', '/* unterminated', '(SELECT 1)', ';COMMIT', '"commit"', 'sét x', 'COMMITé', '\u00a0COMMIT', '$$x$$'])
+      expect(leadWord(text)).toBeNull();
+  });
+
+  test('every question answered from the first word is answered as the parser answers it', () => {
+    // Invariant: f(text) === f(';' + text) for each question f. A leading `;` gives no first word,
+    // so the second call always asks the parser (it drops the empty statement); the first may not.
+    const statements = [
+      'BEGIN',
+      'begin work',
+      'START TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+      'COMMIT',
+      'COMMIT AND CHAIN',
+      'END',
+      'ROLLBACK',
+      'ABORT',
+      "PREPARE TRANSACTION 'x'",
+      "COMMIT PREPARED 'x'",
+      'CALL p(1)',
+      'DO $$ BEGIN NULL; END $$',
+      "DO 'BEGIN NULL; END'",
+      'DISCARD ALL',
+      'DISCARD PLANS',
+      'CHECKPOINT',
+      'SET fencepost.token = 5',
+      `set "fencepost.fence_key" to 'a'`,
+      'RESET fencepost.token',
+      'SET LOCAL fencepost.token = 1',
+      'SET SESSION fencepost.token = 2',
+      'SET search_path = x',
+      'DEALLOCATE ALL',
+      'DEALLOCATE PREPARE p1',
+      'PREPARE p AS SELECT 1',
+      'SAVEPOINT a',
+      "UPDATE t SET a = 1 WHERE b = 'commit'",
+      'INSERT INTO t AS c (id, n) VALUES (1, 1) ON CONFLICT (id) DO UPDATE SET n = c.n + 1',
+      'INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING',
+      "SELECT 'begin; commit'",
+      'SELECT $$ discard all $$',
+      "SELECT set_config('fencepost.token', '1', false)",
+      'CREATE RULE r AS ON INSERT TO t DO INSTEAD NOTHING',
+      'ALTER TABLE t SET SCHEMA s',
+      'EXPLAIN UPDATE t SET fencepost = 1',
+      'WITH x AS (SELECT 1) SELECT * FROM x',
+      "NOTIFY fencepost, 'discard'",
+      'COMMIT garbage',
+    ];
+    const prefixes = [
+      '',
+      ' ',
+      '\t\n',
+      '\r',
+      '\f',
+      '\v',
+      '-- c\n',
+      '-- commit\r',
+      '/* c */',
+      '/* a /* b */ select */ ',
+      '/*/ x */',
+      ' /**/ ',
+    ];
+    const suffixes = ['', ';', ' ;  ', ';\n', ' -- tail', ' /* commit */'];
+    const questions = { statementKind, runsUnfenced, setsFenceSetting, deallocatedStatements };
+    let checked = 0;
+    for (const statement of statements)
+      for (const text of [statement, statement.toLowerCase(), statement.toUpperCase()])
+        for (const prefix of prefixes)
+          for (const suffix of suffixes) {
+            const t = prefix + text + suffix;
+            for (const [name, f] of Object.entries(questions)) expect({ name, t, answer: f(t) }).toEqual({ name, t, answer: f(`;${t}`) });
+            checked++;
+          }
+    expect(checked).toBe(statements.length * 3 * prefixes.length * suffixes.length);
+    // The questions the first word answers, answered: none of these asks the parser for a kind.
+    expect(statementKind('INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING')).toBe('other');
+    expect(runsUnfenced('UPDATE t SET a = 1')).toBe(false);
+    expect(statementKind('/* a /* b */ select */ COMMIT')).toBe('end');
+  });
+});

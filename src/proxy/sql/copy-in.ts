@@ -28,9 +28,9 @@ export class CopyIn {
     return this.stream !== null || this.owedSync;
   }
 
-  /** Marks a reply with the copy ends sent before its message (see onCopyInResponse). */
-  stamp(r: Reply): void {
-    r.copyEndsAt = this.ends;
+  /** The copy ends sent so far: a reply's copyEndsAt (see onCopyInResponse). */
+  get endsSent(): number {
+    return this.ends;
   }
 
   /**

@@ -616,15 +616,13 @@ export class Planner {
         // A lone BEGIN …: first, so its isolation level applies; the fence right after it. A
         // client that keeps its own transaction state (psycopg2) takes an error here as a failed
         // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
-        return {
-          text: `${text}\n;${fenceText}`,
-          expect: { ...predicted, plan: [false, ...this.fenceSlots()], undoBeginOnFenceError: true },
-        };
+        predicted.plan = [false, ...this.fenceSlots()];
+        predicted.undoBeginOnFenceError = true;
+        return { text: `${text}\n;${fenceText}`, expect: predicted };
       }
-      return {
-        text: `${fenceText}${text}`,
-        expect: { ...predicted, plan: this.fenceSlots(), insertions: [{ start: 0, length: this.fence.chars }] },
-      };
+      predicted.plan = this.fenceSlots();
+      predicted.insertions = [{ start: 0, length: this.fence.chars }];
+      return { text: `${fenceText}${text}`, expect: predicted };
     }
     if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
       return {
@@ -815,7 +813,7 @@ export class Planner {
         const executed = this.kindOf('portal', m.portal) ?? 'unknown';
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
         const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, ...(commitsHere ? { mayCommit: true } : {}) }] });
+        steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
         if (afterSetting) {
           // The SET ran: whatever comes next in the group gets the fence first.
           this.settingFirst = false;
@@ -970,7 +968,7 @@ export class Planner {
         }
         bytes.push(bindAndExecute('', st.values));
       }
-      expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, ...(last ? { fence: true } : {}) });
+      expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, fence: last || undefined });
     });
     steps.push({ do: 'send', what: 'fence', bytes: Buffer.concat(bytes), expect });
   }
@@ -993,8 +991,8 @@ function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 
  */
 function unsplitQuery(text: string, start: 'I' | 'T', status: CommitState): Expect {
   const kind = statementKind(text);
-  const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
-  return { ...withPrediction(base, predictAfter(start, [kind])), mayCommit: mayCommit(status, [kind]) };
+  const e: Expect = { kind: 'query', injected: false, forwardReady: true, at: 0, mayCommit: mayCommit(status, [kind]) };
+  return withPrediction(e, predictAfter(start, [kind]));
 }
 
 /**
@@ -1037,8 +1035,10 @@ function commitStateAfter(state: CommitState, k: StatementKind): CommitState {
   return state;
 }
 
+/** `e` (made for this call) with its prediction, if any. */
 function withPrediction<T extends Expect>(e: T, predict: 'I' | 'T' | undefined): T {
-  return predict === undefined ? e : { ...e, predict };
+  if (predict !== undefined) e.predict = predict;
+  return e;
 }
 
 function isExtended(m: ClientMessage): m is Extended {

@@ -45,9 +45,9 @@ import {
   READ_ONLY_SQL_TRANSACTION,
   PROTOCOL_VIOLATION,
 } from '../../fence/index.ts';
-import type { Planner, Step } from './planner.ts';
+import type { Expect, Planner, Step } from './planner.ts';
 import type { Backend } from './backend.ts';
-import { Replies, type Reply } from './replies.ts';
+import { Replies, replyOf, type Reply } from './replies.ts';
 import { CopyIn } from './copy-in.ts';
 import { TransactionTally, type TransactionEnd } from './tally.ts';
 import { SessionEnd } from './session-end.ts';
@@ -421,9 +421,8 @@ export class Relay {
     }
   }
 
-  private expect(e: Reply): void {
-    this.copy.stamp(e);
-    this.replies.expect(e);
+  private expect(e: Expect & Pick<Reply, 'capture' | 'onReady'>): void {
+    this.replies.expect(replyOf(e, this.copy.endsSent));
   }
 
   private flushBackend(): void {

@@ -15,7 +15,35 @@ export interface Reply extends Expect {
   /** query: the fence after a lone BEGIN failed (see undoBeginOnFenceError). */
   fenceFailed?: boolean;
   /** How many CopyDone/CopyFail of the writer's had gone to the backend when this was sent (copy-in.ts). */
-  copyEndsAt?: number;
+  copyEndsAt: number;
+}
+
+/**
+ * The reply to one message as the queue holds it: every field present, in one order, whatever the
+ * planner's Expect held. The relay reads these for every message the backend sends; objects of one
+ * shape keep those reads monomorphic, and no field is added later (a hidden class each time).
+ */
+export function replyOf(e: Expect & Pick<Reply, 'capture' | 'onReady'>, copyEndsAt: number): Reply {
+  return {
+    kind: e.kind,
+    injected: e.injected,
+    fence: e.fence,
+    forwardReady: e.forwardReady,
+    plan: e.plan,
+    at: e.at ?? 0,
+    insertions: e.insertions,
+    refusal: e.refusal,
+    change: e.change,
+    predict: e.predict,
+    undoBeginOnFenceError: e.undoBeginOnFenceError,
+    proofOutcome: e.proofOutcome,
+    afterProof: e.afterProof,
+    mayCommit: e.mayCommit,
+    capture: e.capture,
+    onReady: e.onReady,
+    fenceFailed: false,
+    copyEndsAt,
+  };
 }
 
 /** A reply answered by a ReadyForQuery: a Sync's or a Query's. */

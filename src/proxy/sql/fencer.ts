@@ -116,7 +116,8 @@ export class SessionFencer {
   /** The backend's start, as session_start gave it (the capabilities are bound to it); '' until then, or when it failed. */
   private backendStart = '';
   /** What the session's transactions carry, and the settings it was decided for. */
-  private verdict: { for: string; fence: SessionFence; once: boolean } | null = null;
+  /** The session's fence as decided for the settings `for` (their signature; `settings`: the very object, checked first). */
+  private verdict: { for: string; settings: FenceSettings | null; fence: SessionFence; once: boolean } | null = null;
   private busy = false;
   /** The decision under way was asked for ahead of any transaction (startAhead). */
   private ahead = false;
@@ -161,9 +162,10 @@ export class SessionFencer {
   /** May the transaction about to start go ahead now? It waits while the fencer reads, asks, raises or fences. */
   ready(): boolean {
     if (this.busy || this.settings === null || !this.setUp || this.verdict === null) return false;
-    if (this.verdict.for !== signature(this.settings)) return false;
+    const v = this.verdict;
+    if (v.settings !== this.settings && v.for !== signature(this.settings)) return false;
     // A verdict of a failure that may pass: this transaction carries it, the next one asks again.
-    if (this.verdict.once) this.verdict = { ...this.verdict, for: '' };
+    if (v.once) this.verdict = { ...v, for: '', settings: null };
     return true;
   }
 
@@ -240,11 +242,12 @@ export class SessionFencer {
         this.setUp = true; // a failure shows in every transaction (the no-PREPARE read fails): fail closed
       }
       const { fence, once } = await this.verdictFor(settings);
-      this.verdict = { for: signature(settings), fence, once };
+      this.verdict = { for: signature(settings), settings, fence, once };
     } catch (err) {
       this.opts.logger.warn({ err }, 'SQL session: the fence could not be decided; this transaction is refused');
       this.verdict = {
         for: signature(settings),
+        settings,
         fence: refusedSessionFence(
           refusal(
             RAISE_FIRST,

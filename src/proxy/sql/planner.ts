@@ -966,11 +966,11 @@ export class Planner {
           this.unnamedFence = st.sql;
           this.writerUnnamed = false;
         }
-        bytes.push(bindAndExecute('', st.values));
+        bytes.push(st.bound);
       }
       expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, fence: last || undefined });
     });
-    steps.push({ do: 'send', what: 'fence', bytes: Buffer.concat(bytes), expect });
+    steps.push({ do: 'send', what: 'fence', bytes: bytes.length === 1 ? bytes[0]! : Buffer.concat(bytes), expect });
   }
 }
 

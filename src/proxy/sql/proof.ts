@@ -86,6 +86,8 @@ export interface FenceStatement {
   sql: string;
   values: readonly (string | null)[];
   text: string;
+  /** Bind of the unnamed statement (once it holds `sql`) to these values, then Execute: made once, sent with every transaction. */
+  bound: Buffer;
 }
 
 /** A transaction's fence, as this session sends it. */
@@ -133,7 +135,7 @@ export function runRoutineRefusal(): Buffer {
 const lit = (v: string | null) => (v === null ? 'NULL' : pg.escapeLiteral(v));
 
 function statement(sql: string, values: readonly (string | null)[], text: string): FenceStatement {
-  return { sql, values, text };
+  return { sql, values, text, bound: bindAndExecute('', values) };
 }
 
 function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): FenceStatements {

@@ -209,11 +209,25 @@ BEGIN
     v_seq := to_regclass('fencepost.' || quote_ident(v_name));
   END IF;
   PERFORM nextval(v_seq);
-  -- For the SQL endpoint's proof (prove_transaction): which epoch this session was fenced in.
+  -- For the SQL endpoint's proof (prove_epoch): which epoch this session was fenced in, read back by the proxy.
   PERFORM pg_catalog.set_config('fencepost.epoch_oid', v_seq::oid::text, false);
   RETURN v_highest;
 END $function$;
 REVOKE ALL ON FUNCTION fencepost_api.fence_session(text,text,bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fencepost_api.prove_epoch(epoch oid, fence_key text, token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
+    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
+END $function$;
+REVOKE ALL ON FUNCTION fencepost_api.prove_epoch(oid,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[])
  RETURNS void

@@ -2,7 +2,7 @@
 // of its key's role only, and reaches the fence only through the proxy's capability. These tests
 // drive the TransactionRunner directly, past the route's friendly text check, so nothing here
 // depends on reading SQL text; the property test at the end goes through HTTP.
-import { afterAll, beforeAll, describe, expect, onTestFinished, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, onTestFinished, test, vi } from 'vitest';
 import fc from 'fast-check';
 import pg from 'pg';
 import type { FastifyInstance } from 'fastify';
@@ -13,7 +13,7 @@ import { Fence } from '../../src/fence/fence.ts';
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
-import { sessionFenceCapability } from '../../src/fence/rule.ts';
+import { epochSequence, sessionFenceCapability } from '../../src/fence/rule.ts';
 
 let db: TestDatabase;
 let runner: TransactionRunner;
@@ -167,6 +167,43 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
       [[role, otherRole, loginName(clientRoleFor(db.url), 'writer'), loginName(clientRoleFor(db.url), 'other')]],
     );
     expect(usage.rows).toEqual([]);
+    await fenceIntact();
+  });
+
+  // The SQL endpoint's proof names the epoch by oid, and client roles may call it. Invariant: a
+  // session that did not pass a fence cannot prove its epoch; and since currval() takes its lock
+  // for the whole transaction before it checks anything (even when the error is caught), one that
+  // tries holds that epoch only until the fence's next raise ends it: the raise never waits on it
+  // longer than its wait.
+  test("the epoch proof with another fence's epoch oid fails; a session that keeps the lock of its attempt is ended by that fence's raise", async () => {
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/raised', 5)`);
+    const epoch = epochSequence('o/raised');
+    await db.pool.query(`CREATE SEQUENCE IF NOT EXISTS ${epoch}`);
+    const oid = (await db.pool.query<{ oid: string }>(`SELECT $1::regclass::oid::text AS oid`, [epoch])).rows[0]!.oid;
+    const prove = `SELECT fencepost_api.prove_epoch(${oid}, 'o/raised', 5)`;
+    const direct = await run([prove]);
+    expect(((direct as Error).cause as { code?: string } | undefined)?.code, String(direct)).toBe('55000');
+    // Caught in a subtransaction: the transaction goes on, holding the epoch, then writes.
+    const caught = run([
+      `DO $$BEGIN PERFORM fencepost_api.prove_epoch(${oid}, 'o/raised', 5); EXCEPTION WHEN OTHERS THEN NULL; END$$`,
+      `SELECT pg_sleep(2.5)`,
+      `INSERT INTO app.items VALUES (77, 'after the raise')`,
+    ]);
+    await vi.waitFor(
+      async () => {
+        const { rows } = await db.pool.query(`SELECT 1 FROM pg_locks WHERE relation = $1::oid AND granted`, [oid]);
+        expect(rows.length).toBe(1);
+      },
+      { timeout: 5000, interval: 20 },
+    );
+    expect(await runner.fence.raiseOne('o/raised', 6n, null)).toBe(6n);
+    const ended = await caught;
+    expect(ended).toBeInstanceOf(Error);
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM app.items WHERE id = 77`)).rows[0].n).toBe(0);
+    // The raise replaced the epoch: the old oid now names nothing, and its proof is refused with the fence's highest token.
+    const gone = await run([prove]);
+    expect(((gone as Error).cause as { code?: string } | undefined)?.code, String(gone)).toBe('FP409');
+    expect(String((gone as Error).message)).toMatch(/highest token 6/);
     await fenceIntact();
   });
 });

@@ -205,15 +205,22 @@ export class SessionFencer {
     void this.decide();
   }
 
-  /** Runs fence_session on the session's backend: the fence's highest token (undefined: the call failed, `failure` says how). */
-  private fenceSession(pair: Pair): Promise<{ highest: bigint | null } | { failure: string; code: string }> {
+  /**
+   * Runs fence_session on the session's backend: the fence's highest token, and the oid of the epoch
+   * it fenced the session in ('' when it did not); or how the call failed.
+   */
+  private fenceSession(pair: Pair): Promise<{ highest: bigint | null; epoch: string } | { failure: string; code: string }> {
     return new Promise((resolve) => {
       let highest: bigint | null = null;
+      let epoch = '';
       let failure: { failure: string; code: string } | null = null;
       this.opts.host.query(
         this.opts.fenceSql(pair, this.backendStart),
-        (values) => (highest = values[0] ? BigInt(values[0]) : null),
-        () => resolve(failure ?? { highest }),
+        (values) => {
+          highest = values[0] ? BigInt(values[0]) : null;
+          epoch = values[1] ?? '';
+        },
+        () => resolve(failure ?? { highest, epoch }),
         (fields) => (failure = { failure: fields.get('M') ?? '', code: fields.get('C') ?? RAISE_FIRST }),
       );
     });
@@ -266,10 +273,20 @@ export class SessionFencer {
     }
   }
 
-  /** fence_session's answer for `pair` when the fence is at or above its token: fenced, or stale. */
-  private fenced(pair: Pair, highest: bigint): { fence: SessionFence; once: boolean } {
+  /** fence_session's answer for `pair` when the fence is at or above its token: fenced (in `epoch`), or stale. */
+  private fenced(pair: Pair, highest: bigint, epoch: string): { fence: SessionFence; once: boolean } {
     const { fenceKey, token } = pair;
-    if (highest === token) return { fence: provenSessionFence(pair), once: false };
+    if (highest === token) {
+      if (/^[1-9][0-9]{0,9}$/.test(epoch)) return { fence: provenSessionFence(pair, epoch), once: false };
+      // Not what fence_session leaves: fail closed, and fence the session again next time.
+      const e = refusal(
+        RAISE_FIRST,
+        `the session passed fence ${JSON.stringify(fenceKey)} but its epoch is unknown`,
+        undefined,
+        'nothing of this transaction was applied; safe to retry',
+      );
+      return { fence: refusedSessionFence(e), once: true };
+    }
     const e = refusal(
       STALE_TOKEN,
       `stale fencing token: token ${token} is below the highest token ${highest} of fence key ${JSON.stringify(fenceKey)}`,
@@ -345,7 +362,7 @@ export class SessionFencer {
         // A token that raises nothing needs no admission: the fence decides (at its token: fenced; above: stale).
         const r = await this.fenceSession(pair);
         const highest = 'failure' in r ? null : r.highest;
-        if (highest !== null && highest >= token) return this.fenced(pair, highest);
+        if (highest !== null && highest >= token) return this.fenced(pair, highest, 'failure' in r ? '' : r.epoch);
         const detail = `unverified token: ${staleDetailText(fenceKey, token, highest)}`;
         if (verdict === 'unavailable') {
           return refused(
@@ -403,7 +420,7 @@ export class SessionFencer {
         true,
       );
     }
-    if (r.highest !== null && r.highest >= token) return this.fenced(pair, r.highest);
+    if (r.highest !== null && r.highest >= token) return this.fenced(pair, r.highest, r.epoch);
     return refused(
       refusal(
         RAISE_FIRST,

@@ -186,9 +186,9 @@ export function refusalFence(): SessionFence {
   return sessionFenceOf(refusalInPlaceOfFence(), null);
 }
 
-/** The fence of a session that passed the fence of `pair` (fencer.ts). */
-export function provenSessionFence(pair: { fenceKey: string; token: bigint }): SessionFence {
-  return sessionFenceOf(provenFence(pair.fenceKey, pair.token), pair);
+/** The fence of a session that passed the fence of `pair` in the epoch whose oid is `epoch` (fencer.ts). */
+export function provenSessionFence(pair: { fenceKey: string; token: bigint }, epoch: string): SessionFence {
+  return sessionFenceOf(provenFence(pair.fenceKey, pair.token, epoch), pair);
 }
 
 /** The fence of a session without a token: read-only. */

@@ -7,9 +7,9 @@
 // Query). The session itself was fenced by fencer.ts (fence_session, rule.ts); the transaction only
 // proves it, with C functions:
 //
-//   proven    the proof (proofSql: fencepost_api.prove_transaction, the epoch proof, rule.ts
-//             epochProof, and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the epoch until
-//             the transaction ends otherwise. The transaction's mode is the writer's: the fencer made
+//   proven    the proof (proofSql: fencepost_api.prove_epoch, the epoch proof, rule.ts epochProof,
+//             and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the
+//             epoch until the transaction ends otherwise. The transaction's mode is the writer's: the fencer made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
 //   read-only transaction_read_only = on, and the no-PREPARE read: a session without a token.
@@ -22,14 +22,7 @@
 // (an implicit transaction up to Sync, the autocommit statement of most drivers) that writes a
 // WARNING to the server log and a notice to the proxy in every transaction.
 import pg from 'pg';
-import {
-  parseStaleDetail,
-  DURABILITY_UNSAFE,
-  FEATURE_NOT_SUPPORTED,
-  epochSequence,
-  NO_PREPARE_READ,
-  NO_PREPARE_SEQUENCE,
-} from '../../fence/index.ts';
+import { parseStaleDetail, DURABILITY_UNSAFE, FEATURE_NOT_SUPPORTED, NO_PREPARE_READ, NO_PREPARE_SEQUENCE } from '../../fence/index.ts';
 import { encode } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
 
@@ -37,11 +30,11 @@ import type { ErrorFields } from './wire/backend.ts';
 export const RW_SQL = 'SET transaction_read_only = off';
 const READ_ONLY_PREFIX = `SELECT pg_catalog.set_config('transaction_read_only', 'on', false), `;
 /**
- * The proof: fencepost_api.prove_transaction (definitions.ts), which checks currval() of the epoch the
- * session was fenced in, or fails with FP409 and the highest token once a raise replaced it.
+ * The proof: fencepost_api.prove_epoch (definitions.ts), which checks currval() of the epoch the
+ * session was fenced in (its oid), or fails with FP409 and the highest token once a raise replaced it.
  */
 function proofSql(epoch: string, fenceKey: string, token: string): string {
-  return `SELECT fencepost_api.prove_transaction(${epoch}, ${fenceKey}, ${token}::pg_catalog.int8)`;
+  return `SELECT fencepost_api.prove_epoch(${epoch}::pg_catalog.oid, ${fenceKey}, ${token}::pg_catalog.int8)`;
 }
 const PROOF_SQL = proofSql('$1', '$2', '$3');
 const READ_ONLY_SQL = `${READ_ONLY_PREFIX}${NO_PREPARE_READ}`;
@@ -142,11 +135,14 @@ function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): 
   return { list, text: list.map((st) => `${st.text};`).join('') };
 }
 
-/** A session fenced at its fence key's current epoch (fencer.ts): the epoch's proof, in the writer's transaction mode. */
-export function provenFence(fenceKey: string, token: bigint): FenceStatements {
-  const values = [epochSequence(fenceKey), fenceKey, token.toString()];
-  const [epoch, key, t] = values.map(lit) as [string, string, string];
-  return fenceOf(statement(PROOF_SQL, values, proofSql(epoch, key, t)));
+/**
+ * A session fenced at its fence key's current epoch, `epoch` its oid as fence_session left it
+ * (fencer.ts): the epoch's proof, in the writer's transaction mode.
+ */
+export function provenFence(fenceKey: string, token: bigint, epoch: string): FenceStatements {
+  const values = [epoch, fenceKey, token.toString()];
+  const [e, key, t] = values.map(lit) as [string, string, string];
+  return fenceOf(statement(PROOF_SQL, values, proofSql(e, key, t)));
 }
 
 /** A session without a token: read-only. */

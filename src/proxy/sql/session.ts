@@ -14,7 +14,7 @@ import { Relay, type StaleRefusal, type TransactionEnd } from './relay.ts';
 import { SessionFencer, type FenceSettings, type SessionGuard } from './fencer.ts';
 import type { Backend } from './backend.ts';
 import type { ErrorFields } from './wire/backend.ts';
-import { STALE_TOKEN, staleDetailText, sessionFenceCapability } from '../../fence/index.ts';
+import { EPOCH_OID_SETTING, STALE_TOKEN, staleDetailText, sessionFenceCapability } from '../../fence/index.ts';
 
 export type { SessionGuard } from './fencer.ts';
 export type { StaleRefusal, TransactionEnd } from './relay.ts';
@@ -78,8 +78,10 @@ export class SqlSession {
         const cap = sessionFenceCapability(opts.capability, { pid: backend.pid, start }, pair.fenceKey, pair.token);
         // A session with a token is read-write by default from now on, as straight to Postgres: a
         // transaction that is not proven carries a read-only SET of its own (proof.ts).
-        // fence_session also keeps the epoch it fenced the session in (proof.ts proofSql).
-        return `SET transaction_read_only = off; SET default_transaction_read_only = off; SET LOCAL synchronous_commit = local; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(pair.fenceKey)}, ${pair.token.toString()})`;
+        // The row: the highest token, and the oid of the epoch fence_session fenced the session in
+        // (read in the same statement, after the call: nothing of the writer's runs between), which
+        // each transaction's proof names (proof.ts proofSql).
+        return `SET transaction_read_only = off; SET default_transaction_read_only = off; SET LOCAL synchronous_commit = local; SELECT h, pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) FROM fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(pair.fenceKey)}, ${pair.token.toString()}) AS h`;
       },
       startupSettings: opts.startupSettings ?? { token: null, fenceKey: null },
       refusing,

@@ -12,7 +12,7 @@ const IDLE: PlanContext = { status: 'I', awaiting: false };
 const IN_BLOCK: PlanContext = { status: 'T', awaiting: false };
 const FAILED: PlanContext = { status: 'E', awaiting: false };
 
-const planner = () => new Planner(provenSessionFence({ fenceKey: 'app/orders', token: 5n }));
+const planner = () => new Planner(provenSessionFence({ fenceKey: 'app/orders', token: 5n }, '16384'));
 
 const query = (text: string): ClientMessage => ({ type: 'query', text });
 const parse = (text: string, name = ''): ClientMessage => ({ type: 'parse', name, text, paramTypes: [] });

@@ -116,9 +116,9 @@ export function epochProof(epoch: string): string {
 }
 
 /**
- * The setting where the SQL endpoint keeps the oid of the epoch sequence a session was fenced in
- * (src/proxy/sql/proof.ts proofSql): a convenience for the error a failed proof gives, never a
- * proof itself (currval() is).
+ * The setting where fence_session() leaves the oid of the epoch sequence it fenced the session in:
+ * the SQL endpoint reads it back in the same statement (src/proxy/sql/session.ts) and names it in
+ * each transaction's proof (proof.ts proofSql). Never a proof itself: a writer may set it; currval() decides.
  */
 export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
 

@@ -55,7 +55,6 @@ import {
   refusalInPlaceOfFence,
   refusedFence,
   runRoutineRefusal,
-  startsTransactionBlock,
   OWN_STATEMENT,
   RESET_READ_ONLY_SQL,
   ROUTINE_STATEMENT,
@@ -70,6 +69,7 @@ import {
   runsUnfenced,
   setsFenceSetting,
   splitStatements,
+  startsTransactionBlock,
   statementKind,
   type StatementKind,
 } from './statements.ts';

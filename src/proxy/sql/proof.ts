@@ -167,12 +167,6 @@ export const RESET_READ_ONLY_SQL = 'SET default_transaction_read_only = on';
 /** The fence key, token and highest token of an FP409's detail (src/fence/detail.ts). */
 export const staleDetail = parseStaleDetail;
 
-/**
- * A friendly guess, not a boundary: does this statement text start a transaction block (BEGIN,
- * START TRANSACTION)? Then the fence goes right after it, so `BEGIN ISOLATION LEVEL …` still comes
- * first. A wrong guess costs an error (25001), never an unfenced write: an unfenced transaction
- * is read-only.
- */
 const BEGIN_MODE =
   '(?:ISOLATION\\s+LEVEL\\s+(?:SERIALIZABLE|REPEATABLE\\s+READ|READ\\s+COMMITTED|READ\\s+UNCOMMITTED)|READ\\s+WRITE|READ\\s+ONLY|(?:NOT\\s+)?DEFERRABLE)';
 const DEFERRABLE_BEGIN = new RegExp(
@@ -188,11 +182,6 @@ export function deferrableBegin(sql: string): string | null {
   const m = DEFERRABLE_BEGIN.exec(sql);
   if (m === null) return null;
   return m[2] !== undefined ? 'START TRANSACTION' : 'BEGIN';
-}
-
-export function startsTransactionBlock(sql: string): boolean {
-  const m = /^(?:\s|--[^\n]*\n|\/\*[^]*?\*\/)*(begin|start)\b/i.exec(sql);
-  return m !== null;
 }
 
 /** True when a Query holds no statement (only blanks and comments): it must keep its EmptyQueryResponse. */

@@ -75,6 +75,17 @@ export function leadWord(sql: string): string | null {
 }
 const WORD = /[A-Za-z_][A-Za-z0-9_$]*/y;
 
+/**
+ * A friendly guess, not a boundary: does this statement text start a transaction block (BEGIN,
+ * START TRANSACTION)? Its first word, read as the server's lexer reads it (leadWord). Then the
+ * fence goes right after it, so `BEGIN ISOLATION LEVEL …` still comes first. A wrong guess costs
+ * an error (25001), never an unfenced write: an unfenced transaction is read-only.
+ */
+export function startsTransactionBlock(sql: string): boolean {
+  const w = leadWord(sql);
+  return w === 'begin' || w === 'start';
+}
+
 /** Does `sql` hold at most one statement, led by a word other than these? Then no parser is needed to say it is none of them. */
 function loneStatementLedByOther(sql: string, leads: ReadonlySet<string>): boolean {
   const w = leadWord(sql);

@@ -7,6 +7,7 @@ import {
   runsUnfenced,
   setsFenceSetting,
   splitStatements,
+  startsTransactionBlock,
   statementKind,
 } from '../../../src/proxy/sql/statements.ts';
 
@@ -84,6 +85,7 @@ describe('first words', () => {
       '-- commit\r',
       '/* c */',
       '/* a /* b */ select */ ',
+      '/* a /* b */ begin */ ',
       '/*/ x */',
       ' /**/ ',
     ];
@@ -97,6 +99,8 @@ describe('first words', () => {
             const t = prefix + text + suffix;
             if (splitStatements(t) === null) continue;
             for (const [name, f] of Object.entries(questions)) expect({ name, t, answer: f(t) }).toEqual({ name, t, answer: f(`;${t}`) });
+            // Where the fence goes in a Query (planner.ts): after the statement exactly when it is a BEGIN.
+            expect({ t, begins: startsTransactionBlock(t) }).toEqual({ t, begins: statementKind(`;${t}`) === 'begin' });
             checked++;
           }
     expect(checked).toBeGreaterThan(4000);
@@ -104,6 +108,7 @@ describe('first words', () => {
     expect(statementKind('INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING')).toBe('other');
     expect(runsUnfenced('UPDATE t SET a = 1')).toBe(false);
     expect(statementKind('/* a /* b */ select */ COMMIT')).toBe('end');
+    expect(startsTransactionBlock('/* a /* b */ begin */ SELECT 1')).toBe(false);
   });
 
   test('a lone text the parser refuses is of kind other when its first word is no transaction word', () => {

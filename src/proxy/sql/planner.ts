@@ -48,7 +48,6 @@ import {
   bindAndExecute,
   closeStatement,
   deferrableBegin,
-  isEmptyQuery,
   parseStatement,
   provenFence,
   readOnlyFence,
@@ -63,6 +62,7 @@ import {
 import type { ErrorFields } from './wire/backend.ts';
 import {
   deallocatedStatements,
+  isEmptyQuery,
   hasSeveralStatements,
   lexingIsSafe,
   needsSplitting,

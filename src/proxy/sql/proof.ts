@@ -183,8 +183,3 @@ export function deferrableBegin(sql: string): string | null {
   if (m === null) return null;
   return m[2] !== undefined ? 'START TRANSACTION' : 'BEGIN';
 }
-
-/** True when a Query holds no statement (only blanks and comments): it must keep its EmptyQueryResponse. */
-export function isEmptyQuery(sql: string): boolean {
-  return /^(?:\s|;|--[^\n]*(?:\n|$)|\/\*[^]*?\*\/)*$/.test(sql);
-}

@@ -45,11 +45,35 @@ const TRANSACTION_LEADS = new Set(['begin', 'start', 'commit', 'end', 'rollback'
  * byte follows) or something else first, null sends the text to the parser.
  */
 export function leadWord(sql: string): string | null {
+  const i = pastBlanks(sql, false);
+  if (i === null) return null;
+  WORD.lastIndex = i;
+  const m = WORD.exec(sql);
+  if (m === null || sql.charCodeAt(WORD.lastIndex) >= 0x80) return null;
+  return m[0].toLowerCase();
+}
+const WORD = /[A-Za-z_][A-Za-z0-9_$]*/y;
+
+/**
+ * Does a Query hold no statement (only blanks, comments and `;`, as the server's lexer reads
+ * them)? Then it gets an EmptyQueryResponse, which the writer must see, and nothing to fence.
+ * Anything else is fenced: a `--` comment ends at `\r` too, so `-- x\rINSERT …` holds an INSERT.
+ */
+export function isEmptyQuery(sql: string): boolean {
+  return pastBlanks(sql, true) === sql.length;
+}
+
+/**
+ * Where the first token of `sql` starts, past blanks and comments (`--` to the end of the line,
+ * `\n` or `\r`; nested `/* … *\/`), and past `;` when `semicolons`; null inside an unterminated
+ * comment (the server refuses the text).
+ */
+function pastBlanks(sql: string, semicolons: boolean): number | null {
   const n = sql.length;
   let i = 0;
   for (;;) {
     const c = sql.charCodeAt(i);
-    if (c === 0x20 || (c >= 0x09 && c <= 0x0d)) i++;
+    if (c === 0x20 || (c >= 0x09 && c <= 0x0d) || (semicolons && c === 0x3b)) i++;
     else if (c === 0x2d && sql.charCodeAt(i + 1) === 0x2d) {
       i += 2;
       while (i < n && sql.charCodeAt(i) !== 0x0a && sql.charCodeAt(i) !== 0x0d) i++;
@@ -66,14 +90,9 @@ export function leadWord(sql: string): string | null {
           i += 2;
         } else i++;
       }
-    } else break;
+    } else return i;
   }
-  WORD.lastIndex = i;
-  const m = WORD.exec(sql);
-  if (m === null || sql.charCodeAt(WORD.lastIndex) >= 0x80) return null;
-  return m[0].toLowerCase();
 }
-const WORD = /[A-Za-z_][A-Za-z0-9_$]*/y;
 
 /**
  * A friendly guess, not a boundary: does this statement text start a transaction block (BEGIN,

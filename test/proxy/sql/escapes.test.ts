@@ -232,6 +232,42 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
   });
 });
 
+describe('a Query that looks empty to a careless lexer', () => {
+  // Invariant: a Query gets no fence only when the server finds no statement in it. A `--` comment
+  // ends at \r as well as \n, and block comments nest, so each of these holds an INSERT: a stale
+  // session's gets FP409 and leaves no row (before, `-- x\rINSERT …` went unfenced and committed).
+  // A Query that holds only blanks, comments and `;` still gets its EmptyQueryResponse, unfenced.
+  const hidden: [string, (n: number) => string][] = [
+    ['a dash comment ended by \\r', (n) => `-- nothing here\rINSERT INTO items VALUES (${n}, 'hidden')`],
+    ['a nested block comment', (n) => `/* a /* b */ still a comment */ INSERT INTO items VALUES (${n}, 'hidden')`],
+    ['semicolons and comments first', (n) => `; -- x\r; /* y */ INSERT INTO items VALUES (${n}, 'hidden')`],
+  ];
+  for (const [name, text] of hidden) {
+    test(`behind ${name}: a stale writer's INSERT is fenced and writes nothing`, async () => {
+      const key = `hidden-${name}`;
+      const raw = await Raw.connect(`zombie-${key}`, fenceOptions(10, key));
+      await raise(key, 11);
+      const n = id();
+      const res = await raw.send([Q(text(n))]);
+      expect({ errors: res.errors, status: res.status }).toEqual({ errors: ['FP409'], status: 'I' });
+      raw.close();
+      expect(await present(n)).toEqual([]);
+      expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '11' });
+    });
+  }
+
+  test('only blanks, comments and semicolons: an EmptyQueryResponse, for a stale writer too', async () => {
+    const key = 'hidden-empty';
+    const raw = await Raw.connect(`zombie-${key}`, fenceOptions(10, key));
+    await raise(key, 11);
+    for (const text of ['-- x\r', ' /* a /* b */ c */ ;', ';\r\n; -- tail']) {
+      const res = await raw.send([Q(text)]);
+      expect({ text, empty: res.frames.map((f) => f.type), errors: res.errors }).toEqual({ text, empty: ['I', 'Z'], errors: [] });
+    }
+    raw.close();
+  });
+});
+
 describe('extended protocol: a pipeline that ends the transaction before Sync', () => {
   test('Execute of ROLLBACK, then SET TRANSACTION READ WRITE and INSERT: the fence runs before them', async () => {
     const raw = await staleInFailedBlock('ext-rollback');

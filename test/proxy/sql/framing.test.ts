@@ -4,8 +4,8 @@ import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wir
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { isEmptyQuery, staleDetail } from '../../../src/proxy/sql/proof.ts';
-import { runsUnfenced, splitStatements, startsTransactionBlock, statementKind } from '../../../src/proxy/sql/statements.ts';
+import { staleDetail } from '../../../src/proxy/sql/proof.ts';
+import { isEmptyQuery, runsUnfenced, splitStatements, startsTransactionBlock, statementKind } from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
 describe('framing', () => {

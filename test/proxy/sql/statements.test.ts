@@ -3,6 +3,7 @@
 import { describe, expect, test } from 'vitest';
 import {
   deallocatedStatements,
+  isEmptyQuery,
   leadWord,
   runsUnfenced,
   setsFenceSetting,
@@ -104,6 +105,16 @@ describe('first words', () => {
             checked++;
           }
     expect(checked).toBeGreaterThan(4000);
+    // A Query gets no fence exactly when the parser finds no statement in it (planner.ts).
+    for (const prefix of prefixes)
+      for (const suffix of suffixes)
+        for (const middle of ['', ';', 'SELECT 1', '/* x */', '-- y\r', 'COMMIT']) {
+          const t = prefix + middle + suffix;
+          const found = splitStatements(t);
+          if (found !== null) expect({ t, empty: isEmptyQuery(t) }).toEqual({ t, empty: found.length === 0 });
+        }
+    expect(isEmptyQuery('-- x\rINSERT INTO t VALUES (1)')).toBe(false);
+    expect(isEmptyQuery('/* a /* b */ */')).toBe(true);
     // The questions the first word answers, answered: none of these asks the parser for a kind.
     expect(statementKind('INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING')).toBe('other');
     expect(runsUnfenced('UPDATE t SET a = 1')).toBe(false);

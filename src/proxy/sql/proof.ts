@@ -167,10 +167,12 @@ export const RESET_READ_ONLY_SQL = 'SET default_transaction_read_only = on';
 /** The fence key, token and highest token of an FP409's detail (src/fence/detail.ts). */
 export const staleDetail = parseStaleDetail;
 
-const BEGIN_MODE =
-  '(?:ISOLATION\\s+LEVEL\\s+(?:SERIALIZABLE|REPEATABLE\\s+READ|READ\\s+COMMITTED|READ\\s+UNCOMMITTED)|READ\\s+WRITE|READ\\s+ONLY|(?:NOT\\s+)?DEFERRABLE)';
+// Blanks every supported server's lexer reads as blanks (not JavaScript's \s, which takes U+00A0
+// and others the server reads as part of a word; not \v, a blank only from Postgres 16 on).
+const B = '[ \\t\\n\\r\\f]';
+const BEGIN_MODE = `(?:ISOLATION${B}+LEVEL${B}+(?:SERIALIZABLE|REPEATABLE${B}+READ|READ${B}+COMMITTED|READ${B}+UNCOMMITTED)|READ${B}+WRITE|READ${B}+ONLY|(?:NOT${B}+)?DEFERRABLE)`;
 const DEFERRABLE_BEGIN = new RegExp(
-  `^\\s*(?:(BEGIN)(?:\\s+(?:WORK|TRANSACTION))?|(START)\\s+TRANSACTION)(?:\\s+${BEGIN_MODE}(?:\\s*,?\\s*${BEGIN_MODE})*)?\\s*;?\\s*$`,
+  `^${B}*(?:(BEGIN)(?:${B}+(?:WORK|TRANSACTION))?|(START)${B}+TRANSACTION)(?:${B}+${BEGIN_MODE}(?:${B}*,?${B}*${BEGIN_MODE})*)?${B}*;?${B}*$`,
   'i',
 );
 

@@ -4,7 +4,7 @@ import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wir
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { staleDetail } from '../../../src/proxy/sql/proof.ts';
+import { deferrableBegin, staleDetail } from '../../../src/proxy/sql/proof.ts';
 import { isEmptyQuery, runsUnfenced, splitStatements, startsTransactionBlock, statementKind } from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
@@ -66,6 +66,19 @@ describe('startup options and statement guesses', () => {
       false,
     ]);
     expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
+    // The proxy answers a lone BEGIN itself only when the server reads the text as one: blanks as
+    // its lexer reads them (U+00A0 and U+2028 are part of a word there; \v only from Postgres 16).
+    const begins = ['BEGIN', 'begin work;', ' START TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY ', 'BEGIN\t\r\n\f'];
+    const notBegins = ['BEGIN\u00a0', '\u2028BEGIN', 'BEGIN\u00a0ISOLATION LEVEL SERIALIZABLE', 'BEGIN READ\u00a0ONLY', 'BEGIN; SELECT 1'];
+    for (const t of [...begins, ...notBegins]) {
+      const parsed = splitStatements(t);
+      const loneBegin = parsed !== null && parsed.length === 1 && statementKind(t) === 'begin';
+      expect({ t, deferred: deferrableBegin(t) !== null, loneBegin }).toEqual({
+        t,
+        deferred: begins.includes(t),
+        loneBegin: begins.includes(t),
+      });
+    }
     expect(
       ['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced),
     ).toEqual([true, true, false, false, false]);

@@ -256,6 +256,19 @@ describe('a Query that looks empty to a careless lexer', () => {
     });
   }
 
+  test("a BEGIN followed by U+00A0 (part of the word to the server): its syntax error at once, and the stale writer's next INSERT is fenced", async () => {
+    // Before, the proxy answered it as a BEGIN and sent it later with the proof; it failed there,
+    // and the writer's INSERT behind it ran in a transaction of its own, unfenced, and committed.
+    const key = 'hidden-begin';
+    const raw = await Raw.connect(`zombie-${key}`, fenceOptions(10, key));
+    await raise(key, 11);
+    const n = id();
+    expect(await raw.send([Q('BEGIN\u00a0')])).toMatchObject({ errors: ['42601'], status: 'I' });
+    expect(await raw.send([Q(`INSERT INTO items VALUES (${n}, 'hidden')`)])).toMatchObject({ errors: ['FP409'], status: 'I' });
+    raw.close();
+    expect(await present(n)).toEqual([]);
+  });
+
   test('only blanks, comments and semicolons: an EmptyQueryResponse, for a stale writer too', async () => {
     const key = 'hidden-empty';
     const raw = await Raw.connect(`zombie-${key}`, fenceOptions(10, key));

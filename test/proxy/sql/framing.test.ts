@@ -79,6 +79,22 @@ describe('startup options and statement guesses', () => {
         loneBegin: begins.includes(t),
       });
     }
+    // Invariant: a text the proxy answers as a BEGIN is one the server's grammar reads as a lone
+    // BEGIN. The proxy sends it later, with the proof, ahead of the writer's next Query: were it to
+    // fail there, that Query would run in a transaction of its own without the proof. Every
+    // character JavaScript's \s takes, in every place a blank goes.
+    const blanks = [' ', '\t', '\n', '\r', '\f', '\v', '\u00a0', '\u1680', '\u2000', '\u2028', '\u2029', '\u202f', '\u3000', '\ufeff'];
+    const shapes = ['_BEGIN_', '_begin_work_;_', 'START_TRANSACTION_READ_ONLY', 'BEGIN_ISOLATION_LEVEL_REPEATABLE_READ,_NOT_DEFERRABLE_'];
+    let deferred = 0;
+    for (const shape of shapes)
+      for (const blank of blanks)
+        for (const t of [shape.replaceAll('_', blank), shape.replace('_', blank).replaceAll('_', ' ')]) {
+          if (deferrableBegin(t) === null) continue;
+          deferred++;
+          const parsed = splitStatements(t);
+          expect({ t, parsed: parsed?.length, kind: statementKind(t) }).toEqual({ t, parsed: 1, kind: 'begin' });
+        }
+    expect(deferred).toBeGreaterThan(20);
     expect(
       ['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced),
     ).toEqual([true, true, false, false, false]);

@@ -462,7 +462,7 @@ export class Planner {
     if (this.fenceOwedInBlock) {
       this.fenceOwedInBlock = false;
       if (ctx.status === 'T' && !isEmptyQuery(text) && !(runsUnfenced(text) && statementKind(text) === 'end')) {
-        if (provesAhead(text)) return this.proofAhead(text, null);
+        if (provesAhead(text)) return this.proofAhead(text);
         const planned = this.fenceQuery(text, true, 'T');
         if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
         return [
@@ -476,15 +476,14 @@ export class Planner {
         ];
       }
     }
-    if (this.heldBegin !== null && 'text' in this.heldBegin && provesAhead(text)) {
-      // The block the writer was told of opens now, with the proof, in a Query of the proxy's.
-      const held = this.heldBegin;
-      this.heldBegin = null;
-      return this.proofAhead(text, held.text);
-    }
     const begin = this.sendHeldBegin('query');
     if (begin !== null) {
       // The block the writer was told of opens now; the fence goes in front of the writer's text.
+      // Not as a Query of the proxy's ahead of it (proofAhead), with the BEGIN: a cancel of the
+      // writer's may land on that BEGIN (its signal can reach the backend after Postgres closed the
+      // cancel connection, even a statement later), and the writer's Query, already sent behind
+      // it, would run in a transaction of its own without the proof. Here a failed BEGIN leaves
+      // the proof and the writer's statements in one implicit transaction.
       const planned = this.fenceQuery(text, true, 'T');
       if ('refuse' in planned) return [...begin, ...this.refuseQuery({ ...ctx, awaiting: true }, ...planned.refuse)];
       const step: Step = {
@@ -528,16 +527,17 @@ export class Planner {
   }
 
   /**
-   * In a block (or the one a held BEGIN opens: `begin`, its text), the proof as a Query of the
-   * proxy's, then the writer's Query as it came: pipelined, no round trip more, and
-   * pg_stat_activity and current_query() show only the writer's text. Outside a block the proof
-   * stays written in front of the writer's text (fenceQuery): a Query of its own would commit at
-   * its ReadyForQuery, and the writer's statements would run in another transaction.
+   * In a block, the proof as a Query of the proxy's, then the writer's Query as it came:
+   * pipelined, no round trip more, and pg_stat_activity and current_query() show only the
+   * writer's text. If the proof fails (a cancel included), the block fails, and so does the
+   * writer's Query. Outside a block (and in the block a held BEGIN opens) the proof stays written
+   * in front of the writer's text (fenceQuery): a Query of its own would commit at its
+   * ReadyForQuery, and the writer's statements would run in another transaction.
    */
-  private proofAhead(text: string, begin: string | null): Step[] {
+  private proofAhead(text: string): Step[] {
     const outcome = { failed: false };
-    const ours = begin === null ? this.fence.text : `${begin}\n;${this.fence.text}`;
-    const plan = begin === null ? this.fenceSlots() : [true, ...this.fenceSlots()];
+    const ours = this.fence.text;
+    const plan = this.fenceSlots();
     return [
       {
         do: 'send',

@@ -8,7 +8,7 @@ import { describe, expect } from 'vitest';
 import type pg from 'pg';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
 import { sqlTest } from '../../support/fixtures.ts';
-import { cancelPacket } from '../../support/sql.ts';
+import { cancelPacket, fenceOptions, fenceRow } from '../../support/sql.ts';
 
 const test = sqlTest
   .extend('tcp', { scope: 'file' }, async ({ db }, { onCleanup }): Promise<TcpProxy> => {
@@ -21,7 +21,8 @@ const test = sqlTest
     const u = new URL(db.url);
     u.port = String(proxy.port);
     return { DATABASE_URL: u.toString() };
-  });
+  })
+  .extend('clientTables', { scope: 'file' }, [{ definition: 'public.cancelled (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' }]);
 
 const code = (p: Promise<unknown>) =>
   p.then(
@@ -81,5 +82,42 @@ describe('cancel requests', () => {
     expect(await heard).toBe(processID);
     await listener.end();
     await c.end();
+  });
+});
+
+describe('a cancel and the BEGIN the proxy answered', () => {
+  // The proxy answers a lone BEGIN itself and sends it later, in front of the writer's next Query
+  // (planner.ts). A cancel's signal can reach the backend after Postgres closed the cancel
+  // connection, even a statement later, and fail that BEGIN: what runs then must still carry the
+  // proof. Before, the proof went with the BEGIN in a Query of its own, and the writer's Query
+  // behind it ran unfenced (2 rows of 400 landed in a run like this one).
+  test('a stale writer that sends a cancel right behind each INSERT after its BEGIN writes nothing (400 tries)', async ({ db, sql }) => {
+    // Invariant: no row of a stale session's lands, however its cancels fall; the fence stays.
+    // A late cancel may fail the writer's next statement (its ROLLBACK, tried again), or the
+    // BEGIN the proxy sends for it (the block the writer was told of is gone: the session ends).
+    const key = 'cancel/stale';
+    const connect = () => sql.connect('cancel-stale', { options: fenceOptions(1, key) });
+    let old = await connect();
+    await old.query('INSERT INTO cancelled VALUES (100)');
+    const neu = await sql.connect('cancel-new', { options: fenceOptions(2, key) });
+    await neu.query('INSERT INTO cancelled VALUES (101)');
+    await neu.end();
+    for (let i = 0; i < 400; i++) {
+      try {
+        await old.query('BEGIN');
+        const insert = code(old.query(`INSERT INTO cancelled VALUES (${1000 + i})`));
+        for (let k = 0; k < (i % 7) * 20000; k++); // the cancel a little later each time
+        await cancel(sql.port, old).done;
+        expect(['FP409', '57014']).toContain(await insert);
+        while ((await code(old.query('ROLLBACK'))) === '57014');
+      } catch (err) {
+        if (!/connection|not queryable|terminated/i.test(String(err))) throw err;
+        await old.end().catch(() => {});
+        old = await connect();
+      }
+    }
+    await old.end();
+    expect((await db.pool.query('SELECT count(*)::int AS n FROM public.cancelled WHERE id >= 1000')).rows).toEqual([{ n: 0 }]);
+    expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '2' });
   });
 });

@@ -80,25 +80,23 @@ describe('simple protocol', () => {
     expect(q.expect.plan).toEqual([false, true]);
   });
 
-  test('a plain lone BEGIN is answered by the proxy; it goes, with the proof, in a Query of its own ahead of the next Query, which goes as it came', () => {
+  test('a plain lone BEGIN is answered by the proxy; it goes as a Query of its own in front of the next Query, which carries the proof in front of its text', () => {
     const p = planner();
     const held = p.plan(query('BEGIN ISOLATION LEVEL SERIALIZABLE'), IDLE);
     expect(held).toEqual([{ do: 'holdBegin', bytes: [message('C', cstr('BEGIN')), readyForQuery('T')] }]);
     expect(p.holdsBegin()).toBe(true);
     // The relay reports the block it told the writer of.
     const steps = p.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK);
-    expect(sent(steps)).toEqual(['proof', 'writer']);
-    // Every statement of the proxy's Query is the proxy's; its ReadyForQuery is not the writer's.
+    expect(sent(steps)).toEqual(['heldBegin', 'fencedQuery']);
     expect(steps[0]).toMatchObject({
-      text: `BEGIN ISOLATION LEVEL SERIALIZABLE\n;${p.fence.text}`,
-      expect: [{ kind: 'query', injected: false, forwardReady: false, plan: [true, true], predict: 'T', mayCommit: false }],
+      text: 'BEGIN ISOLATION LEVEL SERIALIZABLE',
+      expect: [{ kind: 'query', injected: true, forwardReady: false }],
     });
-    expect(steps[1]).toMatchObject({ expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] });
-    // One outcome, shared: the writer's Query knows whether the proof ahead of it failed.
-    const proof = steps[0]!.do === 'send' ? steps[0]!.expect[0]!.proofOutcome : undefined;
-    const writer = steps[1]!.do === 'forward' ? steps[1]!.expect[0]!.afterProof : undefined;
-    expect(proof).toEqual({ failed: false });
-    expect(writer).toBe(proof);
+    // The proof and the writer's statements in one Query: were the BEGIN to fail (a cancel's
+    // signal may land on it), they would still run together, in one implicit transaction.
+    const fenced = steps[1]!.do === 'send' ? steps[1]!.text : undefined;
+    expect(fenced?.startsWith(p.fence.text)).toBe(true);
+    expect(fenced?.endsWith('INSERT INTO t VALUES (1)')).toBe(true);
     expect(p.holdsBegin()).toBe(false);
     // Once: the block is open now, the next Query goes as it came.
     expect(sent(p.plan(query('COMMIT'), IN_BLOCK))).toEqual(['writer']);

@@ -45,14 +45,22 @@ describe('pg_prepared_statements and current_query() (node-postgres)', () => {
 });
 
 describe('a simple-protocol Query in a block (node-postgres, no parameters)', () => {
-  // In a block the proof goes as a Query of the proxy's ahead of the writer's (planner.ts proofAhead).
-  test("current_query() and pg_stat_activity.query are the writer's text, BEGIN held or not", async ({ db, sql }) => {
+  // In a block the proof goes as a Query of the proxy's ahead of the writer's (planner.ts proofAhead);
+  // after a BEGIN the proxy answered and held, it is written in front of the writer's first Query.
+  test("current_query() and pg_stat_activity.query are the writer's text in a block, but for the first Query after a held BEGIN", async ({
+    db,
+    sql,
+  }) => {
     const c = await sql.connect('unseen-block', { options: fenceOptions(1, 'unseen/block') });
     const n = id();
     await c.query('BEGIN');
     const text = 'SELECT pg_catalog.current_query() AS q, pg_catalog.pg_backend_pid() AS pid';
     const first = (await c.query(text)).rows[0];
-    expect(first.q).toBe(text);
+    expect({ proof: first.q.includes('fencepost_api.prove_epoch('), writer: first.q.endsWith(text) }).toEqual({
+      proof: true,
+      writer: true,
+    });
+    expect((await c.query(text)).rows[0].q).toBe(text);
     const insert = `INSERT INTO public.seen VALUES (${n}, 'block')`;
     await c.query(insert);
     // Idle in the block: its last Query is the writer's.

@@ -11,9 +11,10 @@
 // idle (proof.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
 // front of the writer's next message: one round trip to the database fewer per transaction, and a
 // writer paused after its BEGIN holds nothing. Only a text the server's grammar reads as a lone
-// BEGIN is held: one that failed there would leave the writer's next Query outside any block,
-// running without the fence. (The transaction's start, now(), is then its first
-// statement's.) Inside a transaction ('T')
+// BEGIN is held (the writer was told it succeeded). If it fails all the same (a cancel), a Query
+// behind it still runs with the fence in front of its text, and an extended group is skipped up
+// to its Sync. (The transaction's start, now(), is then its first statement's.) Inside a
+// transaction ('T')
 // nothing is injected: it was fenced when it began. In a failed one ('E') neither: the writer's
 // ROLLBACK must go through. A FunctionCall is refused: it runs a function outside any statement.
 //
@@ -64,8 +65,8 @@ import {
 import type { ErrorFields } from './wire/backend.ts';
 import {
   deallocatedStatements,
-  isEmptyQuery,
   hasSeveralStatements,
+  isEmptyQuery,
   lexingIsSafe,
   needsSplitting,
   runsUnfenced,

@@ -25,9 +25,10 @@
 //   each COMMIT / END / ROLLBACK / ABORT / PREPARE TRANSACTION, with or without AND CHAIN, that
 //   is not the last statement; after a BEGIN that opens one), in the same Query string, so each
 //   implicit transaction is fenced inside itself. The fence's own responses are swallowed by
-//   position (one CommandComplete per statement). Text the parser refuses, or a session whose
-//   lexing could differ from the parser's (standard_conforming_strings off, SJIS-like client
-//   encodings) gets its multi-statement Query refused (42601 / 0A000), nothing run. A CALL or DO
+//   position (one CommandComplete per statement). Text the parser refuses, or text the server
+//   could lex otherwise than the parser (a backslash with standard_conforming_strings off, a
+//   character past ASCII in an SJIS-like client encoding: statements.ts lexesAlike) gets its
+//   multi-statement Query refused (42601 / 0A000), nothing run. A CALL or DO
 //   in a Query always runs in a transaction block (the fence makes even a lone one a
 //   multi-statement Query, an implicit block): Postgres itself refuses their COMMIT there.
 // - COMMIT / ROLLBACK AND CHAIN open the next transaction themselves: the fence goes right after
@@ -38,8 +39,9 @@
 //   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
 //   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
 // - At idle a lone DISCARD, CHECKPOINT, SET / RESET of fencepost.token or fencepost.fence_key, or
-//   COMMIT / ROLLBACK (a no-op there) goes unfenced (statements.ts runsUnfenced); a Query of the
-//   proxy's resets default_transaction_read_only first. Everything else is fenced, so Postgres
+//   COMMIT / ROLLBACK (a no-op there) goes unfenced (statements.ts runsUnfenced), when the server
+//   lexes its text as the parser does (lexesAlike); a Query of the proxy's resets
+//   default_transaction_read_only first. Everything else is fenced, so Postgres
 //   refuses a statement that cannot run in a transaction block (25001): VACUUM, CLUSTER, … .
 // - A Query inside an open extended group (before its Sync) ends the session: it would end the
 //   group's implicit transaction mid-pipeline, and no client library sends one.
@@ -67,7 +69,7 @@ import {
   deallocatedStatements,
   hasSeveralStatements,
   isEmptyQuery,
-  lexingIsSafe,
+  lexesAlike,
   needsSplitting,
   runsUnfenced,
   setsFenceSetting,
@@ -262,7 +264,7 @@ export class Planner {
   private readonly portalKinds = new Map<string, StatementKind>();
   /** Changes of the writer's Parse, Bind and Close sent but not confirmed yet, in order: a refused message changes nothing. */
   private readonly pending: KindChange[] = [];
-  /** ParameterStatus, for lexingIsSafe. */
+  /** ParameterStatus, for lexesAlike. */
   private standardConformingStrings = 'on';
   private clientEncoding = 'UTF8';
 
@@ -273,6 +275,26 @@ export class Planner {
   noteParameter(name: string, value: string): void {
     if (name === 'standard_conforming_strings') this.standardConformingStrings = value;
     else if (name === 'client_encoding') this.clientEncoding = value;
+  }
+
+  /** Does the server lex this text of the writer's as the parser does (statements.ts lexesAlike)? */
+  private lexesAlike(text: string): boolean {
+    return lexesAlike(text, this.standardConformingStrings, this.clientEncoding);
+  }
+
+  /**
+   * A lone SET / RESET of a fence setting, as the server reads the text: the parser's answer counts
+   * only where the server lexes as it does. Elsewhere what looks like one SET may be several
+   * statements to the server (`SET fencepost.token = 'a\', '; INSERT …; --'` with
+   * standard_conforming_strings off), and they would run without the fence.
+   */
+  private setsSetting(text: string): boolean {
+    return this.lexesAlike(text) && setsFenceSetting(text);
+  }
+
+  /** A statement that goes unfenced at idle (statements.ts runsUnfenced), as the server reads the text. */
+  private runsUnfenced(text: string): boolean {
+    return this.lexesAlike(text) && runsUnfenced(text);
   }
 
   /**
@@ -447,7 +469,7 @@ export class Planner {
       this.heldBegin = { text };
       return [{ do: 'holdBegin', bytes: [commandComplete(beginTag), readyForQuery('T')] }];
     }
-    if (this.heldBegin !== null && setsFenceSetting(text)) {
+    if (this.heldBegin !== null && this.setsSetting(text)) {
       // A driver that sends BEGIN first (psycopg2, psycopg 3) setting a new token after a stale
       // one's FP409: the SET goes unfenced; the block's next statement gets the fence (the
       // session's verdict as it stands: the new token counts from the next transaction), unless
@@ -456,13 +478,13 @@ export class Planner {
       this.fenceOwedInBlock = true;
       return [...held, { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
     }
-    if (this.fenceOwedInBlock && ctx.status === 'T' && setsFenceSetting(text)) {
+    if (this.fenceOwedInBlock && ctx.status === 'T' && this.setsSetting(text)) {
       // Still owed: the SET goes first, unfenced (psycopg 3: BEGIN in a group of its own, then SET).
       return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
     }
     if (this.fenceOwedInBlock) {
       this.fenceOwedInBlock = false;
-      if (ctx.status === 'T' && !isEmptyQuery(text) && !(runsUnfenced(text) && statementKind(text) === 'end')) {
+      if (ctx.status === 'T' && !isEmptyQuery(text) && !(this.runsUnfenced(text) && statementKind(text) === 'end')) {
         if (provesAhead(text)) return this.proofAhead(text);
         const planned = this.fenceQuery(text, true, 'T');
         if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
@@ -496,11 +518,11 @@ export class Planner {
       };
       return [...begin, step];
     }
-    if (idle && runsUnfenced(text) && this.fence.pair !== null) {
+    if (idle && this.runsUnfenced(text) && this.fence.pair !== null) {
       // A fenced session is read-write by default (fencer.ts); none of these writes data.
       return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] }];
     }
-    if (idle && runsUnfenced(text)) {
+    if (idle && this.runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
       return [
         {
@@ -627,12 +649,12 @@ export class Planner {
       predicted.insertions = [{ start: 0, length: this.fence.chars }];
       return { text: `${fenceText}${text}`, expect: predicted };
     }
-    if (!lexingIsSafe(this.standardConformingStrings, this.clientEncoding)) {
+    if (!this.lexesAlike(text)) {
       return {
         refuse: [
           FEATURE_NOT_SUPPORTED,
           'the fencepost SQL endpoint runs one statement per Query in this session',
-          `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query end; send them one by one.`,
+          `With standard_conforming_strings = ${this.standardConformingStrings} and client_encoding = ${this.clientEncoding} the proxy cannot tell where the statements of a Query that holds a backslash or a character past ASCII end; send them one by one.`,
         ],
       };
     }
@@ -728,7 +750,7 @@ export class Planner {
       this.inBlock = ctx.status !== 'I';
       this.commitState = commitStateOf(ctx.status);
       this.groupMayCommit = false;
-      const opensWithSetting = m.type === 'parse' ? setsFenceSetting(m.text) : m.type === 'bind' && this.settingStatements.has(m.statement);
+      const opensWithSetting = m.type === 'parse' ? this.setsSetting(m.text) : m.type === 'bind' && this.settingStatements.has(m.statement);
       const begin = this.sendHeldBegin('group');
       if (begin !== null) {
         // The block the writer was told of opens now, fenced before anything of the group; but a
@@ -743,7 +765,7 @@ export class Planner {
       }
       if (this.fenceOwedInBlock) {
         this.fenceOwedInBlock = false;
-        const endsBlock = m.type === 'parse' && runsUnfenced(m.text) && parsedKind === 'end';
+        const endsBlock = m.type === 'parse' && this.runsUnfenced(m.text) && parsedKind === 'end';
         if (ctx.status === 'T' && opensWithSetting) {
           this.settingFirst = true;
           this.settingOwesBlock = true;
@@ -769,7 +791,7 @@ export class Planner {
       // already, since the backend skips them if the message fails.
       case 'parse': {
         const kind = parsedKind!;
-        const setting = setsFenceSetting(m.text);
+        const setting = this.setsSetting(m.text);
         if (setting) this.settingStatements.add(m.name);
         else this.settingStatements.delete(m.name);
         this.afterBegin(setting, steps);

@@ -7,7 +7,8 @@
 // The parser lexes as a session with standard_conforming_strings = on in a client encoding whose
 // bytes never hide an ASCII quote (UTF8, the single-byte encodings, EUC_*). A session that turns
 // the first off or picks SJIS, BIG5, GBK, UHC or GB18030 could make the server split its text
-// elsewhere; the session refuses its multi-statement Queries instead (lexingIsSafe).
+// elsewhere, where the text holds a backslash or a character past ASCII (lexesAlike): such a
+// multi-statement Query is refused, and such text never goes unfenced.
 import { loadModule, parseSync } from 'libpg-query';
 
 await loadModule();
@@ -296,7 +297,18 @@ export function needsSplitting(sql: string): boolean {
 
 const UNSAFE_ENCODINGS = new Set(['sjis', 'shift_jis_2004', 'big5', 'gbk', 'uhc', 'gb18030']);
 
-/** Does the server lex this session's text as the parser here does? */
+/** Does the server lex any text of this session as the parser here does? */
 export function lexingIsSafe(standardConformingStrings: string, clientEncoding: string): boolean {
   return standardConformingStrings.toLowerCase() === 'on' && !UNSAFE_ENCODINGS.has(clientEncoding.toLowerCase().replace(/[^a-z0-9_]/g, ''));
+}
+
+/**
+ * Does the server lex this text as the parser here does? In any session, when the text has no
+ * backslash (what standard_conforming_strings = off reads differently, in '' strings) and no
+ * character past ASCII (in SJIS, BIG5, GBK, UHC and GB18030 a byte after a lead byte may be a quote
+ * or a backslash to the parser here and part of a character to the server; every byte below 0x80
+ * is the ASCII character in all of them). Text that is not UTF-8 decodes to U+FFFD, past ASCII too.
+ */
+export function lexesAlike(sql: string, standardConformingStrings: string, clientEncoding: string): boolean {
+  return lexingIsSafe(standardConformingStrings, clientEncoding) || !/[\\\u0080-\uffff]/.test(sql);
 }

@@ -13,6 +13,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { RawClient, B, E, P, Q, S, pbe } from './raw-client.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { RW_SQL } from '../../../src/proxy/sql/proof.ts';
 import pg from 'pg';
@@ -221,6 +222,56 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
     expect(await present(n)).toEqual([]);
     expect((await c.query("SELECT 'still works' AS v")).rows).toEqual([{ v: 'still works' }]);
     await c.end();
+  });
+
+  // Invariant: text the server could lex otherwise than the parser here never goes unfenced. A
+  // lone `SET fencepost.token` goes without the fence (so a stale session can take a new token);
+  // with standard_conforming_strings off, `'a\', '` is one string to the server and two to the
+  // parser, and in SJIS the byte 0x5C after 0x83 is part of a character to the server and a
+  // backslash to the parser. Each text below was one SET to the parser and a SET, an INSERT (and a
+  // COMMIT) to the server: before, the INSERT of a stale session committed.
+  const smuggled = (n: number, quote = "'a\\', '") =>
+    `SET fencepost.token = ${quote}; SET transaction_read_only = off; INSERT INTO items VALUES (${n}, $$smuggled$$); --'`;
+  const sjis = (n: number) =>
+    Buffer.concat([
+      Buffer.from("SET fencepost.fence_key = E'", 'latin1'),
+      Buffer.from([0x83, 0x5c]), // katakana SO in SJIS; its second byte is a backslash in ASCII
+      Buffer.from(`'; SET transaction_read_only = off; INSERT INTO items VALUES (${n}, $$smuggled$$); --'`, 'latin1'),
+    ]);
+  const Qbytes = (bytes: Buffer) => message('Q', Buffer.concat([bytes, Buffer.from([0])]));
+  test.each([
+    ['standard_conforming_strings off', '-c standard_conforming_strings=off', (n: number) => Q(smuggled(n))],
+    ['client_encoding SJIS', '-c client_encoding=SJIS', (n: number) => Qbytes(sjis(n))],
+  ])('%s: a stale session\'s SET that hides an INSERT is fenced, and an ASCII SET still takes a new token', async (name, setting, text) => {
+    const key = `lexing-${name}`;
+    await raise(key, 10);
+    const raw = await Raw.connect(`zombie-${key}`, `${fenceOptions(10, key)} ${setting}`);
+    await raise(key, 11);
+    const [n, m] = [id(), id()];
+    const r = await raw.send([text(n)]);
+    expect(r.errors).toHaveLength(1);
+    expect(r.errors[0]).not.toBe('00000');
+    // Held BEGIN first: the SET after it goes unfenced only when it is one to the server.
+    expect((await raw.send([Q('BEGIN')])).status).toBe('T');
+    const held = await raw.send([Q(smuggled(m).replace('--', `COMMIT; --`))]);
+    expect(held.errors).toHaveLength(1);
+    await raw.send([Q('ROLLBACK')]);
+    expect(await present(n, m)).toEqual([]);
+    // Plain ASCII lexes alike: the SET goes unfenced and the session writes with its new token.
+    expect((await raw.send([Q('SET fencepost.token = 11')])).errors).toEqual([]);
+    const k = id();
+    expect((await raw.send([Q(`INSERT INTO items VALUES (${k}, 'new token')`)])).errors).toEqual([]);
+    expect(await present(k)).toEqual([k]);
+    raw.close();
+    expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '11' });
+  });
+
+  test('a tokenless session with standard_conforming_strings off: the hidden INSERT is refused', async () => {
+    const raw = await Raw.connect('nobody-scs', '-c standard_conforming_strings=off');
+    const n = id();
+    expect((await raw.send([Q(smuggled(n))])).errors).toHaveLength(1);
+    raw.close();
+    expect(await present(n)).toEqual([]);
   });
 
   test('text the parser refuses is refused whole (42601), nothing run', async () => {

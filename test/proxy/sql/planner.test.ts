@@ -172,11 +172,20 @@ describe('simple protocol', () => {
     });
   });
 
-  test('with standard_conforming_strings off a multi-statement Query with a transaction word is refused (0A000)', () => {
+  test('with standard_conforming_strings off a multi-statement Query with a transaction word and a backslash is refused (0A000)', () => {
     const p = planner();
     p.noteParameter('standard_conforming_strings', 'off');
-    const steps = p.plan(query('SELECT 1; COMMIT'), IN_BLOCK);
+    const steps = p.plan(query("SELECT '\\'; COMMIT"), IN_BLOCK);
     expect(steps[0]?.do === 'reply' && parseErrorFields(steps[0].bytes[0]!.subarray(5)).get('C')).toBe('0A000');
+    // Without a backslash (or a character past ASCII) the server lexes it as the parser does: split.
+    expect(p.plan(query('SELECT 1; COMMIT; SELECT 2'), IN_BLOCK)[0]?.do).toBe('send');
+  });
+
+  test('in SJIS a lone SET of fencepost.token goes unfenced only in ASCII', () => {
+    const p = planner();
+    p.noteParameter('client_encoding', 'SJIS');
+    expect(p.plan(query('SET fencepost.token = 5'), IDLE)[0]?.do).toBe('forward');
+    expect(p.plan(query("SET fencepost.fence_key = 'ソ'"), IDLE)[0]?.do).toBe('send');
   });
 });
 

@@ -35,7 +35,11 @@
 //   them, in either protocol, even as the last statement.
 // - Extended protocol: each Parse's statement kind is kept (per statement name, then per portal at
 //   Bind). After an Execute of a statement that ends the transaction, the fence is injected before
-//   the next message that could take a snapshot (after it, when that one is a BEGIN). A CALL or DO
+//   the next message that could take a snapshot (after it, when that one is a BEGIN). A fence put
+//   off for a group's first message (after a BEGIN's Execute; none before a COMMIT that ends a block
+//   owing one) comes before the group's first Parse or Bind of anything else (putOff): a group may
+//   parse a BEGIN and run an INSERT first. Kinds, and whether a statement is a SET of a fence
+//   setting, count once the backend confirms the Parse. A CALL or DO
 //   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
 //   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
 // - At idle a lone DISCARD, CHECKPOINT, SET / RESET of fencepost.token or fencepost.fence_key, or
@@ -137,6 +141,8 @@ export interface KindChange {
   kind: StatementKind | null;
   /** statement: a BEGIN the proxy may answer itself (proof.ts deferrableBegin), its tag. */
   beginTag?: string;
+  /** A lone SET / RESET of a fence setting (setsSetting), for a statement or a portal bound from one. */
+  setting?: boolean;
 }
 
 /** Messages of the proxy's own. */
@@ -247,6 +253,11 @@ export class Planner {
   private settingOwesBlock = false;
   /** Extended group: a BEGIN just ran; the fence goes before the group's next message (after it, if that is a SET of a fence setting). */
   private fenceAfterBegin = false;
+  /**
+   * Extended group: the block owes its fence and the group opened with a Parse of a COMMIT /
+   * ROLLBACK; the fence comes before anything else the group parses, binds or runs (putOff).
+   */
+  private fenceUnlessEnd = false;
   /** Writer's statements and portals that are a lone SET of a fence setting (statements.ts setsFenceSetting). */
   private readonly settingStatements = new Set<string>();
   private readonly settingPortals = new Set<string>();
@@ -329,6 +340,9 @@ export class Planner {
     const kinds = change.of === 'statement' ? this.statementKinds : this.portalKinds;
     if (change.kind === null) kinds.delete(change.name);
     else kinds.set(change.name, change.kind);
+    const settings = change.of === 'statement' ? this.settingStatements : this.settingPortals;
+    if (change.setting === true) settings.add(change.name);
+    else settings.delete(change.name);
   }
 
   /** The backend refused or skipped the message that makes this change: it changes nothing. */
@@ -346,9 +360,24 @@ export class Planner {
     return (of === 'statement' ? this.statementKinds : this.portalKinds).get(name);
   }
 
+  /**
+   * Is this statement or portal a lone SET of a fence setting, once what was sent before is
+   * confirmed? Counted only once the backend confirms the Parse or Bind, as kinds are: a refused
+   * Parse of a taken name leaves the statement the name had.
+   */
+  private isSetting(of: KindChange['of'], name: string): boolean {
+    for (let i = this.pending.length - 1; i >= 0; i--) {
+      const c = this.pending[i]!;
+      if (c.of === of && c.name === name) return c.setting === true;
+    }
+    return (of === 'statement' ? this.settingStatements : this.settingPortals).has(name);
+  }
+
   /** A change the writer's message makes once confirmed. */
-  private change(of: KindChange['of'], name: string, kind: StatementKind | null, beginTag?: string): KindChange {
-    const c: KindChange = beginTag === undefined ? { of, name, kind } : { of, name, kind, beginTag };
+  private change(of: KindChange['of'], name: string, kind: StatementKind | null, beginTag?: string, setting?: boolean): KindChange {
+    const c: KindChange = { of, name, kind };
+    if (beginTag !== undefined) c.beginTag = beginTag;
+    if (setting === true) c.setting = true;
     this.pending.push(c);
     return c;
   }
@@ -446,7 +475,8 @@ export class Planner {
     // state the group left (a statement of unknown kind ran in a block, a BEGIN still to be
     // fenced), the session ends and nothing of the Query runs.
     if (this.groupOpen) {
-      if (this.unsure || this.fenceAfterExecute || this.fenceAfterBegin || this.fenceBeforeExecute || this.settingFirst) {
+      const owed = this.fenceAfterExecute || this.fenceAfterBegin || this.fenceBeforeExecute || this.fenceUnlessEnd;
+      if (this.unsure || owed || this.settingFirst) {
         return [
           {
             do: 'fail',
@@ -750,7 +780,7 @@ export class Planner {
       this.inBlock = ctx.status !== 'I';
       this.commitState = commitStateOf(ctx.status);
       this.groupMayCommit = false;
-      const opensWithSetting = m.type === 'parse' ? this.setsSetting(m.text) : m.type === 'bind' && this.settingStatements.has(m.statement);
+      const opensWithSetting = m.type === 'parse' ? this.setsSetting(m.text) : m.type === 'bind' && this.isSetting('statement', m.statement);
       const begin = this.sendHeldBegin('group');
       if (begin !== null) {
         // The block the writer was told of opens now, fenced before anything of the group; but a
@@ -769,7 +799,10 @@ export class Planner {
         if (ctx.status === 'T' && opensWithSetting) {
           this.settingFirst = true;
           this.settingOwesBlock = true;
-        } else if (ctx.status === 'T' && !endsBlock) {
+        } else if (ctx.status === 'T' && endsBlock) {
+          // The Parse of a COMMIT runs nothing: the fence stays owed until an Execute shows what runs.
+          this.fenceUnlessEnd = true;
+        } else if (ctx.status === 'T') {
           this.inject(steps);
         }
       }
@@ -792,11 +825,10 @@ export class Planner {
       case 'parse': {
         const kind = parsedKind!;
         const setting = this.setsSetting(m.text);
-        if (setting) this.settingStatements.add(m.name);
-        else this.settingStatements.delete(m.name);
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
+        this.putOff(kind, steps);
         if (m.name === '') {
           this.unnamedFence = null;
           this.writerUnnamed = true;
@@ -804,19 +836,18 @@ export class Planner {
         const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
         steps.push({
           do: 'forward',
-          expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined) }],
+          expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined, setting) }],
         });
         return steps;
       }
       case 'bind': {
         const kind = this.kindOf('statement', m.statement) ?? 'unknown';
-        const setting = this.settingStatements.has(m.statement);
-        if (setting) this.settingPortals.add(m.portal);
-        else this.settingPortals.delete(m.portal);
+        const setting = this.isSetting('statement', m.statement);
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', m.portal, kind) }] });
+        this.putOff(kind, steps);
+        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', m.portal, kind, undefined, setting) }] });
         return steps;
       }
       case 'describe':
@@ -832,10 +863,13 @@ export class Planner {
         });
         return steps;
       case 'execute': {
-        this.afterBegin(this.settingPortals.has(m.portal), steps);
-        if (this.settingFirst && !this.settingPortals.has(m.portal)) this.settingDone(steps);
+        const settingPortal = this.isSetting('portal', m.portal);
+        this.afterBegin(settingPortal, steps);
+        if (this.settingFirst && !settingPortal) this.settingDone(steps);
         const afterSetting = this.settingFirst;
         const executed = this.kindOf('portal', m.portal) ?? 'unknown';
+        this.putOff(executed, steps);
+        this.fenceUnlessEnd = false; // the COMMIT ran: the block is over, and so is what it owed
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
         const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
         steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
@@ -856,8 +890,10 @@ export class Planner {
       case 'sync':
         this.groupOpen = false;
         // Only the SET ran in the block: its next statement gets the fence, unless it ends the block.
-        if ((this.settingOwesBlock && (this.settingFirst || this.fenceBeforeExecute)) || this.fenceAfterBegin) this.fenceOwedInBlock = true;
+        if ((this.settingOwesBlock && (this.settingFirst || this.fenceBeforeExecute)) || this.fenceAfterBegin || this.fenceUnlessEnd)
+          this.fenceOwedInBlock = true;
         this.fenceAfterBegin = false;
+        this.fenceUnlessEnd = false;
         this.settingOwesBlock = false;
         this.settingFirst = false;
         this.fenceAfterExecute = false;
@@ -902,6 +938,24 @@ export class Planner {
       this.settingFirst = true;
       this.settingOwesBlock = true;
     } else {
+      this.inject(steps);
+    }
+  }
+
+  /**
+   * Before a writer's Parse, Bind or Execute of this kind: the fence the group's first message put
+   * off comes now, unless this is what put it off. A group that opens with a BEGIN's Parse or Bind
+   * gets the fence after that BEGIN's Execute (so an isolation level applies), and a block that
+   * owes its fence, in a group that opens with a COMMIT's Parse, none if that COMMIT runs; but a
+   * group may parse them and run something else first. Before its Parse or Bind, not its Execute:
+   * a fence between the writer's Bind and Execute would take the unnamed portal.
+   */
+  private putOff(kind: StatementKind, steps: Step[]): void {
+    if (this.fenceAfterExecute && kind !== 'begin') {
+      this.fenceAfterExecute = false;
+      this.inject(steps);
+    } else if (this.fenceUnlessEnd && kind !== 'end') {
+      this.fenceUnlessEnd = false;
       this.inject(steps);
     }
   }

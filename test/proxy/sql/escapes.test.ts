@@ -439,6 +439,63 @@ describe('extended protocol: a pipeline that ends the transaction before Sync', 
   });
 });
 
+describe('extended protocol: what a group opens with is not what runs first', () => {
+  // Invariant: no Execute of a stale or tokenless session runs a write before the fence, whatever
+  // the group's first message promised. Each case committed its row before its fix.
+
+  test("a block that owes its fence, a group that opens with a Parse of COMMIT it never runs: the INSERT gets the fence", async () => {
+    const key = 'owed-commit-parse';
+    const raw = await Raw.connect('owed-commit-parse', fenceOptions(10, key));
+    await raise(key, 11);
+    // A held BEGIN, then a SET of the token: the block owes its fence to its next statement, unless that ends it.
+    expect((await raw.send([Q('BEGIN')])).status).toBe('T');
+    expect((await raw.send([Q('SET fencepost.token = 10')])).errors).toEqual([]);
+    const n = id();
+    const write = await raw.send([P('COMMIT'), P(`INSERT INTO items VALUES (${n}, 'owed')`), B(), E(), S()]);
+    expect(write.errors).toEqual(['FP409']);
+    await raw.send([Q('COMMIT')]);
+    // A BEGIN in a group of its own owes the same, tokenless.
+    const nobody = await Raw.connect('owed-commit-parse-nobody', '');
+    expect((await nobody.send([P('BEGIN READ WRITE'), B(), E(), S()])).status).toBe('T');
+    const m = id();
+    expect((await nobody.send([P('COMMIT'), P(`INSERT INTO items VALUES (${m}, 'owed')`), B(), E(), S()])).errors).toEqual(['25006']);
+    await nobody.send([Q('COMMIT')]);
+    expect(await present(n, m)).toEqual([]);
+    // A group that runs the COMMIT it opens with still commits the SET unfenced (a stale session takes a new token so).
+    expect((await raw.send([Q('BEGIN')])).status).toBe('T');
+    expect((await raw.send([Q('SET fencepost.token = 11')])).errors).toEqual([]);
+    expect(await raw.send([P('COMMIT'), B(), E(), S()])).toMatchObject({ errors: [], tags: ['COMMIT'], status: 'I' });
+    const k = id();
+    expect((await raw.send([Q(`INSERT INTO items VALUES (${k}, 'new token')`)])).errors).toEqual([]);
+    expect(await present(k)).toEqual([k]);
+    raw.close();
+    nobody.close();
+  });
+
+  test('a Parse of SET fencepost.token the backend refuses (name taken) leaves the name a write, fenced', async () => {
+    const key = 'refused-setting-parse';
+    const raw = await Raw.connect('refused-setting-parse', fenceOptions(10, key));
+    const n = id();
+    expect((await raw.send([P(`INSERT INTO items VALUES (${n}, 'w')`, 'w'), S()])).errors).toEqual([]);
+    expect((await raw.send([P('SET fencepost.token = 10', 'w'), S()])).errors).toEqual(['42P05']);
+    await raise(key, 11);
+    expect((await raw.send([B('w'), E(), S()])).errors).toEqual(['FP409']);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+    expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '11' });
+  });
+
+  test('a group that parses a BEGIN and executes an INSERT first: the fence before the INSERT', async () => {
+    const raw = await Raw.connect('begin-parsed-first', '');
+    expect((await raw.send([Q('SET default_transaction_read_only = off')])).errors).toEqual([]);
+    const n = id();
+    const write = await raw.send([P('BEGIN'), P(`INSERT INTO items VALUES (${n}, 'first')`, 'w'), B('w'), E(), S()]);
+    expect(write.errors).toEqual(['25006']);
+    raw.close();
+    expect(await present(n)).toEqual([]);
+  });
+});
+
 describe('a leader with the current token', () => {
   test('node-postgres: multi-statement queries with COMMIT, CHAIN and BEGIN ISOLATION LEVEL in the middle', async () => {
     const c = await sql.connect('leader', { options: fenceOptions(7, 'leader') });

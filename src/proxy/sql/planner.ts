@@ -51,7 +51,9 @@
 //   group's implicit transaction mid-pipeline, and no client library sends one.
 // - The kinds of statements and portals count once the backend confirms their Parse / Bind /
 //   Close (relay.ts), and the relay checks each ReadyForQuery against the state predicted here.
+import { isUtf8 } from 'node:buffer';
 import { encode, type ClientMessage } from './wire/frontend.ts';
+import { message } from './wire/framing.ts';
 import { bindComplete, commandComplete, errorResponse, noData, readyForQuery } from './wire/backend.ts';
 import {
   bindAndExecute,
@@ -83,6 +85,8 @@ import {
   type StatementKind,
 } from './statements.ts';
 import { FEATURE_NOT_SUPPORTED, SYNTAX_ERROR } from '../../fence/index.ts';
+
+const NUL = Buffer.from([0]);
 
 /** The message a response answers. */
 export type Kind = 'parse' | 'bind' | 'close' | 'describe' | 'execute' | 'sync' | 'query';
@@ -275,6 +279,8 @@ export class Planner {
   private readonly portalKinds = new Map<string, StatementKind>();
   /** Changes of the writer's Parse, Bind and Close sent but not confirmed yet, in order: a refused message changes nothing. */
   private readonly pending: KindChange[] = [];
+  /** The bytes of the Query being planned, as the writer sent them (frontend.ts). */
+  private queryRaw: Buffer | undefined = undefined;
   /** ParameterStatus, for lexesAlike. */
   private standardConformingStrings = 'on';
   private clientEncoding = 'UTF8';
@@ -438,7 +444,12 @@ export class Planner {
   plan(m: ClientMessage, ctx: PlanContext): Step[] {
     switch (m.type) {
       case 'query':
-        return this.planQuery(m.text, ctx);
+        this.queryRaw = m.raw;
+        try {
+          return this.planQuery(m.text, ctx);
+        } finally {
+          this.queryRaw = undefined;
+        }
       case 'functionCall':
         if (ctx.awaiting) return [];
         return [
@@ -522,7 +533,7 @@ export class Planner {
           {
             do: 'send',
             what: 'fencedQuery',
-            bytes: encode({ type: 'query', text: planned.text }),
+            bytes: planned.bytes ?? encode({ type: 'query', text: planned.text }),
             text: planned.text,
             expect: [planned.expect],
           },
@@ -542,7 +553,7 @@ export class Planner {
       const step: Step = {
         do: 'send',
         what: 'fencedQuery',
-        bytes: encode({ type: 'query', text: planned.text }),
+        bytes: planned.bytes ?? encode({ type: 'query', text: planned.text }),
         text: planned.text,
         expect: [planned.expect],
       };
@@ -567,12 +578,12 @@ export class Planner {
     }
     const planned = this.fenceQuery(text, idle, commitStateOf(ctx.status));
     if ('refuse' in planned) return this.refuseQuery(ctx, ...planned.refuse);
-    if (planned.text === text) return [{ do: 'forward', expect: [planned.expect] }];
+    if (planned.bytes === undefined) return [{ do: 'forward', expect: [planned.expect] }];
     return [
       {
         do: 'send',
         what: 'fencedQuery',
-        bytes: encode({ type: 'query', text: planned.text }),
+        bytes: planned.bytes ?? encode({ type: 'query', text: planned.text }),
         text: planned.text,
         expect: [planned.expect],
       },
@@ -659,8 +670,13 @@ export class Planner {
     text: string,
     idle: boolean,
     status: CommitState,
-  ): { text: string; expect: Expect } | { refuse: [string, string, string] } {
+  ): { text: string; bytes?: Buffer; expect: Expect } | { refuse: [string, string, string] } {
     const fenceText = this.fence.text;
+    // Text that is not UTF-8 (a LATIN1 or SJIS session's letters past ASCII) reads here as U+FFFD:
+    // what is sent is built from the writer's bytes, never from `text`.
+    const raw = this.queryRaw !== undefined && !isUtf8(this.queryRaw) ? this.queryRaw : null;
+    const query = (sent: string, ...parts: (Buffer | string)[]) =>
+      raw === null ? encode({ type: 'query', text: sent }) : message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'utf8') : p)), NUL);
     const start = idle && status !== 'T' ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
@@ -673,11 +689,11 @@ export class Planner {
         // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
         predicted.plan = [false, ...this.fenceSlots()];
         predicted.undoBeginOnFenceError = true;
-        return { text: `${text}\n;${fenceText}`, expect: predicted };
+        return { text: `${text}\n;${fenceText}`, bytes: query(`${text}\n;${fenceText}`, raw ?? '', `\n;${fenceText}`), expect: predicted };
       }
       predicted.plan = this.fenceSlots();
       predicted.insertions = [{ start: 0, length: this.fence.chars }];
-      return { text: `${fenceText}${text}`, expect: predicted };
+      return { text: `${fenceText}${text}`, bytes: query(`${fenceText}${text}`, fenceText, raw ?? ''), expect: predicted };
     }
     if (!this.lexesAlike(text)) {
       return {
@@ -702,6 +718,7 @@ export class Planner {
     const parts: string[] = [];
     const plan: boolean[] = [];
     const insertions: { start: number; length: number }[] = [];
+    const cuts: { at: number; piece: string }[] = []; // where each fence goes, in bytes of the writer's text
     let chars = 0; // characters sent so far
     let from = 0; // bytes of the writer's text copied so far
     const copyTo = (end: number) => {
@@ -711,6 +728,7 @@ export class Planner {
       from = end;
     };
     const fence = (piece: string) => {
+      cuts.push({ at: from, piece });
       parts.push(piece);
       insertions.push({ start: chars, length: [...piece].length });
       chars += [...piece].length;
@@ -747,8 +765,31 @@ export class Planner {
         stmts.map((st) => st.kind),
       ),
     );
+    const sent = parts.join('');
+    // The cuts are offsets in the text's UTF-8 reading: in the writer's own bytes they hold up to
+    // the first byte past ASCII.
+    const asciiBytes = raw === null ? 0 : raw.findIndex((b) => b >= 0x80);
+    if (raw !== null && cuts.some((c) => c.at > asciiBytes)) {
+      return {
+        refuse: [
+          FEATURE_NOT_SUPPORTED,
+          'the fencepost SQL endpoint fences transactions inside a Query only in UTF-8 text',
+          `This Query starts a transaction after a character that is not UTF-8 (client_encoding = ${this.clientEncoding}): send its statements one by one.`,
+        ],
+      };
+    }
+    const rawParts: (Buffer | string)[] = [];
+    if (raw !== null) {
+      let at = 0;
+      for (const c of cuts) {
+        rawParts.push(raw.subarray(at, c.at), c.piece);
+        at = c.at;
+      }
+      rawParts.push(raw.subarray(at));
+    }
     return {
-      text: parts.join(''),
+      text: sent,
+      ...(sent === text ? {} : { bytes: query(sent, ...rawParts) }),
       expect: {
         ...predicted,
         plan,

@@ -25,7 +25,7 @@ describe('encode', () => {
 
 describe('decodeClient', () => {
   test('Query, Parse, Bind and Execute decode to their fields', () => {
-    expect(decodeClient(frame(message('Q', 'SELECT 1')))).toEqual({ type: 'query', text: 'SELECT 1' });
+    expect(decodeClient(frame(message('Q', 'SELECT 1')))).toEqual({ type: 'query', text: 'SELECT 1', raw: Buffer.from('SELECT 1') });
     expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(1), int32(25))))).toEqual({
       type: 'parse',
       name: 's',
@@ -41,7 +41,7 @@ describe('decodeClient', () => {
   });
 
   test("a string missing its NUL reads as '', a short list as far as it goes", () => {
-    expect(decodeClient(frame(message('Q', Buffer.from('SELECT 1'))))).toEqual({ type: 'query', text: '' });
+    expect(decodeClient(frame(message('Q', Buffer.from('SELECT 1'))))).toEqual({ type: 'query', text: '', raw: Buffer.alloc(0) });
     expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(3), int32(25))))).toEqual({
       type: 'parse',
       name: 's',

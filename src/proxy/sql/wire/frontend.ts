@@ -47,7 +47,8 @@ export function negotiatesEncryption(body: Buffer): boolean {
 // as it goes. A malformed message is still forwarded as it came, for the backend to refuse.
 
 export type ClientMessage =
-  | { type: 'query'; text: string }
+  /** `raw`: the text's bytes as sent, in the session's client encoding (`text` reads them as UTF-8). */
+  | { type: 'query'; text: string; raw?: Buffer }
   | { type: 'parse'; name: string; text: string; paramTypes: number[] }
   | { type: 'bind'; portal: string; statement: string }
   /** `target`: 'S' a prepared statement, 'P' a portal. */
@@ -67,8 +68,10 @@ export type ClientMessage =
 export function decodeClient(f: Frame): ClientMessage {
   const body = f.body;
   switch (f.type) {
-    case 'Q':
-      return { type: 'query', text: cstringAt(body, 0).value };
+    case 'Q': {
+      const nul = body.indexOf(0);
+      return { type: 'query', text: cstringAt(body, 0).value, raw: body.subarray(0, nul < 0 ? 0 : nul) };
+    }
     case 'P': {
       const name = cstringAt(body, 0);
       const text = cstringAt(body, name.end);

@@ -11,7 +11,9 @@
 // idle (proof.ts deferrableBegin) is answered by the proxy itself and sent, with the fence, in
 // front of the writer's next message: one round trip to the database fewer per transaction, and a
 // writer paused after its BEGIN holds nothing. Only a text the server's grammar reads as a lone
-// BEGIN is held (the writer was told it succeeded). If it fails all the same (a cancel), a Query
+// BEGIN is held (the writer was told it succeeded). A prepared one (Bind/Execute/Sync of a
+// statement whose Parse text was such a BEGIN) is held too, and sent as that text, never as the
+// writer's Bind of the name (holdExtendedBegin). If it fails all the same (a cancel), a Query
 // behind it still runs with the fence in front of its text, and an extended group is skipped up
 // to its Sync. (The transaction's start, now(), is then its first statement's.) Inside a
 // transaction ('T')
@@ -34,12 +36,13 @@
 // - COMMIT / ROLLBACK AND CHAIN open the next transaction themselves: the fence goes right after
 //   them, in either protocol, even as the last statement.
 // - Extended protocol: each Parse's statement kind is kept (per statement name, then per portal at
-//   Bind). After an Execute of a statement that ends the transaction, the fence is injected before
-//   the next message that could take a snapshot (after it, when that one is a BEGIN). A fence put
-//   off for a group's first message (after a BEGIN's Execute; none before a COMMIT that ends a block
-//   owing one) comes before the group's first Parse or Bind of anything else (putOff): a group may
-//   parse a BEGIN and run an INSERT first. Kinds, and whether a statement is a SET of a fence
-//   setting, count once the backend confirms the Parse. A CALL or DO
+//   Bind; a name counts by its first 63 bytes, as the server compares names: Planner.key). After
+//   an Execute of a statement that ends the transaction, the fence is injected before the next
+//   message that could take a snapshot (after it, when that one is a BEGIN). A fence put off for a
+//   group's first message (after a BEGIN's Execute; none before a COMMIT that ends a block owing
+//   one) comes before the group's first Parse or Bind of anything else (putOff): a group may parse a
+//   BEGIN and run an INSERT first. Kinds, and whether a statement is a SET of a fence setting,
+//   count once the backend confirms the Parse. A CALL or DO
 //   executed outside a transaction block (where it could COMMIT itself) is refused: an injected
 //   statement fails first (0A000), so the backend skips the rest of the pipeline up to Sync.
 // - At idle a lone DISCARD, CHECKPOINT, SET / RESET of fencepost.token or fencepost.fence_key, or
@@ -141,13 +144,33 @@ export interface Expect {
 /** A statement's or portal's kind as the planner records it once the backend confirms the message (null: closed). */
 export interface KindChange {
   of: 'statement' | 'portal';
+  /** The name's key (Planner.key): its first 63 bytes as the server compares them. */
   name: string;
   kind: StatementKind | null;
-  /** statement: a BEGIN the proxy may answer itself (proof.ts deferrableBegin), its tag. */
-  beginTag?: string;
+  /** statement: a BEGIN the proxy may answer itself (proof.ts deferrableBegin), its tag and text. */
+  begin?: HeldBeginText;
   /** A lone SET / RESET of a fence setting (setsSetting), for a statement or a portal bound from one. */
   setting?: boolean;
 }
+
+/** A lone BEGIN of the writer's the proxy may answer itself and send later: its text (proof.ts deferrableBegin took it) and tag. */
+interface HeldBeginText {
+  text: string;
+  tag: string;
+}
+
+/**
+ * Postgres keeps prepared statements and portals in hash tables keyed by the first NAMEDATALEN-1
+ * (63) bytes of the name, cut byte-wise, in the server's encoding: longer names that agree on
+ * those bytes are one statement to it (`Close S Y` closes X, `Parse Y` replaces it).
+ */
+const NAME_KEY_BYTES = 63;
+/**
+ * The key of a name the proxy cannot key as the server does (client_encoding converted to another
+ * server encoding, a byte past ASCII within the first 63): nothing is recorded under it, its kind
+ * is unknown. Keys are latin1 strings of bytes, so none holds this character.
+ */
+const UNTRACKED = '\u0100';
 
 /** Messages of the proxy's own. */
 export type Injection =
@@ -239,8 +262,12 @@ export class Planner {
   private ownStatementsUsed = false;
   /** The writer's message being planned (a fence in front of a Parse of the unnamed statement may replace it). */
   private current: ClientMessage | null = null;
-  /** The writer's BEGIN, answered by the proxy and not sent yet: it goes, with the fence, in front of the next message. */
-  private heldBegin: { text: string } | { bytes: Buffer } | null = null;
+  /**
+   * The writer's BEGIN, answered by the proxy and not sent yet: it goes, with the fence, in front of
+   * the next message. A Query's text (`text`), or the text of a prepared one (`prepared`), sent on a
+   * statement of the proxy's: never the writer's prepared statement, which may be another by then.
+   */
+  private heldBegin: { text: string } | { prepared: string } | null = null;
   /** An extended group is open (up to its Sync). */
   private groupOpen = false;
   /** Extended group: fence right after the next Execute (it runs a BEGIN or … AND CHAIN). */
@@ -273,8 +300,8 @@ export class Planner {
   private groupMayCommit = false;
   /** The kind of each prepared statement of the writer's (by name; '' is the unnamed one), as the backend confirmed it. */
   private readonly statementKinds = new Map<string, StatementKind>();
-  /** Prepared statements of the writer's that are a BEGIN the proxy may answer itself: their CommandComplete tag. */
-  private readonly beginTags = new Map<string, string>();
+  /** Prepared statements of the writer's that are a BEGIN the proxy may answer itself: their text and CommandComplete tag. */
+  private readonly beginTags = new Map<string, HeldBeginText>();
   /** The kind of each portal's statement (by portal name), as the backend confirmed it. */
   private readonly portalKinds = new Map<string, StatementKind>();
   /** Changes of the writer's Parse, Bind and Close sent but not confirmed yet, in order: a refused message changes nothing. */
@@ -284,6 +311,8 @@ export class Planner {
   /** ParameterStatus, for lexesAlike. */
   private standardConformingStrings = 'on';
   private clientEncoding = 'UTF8';
+  /** ParameterStatus, for key. */
+  private serverEncoding = 'UTF8';
 
   /** `fence`: replaced when the forgery guard's state changes. */
   constructor(public fence: SessionFence) {}
@@ -292,6 +321,34 @@ export class Planner {
   noteParameter(name: string, value: string): void {
     if (name === 'standard_conforming_strings') this.standardConformingStrings = value;
     else if (name === 'client_encoding') this.clientEncoding = value;
+    else if (name === 'server_encoding') this.serverEncoding = value;
+  }
+
+  /**
+   * The key of a statement's or portal's name in the planner's maps: as the server compares names,
+   * its first 63 bytes (NAME_KEY_BYTES) as sent (`bytes`; else the name's UTF-8), one latin1
+   * character a byte, so bytes that are not UTF-8 stay apart. The server converts names from
+   * client_encoding to its own encoding first, unless the two are the same or either is SQL_ASCII;
+   * where it converts, ASCII stays itself and anything past it stays past it, so a name that is
+   * ASCII in its first 63 bytes keys alike, and any other is UNTRACKED.
+   */
+  private key(name: string, bytes?: Buffer): string {
+    const b = (bytes ?? Buffer.from(name, 'utf8')).subarray(0, NAME_KEY_BYTES);
+    const client = this.clientEncoding.toUpperCase();
+    const server = this.serverEncoding.toUpperCase();
+    const asSent = client === server || client === 'SQL_ASCII' || server === 'SQL_ASCII';
+    if (!asSent && b.some((x) => x >= 0x80)) return UNTRACKED;
+    return b.toString('latin1');
+  }
+
+  /**
+   * Does a Bind of this statement (its key) run a lone SET of a fence setting, which goes unfenced at
+   * the head of a group? Only the unnamed statement is trusted so: a DO block or a function can
+   * DEALLOCATE and PREPARE a named one through SPI, unseen (its tag is DO or SELECT), into an
+   * INSERT or a CALL that commits, and SQL cannot touch the unnamed statement.
+   */
+  private bindsSetting(statementKey: string): boolean {
+    return statementKey === '' && this.isSetting('statement', statementKey);
   }
 
   /** Does the server lex this text of the writer's as the parser does (statements.ts lexesAlike)? */
@@ -339,8 +396,9 @@ export class Planner {
     const i = this.pending.indexOf(change);
     if (i < 0) return; // dropped since (an error, a DEALLOCATE): stay unknown
     this.pending.splice(i, 1);
+    if (change.name === UNTRACKED) return;
     if (change.of === 'statement') {
-      if (change.beginTag !== undefined) this.beginTags.set(change.name, change.beginTag);
+      if (change.begin !== undefined) this.beginTags.set(change.name, change.begin);
       else this.beginTags.delete(change.name);
     }
     const kinds = change.of === 'statement' ? this.statementKinds : this.portalKinds;
@@ -359,6 +417,7 @@ export class Planner {
 
   /** The kind a statement or portal will have once what was sent before is confirmed. */
   private kindOf(of: KindChange['of'], name: string): StatementKind | undefined {
+    if (name === UNTRACKED) return undefined;
     for (let i = this.pending.length - 1; i >= 0; i--) {
       const c = this.pending[i]!;
       if (c.of === of && c.name === name) return c.kind ?? undefined;
@@ -380,9 +439,9 @@ export class Planner {
   }
 
   /** A change the writer's message makes once confirmed. */
-  private change(of: KindChange['of'], name: string, kind: StatementKind | null, beginTag?: string, setting?: boolean): KindChange {
+  private change(of: KindChange['of'], name: string, kind: StatementKind | null, begin?: HeldBeginText, setting?: boolean): KindChange {
     const c: KindChange = { of, name, kind };
-    if (beginTag !== undefined) c.beginTag = beginTag;
+    if (begin !== undefined) c.begin = begin;
     if (setting === true) c.setting = true;
     this.pending.push(c);
     return c;
@@ -397,26 +456,29 @@ export class Planner {
   /**
    * At idle with nothing owed, the writer's next group (`next`, as many messages as have come) is
    * a lone BEGIN of a prepared statement, Bind/[Describe]/Execute/Sync on the unnamed portal: the
-   * proxy answers it itself and holds Bind and Execute (`frames`, their bytes) for the next
-   * message, as it holds a BEGIN Query. Returns how many messages it took and the answer, or null.
+   * proxy answers it itself and holds the BEGIN for the next message, as it holds a BEGIN Query:
+   * the text recorded when its Parse was confirmed, sent on a statement of the proxy's. Never the
+   * writer's Bind/Execute of the name: by then the name may stand for another statement (a name
+   * the server reads as another, a PREPARE in a DO block), which would run without the fence.
+   * Returns how many messages it took and the answer, or null. (`_frames`: their bytes.)
    */
   holdExtendedBegin(
     next: readonly ClientMessage[],
-    frames: readonly Buffer[],
+    _frames: readonly Buffer[],
     ctx: PlanContext,
   ): { taken: number; reply: Buffer[] } | null {
     if (ctx.status !== 'I' || ctx.awaiting || this.groupOpen || this.heldBegin !== null || this.pending.length > 0) return null;
     const [b, d, e, s] = next;
-    if (b?.type !== 'bind' || b.portal !== '') return null;
-    const tag = this.beginTags.get(b.statement);
-    if (tag === undefined) return null;
+    if (b?.type !== 'bind' || b.portal !== '' || (b.paramFormats ?? 0) !== 0 || (b.paramCount ?? 0) !== 0) return null;
+    const begin = this.beginTags.get(this.key(b.statement, b.statementBytes));
+    if (begin === undefined) return null;
     const describe = d?.type === 'describe' && d.target === 'P' && d.name === '';
     const [ex, sy] = describe ? [e, s] : [d, e];
     if (ex?.type !== 'execute' || ex.portal !== '' || sy?.type !== 'sync') return null;
-    this.heldBegin = { bytes: Buffer.concat([frames[0]!, frames[describe ? 2 : 1]!]) };
+    this.heldBegin = { prepared: begin.text };
     const reply = [bindComplete()];
     if (describe) reply.push(noData());
-    reply.push(commandComplete(tag), readyForQuery('T'));
+    reply.push(commandComplete(begin.tag), readyForQuery('T'));
     return { taken: describe ? 4 : 3, reply };
   }
 
@@ -502,8 +564,9 @@ export class Planner {
     }
     const idle = ctx.status === 'I';
     const dropped = deallocatedStatements(text);
-    if (dropped === 'all') this.writerStatementsDropped();
-    else for (const name of dropped) this.forgetStatement(name);
+    // Past ASCII the name the parser read may not be the server's bytes (client_encoding): forget all.
+    if (dropped === 'all' || dropped.some((name) => /[^\x00-\x7f]/.test(name))) this.writerStatementsDropped();
+    else for (const name of dropped) this.forgetStatement(this.key(name));
     if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
     const beginTag = idle && !ctx.awaiting ? deferrableBegin(text) : null;
     if (beginTag !== null) {
@@ -616,7 +679,14 @@ export class Planner {
     ];
   }
 
-  /** The held BEGIN as a Query of its own (its responses swallowed), once: null when none is held. */
+  /**
+   * The held BEGIN, once (its responses swallowed): null when none is held. A Query's BEGIN as a
+   * Query of its own. A prepared one's text as Parse/Bind/Execute of a statement of the proxy's,
+   * not a Query, which would drop the writer's unnamed statement: at the head of the writer's group
+   * (`before`), where the fence follows it, or with a Sync of its own before a Query. If it fails
+   * (a cancel lands on it), a Query behind it still runs with the fence in front of its text, and
+   * a group is skipped up to its Sync.
+   */
   private sendHeldBegin(before: 'query' | 'group'): Step[] | null {
     const held = this.heldBegin;
     if (held === null) return null;
@@ -631,20 +701,27 @@ export class Planner {
           expect: [{ kind: 'query', injected: true, forwardReady: false }],
         },
       ];
-    // Bind/Execute of the writer's BEGIN: at the head of the writer's group, or with a Sync of its own before a Query.
-    const expect: Expect[] = [
-      { kind: 'bind', injected: true },
-      { kind: 'execute', injected: true },
-    ];
-    if (before === 'group') return [{ do: 'send', what: 'heldBegin', bytes: held.bytes, expect }];
-    return [
-      {
-        do: 'send',
-        what: 'heldBegin',
-        bytes: Buffer.concat([held.bytes, encode({ type: 'sync' })]),
-        expect: [...expect, { kind: 'sync', injected: true, forwardReady: false }],
-      },
-    ];
+    // The unnamed statement, unless the writer's may still be bound in this group (then the proxy's own, closed after its Sync).
+    const own = before === 'group' && this.writerUnnamed;
+    const name = own ? OWN_STATEMENT : '';
+    const bytes: Buffer[] = [];
+    const expect: Expect[] = [];
+    if (own) {
+      this.ownStatementsUsed = true;
+      bytes.push(closeStatement(OWN_STATEMENT));
+      expect.push({ kind: 'close', injected: true });
+    } else {
+      if (this.unnamedFence === null) this.writerUnnamedBeforeFence = this.writerUnnamed;
+      this.unnamedFence = null; // it holds the BEGIN now: the fence is parsed again
+      this.writerUnnamed = false;
+    }
+    bytes.push(encode({ type: 'parse', name, text: held.prepared, paramTypes: [] }), bindAndExecute(name, []));
+    expect.push({ kind: 'parse', injected: true }, { kind: 'bind', injected: true }, { kind: 'execute', injected: true });
+    if (before === 'query') {
+      bytes.push(encode({ type: 'sync' }));
+      expect.push({ kind: 'sync', injected: true, forwardReady: false });
+    }
+    return [{ do: 'send', what: 'heldBegin', bytes: Buffer.concat(bytes), expect }];
   }
 
   /** An ErrorResponse and ReadyForQuery of the proxy's for a Query it does not send. */
@@ -814,6 +891,10 @@ export class Planner {
   private planExtendedMessage(m: Extended, ctx: PlanContext): Step[] {
     const steps: Step[] = [];
     const parsedKind = m.type === 'parse' ? statementKind(m.text) : null;
+    // The names' keys, as the server tells names apart (key).
+    const statementKey =
+      m.type === 'parse' ? this.key(m.name, m.nameBytes) : m.type === 'bind' ? this.key(m.statement, m.statementBytes) : '';
+    const portalKey = m.type === 'bind' || m.type === 'execute' ? this.key(m.portal, m.portalBytes) : '';
     if (!this.groupOpen && m.type !== 'sync' && m.type !== 'flush') {
       this.groupOpen = true;
       this.fenceBeforeExecute = false;
@@ -821,7 +902,7 @@ export class Planner {
       this.inBlock = ctx.status !== 'I';
       this.commitState = commitStateOf(ctx.status);
       this.groupMayCommit = false;
-      const opensWithSetting = m.type === 'parse' ? this.setsSetting(m.text) : m.type === 'bind' && this.isSetting('statement', m.statement);
+      const opensWithSetting = m.type === 'parse' ? this.setsSetting(m.text) : m.type === 'bind' && this.bindsSetting(statementKey);
       const begin = this.sendHeldBegin('group');
       if (begin !== null) {
         // The block the writer was told of opens now, fenced before anything of the group; but a
@@ -851,7 +932,7 @@ export class Planner {
         // A group that opens with a BEGIN gets the fence right after its Execute; one that opens
         // with a SET of a fence setting (pgJDBC sends SET so) gets it after that SET.
         const opensWithBegin =
-          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', m.statement) === 'begin';
+          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', statementKey) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
         else if (opensWithSetting) this.settingFirst = true;
         else this.inject(steps);
@@ -874,21 +955,24 @@ export class Planner {
           this.unnamedFence = null;
           this.writerUnnamed = true;
         }
-        const tag = kind === 'begin' ? deferrableBegin(m.text) : null;
+        // A BEGIN the proxy may answer and hold (holdExtendedBegin): its text, sent in its place. With
+        // parameter types declared the server refuses a Bind without parameters: not held.
+        const tag = kind === 'begin' && m.paramTypes.length === 0 ? deferrableBegin(m.text) : null;
+        const begin = tag === null ? undefined : { tag, text: m.text };
         steps.push({
           do: 'forward',
-          expect: [{ kind: 'parse', injected: false, change: this.change('statement', m.name, kind, tag ?? undefined, setting) }],
+          expect: [{ kind: 'parse', injected: false, change: this.change('statement', statementKey, kind, begin, setting) }],
         });
         return steps;
       }
       case 'bind': {
-        const kind = this.kindOf('statement', m.statement) ?? 'unknown';
-        const setting = this.isSetting('statement', m.statement);
+        const kind = this.kindOf('statement', statementKey) ?? 'unknown';
+        const setting = this.bindsSetting(statementKey);
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
         this.putOff(kind, steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', m.portal, kind, undefined, setting) }] });
+        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }] });
         return steps;
       }
       case 'describe':
@@ -900,19 +984,25 @@ export class Planner {
         this.afterBegin(false, steps);
         steps.push({
           do: 'forward',
-          expect: [{ kind: 'close', injected: false, change: this.change(m.target === 'S' ? 'statement' : 'portal', m.name, null) }],
+          expect: [
+            {
+              kind: 'close',
+              injected: false,
+              change: this.change(m.target === 'S' ? 'statement' : 'portal', this.key(m.name, m.nameBytes), null),
+            },
+          ],
         });
         return steps;
       case 'execute': {
-        const settingPortal = this.isSetting('portal', m.portal);
+        const settingPortal = this.isSetting('portal', portalKey);
         this.afterBegin(settingPortal, steps);
         if (this.settingFirst && !settingPortal) this.settingDone(steps);
         const afterSetting = this.settingFirst;
-        const executed = this.kindOf('portal', m.portal) ?? 'unknown';
+        const executed = this.kindOf('portal', portalKey) ?? 'unknown';
         this.putOff(executed, steps);
         this.fenceUnlessEnd = false; // the COMMIT ran: the block is over, and so is what it owed
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
-        const commitsHere = this.beforeExecute(this.kindOf('portal', m.portal) ?? 'unknown', steps);
+        const commitsHere = this.beforeExecute(this.kindOf('portal', portalKey) ?? 'unknown', steps);
         steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
         if (afterSetting) {
           // The SET ran: whatever comes next in the group gets the fence first.

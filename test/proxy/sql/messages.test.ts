@@ -29,6 +29,7 @@ describe('decodeClient', () => {
     expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(1), int32(25))))).toEqual({
       type: 'parse',
       name: 's',
+      nameBytes: Buffer.from('s'),
       text: 'SELECT $1',
       paramTypes: [25],
     });
@@ -36,8 +37,24 @@ describe('decodeClient', () => {
       type: 'bind',
       portal: 'p',
       statement: 's',
+      portalBytes: Buffer.from('p'),
+      statementBytes: Buffer.from('s'),
+      paramFormats: 0,
+      paramCount: 0,
     });
-    expect(decodeClient(frame(message('E', 'p', int32(5))))).toEqual({ type: 'execute', portal: 'p', maxRows: 5 });
+    expect(decodeClient(frame(message('B', '', 's', int16(1), int16(0), int16(1), int32(1), Buffer.from('7'), int16(0))))).toMatchObject({
+      paramFormats: 1,
+      paramCount: 1,
+    });
+    expect(decodeClient(frame(message('E', 'p', int32(5))))).toEqual({
+      type: 'execute',
+      portal: 'p',
+      portalBytes: Buffer.from('p'),
+      maxRows: 5,
+    });
+    // Names as sent: bytes that are not UTF-8 read alike as text, never as bytes.
+    const odd = decodeClient(frame(message('C', Buffer.from('S'), Buffer.from([0xff, 0x61, 0]))));
+    expect(odd).toMatchObject({ type: 'close', target: 'S', name: '\ufffda', nameBytes: Buffer.from([0xff, 0x61]) });
   });
 
   test("a string missing its NUL reads as '', a short list as far as it goes", () => {
@@ -45,9 +62,16 @@ describe('decodeClient', () => {
     expect(decodeClient(frame(message('P', 's', 'SELECT $1', int16(3), int32(25))))).toEqual({
       type: 'parse',
       name: 's',
+      nameBytes: Buffer.from('s'),
       text: 'SELECT $1',
       paramTypes: [25],
     });
-    expect(decodeClient(frame(message('E', 'p')))).toEqual({ type: 'execute', portal: 'p', maxRows: 0 });
+    expect(decodeClient(frame(message('E', 'p')))).toEqual({ type: 'execute', portal: 'p', portalBytes: Buffer.from('p'), maxRows: 0 });
+    expect(decodeClient(frame(message('E', Buffer.from('p'))))).toEqual({
+      type: 'execute',
+      portal: '',
+      portalBytes: Buffer.alloc(0),
+      maxRows: 0,
+    });
   });
 });

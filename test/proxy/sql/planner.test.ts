@@ -3,8 +3,8 @@
 // the fence's statements in a Query's `plan`).
 import { describe, expect, test } from 'vitest';
 import { Planner, provenSessionFence, readOnlySessionFence, type PlanContext, type Step } from '../../../src/proxy/sql/planner.ts';
-import { cstr, message } from '../../../src/proxy/sql/wire/framing.ts';
-import { encode, type ClientMessage } from '../../../src/proxy/sql/wire/frontend.ts';
+import { cstr, int16, int32, message } from '../../../src/proxy/sql/wire/framing.ts';
+import { decodeClient, encode, type ClientMessage } from '../../../src/proxy/sql/wire/frontend.ts';
 import { parseErrorFields, readyForQuery } from '../../../src/proxy/sql/wire/backend.ts';
 import { RESET_READ_ONLY_SQL } from '../../../src/proxy/sql/proof.ts';
 
@@ -487,5 +487,132 @@ describe('other messages', () => {
     expect(planner().plan({ type: 'other', code: 'p' }, IDLE)).toEqual([
       { do: 'fail', reason: 'unexpected message type "p" from the client' },
     ]);
+  });
+});
+
+// Postgres tells prepared statements (and portals) apart by the first 63 bytes of their names as
+// it stores them (NAMEDATALEN-1, cut byte-wise). Invariant: two names it keeps apart never share
+// the planner's record, two it takes for one always do, and a held extended BEGIN sends the text
+// recorded at its Parse, never the writer's Bind/Execute of a name.
+describe('statement names as the server keys them', () => {
+  /** A message as the relay reads it off the wire, `name` as raw bytes. */
+  const wire = (type: string, ...parts: (Buffer | string | number)[]) => {
+    const bytes = message(type, ...parts);
+    return { msg: decodeClient({ type, bytes, body: bytes.subarray(5) }), bytes };
+  };
+  const z = Buffer.from([0]);
+  const parseRaw = (name: Buffer, text: string) => wire('P', Buffer.concat([name, z]), text, int16(0));
+  const bindRaw = (name: Buffer) => wire('B', '', Buffer.concat([name, z]), int16(0), int16(0), int16(0));
+  const executeRaw = wire('E', '', int32(0));
+  const syncRaw = wire('S');
+  /** A group of the writer's, planned at idle, each Parse/Bind/Close confirmed by the backend. */
+  const confirmed = (p: Planner, ...ms: { msg: ClientMessage }[]) => {
+    for (const { msg } of ms)
+      for (const step of p.plan(msg, IDLE)) if (step.do === 'forward') for (const e of step.expect) if (e.change) p.confirm(e.change);
+  };
+  const holds = (p: Planner, name: Buffer) => {
+    const ms = [bindRaw(name), executeRaw, syncRaw];
+    return p.holdExtendedBegin(
+      ms.map((m) => m.msg),
+      ms.map((m) => m.bytes),
+      IDLE,
+    );
+  };
+
+  test('names equal in their first 63 bytes are one statement: a Parse under either replaces the BEGIN', () => {
+    for (const stem of [Buffer.from('a'.repeat(63)), Buffer.from(`${'a'.repeat(62)}é`)]) {
+      const p = planner();
+      const [X, Y] = [Buffer.concat([stem, Buffer.from('X')]), Buffer.concat([stem, Buffer.from('Y')])];
+      confirmed(p, parseRaw(X, 'BEGIN'), syncRaw);
+      expect(holds(p, Y)).not.toBeNull(); // the same statement to Postgres
+      const q = planner();
+      confirmed(q, parseRaw(X, 'BEGIN'), syncRaw, parseRaw(Y, 'INSERT INTO t VALUES (1)'), syncRaw);
+      expect(holds(q, X)).toBeNull();
+      expect(group(q, IDLE, bindRaw(X).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
+    }
+  });
+
+  test('names that are not UTF-8 stay apart (SQL_ASCII database): each keeps its own kind', () => {
+    const p = planner();
+    p.noteParameter('server_encoding', 'SQL_ASCII');
+    p.noteParameter('client_encoding', 'SQL_ASCII');
+    const [ff, fe] = [Buffer.from([0xff]), Buffer.from([0xfe])];
+    confirmed(p, parseRaw(fe, 'INSERT INTO t VALUES (1)'), syncRaw, parseRaw(ff, 'BEGIN'), syncRaw);
+    expect(holds(p, fe)).toBeNull(); // read as UTF-8 both are '\ufffd'
+    expect(holds(p, ff)).not.toBeNull();
+  });
+
+  test('a name past ASCII that the server converts to its own encoding is never trusted', () => {
+    const p = planner();
+    p.noteParameter('server_encoding', 'UTF8');
+    p.noteParameter('client_encoding', 'LATIN1');
+    const e = Buffer.from([0x61, 0xe9]); // 'aé' in LATIN1: 3 bytes to the server
+    confirmed(p, parseRaw(e, 'BEGIN'), syncRaw);
+    expect(holds(p, e)).toBeNull();
+    expect(group(p, IDLE, bindRaw(e).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
+    // ASCII names key alike either way.
+    const q = planner();
+    q.noteParameter('server_encoding', 'UTF8');
+    q.noteParameter('client_encoding', 'LATIN1');
+    confirmed(q, parseRaw(Buffer.from('b'), 'BEGIN'), syncRaw);
+    expect(holds(q, Buffer.from('b'))).not.toBeNull();
+  });
+
+  test("DEALLOCATE in a Query forgets the statement under the parser's cut name", () => {
+    const p = planner();
+    const long = 'b'.repeat(66);
+    confirmed(p, parseRaw(Buffer.from(long), 'BEGIN'), syncRaw);
+    p.plan(query(`DEALLOCATE ${long}`), IDLE);
+    expect(holds(p, Buffer.from(long))).toBeNull();
+  });
+
+  test("a held extended BEGIN is sent as the text of its Parse on the proxy's statement, never the writer's Bind/Execute", () => {
+    const held = (steps: Step[]) => {
+      const h = steps[0]!;
+      if (h.do !== 'send' || h.what !== 'heldBegin') throw new Error(`not a held BEGIN: ${JSON.stringify(sent(steps))}`);
+      return h;
+    };
+    const text = 'BEGIN ISOLATION LEVEL SERIALIZABLE';
+    const p = planner();
+    confirmed(p, parseRaw(Buffer.from('b'), text), syncRaw);
+    expect(holds(p, Buffer.from('b'))?.taken).toBe(3);
+    // Before a Query: on the unnamed statement (the Query drops it anyway), with a Sync of its own.
+    const steps = p.plan(query('INSERT INTO t VALUES (1)'), IN_BLOCK);
+    expect(sent(steps)).toEqual(['heldBegin', 'fencedQuery']);
+    const parseBegin = encode({ type: 'parse', name: '', text, paramTypes: [] });
+    const bindExecute = Buffer.concat([
+      encode({ type: 'bind', portal: '', statement: '', values: [] }),
+      encode({ type: 'execute', portal: '', maxRows: 0 }),
+    ]);
+    expect(held(steps).bytes).toEqual(Buffer.concat([parseBegin, bindExecute, encode({ type: 'sync' })]));
+    expect(held(steps).expect.every((e) => e.injected && !e.forwardReady)).toBe(true);
+    // Before a group that may bind the writer's unnamed statement: on the proxy's own, then the fence.
+    const q = planner();
+    confirmed(q, parseRaw(Buffer.alloc(0), 'SELECT 1'), syncRaw, parseRaw(Buffer.from('b'), text), syncRaw);
+    expect(holds(q, Buffer.from('b'))).not.toBeNull();
+    const first = q.plan(bind(), IN_BLOCK);
+    expect(sent(first)).toEqual(['heldBegin', 'fence', 'writer']);
+    expect(held(first).expect.map((e) => e.kind)).toEqual(['close', 'parse', 'bind', 'execute']);
+    expect(held(first).bytes.includes(Buffer.from(text))).toBe(true);
+    expect(held(first).bytes.includes(Buffer.from('\0b\0'))).toBe(false);
+  });
+
+  test('a Bind with parameters, or of a BEGIN parsed with parameter types, is not answered by the proxy', () => {
+    const p = planner();
+    confirmed(p, parseRaw(Buffer.from('b'), 'BEGIN'), syncRaw);
+    const withParam = wire('B', '', 'b', int16(0), int16(1), int32(1), Buffer.from('1'), int16(0));
+    expect(p.holdExtendedBegin([withParam.msg, executeRaw.msg, syncRaw.msg], [], IDLE)).toBeNull();
+    confirmed(p, wire('P', 'c', 'BEGIN', int16(1), int32(23)));
+    p.plan(syncRaw.msg, IDLE);
+    expect(holds(p, Buffer.from('c'))).toBeNull();
+  });
+
+  test('only the unnamed statement is trusted as a SET of a fence setting opening a group unfenced', () => {
+    const p = planner();
+    confirmed(p, parseRaw(Buffer.from('tok'), "SET fencepost.token = '7'"), syncRaw);
+    expect(group(p, IDLE, bindRaw(Buffer.from('tok')).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
+    const q = planner();
+    confirmed(q, parseRaw(Buffer.alloc(0), "SET fencepost.token = '7'"), syncRaw);
+    expect(group(q, IDLE, bindRaw(Buffer.alloc(0)).msg, executeRaw.msg, syncRaw.msg)).toEqual([['writer'], ['writer'], ['writer']]);
   });
 });

@@ -169,3 +169,137 @@ describe('a group whose Sync comes in a later write', () => {
     });
   }
 });
+
+/** Raise `fenceKey` to `token` through the proxy's HTTP door. */
+async function raiseTo(fenceKey: string, token: number): Promise<void> {
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token) },
+  });
+  expect(res.status).toBe(200);
+}
+
+// Prepared statements and portals are one to Postgres when their names agree on the first 63 bytes
+// (NAMEDATALEN-1, cut byte-wise, mid-character too); and a DO block can DEALLOCATE and PREPARE a
+// named statement through SPI, where the proxy sees only the tag DO. Invariant: whatever the
+// planner recorded for a name, a session whose token is below the fence commits nothing, and a
+// current one gets what Postgres has under the name.
+describe('prepared statement names as Postgres reads them', () => {
+  // Names whose first 63 bytes agree: ASCII, and cut in the middle of 'é' (0xC3 0xA9).
+  const stems = { '63 ASCII bytes': (c: string) => c.repeat(63), '62 bytes and half an é': (c: string) => `${c.repeat(62)}é` };
+  let n = 0;
+  /** A session with token 10 on a fence of its own (at 10), and that fence's key. */
+  const session = async () => {
+    const key = `names/${n++}`;
+    await raiseTo(key, 10);
+    return { key, raw: await RawClient.connect(sql.port, sql.database, 'names', fenceOptions(10, key)) };
+  };
+  /** X prepared as BEGIN, then Y (the same statement to Postgres) closed and prepared as `text`. */
+  const swapByName = async (raw: RawClient, X: string, Y: string, text: string) => {
+    expect((await raw.send([P('BEGIN', X), S()])).errors).toEqual([]);
+    expect((await raw.send([CLOSE('S', Y), P(text, Y), S()])).errors).toEqual([]);
+  };
+
+  for (const [name, stem] of Object.entries(stems)) {
+    test(`${name}: a BEGIN replaced under a name read alike is no longer held, nor run ahead of the fence`, async () => {
+      const { key, raw } = await session();
+      const [held, named] = [ids.next++, ids.next++];
+      await swapByName(raw, `${stem('a')}X`, `${stem('a')}Y`, insert(held));
+      await swapByName(raw, `${stem('c')}X`, `${stem('c')}Y`, insert(named));
+      await raiseTo(key, 11);
+      // The lone Bind/Execute/Sync the proxy answers as a BEGIN when it thinks X is one.
+      const first = await raw.send([B(`${stem('a')}X`), E(), S()]);
+      expect(first.tags).not.toContain('BEGIN');
+      expect(first.errors).toEqual(['FP409']);
+      // On a named portal (never held): a BEGIN opening a group runs ahead of the fence.
+      const second = await raw.send([B(`${stem('c')}X`, 'p'), E('p'), S()]);
+      expect(second.errors).toEqual(['FP409']);
+      expect(await present(held)).toBe(0);
+      expect(await present(named)).toBe(0);
+      raw.close();
+    });
+  }
+
+  test('a current session runs what Postgres holds under the name: the INSERT, not a BEGIN', async () => {
+    const { raw } = await session();
+    const id = ids.next++;
+    const stem = stems['63 ASCII bytes']('a');
+    await swapByName(raw, `${stem}X`, `${stem}Y`, insert(id));
+    const r = await raw.send([B(`${stem}X`), E(), S()]);
+    expect(r.tags).toEqual(['INSERT 0 1']);
+    expect(r.status).toBe('I');
+    expect(await present(id)).toBe(1);
+    raw.close();
+  });
+
+  test('DEALLOCATE of a name longer than 63 bytes in a Query forgets the statement it drops', async () => {
+    const { key, raw } = await session();
+    const id = ids.next++;
+    const long = 'b'.repeat(66); // the parser cuts it to 63, as Postgres does
+    expect((await raw.send([P('BEGIN', long), S()])).errors).toEqual([]);
+    expect((await raw.send([Q(`DEALLOCATE ${long}`)])).errors).toEqual([]);
+    expect((await raw.send([Q(`PREPARE ${long} AS ${insert(id)}`)])).errors).toEqual([]);
+    await raiseTo(key, 11);
+    const r = await raw.send([B(long, 'p'), E('p'), S()]);
+    expect(r.errors.length).toBeGreaterThan(0);
+    expect(await present(id)).toBe(0);
+    raw.close();
+  });
+
+  /** The named statement `name` becomes `text` inside a DO block: the proxy sees the tag DO. */
+  const swapInDo = (name: string, text: string) =>
+    Q(`BEGIN; DO $$BEGIN EXECUTE 'DEALLOCATE ${name}'; EXECUTE 'PREPARE ${name} AS ${text.replaceAll("'", "''")}'; END$$; COMMIT`);
+
+  test('a held BEGIN is sent as its own text: the statement swapped in a DO block does not run', async () => {
+    const { key, raw } = await session();
+    const id = ids.next++;
+    expect((await raw.send([P('BEGIN', 'trap'), S()])).errors).toEqual([]);
+    expect((await raw.send([swapInDo('trap', insert(id))])).errors).toEqual([]);
+    await raiseTo(key, 11);
+    // Answered by the proxy (BEGIN), held, and sent in front of the next Query, with the fence.
+    expect((await raw.send([B('trap'), E(), S()])).tags).toEqual(['BEGIN']);
+    const after = await raw.send([Q('SELECT 1')]);
+    expect(after.errors).toEqual(['FP409']);
+    await raw.send([Q('ROLLBACK')]);
+    expect(await present(id)).toBe(0);
+    raw.close();
+  });
+
+  test('pgbench-like: a named BEGIN held and sent before a group still opens a fenced block; a current session commits', async () => {
+    const { raw } = await session();
+    const id = ids.next++;
+    expect((await raw.send([P('BEGIN', 'b'), P(insert(id), 'i'), P('COMMIT', 'c'), S()])).errors).toEqual([]);
+    expect((await raw.send([B('b'), E(), S()])).tags).toEqual(['BEGIN']);
+    const ins = await raw.send([B('i'), E(), S()]);
+    expect(ins.tags).toEqual(['INSERT 0 1']);
+    expect(ins.status).toBe('T');
+    expect((await raw.send([B('c'), E(), S()])).tags).toEqual(['COMMIT']);
+    expect(await present(id)).toBe(1);
+    raw.close();
+  });
+
+  test("a held BEGIN leaves the writer's unnamed statement as it was: bound after it, it runs", async () => {
+    const { raw } = await session();
+    expect((await raw.send([P('SELECT 41 + 1'), S()])).errors).toEqual([]);
+    expect((await raw.send([P('BEGIN', 'b'), S()])).errors).toEqual([]);
+    expect((await raw.send([B('b'), E(), S()])).tags).toEqual(['BEGIN']);
+    const r = await raw.send([B(), E(), S()]);
+    expect(r.errors).toEqual([]);
+    expect(r.rows).toEqual([['42']]);
+    expect(r.status).toBe('T');
+    expect((await raw.send([Q('COMMIT')])).tags).toEqual(['COMMIT']);
+    raw.close();
+  });
+
+  test('a named statement prepared as SET fencepost.token and swapped in a DO block does not run unfenced', async () => {
+    const { key, raw } = await session();
+    const id = ids.next++;
+    expect((await raw.send([P("SET fencepost.token = '10'", 'tok'), S()])).errors).toEqual([]);
+    expect((await raw.send([swapInDo('tok', insert(id))])).errors).toEqual([]);
+    await raiseTo(key, 11);
+    const r = await raw.send([B('tok'), E(), S()]);
+    expect(r.errors).toEqual(['FP409']);
+    expect(await present(id)).toBe(0);
+    raw.close();
+  });
+});

@@ -46,15 +46,26 @@ export function negotiatesEncryption(body: Buffer): boolean {
 // Read leniently: a string missing its NUL reads as '' and ends the body, a short list reads as far
 // as it goes. A malformed message is still forwarded as it came, for the backend to refuse.
 
+// Names of statements and portals are read as UTF-8 for show; the server tells them apart by their
+// bytes (the first 63: NAMEDATALEN-1), and bytes that are not UTF-8 read alike ('\ufffd'), so each
+// name also comes as sent (`…Bytes`, absent in messages built by hand: then the name's UTF-8).
 export type ClientMessage =
   /** `raw`: the text's bytes as sent, in the session's client encoding (`text` reads them as UTF-8). */
   | { type: 'query'; text: string; raw?: Buffer }
-  | { type: 'parse'; name: string; text: string; paramTypes: number[] }
-  | { type: 'bind'; portal: string; statement: string }
+  | { type: 'parse'; name: string; nameBytes?: Buffer; text: string; paramTypes: number[] }
+  | {
+      type: 'bind';
+      portal: string;
+      statement: string;
+      portalBytes?: Buffer;
+      statementBytes?: Buffer;
+      paramFormats?: number;
+      paramCount?: number;
+    }
   /** `target`: 'S' a prepared statement, 'P' a portal. */
-  | { type: 'describe'; target: string; name: string }
-  | { type: 'execute'; portal: string; maxRows: number }
-  | { type: 'close'; target: string; name: string }
+  | { type: 'describe'; target: string; name: string; nameBytes?: Buffer }
+  | { type: 'execute'; portal: string; maxRows: number; portalBytes?: Buffer }
+  | { type: 'close'; target: string; name: string; nameBytes?: Buffer }
   | { type: 'sync' }
   | { type: 'flush' }
   | { type: 'functionCall' }
@@ -78,22 +89,44 @@ export function decodeClient(f: Frame): ClientMessage {
       const paramTypes: number[] = [];
       const count = text.end + 2 <= body.length ? body.readInt16BE(text.end) : 0;
       for (let i = 0, at = text.end + 2; i < count && at + 4 <= body.length; i++, at += 4) paramTypes.push(body.readInt32BE(at));
-      return { type: 'parse', name: name.value, text: text.value, paramTypes };
+      return { type: 'parse', name: name.value, nameBytes: bytesOf(body, 0, name.end), text: text.value, paramTypes };
     }
     case 'B': {
       const portal = cstringAt(body, 0);
-      return { type: 'bind', portal: portal.value, statement: cstringAt(body, portal.end).value };
+      const statement = cstringAt(body, portal.end);
+      // After the names: the parameter format codes, then the parameter count.
+      let at = statement.end;
+      const formats = at + 2 <= body.length ? body.readInt16BE(at) : 0;
+      at += 2 + 2 * Math.max(0, formats);
+      const paramCount = at + 2 <= body.length ? body.readInt16BE(at) : -1;
+      return {
+        type: 'bind',
+        portal: portal.value,
+        statement: statement.value,
+        portalBytes: bytesOf(body, 0, portal.end),
+        statementBytes: bytesOf(body, portal.end, statement.end),
+        paramFormats: formats,
+        paramCount,
+      };
     }
     case 'D':
-    case 'C':
+    case 'C': {
+      const name = cstringAt(body, 1);
       return {
         type: f.type === 'D' ? 'describe' : 'close',
         target: body.toString('latin1', 0, Math.min(1, body.length)),
-        name: cstringAt(body, 1).value,
+        name: name.value,
+        nameBytes: bytesOf(body, 1, name.end),
       };
+    }
     case 'E': {
       const portal = cstringAt(body, 0);
-      return { type: 'execute', portal: portal.value, maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0 };
+      return {
+        type: 'execute',
+        portal: portal.value,
+        portalBytes: bytesOf(body, 0, portal.end),
+        maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0,
+      };
     }
     case 'S':
       return { type: 'sync' };
@@ -110,6 +143,12 @@ export function decodeClient(f: Frame): ClientMessage {
     default:
       return { type: 'other', code: f.type };
   }
+}
+
+/** The bytes of the C string at `start` that ends (past its NUL) at `end`, as cstringAt reads it ('' without a NUL). */
+function bytesOf(body: Buffer, start: number, end: number): Buffer {
+  if (start >= body.length || body[end - 1] !== 0 || end <= start) return Buffer.alloc(0);
+  return Buffer.from(body.subarray(start, end - 1));
 }
 
 // ---- what the proxy sends -----------------------------------------------------------------------

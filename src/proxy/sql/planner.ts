@@ -347,6 +347,18 @@ export class Planner {
    * DEALLOCATE and PREPARE a named one through SPI, unseen (its tag is DO or SELECT), into an
    * INSERT or a CALL that commits, and SQL cannot touch the unnamed statement.
    */
+  /**
+   * The kind of a statement about to be bound, as far as it may put the fence off. A named
+   * statement may hold something else than the proxy saw parsed (SQL PREPARE and DEALLOCATE run in
+   * a DO block or a function, where the proxy does not see them), so it never counts as a BEGIN or
+   * a COMMIT, the kinds after which the fence comes; the unnamed one, which only the protocol
+   * makes, does.
+   */
+  private boundKind(statementKey: string): StatementKind {
+    const kind = this.kindOf('statement', statementKey) ?? 'unknown';
+    return statementKey !== '' && (kind === 'begin' || kind === 'end') ? 'other' : kind;
+  }
+
   private bindsSetting(statementKey: string): boolean {
     return statementKey === '' && this.isSetting('statement', statementKey);
   }
@@ -932,7 +944,7 @@ export class Planner {
         // A group that opens with a BEGIN gets the fence right after its Execute; one that opens
         // with a SET of a fence setting (pgJDBC sends SET so) gets it after that SET.
         const opensWithBegin =
-          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.kindOf('statement', statementKey) === 'begin';
+          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.boundKind(statementKey) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
         else if (opensWithSetting) this.settingFirst = true;
         else this.inject(steps);
@@ -970,8 +982,8 @@ export class Planner {
         const setting = this.bindsSetting(statementKey);
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
-        if (this.fenceBeforeExecute && kind !== 'begin') this.fencePending(steps);
-        this.putOff(kind, steps);
+        if (this.fenceBeforeExecute && this.boundKind(statementKey) !== 'begin') this.fencePending(steps);
+        this.putOff(this.boundKind(statementKey), steps);
         steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }] });
         return steps;
       }

@@ -485,6 +485,29 @@ describe('extended protocol: what a group opens with is not what runs first', ()
     expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '11' });
   });
 
+  test('a named BEGIN or COMMIT swapped for an INSERT where the proxy cannot see it (PREPARE in a DO block) puts no fence off', async () => {
+    // SQL PREPARE and DEALLOCATE in a DO block replace a named statement; only the unnamed one,
+    // which the protocol alone makes, is trusted to be the BEGIN or COMMIT it was parsed as.
+    const key = 'named-swap';
+    const raw = await Raw.connect('named-swap', fenceOptions(10, key));
+    const swap = (name: string, text: string) =>
+      Q(`BEGIN; DO $$BEGIN EXECUTE 'DEALLOCATE ${name}'; EXECUTE 'PREPARE ${name} AS ${text.replaceAll("'", "''")}'; END$$; COMMIT`);
+    const [n, m] = [id(), id()];
+    expect((await raw.send([P('BEGIN', 'b'), P('COMMIT', 'c'), S()])).errors).toEqual([]);
+    expect((await raw.send([swap('b', `INSERT INTO items VALUES (${n}, 'b')`)])).errors).toEqual([]);
+    expect((await raw.send([swap('c', `INSERT INTO items VALUES (${m}, 'c')`)])).errors).toEqual([]);
+    await raise(key, 11);
+    // The group opens with Bind of "BEGIN" on a named portal, runs it and syncs.
+    expect((await raw.send([B('b', 'p'), E('p'), S()])).errors).toEqual(['FP409']);
+    // A block owing its fence (held BEGIN, SET fencepost.token), then Bind of "COMMIT".
+    expect((await raw.send([Q('BEGIN')])).status).toBe('T');
+    expect((await raw.send([Q('SET fencepost.token = 10')])).errors).toEqual([]);
+    expect((await raw.send([P('COMMIT'), B('c'), E(), S()])).errors).toEqual(['FP409']);
+    await raw.send([Q('ROLLBACK')]);
+    raw.close();
+    expect(await present(n, m)).toEqual([]);
+  });
+
   test('a group that parses a BEGIN and executes an INSERT first: the fence before the INSERT', async () => {
     const raw = await Raw.connect('begin-parsed-first', '');
     expect((await raw.send([Q('SET default_transaction_read_only = off')])).errors).toEqual([]);

@@ -1030,7 +1030,10 @@ export class Planner {
         }
         return steps;
       }
-      case 'sync':
+      case 'sync': {
+        // A lone Sync (no group open) changes nothing: the backend stays as its last ReadyForQuery
+        // said, when nothing sent before is unanswered and no BEGIN is held (the backend is idle then).
+        const lone = !this.groupOpen;
         this.groupOpen = false;
         // Only the SET ran in the block: its next statement gets the fence, unless it ends the block.
         if ((this.settingOwesBlock && (this.settingFirst || this.fenceBeforeExecute)) || this.fenceAfterBegin || this.fenceUnlessEnd)
@@ -1047,7 +1050,17 @@ export class Planner {
           expect: [
             withPrediction(
               { kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit },
-              this.unsure ? undefined : this.inBlock ? 'T' : 'I',
+              lone
+                ? ctx.awaiting || this.holdsBegin()
+                  ? undefined
+                  : ctx.status === 'I'
+                    ? 'I'
+                    : 'T'
+                : this.unsure
+                  ? undefined
+                  : this.inBlock
+                    ? 'T'
+                    : 'I',
             ),
           ],
         });
@@ -1067,6 +1080,7 @@ export class Planner {
           });
         }
         return steps;
+      }
       case 'flush': // no response of its own
         steps.push({ do: 'forward', expect: [] });
         return steps;

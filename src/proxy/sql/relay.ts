@@ -112,6 +112,11 @@ const FENCE_ERROR_OUTCOMES: Readonly<Record<string, 'error' | 'invalid'>> = {
 
 const ROLLBACK = encode({ type: 'query', text: 'ROLLBACK' });
 const FLUSH = encode({ type: 'flush' });
+/**
+ * After a COPY that failed: a Sync (ends the skipping of an extended group) and an empty Query,
+ * whose EmptyQueryResponse nothing else answers.
+ */
+const RECOUNT = Buffer.concat([encode({ type: 'sync' }), encode({ type: 'query', text: '' })]);
 const TWO_PHASE_HINT =
   "a fenced session's transactions read a temporary object of its fence, so PREPARE TRANSACTION (two-phase commit) is refused on the fencepost SQL endpoint: end the transaction with COMMIT";
 const READ_ONLY_HINT =
@@ -138,12 +143,14 @@ function withHint(bytes: Buffer, fenced: boolean): Buffer {
 /**
  * Does a ReadyForQuery's status agree with the planner's prediction? A block ('T') must have been
  * predicted; idle ('I') when a block was predicted only if something failed (the rest was skipped);
- * a failed block ('E') commits nothing, and what the writer sends next is planned from it.
+ * a failed block ('E') when a block was predicted, or idle only if something failed (a statement
+ * ahead of the writer's COMMIT or ROLLBACK): a failed block where nothing failed and the writer's
+ * statements end the block is not what they did, and the next message would be planned from it.
  */
 function predictionHolds(predicted: 'I' | 'T', reported: string, failed: boolean): boolean {
   if (reported === 'T') return predicted === 'T';
   if (reported === 'I') return predicted === 'I' || failed;
-  return true;
+  return predicted === 'T' || failed;
 }
 
 export class Relay {
@@ -167,6 +174,13 @@ export class Relay {
   private closed = false;
   /** A Flush of the proxy's went to the backend for a Query waiting inside an open group. */
   private flushAsked = false;
+  /**
+   * A COPY the backend ended with an error, up to `uncertain` Syncs of the writer's answered or
+   * not (copy-in.ts): its ReadyForQuery messages are held until the answer to `marker`, the
+   * proxy's empty Query, says how many came. `before`: how many of them answer replies queued
+   * ahead of those Syncs (the COPY's own Query).
+   */
+  private recount: { uncertain: number; before: number; marker: Reply; held: Frame[] } | null = null;
 
   /** The value of each reported setting as the writer last heard it (ParameterStatus). */
   private readonly told = new Map<string, string>();
@@ -324,10 +338,12 @@ export class Relay {
       const { frame, msg } = this.clientFrames[i]!;
       if (this.copy.open && msg.type !== 'copy') {
         const admitted = this.copy.admit(msg);
-        if (admitted === 'pass') {
-          // Ignored by the backend in COPY IN; after it, the Sync the copy's group still needs.
+        if (admitted === 'pass' || typeof admitted === 'object') {
+          // Ignored by the backend in COPY IN; after it, the Sync the copy's group still needs,
+          // answering the reply kept from an ignored one.
           i++;
           this.toBackend.push(frame.bytes);
+          if (typeof admitted === 'object') this.replies.expect(admitted);
           continue;
         }
         this.flushBackend();
@@ -463,13 +479,27 @@ export class Relay {
   }
 
   private onBackendFrame(f: Frame): void {
+    if (this.recount !== null) {
+      // Until the proxy's empty Query is answered (or refused: a cancel), no ReadyForQuery is taken
+      // for the answer to anything. (Nothing else in flight answers with either: only the writer's
+      // Syncs, Flushes and copy data went since the copy failed.)
+      if (f.type === 'Z') {
+        this.recount.held.push(f);
+        return;
+      }
+      if (f.type === 'I' || (f.type === 'E' && !isFatal(f.body))) {
+        this.settleRecount();
+        if (this.closed) return;
+      }
+    }
     const head = this.replies.head;
+    let uncertain = 0;
     if (f.type === 'G') {
       const failure = this.copy.onCopyInResponse(head);
       if (failure !== null) this.fail(failure);
       if (this.closed) return;
     } else if (f.type === 'C' || f.type === 'E') {
-      this.copy.onEnd();
+      uncertain = this.copy.onEnd(f.type === 'E');
     }
     if (head?.kind === 'query' && f.type !== 'Z' && f.type !== 'E' && f.type !== 'S' && f.type !== 'A') {
       this.onQueryMessage(f, head);
@@ -519,6 +549,7 @@ export class Relay {
       }
       case 'E':
         this.onError(f, head);
+        if (uncertain > 0 && !this.closed) this.startRecount(uncertain, head?.kind === 'query' ? 1 : 0);
         return;
       case 'Z':
         this.onReady(f);
@@ -650,6 +681,46 @@ export class Relay {
     const outcome = FENCE_ERROR_OUTCOMES[code];
     if (outcome !== undefined) this.opts.onFenceError?.(outcome);
     return bytes;
+  }
+
+  /**
+   * A COPY the backend ended with an error may answer up to `uncertain` Syncs of the writer's it
+   * ignored or not (copy-in.ts): a Sync and an empty Query of the proxy's behind them, and every
+   * ReadyForQuery held until the empty Query's answer.
+   */
+  private startRecount(uncertain: number, before: number): void {
+    this.toBackend.push(RECOUNT);
+    this.expect({ kind: 'sync', injected: true, forwardReady: false });
+    const marker = replyOf({ kind: 'query', injected: true, forwardReady: false }, this.copy.endsSent);
+    this.replies.expect(marker);
+    this.recount = { uncertain, before, marker, held: [] };
+    this.flushBackend();
+  }
+
+  /**
+   * The proxy's empty Query is answered: every ReadyForQuery before it is in. Those beyond the
+   * replies queued ahead of it answer the writer's Syncs the backend read after the copy failed:
+   * forwarded (Postgres answers them), none taken for the answer to anything queued.
+   */
+  private settleRecount(): void {
+    const { uncertain, before, marker, held } = this.recount!;
+    this.recount = null;
+    const queued = this.replies.before(marker);
+    const answered = held.length - queued;
+    if (queued < before || answered < 0 || answered > uncertain) {
+      this.fail(`${held.length} ReadyForQuery messages from the database after a failed COPY, ${queued} expected`);
+      return;
+    }
+    for (const [i, f] of held.entries()) {
+      if (this.closed) return;
+      if (i >= before && i < before + answered) {
+        this.status = String.fromCharCode(f.body[0] ?? 73);
+        this.tally.ready(this.status);
+        this.toClient.push(f.bytes);
+      } else {
+        this.onReady(f);
+      }
+    }
   }
 
   private onReady(f: Frame): void {

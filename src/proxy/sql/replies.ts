@@ -106,6 +106,11 @@ export class Replies {
     return this.queue.slice(this.queue.indexOf(e) + 1);
   }
 
+  /** How many replies are queued ahead of `e`. */
+  before(e: Reply): number {
+    return this.queue.indexOf(e);
+  }
+
   /** A reply that will never come (a Sync the backend ignored during COPY). */
   remove(e: Reply): void {
     this.queue.splice(this.queue.indexOf(e), 1);

@@ -400,6 +400,103 @@ describe('COPY FROM STDIN, message by message', () => {
     }
   });
 
+  test('with a current token, the whole exchange in one write (CopyDone and Sync behind the Execute, no Sync before the data) and more Syncs and Queries behind it: one answer each', async ({
+    sql,
+    db,
+  }) => {
+    // Invariant: every Sync and Query of the writer's gets exactly one ReadyForQuery, and nothing of
+    // the proxy's (its proof's answers) reaches the writer.
+    const raw = await RawClient.connect(sql.port, sql.database, 'copier-piped', fenceOptions(6, 'copy/ext'));
+    try {
+      const piped = await raw.send(
+        [P('COPY copied (id, v) FROM STDIN'), B(), E(), copyData('61\tsixty-one\n62\tsixty-two\n'), COPY_DONE, S()],
+        1,
+      );
+      expect(piped).toMatchObject({ errors: [], tags: ['COPY 2'], status: 'I' });
+      expect(piped.frames.map((f) => f.type).join('')).toBe('12GCZ');
+      const more = await raw.send(
+        [
+          ...[P('COPY copied (id, v) FROM STDIN'), B(), E(), copyData('63\tsixty-three\n'), COPY_DONE, S()],
+          S(),
+          Q('SELECT count(*) FROM copied WHERE id BETWEEN 61 AND 69'),
+          S(),
+          ...[P('COPY copied (id, v) FROM STDIN'), B(), E(), S(), copyData('64\tsixty-four\n'), COPY_DONE, S()],
+          Q('SELECT 1'),
+        ],
+        6,
+      );
+      expect(more).toMatchObject({ errors: [], tags: ['COPY 1', 'SELECT 1', 'COPY 1', 'SELECT 1'], status: 'I', closed: false });
+      expect(more.rows).toEqual([['3'], ['1']]);
+      expect(more.frames.filter((f) => f.type === 'Z')).toHaveLength(6);
+      // Nothing more comes: the next Query's answer is its own.
+      expect(await raw.send([Q('SELECT 2')], 1)).toMatchObject({ tags: ['SELECT 1'], rows: [['2']], status: 'I' });
+      expect(await countInRange(db, 61, 69)).toBe(4);
+      expect(await fenceRow(db.pool, 'copy/ext')).toEqual({ highest_token: '6' });
+    } finally {
+      raw.close();
+    }
+  });
+
+  test('a session gone stale and tokenless: the Syncs around a failed COPY get the answers Postgres gives them, so no Query behind them is planned on a state the backend left', async ({
+    sql,
+    db,
+  }) => {
+    // Invariant: no row lands from a stale session; every message sent to the backend has exactly
+    // the replies expected for it, and a ReadyForQuery is never taken for the answer to a later
+    // message. Found by a red team: after Parse/Bind/Execute of a COPY with its data, CopyDone and
+    // Sync in one write (the data refused, in a block), the proxy still counted on a Sync after
+    // the copy, passed the writer's next Sync with no answer expected, took that Sync's
+    // ReadyForQuery ('E') for the ROLLBACK's, planned the INSERT behind it at 'E' and sent it
+    // without the fence while the backend was idle: it committed. The backend also answers a Sync
+    // sent inside the copy stream when it ended the copy with an error before reading it (bad
+    // data before the Sync, a statement trigger failing before the first read), and only it knows
+    // which: the proxy counts them.
+    const raiseTo11 = async (fenceKey: string) => expect((await raiseOverHttp(sql, fenceKey, 11)).status).toBe(200);
+    const BOOM = `CREATE FUNCTION pg_temp.boom() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'boom'; END$$`;
+    const shapes: { name: string; trigger?: boolean; first?: Buffer[]; copy: Buffer[] }[] = [
+      { name: 'pipelined', copy: [P('COPY scratch FROM STDIN'), B(), E(), copyData('not-a-number\n'), COPY_DONE, S(), S()] },
+      { name: 'sync-in-data', copy: [P('COPY scratch FROM STDIN'), B(), E(), copyData('not-a-number\n'), S(), COPY_DONE, S()] },
+      { name: 'query-sync-in-data', first: [Q('COPY scratch FROM STDIN')], copy: [copyData('not-a-number\n'), S(), COPY_DONE] },
+      { name: 'trigger', trigger: true, first: [P('COPY scratch FROM STDIN'), B(), E(), S()], copy: [COPY_DONE, S()] },
+      { name: 'trigger-pipelined', trigger: true, copy: [P('COPY scratch FROM STDIN'), B(), E(), S(), COPY_DONE, S()] },
+    ];
+    for (const [n, shape] of shapes.entries()) {
+      const id = 70 + n;
+      const fenceKey = `copy/stale-sync/${shape.name}`;
+      const raw = await RawClient.connect(sql.port, sql.database, 'copier-stale', fenceOptions(10, fenceKey));
+      try {
+        // While the token is current: a temporary table to COPY into (a read-only block may write it).
+        const setup = [Q('CREATE TEMP TABLE scratch (id int)')];
+        if (shape.trigger)
+          setup.push(Q(BOOM), Q('CREATE TRIGGER boom BEFORE INSERT ON scratch FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.boom()'));
+        expect((await raw.send(setup, setup.length)).errors).toEqual([]);
+        await raiseTo11(fenceKey);
+        // Stale now: no token (a SET at idle goes unfenced), the read-only default lifted, a block.
+        expect((await raw.send([Q("SET fencepost.token = ''")], 1)).errors).toEqual([]);
+        expect((await raw.send([Q('SET default_transaction_read_only = off')], 1)).errors).toEqual([]);
+        expect(await raw.send([Q('BEGIN; SELECT 1')], 1)).toMatchObject({ errors: [], status: 'T' });
+        if (shape.first !== undefined) {
+          raw.write(...shape.first);
+          await new Promise((r) => setTimeout(r, 100)); // the backend is in COPY IN (or failed it)
+        }
+        // The ROLLBACK slow enough that its answer comes in a read of its own, then a write.
+        raw.write(...shape.copy, Q('ROLLBACK; SELECT pg_sleep(0.3)'), Q(`INSERT INTO copied VALUES (${id}, 'stale'); COMMIT`));
+        // Four ReadyForQuery messages, as Postgres answers: two for the Syncs (or the COPY's Query
+        // and a Sync it read after the error), one for each Query.
+        const out = await raw.read(4);
+        expect(await countInRange(db, id, id), shape.name).toBe(0);
+        expect(out, shape.name).toMatchObject({ status: 'I', closed: false });
+        expect(out.tags, shape.name).not.toContain('INSERT 0 1');
+        expect(out.tags, shape.name).toContain('ROLLBACK');
+        // Postgres's answers only: the proof's (its set_config row) never reach the writer.
+        expect(out.rows.flat(), shape.name).toEqual(['']);
+      } finally {
+        raw.close();
+      }
+    }
+    expect(await countInRange(db, 70, 79)).toBe(0);
+  });
+
   test('a message other than copy data, Flush or Sync inside a COPY IN ends the session with 08P01 (no hang), nothing of the COPY lands', async ({
     sql,
     db,

@@ -303,3 +303,27 @@ describe('prepared statement names as Postgres reads them', () => {
     raw.close();
   });
 });
+
+describe('a lone Sync (no group open)', () => {
+  // Invariant: a lone Sync changes nothing on the backend; its ReadyForQuery says the state the
+  // last one said, and the session goes on (it ended with XX000 in a block a Query opened: the
+  // Sync was checked against the block state the last extended group left). A failed block
+  // reported for statements that end the block with nothing failing is not accepted (relay.ts
+  // predictionHolds): that ReadyForQuery answers something else.
+  for (const [who, options] of Object.entries({ 'a leader': fenceOptions(1, 'orders/lone'), 'a session without a token': '' })) {
+    test(`${who}: in a block and in a failed block a Query opened, after an extended group at idle`, async () => {
+      const raw = await RawClient.connect(sql.port, sql.database, 'lone-sync', options);
+      try {
+        expect(await raw.send([...pbe('SELECT 1'), S()])).toMatchObject({ errors: [], status: 'I' });
+        expect(await raw.send([Q('BEGIN; SELECT 1')])).toMatchObject({ errors: [], status: 'T' });
+        expect(await raw.send([S()])).toMatchObject({ errors: [], status: 'T', closed: false });
+        expect(await raw.send([Q('SELECT 1/0')])).toMatchObject({ errors: ['22012'], status: 'E' });
+        expect(await raw.send([S(), S()], 2)).toMatchObject({ errors: [], status: 'E', closed: false });
+        expect(await raw.send([Q('ROLLBACK')])).toMatchObject({ errors: [], tags: ['ROLLBACK'], status: 'I' });
+        expect(await raw.send([S()])).toMatchObject({ errors: [], status: 'I', closed: false });
+      } finally {
+        raw.close();
+      }
+    });
+  }
+});

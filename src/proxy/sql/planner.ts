@@ -765,7 +765,9 @@ export class Planner {
     // what is sent is built from the writer's bytes, never from `text`.
     const raw = this.queryRaw !== undefined && !isUtf8(this.queryRaw) ? this.queryRaw : null;
     const query = (sent: string, ...parts: (Buffer | string)[]) =>
-      raw === null ? encode({ type: 'query', text: sent }) : message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'utf8') : p)), NUL);
+      raw === null
+        ? encode({ type: 'query', text: sent })
+        : message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'utf8') : p)), NUL);
     const start = idle && status !== 'T' ? 'I' : 'T';
     const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
@@ -943,8 +945,7 @@ export class Planner {
       if (ctx.status === 'I') {
         // A group that opens with a BEGIN gets the fence right after its Execute; one that opens
         // with a SET of a fence setting (pgJDBC sends SET so) gets it after that SET.
-        const opensWithBegin =
-          m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.boundKind(statementKey) === 'begin';
+        const opensWithBegin = m.type === 'parse' ? parsedKind === 'begin' : m.type === 'bind' && this.boundKind(statementKey) === 'begin';
         if (opensWithBegin) this.fenceAfterExecute = true;
         else if (opensWithSetting) this.settingFirst = true;
         else this.inject(steps);
@@ -984,7 +985,10 @@ export class Planner {
         if (this.settingFirst && !setting) this.settingDone(steps);
         if (this.fenceBeforeExecute && this.boundKind(statementKey) !== 'begin') this.fencePending(steps);
         this.putOff(this.boundKind(statementKey), steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }] });
+        steps.push({
+          do: 'forward',
+          expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }],
+        });
         return steps;
       }
       case 'describe':

@@ -23,7 +23,8 @@ afterAll(async () => {
 
 const NUL = Buffer.from([0]);
 /** A Query of these bytes (not read as UTF-8 anywhere on the way). */
-const Qb = (...parts: (string | Buffer)[]) => message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'latin1') : p)), NUL);
+const Qb = (...parts: (string | Buffer)[]) =>
+  message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'latin1') : p)), NUL);
 const Pb = (text: Buffer) => message('P', NUL, text, NUL, int16(0));
 const stored = async (id: number) =>
   (await db.pool.query<{ v: string }>('SELECT v FROM public.words WHERE id = $1', [id])).rows.map((r) => r.v);
@@ -40,7 +41,9 @@ describe('LATIN1', () => {
     expect((await raw.send([Q('COMMIT')])).errors).toEqual([]);
     expect((await raw.send([Q('BEGIN ISOLATION LEVEL REPEATABLE READ')])).status).toBe('T');
     expect((await raw.send([Qb("INSERT INTO words VALUES (4, '", cafe, "'); COMMIT")])).errors).toEqual([]);
-    expect((await raw.send([Pb(Buffer.concat([Buffer.from("INSERT INTO words VALUES (5, '"), cafe, Buffer.from("')")])), B(), E(), S()])).errors).toEqual([]);
+    expect(
+      (await raw.send([Pb(Buffer.concat([Buffer.from("INSERT INTO words VALUES (5, '"), cafe, Buffer.from("')")])), B(), E(), S()])).errors,
+    ).toEqual([]);
     // Several statements with a transaction word, not UTF-8: the proxy cannot split what it cannot read.
     const refused = await raw.send([Qb("INSERT INTO words VALUES (6, '", cafe, "'); COMMIT; SELECT 1")]);
     expect(refused.errors).toEqual(['0A000']);
@@ -51,7 +54,7 @@ describe('LATIN1', () => {
 });
 
 describe('SJIS', () => {
-  test("Japanese text, autocommit and after a held BEGIN", async () => {
+  test('Japanese text, autocommit and after a held BEGIN', async () => {
     // ソース ("source") in SJIS: 0x83 0x5C 0x81 0x5B 0x83 0x58; 0x5C is a backslash in ASCII.
     const source = Buffer.from([0x83, 0x5c, 0x81, 0x5b, 0x83, 0x58]);
     const raw = await RawClient.connect(sql.port, sql.database, 'sjis', `${fenceOptions(1, 'sjis')} -c client_encoding=SJIS`);

@@ -242,7 +242,7 @@ describe('simple protocol: a transaction ended in the middle of a Query is fence
   test.each([
     ['standard_conforming_strings off', '-c standard_conforming_strings=off', (n: number) => Q(smuggled(n))],
     ['client_encoding SJIS', '-c client_encoding=SJIS', (n: number) => Qbytes(sjis(n))],
-  ])('%s: a stale session\'s SET that hides an INSERT is fenced, and an ASCII SET still takes a new token', async (name, setting, text) => {
+  ])("%s: a stale session's SET that hides an INSERT is fenced, and an ASCII SET still takes a new token", async (name, setting, text) => {
     const key = `lexing-${name}`;
     await raise(key, 10);
     const raw = await Raw.connect(`zombie-${key}`, `${fenceOptions(10, key)} ${setting}`);
@@ -443,7 +443,7 @@ describe('extended protocol: what a group opens with is not what runs first', ()
   // Invariant: no Execute of a stale or tokenless session runs a write before the fence, whatever
   // the group's first message promised. Each case committed its row before its fix.
 
-  test("a block that owes its fence, a group that opens with a Parse of COMMIT it never runs: the INSERT gets the fence", async () => {
+  test('a block that owes its fence, a group that opens with a Parse of COMMIT it never runs: the INSERT gets the fence', async () => {
     const key = 'owed-commit-parse';
     const raw = await Raw.connect('owed-commit-parse', fenceOptions(10, key));
     await raise(key, 11);

@@ -56,7 +56,7 @@ const REFUSE_ROUTINE_SQL = `DO $fencepost$BEGIN RAISE EXCEPTION 'the fencepost S
 // NO_PREPARE_READ, made by session_start() if this session has none yet), so PREPARE TRANSACTION
 // fails.
 const REFUSE_UNSAFE_SQL = `DO $fencepost$BEGIN
-  IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') <> '' THEN
+  IF coalesce(pg_catalog.current_setting('fencepost.token', true), '') OPERATOR(pg_catalog.<>) '' THEN
     RAISE EXCEPTION 'writes are refused while a Postgres failover could lose a fence raise (FENCEPOST_REQUIRE_SYNC_STANDBY=1)'
       USING ERRCODE = '${DURABILITY_UNSAFE}',
             DETAIL = 'Nothing of this transaction was applied.',

@@ -80,6 +80,7 @@ import {
   isEmptyQuery,
   lexesAlike,
   needsSplitting,
+  parsedStatementKind,
   runsUnfenced,
   setsFenceSetting,
   splitStatements,
@@ -904,7 +905,7 @@ export class Planner {
 
   private planExtendedMessage(m: Extended, ctx: PlanContext): Step[] {
     const steps: Step[] = [];
-    const parsedKind = m.type === 'parse' ? statementKind(m.text) : null;
+    const parsedKind = m.type === 'parse' ? parsedStatementKind(m.text) : null;
     // The names' keys, as the server tells names apart (key).
     const statementKey =
       m.type === 'parse' ? this.key(m.name, m.nameBytes) : m.type === 'bind' ? this.key(m.statement, m.statementBytes) : '';

@@ -198,6 +198,20 @@ export function statementKind(sql: string): StatementKind {
 }
 
 /**
+ * The kind of a Parse's text. The server takes one statement there and refuses more, so text the
+ * parser splits in several is either refused by the server too (nothing runs) or one statement to
+ * a server that lexes it otherwise (a backslash with standard_conforming_strings off, SJIS): never
+ * the worst of the parser's kinds (`INSERT … 'x\'; BEGIN; -- '` would read as a BEGIN, after which
+ * the fence comes), but unknown.
+ */
+export function parsedStatementKind(sql: string): StatementKind {
+  if (!TRANSACTION_WORDS.test(sql) || loneStatementLedByOther(sql, TRANSACTION_LEADS)) return 'other';
+  const stmts = splitStatements(sql);
+  if (stmts === null || stmts.length > 1) return 'unknown';
+  return stmts[0]?.kind ?? 'other';
+}
+
+/**
  * A lone `SET` / `RESET` of fencepost.token or fencepost.fence_key (not SET LOCAL), by the parser:
  * it writes nothing, and a session whose token went stale sets its new one with it, so it goes
  * unfenced wherever it starts a transaction (runsUnfenced; planner.ts for the extended protocol

@@ -508,6 +508,33 @@ describe('extended protocol: what a group opens with is not what runs first', ()
     expect(await present(n, m)).toEqual([]);
   });
 
+  test('a Parse the parser splits where the server does not (standard_conforming_strings off, SJIS) is no BEGIN to the proxy', async () => {
+    // The server takes one statement per Parse. `INSERT … 'x\'; BEGIN; -- '` is one INSERT to a
+    // server with standard_conforming_strings off, an INSERT and a BEGIN to the parser; read as a
+    // BEGIN it put the fence after its Execute, and a stale session's INSERT committed at the Sync.
+    const sjisText = (n: number) =>
+      Buffer.concat([
+        Buffer.from(`INSERT INTO items SELECT ${n}, E'`, 'latin1'),
+        Buffer.from([0x95, 0x5c]), // 表 in SJIS; its second byte is a backslash in ASCII
+        Buffer.from("' || '; BEGIN; -- '", 'latin1'),
+      ]);
+    const Pbytes = (text: Buffer) => message('P', Buffer.from([0]), text, Buffer.from([0]), Buffer.from([0, 0]));
+    for (const [setting, parse] of [
+      ['-c standard_conforming_strings=off', (n: number) => P(`INSERT INTO items SELECT ${n}, 'x\\'; BEGIN; -- '`)],
+      ['-c client_encoding=SJIS', (n: number) => Pbytes(sjisText(n))],
+    ] as const) {
+      const key = `parse-kind ${setting}`;
+      await raise(key, 10);
+      const raw = await Raw.connect('parse-kind', `${fenceOptions(10, key)} ${setting}`);
+      await raise(key, 11);
+      const n = id();
+      const r = await raw.send([parse(n), B(), E(), S()]);
+      expect([setting, r.errors]).toEqual([setting, ['FP409']]);
+      raw.close();
+      expect(await present(n)).toEqual([]);
+    }
+  });
+
   test('a group that parses a BEGIN and executes an INSERT first: the fence before the INSERT', async () => {
     const raw = await Raw.connect('begin-parsed-first', '');
     expect((await raw.send([Q('SET default_transaction_read_only = off')])).errors).toEqual([]);

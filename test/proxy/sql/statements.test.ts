@@ -5,6 +5,7 @@ import {
   deallocatedStatements,
   isEmptyQuery,
   leadWord,
+  parsedStatementKind,
   runsUnfenced,
   setsFenceSetting,
   splitStatements,
@@ -132,5 +133,17 @@ describe('first words', () => {
     expect(['COMMIT$1', 'DISCARD'].map(runsUnfenced)).toEqual([false, false]);
     expect(deallocatedStatements('DEALLOCATE$x')).toEqual([]);
     expect(deallocatedStatements('DEALLOCATE (')).toBe('all');
+  });
+});
+
+describe('parsedStatementKind: a Parse holds one statement to the server', () => {
+  test('one statement: its kind; several to the parser: unknown, never the worst of theirs', () => {
+    expect(parsedStatementKind('BEGIN ISOLATION LEVEL SERIALIZABLE')).toBe('begin');
+    expect(parsedStatementKind('COMMIT;')).toBe('end');
+    expect(parsedStatementKind('COMMIT AND CHAIN')).toBe('chain');
+    expect(parsedStatementKind("INSERT INTO t VALUES ('begin')")).toBe('other');
+    // One INSERT to a server with standard_conforming_strings off; an INSERT and a BEGIN here.
+    expect(parsedStatementKind("INSERT INTO t SELECT 'x\\'; BEGIN; -- '")).toBe('unknown');
+    expect(parsedStatementKind('SELECT 1; COMMIT')).toBe('unknown');
   });
 });

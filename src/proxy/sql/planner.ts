@@ -314,6 +314,13 @@ export class Planner {
   private clientEncoding = 'UTF8';
   /** ParameterStatus, for key. */
   private serverEncoding = 'UTF8';
+  /**
+   * A statement of the writer's ran since the last ReadyForQuery the proxy has seen: it may have
+   * changed client_encoding or standard_conforming_strings (SET, set_config()), and Postgres
+   * reports that only with its ReadyForQuery. Until then lexesAlike and key take the session as
+   * one that lexes and names otherwise (scs off, a converting encoding).
+   */
+  private settingsUnsure = false;
 
   /** `fence`: replaced when the forgery guard's state changes. */
   constructor(public fence: SessionFence) {}
@@ -337,17 +344,11 @@ export class Planner {
     const b = (bytes ?? Buffer.from(name, 'utf8')).subarray(0, NAME_KEY_BYTES);
     const client = this.clientEncoding.toUpperCase();
     const server = this.serverEncoding.toUpperCase();
-    const asSent = client === server || client === 'SQL_ASCII' || server === 'SQL_ASCII';
+    const asSent = !this.settingsUnsure && (client === server || client === 'SQL_ASCII' || server === 'SQL_ASCII');
     if (!asSent && b.some((x) => x >= 0x80)) return UNTRACKED;
     return b.toString('latin1');
   }
 
-  /**
-   * Does a Bind of this statement (its key) run a lone SET of a fence setting, which goes unfenced at
-   * the head of a group? Only the unnamed statement is trusted so: a DO block or a function can
-   * DEALLOCATE and PREPARE a named one through SPI, unseen (its tag is DO or SELECT), into an
-   * INSERT or a CALL that commits, and SQL cannot touch the unnamed statement.
-   */
   /**
    * The kind of a statement about to be bound, as far as it may put the fence off. A named
    * statement may hold something else than the proxy saw parsed (SQL PREPARE and DEALLOCATE run in
@@ -360,12 +361,19 @@ export class Planner {
     return statementKey !== '' && (kind === 'begin' || kind === 'end') ? 'other' : kind;
   }
 
+  /**
+   * Does a Bind of this statement (its key) run a lone SET of a fence setting, which goes unfenced at
+   * the head of a group? Only the unnamed statement is trusted so: a DO block or a function can
+   * DEALLOCATE and PREPARE a named one through SPI, unseen (its tag is DO or SELECT), into an
+   * INSERT or a CALL that commits, and SQL cannot touch the unnamed statement.
+   */
   private bindsSetting(statementKey: string): boolean {
     return statementKey === '' && this.isSetting('statement', statementKey);
   }
 
   /** Does the server lex this text of the writer's as the parser does (statements.ts lexesAlike)? */
   private lexesAlike(text: string): boolean {
+    if (this.settingsUnsure) return lexesAlike(text, 'off', 'SJIS');
     return lexesAlike(text, this.standardConformingStrings, this.clientEncoding);
   }
 
@@ -517,6 +525,14 @@ export class Planner {
 
   /** What to send for one of the writer's messages, in order. */
   plan(m: ClientMessage, ctx: PlanContext): Step[] {
+    // Every answer in and no group open: the ParameterStatus of what ran came before its ReadyForQuery.
+    if (!ctx.awaiting && !this.groupOpen) this.settingsUnsure = false;
+    const steps = this.planMessage(m, ctx);
+    if (m.type === 'query' || m.type === 'execute') this.settingsUnsure = true;
+    return steps;
+  }
+
+  private planMessage(m: ClientMessage, ctx: PlanContext): Step[] {
     switch (m.type) {
       case 'query':
         this.queryRaw = m.raw;

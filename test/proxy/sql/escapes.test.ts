@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
-import { RawClient, B, E, P, Q, S, pbe } from './raw-client.ts';
+import { RawClient, B, CLOSE, E, P, Q, S, pbe } from './raw-client.ts';
 import { message } from '../../../src/proxy/sql/wire/framing.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { RW_SQL } from '../../../src/proxy/sql/proof.ts';
@@ -533,6 +533,41 @@ describe('extended protocol: what a group opens with is not what runs first', ()
       raw.close();
       expect(await present(n)).toEqual([]);
     }
+  });
+
+  test('a SET of client_encoding or standard_conforming_strings earlier in the group counts before its ReadyForQuery', async () => {
+    // Postgres reports a changed setting only with its ReadyForQuery; until then the proxy takes the
+    // session as one that lexes and keys names otherwise. Before, a tokenless session (the same for
+    // a leader whose token a raise made stale mid-group) committed an INSERT both ways.
+    const NUL = Buffer.from([0]);
+    const Pn = (name: Buffer, text: string) => message('P', name, NUL, text, Buffer.from([0, 0]));
+    const Bn = (statement: Buffer) => message('B', NUL, statement, NUL, Buffer.from([0, 0, 0, 0, 0, 0]));
+    // 32 × é and a letter: 33 bytes in LATIN1, 65 in UTF-8, where Postgres keys names by 63 bytes.
+    const nm = (c: string) => Buffer.concat([Buffer.alloc(32, 0xe9), Buffer.from(c)]);
+    const raw = await Raw.connect('settings-mid-group', '');
+    const [n, m] = [id(), id()];
+    const encoding = await raw.send([
+      ...pbe("SET client_encoding = 'LATIN1'"),
+      ...pbe('SET default_transaction_read_only = off'),
+      Pn(nm('b'), 'SELECT 1'),
+      CLOSE('S', 'x'),
+      Pn(nm('a'), 'COMMIT'), // the same statement as nm('b') to the server
+      Bn(nm('b')),
+      E(),
+      ...pbe(`INSERT INTO items VALUES (${n}, 'encoding')`),
+      S(),
+    ]);
+    expect(encoding.errors).not.toEqual([]);
+    await raw.send([Q("SET client_encoding = 'UTF8'")]);
+    const scs = await raw.send([
+      ...pbe('SET standard_conforming_strings = off'),
+      ...pbe('SET default_transaction_read_only = off'),
+      message('H'),
+      Q(`SELECT 'a\\' , ' ; COMMIT; INSERT INTO items SELECT ${m}, $$scs$$; -- '`),
+    ]);
+    expect(scs.errors).not.toEqual([]);
+    raw.close();
+    expect(await present(n, m)).toEqual([]);
   });
 
   test('a group that parses a BEGIN and executes an INSERT first: the fence before the INSERT', async () => {

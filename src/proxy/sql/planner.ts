@@ -1000,8 +1000,9 @@ export class Planner {
         const setting = this.bindsSetting(statementKey);
         this.afterBegin(setting, steps);
         if (this.settingFirst && !setting) this.settingDone(steps);
-        if (this.fenceBeforeExecute && this.boundKind(statementKey) !== 'begin') this.fencePending(steps);
-        this.putOff(this.boundKind(statementKey), steps);
+        const putsOff = this.boundKind(statementKey);
+        if (this.fenceBeforeExecute && putsOff !== 'begin') this.fencePending(steps);
+        this.putOff(putsOff, steps);
         steps.push({
           do: 'forward',
           expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }],
@@ -1035,7 +1036,7 @@ export class Planner {
         this.putOff(executed, steps);
         this.fenceUnlessEnd = false; // the COMMIT ran: the block is over, and so is what it owed
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
-        const commitsHere = this.beforeExecute(this.kindOf('portal', portalKey) ?? 'unknown', steps);
+        const commitsHere = this.beforeExecute(executed, steps);
         steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
         if (afterSetting) {
           // The SET ran: whatever comes next in the group gets the fence first.

@@ -12,8 +12,9 @@
 // front of the writer's next message: one round trip to the database fewer per transaction, and a
 // writer paused after its BEGIN holds nothing. Only a text the server's grammar reads as a lone
 // BEGIN is held (the writer was told it succeeded). A prepared one (Bind/Execute/Sync of a
-// statement whose Parse text was such a BEGIN) is held too, and sent as that text, never as the
-// writer's Bind of the name (holdExtendedBegin). If it fails all the same (a cancel), a Query
+// statement whose Parse text was such a BEGIN) is held too when it has transaction modes or is the
+// unnamed statement, and sent as that text, never as the writer's Bind of the name
+// (holdExtendedBegin); a plain named one goes as sent, the fence in front. If it fails all the same (a cancel), a Query
 // behind it still runs with the fence in front of its text, and an extended group is skipped up
 // to its Sync. (The transaction's start, now(), is then its first statement's.) Inside a
 // transaction ('T')
@@ -62,6 +63,7 @@ import {
   bindAndExecute,
   closeStatement,
   deferrableBegin,
+  plainBegin,
   parseStatement,
   provenFence,
   readOnlyFence,
@@ -476,7 +478,10 @@ export class Planner {
 
   /**
    * At idle with nothing owed, the writer's next group (`next`, as many messages as have come) is
-   * a lone BEGIN of a prepared statement, Bind/[Describe]/Execute/Sync on the unnamed portal: the
+   * a lone BEGIN of a prepared statement, Bind/[Describe]/Execute/Sync on the unnamed portal, with
+   * transaction modes or on the unnamed statement (a plain named one, pgbench's and pgx's, goes as
+   * sent with the fence in front: held, it would take the unnamed statement from the fence, parsed
+   * again every transaction, about 30 us of Postgres CPU, docs/performance.md): the
    * proxy answers it itself and holds the BEGIN for the next message, as it holds a BEGIN Query:
    * the text recorded when its Parse was confirmed, sent on a statement of the proxy's. Never the
    * writer's Bind/Execute of the name: by then the name may stand for another statement (a name
@@ -492,7 +497,9 @@ export class Planner {
     const [b, d, e, s] = next;
     if (b?.type !== 'bind' || b.portal !== '' || (b.paramFormats ?? 0) !== 0 || (b.paramCount ?? 0) !== 0) return null;
     const begin = this.beginTags.get(this.key(b.statement, b.statementBytes));
-    if (begin === undefined) return null;
+    // A named BEGIN without modes goes as the writer sent it, the fence in front like any group
+    // (boundKind): the fence's statement stays parsed (holding would parse it again per transaction).
+    if (begin === undefined || (b.statement !== '' && plainBegin(begin.text))) return null;
     const describe = d?.type === 'describe' && d.target === 'P' && d.name === '';
     const [ex, sy] = describe ? [e, s] : [d, e];
     if (ex?.type !== 'execute' || ex.portal !== '' || sy?.type !== 'sync') return null;

@@ -172,7 +172,7 @@ export const staleDetail = parseStaleDetail;
 const B = '[ \\t\\n\\r\\f]';
 const BEGIN_MODE = `(?:ISOLATION${B}+LEVEL${B}+(?:SERIALIZABLE|REPEATABLE${B}+READ|READ${B}+COMMITTED|READ${B}+UNCOMMITTED)|READ${B}+WRITE|READ${B}+ONLY|(?:NOT${B}+)?DEFERRABLE)`;
 const DEFERRABLE_BEGIN = new RegExp(
-  `^${B}*(?:(BEGIN)(?:${B}+(?:WORK|TRANSACTION))?|(START)${B}+TRANSACTION)(?:${B}+${BEGIN_MODE}(?:${B}*,?${B}*${BEGIN_MODE})*)?${B}*;?${B}*$`,
+  `^${B}*(?:(BEGIN)(?:${B}+(?:WORK|TRANSACTION))?|(START)${B}+TRANSACTION)(${B}+${BEGIN_MODE}(?:${B}*,?${B}*${BEGIN_MODE})*)?${B}*;?${B}*$`,
   'i',
 );
 
@@ -184,4 +184,10 @@ export function deferrableBegin(sql: string): string | null {
   const m = DEFERRABLE_BEGIN.exec(sql);
   if (m === null) return null;
   return m[2] !== undefined ? 'START TRANSACTION' : 'BEGIN';
+}
+
+/** A lone BEGIN or START TRANSACTION without transaction modes (deferrableBegin's, no mode). */
+export function plainBegin(sql: string): boolean {
+  const m = DEFERRABLE_BEGIN.exec(sql);
+  return m !== null && m[3] === undefined;
 }

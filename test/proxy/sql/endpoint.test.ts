@@ -179,7 +179,8 @@ describe('one fence, two doors', () => {
     // BEGIN was answered: a raise in between makes that statement fail FP409 and nothing commits;
     // with the current token every statement commits at COMMIT.
     const c = await sql.connect('deferred', { options: fenceOptions(40, 'held') });
-    const begins = [() => c.query('BEGIN'), () => c.query({ name: 'begin', text: 'BEGIN' })];
+    // Prepared under a name, only a BEGIN with modes is held (a plain one goes as sent, the fence in front).
+    const begins = [() => c.query('BEGIN'), () => c.query({ name: 'begin', text: 'BEGIN ISOLATION LEVEL READ COMMITTED' })];
     await begins[1]!(); // parsed once; the second time it is Bind/Execute/Sync only
     await c.query('ROLLBACK');
     for (const begin of begins) {

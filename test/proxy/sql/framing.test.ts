@@ -4,7 +4,7 @@ import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wir
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { deferrableBegin, staleDetail } from '../../../src/proxy/sql/proof.ts';
+import { deferrableBegin, plainBegin, staleDetail } from '../../../src/proxy/sql/proof.ts';
 import { isEmptyQuery, runsUnfenced, splitStatements, startsTransactionBlock, statementKind } from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
@@ -95,6 +95,17 @@ describe('startup options and statement guesses', () => {
           expect({ t, parsed: parsed?.length, kind: statementKind(t) }).toEqual({ t, parsed: 1, kind: 'begin' });
         }
     expect(deferred).toBeGreaterThan(20);
+    // Plain: no transaction mode (a named one goes to the server unheld, the fence in front).
+    expect(
+      [
+        'BEGIN',
+        ' begin work;',
+        'START TRANSACTION',
+        'BEGIN READ ONLY',
+        'START TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+        'BEGIN; SELECT 1',
+      ].map(plainBegin),
+    ).toEqual([true, true, true, false, false, false]);
     expect(
       ['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced),
     ).toEqual([true, true, false, false, false]);

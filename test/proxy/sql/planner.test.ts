@@ -296,6 +296,24 @@ describe('extended protocol', () => {
     expect(fenceStep(p.plan(bind('s1'), IDLE))).toEqual(['bind', 'execute']);
   });
 
+  test('pgbench -M prepared: a named plain BEGIN gets the fence in front, only bound (parsed when the statements were)', () => {
+    const p = planner();
+    for (const [name, text] of [
+      ['b', 'BEGIN'],
+      ['u', 'UPDATE t SET n = n + 1'],
+      ['c', 'COMMIT'],
+    ] as const) {
+      p.plan(parse(text, name), IDLE);
+      for (const step of p.plan(sync, IDLE)) if (step.do === 'forward') for (const e of step.expect) if (e.change) p.confirm(e.change);
+    }
+    for (let tx = 0; tx < 2; tx++) {
+      expect(p.holdExtendedBegin([bind('b'), execute(), sync], [], IDLE)).toBeNull();
+      expect(fenceStep(p.plan(bind('b'), IDLE))).toEqual(['bind', 'execute']);
+      for (const m of [execute(), sync]) p.plan(m, IDLE);
+      for (const name of ['u', 'c']) for (const m of [bind(name), execute(), sync]) expect(sent(p.plan(m, IN_BLOCK))).toEqual(['writer']);
+    }
+  });
+
   test("a writer's Parse of the unnamed statement replaces the fence: the next group parses it again, in front of its own Parse", () => {
     const p = planner();
     expect(group(p, IDLE, parse('INSERT INTO t VALUES (1)'), bind(), execute(), sync)).toEqual([
@@ -510,6 +528,8 @@ describe('statement names as the server keys them', () => {
     for (const { msg } of ms)
       for (const step of p.plan(msg, IDLE)) if (step.do === 'forward') for (const e of step.expect) if (e.change) p.confirm(e.change);
   };
+  /** A BEGIN with a mode: held when prepared under a name (a plain one is not). */
+  const MODAL_BEGIN = 'BEGIN ISOLATION LEVEL REPEATABLE READ';
   const holds = (p: Planner, name: Buffer) => {
     const ms = [bindRaw(name), executeRaw, syncRaw];
     return p.holdExtendedBegin(
@@ -519,14 +539,31 @@ describe('statement names as the server keys them', () => {
     );
   };
 
+  test('a named plain BEGIN is not held: its group goes as sent, the fence in front; one with modes is held', () => {
+    // Invariant: the fence comes before whatever the name holds by then (a DO block may have swapped it).
+    const p = planner();
+    confirmed(p, parseRaw(Buffer.from('b'), 'BEGIN'), syncRaw, parseRaw(Buffer.from('s'), 'START TRANSACTION'), syncRaw);
+    for (const name of ['b', 's']) {
+      expect(holds(p, Buffer.from(name))).toBeNull();
+      expect(group(p, IDLE, bindRaw(Buffer.from(name)).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
+    }
+    const q = planner();
+    confirmed(q, parseRaw(Buffer.from('b'), MODAL_BEGIN), syncRaw, parseRaw(Buffer.alloc(0), 'BEGIN'), syncRaw);
+    expect(holds(q, Buffer.from('b'))?.taken).toBe(3);
+    // The unnamed statement, which only the protocol can make, is still held as a plain BEGIN.
+    const r = planner();
+    confirmed(r, parseRaw(Buffer.alloc(0), 'BEGIN'), syncRaw);
+    expect(holds(r, Buffer.alloc(0))?.taken).toBe(3);
+  });
+
   test('names equal in their first 63 bytes are one statement: a Parse under either replaces the BEGIN', () => {
     for (const stem of [Buffer.from('a'.repeat(63)), Buffer.from(`${'a'.repeat(62)}é`)]) {
       const p = planner();
       const [X, Y] = [Buffer.concat([stem, Buffer.from('X')]), Buffer.concat([stem, Buffer.from('Y')])];
-      confirmed(p, parseRaw(X, 'BEGIN'), syncRaw);
+      confirmed(p, parseRaw(X, MODAL_BEGIN), syncRaw);
       expect(holds(p, Y)).not.toBeNull(); // the same statement to Postgres
       const q = planner();
-      confirmed(q, parseRaw(X, 'BEGIN'), syncRaw, parseRaw(Y, 'INSERT INTO t VALUES (1)'), syncRaw);
+      confirmed(q, parseRaw(X, MODAL_BEGIN), syncRaw, parseRaw(Y, 'INSERT INTO t VALUES (1)'), syncRaw);
       expect(holds(q, X)).toBeNull();
       expect(group(q, IDLE, bindRaw(X).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
     }
@@ -537,7 +574,7 @@ describe('statement names as the server keys them', () => {
     p.noteParameter('server_encoding', 'SQL_ASCII');
     p.noteParameter('client_encoding', 'SQL_ASCII');
     const [ff, fe] = [Buffer.from([0xff]), Buffer.from([0xfe])];
-    confirmed(p, parseRaw(fe, 'INSERT INTO t VALUES (1)'), syncRaw, parseRaw(ff, 'BEGIN'), syncRaw);
+    confirmed(p, parseRaw(fe, 'INSERT INTO t VALUES (1)'), syncRaw, parseRaw(ff, MODAL_BEGIN), syncRaw);
     expect(holds(p, fe)).toBeNull(); // read as UTF-8 both are '\ufffd'
     expect(holds(p, ff)).not.toBeNull();
   });
@@ -547,21 +584,21 @@ describe('statement names as the server keys them', () => {
     p.noteParameter('server_encoding', 'UTF8');
     p.noteParameter('client_encoding', 'LATIN1');
     const e = Buffer.from([0x61, 0xe9]); // 'aé' in LATIN1: 3 bytes to the server
-    confirmed(p, parseRaw(e, 'BEGIN'), syncRaw);
+    confirmed(p, parseRaw(e, MODAL_BEGIN), syncRaw);
     expect(holds(p, e)).toBeNull();
     expect(group(p, IDLE, bindRaw(e).msg, executeRaw.msg, syncRaw.msg)[0]).toEqual(['fence', 'writer']);
     // ASCII names key alike either way.
     const q = planner();
     q.noteParameter('server_encoding', 'UTF8');
     q.noteParameter('client_encoding', 'LATIN1');
-    confirmed(q, parseRaw(Buffer.from('b'), 'BEGIN'), syncRaw);
+    confirmed(q, parseRaw(Buffer.from('b'), MODAL_BEGIN), syncRaw);
     expect(holds(q, Buffer.from('b'))).not.toBeNull();
   });
 
   test("DEALLOCATE in a Query forgets the statement under the parser's cut name", () => {
     const p = planner();
     const long = 'b'.repeat(66);
-    confirmed(p, parseRaw(Buffer.from(long), 'BEGIN'), syncRaw);
+    confirmed(p, parseRaw(Buffer.from(long), MODAL_BEGIN), syncRaw);
     p.plan(query(`DEALLOCATE ${long}`), IDLE);
     expect(holds(p, Buffer.from(long))).toBeNull();
   });
@@ -599,7 +636,7 @@ describe('statement names as the server keys them', () => {
 
   test('a Bind with parameters, or of a BEGIN parsed with parameter types, is not answered by the proxy', () => {
     const p = planner();
-    confirmed(p, parseRaw(Buffer.from('b'), 'BEGIN'), syncRaw);
+    confirmed(p, parseRaw(Buffer.from('b'), MODAL_BEGIN), syncRaw);
     const withParam = wire('B', '', 'b', int16(0), int16(1), int32(1), Buffer.from('1'), int16(0));
     expect(p.holdExtendedBegin([withParam.msg, executeRaw.msg, syncRaw.msg], [], IDLE)).toBeNull();
     confirmed(p, wire('P', 'c', 'BEGIN', int16(1), int32(23)));

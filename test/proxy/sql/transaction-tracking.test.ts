@@ -194,9 +194,11 @@ describe('prepared statement names as Postgres reads them', () => {
     await raiseTo(key, 10);
     return { key, raw: await RawClient.connect(sql.port, sql.database, 'names', fenceOptions(10, key)) };
   };
+  /** A BEGIN with a mode: the proxy holds it when prepared under a name (a plain one goes as sent, the fence in front). */
+  const MODAL_BEGIN = 'BEGIN ISOLATION LEVEL READ COMMITTED';
   /** X prepared as BEGIN, then Y (the same statement to Postgres) closed and prepared as `text`. */
   const swapByName = async (raw: RawClient, X: string, Y: string, text: string) => {
-    expect((await raw.send([P('BEGIN', X), S()])).errors).toEqual([]);
+    expect((await raw.send([P(MODAL_BEGIN, X), S()])).errors).toEqual([]);
     expect((await raw.send([CLOSE('S', Y), P(text, Y), S()])).errors).toEqual([]);
   };
 
@@ -253,7 +255,7 @@ describe('prepared statement names as Postgres reads them', () => {
   test('a held BEGIN is sent as its own text: the statement swapped in a DO block does not run', async () => {
     const { key, raw } = await session();
     const id = ids.next++;
-    expect((await raw.send([P('BEGIN', 'trap'), S()])).errors).toEqual([]);
+    expect((await raw.send([P(MODAL_BEGIN, 'trap'), S()])).errors).toEqual([]);
     expect((await raw.send([swapInDo('trap', insert(id))])).errors).toEqual([]);
     await raiseTo(key, 11);
     // Answered by the proxy (BEGIN), held, and sent in front of the next Query, with the fence.
@@ -265,7 +267,35 @@ describe('prepared statement names as Postgres reads them', () => {
     raw.close();
   });
 
-  test('pgbench-like: a named BEGIN held and sent before a group still opens a fenced block; a current session commits', async () => {
+  test('a plain named BEGIN goes as sent, behind the fence: swapped in a DO block, what runs is fenced', async () => {
+    // Invariant: whatever the name holds when bound (SQL PREPARE makes only SELECT, INSERT, UPDATE,
+    // DELETE, MERGE or VALUES), a stale session commits nothing, and the next group is fenced too.
+    const { key, raw } = await session();
+    const id = ids.next++;
+    expect((await raw.send([P('BEGIN', 'trap'), S()])).errors).toEqual([]);
+    expect((await raw.send([swapInDo('trap', insert(id))])).errors).toEqual([]);
+    await raiseTo(key, 11);
+    const r = await raw.send([B('trap'), E(), S()]);
+    expect(r.errors).toEqual(['FP409']);
+    expect(r.status).toBe('I');
+    expect((await raw.send([...pbe(insert(ids.next++)), S()])).errors).toEqual(['FP409']);
+    expect(await present(id)).toBe(0);
+    raw.close();
+  });
+
+  test('a session without a token: the block a plain named BEGIN opens behind the read-only fence stays read-only', async () => {
+    const raw = await RawClient.connect(sql.port, sql.database, 'names', '');
+    const id = ids.next++;
+    expect((await raw.send([P('BEGIN', 'b'), P(insert(id), 'i'), S()])).errors).toEqual([]);
+    const begun = await raw.send([B('b'), E(), S()]);
+    expect([begun.errors, begun.tags, begun.status]).toEqual([[], ['BEGIN'], 'T']);
+    expect((await raw.send([B('i'), E(), S()])).errors).toEqual(['25006']);
+    await raw.send([Q('ROLLBACK')]);
+    expect(await present(id)).toBe(0);
+    raw.close();
+  });
+
+  test('pgbench-like: a named BEGIN (plain: not held) opens a fenced block; a current session commits', async () => {
     const { raw } = await session();
     const id = ids.next++;
     expect((await raw.send([P('BEGIN', 'b'), P(insert(id), 'i'), P('COMMIT', 'c'), S()])).errors).toEqual([]);

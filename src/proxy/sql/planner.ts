@@ -510,6 +510,14 @@ export class Planner {
     return { taken: describe ? 4 : 3, reply };
   }
 
+  /**
+   * The block the backend reports may not be the one the fence proved (relay.ts: a writer's COMMIT
+   * or ROLLBACK came before its ReadyForQuery): its next statement gets the fence, unless it ends it.
+   */
+  blockOwesFence(): void {
+    this.fenceOwedInBlock = true;
+  }
+
   /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */
   opensGroup(m: ClientMessage): boolean {
     return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
@@ -575,9 +583,10 @@ export class Planner {
   }
 
   private planQuery(text: string, ctx: PlanContext): Step[] {
-    // A Query drops the backend's unnamed statement (ours or the writer's).
+    // A Query drops the backend's unnamed statement (ours or the writer's), and what it was.
     this.unnamedFence = null;
     this.writerUnnamed = false;
+    this.forgetStatement('');
     // A Query inside an open extended group (asyncpg: Parse/Describe/Flush, then a Query) runs in
     // the group's transaction, and its ReadyForQuery ends the group as a Sync would. The group was
     // fenced when it began; a block it opened is continued. Where the planner cannot tell the

@@ -169,6 +169,13 @@ export class Relay {
   private startupHold = false;
   /** An ErrorResponse came since the last ReadyForQuery. */
   private failed = false;
+  /**
+   * A writer's statement answered COMMIT or ROLLBACK since the last ReadyForQuery. If that one
+   * reports a block, it may be a new one the planner did not see open (SQL EXECUTE of a COMMIT AND
+   * CHAIN prepared with Parse: not a transaction statement to the planner, and Postgres chains
+   * only at the end of the Query or at Sync, after any proof the group carried): it owes its fence.
+   */
+  private writerEnded = false;
   /** The backend's socket buffer is full: stop reading the writer until it drains. */
   private backendBlocked = false;
   private closed = false;
@@ -607,6 +614,7 @@ export class Relay {
     if (f.type !== 'C') return;
     const tag = commandTag(f.body);
     this.tally.commandTag(tag);
+    if (tag === 'COMMIT' || tag === 'ROLLBACK') this.writerEnded = true;
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
     // DISCARD SEQUENCES forgets the session's fence, DISCARD TEMP its setup (rule.ts), ALL both.
     if (tag === 'DISCARD ALL' || tag === 'DISCARD SEQUENCES' || tag === 'DISCARD TEMP')
@@ -730,6 +738,10 @@ export class Relay {
     this.tally.ready(this.status);
     const failed = this.failed;
     this.failed = false;
+    // A block after a writer's COMMIT or ROLLBACK (AND CHAIN, ROLLBACK TO, or one the planner could
+    // not see): its next statement gets the fence (an extra proof in a transaction that has one passes).
+    if (this.writerEnded && this.status === 'T') this.planner.blockOwesFence();
+    this.writerEnded = false;
     if (e.fenceFailed && this.status === 'E') {
       // The fence after the writer's lone BEGIN failed: roll the block back, so the writer's error
       // reads as a failed BEGIN and the session is idle, as a client that keeps its own transaction

@@ -556,6 +556,15 @@ describe('statement names as the server keys them', () => {
     expect(holds(r, Buffer.alloc(0))?.taken).toBe(3);
   });
 
+  test('a Query drops the unnamed statement: a BEGIN parsed there is no longer answered by the proxy', () => {
+    const [p, q] = [planner(), planner()];
+    confirmed(p, parseRaw(Buffer.alloc(0), 'BEGIN'), syncRaw);
+    confirmed(q, parseRaw(Buffer.alloc(0), 'BEGIN'), syncRaw);
+    expect(holds(p, Buffer.alloc(0))).not.toBeNull();
+    q.plan(query('SELECT 1'), IDLE);
+    expect(holds(q, Buffer.alloc(0))).toBeNull(); // Postgres answers the Bind with 26000
+  });
+
   test('names equal in their first 63 bytes are one statement: a Parse under either replaces the BEGIN', () => {
     for (const stem of [Buffer.from('a'.repeat(63)), Buffer.from(`${'a'.repeat(62)}é`)]) {
       const p = planner();

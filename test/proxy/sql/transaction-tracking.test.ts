@@ -357,3 +357,50 @@ describe('a lone Sync (no group open)', () => {
     });
   }
 });
+
+// SQL EXECUTE runs whatever the writer prepared under the name with Parse, a COMMIT AND CHAIN too:
+// the planner reads `EXECUTE cc` as an ordinary statement, and Postgres chains only at the end of
+// the Query or at Sync, after any proof the group carried, into a block the proof never saw
+// (red team round 6). Invariant: nothing a session sends after a raise above its token lands, and
+// a current session goes on writing (the next statement gets the proof: relay.ts writerEnded).
+describe('SQL EXECUTE of a COMMIT AND CHAIN prepared with Parse', () => {
+  let n = 0;
+  const protocols = {
+    simple: {
+      open: (raw: RawClient) => raw.send([Q('BEGIN')]).then(() => raw.send([Q('SELECT 1')])),
+      chain: (raw: RawClient) => raw.send([Q('EXECUTE cc')]),
+      write: (raw: RawClient, id: number) => raw.send([Q(insert(id))]),
+    },
+    extended: {
+      open: (raw: RawClient) => raw.send([B('b'), E(), S()]),
+      chain: (raw: RawClient) => raw.send([...pbe('EXECUTE cc'), S()]),
+      write: (raw: RawClient, id: number) => raw.send([...pbe(insert(id)), S()]),
+    },
+  };
+  for (const [protocol, p] of Object.entries(protocols)) {
+    for (const raised of [true, false]) {
+      test(`${protocol} protocol, ${raised ? 'a raise above the session after the chain: nothing lands' : 'no raise: the chained block commits'}`, async () => {
+        const key = `orders/execute-chain/${n++}`;
+        await raiseTo(key, 10);
+        const raw = await RawClient.connect(sql.port, sql.database, 'execute-chain', fenceOptions(10, key));
+        const id = ids.next++;
+        expect((await raw.send([P('BEGIN', 'b'), P('COMMIT AND CHAIN', 'cc'), S()])).errors).toEqual([]);
+        expect((await p.open(raw)).status).toBe('T');
+        const chained = await p.chain(raw);
+        expect([chained.tags, chained.status]).toEqual([['COMMIT'], 'T']);
+        if (raised) await raiseTo(key, 11); // nothing of the session holds the epoch now
+        const written = await p.write(raw, id);
+        const committed = await raw.send([Q('COMMIT')]);
+        raw.close();
+        if (raised) {
+          expect(written.errors).toHaveLength(1); // FP409, or XX000 when the proof reads a catalog the raise changed under it
+          expect(committed.tags).toEqual(['ROLLBACK']);
+          expect(await present(id)).toBe(0);
+        } else {
+          expect([written.errors, committed.tags]).toEqual([[], ['COMMIT']]);
+          expect(await present(id)).toBe(1);
+        }
+      });
+    }
+  }
+});

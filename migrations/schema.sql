@@ -39,7 +39,7 @@ BEGIN
   END IF;
   RETURN NULL;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost.next_epoch() FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.next_epoch() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.object_fence_ok(object_key text, fence_key text)
  RETURNS boolean
@@ -61,7 +61,7 @@ BEGIN
   END IF;
   RETURN true;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost.object_fence_ok(text,text) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.object_fence_ok(text,text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_fence_change()
  RETURNS trigger
@@ -85,7 +85,7 @@ BEGIN
   PERFORM fencepost.object_fence_ok(NEW.key, NEW.fence_key);
   RETURN NEW;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost.refuse_misfenced_object() FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.refuse_misfenced_object() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
  RETURNS trigger
@@ -104,7 +104,7 @@ BEGIN
   END;
   RETURN NULL;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost.refuse_unfenced_write() FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.refuse_unfenced_write() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint)
  RETURNS void
@@ -125,7 +125,7 @@ BEGIN
     USING ERRCODE = 'FP428',
           HINT = 'the proxy fences the session again before its next transaction; nothing of this transaction was applied, safe to retry';
 END $function$;
-REVOKE ALL ON FUNCTION fencepost.refuse_unproven_session(text,bigint) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.refuse_unproven_session(text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea)
  RETURNS text
@@ -158,7 +158,7 @@ BEGIN
     DISCARD TEMP;
   END IF;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.discard_temp() FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.discard_temp() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.fence_session(session_capability text, fence_key text, token bigint)
  RETURNS bigint
@@ -213,7 +213,20 @@ BEGIN
   PERFORM pg_catalog.set_config('fencepost.epoch_oid', v_seq::oid::text, false);
   RETURN v_highest;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.fence_session(text,text,bigint) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.fence_session(text,text,bigint) FROM PUBLIC;
+
+CREATE OR REPLACE PROCEDURE fencepost_api.prove(IN epoch oid, IN fence_key text, IN token bigint)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $procedure$
+BEGIN
+  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
+    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
+END $procedure$;
+REVOKE ALL ON ROUTINE fencepost_api.prove(oid,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_epoch(epoch oid, fence_key text, token bigint)
  RETURNS void
@@ -227,7 +240,7 @@ BEGIN
     PERFORM fencepost.refuse_unproven_session(fence_key, token);
   END IF;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.prove_epoch(oid,text,bigint) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.prove_epoch(oid,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[])
  RETURNS void
@@ -238,7 +251,7 @@ BEGIN
   PERFORM pg_catalog.currval(e::pg_catalog.regclass) FROM pg_catalog.unnest(epochs) AS u(e);
   PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.prove_epochs(text[]) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.prove_epochs(text[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint)
  RETURNS void
@@ -252,7 +265,7 @@ BEGIN
     PERFORM fencepost.refuse_unproven_session(fence_key, token);
   END IF;
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.prove_transaction(text,text,bigint) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.prove_transaction(text,text,bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
  RETURNS void
@@ -276,7 +289,7 @@ BEGIN
   END IF;
   RETURN (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a);
 END $function$;
-REVOKE ALL ON FUNCTION fencepost_api.session_start() FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost_api.session_start() FROM PUBLIC;
 
 -- Tables
 

@@ -116,7 +116,7 @@ async function dumpWith(one: Query, schemas: readonly string[]): Promise<string>
     [oids],
   );
   for (const f of fns) {
-    out.push(`${f.def.trimEnd()};`, ...(await privileges(one, `FUNCTION ${f.sig}`, f.acl, 'f', owner)), '');
+    out.push(`${f.def.trimEnd()};`, ...(await privileges(one, `ROUTINE ${f.sig}`, f.acl, 'f', owner)), ''); // ROUTINE: functions and procedures
   }
   if (out.at(-1) === '') out.pop();
 

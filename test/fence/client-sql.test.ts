@@ -204,6 +204,15 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
     const gone = await run([prove]);
     expect(((gone as Error).cause as { code?: string } | undefined)?.code, String(gone)).toBe('FP409');
     expect(String((gone as Error).message)).toMatch(/highest token 6/);
+    // The same proof as a procedure (the one the SQL endpoint writes into a Query's text), current epoch and replaced one.
+    const current = (await db.pool.query<{ oid: string }>(`SELECT $1::regclass::oid::text AS oid`, [epoch])).rows[0]!.oid;
+    for (const [e, token, code] of [
+      [current, 6, '55000'],
+      [oid, 5, 'FP409'],
+    ] as const) {
+      const r = await run([`CALL fencepost_api.prove('${e}', 'o/raised', '${token}')`]);
+      expect(((r as Error).cause as { code?: string } | undefined)?.code, String(r)).toBe(code);
+    }
     await fenceIntact();
   });
 });

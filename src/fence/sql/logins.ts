@@ -87,7 +87,7 @@ export const revokeRole = (role: string, login: string): string => `REVOKE ${pg.
 /** What a login (and a key's role: the fence runs after SET LOCAL ROLE) may use of the schema. */
 export const grantFence = (role: string): string[] => [
   `GRANT USAGE ON SCHEMA ${CLIENT_SCHEMA} TO ${pg.escapeIdentifier(role)}`,
-  ...CLIENT_FUNCTIONS.map((f) => `GRANT EXECUTE ON FUNCTION ${f} TO ${pg.escapeIdentifier(role)}`),
+  ...CLIENT_FUNCTIONS.map((f) => `GRANT EXECUTE ON ROUTINE ${f} TO ${pg.escapeIdentifier(role)}`),
 ];
 /** Whether `role` may name what is in schema fencepost (USAGE, its own or inherited). */
 export const namesFenceSchema = (role: string): Query => ({

@@ -8,8 +8,9 @@
 // proves it, with C functions:
 //
 //   proven    the proof (proofSql: fencepost_api.prove_epoch, the epoch proof, rule.ts epochProof,
-//             and the no-PREPARE read); FP409 once a raise replaced the epoch, and it holds the
-//             epoch until the transaction ends otherwise. The transaction's mode is the writer's: the fencer made
+//             and the no-PREPARE read; as Query text the procedure fencepost_api.prove, proofText);
+//             FP409 once a raise replaced the epoch, and it holds the epoch until the transaction
+//             ends otherwise. The transaction's mode is the writer's: the fencer made
 //             the session read-write by default when it fenced it, so BEGIN READ ONLY, SET SESSION
 //             CHARACTERISTICS and default_transaction_read_only behave as straight to Postgres.
 //   read-only transaction_read_only = on, and the no-PREPARE read: a session without a token.
@@ -37,6 +38,17 @@ function proofSql(epoch: string, fenceKey: string, token: string): string {
   return `SELECT fencepost_api.prove_epoch(${epoch}::pg_catalog.oid, ${fenceKey}, ${token}::pg_catalog.int8)`;
 }
 const PROOF_SQL = proofSql('$1', '$2', '$3');
+/**
+ * The proof as text in a Query (in front of the writer's text, or a Query of its own in a block):
+ * the procedure fencepost_api.prove, the same check. A CALL is neither planned nor answered with a
+ * row: about half the Postgres CPU of the SELECT when parsed with every Query (docs/performance.md).
+ * Bound with the extended protocol the SELECT costs the same, and a CALL there could run outside a
+ * block, where a procedure is not atomic: there it stays the SELECT. The values are literals of
+ * unknown type, which the procedure's one signature types.
+ */
+function proofText(epoch: string, fenceKey: string, token: string): string {
+  return `CALL fencepost_api.prove(${epoch}, ${fenceKey}, ${token})`;
+}
 const READ_ONLY_SQL = `${READ_ONLY_PREFIX}${NO_PREPARE_READ}`;
 const REFUSE_SQL = `${READ_ONLY_PREFIX}fencepost_api.refuse_transaction($1, $2, $3, $4)`;
 
@@ -142,7 +154,7 @@ function fenceOf(...list: [FenceStatement] | [FenceStatement, FenceStatement]): 
 export function provenFence(fenceKey: string, token: bigint, epoch: string): FenceStatements {
   const values = [epoch, fenceKey, token.toString()];
   const [e, key, t] = values.map(lit) as [string, string, string];
-  return fenceOf(statement(PROOF_SQL, values, proofSql(e, key, t)));
+  return fenceOf(statement(PROOF_SQL, values, proofText(e, key, t)));
 }
 
 /** A session without a token: read-only. */

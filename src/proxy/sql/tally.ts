@@ -24,7 +24,7 @@ export class TransactionTally {
 
   /** The fence statement's CommandComplete with `tag`; `fenceKey` null: the session has no token. */
   fenceTag(tag: string, fenceKey: string | null): void {
-    if (fenceKey === null || !tag.startsWith('SELECT')) return;
+    if (fenceKey === null || !(tag === 'CALL' || tag.startsWith('SELECT'))) return;
     this.open = fenceKey;
     this.failure = null;
   }

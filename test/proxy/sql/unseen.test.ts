@@ -56,7 +56,7 @@ describe('a simple-protocol Query in a block (node-postgres, no parameters)', ()
     await c.query('BEGIN');
     const text = 'SELECT pg_catalog.current_query() AS q, pg_catalog.pg_backend_pid() AS pid';
     const first = (await c.query(text)).rows[0];
-    expect({ proof: first.q.includes('fencepost_api.prove_epoch('), writer: first.q.endsWith(text) }).toEqual({
+    expect({ proof: first.q.includes('CALL fencepost_api.prove('), writer: first.q.endsWith(text) }).toEqual({
       proof: true,
       writer: true,
     });

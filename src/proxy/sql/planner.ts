@@ -518,6 +518,16 @@ export class Planner {
     this.fenceOwedInBlock = true;
   }
 
+  /**
+   * A ReadyForQuery from the backend: outside a block nothing owes a fence. (A group that failed
+   * before its BEGIN ran left the flag set at its Sync, and a BEGIN the proxy then held made the
+   * session look in a block: the next Query's proof went ahead of it on its own, to an idle backend,
+   * and the writer's INSERT after it unfenced; red team round 7.)
+   */
+  noteReady(status: string): void {
+    if (status !== 'T') this.fenceOwedInBlock = false;
+  }
+
   /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */
   opensGroup(m: ClientMessage): boolean {
     return m.type === 'query' || m.type === 'functionCall' || (isExtended(m) && !this.groupOpen);
@@ -631,7 +641,8 @@ export class Planner {
       // Still owed: the SET goes first, unfenced (psycopg 3: BEGIN in a group of its own, then SET).
       return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
     }
-    if (this.fenceOwedInBlock) {
+    if (this.fenceOwedInBlock && this.heldBegin === null) {
+      // (With a BEGIN held the backend is idle: the held BEGIN goes first with the fence, below.)
       this.fenceOwedInBlock = false;
       if (ctx.status === 'T' && !isEmptyQuery(text) && !(this.runsUnfenced(text) && statementKind(text) === 'end')) {
         if (provesAhead(text)) return this.proofAhead(text);

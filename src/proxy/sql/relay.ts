@@ -723,6 +723,7 @@ export class Relay {
       if (this.closed) return;
       if (i >= before && i < before + answered) {
         this.status = String.fromCharCode(f.body[0] ?? 73);
+        this.planner.noteReady(this.status);
         this.tally.ready(this.status);
         this.toClient.push(f.bytes);
       } else {

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { B, CLOSE, E, P, Q, RawClient, S, pbe, type Replies } from './raw-client.ts';
+import { int16, int32, message } from '../../../src/proxy/sql/wire/framing.ts';
 
 const FENCE_KEY = 'orders/main';
 
@@ -403,4 +404,49 @@ describe('SQL EXECUTE of a COMMIT AND CHAIN prepared with Parse', () => {
       });
     }
   }
+});
+
+// A group whose BEGIN never ran (its Bind failed) left "the block owes its fence" set at its Sync,
+// though the backend was idle; a BEGIN the proxy then held made the session look in a block, and
+// the next Query's proof went ahead of it as a Query of its own, to the idle backend: the writer's
+// INSERT ran in a transaction of its own, unfenced (red team round 7). Invariant: neither a stale
+// nor a tokenless session commits a row, and a current one still writes in the block it opened.
+describe('an owed fence never outlives its block', () => {
+  /** Bind of the unnamed statement with one text parameter (a BEGIN takes none: 08P01). */
+  const bindOneParameter = message('B', '', '', int16(0), int16(1), int32(1), Buffer.from('1'), int16(0));
+  const steps = async (raw: RawClient, id: number) => {
+    const failed = await raw.send([P('BEGIN'), bindOneParameter, E(), S()]);
+    expect([failed.errors, failed.status]).toEqual([['08P01'], 'I']);
+    expect((await raw.send([Q('BEGIN')])).status).toBe('T');
+    const written = await raw.send([Q(insert(id))]);
+    const ended = await raw.send([Q('COMMIT')]);
+    return { written, ended };
+  };
+  test('a stale session and a session without a token commit nothing', async () => {
+    await raiseTo('orders/owed', 10);
+    const stale = await RawClient.connect(sql.port, sql.database, 'owed', fenceOptions(10, 'orders/owed'));
+    expect((await stale.send([Q('SELECT 1')])).errors).toEqual([]); // fenced at 10: read-write by default
+    await raiseTo('orders/owed', 11);
+    const tokenless = await RawClient.connect(sql.port, sql.database, 'owed', '');
+    expect((await tokenless.send([Q('SET default_transaction_read_only = off')])).errors).toEqual([]);
+    for (const [raw, code] of [
+      [stale, 'FP409'],
+      [tokenless, '25006'],
+    ] as const) {
+      const id = ids.next++;
+      const { written, ended } = await steps(raw, id);
+      expect([written.errors, ended.tags]).toEqual([[code], ['ROLLBACK']]);
+      raw.close();
+      expect(await present(id)).toBe(0);
+    }
+  });
+  test('a current session writes in the block its BEGIN opened', async () => {
+    await raiseTo('orders/owed-current', 10);
+    const raw = await RawClient.connect(sql.port, sql.database, 'owed', fenceOptions(10, 'orders/owed-current'));
+    const id = ids.next++;
+    const { written, ended } = await steps(raw, id);
+    expect([written.errors, written.tags, ended.tags]).toEqual([[], ['INSERT 0 1'], ['COMMIT']]);
+    raw.close();
+    expect(await present(id)).toBe(1);
+  });
 });

@@ -50,6 +50,18 @@ const TABLE_TRIGGER_TYPE = 2 | 4 | 8 | 16 | 32;
 const OBJECTS_TRIGGER_TYPE = 1 | 2 | 4 | 16;
 const PROXY_FUNCTION = 'LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
 
+/**
+ * The SQL endpoint's proof (prove_epoch, and the procedure prove): while the epoch the session was
+ * fenced in still exists, rule.ts epochProof and the no-PREPARE read; else refuse_unproven_session.
+ */
+const PROVE_EPOCH_BODY = `BEGIN
+  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
+    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
+  ELSE
+    PERFORM fencepost.refuse_unproven_session(fence_key, token);
+  END IF;
+END`;
+
 const definitions: readonly Definition[] = [
   {
     // The fence's two promises, enforced whoever runs the SQL: a fence's highest token never goes
@@ -201,13 +213,7 @@ END $$`,
     sql: `
 CREATE OR REPLACE FUNCTION fencepost_api.prove_epoch(epoch oid, fence_key text, token bigint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
-    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $$`,
+${PROVE_EPOCH_BODY} $$`,
   },
   {
     // prove_epoch as a procedure, for the proof the SQL endpoint writes into a Query's text
@@ -222,13 +228,7 @@ END $$`,
     sql: `
 CREATE OR REPLACE PROCEDURE fencepost_api.prove(epoch oid, fence_key text, token bigint)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
-    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $$`,
+${PROVE_EPOCH_BODY} $$`,
   },
   {
     // The SQL endpoint's proof before definitions version 12 (by the epoch's name, compared with

@@ -1083,6 +1083,8 @@ export class Planner {
         // A lone Sync (no group open) changes nothing: the backend stays as its last ReadyForQuery
         // said, when nothing sent before is unanswered and no BEGIN is held (the backend is idle then).
         const lone = !this.groupOpen;
+        // With a BEGIN held the writer is in the block it was told of: answered here, as Postgres would.
+        if (lone && this.holdsBegin() && !ctx.awaiting) return [{ do: 'reply', bytes: [readyForQuery('T')] }];
         this.groupOpen = false;
         // Only the SET ran in the block: its next statement gets the fence, unless it ends the block.
         if ((this.settingOwesBlock && (this.settingFirst || this.fenceBeforeExecute)) || this.fenceAfterBegin || this.fenceUnlessEnd)

@@ -556,6 +556,14 @@ describe('statement names as the server keys them', () => {
     expect(holds(r, Buffer.alloc(0))?.taken).toBe(3);
   });
 
+  test('a lone Sync while a BEGIN is held is answered in the block, nothing sent', () => {
+    const p = planner();
+    confirmed(p, parseRaw(Buffer.alloc(0), MODAL_BEGIN), syncRaw);
+    expect(holds(p, Buffer.alloc(0))).not.toBeNull();
+    expect(p.plan(syncRaw.msg, IN_BLOCK)).toEqual([{ do: 'reply', bytes: [readyForQuery('T')] }]);
+    expect(p.holdsBegin()).toBe(true);
+  });
+
   test('a Query drops the unnamed statement: a BEGIN parsed there is no longer answered by the proxy', () => {
     const [p, q] = [planner(), planner()];
     confirmed(p, parseRaw(Buffer.alloc(0), 'BEGIN'), syncRaw);

@@ -336,6 +336,20 @@ describe('prepared statement names as Postgres reads them', () => {
 });
 
 describe('a lone Sync (no group open)', () => {
+  test('after a BEGIN the proxy answered and holds: the block, as Postgres answers; the block goes on fenced', async () => {
+    const raw = await RawClient.connect(sql.port, sql.database, 'lone-sync', fenceOptions(1, 'orders/lone-held'));
+    const id = ids.next++;
+    try {
+      expect(await raw.send([Q('BEGIN')])).toMatchObject({ errors: [], tags: ['BEGIN'], status: 'T' });
+      expect(await raw.send([S()])).toMatchObject({ errors: [], status: 'T', closed: false });
+      expect(await raw.send([Q(insert(id))])).toMatchObject({ errors: [], tags: ['INSERT 0 1'], status: 'T' });
+      expect(await raw.send([Q('COMMIT')])).toMatchObject({ errors: [], tags: ['COMMIT'], status: 'I' });
+    } finally {
+      raw.close();
+    }
+    expect(await present(id)).toBe(1);
+  });
+
   // Invariant: a lone Sync changes nothing on the backend; its ReadyForQuery says the state the
   // last one said, and the session goes on (it ended with XX000 in a block a Query opened: the
   // Sync was checked against the block state the last extended group left). A failed block

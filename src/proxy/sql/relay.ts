@@ -735,6 +735,7 @@ export class Relay {
   private onReady(f: Frame): void {
     const e = this.replies.pop(['sync', 'query'], f);
     this.status = String.fromCharCode(f.body[0] ?? 73);
+    this.planner.noteReady(this.status);
     // Counted as the backend reports it, before any check of the planner's prediction.
     this.tally.ready(this.status);
     const failed = this.failed;

@@ -556,6 +556,17 @@ describe('statement names as the server keys them', () => {
     expect(holds(r, Buffer.alloc(0))?.taken).toBe(3);
   });
 
+  test('what a block owes ends with a ReadyForQuery outside a block (a group whose BEGIN failed set it at its Sync)', () => {
+    const owes = (noteIdle: boolean) => {
+      const p = planner();
+      for (const m of [parse('BEGIN'), bind(), execute(), sync]) p.plan(m, IDLE);
+      if (noteIdle) p.noteReady('I'); // the Bind failed: the backend stayed idle
+      return sent(p.plan(query('SELECT 2'), IN_BLOCK)); // a block opened later, unheld
+    };
+    expect(owes(false)).toEqual(['proof', 'writer']);
+    expect(owes(true)).toEqual(['writer']);
+  });
+
   test('a lone Sync while a BEGIN is held is answered in the block, nothing sent', () => {
     const p = planner();
     confirmed(p, parseRaw(Buffer.alloc(0), MODAL_BEGIN), syncRaw);

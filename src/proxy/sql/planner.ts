@@ -511,21 +511,17 @@ export class Planner {
   }
 
   /**
-   * The block the backend reports may not be the one the fence proved (relay.ts: a writer's COMMIT
-   * or ROLLBACK came before its ReadyForQuery): its next statement gets the fence, unless it ends it.
-   */
-  blockOwesFence(): void {
-    this.fenceOwedInBlock = true;
-  }
-
-  /**
-   * A ReadyForQuery from the backend: outside a block nothing owes a fence. (A group that failed
+   * A ReadyForQuery from the backend. Outside a block nothing owes a fence (a group that failed
    * before its BEGIN ran left the flag set at its Sync, and a BEGIN the proxy then held made the
-   * session look in a block: the next Query's proof went ahead of it on its own, to an idle backend,
-   * and the writer's INSERT after it unfenced; red team round 7.)
+   * session look in a block: the next Query's proof went ahead of it on its own, to an idle
+   * backend, and the writer's INSERT after it unfenced; red team round 7). A block reported after a
+   * writer's COMMIT or ROLLBACK (`writerEnded`, relay.ts) may not be the one the fence proved (SQL
+   * EXECUTE of a COMMIT AND CHAIN prepared with Parse; red team round 6): its next statement gets
+   * the fence, unless it ends the block (an extra proof in a transaction that has one passes).
    */
-  noteReady(status: string): void {
+  noteReady(status: string, writerEnded: boolean): void {
     if (status !== 'T') this.fenceOwedInBlock = false;
+    else if (writerEnded) this.fenceOwedInBlock = true;
   }
 
   /** Does this message start a new group (so it waits for the previous group's ReadyForQuery)? */

@@ -723,7 +723,7 @@ export class Relay {
       if (this.closed) return;
       if (i >= before && i < before + answered) {
         this.status = String.fromCharCode(f.body[0] ?? 73);
-        this.planner.noteReady(this.status);
+        this.planner.noteReady(this.status, false);
         this.tally.ready(this.status);
         this.toClient.push(f.bytes);
       } else {
@@ -735,15 +735,12 @@ export class Relay {
   private onReady(f: Frame): void {
     const e = this.replies.pop(['sync', 'query'], f);
     this.status = String.fromCharCode(f.body[0] ?? 73);
-    this.planner.noteReady(this.status);
+    this.planner.noteReady(this.status, this.writerEnded);
+    this.writerEnded = false;
     // Counted as the backend reports it, before any check of the planner's prediction.
     this.tally.ready(this.status);
     const failed = this.failed;
     this.failed = false;
-    // A block after a writer's COMMIT or ROLLBACK (AND CHAIN, ROLLBACK TO, or one the planner could
-    // not see): its next statement gets the fence (an extra proof in a transaction that has one passes).
-    if (this.writerEnded && this.status === 'T') this.planner.blockOwesFence();
-    this.writerEnded = false;
     if (e.fenceFailed && this.status === 'E') {
       // The fence after the writer's lone BEGIN failed: roll the block back, so the writer's error
       // reads as a failed BEGIN and the session is idle, as a client that keeps its own transaction

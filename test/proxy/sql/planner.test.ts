@@ -560,7 +560,7 @@ describe('statement names as the server keys them', () => {
     const owes = (noteIdle: boolean) => {
       const p = planner();
       for (const m of [parse('BEGIN'), bind(), execute(), sync]) p.plan(m, IDLE);
-      if (noteIdle) p.noteReady('I'); // the Bind failed: the backend stayed idle
+      if (noteIdle) p.noteReady('I', false); // the Bind failed: the backend stayed idle
       return sent(p.plan(query('SELECT 2'), IN_BLOCK)); // a block opened later, unheld
     };
     expect(owes(false)).toEqual(['proof', 'writer']);

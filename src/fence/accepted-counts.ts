@@ -22,7 +22,12 @@ export class AcceptedCounts {
 
   /** A transaction under these fence keys committed. */
   add(fenceKeys: Iterable<string>): void {
-    for (const k of fenceKeys) this.pending.set(k, (this.pending.get(k) ?? 0) + 1);
+    for (const k of fenceKeys) this.addOne(k);
+  }
+
+  /** A transaction under this fence key committed. */
+  addOne(fenceKey: string): void {
+    this.pending.set(fenceKey, (this.pending.get(fenceKey) ?? 0) + 1);
   }
 
   /** Transactions counted here and not yet in the counters (non-zero after a failed flush, or between flushes). */

@@ -66,7 +66,16 @@ export class ProxyMetrics {
     help: 'Fenced writes answered, by door (http, transaction: POST /v1/transactions, sql: the SQL endpoint), operation (put, delete, fence, transaction) and outcome: accepted (2xx; sql: committed), rejected (stale_token or unverified_token; sql: FP409), precondition_failed (412), invalid (other 4xx; sql: failed on its own error), rolled_back (sql: rolled back by the writer), error (5xx; sql: the database connection lost mid-transaction).',
     labelNames: ['door', 'operation', 'outcome'] as const,
     registers: [this.registry],
+    // SQL transactions ended since the last read (countSqlTransaction), added now.
+    collect: () => this.addSqlTransactions(),
   });
+
+  /**
+   * SQL transaction ends not yet added to `writes`, by outcome: every fenced transaction ends one,
+   * and prom-client builds a key from the labels at each inc (a few microseconds per transaction
+   * on the SQL endpoint's path); added when the counter is read.
+   */
+  private readonly sqlTransactions = { accepted: 0, invalid: 0, rolled_back: 0, error: 0 };
 
   readonly writeDuration = new Histogram({
     name: 'fencepost_write_duration_seconds',
@@ -214,6 +223,19 @@ export class ProxyMetrics {
   /** One write (HTTP: a request; sql: a fenced transaction) answered at `door`. */
   countWrite(door: Door, operation: WriteOperation, outcome: WriteOutcome): void {
     this.writes.inc({ door, operation, outcome });
+  }
+
+  /** One fenced transaction of the SQL endpoint ended so (its refusals: countSqlRejection). */
+  countSqlTransaction(outcome: keyof ProxyMetrics['sqlTransactions']): void {
+    this.sqlTransactions[outcome]++;
+  }
+
+  private addSqlTransactions(): void {
+    const ends = this.sqlTransactions;
+    for (const outcome of ['accepted', 'invalid', 'rolled_back', 'error'] as const) {
+      if (ends[outcome] > 0) this.writes.inc({ door: 'sql', operation: 'transaction', outcome }, ends[outcome]);
+      ends[outcome] = 0;
+    }
   }
 
   /** One refusal at the SQL endpoint (FP409): rejected, with its reason. */

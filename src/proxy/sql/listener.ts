@@ -383,10 +383,10 @@ export class SqlEndpoint {
       },
       onStale: (s) => this.recordStale(s, writerId, logger),
       onTransactionEnd: (end, fenceKey) => {
-        this.opts.metrics?.countWrite('sql', 'transaction', end);
-        if (end === 'accepted') this.opts.fence.accepted?.add([fenceKey]);
+        this.opts.metrics?.countSqlTransaction(end);
+        if (end === 'accepted') this.opts.fence.accepted?.addOne(fenceKey);
       },
-      onFenceError: (outcome) => this.opts.metrics?.countWrite('sql', 'transaction', outcome),
+      onFenceError: (outcome) => this.opts.metrics?.countSqlTransaction(outcome),
       onStartupFenced: () => socket.uncork(),
       durability: this.opts.durability ?? null,
       onClose: () => {

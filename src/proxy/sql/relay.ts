@@ -17,9 +17,9 @@
 // is open, instead of going on.
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import type { MessageReader, Frame } from './wire/framing.ts';
+import { Outbox, bodyByte, type MessageReader, type Frame } from './wire/framing.ts';
 import {
-  commandTag,
+  frameTag,
   dataRowTexts,
   errorFromFields,
   errorResponse,
@@ -153,6 +153,11 @@ function predictionHolds(predicted: 'I' | 'T', reported: string, failed: boolean
   return predicted === 'T' || failed;
 }
 
+/** A ReadyForQuery's transaction status ('I' if it has none). */
+function statusOf(f: Frame): string {
+  return String.fromCharCode(bodyByte(f, 0) ?? 73);
+}
+
 export class Relay {
   /** The backend's transaction status at its last ReadyForQuery. */
   private status = 'I';
@@ -162,8 +167,10 @@ export class Relay {
   private readonly end: SessionEnd;
   /** The writer's messages read and not yet sent on (held for a ReadyForQuery, the fencer or the startup fence). */
   private readonly clientFrames: { frame: Frame; msg: ClientMessage }[] = [];
-  private toBackend: Buffer[] = [];
-  private toClient: Buffer[] = [];
+  /** The messages holdExtendedBegin looks at (one array, refilled each time). */
+  private readonly lookahead: ClientMessage[] = [];
+  private readonly toBackend = new Outbox();
+  private readonly toClient = new Outbox();
   private holding = false;
   /** The session is being fenced for its startup settings (session.ts): the writer's messages wait. */
   private startupHold = false;
@@ -349,7 +356,7 @@ export class Relay {
           // Ignored by the backend in COPY IN; after it, the Sync the copy's group still needs,
           // answering the reply kept from an ignored one.
           i++;
-          this.toBackend.push(frame.bytes);
+          this.toBackend.frame(frame);
           if (typeof admitted === 'object') this.replies.expect(admitted);
           continue;
         }
@@ -384,12 +391,11 @@ export class Relay {
       }
       if (msg.type === 'bind' && this.status === 'I' && !this.replies.awaitingReady) {
         // A lone BEGIN group: answered here, held for the next message (planner.ts holdExtendedBegin).
-        const next = this.clientFrames.slice(i, i + 4);
-        const held = this.planner.holdExtendedBegin(
-          next.map((f) => f.msg),
-          next.map((f) => f.frame.bytes),
-          { status: this.status, awaiting: this.replies.waiting },
-        );
+        const next = this.lookahead;
+        next.length = 0;
+        for (let k = i; k < i + 4 && k < this.clientFrames.length; k++) next.push(this.clientFrames[k]!.msg);
+        const held = this.planner.holdExtendedBegin(next, { status: this.status, awaiting: this.replies.waiting });
+        next.length = 0;
         if (held !== null) {
           i += held.taken;
           this.answerBegin(held.reply);
@@ -411,7 +417,7 @@ export class Relay {
   /** The proxy answered the writer's BEGIN: the writer is told it is in a block; the backend stays idle until its next message. */
   private answerBegin(reply: Buffer[]): void {
     this.status = 'T';
-    this.toClient.push(...reply);
+    this.toClient.pushAll(reply);
     this.flushClient();
   }
 
@@ -419,7 +425,7 @@ export class Relay {
     for (const step of steps) {
       switch (step.do) {
         case 'forward':
-          this.toBackend.push(frame.bytes);
+          this.toBackend.frame(frame);
           for (const e of step.expect) this.expect(e);
           break;
         case 'send':
@@ -427,7 +433,7 @@ export class Relay {
           for (const e of step.expect) this.expect(e);
           break;
         case 'reply':
-          this.toClient.push(...step.bytes);
+          this.toClient.pushAll(step.bytes);
           this.flushClient();
           break;
         case 'holdBegin':
@@ -449,9 +455,8 @@ export class Relay {
   }
 
   private flushBackend(): void {
-    if (this.toBackend.length === 0 || this.closed) return;
-    const out = this.toBackend.length === 1 ? this.toBackend[0]! : Buffer.concat(this.toBackend);
-    this.toBackend = [];
+    if (this.toBackend.empty || this.closed) return;
+    const out = this.toBackend.take()!;
     if (!this.backend.socket.write(out)) {
       this.backendBlocked = true;
       this.client.pause();
@@ -475,14 +480,13 @@ export class Relay {
   }
 
   private flushClient(): void {
-    if (this.toClient.length === 0 || this.client.destroyed) return;
-    const out = this.toClient.length === 1 ? this.toClient[0]! : Buffer.concat(this.toClient);
-    this.toClient = [];
+    if (this.toClient.empty || this.client.destroyed) return;
+    const out = this.toClient.take()!;
     if (!this.client.write(out)) this.backend.socket.pause();
   }
 
   private forward(f: Frame, e: Reply | undefined): void {
-    if (e === undefined || !e.injected) this.toClient.push(f.bytes);
+    if (e === undefined || !e.injected) this.toClient.frame(f);
   }
 
   private onBackendFrame(f: Frame): void {
@@ -522,27 +526,27 @@ export class Relay {
         const { name, value } = this.noteParameter(f.body);
         if (this.told.get(name) === value) return;
         this.told.set(name, value);
-        this.toClient.push(f.bytes);
+        this.toClient.frame(f);
         return;
       }
       case 'A':
-        this.toClient.push(f.bytes);
+        this.toClient.frame(f);
         return;
       case '1':
-        this.forward(f, this.confirmed(this.replies.pop(['parse'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(f, 'parse')));
         return;
       case '2':
-        this.forward(f, this.confirmed(this.replies.pop(['bind'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(f, 'bind')));
         return;
       case '3':
-        this.forward(f, this.confirmed(this.replies.pop(['close'], f)));
+        this.forward(f, this.confirmed(this.replies.pop(f, 'close')));
         return;
       case 't':
         this.forward(f, head);
         return;
       case 'T':
       case 'n':
-        if (head?.kind === 'describe') this.forward(f, this.replies.pop(['describe'], f));
+        if (head?.kind === 'describe') this.forward(f, this.replies.pop(f, 'describe'));
         else this.forward(f, head);
         return;
       case 'C':
@@ -550,7 +554,7 @@ export class Relay {
       case 's': {
         if (head === undefined || !head.injected) this.noteCommand(f, head?.kind === 'execute');
         else if (head.fence && f.type === 'C') this.noteFence(f);
-        if (head?.kind === 'execute') this.forward(f, this.replies.pop(['execute'], f));
+        if (head?.kind === 'execute') this.forward(f, this.replies.pop(f, 'execute'));
         else this.forward(f, head);
         return;
       }
@@ -579,7 +583,7 @@ export class Relay {
       return;
     }
     this.noteCommand(f, false);
-    this.toClient.push(f.bytes);
+    this.toClient.frame(f);
   }
 
   /** An ErrorResponse to a writer's Query: the fence's own (stale), or the writer's with its position moved back. */
@@ -597,7 +601,7 @@ export class Relay {
 
   /** The fence statement's CommandComplete ("SET" of its first statement is not it): a proof that passed counts the transaction. */
   private noteFence(f: Frame): void {
-    this.tally.fenceTag(commandTag(f.body), this.planner.fence.pair?.fenceKey ?? null);
+    this.tally.fenceTag(frameTag(f), this.planner.fence.pair?.fenceKey ?? null);
   }
 
   /** The writer's Parse, Bind or Close took effect: the planner records what it changes. */
@@ -612,7 +616,7 @@ export class Relay {
    */
   private noteCommand(f: Frame, extended: boolean): void {
     if (f.type !== 'C') return;
-    const tag = commandTag(f.body);
+    const tag = frameTag(f);
     this.tally.commandTag(tag);
     if (tag === 'COMMIT' || tag === 'ROLLBACK') this.writerEnded = true;
     if (tag === 'DISCARD ALL' || tag.startsWith('DEALLOCATE')) this.planner.statementsDropped();
@@ -722,10 +726,10 @@ export class Relay {
     for (const [i, f] of held.entries()) {
       if (this.closed) return;
       if (i >= before && i < before + answered) {
-        this.status = String.fromCharCode(f.body[0] ?? 73);
+        this.status = statusOf(f);
         this.planner.noteReady(this.status, false);
         this.tally.ready(this.status);
-        this.toClient.push(f.bytes);
+        this.toClient.frame(f);
       } else {
         this.onReady(f);
       }
@@ -733,8 +737,8 @@ export class Relay {
   }
 
   private onReady(f: Frame): void {
-    const e = this.replies.pop(['sync', 'query'], f);
-    this.status = String.fromCharCode(f.body[0] ?? 73);
+    const e = this.replies.pop(f, 'sync', 'query');
+    this.status = statusOf(f);
     this.planner.noteReady(this.status, this.writerEnded);
     this.writerEnded = false;
     // Counted as the backend reports it, before any check of the planner's prediction.
@@ -754,8 +758,8 @@ export class Relay {
       this.end.lostTrack(e.predict);
       return;
     }
-    if (e.forwardReady) this.toClient.push(f.bytes);
-    if (e.refusal) this.toClient.push(...e.refusal);
+    if (e.forwardReady) this.toClient.frame(f);
+    if (e.refusal) this.toClient.pushAll(e.refusal);
     e.onReady?.();
     this.end.armIdle(this.opts.idleInTransactionMs ?? 0);
   }

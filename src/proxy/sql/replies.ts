@@ -51,6 +51,8 @@ const endsGroup = (e: Reply): boolean => e.kind === 'sync' || e.kind === 'query'
 
 export class Replies {
   private readonly queue: Reply[] = [];
+  /** How many replies in the queue a ReadyForQuery answers (endsGroup): asked for every message either side sends. */
+  private groupEnds = 0;
   /** An error in an extended group whose Sync is not sent yet: the backend skips what comes until then. */
   skipping = false;
 
@@ -68,7 +70,7 @@ export class Replies {
 
   /** A ReadyForQuery outstanding: the group sent last is not answered yet. */
   get awaitingReady(): boolean {
-    return this.queue.some(endsGroup);
+    return this.groupEnds > 0;
   }
 
   /** A reply the writer waits for (not only the proxy's own). */
@@ -91,13 +93,20 @@ export class Replies {
       this.skipping = false;
     }
     this.queue.push(e);
+    if (endsGroup(e)) this.groupEnds++;
   }
 
-  /** The head, which `f` answers; a message that answers nothing expected breaks the protocol. */
-  pop(kinds: readonly Kind[], f: Frame): Reply {
-    const e = this.queue.shift();
-    if (e === undefined || !kinds.includes(e.kind))
+  /** The head, which `f` answers (a reply of kind `kind` or `orKind`); a message that answers nothing expected breaks the protocol. */
+  pop(f: Frame, kind: Kind, orKind: Kind = kind): Reply {
+    const e = this.shift();
+    if (e === undefined || (e.kind !== kind && e.kind !== orKind))
       throw new Error(`message ${JSON.stringify(f.type)} from the database does not answer ${e?.kind ?? 'anything'}`);
+    return e;
+  }
+
+  private shift(): Reply | undefined {
+    const e = this.queue.shift();
+    if (e !== undefined && endsGroup(e)) this.groupEnds--;
     return e;
   }
 
@@ -113,12 +122,15 @@ export class Replies {
 
   /** A reply that will never come (a Sync the backend ignored during COPY). */
   remove(e: Reply): void {
-    this.queue.splice(this.queue.indexOf(e), 1);
+    const i = this.queue.indexOf(e);
+    if (i < 0) return;
+    this.queue.splice(i, 1);
+    if (endsGroup(e)) this.groupEnds--;
   }
 
   /** An error in an extended group: the backend skips everything up to the next Sync. */
   skipToSync(): void {
-    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.queue.shift()!);
+    while (this.queue.length > 0 && this.queue[0]!.kind !== 'sync') this.skipped(this.shift()!);
     if (this.queue.length === 0) this.skipping = true;
   }
 

@@ -1,6 +1,7 @@
 // The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, config.
 import { describe, expect, test } from 'vitest';
-import { MessageReader, FramingError, message } from '../../../src/proxy/sql/wire/framing.ts';
+import { MessageReader, FramingError, Outbox, bodyByte, message, nulAt } from '../../../src/proxy/sql/wire/framing.ts';
+import { commandTag, frameTag } from '../../../src/proxy/sql/wire/backend.ts';
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
@@ -20,6 +21,66 @@ describe('framing', () => {
     r.push(all.subarray(a.length + b.length + 3));
     const f = r.next()!;
     expect([f.type, f.bytes.equals(c), r.next(), r.pending]).toEqual(['P', true, null, 0]);
+  });
+
+  test('frames read from every split of a stream keep their bytes, body, tag and status byte', () => {
+    // Invariant: however the stream is cut into reads, each frame is exactly the bytes of its message.
+    const ms = [message('C', 'INSERT 0 1'), message('Z', Buffer.from('T')), message('C', 'SELECT 1'), message('Z', Buffer.from('I'))];
+    const all = Buffer.concat(ms);
+    for (let cut = 0; cut <= all.length; cut++) {
+      for (const step of [1, 3, 7, all.length]) {
+        const r = new MessageReader();
+        r.push(all.subarray(0, cut));
+        for (let at = cut; at < all.length; at += step) r.push(all.subarray(at, Math.min(all.length, at + step)));
+        const got = ms.map(() => r.next()!);
+        expect(r.next()).toBeNull();
+        expect(got.map((f) => f.bytes.equals(ms[got.indexOf(f)]!))).toEqual([true, true, true, true]);
+        expect(got.map((f) => (f.type === 'C' ? frameTag(f) : String.fromCharCode(bodyByte(f, 0)!)))).toEqual([
+          'INSERT 0 1',
+          'T',
+          'SELECT 1',
+          'I',
+        ]);
+        expect(got.map((f) => f.body.length)).toEqual(ms.map((m) => m.length - 5));
+        expect(bodyByte(got[1]!, 1)).toBeUndefined();
+      }
+    }
+  });
+
+  test('an Outbox writes frames and buffers in the order given; a run of one chunk is a view of it, a gap breaks the run', () => {
+    const ms = [message('2'), message('C', 'SELECT 1'), message('2'), message('C', 'UPDATE 1'), message('Z', Buffer.from('I'))];
+    const chunk = Buffer.concat(ms);
+    const r = new MessageReader();
+    r.push(chunk);
+    const f = ms.map(() => r.next()!);
+    const o = new Outbox();
+    expect([o.empty, o.take()]).toEqual([true, null]);
+    // The proxy's own replies swallowed (the first two), the rest forwarded: one view of the chunk.
+    for (const x of f.slice(2)) o.frame(x);
+    const run = o.take()!;
+    expect(run.equals(Buffer.concat(ms.slice(2)))).toBe(true);
+    expect(run.buffer).toBe(chunk.buffer);
+    // A frame skipped in the middle, and a buffer of the proxy's in between: order kept, nothing skipped sent.
+    const own = message('E', 'ours');
+    o.frame(f[0]!);
+    o.push(own);
+    o.frame(f[1]!);
+    o.frame(f[3]!);
+    o.frame(f[4]!);
+    o.pushAll([message('S')]);
+    expect(o.empty).toBe(false);
+    expect(o.take()!.equals(Buffer.concat([ms[0]!, own, ms[1]!, ms[3]!, ms[4]!, message('S')]))).toBe(true);
+    expect(o.empty).toBe(true);
+  });
+
+  test('nulAt finds the first NUL before the limit, past the short-string loop too; commandTag reads up to it', () => {
+    const long = Buffer.concat([Buffer.alloc(100, 0x61), Buffer.from([0]), Buffer.from('b'), Buffer.from([0])]);
+    expect([nulAt(long, 0), nulAt(long, 101), nulAt(long, 0, 100), nulAt(long, 102, 102)]).toEqual([100, 102, -1, -1]);
+    expect([commandTag(Buffer.from('COMMIT\0')), commandTag(Buffer.from('COMMIT')), commandTag(Buffer.from([0]))]).toEqual([
+      'COMMIT',
+      '',
+      '',
+    ]);
   });
 
   test('a length below 4 or past the limit is refused', () => {

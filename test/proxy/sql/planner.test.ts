@@ -307,7 +307,7 @@ describe('extended protocol', () => {
       for (const step of p.plan(sync, IDLE)) if (step.do === 'forward') for (const e of step.expect) if (e.change) p.confirm(e.change);
     }
     for (let tx = 0; tx < 2; tx++) {
-      expect(p.holdExtendedBegin([bind('b'), execute(), sync], [], IDLE)).toBeNull();
+      expect(p.holdExtendedBegin([bind('b'), execute(), sync], IDLE)).toBeNull();
       expect(fenceStep(p.plan(bind('b'), IDLE))).toEqual(['bind', 'execute']);
       for (const m of [execute(), sync]) p.plan(m, IDLE);
       for (const name of ['u', 'c']) for (const m of [bind(name), execute(), sync]) expect(sent(p.plan(m, IN_BLOCK))).toEqual(['writer']);
@@ -534,7 +534,6 @@ describe('statement names as the server keys them', () => {
     const ms = [bindRaw(name), executeRaw, syncRaw];
     return p.holdExtendedBegin(
       ms.map((m) => m.msg),
-      ms.map((m) => m.bytes),
       IDLE,
     );
   };
@@ -666,7 +665,7 @@ describe('statement names as the server keys them', () => {
     const p = planner();
     confirmed(p, parseRaw(Buffer.from('b'), MODAL_BEGIN), syncRaw);
     const withParam = wire('B', '', 'b', int16(0), int16(1), int32(1), Buffer.from('1'), int16(0));
-    expect(p.holdExtendedBegin([withParam.msg, executeRaw.msg, syncRaw.msg], [], IDLE)).toBeNull();
+    expect(p.holdExtendedBegin([withParam.msg, executeRaw.msg, syncRaw.msg], IDLE)).toBeNull();
     confirmed(p, wire('P', 'c', 'BEGIN', int16(1), int32(23)));
     p.plan(syncRaw.msg, IDLE);
     expect(holds(p, Buffer.from('c'))).toBeNull();

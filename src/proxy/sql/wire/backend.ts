@@ -1,13 +1,22 @@
 // Backend messages: the fields the proxy reads from Postgres's (and its own) answers, and every
 // backend message the proxy writes itself.
-import { cstr, cstringAt, message } from './framing.ts';
+import { ReadFrame, cstr, cstringAt, message, nulAt, type Frame } from './framing.ts';
 import { PROTOCOL_3_0 } from './frontend.ts';
 
 // ---- what the proxy reads -----------------------------------------------------------------------
 
-/** A CommandComplete's tag. */
+/** A CommandComplete's tag, from its body. */
 export function commandTag(body: Buffer): string {
-  return cstringAt(body, 0).value;
+  const end = nulAt(body, 0);
+  return end <= 0 ? '' : body.toString('utf8', 0, end);
+}
+
+/** A CommandComplete's tag, from the frame as read (not cutting it). */
+export function frameTag(f: Frame): string {
+  if (!(f instanceof ReadFrame)) return commandTag(f.body);
+  const start = f.start + 5;
+  const end = nulAt(f.chunk, start, f.end);
+  return end <= start ? '' : f.chunk.toString('utf8', start, end);
 }
 
 /** A ParameterStatus's name and value. */

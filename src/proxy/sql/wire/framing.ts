@@ -13,12 +13,105 @@ export const MAX_STARTUP_BYTES = 10_000;
 
 export interface Frame {
   /** The type byte as a character ('Q', 'P', …); '' for startup-phase packets. */
-  type: string;
+  readonly type: string;
   /** The whole message, type and length included (forward as is). */
-  bytes: Buffer;
+  readonly bytes: Buffer;
   /** The body after the length. */
-  body: Buffer;
+  readonly body: Buffer;
 }
+
+/**
+ * A frame as MessageReader makes it: where it lies in the chunk it was read in; its bytes and body
+ * are cut from the chunk when first asked for (a forwarded frame is written with its neighbours
+ * as one piece of the chunk, Outbox, and most are never cut: a Buffer made per frame was the
+ * largest cost of relaying one, docs/performance.md).
+ */
+export class ReadFrame implements Frame {
+  private cutBytes: Buffer | null = null;
+  private cutBody: Buffer | null = null;
+  constructor(
+    readonly type: string,
+    readonly chunk: Buffer,
+    readonly start: number,
+    readonly end: number,
+    private readonly head: number,
+  ) {}
+
+  get bytes(): Buffer {
+    return (this.cutBytes ??= this.start === 0 && this.end === this.chunk.length ? this.chunk : this.chunk.subarray(this.start, this.end));
+  }
+
+  get body(): Buffer {
+    return (this.cutBody ??= this.chunk.subarray(this.start + this.head, this.end));
+  }
+}
+
+/** The body's byte at `i` (undefined past its end), not cutting the frame. */
+export function bodyByte(f: Frame, i: number): number | undefined {
+  if (!(f instanceof ReadFrame)) return f.body[i];
+  const at = f.start + 5 + i;
+  return at < f.end ? f.chunk[at] : undefined;
+}
+
+/**
+ * Bytes to write to a socket, in order: buffers, and frames as read. Frames that lie side by side
+ * in one chunk (forwarded in the order they came) are kept as one run of it, and written as one
+ * view of the chunk, not copied. (Neither a read's chunk nor a built message is written to after it
+ * is made, so a view holds what a copy would.)
+ */
+export class Outbox {
+  private parts: Buffer[] = [];
+  private runChunk: Buffer | null = null;
+  private runStart = 0;
+  private runEnd = 0;
+
+  get empty(): boolean {
+    return this.runChunk === null && this.parts.length === 0;
+  }
+
+  push(bytes: Buffer): void {
+    if (this.runChunk !== null) this.endRun();
+    this.parts.push(bytes);
+  }
+
+  pushAll(list: readonly Buffer[]): void {
+    for (const b of list) this.push(b);
+  }
+
+  /** A frame as it came. */
+  frame(f: Frame): void {
+    if (!(f instanceof ReadFrame)) {
+      this.push(f.bytes);
+      return;
+    }
+    if (this.runChunk === f.chunk && this.runEnd === f.start) {
+      this.runEnd = f.end;
+      return;
+    }
+    if (this.runChunk !== null) this.endRun();
+    this.runChunk = f.chunk;
+    this.runStart = f.start;
+    this.runEnd = f.end;
+  }
+
+  /** Everything as one buffer (null: nothing), and empty again. */
+  take(): Buffer | null {
+    if (this.runChunk !== null) this.endRun();
+    const parts = this.parts;
+    if (parts.length === 0) return null;
+    this.parts = [];
+    return parts.length === 1 ? parts[0]! : Buffer.concat(parts);
+  }
+
+  private endRun(): void {
+    const c = this.runChunk!;
+    this.parts.push(this.runStart === 0 && this.runEnd === c.length ? c : c.subarray(this.runStart, this.runEnd));
+    this.runChunk = null;
+  }
+}
+
+/** One-character strings of the type bytes, made once. */
+const TYPE_CHARS = Array.from({ length: 256 }, (_, i) => String.fromCharCode(i));
 
 export class FramingError extends Error {
   constructor(message: string) {
@@ -35,6 +128,8 @@ export class FramingError extends Error {
  */
 export class MessageReader {
   private chunks: Buffer[] = [];
+  /** Where the bytes not yet framed start in chunks[0] (a chunk holding several frames is not cut up per frame). */
+  private at = 0;
   private size = 0;
   /** Startup-phase packets (no type byte) until set to false. */
   startup: boolean;
@@ -62,41 +157,47 @@ export class MessageReader {
     const head = this.startup ? 0 : 1;
     if (this.size < head + 4) return null;
     const len = this.int32At(head);
-    const max = maxBytes;
-    if (len < 4 || len > max) throw new FramingError(`message length ${len} out of range`);
+    if (len < 4 || len > maxBytes) throw new FramingError(`message length ${len} out of range`);
     const total = head + len;
     if (this.size < total) return null;
     const first = this.gather(total);
-    const bytes = first.subarray(0, total);
-    if (first.length === total) this.chunks.shift();
-    else this.chunks[0] = first.subarray(total);
+    const from = this.at;
+    const to = from + total;
+    if (to === first.length) {
+      this.chunks.shift();
+      this.at = 0;
+    } else {
+      this.at = to;
+    }
     this.size -= total;
-    return { type: this.startup ? '' : String.fromCharCode(bytes[0]!), bytes, body: bytes.subarray(head + 4) };
+    return new ReadFrame(this.startup ? '' : TYPE_CHARS[first[from]!]!, first, from, to, head + 4);
   }
 
-  /** The big-endian int32 at `at`, read across chunks without joining them. */
-  private int32At(at: number): number {
+  /** The big-endian int32 `offset` bytes into what is not framed yet, read across chunks without joining them. */
+  private int32At(offset: number): number {
     const first = this.chunks[0]!;
-    if (first.length >= at + 4) return first.readInt32BE(at);
+    const p = this.at + offset;
+    if (first.length >= p + 4) return first.readInt32BE(p);
     const b = Buffer.alloc(4);
     let i = 0;
-    let pos = 0;
+    let pos = -this.at;
     for (const c of this.chunks) {
-      for (let j = 0; j < c.length && i < 4; j++, pos++) if (pos >= at) b[i++] = c[j]!;
+      for (let j = 0; j < c.length && i < 4; j++, pos++) if (pos >= offset) b[i++] = c[j]!;
       if (i === 4) break;
     }
     return b.readInt32BE(0);
   }
 
-  /** The first chunk, joined with as many following ones as it takes to hold `n` bytes. */
+  /** The first chunk, joined with as many following ones as it takes to hold `n` bytes past `at`. */
   private gather(n: number): Buffer {
     const first = this.chunks[0]!;
-    if (first.length >= n) return first;
-    let k = 0;
-    let have = 0;
+    if (first.length - this.at >= n) return first;
+    let k = 1;
+    let have = first.length - this.at;
     while (have < n) have += this.chunks[k++]!.length;
-    const joined = Buffer.concat(this.chunks.slice(0, k), have);
+    const joined = Buffer.concat([first.subarray(this.at), ...this.chunks.slice(1, k)], have);
     this.chunks.splice(0, k, joined);
+    this.at = 0;
     return joined;
   }
 }
@@ -179,7 +280,19 @@ export function cstr(s: string): Buffer {
 
 /** The NUL-terminated string at `start` ('' when unterminated) and where the next field starts. */
 export function cstringAt(body: Buffer, start: number): { value: string; end: number } {
-  const end = body.indexOf(0, start);
+  const end = nulAt(body, start);
   if (end < 0) return { value: '', end: body.length };
-  return { value: body.toString('utf8', start, end), end: end + 1 };
+  return { value: end === start ? '' : body.toString('utf8', start, end), end: end + 1 };
+}
+
+/**
+ * Where the first NUL at or after `start` is, -1 if none. Names and command tags are short: a loop
+ * finds their end sooner than indexOf's call into C++ does; longer strings (statement text) get indexOf.
+ */
+export function nulAt(body: Buffer, start: number, limit = body.length): number {
+  const stop = Math.min(limit, start + 64);
+  for (let i = start; i < stop; i++) if (body[i] === 0) return i;
+  if (stop === limit) return -1;
+  const at = body.indexOf(0, stop);
+  return at < limit ? at : -1;
 }

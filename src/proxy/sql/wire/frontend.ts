@@ -2,7 +2,7 @@
 // those the proxy sends to Postgres, built from typed objects. pg-protocol's `serialize` builds
 // the ones it frames as the proxy means them (not Bind: see encode).
 import { serialize } from 'pg-protocol';
-import { BodyReader, FramingError, cstringAt, int16, int32, message, type Frame } from './framing.ts';
+import { BodyReader, FramingError, ReadFrame, cstringAt, int16, int32, message, nulAt, type Frame } from './framing.ts';
 
 export const PROTOCOL_3_0 = 196608;
 export const SSL_REQUEST = 80877103;
@@ -75,80 +75,157 @@ export type ClientMessage =
   /** `code`: the type byte of a message a client does not send after startup. */
   | { type: 'other'; code: string };
 
+/**
+ * A decoded message: every field of every kind present, in one order, so every message the relay
+ * and the planner read has one hidden class (reads of `type` and the rest stay monomorphic, not
+ * megamorphic across a dozen literal shapes). Read it as the ClientMessage its `type` names.
+ */
+class Decoded {
+  text = '';
+  raw: Buffer | undefined = undefined;
+  name = '';
+  nameBytes: Buffer | undefined = undefined;
+  paramTypes: number[] | undefined = undefined;
+  portal = '';
+  statement = '';
+  portalBytes: Buffer | undefined = undefined;
+  statementBytes: Buffer | undefined = undefined;
+  paramFormats = 0;
+  paramCount = 0;
+  target = '';
+  maxRows = 0;
+  code = '';
+  constructor(readonly type: ClientMessage['type']) {}
+}
+
 /** The message of a frame from the client. */
 export function decodeClient(f: Frame): ClientMessage {
-  const body = f.body;
-  switch (f.type) {
-    case 'Q': {
+  const m = new Decoded(kindOfType(f.type));
+  if (m.type === 'other') {
+    m.code = f.type;
+    return m as ClientMessage;
+  }
+  if (m.type === 'sync' || m.type === 'flush' || m.type === 'copy' || m.type === 'terminate' || m.type === 'functionCall')
+    return m as ClientMessage;
+  switch (m.type) {
+    case 'query': {
+      const body = f.body;
       const nul = body.indexOf(0);
-      return { type: 'query', text: cstringAt(body, 0).value, raw: body.subarray(0, nul < 0 ? 0 : nul) };
+      m.text = cstringAt(body, 0).value;
+      m.raw = body.subarray(0, nul < 0 ? 0 : nul);
+      break;
     }
-    case 'P': {
+    case 'parse': {
+      const body = f.body;
       const name = cstringAt(body, 0);
       const text = cstringAt(body, name.end);
       const paramTypes: number[] = [];
       const count = text.end + 2 <= body.length ? body.readInt16BE(text.end) : 0;
       for (let i = 0, at = text.end + 2; i < count && at + 4 <= body.length; i++, at += 4) paramTypes.push(body.readInt32BE(at));
-      return { type: 'parse', name: name.value, nameBytes: bytesOf(body, 0, name.end), text: text.value, paramTypes };
+      m.name = name.value;
+      m.nameBytes = bytesOf(body, 0, name.end);
+      m.text = text.value;
+      m.paramTypes = paramTypes;
+      break;
     }
-    case 'B': {
-      const portal = cstringAt(body, 0);
-      const statement = cstringAt(body, portal.end);
+    case 'bind': {
+      // Read where the frame lies in its chunk (not cut from it: one Bind per statement run).
+      const { buf, base, lim } = placeOf(f);
+      const portal = cstringIn(buf, base, lim);
+      const statement = cstringIn(buf, portal.end, lim);
       // After the names: the parameter format codes, then the parameter count.
       let at = statement.end;
-      const formats = at + 2 <= body.length ? body.readInt16BE(at) : 0;
+      const formats = at + 2 <= lim ? buf.readInt16BE(at) : 0;
       at += 2 + 2 * Math.max(0, formats);
-      const paramCount = at + 2 <= body.length ? body.readInt16BE(at) : -1;
-      return {
-        type: 'bind',
-        portal: portal.value,
-        statement: statement.value,
-        portalBytes: bytesOf(body, 0, portal.end),
-        statementBytes: bytesOf(body, portal.end, statement.end),
-        paramFormats: formats,
-        paramCount,
-      };
+      m.portal = portal.value;
+      m.statement = statement.value;
+      m.portalBytes = bytesIn(buf, base, portal.end, lim);
+      m.statementBytes = bytesIn(buf, portal.end, statement.end, lim);
+      m.paramFormats = formats;
+      m.paramCount = at + 2 <= lim ? buf.readInt16BE(at) : -1;
+      break;
     }
-    case 'D':
-    case 'C': {
+    case 'describe':
+    case 'close': {
+      const body = f.body;
       const name = cstringAt(body, 1);
-      return {
-        type: f.type === 'D' ? 'describe' : 'close',
-        target: body.toString('latin1', 0, Math.min(1, body.length)),
-        name: name.value,
-        nameBytes: bytesOf(body, 1, name.end),
-      };
+      m.target = body.toString('latin1', 0, Math.min(1, body.length));
+      m.name = name.value;
+      m.nameBytes = bytesOf(body, 1, name.end);
+      break;
     }
-    case 'E': {
-      const portal = cstringAt(body, 0);
-      return {
-        type: 'execute',
-        portal: portal.value,
-        portalBytes: bytesOf(body, 0, portal.end),
-        maxRows: portal.end + 4 <= body.length ? body.readInt32BE(portal.end) : 0,
-      };
+    case 'execute': {
+      const { buf, base, lim } = placeOf(f);
+      const portal = cstringIn(buf, base, lim);
+      m.portal = portal.value;
+      m.portalBytes = bytesIn(buf, base, portal.end, lim);
+      m.maxRows = portal.end + 4 <= lim ? buf.readInt32BE(portal.end) : 0;
+      break;
     }
+  }
+  return m as ClientMessage;
+}
+
+/** The kind of message a client's type byte stands for. */
+function kindOfType(type: string): ClientMessage['type'] {
+  switch (type) {
+    case 'Q':
+      return 'query';
+    case 'P':
+      return 'parse';
+    case 'B':
+      return 'bind';
+    case 'D':
+      return 'describe';
+    case 'C':
+      return 'close';
+    case 'E':
+      return 'execute';
     case 'S':
-      return { type: 'sync' };
+      return 'sync';
     case 'H':
-      return { type: 'flush' };
+      return 'flush';
     case 'F':
-      return { type: 'functionCall' };
+      return 'functionCall';
     case 'd':
     case 'c':
     case 'f':
-      return { type: 'copy' };
+      return 'copy';
     case 'X':
-      return { type: 'terminate' };
+      return 'terminate';
     default:
-      return { type: 'other', code: f.type };
+      return 'other';
   }
 }
 
-/** The bytes of the C string at `start` that ends (past its NUL) at `end`, as cstringAt reads it ('' without a NUL). */
+const NO_BYTES = Buffer.alloc(0);
+
+/** Where a frame's body lies: in its chunk from `base` up to `lim` as read, else its body. */
+function placeOf(f: Frame): { buf: Buffer; base: number; lim: number } {
+  if (f instanceof ReadFrame) return { buf: f.chunk, base: f.start + 5, lim: f.end };
+  return { buf: f.body, base: 0, lim: f.body.length };
+}
+
+/** cstringAt within `buf` up to `lim`. */
+function cstringIn(buf: Buffer, start: number, lim: number): { value: string; end: number } {
+  const end = nulAt(buf, start, lim);
+  if (end < 0) return { value: '', end: lim };
+  return { value: end === start ? '' : buf.toString('utf8', start, end), end: end + 1 };
+}
+
+/** bytesOf within `buf` up to `lim`. */
+function bytesIn(buf: Buffer, start: number, end: number, lim: number): Buffer {
+  if (start >= lim || buf[end - 1] !== 0 || end <= start) return NO_BYTES;
+  return buf.subarray(start, end - 1);
+}
+
+/**
+ * The bytes of the C string at `start` that ends (past its NUL) at `end`, as cstringAt reads it ('' without a NUL):
+ * a view of the message, not a copy (names are keyed as strings, planner.ts key, never kept as bytes).
+ */
 function bytesOf(body: Buffer, start: number, end: number): Buffer {
-  if (start >= body.length || body[end - 1] !== 0 || end <= start) return Buffer.alloc(0);
-  return Buffer.from(body.subarray(start, end - 1));
+  if (start >= body.length || body[end - 1] !== 0 || end <= start) return NO_BYTES;
+  return body.subarray(start, end - 1);
 }
 
 // ---- what the proxy sends -----------------------------------------------------------------------

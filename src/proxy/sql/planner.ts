@@ -81,6 +81,7 @@ import {
   hasSeveralStatements,
   isEmptyQuery,
   lexesAlike,
+  lexingIsSafe,
   needsSplitting,
   parsedStatementKind,
   runsUnfenced,
@@ -211,6 +212,8 @@ export type Step =
 export interface SessionFence extends FenceStatements {
   /** Characters of `text`. */
   chars: number;
+  /** `text` as UTF-8, made once: written in front of each Query the fence goes into. */
+  textBytes: Buffer;
   /**
    * The (fence key, token) the session passed: its transactions are counted, and their proof failing
    * means a raise above it. Null: not fenced.
@@ -221,7 +224,7 @@ export interface SessionFence extends FenceStatements {
 function sessionFenceOf(f: FenceStatements, pair: SessionFence['pair']): SessionFence {
   // Every field written out, in one order: one hidden class for every session's fence (a spread
   // made several, and the reads of `list` and `pair` on every transaction megamorphic).
-  return { list: f.list, text: f.text, chars: [...f.text].length, pair };
+  return { list: f.list, text: f.text, chars: [...f.text].length, textBytes: Buffer.from(f.text, 'utf8'), pair };
 }
 
 /** In place of the fence while writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY): proof.ts refusalInPlaceOfFence. */
@@ -253,6 +256,28 @@ export interface PlanContext {
 }
 
 type Extended = Extract<ClientMessage, { type: 'parse' | 'bind' | 'describe' | 'execute' | 'close' | 'sync' | 'flush' }>;
+
+/**
+ * Every Expect is built from this (`{ ...EXPECT, kind, injected, … }`): all its fields, in one
+ * order, so every Expect has one hidden class. The relay copies each into a Reply (replies.ts
+ * replyOf); literals of a dozen shapes made each of those reads megamorphic.
+ */
+export const EXPECT: Readonly<Expect> = {
+  kind: 'sync',
+  injected: false,
+  fence: undefined,
+  forwardReady: undefined,
+  plan: undefined,
+  at: undefined,
+  insertions: undefined,
+  refusal: undefined,
+  change: undefined,
+  predict: undefined,
+  undoBeginOnFenceError: undefined,
+  proofOutcome: undefined,
+  afterProof: undefined,
+  mayCommit: undefined,
+};
 
 const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ kind, injected: false }] });
 
@@ -318,6 +343,8 @@ export class Planner {
   private clientEncoding = 'UTF8';
   /** ParameterStatus, for key. */
   private serverEncoding = 'UTF8';
+  /** lexingIsSafe for the settings as reported: for lexesAlike. */
+  private lexingSafe = true;
   /** The server takes names as sent, unconverted (the two encodings alike, or either SQL_ASCII): for key. */
   private namesUnconverted = true;
   /**
@@ -336,6 +363,7 @@ export class Planner {
     if (name === 'standard_conforming_strings') this.standardConformingStrings = value;
     else if (name === 'client_encoding') this.clientEncoding = value;
     else if (name === 'server_encoding') this.serverEncoding = value;
+    this.lexingSafe = lexingIsSafe(this.standardConformingStrings, this.clientEncoding);
     const client = this.clientEncoding.toUpperCase();
     const server = this.serverEncoding.toUpperCase();
     this.namesUnconverted = client === server || client === 'SQL_ASCII' || server === 'SQL_ASCII';
@@ -381,8 +409,8 @@ export class Planner {
 
   /** Does the server lex this text of the writer's as the parser does (statements.ts lexesAlike)? */
   private lexesAlike(text: string): boolean {
-    if (this.settingsUnsure) return lexesAlike(text, 'off', 'SJIS');
-    return lexesAlike(text, this.standardConformingStrings, this.clientEncoding);
+    // lexesAlike with the session's settings (or as with scs off and SJIS while unsure), lexingIsSafe kept.
+    return (!this.settingsUnsure && this.lexingSafe) || lexesAlike(text, 'off', 'SJIS');
   }
 
   /**
@@ -624,7 +652,8 @@ export class Planner {
     // Past ASCII the name the parser read may not be the server's bytes (client_encoding): forget all.
     if (dropped === 'all' || dropped.some((name) => /[^\x00-\x7f]/.test(name))) this.writerStatementsDropped();
     else for (const name of dropped) this.forgetStatement(this.key(name));
-    if (isEmptyQuery(text)) return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
+    if (isEmptyQuery(text))
+      return [{ do: 'forward', expect: [{ ...EXPECT, kind: 'query', injected: false, forwardReady: true, mayCommit: false }] }];
     const beginTag = idle && !ctx.awaiting ? deferrableBegin(text) : null;
     if (beginTag !== null) {
       this.heldBegin = { text };
@@ -637,11 +666,16 @@ export class Planner {
       // it ends the block. Set the token and commit, and the next transaction is fenced with it.
       const held = this.sendHeldBegin('query')!;
       this.fenceOwedInBlock = true;
-      return [...held, { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
+      return [
+        ...held,
+        { do: 'forward', expect: [{ ...EXPECT, kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] },
+      ];
     }
     if (this.fenceOwedInBlock && ctx.status === 'T' && this.setsSetting(text)) {
       // Still owed: the SET goes first, unfenced (psycopg 3: BEGIN in a group of its own, then SET).
-      return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] }];
+      return [
+        { do: 'forward', expect: [{ ...EXPECT, kind: 'query', injected: false, forwardReady: true, predict: 'T', mayCommit: false }] },
+      ];
     }
     if (this.fenceOwedInBlock && this.heldBegin === null) {
       // (With a BEGIN held the backend is idle: the held BEGIN goes first with the fence, below.)
@@ -682,7 +716,9 @@ export class Planner {
     }
     if (idle && this.runsUnfenced(text) && this.fence.pair !== null) {
       // A fenced session is read-write by default (fencer.ts); none of these writes data.
-      return [{ do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] }];
+      return [
+        { do: 'forward', expect: [{ ...EXPECT, kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
+      ];
     }
     if (idle && this.runsUnfenced(text)) {
       // Unfenced, so read-only: undo a writer's `SET default_transaction_read_only = off` first.
@@ -691,10 +727,10 @@ export class Planner {
           do: 'send',
           what: 'resetReadOnly',
           bytes: encode({ type: 'query', text: RESET_READ_ONLY_SQL }),
-          expect: [{ kind: 'query', injected: true, forwardReady: false }],
+          expect: [{ ...EXPECT, kind: 'query', injected: true, forwardReady: false }],
         },
         // None of them writes data: nothing of the writer's commits.
-        { do: 'forward', expect: [{ kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
+        { do: 'forward', expect: [{ ...EXPECT, kind: 'query', injected: false, forwardReady: true, predict: 'I', mayCommit: false }] },
       ];
     }
     const planned = this.fenceQuery(text, idle, commitStateOf(ctx.status));
@@ -730,7 +766,17 @@ export class Planner {
         bytes: encode({ type: 'query', text: ours }),
         text: ours,
         expect: [
-          { kind: 'query', injected: false, forwardReady: false, at: 0, plan, predict: 'T', mayCommit: false, proofOutcome: outcome },
+          {
+            ...EXPECT,
+            kind: 'query',
+            injected: false,
+            forwardReady: false,
+            at: 0,
+            plan,
+            predict: 'T',
+            mayCommit: false,
+            proofOutcome: outcome,
+          },
         ],
       },
       { do: 'forward', expect: [{ ...unsplitQuery(text, 'T', 'T'), afterProof: outcome }] },
@@ -756,7 +802,7 @@ export class Planner {
           what: 'heldBegin',
           bytes: encode({ type: 'query', text: held.text }),
           text: held.text,
-          expect: [{ kind: 'query', injected: true, forwardReady: false }],
+          expect: [{ ...EXPECT, kind: 'query', injected: true, forwardReady: false }],
         },
       ];
     // The unnamed statement, unless the writer's may still be bound in this group (then the proxy's own, closed after its Sync).
@@ -767,17 +813,21 @@ export class Planner {
     if (own) {
       this.ownStatementsUsed = true;
       bytes.push(closeStatement(OWN_STATEMENT));
-      expect.push({ kind: 'close', injected: true });
+      expect.push({ ...EXPECT, kind: 'close', injected: true });
     } else {
       if (this.unnamedFence === null) this.writerUnnamedBeforeFence = this.writerUnnamed;
       this.unnamedFence = null; // it holds the BEGIN now: the fence is parsed again
       this.writerUnnamed = false;
     }
     bytes.push(encode({ type: 'parse', name, text: held.prepared, paramTypes: [] }), bindAndExecute(name, []));
-    expect.push({ kind: 'parse', injected: true }, { kind: 'bind', injected: true }, { kind: 'execute', injected: true });
+    expect.push(
+      { ...EXPECT, kind: 'parse', injected: true },
+      { ...EXPECT, kind: 'bind', injected: true },
+      { ...EXPECT, kind: 'execute', injected: true },
+    );
     if (before === 'query') {
       bytes.push(encode({ type: 'sync' }));
-      expect.push({ kind: 'sync', injected: true, forwardReady: false });
+      expect.push({ ...EXPECT, kind: 'sync', injected: true, forwardReady: false });
     }
     return [{ do: 'send', what: 'heldBegin', bytes: Buffer.concat(bytes), expect }];
   }
@@ -792,7 +842,7 @@ export class Planner {
         do: 'send',
         what: 'standIn',
         bytes: encode({ type: 'query', text: '' }),
-        expect: [{ kind: 'query', injected: true, forwardReady: false, refusal: reply }],
+        expect: [{ ...EXPECT, kind: 'query', injected: true, forwardReady: false, refusal: reply }],
       },
     ];
   }
@@ -809,13 +859,18 @@ export class Planner {
     const fenceText = this.fence.text;
     // Text that is not UTF-8 (a LATIN1 or SJIS session's letters past ASCII) reads here as U+FFFD:
     // what is sent is built from the writer's bytes, never from `text`.
-    const raw = this.queryRaw !== undefined && !isUtf8(this.queryRaw) ? this.queryRaw : null;
+    // Asked for only where needed: isUtf8 reads the whole text.
+    let rawMemo: Buffer | null | undefined;
+    const rawOf = (): Buffer | null => {
+      if (rawMemo === undefined) rawMemo = this.queryRaw !== undefined && !isUtf8(this.queryRaw) ? this.queryRaw : null;
+      return rawMemo;
+    };
     const query = (sent: string, ...parts: (Buffer | string)[]) =>
-      raw === null
+      rawOf() === null
         ? encode({ type: 'query', text: sent })
         : message('Q', ...parts.map((p) => (typeof p === 'string' ? Buffer.from(p, 'utf8') : p)), NUL);
     const start = idle && status !== 'T' ? 'I' : 'T';
-    const base = { kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
+    const base = { ...EXPECT, kind: 'query' as const, injected: false, forwardReady: true, at: 0 };
     if (!needsSplitting(text)) {
       // One statement, or several without a word that could start or end a transaction.
       const predicted = unsplitQuery(text, start, status);
@@ -826,11 +881,20 @@ export class Planner {
         // BEGIN: the proxy rolls the block back if the fence fails, so the session is idle again.
         predicted.plan = [false, ...this.fenceSlots()];
         predicted.undoBeginOnFenceError = true;
-        return { text: `${text}\n;${fenceText}`, bytes: query(`${text}\n;${fenceText}`, raw ?? '', `\n;${fenceText}`), expect: predicted };
+        return {
+          text: `${text}\n;${fenceText}`,
+          bytes: query(`${text}\n;${fenceText}`, rawOf() ?? '', `\n;${fenceText}`),
+          expect: predicted,
+        };
       }
       predicted.plan = this.fenceSlots();
       predicted.insertions = [{ start: 0, length: this.fence.chars }];
-      return { text: `${fenceText}${text}`, bytes: query(`${fenceText}${text}`, fenceText, raw ?? ''), expect: predicted };
+      // From the writer's bytes as they came (UTF-8 or not, what `query` makes of them), not encoded again.
+      const bytes =
+        this.queryRaw !== undefined
+          ? queryMessage(this.fence.textBytes, this.queryRaw)
+          : query(`${fenceText}${text}`, fenceText, rawOf() ?? '');
+      return { text: `${fenceText}${text}`, bytes, expect: predicted };
     }
     if (!this.lexesAlike(text)) {
       return {
@@ -905,6 +969,7 @@ export class Planner {
     const sent = parts.join('');
     // The cuts are offsets in the text's UTF-8 reading: in the writer's own bytes they hold up to
     // the first byte past ASCII.
+    const raw = rawOf();
     const asciiBytes = raw === null ? 0 : raw.findIndex((b) => b >= 0x80);
     if (raw !== null && cuts.some((c) => c.at > asciiBytes)) {
       return {
@@ -1020,7 +1085,7 @@ export class Planner {
         const begin = tag === null ? undefined : { tag, text: m.text };
         steps.push({
           do: 'forward',
-          expect: [{ kind: 'parse', injected: false, change: this.change('statement', statementKey, kind, begin, setting) }],
+          expect: [{ ...EXPECT, kind: 'parse', injected: false, change: this.change('statement', statementKey, kind, begin, setting) }],
         });
         return steps;
       }
@@ -1034,7 +1099,7 @@ export class Planner {
         this.putOff(putsOff, steps);
         steps.push({
           do: 'forward',
-          expect: [{ kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }],
+          expect: [{ ...EXPECT, kind: 'bind', injected: false, change: this.change('portal', portalKey, kind, undefined, setting) }],
         });
         return steps;
       }
@@ -1049,6 +1114,7 @@ export class Planner {
           do: 'forward',
           expect: [
             {
+              ...EXPECT,
               kind: 'close',
               injected: false,
               change: this.change(m.target === 'S' ? 'statement' : 'portal', this.key(m.name, m.nameBytes), null),
@@ -1066,7 +1132,7 @@ export class Planner {
         this.fenceUnlessEnd = false; // the COMMIT ran: the block is over, and so is what it owed
         // In a block, a COMMIT commits at its Execute (a writer may wait for it before its Sync).
         const commitsHere = this.beforeExecute(executed, steps);
-        steps.push({ do: 'forward', expect: [{ kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
+        steps.push({ do: 'forward', expect: [{ ...EXPECT, kind: 'execute', injected: false, mayCommit: commitsHere || undefined }] });
         if (afterSetting) {
           // The SET ran: whatever comes next in the group gets the fence first.
           this.settingFirst = false;
@@ -1102,7 +1168,7 @@ export class Planner {
           do: 'forward',
           expect: [
             withPrediction(
-              { kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit },
+              { ...EXPECT, kind: 'sync', injected: false, forwardReady: true, mayCommit: this.groupMayCommit },
               lone
                 ? ctx.awaiting || this.holdsBegin()
                   ? undefined
@@ -1126,9 +1192,9 @@ export class Planner {
             what: 'closeOwn',
             bytes,
             expect: [
-              { kind: 'close', injected: true },
-              { kind: 'close', injected: true },
-              { kind: 'sync', injected: true, forwardReady: false },
+              { ...EXPECT, kind: 'close', injected: true },
+              { ...EXPECT, kind: 'close', injected: true },
+              { ...EXPECT, kind: 'sync', injected: true, forwardReady: false },
             ],
           });
         }
@@ -1200,10 +1266,10 @@ export class Planner {
     if ((kind === 'routine' || kind === 'unknown') && !this.inBlock) {
       this.ownStatementsUsed = true;
       const expect: Expect[] = [
-        { kind: 'close', injected: true },
-        { kind: 'parse', injected: true },
-        { kind: 'bind', injected: true },
-        { kind: 'execute', injected: true },
+        { ...EXPECT, kind: 'close', injected: true },
+        { ...EXPECT, kind: 'parse', injected: true },
+        { ...EXPECT, kind: 'bind', injected: true },
+        { ...EXPECT, kind: 'execute', injected: true },
       ];
       steps.push({ do: 'send', what: 'refuseRoutine', bytes: runRoutineRefusal(), expect });
     }
@@ -1246,18 +1312,18 @@ export class Planner {
       if (own) {
         this.ownStatementsUsed = true;
         bytes.push(closeStatement(OWN_STATEMENT), parseStatement(OWN_STATEMENT, st), bindAndExecute(OWN_STATEMENT, st.values));
-        expect.push({ kind: 'close', injected: true }, { kind: 'parse', injected: true });
+        expect.push({ ...EXPECT, kind: 'close', injected: true }, { ...EXPECT, kind: 'parse', injected: true });
       } else {
         if (this.unnamedFence !== st.sql) {
           if (this.unnamedFence === null) this.writerUnnamedBeforeFence = this.writerUnnamed;
           bytes.push(parseStatement('', st));
-          expect.push({ kind: 'parse', injected: true });
+          expect.push({ ...EXPECT, kind: 'parse', injected: true });
           this.unnamedFence = st.sql;
           this.writerUnnamed = false;
         }
         bytes.push(st.bound);
       }
-      expect.push({ kind: 'bind', injected: true }, { kind: 'execute', injected: true, fence: last || undefined });
+      expect.push({ ...EXPECT, kind: 'bind', injected: true }, { ...EXPECT, kind: 'execute', injected: true, fence: last || undefined });
     });
     steps.push({ do: 'send', what: 'fence', bytes: bytes.length === 1 ? bytes[0]! : Buffer.concat(bytes), expect });
   }
@@ -1280,7 +1346,7 @@ function predictAfter(start: 'I' | 'T', kinds: readonly StatementKind[]): 'I' | 
  */
 function unsplitQuery(text: string, start: 'I' | 'T', status: CommitState): Expect {
   const kind = statementKind(text);
-  const e: Expect = { kind: 'query', injected: false, forwardReady: true, at: 0, mayCommit: mayCommit(status, [kind]) };
+  const e: Expect = { ...EXPECT, kind: 'query', injected: false, forwardReady: true, at: 0, mayCommit: mayCommit(status, [kind]) };
   return withPrediction(e, predictAfter(start, [kind]));
 }
 
@@ -1325,6 +1391,18 @@ function commitStateAfter(state: CommitState, k: StatementKind): CommitState {
 }
 
 /** `e` (made for this call) with its prediction, if any. */
+/** A Query message of `head` then `tail` (the statement text's bytes, no NUL). */
+function queryMessage(head: Buffer, tail: Buffer): Buffer {
+  const length = 4 + head.length + tail.length + 1;
+  const out = Buffer.allocUnsafe(1 + length);
+  out[0] = 0x51; // 'Q'
+  out.writeInt32BE(length, 1);
+  head.copy(out, 5);
+  tail.copy(out, 5 + head.length);
+  out[length] = 0;
+  return out;
+}
+
 function withPrediction<T extends Expect>(e: T, predict: 'I' | 'T' | undefined): T {
   if (predict !== undefined) e.predict = predict;
   return e;

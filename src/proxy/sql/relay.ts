@@ -45,7 +45,7 @@ import {
   READ_ONLY_SQL_TRANSACTION,
   PROTOCOL_VIOLATION,
 } from '../../fence/index.ts';
-import type { Expect, Planner, Step } from './planner.ts';
+import { EXPECT, type Expect, type Planner, type Step } from './planner.ts';
 import type { Backend } from './backend.ts';
 import { Replies, replyOf, type Reply } from './replies.ts';
 import { CopyIn } from './copy-in.ts';
@@ -271,6 +271,7 @@ export class Relay {
   query(sql: string, onRow: (values: string[]) => void, then: () => void, onError?: (fields: Map<string, string>) => void): void {
     this.toBackend.push(encode({ type: 'query', text: sql }));
     this.expect({
+      ...EXPECT,
       kind: 'query',
       injected: true,
       forwardReady: false,
@@ -702,8 +703,8 @@ export class Relay {
    */
   private startRecount(uncertain: number, before: number): void {
     this.toBackend.push(RECOUNT);
-    this.expect({ kind: 'sync', injected: true, forwardReady: false });
-    const marker = replyOf({ kind: 'query', injected: true, forwardReady: false }, this.copy.endsSent);
+    this.expect({ ...EXPECT, kind: 'sync', injected: true, forwardReady: false });
+    const marker = replyOf({ ...EXPECT, kind: 'query', injected: true, forwardReady: false }, this.copy.endsSent);
     this.replies.expect(marker);
     this.recount = { uncertain, before, marker, held: [] };
     this.flushBackend();
@@ -750,7 +751,7 @@ export class Relay {
       // reads as a failed BEGIN and the session is idle, as a client that keeps its own transaction
       // state (psycopg2) believes. The ROLLBACK's ReadyForQuery is the writer's.
       this.toBackend.push(ROLLBACK);
-      this.expect({ kind: 'query', injected: true, forwardReady: true, predict: 'I' });
+      this.expect({ ...EXPECT, kind: 'query', injected: true, forwardReady: true, predict: 'I' });
       this.flushBackend();
       return;
     }

@@ -381,7 +381,11 @@ export class Planner {
     if (name === '') return '';
     const b = bytes ?? Buffer.from(name, 'utf8');
     const end = Math.min(b.length, NAME_KEY_BYTES);
-    if (this.settingsUnsure || !this.namesUnconverted) for (let i = 0; i < end; i++) if (b[i]! >= 0x80) return UNTRACKED;
+    let ascii = true;
+    for (let i = 0; i < end && ascii; i++) if (b[i]! >= 0x80) ascii = false;
+    // ASCII bytes read alike as UTF-8 and latin1: the name as decoded is the key (or its first 63).
+    if (ascii) return end === name.length ? name : name.slice(0, end);
+    if (this.settingsUnsure || !this.namesUnconverted) return UNTRACKED;
     return b.toString('latin1', 0, end);
   }
 

@@ -46,6 +46,19 @@ const TRANSACTION_LEADS = new Set(['begin', 'start', 'commit', 'end', 'rollback'
  * byte follows) or something else first, null sends the text to the parser.
  */
 export function leadWord(sql: string): string | null {
+  // A Query's text is asked about several times while it is planned: the last answer is kept.
+  if (sql === leadMemo.sql) return leadMemo.word;
+  const word = readLeadWord(sql);
+  if (sql.length > MEMO_MAX_CHARS) return word;
+  leadMemo.sql = sql;
+  leadMemo.word = word;
+  return word;
+}
+/** Longer texts are not kept for the next question. */
+const MEMO_MAX_CHARS = 64 * 1024;
+const leadMemo: { sql: string | null; word: string | null } = { sql: null, word: null };
+
+function readLeadWord(sql: string): string | null {
   const i = pastBlanks(sql, false);
   if (i === null) return null;
   WORD.lastIndex = i;
@@ -189,7 +202,7 @@ export function splitStatements(sql: string): Statement[] | null {
  * The worst kind wins when the parser sees several: routine, unknown, end, begin, other.
  */
 export function statementKind(sql: string): StatementKind {
-  if (!TRANSACTION_WORDS.test(sql) || loneStatementLedByOther(sql, TRANSACTION_LEADS)) return 'other';
+  if (loneStatementLedByOther(sql, TRANSACTION_LEADS) || !TRANSACTION_WORDS.test(sql)) return 'other';
   const stmts = splitStatements(sql);
   if (stmts === null) return 'unknown';
   const kinds = new Set(stmts.map((s) => s.kind));
@@ -205,7 +218,7 @@ export function statementKind(sql: string): StatementKind {
  * the fence comes), but unknown.
  */
 export function parsedStatementKind(sql: string): StatementKind {
-  if (!TRANSACTION_WORDS.test(sql) || loneStatementLedByOther(sql, TRANSACTION_LEADS)) return 'other';
+  if (loneStatementLedByOther(sql, TRANSACTION_LEADS) || !TRANSACTION_WORDS.test(sql)) return 'other';
   const stmts = splitStatements(sql);
   if (stmts === null || stmts.length > 1) return 'unknown';
   return stmts[0]?.kind ?? 'other';
@@ -262,7 +275,7 @@ const FENCE_SETTINGS = new Set(['fencepost.token', 'fencepost.fence_key']);
  * PREPARED: 25001): no transaction of a session escapes its fence.
  */
 export function runsUnfenced(sql: string): boolean {
-  if (sql.length > MAX_UNFENCED_CHARS || !UNFENCED_WORDS.test(sql) || loneStatementLedByOther(sql, UNFENCED_LEADS)) return false;
+  if (sql.length > MAX_UNFENCED_CHARS || loneStatementLedByOther(sql, UNFENCED_LEADS) || !UNFENCED_WORDS.test(sql)) return false;
   const stmts = splitNodes(sql);
   if (stmts === null || stmts.length !== 1) return false;
   const node = stmts[0]!.stmt ?? {};
@@ -278,7 +291,7 @@ export function runsUnfenced(sql: string): boolean {
  * kinds, so a statement of the same name made later by SQL PREPARE counts as unknown.
  */
 export function deallocatedStatements(sql: string): string[] | 'all' {
-  if (!/\b(?:deallocate|discard)\b/i.test(sql) || loneStatementLedByOther(sql, DEALLOCATE_LEADS)) return [];
+  if (loneStatementLedByOther(sql, DEALLOCATE_LEADS) || !/\b(?:deallocate|discard)\b/i.test(sql)) return [];
   const stmts = splitNodes(sql);
   if (stmts === null) return 'all';
   const names: string[] = [];
@@ -298,15 +311,21 @@ const DEALLOCATE_LEADS = new Set(['deallocate', 'discard']);
 
 /** Can a multi-statement Query text need splitting? (A `;` with something after it.) */
 export function hasSeveralStatements(sql: string): boolean {
-  return /;\s*\S/.test(sql);
+  if (sql === severalMemo.sql) return severalMemo.several;
+  const several = sql.includes(';') && /;\s*\S/.test(sql);
+  if (sql.length > MEMO_MAX_CHARS) return several;
+  severalMemo.sql = sql;
+  severalMemo.several = several;
+  return several;
 }
+const severalMemo: { sql: string | null; several: boolean } = { sql: null, several: false };
 
 /**
  * Does this Query text need the parser: several statements one of which may start or end a
  * transaction, or a lone one that may chain one?
  */
 export function needsSplitting(sql: string): boolean {
-  return TRANSACTION_WORDS.test(sql) && (hasSeveralStatements(sql) || CHAIN_WORD.test(sql));
+  return (hasSeveralStatements(sql) || CHAIN_WORD.test(sql)) && TRANSACTION_WORDS.test(sql);
 }
 
 const UNSAFE_ENCODINGS = new Set(['sjis', 'shift_jis_2004', 'big5', 'gbk', 'uhc', 'gb18030']);

@@ -6,7 +6,15 @@ import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
 import { deferrableBegin, plainBegin, staleDetail } from '../../../src/proxy/sql/proof.ts';
-import { isEmptyQuery, runsUnfenced, splitStatements, startsTransactionBlock, statementKind } from '../../../src/proxy/sql/statements.ts';
+import {
+  hasSeveralStatements,
+  isEmptyQuery,
+  leadWord,
+  runsUnfenced,
+  splitStatements,
+  startsTransactionBlock,
+  statementKind,
+} from '../../../src/proxy/sql/statements.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
 describe('framing', () => {
@@ -81,6 +89,28 @@ describe('framing', () => {
       '',
       '',
     ]);
+  });
+
+  test('leadWord and hasSeveralStatements answer each text asked in turn (the last answer is kept for the same text only)', () => {
+    const long = `COMMIT; ${'x'.repeat(70_000)}`;
+    const texts: [string, string | null, boolean][] = [
+      ['SELECT 1; BEGIN', 'select', true],
+      ['BEGIN', 'begin', false],
+      ['BEGIN;', 'begin', false],
+      [long, 'commit', true],
+      ['/* c */ commit ; ', 'commit', false],
+    ];
+    for (let round = 0; round < 3; round++)
+      for (const [sql, word, several] of [...texts, ...texts.slice().reverse()]) {
+        expect([leadWord(sql), hasSeveralStatements(sql)]).toEqual([word, several]);
+        expect([leadWord(sql), hasSeveralStatements(sql)]).toEqual([word, several]);
+      }
+    expect([
+      statementKind('UPDATE t SET n = 1'),
+      statementKind('BEGIN'),
+      runsUnfenced('COMMIT'),
+      runsUnfenced('INSERT INTO t DEFAULT VALUES'),
+    ]).toEqual(['other', 'begin', true, false]);
   });
 
   test('a length below 4 or past the limit is refused', () => {

@@ -99,16 +99,27 @@ export function parseErrorFields(body: Buffer): Map<string, string> {
   return fields;
 }
 
-export const readyForQuery = (status: string): Buffer => message('Z', Buffer.from(status, 'latin1'));
+/** Messages the proxy answers with on every transaction (a held BEGIN's), made once; never written to. */
+const made = new Map<string, Buffer>();
+const madeOnce = (key: string, make: () => Buffer): Buffer => {
+  let b = made.get(key);
+  if (b === undefined) {
+    b = make();
+    if (made.size < 64) made.set(key, b);
+  }
+  return b;
+};
+
+export const readyForQuery = (status: string): Buffer => madeOnce(`Z${status}`, () => message('Z', Buffer.from(status, 'latin1')));
 export const authenticationOk = (): Buffer => message('R', 0);
 export const authenticationCleartextPassword = (): Buffer => message('R', 3);
 /** AuthenticationSASL: the mechanisms offered. */
 export const authenticationSasl = (...mechanisms: string[]): Buffer => message('R', 10, ...mechanisms, Buffer.from([0]));
 export const authenticationSaslContinue = (data: string): Buffer => message('R', 11, Buffer.from(data, 'utf8'));
 export const authenticationSaslFinal = (data: string): Buffer => message('R', 12, Buffer.from(data, 'utf8'));
-export const bindComplete = (): Buffer => message('2');
-export const noData = (): Buffer => message('n');
-export const commandComplete = (tag: string): Buffer => message('C', cstr(tag));
+export const bindComplete = (): Buffer => madeOnce('2', () => message('2'));
+export const noData = (): Buffer => madeOnce('n', () => message('n'));
+export const commandComplete = (tag: string): Buffer => madeOnce(`C${tag}`, () => message('C', cstr(tag)));
 export const parameterStatus = (name: string, value: string): Buffer => message('S', name, value);
 export const backendKeyData = (pid: number, secret: number): Buffer => message('K', pid, secret);
 

@@ -32,18 +32,20 @@ export function backendTarget(databaseUrl: string): BackendTarget {
 
 const SSL_REQUEST = encode({ type: 'sslRequest' });
 
-/** Bytes of each slab the reads of a backend connection go into. */
-const SLAB_BYTES = 256 * 1024;
-/** The most one read takes, and the least room a slab must have left to be read into again. */
-const READ_BYTES = 64 * 1024;
-const MIN_READ_BYTES = 16 * 1024;
+/**
+ * Bytes of each slab the reads of a backend connection go into: one read of a large answer takes
+ * at most what is left of it, and a session holds about one slab.
+ */
+const SLAB_BYTES = 64 * 1024;
+/** The least room a slab must have left to be read into again. */
+const MIN_READ_BYTES = 8 * 1024;
 
 /**
  * Reads of a socket through net's `onread`: each read goes into the part of a slab no earlier read
  * used (a chunk a listener keeps is never written over), and the chunk is emitted as 'data' at
- * once. A Readable stream's way costs a push, a read and a nextTick per read, about 5 us of CPU
- * per transaction on the SQL endpoint (docs/performance.md). pause() and resume() work as
- * always (net stops and starts reading), and the end of the stream is reported as always.
+ * once, without a Readable stream's push, read and nextTick per read (docs/performance.md).
+ * pause() and resume() work as always (net stops and starts reading), and the end of the stream
+ * is reported as always.
  */
 function slabReads(socket: () => Socket): OnReadOpts {
   let slab = Buffer.allocUnsafeSlow(SLAB_BYTES);
@@ -54,7 +56,7 @@ function slabReads(socket: () => Socket): OnReadOpts {
         slab = Buffer.allocUnsafeSlow(SLAB_BYTES);
         used = 0;
       }
-      return slab.subarray(used, Math.min(used + READ_BYTES, SLAB_BYTES));
+      return slab.subarray(used);
     },
     callback: (n, buf) => {
       if (buf.buffer === slab.buffer) used = buf.byteOffset + n;

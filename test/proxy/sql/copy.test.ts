@@ -343,15 +343,15 @@ describe('COPY TO STDOUT', () => {
   });
 
   test('a large COPY out (100 000 rows) arrives whole, with and without a token', async ({ sql }) => {
-    // Invariant: the endpoint relays every CopyData of a long COPY out under back-pressure.
+    // Invariant: the endpoint relays every CopyData of a long COPY out under back-pressure, each
+    // byte as Postgres sent it (the backend's reads go into slices of a slab: none written over).
     const query = "COPY (SELECT g, 'line ' || g FROM generate_series(1, 100000) g) TO STDOUT";
     for (const fence of [[3, 'copy/big-out'] as [number, string], undefined]) {
       const out = await psql(sql, 'big-reader', ['-v', 'ON_ERROR_STOP=1', '-c', query], { fence });
       expect(out.exit).toBe(0);
       const lines = out.stdout.split('\n');
       expect(lines.length).toBe(100_001); // and the empty string after the last newline
-      expect(lines[0]).toBe('1\tline 1');
-      expect(lines[99_999]).toBe('100000\tline 100000');
+      expect(lines.slice(0, 100_000).findIndex((line, i) => line !== `${i + 1}\tline ${i + 1}`)).toBe(-1);
       expect(lines[100_000]).toBe('');
     }
   });

@@ -1311,7 +1311,8 @@ export class Planner {
     const bytes: Buffer[] = [];
     const expect: Expect[] = [];
     const list = this.fence.list;
-    list.forEach((st, i) => {
+    for (let i = 0; i < list.length; i++) {
+      const st = list[i]!;
       const last = i === list.length - 1;
       if (own) {
         this.ownStatementsUsed = true;
@@ -1328,7 +1329,7 @@ export class Planner {
         bytes.push(st.bound);
       }
       expect.push({ ...EXPECT, kind: 'bind', injected: true }, { ...EXPECT, kind: 'execute', injected: true, fence: last || undefined });
-    });
+    }
     steps.push({ do: 'send', what: 'fence', bytes: bytes.length === 1 ? bytes[0]! : Buffer.concat(bytes), expect });
   }
 }

@@ -166,7 +166,9 @@ export class Relay {
   private readonly tally: TransactionTally;
   private readonly end: SessionEnd;
   /** The writer's messages read and not yet sent on (held for a ReadyForQuery, the fencer or the startup fence). */
-  private readonly clientFrames: { frame: Frame; msg: ClientMessage }[] = [];
+  private readonly clientFrames: Frame[] = [];
+  /** The decoded message of each of clientFrames, at the same index. */
+  private readonly clientMsgs: ClientMessage[] = [];
   /** The messages holdExtendedBegin looks at (one array, refilled each time). */
   private readonly lookahead: ClientMessage[] = [];
   private readonly toBackend = new Outbox();
@@ -219,7 +221,10 @@ export class Relay {
       failed: () => this.failed,
       held: (drop) => {
         const n = this.clientFrames.length;
-        if (drop) this.clientFrames.length = 0;
+        if (drop) {
+          this.clientFrames.length = 0;
+          this.clientMsgs.length = 0;
+        }
         return n;
       },
       push: (bytes) => this.toClient.push(bytes),
@@ -333,8 +338,10 @@ export class Relay {
     this.end.disarmIdle();
     try {
       if (chunk.length > 0) this.clientReader.push(chunk);
-      for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next())
-        this.clientFrames.push({ frame: f, msg: decodeClient(f) });
+      for (let f = this.clientReader.next(); f !== null; f = this.clientReader.next()) {
+        this.clientFrames.push(f);
+        this.clientMsgs.push(decodeClient(f));
+      }
     } catch (err) {
       this.fail('malformed message from the client', err);
       return;
@@ -350,7 +357,8 @@ export class Relay {
     }
     let i = 0;
     while (i < this.clientFrames.length && !this.closed) {
-      const { frame, msg } = this.clientFrames[i]!;
+      const frame = this.clientFrames[i]!;
+      const msg = this.clientMsgs[i]!;
       if (this.copy.open && msg.type !== 'copy') {
         const admitted = this.copy.admit(msg);
         if (admitted === 'pass' || typeof admitted === 'object') {
@@ -394,7 +402,7 @@ export class Relay {
         // A lone BEGIN group: answered here, held for the next message (planner.ts holdExtendedBegin).
         const next = this.lookahead;
         next.length = 0;
-        for (let k = i; k < i + 4 && k < this.clientFrames.length; k++) next.push(this.clientFrames[k]!.msg);
+        for (let k = i; k < i + 4 && k < this.clientMsgs.length; k++) next.push(this.clientMsgs[k]!);
         const held = this.planner.holdExtendedBegin(next, { status: this.status, awaiting: this.replies.waiting });
         next.length = 0;
         if (held !== null) {
@@ -408,7 +416,13 @@ export class Relay {
       this.apply(frame, this.planner.plan(msg, { status: this.status, awaiting: this.replies.waiting }));
       if (frame.type === 'c' || frame.type === 'f') this.copy.ended();
     }
-    this.clientFrames.splice(0, i);
+    if (i === this.clientFrames.length) {
+      this.clientFrames.length = 0;
+      this.clientMsgs.length = 0;
+    } else if (i > 0) {
+      this.clientFrames.splice(0, i);
+      this.clientMsgs.splice(0, i);
+    }
     this.holding = this.clientFrames.length > 0;
     this.flushBackend();
     if (this.holding || this.backendBlocked) this.client.pause();

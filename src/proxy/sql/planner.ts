@@ -259,10 +259,11 @@ type Extended = Extract<ClientMessage, { type: 'parse' | 'bind' | 'describe' | '
 
 /**
  * Every Expect is built from this (`{ ...EXPECT, kind, injected, … }`): all its fields, in one
- * order, so every Expect has one hidden class. The relay copies each into a Reply (replies.ts
- * replyOf); literals of a dozen shapes made each of those reads megamorphic.
+ * order, and those the relay adds when it queues it as a Reply (replies.ts replyOf), so every
+ * Expect has one hidden class and becomes its Reply without a copy (literals of a dozen shapes
+ * made each read megamorphic, and a copy per message sent was most of what a transaction allocated).
  */
-export const EXPECT: Readonly<Expect> = {
+export const EXPECT: Readonly<Expect & { capture: undefined; onReady: undefined; fenceFailed: undefined; copyEndsAt: undefined }> = {
   kind: 'sync',
   injected: false,
   fence: undefined,
@@ -277,9 +278,13 @@ export const EXPECT: Readonly<Expect> = {
   proofOutcome: undefined,
   afterProof: undefined,
   mayCommit: undefined,
+  capture: undefined,
+  onReady: undefined,
+  fenceFailed: undefined,
+  copyEndsAt: undefined,
 };
 
-const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ kind, injected: false }] });
+const forward = (kind: Kind): Step => ({ do: 'forward', expect: [{ ...EXPECT, kind, injected: false }] });
 
 export class Planner {
   /** The fence statement the backend's unnamed statement holds (its SQL), as far as the proxy knows; null: parse it again. */

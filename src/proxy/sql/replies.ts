@@ -19,31 +19,16 @@ export interface Reply extends Expect {
 }
 
 /**
- * The reply to one message as the queue holds it: every field present, in one order, whatever the
- * planner's Expect held. The relay reads these for every message the backend sends; objects of one
- * shape keep those reads monomorphic, and no field is added later (a hidden class each time).
+ * The reply to one message as the queue holds it: the planner's Expect itself, built from EXPECT
+ * (planner.ts) with every field of a Reply present, so the relay's reads of it stay monomorphic and
+ * nothing is copied. Each Expect is queued once.
  */
 export function replyOf(e: Expect & Pick<Reply, 'capture' | 'onReady'>, copyEndsAt: number): Reply {
-  return {
-    kind: e.kind,
-    injected: e.injected,
-    fence: e.fence,
-    forwardReady: e.forwardReady,
-    plan: e.plan,
-    at: e.at ?? 0,
-    insertions: e.insertions,
-    refusal: e.refusal,
-    change: e.change,
-    predict: e.predict,
-    undoBeginOnFenceError: e.undoBeginOnFenceError,
-    proofOutcome: e.proofOutcome,
-    afterProof: e.afterProof,
-    mayCommit: e.mayCommit,
-    capture: e.capture,
-    onReady: e.onReady,
-    fenceFailed: false,
-    copyEndsAt,
-  };
+  const r = e as Reply;
+  if (r.at === undefined) r.at = 0;
+  r.fenceFailed = false;
+  r.copyEndsAt = copyEndsAt;
+  return r;
 }
 
 /** A reply answered by a ReadyForQuery: a Sync's or a Query's. */

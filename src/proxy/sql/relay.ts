@@ -631,6 +631,9 @@ export class Relay {
    */
   private noteCommand(f: Frame, extended: boolean): void {
     if (f.type !== 'C') return;
+    // Only COMMIT, ROLLBACK, RESET, DISCARD and DEALLOCATE matter here (and to the tally): no other tag is decoded.
+    const first = bodyByte(f, 0);
+    if (first !== 0x43 /* C */ && first !== 0x44 /* D */ && first !== 0x52 /* R */) return;
     const tag = frameTag(f);
     this.tally.commandTag(tag);
     if (tag === 'COMMIT' || tag === 'ROLLBACK') this.writerEnded = true;

@@ -279,9 +279,9 @@ export function cstr(s: string): Buffer {
 }
 
 /** The NUL-terminated string at `start` ('' when unterminated) and where the next field starts. */
-export function cstringAt(body: Buffer, start: number): { value: string; end: number } {
-  const end = nulAt(body, start);
-  if (end < 0) return { value: '', end: body.length };
+export function cstringAt(body: Buffer, start: number, limit = body.length): { value: string; end: number } {
+  const end = nulAt(body, start, limit);
+  if (end < 0) return { value: '', end: limit };
   return { value: end === start ? '' : body.toString('utf8', start, end), end: end + 1 };
 }
 

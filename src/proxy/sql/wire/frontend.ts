@@ -2,7 +2,7 @@
 // those the proxy sends to Postgres, built from typed objects. pg-protocol's `serialize` builds
 // the ones it frames as the proxy means them (not Bind: see encode).
 import { serialize } from 'pg-protocol';
-import { BodyReader, FramingError, ReadFrame, cstringAt, int16, int32, message, nulAt, type Frame } from './framing.ts';
+import { BodyReader, FramingError, ReadFrame, cstringAt, int16, int32, message, type Frame } from './framing.ts';
 
 export const PROTOCOL_3_0 = 196608;
 export const SSL_REQUEST = 80877103;
@@ -131,16 +131,16 @@ export function decodeClient(f: Frame): ClientMessage {
     case 'bind': {
       // Read where the frame lies in its chunk (not cut from it: one Bind per statement run).
       const { buf, base, lim } = placeOf(f);
-      const portal = cstringIn(buf, base, lim);
-      const statement = cstringIn(buf, portal.end, lim);
+      const portal = cstringAt(buf, base, lim);
+      const statement = cstringAt(buf, portal.end, lim);
       // After the names: the parameter format codes, then the parameter count.
       let at = statement.end;
       const formats = at + 2 <= lim ? buf.readInt16BE(at) : 0;
       at += 2 + 2 * Math.max(0, formats);
       m.portal = portal.value;
       m.statement = statement.value;
-      m.portalBytes = bytesIn(buf, base, portal.end, lim);
-      m.statementBytes = bytesIn(buf, portal.end, statement.end, lim);
+      m.portalBytes = bytesOf(buf, base, portal.end, lim);
+      m.statementBytes = bytesOf(buf, portal.end, statement.end, lim);
       m.paramFormats = formats;
       m.paramCount = at + 2 <= lim ? buf.readInt16BE(at) : -1;
       break;
@@ -156,9 +156,9 @@ export function decodeClient(f: Frame): ClientMessage {
     }
     case 'execute': {
       const { buf, base, lim } = placeOf(f);
-      const portal = cstringIn(buf, base, lim);
+      const portal = cstringAt(buf, base, lim);
       m.portal = portal.value;
-      m.portalBytes = bytesIn(buf, base, portal.end, lim);
+      m.portalBytes = bytesOf(buf, base, portal.end, lim);
       m.maxRows = portal.end + 4 <= lim ? buf.readInt32BE(portal.end) : 0;
       break;
     }
@@ -206,26 +206,14 @@ function placeOf(f: Frame): { buf: Buffer; base: number; lim: number } {
   return { buf: f.body, base: 0, lim: f.body.length };
 }
 
-/** cstringAt within `buf` up to `lim`. */
-function cstringIn(buf: Buffer, start: number, lim: number): { value: string; end: number } {
-  const end = nulAt(buf, start, lim);
-  if (end < 0) return { value: '', end: lim };
-  return { value: end === start ? '' : buf.toString('utf8', start, end), end: end + 1 };
-}
-
-/** bytesOf within `buf` up to `lim`. */
-function bytesIn(buf: Buffer, start: number, end: number, lim: number): Buffer {
-  if (start >= lim || buf[end - 1] !== 0 || end <= start) return NO_BYTES;
-  return buf.subarray(start, end - 1);
-}
-
 /**
- * The bytes of the C string at `start` that ends (past its NUL) at `end`, as cstringAt reads it ('' without a NUL):
- * a view of the message, not a copy (names are keyed as strings, planner.ts key, never kept as bytes).
+ * The bytes of the C string at `start` that ends (past its NUL) at `end`, as cstringAt reads it
+ * up to `limit` ('' without a NUL): a view of the message, not a copy (names are keyed as strings,
+ * planner.ts key, never kept as bytes).
  */
-function bytesOf(body: Buffer, start: number, end: number): Buffer {
-  if (start >= body.length || body[end - 1] !== 0 || end <= start) return NO_BYTES;
-  return body.subarray(start, end - 1);
+function bytesOf(buf: Buffer, start: number, end: number, limit = buf.length): Buffer {
+  if (start >= limit || buf[end - 1] !== 0 || end <= start) return NO_BYTES;
+  return buf.subarray(start, end - 1);
 }
 
 // ---- what the proxy sends -----------------------------------------------------------------------

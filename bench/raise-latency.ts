@@ -19,8 +19,8 @@
 //             prepared  a prepared transaction made straight on Postgres as the owner (FOR SHARE on
 //                       the fence row, an insert, PREPARE TRANSACTION), COMMIT PREPARED tried after
 //   doors     put       PUT /v1/fences at token 2 (its own statement waits the lock timeout, then the raise)
-//             sql       the first write (an autocommit INSERT) of a new SQL endpoint session at token 2,
-//                       connected before the clock starts
+//             sql       a new SQL endpoint session at token 2 (its connect raises the fence) and its
+//                       first write (an autocommit INSERT), timed from the connect
 //
 // Older-token commits after the raise: rows of token 1 on the round's fence whose commit timestamp
 // is after the raise's own (the fence row's xmin), counted in Postgres. A held holder is resumed
@@ -386,14 +386,21 @@ async function prepareRaise(w: World, door: Door, fenceKey: string): Promise<{ r
       dispose: async () => {},
     };
   }
-  const c = await endpointSession(w, 'ho-leader', 2, fenceKey);
+  // A connection is fenced (and its fence raised) as it is made: the clock runs from the connect
+  // to its first write's answer.
+  let c: pg.Client | null = null;
   return {
     raise: async () => {
       const t = performance.now();
-      const failure = await c.query(insertRow('leader'), [fenceKey, 2]).then(() => null, answerOf);
+      const failure = await endpointSession(w, 'ho-leader', 2, fenceKey).then((session) => {
+        c = session;
+        return session.query(insertRow('leader'), [fenceKey, 2]).then(() => null, answerOf);
+      }, answerOf);
       return { ms: performance.now() - t, failure };
     },
-    dispose: () => c.end().catch(() => {}),
+    dispose: async () => {
+      await (c as pg.Client | null)?.end().catch(() => {});
+    },
   };
 }
 

@@ -13,33 +13,9 @@ CREATE SCHEMA fencepost_api;
 
 CREATE SEQUENCE fencepost.object_incarnations AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 CREATE SEQUENCE fencepost.rejections_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+CREATE SEQUENCE fencepost.session_serial AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
 -- Functions
-
-CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE STRICT
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$ SELECT 'epoch_' || left(encode(sha256(convert_to(fence_key, 'UTF8')), 'hex'), 56) $function$;
-
-CREATE OR REPLACE FUNCTION fencepost.next_epoch()
- RETURNS trigger
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-DECLARE
-  v_name text := fencepost.epoch_name(NEW.fence_key);
-BEGIN
-  IF to_regclass('fencepost.' || quote_ident(v_name)) IS NOT NULL THEN
-    EXECUTE format('DROP SEQUENCE fencepost.%I', v_name);
-    -- The owner's only: the proof (currval) runs in functions of the owner's (prove_*).
-    EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-  END IF;
-  RETURN NULL;
-END $function$;
-REVOKE ALL ON ROUTINE fencepost.next_epoch() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.object_fence_ok(object_key text, fence_key text)
  RETURNS boolean
@@ -91,41 +67,80 @@ CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+DECLARE
+  v_serial pg_catalog.int8;
+  v_token pg_catalog.text;
+  v_key pg_catalog.text;
 BEGIN
-  BEGIN
-    PERFORM pg_catalog.currval(CASE WHEN TG_NARGS > 1 THEN TG_ARGV[1] ELSE 'fencepost.' || fencepost.epoch_name(TG_ARGV[0]) END::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-  EXCEPTION WHEN object_not_in_prerequisite_state OR undefined_table OR internal_error THEN
-    RAISE EXCEPTION '% on %.% refused: this session did not pass the fence of fence key % in its current epoch', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
+  SELECT b.serial, b.token_setting, b.fence_key_setting INTO v_serial, v_token, v_key
+    FROM fencepost.fenced_backends b
+   WHERE b.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND b.fence_key OPERATOR(pg_catalog.=) TG_ARGV[0];
+  IF NOT FOUND OR v_serial OPERATOR(pg_catalog.<>) pg_catalog.currval('fencepost.session_serial'::pg_catalog.regclass) THEN
+    RAISE EXCEPTION '% on %.% refused: this connection did not pass the fence of fence key %', TG_OP, pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), pg_catalog.to_json(TG_ARGV[0])
       USING ERRCODE = 'FP403',
-            DETAIL = format('protected table %s.%s, fence key %s', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])),
-            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; a newer leader''s raise ends an older token''s sessions; nothing of this statement was applied', to_json(TG_ARGV[0]));
-  END;
+            DETAIL = pg_catalog.format('protected table %s.%s, fence key %s', pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), pg_catalog.to_json(TG_ARGV[0])),
+            HINT = pg_catalog.format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token in the connection''s startup options (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', pg_catalog.to_json(TG_ARGV[0]));
+  END IF;
+  IF v_token IS DISTINCT FROM pg_catalog.current_setting('fencepost.token', true) OR v_key IS DISTINCT FROM pg_catalog.current_setting('fencepost.fence_key', true) THEN
+    RAISE EXCEPTION '% on %.% refused: fencepost.token or fencepost.fence_key was changed after this connection was fenced at token % of fence key %', TG_OP, pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), v_token, pg_catalog.to_json(TG_ARGV[0])
+      USING ERRCODE = 'FP400',
+            HINT = 'a connection is fenced once, at startup: reconnect with the new token (a new pool), or RESET the settings; nothing of this statement was applied';
+  END IF;
+  PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
   RETURN NULL;
 END $function$;
 REVOKE ALL ON ROUTINE fencepost.refuse_unfenced_write() FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint)
- RETURNS void
+CREATE OR REPLACE FUNCTION fencepost.revoke_older_sessions()
+ RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-  v_highest bigint := (SELECT f.highest_token FROM fencepost.fences f WHERE f.fence_key = refuse_unproven_session.fence_key);
+  v_began timestamptz := clock_timestamp();
+  v_wait_ms int := least(greatest(coalesce(nullif(current_setting('fencepost.raise_wait_ms', true), '')::int, 1000), 0), 600000);
+  v_exit_ms int := 500;
+  v_pids int[];
+  v_starts timestamptz[];
+  v_left int;
 BEGIN
-  IF v_highest > token THEN
-    RAISE EXCEPTION 'stale fencing token: token % is below the highest token % of fence key %', token, v_highest, to_json(fence_key)
-      USING ERRCODE = 'FP409',
-            DETAIL = format('fence key %s, token %s, highest token %s', to_json(fence_key), token, v_highest),
-            HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
+  SELECT array_agg(b.pid), array_agg(b.backend_start) INTO v_pids, v_starts
+    FROM fencepost.fenced_backends b
+   WHERE b.fence_key = NEW.fence_key AND b.token < NEW.highest_token AND b.pid <> pg_backend_pid();
+  IF v_pids IS NULL THEN
+    RETURN NULL;
   END IF;
-  RAISE EXCEPTION 'this session is no longer fenced at token % of fence key %', token, to_json(fence_key)
-    USING ERRCODE = 'FP428',
-          HINT = 'the proxy fences the session again before its next transaction; nothing of this transaction was applied, safe to retry';
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- A snapshot older than the registry's rows would miss the backends fenced meanwhile.
+    RAISE EXCEPTION 'a fence is raised in READ COMMITTED only' USING ERRCODE = 'FP428';
+  END IF;
+  LOOP
+    PERFORM pg_stat_clear_snapshot();
+    EXIT WHEN NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st
+                           WHERE a.xact_start < v_began);
+    EXIT WHEN clock_timestamp() >= v_began + make_interval(secs => v_wait_ms / 1000.0);
+    PERFORM pg_sleep(0.002);
+  END LOOP;
+  PERFORM pg_stat_clear_snapshot();
+  PERFORM pg_terminate_backend(a.pid) FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st;
+  LOOP
+    PERFORM pg_stat_clear_snapshot();
+    SELECT count(*) INTO v_left FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st;
+    EXIT WHEN v_left = 0;
+    IF clock_timestamp() >= v_began + make_interval(secs => (v_wait_ms + v_exit_ms) / 1000.0) THEN
+      RAISE EXCEPTION 'the raise of fence % to token % failed: % backend(s) fenced at an older token did not exit', to_json(NEW.fence_key), NEW.highest_token, v_left
+        USING ERRCODE = 'lock_not_available',
+              HINT = 'nothing was committed; a superuser''s backend cannot be ended by the fence: retry, or end it';
+    END IF;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+  DELETE FROM fencepost.fenced_backends b
+   WHERE b.fence_key = NEW.fence_key AND b.token < NEW.highest_token AND b.pid <> pg_backend_pid();
+  RETURN NULL;
 END $function$;
-REVOKE ALL ON ROUTINE fencepost.refuse_unproven_session(text,bigint) FROM PUBLIC;
+REVOKE ALL ON ROUTINE fencepost.revoke_older_sessions() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fencepost.trigger_problem(rel regclass, fn regprocedure, kind smallint, args bytea)
  RETURNS text
@@ -169,8 +184,7 @@ AS $function$
 DECLARE
   v_secret text := (SELECT c.secret FROM fencepost.fence_capability c);
   v_highest bigint;
-  v_name text;
-  v_seq regclass;
+  v_serial bigint;
 BEGIN
   -- Sizes first: nothing of an oversized call is hashed, read or locked.
   IF octet_length(session_capability) > 64 OR octet_length(fence_key) > 1024 THEN
@@ -188,7 +202,6 @@ BEGIN
   IF fence_key IS NULL OR token IS NULL THEN
     RETURN NULL;
   END IF;
-  PERFORM pg_catalog.set_config('fencepost.epoch_oid', '', false);
   SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
@@ -197,84 +210,20 @@ BEGIN
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
   END IF;
-  v_name := fencepost.epoch_name(fence_key);
-  v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  IF v_seq IS NULL THEN
-    -- The fence's first session: its epoch (a concurrent first session may make it first).
-    BEGIN
-      EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-    EXCEPTION WHEN unique_violation OR duplicate_table THEN
-      NULL;
-    END;
-    v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  END IF;
-  PERFORM nextval(v_seq);
-  -- For the SQL endpoint's proof (prove_epoch): which epoch this session was fenced in, read back by the proxy.
-  PERFORM pg_catalog.set_config('fencepost.epoch_oid', v_seq::oid::text, false);
+  BEGIN
+    v_serial := currval('fencepost.session_serial');
+  EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    v_serial := nextval('fencepost.session_serial');
+  END;
+  -- Rows of an earlier backend with this pid, and this backend's earlier fence of this key.
+  DELETE FROM fencepost.fenced_backends b
+   WHERE b.pid = pg_backend_pid() AND (b.serial <> v_serial OR b.fence_key = fence_session.fence_key);
+  INSERT INTO fencepost.fenced_backends (pid, fence_key, backend_start, serial, token, token_setting, fence_key_setting)
+  VALUES (pg_backend_pid(), fence_session.fence_key, (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a), v_serial, token,
+          current_setting('fencepost.token', true), current_setting('fencepost.fence_key', true));
   RETURN v_highest;
 END $function$;
 REVOKE ALL ON ROUTINE fencepost_api.fence_session(text,text,bigint) FROM PUBLIC;
-
-CREATE OR REPLACE PROCEDURE fencepost_api.prove(IN epoch oid, IN fence_key text, IN token bigint)
- LANGUAGE plpgsql
- SECURITY DEFINER
-AS $procedure$
-BEGIN
-  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
-    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $procedure$;
-REVOKE ALL ON ROUTINE fencepost_api.prove(oid,text,bigint) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION fencepost_api.prove_epoch(epoch oid, fence_key text, token bigint)
- RETURNS void
- LANGUAGE plpgsql
- SECURITY DEFINER
-AS $function$
-BEGIN
-  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
-    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $function$;
-REVOKE ALL ON ROUTINE fencepost_api.prove_epoch(oid,text,bigint) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[])
- RETURNS void
- LANGUAGE plpgsql
- SECURITY DEFINER
-AS $function$
-BEGIN
-  PERFORM pg_catalog.currval(e::pg_catalog.regclass) FROM pg_catalog.unnest(epochs) AS u(e);
-  PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-END $function$;
-REVOKE ALL ON ROUTINE fencepost_api.prove_epochs(text[]) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint)
- RETURNS void
- LANGUAGE plpgsql
- SECURITY DEFINER
-AS $function$
-BEGIN
-  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('fencepost.epoch_oid', true) THEN
-    PERFORM pg_catalog.currval(epoch::pg_catalog.regclass), pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $function$;
-REVOKE ALL ON ROUTINE fencepost_api.prove_transaction(text,text,bigint) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-BEGIN
-  RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
-END $function$;
 
 CREATE OR REPLACE FUNCTION fencepost_api.session_start()
  RETURNS text
@@ -322,6 +271,18 @@ CREATE TABLE fencepost.fence_counts (
   accepted bigint NOT NULL DEFAULT 0,
   rejected bigint NOT NULL DEFAULT 0,
   CONSTRAINT fence_counts_pkey PRIMARY KEY (fence_key, shard)
+);
+
+CREATE UNLOGGED TABLE fencepost.fenced_backends (
+  pid integer NOT NULL,
+  fence_key text NOT NULL,
+  backend_start timestamp with time zone NOT NULL,
+  serial bigint NOT NULL,
+  token bigint NOT NULL,
+  token_setting text,
+  fence_key_setting text,
+  fenced_at timestamp with time zone NOT NULL DEFAULT clock_timestamp(),
+  CONSTRAINT fenced_backends_pkey PRIMARY KEY (pid, fence_key)
 );
 
 CREATE TABLE fencepost.fences (
@@ -432,7 +393,7 @@ CREATE VIEW fencepost.protected_data AS
             COALESCE(t.relation::regclass::text, t.relation::text) AS target,
             t.fence_key,
             t.declared_at,
-            fencepost.trigger_problem(t.relation::regclass, 'fencepost.refuse_unfenced_write()'::regprocedure, 62::smallint, ((convert_to(t.fence_key, 'UTF8'::name) || '\x00'::bytea) || convert_to('fencepost.'::text || fencepost.epoch_name(t.fence_key), 'UTF8'::name)) || '\x00'::bytea) AS why_not
+            fencepost.trigger_problem(t.relation::regclass, 'fencepost.refuse_unfenced_write()'::regprocedure, 62::smallint, convert_to(t.fence_key, 'UTF8'::name) || '\x00'::bytea) AS why_not
            FROM fencepost.protected_tables t
         UNION ALL
          SELECT 'prefix'::text AS kind,
@@ -444,6 +405,7 @@ CREATE VIEW fencepost.protected_data AS
 
 -- Foreign keys, indexes (those no constraint makes), triggers, sequence ownership
 
+CREATE INDEX fenced_backends_key ON fencepost.fenced_backends USING btree (fence_key, token);
 CREATE INDEX fences_key_bytes ON fencepost.fences USING btree (fence_key COLLATE "C");
 CREATE INDEX fences_updated_at ON fencepost.fences USING btree (updated_at DESC);
 CREATE INDEX objects_key_bytes ON fencepost.objects USING btree (key COLLATE "C");
@@ -453,5 +415,5 @@ CREATE INDEX rejections_rejected_at ON fencepost.rejections USING btree (rejecte
 CREATE TRIGGER fences_never_deleted BEFORE DELETE ON fencepost.fences FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_fence_change();
 CREATE TRIGGER fences_never_lower BEFORE UPDATE ON fencepost.fences FOR EACH ROW WHEN (((new.highest_token < old.highest_token) OR (new.fence_key <> old.fence_key))) EXECUTE FUNCTION fencepost.refuse_fence_change();
 CREATE TRIGGER fences_never_truncated BEFORE TRUNCATE ON fencepost.fences FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_fence_change();
-CREATE TRIGGER fences_next_epoch AFTER UPDATE OF highest_token ON fencepost.fences FOR EACH ROW WHEN ((new.highest_token > old.highest_token)) EXECUTE FUNCTION fencepost.next_epoch();
+CREATE TRIGGER fences_revoke_older AFTER UPDATE OF highest_token ON fencepost.fences FOR EACH ROW WHEN ((new.highest_token > old.highest_token)) EXECUTE FUNCTION fencepost.revoke_older_sessions();
 ALTER SEQUENCE fencepost.rejections_id_seq OWNED BY fencepost.rejections.id;

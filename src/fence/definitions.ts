@@ -9,26 +9,24 @@
 // Parameter names and result columns of an existing function cannot change here (CREATE OR
 // REPLACE refuses); such a change is a migration that drops the old one first.
 import { createHash } from 'node:crypto';
-import { NOT_FENCED, RAISE_FIRST, STALE_TOKEN } from './codes.ts';
-import { staleDetailSql } from './detail.ts';
+import { INVALID_FENCE_SETTING, NOT_FENCED, RAISE_FIRST } from './codes.ts';
 import { MAX_KEY_BYTES } from './key.ts';
 import {
   BACKEND_START_SQL,
+  BACKEND_START_TIMESTAMP_SQL,
   boundCapabilitySql,
   CAPABILITY_SECRET_SQL,
-  epochProof,
-  EPOCH_OID_SETTING,
   NO_PREPARE_READ,
   NO_PREPARE_SEQUENCE,
   refuseUnlessProxy,
 } from './rule.ts';
 
-export const DEFINITIONS_VERSION = 13;
+export const DEFINITIONS_VERSION = 14;
 
 /**
  * The schema of the functions client logins and keys' roles call (migration 0019): functions only,
  * no table or sequence, so nothing in it is worth a lock another tenant needs. Those roles have no
- * USAGE on schema fencepost: they cannot name its tables or epoch sequences, not even in DDL that
+ * USAGE on schema fencepost: they cannot name its tables or sequences, not even in DDL that
  * Postgres would lock before checking ownership.
  */
 export const CLIENT_SCHEMA = 'fencepost_api';
@@ -50,18 +48,6 @@ const TABLE_TRIGGER_TYPE = 2 | 4 | 8 | 16 | 32;
 const OBJECTS_TRIGGER_TYPE = 1 | 2 | 4 | 16;
 const PROXY_FUNCTION = 'LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp';
 
-/**
- * The SQL endpoint's proof (prove_epoch, and the procedure prove): while the epoch the session was
- * fenced in still exists, rule.ts epochProof and the no-PREPARE read; else refuse_unproven_session.
- */
-const PROVE_EPOCH_BODY = `BEGIN
-  IF pg_catalog.pg_relation_filenode(epoch) IS NOT NULL THEN
-    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END`;
-
 const definitions: readonly Definition[] = [
   {
     // The fence's two promises, enforced whoever runs the SQL: a fence's highest token never goes
@@ -77,38 +63,6 @@ BEGIN
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   RAISE EXCEPTION 'fence rows are never deleted (%)', TG_OP USING ERRCODE = 'integrity_constraint_violation';
-END $$`,
-  },
-  {
-    // The epoch sequence's name of a fence key (rule.ts epochName computes the same).
-    name: 'fencepost.epoch_name(text)',
-    revoke: false,
-    client: false,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost.epoch_name(fence_key text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 'epoch_' || left(encode(sha256(convert_to(fence_key, 'UTF8')), 'hex'), 56) $$`,
-  },
-  {
-    // The trigger fences_next_epoch (migration 0018) on every raise of a fence: its epoch, if it
-    // has one (made by the first session that fences it), is dropped and made anew, which voids
-    // every session fenced in the old one. The DROP waits for every transaction that holds the old
-    // epoch (rule.ts epochProof); raise.ts ends them after its wait.
-    name: 'fencepost.next_epoch()',
-    revoke: true,
-    client: false,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost.next_epoch() RETURNS trigger
-${PROXY_FUNCTION} AS $$
-DECLARE
-  v_name text := fencepost.epoch_name(NEW.fence_key);
-BEGIN
-  IF to_regclass('fencepost.' || quote_ident(v_name)) IS NOT NULL THEN
-    EXECUTE format('DROP SEQUENCE fencepost.%I', v_name);
-    -- The owner's only: the proof (currval) runs in functions of the owner's (prove_*).
-    EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-  END IF;
-  RETURN NULL;
 END $$`,
   },
   {
@@ -130,16 +84,24 @@ BEGIN
 END $$`,
   },
   {
-    // The session fence of both SQL doors (rule.ts): called by the proxy on the writer's own
-    // backend, once per session and (fence key, token), in a transaction of its own. Makes the
-    // session's temporary sequence (rule.ts NO_PREPARE_READ) once per backend; with a fence key,
-    // returns the fence's highest token (null: no fence yet) and, when that is the token, defines
-    // currval() of the fence's epoch in this session: the session passed the fence. It never raises
-    // a fence (raise.ts does, in a transaction of the proxy's). The capability is checked before
-    // anything is read or locked; a stale token reads the fence without locking it; the token's
-    // own fence row is shared until this call's transaction ends, so no raise commits in between
-    // (a raise updates the row before it replaces the epoch: the same lock order as here), and in
-    // REPEATABLE READ a raise committed after the snapshot fails the lock (40001).
+    // The connection fence of both SQL doors (rule.ts): called by the proxy on the writer's own
+    // backend, once per connection and fence key (the SQL endpoint at startup, before the writer's
+    // first message; /v1/transactions when a pooled connection serves another set of fences), in a
+    // transaction of its own. Makes the session's temporary sequence (rule.ts NO_PREPARE_READ) once
+    // per backend; with a fence key, returns the fence's highest token (null: no fence yet) and,
+    // when that is the token, records this backend in fencepost.fenced_backends: the connection
+    // passed the fence. It never raises a fence (raise.ts does, in a transaction of the proxy's
+    // own). The capability is checked before anything is read or locked; a stale token reads the
+    // fence without locking it; the token's own fence row is shared until this call's transaction
+    // ends, so a raise (which updates the row, then reads the registry in a statement of its own:
+    // revoke_older_sessions) sees this backend's row once it gets the row.
+    //
+    // The backend's identity is its serial, currval(fencepost.session_serial): only nextval()
+    // defines currval, only this function calls nextval (no one else has any privilege on the
+    // sequence), and a sequence never returns a value twice, so a serial names one backend for
+    // good; a later backend with the same pid has no currval at all. The row also keeps the
+    // fencepost settings the session had when it was fenced: a protected table refuses a session
+    // that SET others since (refuse_unfenced_write: reconnect with the new token).
     name: 'fencepost_api.fence_session(text, text, bigint)',
     revoke: true,
     client: true,
@@ -150,8 +112,7 @@ ${PROXY_FUNCTION} AS $$
 DECLARE
   v_secret text := ${CAPABILITY_SECRET_SQL};
   v_highest bigint;
-  v_name text;
-  v_seq regclass;
+  v_serial bigint;
 BEGIN
   -- Sizes first: nothing of an oversized call is hashed, read or locked.
   IF octet_length(session_capability) > 64 OR octet_length(fence_key) > ${MAX_KEY_BYTES} THEN
@@ -166,7 +127,6 @@ BEGIN
   IF fence_key IS NULL OR token IS NULL THEN
     RETURN NULL;
   END IF;
-  PERFORM pg_catalog.set_config('${EPOCH_OID_SETTING}', '', false);
   SELECT f.highest_token INTO v_highest FROM fencepost.fences f WHERE f.fence_key = fence_session.fence_key;
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
@@ -175,132 +135,80 @@ BEGIN
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
   END IF;
-  v_name := fencepost.epoch_name(fence_key);
-  v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  IF v_seq IS NULL THEN
-    -- The fence's first session: its epoch (a concurrent first session may make it first).
-    BEGIN
-      EXECUTE format('CREATE SEQUENCE fencepost.%I', v_name);
-    EXCEPTION WHEN unique_violation OR duplicate_table THEN
-      NULL;
-    END;
-    v_seq := to_regclass('fencepost.' || quote_ident(v_name));
-  END IF;
-  PERFORM nextval(v_seq);
-  -- For the SQL endpoint's proof (prove_epoch): which epoch this session was fenced in, read back by the proxy.
-  PERFORM pg_catalog.set_config('${EPOCH_OID_SETTING}', v_seq::oid::text, false);
+  BEGIN
+    v_serial := currval('fencepost.session_serial');
+  EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    v_serial := nextval('fencepost.session_serial');
+  END;
+  -- Rows of an earlier backend with this pid, and this backend's earlier fence of this key.
+  DELETE FROM fencepost.fenced_backends b
+   WHERE b.pid = pg_backend_pid() AND (b.serial <> v_serial OR b.fence_key = fence_session.fence_key);
+  INSERT INTO fencepost.fenced_backends (pid, fence_key, backend_start, serial, token, token_setting, fence_key_setting)
+  VALUES (pg_backend_pid(), fence_session.fence_key, ${BACKEND_START_TIMESTAMP_SQL}, v_serial, token,
+          current_setting('fencepost.token', true), current_setting('fencepost.fence_key', true));
   RETURN v_highest;
 END $$`,
   },
   {
-    // The SQL endpoint's proof for each transaction of a fenced session (src/proxy/sql/proof.ts):
-    // while the epoch the session was fenced in still exists (its oid, which the proxy read back
-    // from fencepost.epoch_oid in fence_session's own statement, never from the writer), rule.ts
-    // epochProof, which fails unless this session passed the fence in it and holds it until the
-    // transaction ends, and the no-PREPARE read; else refuse_unproven_session (FP409 with the
-    // highest token, or FP428). Every raise drops the epoch and makes a new one, so an oid that
-    // still names a relation is the current epoch. By oid, not by name: no name is parsed or looked
-    // up per transaction (measured: about 20 us of Postgres CPU per transaction under 16 clients,
-    // docs/performance.md). A caller's own oid can only make its own transaction fail: currval()
-    // decides, and its lock lasts only as long as the transaction when currval() succeeds, which
-    // only a session the proxy fenced in that epoch can make it do. No exception block (no
-    // subtransaction), no SET clause (it would cost a GUC save and restore per call): every name
-    // and operator is qualified, so the caller's search_path cannot reach into it. SECURITY
-    // DEFINER: the epoch sequences are the owner's alone.
-    name: 'fencepost_api.prove_epoch(oid, text, bigint)',
-    revoke: true,
-    client: true,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost_api.prove_epoch(epoch oid, fence_key text, token bigint) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-${PROVE_EPOCH_BODY} $$`,
-  },
-  {
-    // prove_epoch as a procedure, for the proof the SQL endpoint writes into a Query's text
-    // (proof.ts): CALL is a utility statement, neither planned nor answered with a row. Measured
-    // straight to Postgres 15 (one client, in front of an UPDATE in one Query): about 20 us of
-    // Postgres CPU per transaction where SELECT prove_epoch(…) took about 48 (docs/performance.md).
-    // Only ever in a transaction block or a multi-statement Query (an implicit block), so atomic:
-    // it cannot commit, and its currval() lock lasts until the writer's transaction ends.
-    name: 'fencepost_api.prove(oid, text, bigint)',
-    revoke: true,
-    client: true,
-    sql: `
-CREATE OR REPLACE PROCEDURE fencepost_api.prove(epoch oid, fence_key text, token bigint)
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-${PROVE_EPOCH_BODY} $$`,
-  },
-  {
-    // The SQL endpoint's proof before definitions version 12 (by the epoch's name, compared with
-    // fencepost.epoch_oid): kept for proxies of an older version during a rolling upgrade.
-    name: 'fencepost_api.prove_transaction(text, text, bigint)',
-    revoke: true,
-    client: true,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost_api.prove_transaction(epoch text, fence_key text, token bigint) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-  IF pg_catalog.to_regclass(epoch)::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.=) pg_catalog.current_setting('${EPOCH_OID_SETTING}', true) THEN
-    PERFORM ${epochProof('epoch')}, ${NO_PREPARE_READ};
-  ELSE
-    PERFORM fencepost.refuse_unproven_session(fence_key, token);
-  END IF;
-END $$`,
-  },
-  {
-    // The proof of /v1/transactions (sql/transactions.ts openClientTransaction): for each epoch sequence
-    // named, rule.ts epochProof (55000 or XX000 when a raise replaced it since the connection was
-    // fenced, 42P01 before the fence's first session made it), then the no-PREPARE read. Qualified
-    // names only, SECURITY DEFINER without a SET clause, as prove_transaction.
-    name: 'fencepost_api.prove_epochs(text[])',
-    revoke: true,
-    client: true,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost_api.prove_epochs(epochs text[]) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-  PERFORM ${epochProof('e')} FROM pg_catalog.unnest(epochs) AS u(e);
-  PERFORM ${NO_PREPARE_READ};
-END $$`,
-  },
-  {
-    // Why a session's proof failed, as its error: FP409 when the fence is above its token (a newer
-    // leader raised it), else FP428 (the session lost its fence some other way, say DISCARD
-    // SEQUENCES in a function: the proxy fences it again before the next transaction).
-    name: 'fencepost.refuse_unproven_session(text, bigint)',
+    // The raise's revocation (trigger fences_revoke_older, migration 0020): on every raise of a
+    // fence, whatever path raised it (raise.ts, the HTTP door's in-statement raise, a hand-written
+    // UPDATE), in the raise's own transaction and with the fence row locked by it. The backends
+    // fenced at an older token of that key: waits up to fencepost.raise_wait_ms (default 1000, at
+    // most 600000) for the transactions they had open when the raise got here (not for ones they
+    // start after: a busy zombie cannot starve it), terminates every one still alive (same pid
+    // and backend start), waits until each is gone from pg_stat_activity (500 ms more at most,
+    // else the raise fails with 55P03 and nothing commits), and deletes their rows. So once a
+    // raise commits, no backend fenced at an older token is alive. It locks nothing but the
+    // registry's rows, drops nothing and reads nothing other roles can create: no role can pin it.
+    // Other roles' backend starts and transaction starts need pg_read_all_stats (or a superuser
+    // owner), terminating them pg_signal_backend.
+    name: 'fencepost.revoke_older_sessions()',
     revoke: true,
     client: false,
     sql: `
-CREATE OR REPLACE FUNCTION fencepost.refuse_unproven_session(fence_key text, token bigint) RETURNS void
+CREATE OR REPLACE FUNCTION fencepost.revoke_older_sessions() RETURNS trigger
 ${PROXY_FUNCTION} AS $$
 DECLARE
-  v_highest bigint := (SELECT f.highest_token FROM fencepost.fences f WHERE f.fence_key = refuse_unproven_session.fence_key);
+  v_began timestamptz := clock_timestamp();
+  v_wait_ms int := least(greatest(coalesce(nullif(current_setting('fencepost.raise_wait_ms', true), '')::int, 1000), 0), 600000);
+  v_exit_ms int := 500;
+  v_pids int[];
+  v_starts timestamptz[];
+  v_left int;
 BEGIN
-  IF v_highest > token THEN
-    RAISE EXCEPTION 'stale fencing token: token % is below the highest token % of fence key %', token, v_highest, to_json(fence_key)
-      USING ERRCODE = '${STALE_TOKEN}',
-            DETAIL = ${staleDetailSql('fence_key', 'token', 'v_highest')},
-            HINT = 'a newer leader holds this fence: nothing of this transaction was applied';
+  SELECT array_agg(b.pid), array_agg(b.backend_start) INTO v_pids, v_starts
+    FROM fencepost.fenced_backends b
+   WHERE b.fence_key = NEW.fence_key AND b.token < NEW.highest_token AND b.pid <> pg_backend_pid();
+  IF v_pids IS NULL THEN
+    RETURN NULL;
   END IF;
-  RAISE EXCEPTION 'this session is no longer fenced at token % of fence key %', token, to_json(fence_key)
-    USING ERRCODE = '${RAISE_FIRST}',
-          HINT = 'the proxy fences the session again before its next transaction; nothing of this transaction was applied, safe to retry';
-END $$`,
-  },
-  {
-    // The SQL endpoint's refusal of a transaction the proxy decided not to let write (a stale or
-    // unverified token, a fence that could not be raised, malformed settings: src/proxy/sql/fencer.ts),
-    // run in the place of the session's proof so the transaction fails before the writer's first
-    // statement. It only raises what it is given: anyone may call it, to no effect on anyone else.
-    name: 'fencepost_api.refuse_transaction(text, text, text, text)',
-    revoke: false,
-    client: false,
-    sql: `
-CREATE OR REPLACE FUNCTION fencepost_api.refuse_transaction(code text, message text, detail text, hint text)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = coalesce(detail, ''), HINT = coalesce(hint, '');
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- A snapshot older than the registry's rows would miss the backends fenced meanwhile.
+    RAISE EXCEPTION 'a fence is raised in READ COMMITTED only' USING ERRCODE = '${RAISE_FIRST}';
+  END IF;
+  LOOP
+    PERFORM pg_stat_clear_snapshot();
+    EXIT WHEN NOT EXISTS (SELECT FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st
+                           WHERE a.xact_start < v_began);
+    EXIT WHEN clock_timestamp() >= v_began + make_interval(secs => v_wait_ms / 1000.0);
+    PERFORM pg_sleep(0.002);
+  END LOOP;
+  PERFORM pg_stat_clear_snapshot();
+  PERFORM pg_terminate_backend(a.pid) FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st;
+  LOOP
+    PERFORM pg_stat_clear_snapshot();
+    SELECT count(*) INTO v_left FROM pg_stat_get_activity(NULL) a JOIN unnest(v_pids, v_starts) r(pid, st) ON a.pid = r.pid AND a.backend_start = r.st;
+    EXIT WHEN v_left = 0;
+    IF clock_timestamp() >= v_began + make_interval(secs => (v_wait_ms + v_exit_ms) / 1000.0) THEN
+      RAISE EXCEPTION 'the raise of fence % to token % failed: % backend(s) fenced at an older token did not exit', to_json(NEW.fence_key), NEW.highest_token, v_left
+        USING ERRCODE = 'lock_not_available',
+              HINT = 'nothing was committed; a superuser''s backend cannot be ended by the fence: retry, or end it';
+    END IF;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+  DELETE FROM fencepost.fenced_backends b
+   WHERE b.fence_key = NEW.fence_key AND b.token < NEW.highest_token AND b.pid <> pg_backend_pid();
+  RETURN NULL;
 END $$`,
   },
   {
@@ -323,25 +231,45 @@ END $$`,
   {
     // The trigger of every protected table (src/fence/protect.ts), FOR EACH STATEMENT before
     // INSERT, UPDATE, DELETE and TRUNCATE (COPY FROM and MERGE fire them too), with the fence key
-    // and its epoch sequence as arguments: the statement goes on only in a session that passed that
-    // fence in its current epoch (rule.ts epochProof), whoever sends it. The proof holds the epoch
-    // until the transaction ends, so no raise commits before it does. No fence row is read, locked
-    // or counted: two C calls, in a block that turns their errors into FP403.
+    // as its argument: the statement goes on only on a backend whose connection passed that
+    // fence (fence_session; a raise ends every backend fenced at an older token before it commits),
+    // whoever sends it. One lookup of this backend's row, nothing locked; then the no-PREPARE read.
+    // Refusals: FP403 (not fenced for this key, or the row of an earlier backend with this pid),
+    // FP400 (the session SET other fencepost settings since it was fenced: reconnect), 55000 from
+    // currval() after DISCARD ALL / SEQUENCES (the connection's fence is gone: reconnect). No SET
+    // clause (a GUC save and restore per call) and no exception block (a subtransaction): every
+    // name and operator is qualified, so the caller's search_path cannot reach into it.
     name: 'fencepost.refuse_unfenced_write()',
     revoke: true,
     client: false,
     sql: `
 CREATE OR REPLACE FUNCTION fencepost.refuse_unfenced_write() RETURNS trigger
-${PROXY_FUNCTION} AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+  v_serial pg_catalog.int8;
+  v_token pg_catalog.text;
+  v_key pg_catalog.text;
+  v_token_now pg_catalog.text;
+  v_key_now pg_catalog.text;
 BEGIN
-  BEGIN
-    PERFORM ${epochProof("CASE WHEN TG_NARGS > 1 THEN TG_ARGV[1] ELSE 'fencepost.' || fencepost.epoch_name(TG_ARGV[0]) END")}, ${NO_PREPARE_READ};
-  EXCEPTION WHEN object_not_in_prerequisite_state OR undefined_table OR internal_error THEN
-    RAISE EXCEPTION '% on %.% refused: this session did not pass the fence of fence key % in its current epoch', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])
+  SELECT b.serial, b.token_setting, b.fence_key_setting INTO v_serial, v_token, v_key
+    FROM fencepost.fenced_backends b
+   WHERE b.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND b.fence_key OPERATOR(pg_catalog.=) TG_ARGV[0];
+  IF NOT FOUND OR v_serial OPERATOR(pg_catalog.<>) pg_catalog.currval('fencepost.session_serial'::pg_catalog.regclass) THEN
+    RAISE EXCEPTION '% on %.% refused: this connection did not pass the fence of fence key %', TG_OP, pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), pg_catalog.to_json(TG_ARGV[0])
       USING ERRCODE = '${NOT_FENCED}',
-            DETAIL = format('protected table %s.%s, fence key %s', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), to_json(TG_ARGV[0])),
-            HINT = format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token (SQL endpoint), or with that fence key on POST /v1/transactions; a newer leader''s raise ends an older token''s sessions; nothing of this statement was applied', to_json(TG_ARGV[0]));
-  END;
+            DETAIL = pg_catalog.format('protected table %s.%s, fence key %s', pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), pg_catalog.to_json(TG_ARGV[0])),
+            HINT = pg_catalog.format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token in the connection''s startup options (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', pg_catalog.to_json(TG_ARGV[0]));
+  END IF;
+  v_token_now := pg_catalog.current_setting('fencepost.token', true);
+  v_key_now := pg_catalog.current_setting('fencepost.fence_key', true);
+  IF NOT (coalesce(v_token OPERATOR(pg_catalog.=) v_token_now, v_token IS NULL AND v_token_now IS NULL)
+          AND coalesce(v_key OPERATOR(pg_catalog.=) v_key_now, v_key IS NULL AND v_key_now IS NULL)) THEN
+    RAISE EXCEPTION '% on %.% refused: fencepost.token or fencepost.fence_key was changed after this connection was fenced at token % of fence key %', TG_OP, pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), v_token, pg_catalog.to_json(TG_ARGV[0])
+      USING ERRCODE = '${INVALID_FENCE_SETTING}',
+            HINT = 'a connection is fenced once, at startup: reconnect with the new token (a new pool), or RESET the settings; nothing of this statement was applied';
+  END IF;
+  PERFORM ${NO_PREPARE_READ};
   RETURN NULL;
 END $$`,
   },
@@ -424,7 +352,7 @@ CREATE OR REPLACE VIEW fencepost.protected_data AS
   FROM (
     SELECT 'table'::text AS kind, coalesce(t.relation::regclass::text, t.relation::text) AS target, t.fence_key, t.declared_at,
       fencepost.trigger_problem(t.relation, 'fencepost.refuse_unfenced_write()'::regprocedure, ${TABLE_TRIGGER_TYPE}::smallint,
-        convert_to(t.fence_key, 'UTF8') || '\\x00'::bytea || convert_to('fencepost.' || fencepost.epoch_name(t.fence_key), 'UTF8') || '\\x00'::bytea) AS why_not
+        convert_to(t.fence_key, 'UTF8') || '\\x00'::bytea) AS why_not
     FROM fencepost.protected_tables t
     UNION ALL
     SELECT 'prefix' AS kind, p.prefix AS target, p.fence_key, p.declared_at,

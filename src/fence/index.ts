@@ -48,7 +48,7 @@ export {
 export { refusedStatement } from './statement-check.ts';
 
 // The SQL endpoint: the session fence's objects, and the logins writers connect as.
-export { EPOCH_OID_SETTING, NO_PREPARE_READ, NO_PREPARE_SEQUENCE, sessionFenceCapability } from './rule.ts';
+export { NO_PREPARE_READ, NO_PREPARE_SEQUENCE, sessionFenceCapability } from './rule.ts';
 export { ROLE_NAME, connectAs, type ProvisionResult } from './client-logins.ts';
 
 // Reaching Postgres: the URL, the writable primary, pools, the embedded server.

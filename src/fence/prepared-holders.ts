@@ -1,5 +1,5 @@
 // Who holds a fence row that a raise could not lock in time, when it is a prepared transaction.
-// Client SQL cannot PREPARE a fenced transaction (its proof reads a temporary sequence, rule.ts
+// Client SQL cannot PREPARE a /v1/transactions transaction (it reads a temporary sequence, rule.ts
 // NO_PREPARE_READ), but one made straight on Postgres (an operator, an older proxy) can hold a
 // fence row for ever: no lock timeout of a raise ends it, only COMMIT PREPARED or ROLLBACK
 // PREPARED does. A 55P03 then names it, so the answer says what to run instead of "safe to retry".

@@ -147,7 +147,11 @@ export async function listProtected(pool: pg.Pool): Promise<ProtectedItem[]> {
 export interface ProtectedDataReport {
   /** Tables and prefixes protected. */
   protected: number;
-  warnings: { reason: 'not_enforced' | 'shared_schema'; target: string; message: string }[];
+  warnings: {
+    reason: 'not_enforced' | 'shared_schema' | 'prepared_transactions' | 'cannot_end_sessions';
+    target: string;
+    message: string;
+  }[];
 }
 
 /**
@@ -178,6 +182,23 @@ export async function protectedDataReport(pool: pg.Pool): Promise<ProtectedDataR
       reason: 'shared_schema',
       target: `table ${r.target}`,
       message: `table ${r.target}: ${who} can name it in DDL that locks it before privileges are checked, and so stall its writers; keep it in a schema only its writers' role may use`,
+    });
+  }
+  // The raise ends older-token connections: what it needs, and what it cannot end.
+  const { rows: rev } = await pool.query<{ max_prepared: number; owner: string; can_end: boolean }>(q.revocation());
+  const r = rev[0];
+  if (r !== undefined && !r.can_end) {
+    warnings.push({
+      reason: 'cannot_end_sessions',
+      target: `role ${r.owner}`,
+      message: `role ${r.owner} (the fence's owner) can neither see nor end other roles' sessions: a raise fails while an older token's SQL connection is open; GRANT pg_read_all_stats, pg_signal_backend TO ${r.owner}`,
+    });
+  }
+  if (r !== undefined && r.max_prepared > 0) {
+    warnings.push({
+      reason: 'prepared_transactions',
+      target: 'max_prepared_transactions',
+      message: `max_prepared_transactions is ${r.max_prepared}: a fenced SQL connection may PREPARE a transaction that wrote only unprotected tables, and it outlives the raise that ends the connection; set it to 0, or protect the tables (fencepost protect)`,
     });
   }
   return { protected: items.length, warnings };

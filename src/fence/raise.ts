@@ -1,6 +1,6 @@
 // The raise of a fence to a new leader's token, in a transaction of the proxy's own: the SQL doors
 // never raise inside a writer's transaction (definitions.ts fence_session reports a fence below
-// the token, refuse_unproven_session answers RAISE_FIRST; the proxy raises here and fences again), and the HTTP door comes here when its
+// the token; the proxy raises here and fences again), and the HTTP door comes here when its
 // own write statement found the fence held. So a raise commits with synchronous_commit on whatever
 // the writer's login, role or session set, and holds the fence row only for its own statement.
 //
@@ -13,6 +13,10 @@
 // raise's (a transaction at the raise's own token cannot hold it before the raise commits); the
 // proxy's own role's backends (other raises, the HTTP door's statements, short and under the lock
 // timeout) are left alone.
+//
+// Every raise, this one and any other, also ends the SQL doors' connections fenced at an older
+// token of the fence (the trigger fences_revoke_older, definitions.ts revoke_older_sessions), in
+// its own transaction, before it commits.
 import type pg from 'pg';
 import { fenceHolders, raiseFencesQuery, RAISE_APPLICATION } from './sql/fences.ts';
 import { readHighestToken } from './reads.ts';
@@ -76,9 +80,13 @@ export async function raiseFences(
     try {
       const pid = (client as unknown as { processID: number }).processID;
       // The wait for the holders, then the wait for them to go: a raise never takes longer than both.
+      // Then the raise's trigger ends the older-token connections of the fence after the same wait
+      // (definitions.ts revoke_older_sessions), and 500 ms for them to exit.
+      const waitMs = Math.max(0, Math.trunc(opts.waitMs));
       const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
+      const statementTimeout = 2 * waitMs + lockTimeout + 5000;
       await client.query(
-        `BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL application_name = '${RAISE_APPLICATION}'`,
+        `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL statement_timeout = ${statementTimeout}; SET LOCAL fencepost.raise_wait_ms = ${waitMs}; SET LOCAL application_name = '${RAISE_APPLICATION}'`,
       );
       open = true;
       let finish = () => {};

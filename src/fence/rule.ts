@@ -13,22 +13,19 @@
 //   exclusive, so statements over several fences never deadlock on them.
 // A fence row is never lowered or deleted (triggers of migration 0003 refuse it, whoever asks).
 //
-// The SQL doors (the SQL endpoint, POST /v1/transactions) fence the session, not the transaction
-// (migration 0018, definitions.ts). Each fence key that a session fences has an epoch: the
-// sequence fencepost.<epochName(fence key)>, dropped and made anew by every raise of that fence
-// (trigger fences_next_epoch, so every raise path does it). fence_session(), called by the proxy
-// with a capability bound to the backend and its arguments (sessionFenceCapability), checks the
-// token against the fence and calls nextval() on the epoch: from then on currval() of the epoch is
-// defined in that session, for that epoch only, and nothing else can define it (writers may read
-// the sequence, not advance it). The proof of a transaction is epochProof(): C functions only. It
-// holds the epoch until the transaction ends, so a raise's DROP waits for every transaction that
-// passed it, and its lock request queues ahead of every later one: a busy zombie cannot starve it
-// (raise.ts ends what still holds the epoch after its wait). A raise voids every older session at
-// once, idle or not.
+// The SQL doors (the SQL endpoint, POST /v1/transactions) fence the connection, not the
+// transaction (migration 0020, definitions.ts). fence_session(), called by the proxy on the
+// writer's own backend with a capability bound to the backend and its arguments
+// (sessionFenceCapability), checks the token against the fence and records the backend in
+// fencepost.fenced_backends, identified by a serial no other backend can take. Every raise of a
+// fence, on any path (the trigger fences_revoke_older), waits a bounded time for the transactions
+// the older-token backends of that key had open, terminates those backends, and commits only once
+// they are gone: a connection fenced at an older token never outlives a raise. Nothing is sent
+// into a writer's transactions; nothing of a raise is DDL, so no role can pin it.
 //
 // Protected data (migration 0017, src/fence/protect.ts): a protected table's trigger
-// (refuse_unfenced_write) runs epochProof() for its fence key, and reads a temporary sequence of
-// the session's (NO_PREPARE_READ) so PREPARE TRANSACTION fails.
+// (refuse_unfenced_write) refuses a statement unless this backend is fenced for its fence key, and
+// reads a temporary sequence of the session's (NO_PREPARE_READ) so PREPARE TRANSACTION fails.
 //
 // The capability: the proxy's SQL functions run as the schema owner (SECURITY DEFINER) for client
 // logins that may execute them, so each checks that its caller is the proxy: a hash of the
@@ -89,38 +86,10 @@ export const NO_PREPARE_SEQUENCE = 'fencepost_no_prepare_seq';
 
 /**
  * SQL: reads the session's temporary sequence (made by fence_session), so PREPARE TRANSACTION
- * fails in this transaction ("operated on temporary objects"): a prepared transaction would hold
- * the epoch across restarts and commit whenever someone says so.
+ * fails in this transaction ("operated on temporary objects"): a prepared transaction outlives its
+ * backend, so a raise could not end it, and would commit whenever someone says so.
  */
 export const NO_PREPARE_READ = `pg_catalog.pg_sequence_last_value('pg_temp.${NO_PREPARE_SEQUENCE}'::pg_catalog.regclass)`;
-
-/** The epoch sequence's name of a fence key (unqualified; fits NAMEDATALEN): fencepost.epoch_name() computes the same. */
-export function epochName(fenceKey: string): string {
-  return `epoch_${createHash('sha256').update(fenceKey, 'utf8').digest('hex').slice(0, 56)}`;
-}
-
-/** The epoch sequence of a fence key, schema-qualified, as regclass text reads it. */
-export function epochSequence(fenceKey: string): string {
-  return `fencepost.${epochName(fenceKey)}`;
-}
-
-/**
- * SQL (C functions only): the proof that this session passed the fence of `epoch` (a text
- * expression naming its epoch sequence) in its current epoch. It fails with 55000 (not fenced in
- * this epoch: a raise replaced it) or XX000 (a raise replaced it meanwhile) otherwise; it holds the
- * epoch until the transaction ends, so a raise waits for this transaction (and ends it after its
- * wait).
- */
-export function epochProof(epoch: string): string {
-  return `pg_catalog.currval(${epoch}::pg_catalog.regclass)`;
-}
-
-/**
- * The setting where fence_session() leaves the oid of the epoch sequence it fenced the session in:
- * the SQL endpoint reads it back in the same statement (src/proxy/sql/session.ts) and names it in
- * each transaction's proof (proof.ts proofSql). Never a proof itself: a writer may set it; currval() decides.
- */
-export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
 
 /**
  * SQL: this backend's start, as text that no session setting changes (UTC, to the microsecond). With
@@ -129,6 +98,9 @@ export const EPOCH_OID_SETTING = 'fencepost.epoch_oid';
  */
 export const BACKEND_START_SQL =
   "(SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)";
+
+/** SQL: this backend's start (timestamptz): with the pid, which backend a raise may terminate. */
+export const BACKEND_START_TIMESTAMP_SQL = '(SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)';
 
 /** One backend, as a capability is bound to it: its pid and its start (BACKEND_START_SQL, read by fencepost_api.session_start()). */
 export interface BackendIdentity {

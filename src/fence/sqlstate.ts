@@ -23,7 +23,7 @@ export const INSUFFICIENT_PRIVILEGE = '42501';
 export const UNDEFINED_TABLE = '42P01';
 export const DUPLICATE_OBJECT = '42710';
 export const TOO_MANY_CONNECTIONS = '53300';
-/** currval() of a sequence this session never advanced: an epoch it did not pass (rule.ts epochProof). */
+/** currval() of a sequence this session never advanced (a connection whose fence DISCARD ended). */
 export const OBJECT_NOT_IN_PREREQUISITE_STATE = '55000';
 /** lock_timeout expired (class 55): nothing of the statement applied. */
 export const LOCK_NOT_AVAILABLE = '55P03';
@@ -32,5 +32,4 @@ export const QUERY_CANCELED = '57014';
 export const ADMIN_SHUTDOWN = '57P01';
 export const CRASH_SHUTDOWN = '57P02';
 export const CANNOT_CONNECT_NOW = '57P03';
-/** A relation dropped under a statement that had looked it up (an epoch a raise replaced meanwhile). */
 export const INTERNAL_ERROR = 'XX000';

@@ -46,7 +46,7 @@ import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
 import { hearClientErrors } from './checkout.ts';
 import { connectAs, type ClientLogin } from './client-logins.ts';
-import { ADMIN_SHUTDOWN, INTERNAL_ERROR, LOCK_NOT_AVAILABLE, OBJECT_NOT_IN_PREREQUISITE_STATE } from './sqlstate.ts';
+import { ADMIN_SHUTDOWN, LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 
 export type { Isolation };
 
@@ -76,17 +76,6 @@ class RaiseFirstError extends Error {
     this.name = 'RaiseFirstError';
   }
 }
-
-/** The connection's epoch proof failed (a raise since it was fenced): nothing ran; fence it again and start again. */
-class RefenceError extends Error {
-  constructor(cause: unknown) {
-    super('the session must be fenced again', { cause });
-    this.name = 'RefenceError';
-  }
-}
-
-/** What the epoch proof fails with once a raise replaced the epoch (rule.ts epochProof). */
-const EPOCH_REPLACED = new Set([OBJECT_NOT_IN_PREREQUISITE_STATE, INTERNAL_ERROR]);
 
 /** Fresh connections tried after a SessionUnusableError, per attempt. */
 const SESSION_RETRIES = 3;
@@ -178,15 +167,10 @@ export class TransactionRunner {
       const outcome = await this.staleWhenDeposed(sorted, () =>
         retryOnConflict(
           async () => {
-            for (let fresh = 0, raised = false, refenced = false; ; fresh++) {
+            for (let fresh = 0, raised = false; ; fresh++) {
               try {
                 return await this.attempt(login, capability, sorted, statements, opts.isolation, deadline);
               } catch (err) {
-                if (err instanceof RefenceError && !refenced && !deadline.aborted) {
-                  refenced = true;
-                  continue;
-                }
-                if (err instanceof RefenceError) throw new FenceBusyError(err.cause);
                 if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                   // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                   raised = true;
@@ -323,16 +307,6 @@ export class TransactionRunner {
       if (tooLarge) throw new ResultTooLargeError(this.opts.maxResultBytes);
       // Whether the connection is alive decides: an error on a live connection is the statement's
       // (whatever SQLSTATE it raised); a dead one means the backend or network failed.
-      if (index === -1 && EPOCH_REPLACED.has(sqlState(err) ?? '') && !lost) {
-        // The proof failed: a raise replaced an epoch since this connection was fenced. Nothing
-        // ran; the caller fences the session again, which says stale (or raises it first).
-        this.fencedFor.delete(client);
-        reusable = await client.query(q.rollbackTransaction()).then(
-          () => true,
-          () => false,
-        );
-        throw new RefenceError(err);
-      }
       if (index === -1 && sqlState(err) !== LOCK_NOT_AVAILABLE && !isRetryable(err)) {
         // Not the fence's verdict: what the session carries (or a backend that died) broke the reset
         // or BEGIN. Nothing applied (no COMMIT was sent): drop the connection, try another.
@@ -380,15 +354,7 @@ export class TransactionRunner {
           reusable = false;
           this.fencedFor.set(client, set);
         }
-        await client.query(
-          q.openClientTransaction(
-            isolation,
-            this.opts.statementTimeoutMs,
-            this.opts.lockTimeoutMs,
-            login.pgRole,
-            fences.map((f) => f.fenceKey),
-          ),
-        );
+        await client.query(q.openClientTransaction(isolation, this.opts.statementTimeoutMs, this.opts.lockTimeoutMs, login.pgRole));
       } catch (err) {
         if (err instanceof RaiseFirstError) throw err;
         return await fail(err, -1);
@@ -409,7 +375,7 @@ export class TransactionRunner {
         }
         if (status !== 'T' || r.command === 'COMMIT' || r.command === 'ROLLBACK') {
           // COMMIT or ROLLBACK (… AND CHAIN too) ended the fenced transaction: send nothing more in
-          // it, and never commit the one a chain opened (it holds no epoch).
+          // it, and never commit the one a chain opened (the fenced transaction is over).
           reusable = true;
           throw new TransactionEndedError(i);
         }

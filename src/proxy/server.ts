@@ -68,13 +68,19 @@ export function createLogger(level: string): Logger {
  * (FenceStore splits the batch) instead of stalling the write slots. Set on the connection, not
  * per statement: one round trip per fenced write, not BEGIN, SET LOCAL, write and COMMIT.
  */
-export function createPool(databaseUrl: string, max: number, opts: { statementTimeoutMs?: number; lockTimeoutMs?: number } = {}): pg.Pool {
+export function createPool(
+  databaseUrl: string,
+  max: number,
+  opts: { statementTimeoutMs?: number; lockTimeoutMs?: number; raiseWaitMs?: number } = {},
+): pg.Pool {
   const timeout = opts.statementTimeoutMs ?? 0;
   const lockTimeout = opts.lockTimeoutMs ?? 0;
+  // How long a raise in one of this pool's statements waits for older-token sessions (definitions.ts revoke_older_sessions).
+  const raiseWait = opts.raiseWaitMs === undefined ? '' : ` -c fencepost.raise_wait_ms=${opts.raiseWaitMs}`;
   const pool = new pg.Pool({
     // Every 200 means durably committed, whatever the database's default or the URL's options say.
     ...clientConfig(databaseUrl, {
-      options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}`,
+      options: `-c synchronous_commit=on${timeout > 0 ? ` -c statement_timeout=${timeout}` : ''}${lockTimeout > 0 ? ` -c lock_timeout=${lockTimeout}` : ''}${raiseWait}`,
     }),
     max,
     connectionTimeoutMillis: 5000,
@@ -264,6 +270,7 @@ export async function startProxy(
   const pool = createPool(databaseUrl, config.poolSize, {
     statementTimeoutMs: config.statementTimeoutMs,
     lockTimeoutMs: config.lockTimeoutMs,
+    raiseWaitMs: config.raiseWaitMs,
   });
   // A DATABASE_URL listing several hosts: say where new connections go, and when none takes writes.
   const follow = primaryFinder(databaseUrl);

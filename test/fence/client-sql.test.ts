@@ -13,7 +13,7 @@ import { Fence } from '../../src/fence/fence.ts';
 import { RejectionLog } from '../../src/fence/rejection-log.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
-import { epochSequence, sessionFenceCapability } from '../../src/fence/rule.ts';
+import { sessionFenceCapability } from '../../src/fence/rule.ts';
 
 let db: TestDatabase;
 let runner: TransactionRunner;
@@ -139,15 +139,16 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
   // Invariant: DDL that Postgres locks before it checks ownership (CREATE RULE, CREATE TRIGGER,
   // a REFERENCES) would queue its lock behind any open transaction and stall every tenant's fence
   // behind it. Refused at the schema's name lookup, it takes no lock at all: "permission denied
-  // for schema fencepost", never "must be owner", never a lock timeout. The epoch sequences too.
-  test("every table, view and sequence of the fence (epochs included): refused at the name, as the key's role and as its login", async () => {
-    // A fence with an epoch: the session fence makes it.
+  // for schema fencepost", never "must be owner", never a lock timeout. The registry of fenced
+  // connections and its serial too.
+  test("every table, view and sequence of the fence (the connection registry included): refused at the name, as the key's role and as its login", async () => {
+    // A fenced connection: its row in the registry.
     expect(await run(['SELECT 1'], 1n)).toMatchObject({ committed: true });
     const { rows } = await db.pool.query<{ name: string }>(
       `SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
        WHERE n.nspname = 'fencepost' AND c.relkind IN ('r', 'p', 'v', 'S') ORDER BY 1`,
     );
-    expect(rows.some((r) => r.name.startsWith('fencepost.epoch_'))).toBe(true);
+    expect(rows.map((r) => r.name)).toEqual(expect.arrayContaining(['fencepost.fenced_backends', 'fencepost.session_serial']));
     for (const { name } of rows) {
       for (const ddl of [
         `CREATE RULE r AS ON INSERT TO ${name} DO INSTEAD NOTHING`,
@@ -170,50 +171,36 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
     await fenceIntact();
   });
 
-  // The SQL endpoint's proof names the epoch by oid, and client roles may call it. Invariant: a
-  // session that did not pass a fence cannot prove its epoch; and since currval() takes its lock
-  // for the whole transaction before it checks anything (even when the error is caught), one that
-  // tries holds that epoch only until the fence's next raise ends it: the raise never waits on it
-  // longer than its wait.
-  test("the epoch proof with another fence's epoch oid fails; a session that keeps the lock of its attempt is ended by that fence's raise", async () => {
+  // Invariant: a connection fenced at an older token does not outlive a raise of its fence. Its
+  // transaction open when the raise comes (asleep, then about to write) is ended with its backend
+  // before the raise commits, and nothing of it lands; the registry keeps no row of it.
+  test("a fenced connection's open transaction is ended by its fence's raise, and nothing of it lands", async () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/raised', 5)`);
-    const epoch = epochSequence('o/raised');
-    await db.pool.query(`CREATE SEQUENCE IF NOT EXISTS ${epoch}`);
-    const oid = (await db.pool.query<{ oid: string }>(`SELECT $1::regclass::oid::text AS oid`, [epoch])).rows[0]!.oid;
-    const prove = `SELECT fencepost_api.prove_epoch(${oid}, 'o/raised', 5)`;
-    const direct = await run([prove]);
-    expect(((direct as Error).cause as { code?: string } | undefined)?.code, String(direct)).toBe('55000');
-    // Caught in a subtransaction: the transaction goes on, holding the epoch, then writes.
-    const caught = run([
-      `DO $$BEGIN PERFORM fencepost_api.prove_epoch(${oid}, 'o/raised', 5); EXCEPTION WHEN OTHERS THEN NULL; END$$`,
-      `SELECT pg_sleep(2.5)`,
-      `INSERT INTO app.items VALUES (77, 'after the raise')`,
-    ]);
+    const sleeping = runner
+      .run(
+        'writer',
+        [{ fenceKey: 'o/raised', token: 5n }],
+        [`SELECT pg_sleep(2.5)`, `INSERT INTO app.items VALUES (77, 'after the raise')`].map((sql) => ({ sql, params: [] })),
+        { isolation: 'read committed', writerId: 'old' },
+      )
+      .catch((err: unknown) => err as Error);
     await vi.waitFor(
       async () => {
-        const { rows } = await db.pool.query(`SELECT 1 FROM pg_locks WHERE relation = $1::oid AND granted`, [oid]);
+        const { rows } = await db.pool.query(
+          `SELECT 1 FROM fencepost.fenced_backends b JOIN pg_stat_activity a ON a.pid = b.pid WHERE b.fence_key = 'o/raised' AND a.query LIKE '%pg_sleep%'`,
+        );
         expect(rows.length).toBe(1);
       },
       { timeout: 5000, interval: 20 },
     );
     expect(await runner.fence.raiseOne('o/raised', 6n, null)).toBe(6n);
-    const ended = await caught;
-    expect(ended).toBeInstanceOf(Error);
+    const ended = await sleeping;
+    expect(ended).toMatchObject({ committed: false, stale: [{ fenceKey: 'o/raised', token: 5n, highestToken: 6n }] });
     expect((await db.pool.query(`SELECT count(*)::int AS n FROM app.items WHERE id = 77`)).rows[0].n).toBe(0);
-    // The raise replaced the epoch: the old oid now names nothing, and its proof is refused with the fence's highest token.
-    const gone = await run([prove]);
-    expect(((gone as Error).cause as { code?: string } | undefined)?.code, String(gone)).toBe('FP409');
-    expect(String((gone as Error).message)).toMatch(/highest token 6/);
-    // The same proof as a procedure (the one the SQL endpoint writes into a Query's text), current epoch and replaced one.
-    const current = (await db.pool.query<{ oid: string }>(`SELECT $1::regclass::oid::text AS oid`, [epoch])).rows[0]!.oid;
-    for (const [e, token, code] of [
-      [current, 6, '55000'],
-      [oid, 5, 'FP409'],
-    ] as const) {
-      const r = await run([`CALL fencepost_api.prove('${e}', 'o/raised', '${token}')`]);
-      expect(((r as Error).cause as { code?: string } | undefined)?.code, String(r)).toBe(code);
-    }
-    await fenceIntact();
+    expect(
+      (await db.pool.query(`SELECT count(*)::int AS n FROM fencepost.fenced_backends WHERE fence_key = 'o/raised' AND token < 6`)).rows[0]
+        .n,
+    ).toBe(0);
   });
 });
 

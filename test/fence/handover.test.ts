@@ -130,9 +130,9 @@ describe("a raise past an older token's open transaction", () => {
     expect(await fenceRow(db.pool, 'ho/busy')).toEqual({ highest_token: '6' });
   });
 
-  test("a zombie ended mid-statement hears Postgres's FATAL and its connection ends at once", async ({ db, sql }) => {
-    // Invariant: a writer answered with a FATAL is not left waiting on an open socket (straight to
-    // Postgres the connection closes right after it); nothing of its transaction commits.
+  test('a zombie ended mid-statement hears FP409 and its connection ends at once', async ({ db, sql }) => {
+    // Invariant: a writer whose backend a raise ended is answered FP409 and not left waiting on an
+    // open socket; nothing of its transaction commits.
     const zombie = await sql.connect('mid-statement', { options: fenceOptions(5, 'ho/mid') });
     const ended = new Promise<'ended'>((r) => zombie.once('end', () => r('ended')));
     await zombie.query('BEGIN');
@@ -147,7 +147,7 @@ describe("a raise past an older token's open transaction", () => {
     );
     const leader = await sql.connect('mid-leader', { options: fenceOptions(6, 'ho/mid') });
     await leader.query(`INSERT INTO public.ho_items VALUES (22, 'leader')`);
-    expect(await sleeping).toBe('57P01');
+    expect(await sleeping).toBe('FP409');
     const late = new Promise<'open'>((r) => setTimeout(() => r('open'), 10_000).unref());
     expect(await Promise.race([ended, late])).toBe('ended');
     expect([await has(db, 21), await has(db, 22)]).toEqual([false, true]);

@@ -88,7 +88,12 @@ async function writeThrough(p: Proxy, door: Door, fenceKey: string, token: numbe
   url.searchParams.set('options', fenceOptions(token, fenceKey));
   const c = new pg.Client({ connectionString: url.toString() });
   c.on('error', () => {});
-  await c.connect();
+  // A stale token is refused at connect (FP409): the connection is never made.
+  const refused = await c.connect().then(
+    () => null,
+    (e: { code?: string }) => e.code ?? String(e),
+  );
+  if (refused !== null) return refused;
   try {
     return await c.query('SELECT 1').then(
       () => 'ok',

@@ -80,7 +80,7 @@ describe('one schema', () => {
 });
 
 describe('migration 19: the client functions move to schema fencepost_api', () => {
-  test("roles the fence was granted to lose USAGE on schema fencepost; epoch sequences are the owner's alone", async () => {
+  test('roles the fence was granted to lose USAGE on schema fencepost; migration 20 drops the epoch sequences', async () => {
     const db = await createTestDatabase({ migrate: false, poolSize: 2 });
     const role = uniqueRole('m19');
     await adminQuery(`CREATE ROLE ${role} NOLOGIN`);
@@ -94,7 +94,7 @@ describe('migration 19: the client functions move to schema fencepost_api', () =
                            CREATE SEQUENCE fencepost.epoch_00; GRANT SELECT ON SEQUENCE fencepost.epoch_00 TO PUBLIC`);
       await migrate(db.pool);
       const { rows } = await db.pool.query(
-        `SELECT has_schema_privilege($1, 'fencepost', 'USAGE') AS fence, has_sequence_privilege('public', 'fencepost.epoch_00', 'SELECT') AS epoch,
+        `SELECT has_schema_privilege($1, 'fencepost', 'USAGE') AS fence, to_regclass('fencepost.epoch_00') IS NOT NULL AS epoch,
                 to_regprocedure('fencepost.fence_session(text, text, bigint)') IS NULL AS moved`,
         [role],
       );
@@ -103,6 +103,33 @@ describe('migration 19: the client functions move to schema fencepost_api', () =
       await db.pool.query(`DROP OWNED BY ${role}`);
       await db.drop();
       await adminQuery(`DROP ROLE IF EXISTS ${role}`);
+    }
+  });
+});
+
+describe('migration 20: the connection fence replaces the epochs', () => {
+  // Invariant: an upgrade leaves every protected table enforced by the new check (its trigger with
+  // the fence key as its one argument), and no raise runs DDL (no epoch, no trigger that makes one).
+  test("a protected table's trigger gets its one argument; the epochs and their trigger are gone", async () => {
+    const db = await createTestDatabase({ migrate: false, poolSize: 2 });
+    try {
+      await migrate(db.pool, { upTo: 19 });
+      await db.pool.query(`CREATE TABLE public.ledger (id int PRIMARY KEY);
+        INSERT INTO fencepost.protected_tables (relation, fence_key) VALUES ('public.ledger'::regclass, 'books');
+        CREATE SEQUENCE fencepost.epoch_11;
+        CREATE TRIGGER fencepost_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.ledger FOR EACH STATEMENT
+          EXECUTE FUNCTION fencepost.refuse_unfenced_write('books', 'fencepost.epoch_11')`);
+      await migrate(db.pool);
+      const { rows } = await db.pool.query(
+        `SELECT (SELECT enforced FROM fencepost.protected_data WHERE target = 'ledger') AS enforced,
+                to_regclass('fencepost.epoch_11') IS NULL AS epoch_gone,
+                NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'fences_next_epoch') AS old_trigger_gone,
+                EXISTS (SELECT FROM pg_trigger WHERE tgname = 'fences_revoke_older' AND tgrelid = 'fencepost.fences'::regclass) AS revoke_trigger`,
+      );
+      expect(rows[0]).toEqual({ enforced: true, epoch_gone: true, old_trigger_gone: true, revoke_trigger: true });
+      await expect(db.pool.query('INSERT INTO public.ledger VALUES (1)')).rejects.toMatchObject({ code: 'FP403' });
+    } finally {
+      await db.drop();
     }
   });
 });

@@ -97,13 +97,16 @@ describe("writes with the fence's token share it; a raise takes it alone", () =>
     expect((await put('shared-b/1', 'shared-b', 5)).statusCode).toBe(409);
   });
 
-  test('two transactions of one leader on one fence run at once; a raise waits for the one still open', async () => {
+  test('two transactions of one leader on one fence run at once; a raise ends the one still open after its wait', async () => {
+    // Invariants: a leader's transactions do not wait for one another; a raise does not wait on an
+    // older token's transaction past its wait (the raise ends its connection), and that
+    // transaction is answered stale.
     expect((await advance('shared-tx', 3)).statusCode).toBe(200);
     const gate = new pg.Client({ connectionString: db.url });
     await gate.connect();
     try {
       await gate.query('SELECT pg_advisory_lock(7701)');
-      // Transaction 1 holds its fence and waits at the gate.
+      // Transaction 1 holds its connection's fence and waits at the gate.
       const first = tx('shared-tx', 3, 'SELECT pg_advisory_xact_lock_shared(7701)');
       const firstState = settled(first);
       await waitingOnLock('SELECT pg_advisory_xact_lock_shared(7701)%');
@@ -111,14 +114,11 @@ describe("writes with the fence's token share it; a raise takes it alone", () =>
       const second = await tx('shared-tx', 3, 'SELECT 1');
       expect(second.statusCode, second.body).toBe(200);
       expect(firstState.done).toBe(false);
-      // A raise must wait for transaction 1 (it holds the fence with the older token).
-      const raise = advance('shared-tx', 4);
-      const raiseState = settled(raise);
-      await waitingOnLock('%fencepost.fences%');
-      expect(raiseState.done).toBe(false);
-      await gate.query('SELECT pg_advisory_unlock(7701)');
-      expect((await first).statusCode).toBe(200);
-      expect((await raise).statusCode).toBe(200);
+      // The raise ends transaction 1 (still at the gate) after its wait, and commits.
+      expect((await advance('shared-tx', 4)).statusCode).toBe(200);
+      const ended = await first;
+      expect(ended.statusCode, ended.body).toBe(409);
+      expect(ended.json()).toMatchObject({ error: 'stale_token', highestToken: '4' });
     } finally {
       await gate.end();
     }

@@ -2,13 +2,21 @@
 // sequences of Parse/Bind/Describe/Execute/Close/Flush/Sync/Query/CopyData/CopyDone/CopyFail,
 // statements drawn from a pool of transaction control, settings, writes to a protected table (plain,
 // through a function, a writable view, a procedure that commits, a DO block, COPY, MERGE, …),
-// reused and reserved statement names and syntax errors, sent raw over TCP by a session that may
-// not write the protected table: a stale token, no token, or the token of another fence key.
+// reused statement names and syntax errors, sent raw over TCP by a session that may not write the
+// protected table: no token, the token of another fence key, or a stale one. The endpoint fences a
+// connection once, at startup, so a stale session is two things here: a connection with a token
+// below the fence's is refused at startup (FP409), and a connection fenced at the current token is
+// revoked mid-sequence by a raise of the fence (an UPDATE of the owner's, which ends the
+// older-token backends before it commits), the rest of its messages sent after it.
 // After each case (Sync + Terminate, the session closed, its backend gone) the invariant is read in
-// Postgres by the owner: the protected table is as it was, no prepared transaction exists, and
-// the fence never moved. A session with the fence's current token is the control: its writes land
-// (so the check is not vacuous), and its random sequences still neither move the fence nor leave
-// a prepared transaction.
+// Postgres by the owner: the protected table is as it was (for the revoked session: as it was when
+// the raise committed), no prepared transaction wrote it, and the fence never moved (but for the
+// case's own raise). A transaction that wrote only the unprotected table (or nothing) may be
+// prepared (max_prepared_transactions > 0): whatever a case prepared is committed by the owner
+// before the table is read, so a protected write hidden in one would show, and nothing is left
+// pending (the database can be dropped). A session with the fence's current token is the
+// control: its writes land (so the check is not vacuous), and its random sequences still move no
+// fence.
 //
 // No vitest in here: test/proxy/sql/fuzz.test.ts runs the property in `npm test`, `npm run chaos --
 // --fuzz-sql <seconds>` (tools/chaos/sql-fuzz.ts) for longer with a random seed.
@@ -20,12 +28,13 @@ import { MessageReader, message } from '../../src/proxy/sql/wire/framing.ts';
 import { encode } from '../../src/proxy/sql/wire/frontend.ts';
 import { parseErrorFields } from '../../src/proxy/sql/wire/backend.ts';
 import { protectTable } from '../../src/fence/protect.ts';
+import { DURABILITY_UNSAFE, STALE_TOKEN } from '../../src/fence/index.ts';
 
 /** The protected table, its fence key and the fence's highest token. */
 export const GUARDED = 'public.fz_guarded';
 export const FENCE_KEY = 'fuzz/main';
 export const HIGHEST = 6;
-/** A table nobody protects: only the proxy's fence (and the read-only default) keeps writes out. */
+/** A table nobody protects: a tokenless session's read-only default keeps its writes out until it lifts it. */
 export const OPEN = 'public.fz_open';
 /** Placeholder in statements for the case's other fence key (a fresh one per case). */
 export const OTHER_KEY = '{other}';
@@ -90,6 +99,36 @@ export async function rollBackPrepared(pool: pg.Pool, gids: readonly string[]): 
   for (const gid of gids) await pool.query(`ROLLBACK PREPARED ${pg.escapeLiteral(gid)}`).catch(() => {});
 }
 
+/**
+ * Resolves the prepared transactions of this database: each is committed by the owner (rolled back
+ * if it cannot be), so that a write of the protected table hidden in one lands and is seen. Which
+ * of them wrote the protected table (a row version of theirs in it, once committed): there must be
+ * none, since its trigger reads the connection's temporary sequence and Postgres refuses to
+ * prepare such a transaction (0A000). A transaction that wrote only the unprotected table, or
+ * nothing, may be prepared (max_prepared_transactions > 0): committing it changes nothing protected.
+ */
+export async function resolvePrepared(pool: pg.Pool): Promise<{ gids: string[]; protectedWrites: string[] }> {
+  const { rows } = await pool.query<{ gid: string; xid: string }>(
+    'SELECT gid, transaction::text AS xid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid',
+  );
+  const committed: { gid: string; xid: string }[] = [];
+  for (const r of rows) {
+    try {
+      await pool.query(`COMMIT PREPARED ${pg.escapeLiteral(r.gid)}`);
+      committed.push(r);
+    } catch {
+      await rollBackPrepared(pool, [r.gid]);
+    }
+  }
+  if (committed.length === 0) return { gids: rows.map((r) => r.gid), protectedWrites: [] };
+  const { rows: written } = await pool.query<{ xid: string }>(
+    `SELECT DISTINCT xmin::text AS xid FROM ${GUARDED} WHERE xmin::text = ANY($1)`,
+    [committed.map((r) => r.xid)],
+  );
+  const xids = new Set(written.map((w) => w.xid));
+  return { gids: rows.map((r) => r.gid), protectedWrites: committed.filter((r) => xids.has(r.xid)).map((r) => r.gid) };
+}
+
 // ---- messages -------------------------------------------------------------------------------------
 
 /** One client message, decoded (what a failure prints), in protocol order of fields. */
@@ -139,8 +178,8 @@ export function encodeMessage(m: FuzzMessage, otherKey: string): Buffer {
 const DO_COMMIT = `DO $$BEGIN PERFORM set_config('default_transaction_read_only', 'off', false); COMMIT; INSERT INTO ${GUARDED} VALUES (103, 'do'); INSERT INTO ${OPEN} VALUES (103, 'do'); END$$`;
 
 /**
- * Statements of the pool. No `SET fencepost.token` here names a token at or above HIGHEST: a
- * session that claims the current token may write (open mode has no forgery guard).
+ * Statements of the pool. A `SET fencepost.token` or `fencepost.fence_key` after startup re-fences
+ * nothing: a protected table then refuses the session's writes (FP400) until it RESETs them.
  */
 export const TRANSACTION_CONTROL = [
   'BEGIN',
@@ -217,7 +256,7 @@ export const OTHERS = [
 ];
 export const STATEMENTS = [...TRANSACTION_CONTROL, ...SETTINGS, ...WRITES, ...OTHERS];
 
-/** Statement names, the proxy's own reserved ones among them; portal names. */
+/** Statement names (among them names the per-transaction fence once reserved); portal names. */
 const STATEMENT_NAMES = ['', '', 's1', 's1', 's2', '__fencepost_rw', '__fencepost_fence', '__fencepost_refuse_routine'];
 const PORTAL_NAMES = ['', '', 'p1'];
 
@@ -339,8 +378,10 @@ export function messageSequence(maxMessages: number): fc.Arbitrary<FuzzMessage[]
 // ---- sessions -------------------------------------------------------------------------------------
 
 /**
- * Who connects: `stale` (token 5 of the fence at 6), `tokenless`, `otherKey` (the token of another,
- * fresh fence key), `current` (token 6: the control, which may write).
+ * Who connects: `stale` (first a connection with a token below the fence's, which must be refused
+ * at startup with FP409; then one fenced at the fence's token, revoked by a raise mid-sequence:
+ * FuzzCase.raiseAt), `tokenless`, `otherKey` (the token of another, fresh fence key), `current`
+ * (the fence's token: the control, which may write).
  */
 export type SessionKind = 'stale' | 'tokenless' | 'otherKey' | 'current';
 export const INTRUDERS: readonly SessionKind[] = ['stale', 'tokenless', 'otherKey'];
@@ -354,6 +395,8 @@ export interface FuzzCase {
   delivery: Delivery;
   /** Piece sizes for 'fragmented', cycled. */
   pieces: number[];
+  /** A `stale` session's raise comes after this many of its messages (modulo their number + 1); default 0. */
+  raiseAt?: number;
 }
 
 export function fuzzCase(sessions: readonly SessionKind[], maxMessages: number): fc.Arbitrary<FuzzCase> {
@@ -362,6 +405,7 @@ export function fuzzCase(sessions: readonly SessionKind[], maxMessages: number):
     messages: messageSequence(maxMessages),
     delivery: fc.constantFrom<Delivery>('pipelined', 'stepwise', 'fragmented'),
     pieces: fc.array(fc.integer({ min: 1, max: 40 }), { minLength: 1, maxLength: 4 }),
+    raiseAt: fc.nat({ max: maxMessages }),
   });
 }
 
@@ -381,12 +425,17 @@ export class FuzzStats {
   cases = 0;
   messages = 0;
   readonly errors = new Map<string, number>();
-  /** The proxy closed the session before our Terminate was answered (e.g. 08P01). */
+  /** The proxy closed the session before our Terminate was answered (e.g. 08P01, or FP409 after a raise). */
   closedEarly = 0;
+  /** Connections refused at startup (a stale token: FP409; a token while writes are refused: FP533). */
+  refusedAtStartup = 0;
+  /** Raises that revoked a stale case's session. */
+  raises = 0;
+  /** Prepared transactions a case left (of unprotected writes only, or none), committed by the owner (resolvePrepared). */
+  preparedResolved = 0;
   /**
-   * Not closed within the wait after Terminate: we dropped the connection. (The backend waits for
-   * COPY data while the proxy holds the rest behind it, a group waiting for the previous one's
-   * ReadyForQuery; Postgres does not act on a cancel while it waits for COPY data.)
+   * Not closed within the wait after Terminate: we dropped the connection. (Postgres does not act
+   * on a cancel while it waits for COPY data.)
    */
   stalled = 0;
   /** Backends still there 5 s after the session closed, ended by the owner. */
@@ -407,16 +456,16 @@ export class FuzzStats {
       .sort((a, b) => b[1] - a[1])
       .map(([c, n]) => `${c}×${n}`)
       .join(' ');
-    return `${this.cases} cases, ${this.messages} messages; errors ${codes || 'none'}; closed early ${this.closedEarly}, stalled ${this.stalled}, lingering backends ${this.lingeringBackends}`;
+    return `${this.cases} cases, ${this.messages} messages; errors ${codes || 'none'}; refused at startup ${this.refusedAtStartup}, raises ${this.raises}, prepared ${this.preparedResolved}; closed early ${this.closedEarly}, stalled ${this.stalled}, lingering backends ${this.lingeringBackends}`;
   }
 }
 
-function startupOptions(kind: SessionKind, otherKey: string): string | null {
+/** The startup options of a session of `kind`, the fence being at `highest` (a stale session is fenced at it, then revoked). */
+function startupOptions(kind: SessionKind, otherKey: string, highest: bigint): string | null {
   switch (kind) {
     case 'stale':
-      return `-c fencepost.token=${HIGHEST - 1} -c fencepost.fence_key=${FENCE_KEY}`;
     case 'current':
-      return `-c fencepost.token=${HIGHEST} -c fencepost.fence_key=${FENCE_KEY}`;
+      return `-c fencepost.token=${highest} -c fencepost.fence_key=${FENCE_KEY}`;
     case 'otherKey':
       return `-c fencepost.token=3 -c fencepost.fence_key=${otherKey}`;
     case 'tokenless':
@@ -428,6 +477,10 @@ function startupOptions(kind: SessionKind, otherKey: string): string | null {
 class RawSession {
   private readonly reader = new MessageReader();
   private readies = 0;
+  /** SQLSTATE of the first error received. */
+  firstError: string | null = null;
+  /** The endpoint refused the startup with this SQLSTATE (the session never started). */
+  refused: string | null = null;
   /** The type of the last message received, and when. */
   lastType = '';
   lastAt = Date.now();
@@ -450,7 +503,11 @@ class RawSession {
             trace(
               `< ${f.type}${f.type === 'E' || f.type === 'N' ? ' ' + (parseErrorFields(f.body).get('C') ?? '') + ' ' + (parseErrorFields(f.body).get('M') ?? '') : f.type === 'Z' || f.type === 'C' ? ' ' + f.body.toString('utf8', 0, f.body.length - (f.type === 'C' ? 1 : 0)) : ''}`,
             );
-          if (f.type === 'E') stats.noteError(parseErrorFields(f.body).get('C') ?? '?');
+          if (f.type === 'E') {
+            const code = parseErrorFields(f.body).get('C') ?? '?';
+            stats.noteError(code);
+            this.firstError ??= code;
+          }
           this.lastType = f.type;
           this.lastAt = Date.now();
           if (f.type === 'Z') this.readies++;
@@ -496,7 +553,11 @@ class RawSession {
     ];
     socket.write(message('', 196608, ...params, Buffer.from([0])));
     await session.until(() => session.readies >= 1 || session.closed, 10_000);
-    if (session.readies < 1) throw new Error('the SQL endpoint did not finish the startup');
+    if (session.readies < 1) {
+      if (!session.closed || session.firstError === null) throw new Error('the SQL endpoint did not finish the startup');
+      session.refused = session.firstError;
+      stats.refusedAtStartup++;
+    }
     return session;
   }
 
@@ -538,10 +599,51 @@ export interface RunOptions {
 let caseNo = 0;
 
 /**
+ * A raise of the fence as a new leader's would (any path: an UPDATE of the owner's here), its
+ * wait for the older token's open transactions cut to `waitMs`: it ends the backends fenced at an
+ * older token before it commits. The fence's new highest token.
+ */
+export async function raiseFence(pool: pg.Pool, waitMs = 100): Promise<bigint> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query(`SELECT set_config('fencepost.raise_wait_ms', $1, true)`, [String(waitMs)]);
+    const { rows } = await client.query<{ h: string }>(
+      'UPDATE fencepost.fences SET highest_token = highest_token + 1 WHERE fence_key = $1 RETURNING highest_token::text AS h',
+      [FENCE_KEY],
+    );
+    await client.query('COMMIT');
+    return BigInt(rows[0]!.h);
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+}
+
+/**
+ * The snapshot once the prepared transactions are resolved (resolvePrepared: a protected write in
+ * one is a problem), so nothing of a session is left pending and no lock of one keeps the read
+ * waiting.
+ */
+async function settledSnapshot(target: FuzzTarget, stats: FuzzStats, problems: string[]): Promise<Snapshot> {
+  const { gids, protectedWrites } = await resolvePrepared(target.pool);
+  stats.preparedResolved += gids.length;
+  if (protectedWrites.length > 0) problems.push(`a prepared transaction wrote the protected table: ${protectedWrites.join(', ')}`);
+  return await snapshot(target.pool);
+}
+
+/**
  * One case: connect, send, Sync + Terminate, wait for the close and for the backend to end, then
- * the invariant (throws on a violation, after rolling back any prepared transaction it found).
- * `openTable`: also hold stale and tokenless sessions that passed no fence to the unprotected
- * table (the proxy's own fence, no trigger behind it).
+ * the invariant (throws on a violation; whatever the case prepared is resolved first). A
+ * `stale` case also checks that a token below the fence is refused at startup, and raises the
+ * fence after `raiseAt` of its messages: from then on nothing of its session may land.
+ * `openTable`: also check the unprotected table where nothing of a session can land: a session
+ * refused at startup, and the revoked session after its raise (a tokenless session may write it:
+ * it can lift its read-only default).
+ * `nothingLands`: writes are refused (FENCEPOST_REQUIRE_SYNC_STANDBY while unsafe): every session
+ * with a token must be refused at startup (FP533), and no fence is made.
  */
 export async function runCase(
   target: FuzzTarget,
@@ -555,8 +657,30 @@ export async function runCase(
     await rollBackPrepared(target.pool, before.prepared);
     throw new Error(`prepared transactions before the case: ${before.prepared.join(', ')}`);
   }
-  const session = await RawSession.open(target, `fuzz-${c.session}`, startupOptions(c.session, otherKey), stats, opts.trace);
-  opts.trace?.(`session ${c.session}, ${c.delivery}`);
+  const highest = BigInt(before.highest ?? HIGHEST);
+  const problems: string[] = [];
+  const options = startupOptions(c.session, otherKey, highest);
+  // The SQLSTATE a session with a token must be refused with at startup (null: it gets a session).
+  const refusal = opts.nothingLands && options !== null ? DURABILITY_UNSAFE : null;
+  if (c.session === 'stale') {
+    // A token below the fence's never gets a session.
+    const below = await RawSession.open(target, 'fuzz-stale', startupOptions('stale', otherKey, highest - 1n), stats, opts.trace);
+    const expected = refusal ?? STALE_TOKEN;
+    if (below.refused !== expected)
+      problems.push(
+        `a token below the fence's was ${below.refused === null ? 'let in' : `refused with ${below.refused}`}, not ${expected}`,
+      );
+    below.socket.destroy();
+    await below.done;
+  }
+  const session = await RawSession.open(target, `fuzz-${c.session}`, options, stats, opts.trace);
+  opts.trace?.(`session ${c.session}, ${c.delivery}${session.refused !== null ? `, refused at startup: ${session.refused}` : ''}`);
+  if (session.refused !== refusal)
+    problems.push(
+      session.refused === null
+        ? `the session was not refused at startup with ${refusal}`
+        : `the session was refused at startup with ${session.refused}`,
+    );
   for (const m of c.messages) opts.trace?.(`> ${describeMessages([m])}`);
   stats.cases++;
   stats.messages += c.messages.length;
@@ -575,22 +699,41 @@ export async function runCase(
     session.write(b);
     if (c.delivery !== 'pipelined') await new Promise((r) => setImmediate(r));
   };
-  if (c.delivery === 'fragmented') {
-    const all = Buffer.concat([...bytes, end]);
-    for (let at = 0, i = 0; at < all.length; i++) {
-      const n = c.pieces[i % c.pieces.length]!;
-      await write(all.subarray(at, at + n));
-      at += n;
-    }
-  } else if (c.delivery === 'stepwise') for (const b of [...bytes, end]) await write(b);
-  else session.write(Buffer.concat([...bytes, end]));
+  const send = async (parts: Buffer[]) => {
+    if (c.delivery === 'fragmented') {
+      const all = Buffer.concat(parts);
+      for (let at = 0, i = 0; at < all.length; i++) {
+        const n = c.pieces[i % c.pieces.length]!;
+        await write(all.subarray(at, at + n));
+        at += n;
+      }
+    } else if (c.delivery === 'stepwise') for (const b of parts) await write(b);
+    else session.write(Buffer.concat(parts));
+  };
+  const quiet = () => session.lastType === 'Z' && Date.now() - session.lastAt >= 100;
+  // The revoked session: the state when its raise committed (nothing of it may land after).
+  let atRaise: Snapshot | null = null;
+  let raisedTo: bigint | null = null;
+  if (c.session === 'stale' && session.refused === null) {
+    const k = (c.raiseAt ?? 0) % (bytes.length + 1);
+    await send(bytes.slice(0, k));
+    // Its backend busy with what came, or done with it (a COPY may wait for data: not for long).
+    await session.until(() => session.closed || quiet(), 300);
+    raisedTo = await raiseFence(target.pool);
+    stats.raises++;
+    opts.trace?.(`raised the fence to ${raisedTo} after ${k} messages`);
+    atRaise = await settledSnapshot(target, stats, problems);
+    await send([...bytes.slice(k), end]);
+  } else {
+    await send([...bytes, end]);
+  }
   // Done when the marker came back, or (in a failed transaction the marker fails too) when the
   // last answer is a ReadyForQuery and 100 ms pass without another.
   const closeWaitMs = opts.closeWaitMs ?? 1500;
-  const quiet = () => session.lastType === 'Z' && Date.now() - session.lastAt >= 100;
   for (const deadline = Date.now() + closeWaitMs; Date.now() < deadline;) {
     if (await session.until(() => session.saw(marker) || session.closed || quiet(), 50)) break;
   }
+  if (session.closed && session.refused === null) stats.closedEarly++;
   session.write(message('X'));
   const closed = await session.until(() => session.closed, closeWaitMs);
   if (!closed) {
@@ -603,32 +746,27 @@ export async function runCase(
   await waitForBackends(target, stats, opts.lingerMs ?? 5000, opts.trace);
   if (stats.lingeringBackends > lingered && stats.lingeringCases.length < 5)
     stats.lingeringCases.push(`${c.session} (${c.delivery}${closed ? '' : ', stalled'}):\n${describeMessages(c.messages)}`);
-  const after = await snapshot(target.pool);
-  const problems: string[] = [];
-  if (after.prepared.length > 0) {
-    await rollBackPrepared(target.pool, after.prepared);
-    problems.push(`a prepared transaction was left behind: ${after.prepared.join(', ')} (rolled back)`);
-  }
-  if (after.highest !== before.highest) problems.push(`the fence moved: highest token ${before.highest} → ${after.highest}`);
-  if (c.session !== 'current' && after.guarded !== before.guarded)
-    problems.push(`the protected table changed: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`);
-  // A stale or tokenless session that never passed a fence (it may pass the case's fresh other key's
-  // with SET, which then has a row) writes nothing anywhere: the proxy's own fence, no trigger.
-  if (
-    opts.openTable &&
-    (c.session === 'stale' || c.session === 'tokenless') &&
-    after.open !== before.open &&
-    !(await fenceExists(target.pool, otherKey))
-  ) {
-    problems.push(`the unprotected table got ${after.open - before.open} rows from a session that passed no fence`);
-  }
-  // The proxy refuses every write (FENCEPOST_REQUIRE_SYNC_STANDBY while unsafe): whatever the session, nothing lands, no fence is made.
+  const after = await settledSnapshot(target, stats, problems);
+  const expectedHighest = raisedTo === null ? before.highest : raisedTo.toString();
+  if (after.highest !== expectedHighest)
+    problems.push(
+      `the fence moved: highest token ${before.highest} → ${after.highest}${raisedTo === null ? '' : ` (the case raised it to ${raisedTo})`}`,
+    );
+  const from = atRaise ?? before;
+  if (c.session !== 'current' && after.guarded !== from.guarded)
+    problems.push(
+      `the protected table changed${atRaise === null ? '' : ' after the raise'}: ${from.guardedRows} → ${after.guardedRows} rows (or a row version changed)`,
+    );
+  // A session refused at startup, or revoked by the raise, adds nothing to the unprotected table either.
+  if ((opts.openTable || opts.nothingLands) && (session.refused !== null || atRaise !== null) && after.open !== from.open)
+    problems.push(
+      `the unprotected table got ${after.open - from.open} rows from a session ${atRaise === null ? 'refused at startup' : 'after its raise'}`,
+    );
   if (opts.nothingLands) {
-    if (c.session === 'current' && after.guarded !== before.guarded)
+    if (after.guarded !== before.guarded)
       problems.push(
         `the protected table changed while writes are refused: ${before.guardedRows} → ${after.guardedRows} rows (or a row version changed)`,
       );
-    if (after.open !== before.open) problems.push(`the unprotected table got ${after.open - before.open} rows while writes are refused`);
     if (await fenceExists(target.pool, otherKey)) problems.push('a fence was made while writes are refused');
   }
   if (problems.length > 0) throw new Error(`${c.session} session: ${problems.join('; ')}`);
@@ -657,10 +795,15 @@ async function waitForBackends(target: FuzzTarget, stats: FuzzStats, lingerMs = 
   }
 }
 
-/** The control: a session with the current token writes a row with a simple Query. Returns the rows it added. */
+/** The control: a session with the fence's current token writes a row with a simple Query. Returns the rows it added. */
 export async function controlWrite(target: FuzzTarget, stats: FuzzStats): Promise<number> {
   const before = await snapshot(target.pool);
-  const session = await RawSession.open(target, 'fuzz-control', startupOptions('current', FENCE_KEY), stats);
+  const session = await RawSession.open(
+    target,
+    'fuzz-control',
+    startupOptions('current', FENCE_KEY, BigInt(before.highest ?? HIGHEST)),
+    stats,
+  );
   session.write(Buffer.concat([encode({ type: 'query', text: `INSERT INTO ${GUARDED} VALUES (50, 'control')` }), message('X')]));
   await session.until(() => session.closed, 5000);
   session.socket.destroy();
@@ -679,8 +822,9 @@ export interface FuzzRunOptions {
   sessions: readonly SessionKind[];
   /** Stop starting cases after this long (the chaos tool's --fuzz-sql); the runs done count. */
   timeLimitMs?: number;
+  /** Also check the unprotected table where nothing of a session can land (runCase). */
   openTable?: boolean;
-  /** Every write is refused: no session lands anything anywhere (runCase). */
+  /** Writes are refused: every session with a token is refused at startup (FP533), no fence is made (runCase). */
   nothingLands?: boolean;
   stats: FuzzStats;
   closeWaitMs?: number;
@@ -723,13 +867,13 @@ export function describeMessages(messages: readonly FuzzMessage[]): string {
 export const FUZZ_WAITS = { closeWaitMs: 2000, lingerMs: 3000 } as const;
 
 /**
- * Counterexamples the fuzzer found, shrunk, replayed on every run.
- * seed 777 (FENCEPOST_FUZZ_RUNS=400, openTable hunt): a tokenless session's transaction was not
- * fenced, so nothing opened the fence's temporary table, and PREPARE TRANSACTION succeeded: a
- * prepared transaction of the client login was left in pg_prepared_xacts (read-only, but holding
- * its locks and the xmin horizon until an operator ended it; max_prepared_transactions of them
- * exhaust the slots). Shrunk by fast-check to the extended form; the simple
- * `BEGIN; PREPARE TRANSACTION 'fz'` does the same.
+ * Cases replayed on every run: PREPARE TRANSACTION. A transaction that wrote the protected table
+ * cannot be prepared (its trigger read the connection's temporary sequence: 0A000); one that wrote
+ * only the unprotected table, or nothing, can (max_prepared_transactions > 0), and is resolved
+ * after the case (resolvePrepared). The first two were found by the fuzzer against the per-transaction fence (seed
+ * 777, FENCEPOST_FUZZ_RUNS=400: a tokenless transaction was not fenced and PREPARE TRANSACTION
+ * succeeded); with the connection fence they prepare an empty read-only transaction, which holds
+ * nothing of the protected table.
  */
 export const PREPARE_FINDS: readonly { name: string; case: FuzzCase }[] = [
   {
@@ -755,6 +899,46 @@ export const PREPARE_FINDS: readonly { name: string; case: FuzzCase }[] = [
       delivery: 'pipelined',
       pieces: [1],
       messages: [{ type: 'Query', sql: "BEGIN; PREPARE TRANSACTION 'fz'" }],
+    },
+  },
+  {
+    name: "tokenless, read-only lifted: a write of the unprotected table, then one of the protected table, each PREPARE TRANSACTION 'fz'",
+    case: {
+      session: 'tokenless',
+      delivery: 'stepwise',
+      pieces: [1],
+      messages: [
+        { type: 'Query', sql: `BEGIN READ WRITE; INSERT INTO ${OPEN} VALUES (20, 'open'); PREPARE TRANSACTION 'fz'` },
+        { type: 'Query', sql: `BEGIN READ WRITE; INSERT INTO ${GUARDED} VALUES (10, 'fz'); PREPARE TRANSACTION 'fz2'` },
+      ],
+    },
+  },
+  {
+    name: "current: a write of the protected table, then PREPARE TRANSACTION 'fz' (0A000)",
+    case: {
+      session: 'current',
+      delivery: 'pipelined',
+      pieces: [1],
+      messages: [
+        { type: 'Query', sql: `BEGIN; INSERT INTO ${GUARDED} VALUES (10, 'fz')` },
+        { type: 'Parse', name: '', sql: "PREPARE TRANSACTION 'fz'" },
+        { type: 'Bind', portal: '', statement: '', values: [] },
+        { type: 'Execute', portal: '', maxRows: 0 },
+        { type: 'Sync' },
+      ],
+    },
+  },
+  {
+    name: 'stale: a write of the unprotected table prepared before the raise, the protected table written after it',
+    case: {
+      session: 'stale',
+      delivery: 'stepwise',
+      pieces: [1],
+      raiseAt: 1,
+      messages: [
+        { type: 'Query', sql: `BEGIN; INSERT INTO ${OPEN} VALUES (20, 'open'); PREPARE TRANSACTION 'fz'` },
+        { type: 'Query', sql: `INSERT INTO ${GUARDED} VALUES (10, 'fz')` },
+      ],
     },
   },
 ];

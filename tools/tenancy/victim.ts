@@ -44,8 +44,8 @@ function pgCode(err: unknown): string {
 
 /**
  * Runs B's leader for `durationMs`: a seeded sequence of writes on the three doors, with a raise
- * (PUT /v1/fences at token+1, then the SQL session takes the new token with SET) about every
- * seventh operation. One operation at a time, as one leader.
+ * (PUT /v1/fences at token+1, which ends the SQL connection at the old token; the leader connects
+ * at the new one) about every seventh operation. One operation at a time, as one leader.
  */
 export async function runVictim(e: Endpoints, b: Tenant, o: VictimOptions): Promise<VictimRun> {
   const rng = new Prng(o.seed);
@@ -99,9 +99,11 @@ export async function runVictim(e: Endpoints, b: Tenant, o: VictimOptions): Prom
           if (r.status !== 200) throw Object.assign(new Error(r.text.slice(0, 200)), { code: httpCode(r) });
           token = next;
           run.token = token;
-          // The leader's SQL session takes the new token; its next transaction is fenced at it.
-          const c = await session();
-          await c.query(`SET fencepost.token = '${token}'`);
+          // The raise ended the leader's SQL connection at the old token: it connects at the new one.
+          const old = sql as pg.Client | null;
+          sql = null;
+          await old?.end().catch(() => {});
+          await session();
         }
         (op === 'raise' ? run.raiseMs : run.writeMs).push(performance.now() - started);
       } catch (err) {

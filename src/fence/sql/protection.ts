@@ -2,7 +2,6 @@
 // prefixes, and reading what is protected and enforced.
 import pg from 'pg';
 import type { Query } from './query.ts';
-import { epochSequence } from '../rule.ts';
 import { PROTECT_TRIGGER } from '../protect.ts';
 
 /** The table and every descendant (partitions, inheritance children), as regclass text. */
@@ -59,6 +58,19 @@ export const schemaUsers = (): Query => ({
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          ORDER BY 1`,
 });
+/**
+ * What the raise needs to end older-token connections (definitions.ts revoke_older_sessions runs as
+ * its owner): to read every backend's start and transaction start (superuser or pg_read_all_stats)
+ * and to terminate them (superuser or pg_signal_backend); and what it cannot end: prepared
+ * transactions (max_prepared_transactions above 0 allows them).
+ */
+export const revocation = (): Query => ({
+  text: `SELECT pg_catalog.current_setting('max_prepared_transactions')::int AS max_prepared, o.rolname AS owner,
+           o.rolsuper OR (pg_catalog.pg_has_role(o.oid, 'pg_read_all_stats', 'USAGE') AND pg_catalog.pg_has_role(o.oid, 'pg_signal_backend', 'USAGE')) AS can_end
+         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_roles o ON o.oid = p.proowner
+         WHERE p.oid = pg_catalog.to_regprocedure('fencepost.revoke_older_sessions()')`,
+});
+
 /** Serialises declarations (and the objects trigger's creation) of instances at once. */
 export const lock = (): Query => ({
   text: 'LOCK TABLE fencepost.protected_prefixes, fencepost.protected_tables IN SHARE ROW EXCLUSIVE MODE',
@@ -67,6 +79,6 @@ export const lock = (): Query => ({
 /** DDL takes no parameters: names come from pg_class (regclass text, quoted), the fence key as a literal. */
 export const dropTrigger = (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`;
 export const tableTrigger = (rel: string, fenceKey: string) =>
-  `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)}, ${pg.escapeLiteral(epochSequence(fenceKey))})`;
+  `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)})`;
 export const objectsTrigger = () =>
   `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE ON fencepost.objects FOR EACH ROW EXECUTE FUNCTION fencepost.refuse_misfenced_object()`;

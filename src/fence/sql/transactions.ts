@@ -1,9 +1,9 @@
 // Fenced SQL transactions (src/fence/transaction.ts): a pooled connection is fenced once per set of
-// (fence key, token) it serves (fenceSession; rule.ts session fence); each transaction then carries
-// only the epoch proof (openClientTransaction).
+// (fence key, token) it serves (fenceSession; rule.ts connection fence); a raise above one of them
+// ends the connection, so each transaction carries no proof of its own (openClientTransaction).
 import type { Query } from './query.ts';
-import { epochSequence } from '../rule.ts';
 import { ROLE_NAME } from '../client-logins.ts';
+import { NO_PREPARE_READ } from '../rule.ts';
 import { RESET_SESSION } from '../session-reset.ts';
 
 export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
@@ -56,30 +56,22 @@ export function endFenceSession(): Query {
  * The first round trip of a fenced transaction on a pooled client-login connection fenced for its
  * fences (fenceSession), one simple Query: reset the session (RESET_SESSION), BEGIN (read-write,
  * whatever the login's defaults say) with the statement and lock timeouts, no bind parameters in
- * error reports and the key's role, then the epoch proof of each fence (prove_epochs, definitions.ts):
- * it fails (55000, XX000) when a raise replaced an epoch since the connection was fenced, and holds
- * each epoch until the transaction ends.
+ * error reports and the key's role, then the read of the session's temporary sequence (rule.ts
+ * NO_PREPARE_READ), so the transaction cannot be prepared: a prepared transaction outlives its
+ * connection, which a raise ends. The connection passed its fences when it was fenced
+ * (fenceSession), and a raise above any of them ends the connection before it commits.
  *
  * Everything spliced is the proxy's own, ASCII only: the isolation from a fixed table, the
- * timeouts validated integers, the role a configured key's pgRole (a plain identifier, quoted), the
- * epoch sequences' names (hex).
+ * timeouts validated integers, the role a configured key's pgRole (a plain identifier, quoted).
  */
-export function openClientTransaction(
-  isolation: Isolation,
-  statementTimeoutMs: number,
-  lockTimeoutMs: number,
-  role: string | null,
-  fenceKeys: readonly string[],
-): Query {
+export function openClientTransaction(isolation: Isolation, statementTimeoutMs: number, lockTimeoutMs: number, role: string | null): Query {
   if (!Number.isSafeInteger(statementTimeoutMs) || !Number.isSafeInteger(lockTimeoutMs)) throw new Error('timeouts must be integers');
   if (role !== null && !ROLE_NAME.test(role)) throw new Error('role must be a plain identifier');
-  if (fenceKeys.length === 0) throw new Error('a fenced transaction needs a fence');
   const setRole = role === null ? '' : `; SET LOCAL ROLE "${role}"`;
-  const epochs = fenceKeys.map((k) => `'${epochSequence(k)}'`).join(', ');
   return {
     text:
       `${RESET_SESSION}${BEGIN[isolation]} READ WRITE; SET LOCAL statement_timeout = ${statementTimeoutMs}; SET LOCAL lock_timeout = ${lockTimeoutMs}; SET LOCAL log_parameter_max_length_on_error = 0${setRole}; ` +
-      `SELECT fencepost_api.prove_epochs(ARRAY[${epochs}])`,
+      `SELECT ${NO_PREPARE_READ}`,
   };
 }
 

@@ -5,7 +5,7 @@ import { connect, isIP, type OnReadOpts, type Socket } from 'node:net';
 import { connect as tlsConnect } from 'node:tls';
 import { createHash } from 'node:crypto';
 import { BodyReader, MessageReader, type Frame } from './wire/framing.ts';
-import { parseErrorFields } from './wire/backend.ts';
+import { dataRowTexts, parseErrorFields } from './wire/backend.ts';
 import { optionArg } from './startup.ts';
 import { encode } from './wire/frontend.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
@@ -363,5 +363,71 @@ export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer
       },
       () => resolve(), // best effort, as a driver's cancel is
     );
+  });
+}
+
+/** What a Query of the proxy's on a session's backend answered: each row's texts, and its error, if any. */
+export interface BackendAnswer {
+  rows: string[][];
+  error: Map<string, string> | null;
+}
+
+/**
+ * Sends a simple Query of the proxy's on a backend no writer's message has reached yet (the
+ * session's startup fence), and reads its answer up to its ReadyForQuery. ParameterStatus messages
+ * it causes are kept in the backend's list (the writer is told them at startup); notices are
+ * dropped. Rejects when the backend goes away first or does not answer within `timeoutMs`.
+ */
+export function queryBackend(backend: Backend, sql: string, timeoutMs: number): Promise<BackendAnswer> {
+  const { socket, reader } = backend;
+  return new Promise((resolve, reject) => {
+    const rows: string[][] = [];
+    let error: Map<string, string> | null = null;
+    let settled = false;
+    const finish = (err: Error | null) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      socket.off('data', onData);
+      socket.off('close', onClose);
+      socket.off('error', onClose);
+      if (err !== null) reject(err);
+      else resolve({ rows, error });
+    };
+    const onClose = () => finish(new Error('the database closed the connection'));
+    const timer = setTimeout(() => finish(new Error(`the database did not answer within ${timeoutMs} ms`)), timeoutMs);
+    const onFrame = (f: Frame) => {
+      switch (f.type) {
+        case 'D':
+          rows.push(dataRowTexts(f.body));
+          return;
+        case 'E':
+          error = parseErrorFields(f.body);
+          return;
+        case 'S': {
+          const name = statusOf(f.bytes)[0];
+          const kept = backend.parameterStatus.filter((b) => statusOf(b)[0] !== name);
+          backend.parameterStatus.length = 0;
+          backend.parameterStatus.push(...kept, Buffer.from(f.bytes));
+          return;
+        }
+        case 'Z':
+          finish(null);
+          return;
+        default: // RowDescription, CommandComplete, notices
+      }
+    };
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+        for (let f = reader.next(); f !== null && !settled; f = reader.next()) onFrame(f);
+      } catch (err) {
+        finish(err instanceof Error ? err : new Error(String(err)));
+      }
+    };
+    socket.on('data', onData);
+    socket.on('close', onClose);
+    socket.on('error', onClose);
+    socket.write(encode({ type: 'query', text: sql }));
   });
 }

@@ -27,7 +27,7 @@ import {
   type ErrorFields,
 } from './wire/backend.ts';
 import { parseStartupPacket } from './wire/frontend.ts';
-import { backendSettings, statusForWriter } from './startup.ts';
+import { backendSettings } from './startup.ts';
 import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.ts';
 import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
@@ -359,25 +359,21 @@ export class SqlEndpoint {
     this.sessions.set(pid, [...(this.sessions.get(pid) ?? []), registered]);
     this.sessionCount++;
     const logger = this.opts.logger.child({ component: 'pgwire', writerId, keyName: key?.name ?? null });
-    // What the writer is told is what the relay compares later ParameterStatus messages with.
-    backend.parameterStatus = statusForWriter(backend.parameterStatus, (who.token ?? '') !== '');
-    // Held (corked) until the session is fenced for its startup settings: the writer's
-    // ReadyForQuery says the session is ready to write (session.ts onStartupFenced).
-    socket.cork();
-    socket.write(
-      Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
-    );
-    socket.resume(); // flows from the session's own 'data' listener, attached before the next tick
+    // The writer's messages wait (in the socket) until the connection is fenced; the greeting
+    // (AuthenticationOk … ReadyForQuery) goes out only then, so a refused connection is refused
+    // at startup, as the driver shows a login's failure.
+    socket.pause();
+    const gone = () => backend.socket.destroy();
+    socket.once('close', gone);
     const session = new SqlSession(socket, channel.reader, backend, {
       logger,
       capability: who.capability,
       prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
-      writerId,
       guard: this.opts.guard ?? null,
       startupSettings: { token: who.token, fenceKey: who.fenceKey },
       raisedAbove: (fenceKey, token, waitMs) => this.opts.fence.raisedAbove(fenceKey, token, waitMs),
       raiseCommitMs: this.opts.fence.lockTimeoutMs,
-      idleInTransactionMs: this.opts.idleInTransactionMs,
+      fenceTimeoutMs: this.opts.startupTimeoutMs,
       raise: async (fenceKey, token) => {
         await this.opts.fence.raise([{ fenceKey, token }], writerId, { logger });
       },
@@ -387,9 +383,15 @@ export class SqlEndpoint {
         if (end === 'accepted') this.opts.fence.accepted?.addOne(fenceKey);
       },
       onFenceError: (outcome) => this.opts.metrics?.countSqlTransaction(outcome),
-      onStartupFenced: () => socket.uncork(),
+      ready: () => {
+        socket.off('close', gone);
+        socket.write(
+          Buffer.concat([authenticationOk(), ...backend.parameterStatus, backendKeyData(pid, secret.readInt32BE(0)), readyForQuery('I')]),
+        );
+      },
       durability: this.opts.durability ?? null,
       onClose: () => {
+        socket.off('close', gone);
         const all = this.sessions.get(pid) ?? [];
         if (!all.includes(registered)) return;
         const left = all.filter((r) => r !== registered);
@@ -398,7 +400,7 @@ export class SqlEndpoint {
         this.sessionCount--;
       },
     });
-    session.start();
+    void session.start();
     logger.debug('SQL session started');
   }
 

@@ -2,7 +2,6 @@
 // fencepost settings carried in `options` (`-c fencepost.token=42 -c fencepost.fence_key=orders`,
 // i.e. PGOPTIONS), the session timeouts a client may ask for (each at most the proxy's own), the
 // backend's settings, and the settings the writer is told.
-import { parameterStatus } from './wire/backend.ts';
 
 /**
  * Splits a libpq `options` value into its `-c name=value` / `--name=value` settings (backslash
@@ -126,25 +125,30 @@ export interface BackendSettings {
 }
 
 /**
- * The backend settings of a session whose client sent `params`: every backend starts read-only
- * (the backstop for a transaction that would escape the fence), as the login's `pgRole`, with the
+ * The backend settings of a session whose client sent `params`: as the login's `pgRole`, with the
  * client's fence settings (from `options` or a startup parameter of the driver's own: asyncpg
- * server_settings, pgx RuntimeParams; the fencer reads them back from the backend) and its timeouts
- * bounded by the proxy's own (`own`; it sets no idle_in_transaction_session_timeout of its own).
+ * server_settings, pgx RuntimeParams), read-only by default without a token (its writes to
+ * protected tables are refused by Postgres either way; this is the friendly default), and its
+ * timeouts bounded by the proxy's own (`own`; idle_in_transaction_session_timeout by
+ * FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS when set). A fenced session's default_transaction_read_only
+ * is the client's (off unless it asks).
  */
 export function backendSettings(
   params: ReadonlyMap<string, string>,
   pgRole: string | null,
-  own: { statementTimeoutMs: number; lockTimeoutMs: number },
+  own: { statementTimeoutMs: number; lockTimeoutMs: number; idleInTransactionMs?: number },
 ): BackendSettings {
-  const settings = new Map<string, string>([['default_transaction_read_only', 'on']]);
-  if (pgRole !== null) settings.set('role', pgRole);
   const requested = requestedSettings(params);
+  const token = requested.get('fencepost.token') ?? '';
+  const settings = new Map<string, string>([
+    ['default_transaction_read_only', token === '' ? 'on' : (requested.get('default_transaction_read_only') ?? 'off')],
+  ]);
+  if (pgRole !== null) settings.set('role', pgRole);
   for (const [k, v] of requested) if (FENCE_SETTINGS.has(k)) settings.set(k, v);
   const bounds: Record<ClientTimeout, number | null> = {
     statement_timeout: own.statementTimeoutMs,
     lock_timeout: own.lockTimeoutMs,
-    idle_in_transaction_session_timeout: null,
+    idle_in_transaction_session_timeout: own.idleInTransactionMs ? own.idleInTransactionMs : null,
   };
   for (const name of CLIENT_TIMEOUTS) {
     const ms = boundedTimeout(requested.get(name), bounds[name]);
@@ -154,20 +158,4 @@ export function backendSettings(
   for (const [k, v] of requested) if (!OWN_SETTINGS.has(k) && !FENCE_SETTINGS.has(k) && !k.startsWith('_pq_.')) forwarded.set(k, v);
   forwarded.set('application_name', applicationName(requested));
   return { settings, forwarded };
-}
-
-/**
- * The backend's ParameterStatus messages as the writer should read them. The backend's
- * default_transaction_read_only is always on (the backstop), but a session with a token writes:
- * each of its transactions is fenced and made read-write. Drivers decide from this report whether
- * a server takes writes (libpq's target_session_attrs=read-write, …), so it says `off` for a
- * session that starts with a token and `on` for one without. Later changes come from the backend
- * as they happen.
- */
-export function statusForWriter(status: readonly Buffer[], writes: boolean): Buffer[] {
-  return status.map((b) =>
-    b.subarray(5, b.indexOf(0, 5)).toString('latin1') === 'default_transaction_read_only'
-      ? parameterStatus('default_transaction_read_only', writes ? 'off' : 'on')
-      : b,
-  );
 }

@@ -1,11 +1,11 @@
-// Counting fenced transactions as the database saw them: a transaction of a session with a token is
-// fenced once its proof (proof.ts, the statement the planner sends before the writer's first)
-// completes (CommandComplete "SELECT …"); it committed at a CommandComplete "COMMIT" of the writer's
-// (the backend sends it after the commit; a failed block's COMMIT answers "ROLLBACK"), or at a
-// ReadyForQuery 'I' that ends an implicit transaction with no error and no ROLLBACK in it. A
-// ReadyForQuery 'T' forgets an earlier failure (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and
-// revives a failed block); 'E' marks one. The ends go to the session's onTransactionEnd (metrics,
-// and the accepted counts each proxy adds to Postgres in batches).
+// Counting a fenced connection's transactions as the database reported them, from its answers
+// alone: a transaction starts with the first statement answered after the session was idle (a
+// CommandComplete or ErrorResponse, or a ReadyForQuery in a block); it committed at a
+// CommandComplete "COMMIT" (a failed block's COMMIT answers "ROLLBACK"), or at a ReadyForQuery
+// 'I' that ends an implicit transaction with no error and no ROLLBACK in it. A ReadyForQuery 'T'
+// forgets an earlier failure (ROLLBACK TO SAVEPOINT answers "ROLLBACK" too, and revives a failed
+// block); 'E' marks one. The ends go to the session's onTransactionEnd (metrics, and the accepted
+// counts each proxy adds to Postgres in batches).
 
 /**
  * How a fenced transaction ended, as far as the session sees it: committed (accepted), failed on
@@ -15,50 +15,42 @@
 export type TransactionEnd = 'accepted' | 'invalid' | 'rolled_back' | 'error';
 
 export class TransactionTally {
-  /** The fence key of the fenced transaction open now; null: none is. */
-  private open: string | null = null;
+  /** A transaction is open now. */
+  private open = false;
   /** How the open transaction ends if nothing else happens: it failed, or the writer rolled back. */
   private failure: 'invalid' | 'rolled_back' | null = null;
 
-  constructor(private readonly onEnd: (end: TransactionEnd, fenceKey: string) => void) {}
+  constructor(private readonly onEnd: (end: TransactionEnd) => void) {}
 
-  /** The fence statement's CommandComplete with `tag`; `fenceKey` null: the session has no token. */
-  fenceTag(tag: string, fenceKey: string | null): void {
-    if (fenceKey === null || !(tag === 'CALL' || tag.startsWith('SELECT'))) return;
-    this.open = fenceKey;
-    this.failure = null;
-  }
-
-  /** A CommandComplete of the writer's. */
-  commandTag(tag: string): void {
+  /** A CommandComplete with `tag` (only COMMIT and ROLLBACK are read; null: another). */
+  command(tag: string | null): void {
+    this.open = true;
     if (tag === 'COMMIT') this.end('accepted');
-    else if (tag === 'ROLLBACK' && this.open !== null) this.failure ??= 'rolled_back';
+    else if (tag === 'ROLLBACK') this.failure ??= 'rolled_back';
   }
 
   /** An ErrorResponse. */
   error(): void {
-    if (this.open !== null) this.failure = 'invalid';
+    this.open = true;
+    this.failure = 'invalid';
   }
 
   /** A ReadyForQuery with the backend's transaction status. */
-  ready(status: string): void {
-    if (status === 'T') this.failure = null;
-    else if (status === 'E') this.failure ??= 'invalid';
-    else this.end(this.failure ?? 'accepted');
+  ready(status: number): void {
+    if (status === 0x54 /* T */) {
+      this.open = true;
+      this.failure = null;
+    } else if (status === 0x45 /* E */) {
+      this.open = true;
+      this.failure ??= 'invalid';
+    } else this.end(this.failure ?? 'accepted');
   }
 
-  /** The open fenced transaction, if any, ended so. */
+  /** The open transaction, if any, ended so. */
   end(end: TransactionEnd): void {
-    if (this.open === null) return;
-    const fenceKey = this.open;
-    this.open = null;
+    const open = this.open;
+    this.open = false;
     this.failure = null;
-    this.onEnd(end, fenceKey);
-  }
-
-  /** The open transaction is counted elsewhere (a stale refusal): not here. */
-  forget(): void {
-    this.open = null;
-    this.failure = null;
+    if (open) this.onEnd(end);
   }
 }

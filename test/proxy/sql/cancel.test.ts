@@ -2,13 +2,16 @@
 // (libpq's PQcancel, node-postgres, pgJDBC) takes the close as "the server has the cancel" and goes
 // on, so a cancel still on its way would hit the writer's next statement instead.
 // Postgres sits behind a TCP proxy here that can hold new connections silent (blackhole), which
-// holds the endpoint's cancel connection to Postgres for as long as the test likes.
+// holds the endpoint's cancel connection to Postgres for as long as the test likes. The proxy sends
+// nothing of its own into a session after startup, so a cancel can only ever fail the writer's own
+// statements: it cannot take a connection's fence away.
 import { connect as tcp } from 'node:net';
 import { describe, expect } from 'vitest';
 import type pg from 'pg';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
 import { sqlTest } from '../../support/fixtures.ts';
 import { cancelPacket, fenceOptions, fenceRow } from '../../support/sql.ts';
+import { protectTable } from '../../../src/fence/protect.ts';
 
 const test = sqlTest
   .extend('tcp', { scope: 'file' }, async ({ db }, { onCleanup }): Promise<TcpProxy> => {
@@ -22,7 +25,10 @@ const test = sqlTest
     u.port = String(proxy.port);
     return { DATABASE_URL: u.toString() };
   })
-  .extend('clientTables', { scope: 'file' }, [{ definition: 'public.cancelled (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' }]);
+  .extend('clientTables', { scope: 'file' }, [
+    { definition: 'public.cancelled (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' },
+    { definition: 'public.guarded (id int PRIMARY KEY)', privileges: 'SELECT, INSERT' },
+  ]);
 
 const code = (p: Promise<unknown>) =>
   p.then(
@@ -85,39 +91,47 @@ describe('cancel requests', () => {
   });
 });
 
-describe('a cancel and the BEGIN the proxy answered', () => {
-  // The proxy answers a lone BEGIN itself and sends it later, in front of the writer's next Query
-  // (planner.ts). A cancel's signal can reach the backend after Postgres closed the cancel
-  // connection, even a statement later, and fail that BEGIN: what runs then must still carry the
-  // proof. Before, the proof went with the BEGIN in a Query of its own, and the writer's Query
-  // behind it ran unfenced (2 rows of 400 landed in a run like this one).
-  test('a stale writer that sends a cancel right behind each INSERT after its BEGIN writes nothing (400 tries)', async ({ db, sql }) => {
-    // Invariant: no row of a stale session's lands, however its cancels fall; the fence stays.
-    // A late cancel may fail the writer's next statement (its ROLLBACK, tried again), or the
-    // BEGIN the proxy sends for it (the block the writer was told of is gone: the session ends).
-    const key = 'cancel/stale';
-    const connect = () => sql.connect('cancel-stale', { options: fenceOptions(1, key) });
-    let old = await connect();
-    await old.query('INSERT INTO cancelled VALUES (100)');
-    const neu = await sql.connect('cancel-new', { options: fenceOptions(2, key) });
-    await neu.query('INSERT INTO cancelled VALUES (101)');
-    await neu.end();
-    for (let i = 0; i < 400; i++) {
-      try {
-        await old.query('BEGIN');
-        const insert = code(old.query(`INSERT INTO cancelled VALUES (${1000 + i})`));
-        for (let k = 0; k < (i % 7) * 20000; k++); // the cancel a little later each time
-        await cancel(sql.port, old).done;
-        expect(['FP409', '57014']).toContain(await insert);
-        while ((await code(old.query('ROLLBACK'))) === '57014');
-      } catch (err) {
-        if (!/connection|not queryable|terminated/i.test(String(err))) throw err;
-        await old.end().catch(() => {});
-        old = await connect();
-      }
+describe('cancels on a fenced connection', () => {
+  test("a writer that sends a cancel right behind each INSERT in its block (100 tries): exactly its acknowledged commits land, it stays fenced, and a newer leader's raise still ends it", async ({
+    db,
+    sql,
+  }) => {
+    // Invariant: a cancel fails only the writer's own statements, wherever it falls: what lands in
+    // the protected table is exactly what the writer saw commit; the connection is still fenced
+    // after (a protected write goes through), and a raise above its token ends it with FP409.
+    const key = 'cancel/fenced';
+    await protectTable(db.pool, 'public.guarded', key);
+    const old = await sql.connect('cancel-fenced', { options: fenceOptions(1, key) });
+    const acknowledged: number[] = [];
+    for (let i = 0; i < 100; i++) {
+      const n = 1000 + i;
+      // A late cancel of the previous round may fail the BEGIN: the INSERT then runs on its own.
+      await code(old.query('BEGIN'));
+      const insert = code(old.query(`INSERT INTO guarded VALUES (${n})`));
+      for (let k = 0; k < (i % 7) * 20000; k++); // the cancel a little later each time
+      await cancel(sql.port, old).done;
+      const inserted = await insert;
+      expect(['ok', '57014']).toContain(inserted);
+      let end: string;
+      do {
+        end = await old.query('COMMIT').then(
+          (r) => r.command,
+          (e: { code?: string }) => e.code ?? String(e),
+        );
+      } while (end === '57014');
+      if (inserted === 'ok' && end === 'COMMIT') acknowledged.push(n);
     }
-    await old.end();
-    expect((await db.pool.query('SELECT count(*)::int AS n FROM public.cancelled WHERE id >= 1000')).rows).toEqual([{ n: 0 }]);
+    const landed = async () => (await db.pool.query<{ id: number }>('SELECT id FROM public.guarded ORDER BY id')).rows.map((r) => r.id);
+    expect(await landed()).toEqual(acknowledged);
+    await old.query('INSERT INTO guarded VALUES (1)'); // still fenced
+    const ended = new Promise<unknown>((resolve) => old.once('error', resolve));
+    const neu = await sql.connect('cancel-new', { options: fenceOptions(2, key) });
+    await neu.query('INSERT INTO guarded VALUES (2)');
+    await neu.end();
+    const answer = await Promise.race([ended, code(old.query('INSERT INTO guarded VALUES (3)'))]);
+    expect(answer === 'FP409' || (answer as { code?: string }).code === 'FP409').toBe(true);
+    await old.end().catch(() => {});
+    expect(await landed()).toEqual([1, 2, ...acknowledged]);
     expect(await fenceRow(db.pool, key)).toEqual({ highest_token: '2' });
   });
 });

@@ -1,5 +1,7 @@
 // Real clients nobody here wrote, through the SQL endpoint: psql, pgbench (simple, extended,
 // prepared) and psycopg2; and keys mode, where the password is the bearer key (SCRAM-SHA-256).
+// A connection is fenced once, at startup: a stale token is refused then (libpq shows the FATAL's
+// message), and a newer leader's raise ends a connection fenced at an older token.
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { execFile } from 'node:child_process';
 import { writeFileSync, mkdtempSync } from 'node:fs';
@@ -33,7 +35,7 @@ const counter = async (id: number) =>
 
 describe('psql', () => {
   // libpq picks a server for target_session_attrs=read-write from the reported
-  // default_transaction_read_only: the backend's is always on, the writer's view is whether it writes.
+  // default_transaction_read_only: off on a connection fenced at startup, on without a token.
   test('target_session_attrs=read-write takes the endpoint for a session with a token, not one without', async () => {
     const url = (user: string) => `${sql.url(user)}?target_session_attrs=read-write`;
     const withToken = await run(PSQL, [url('rw-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'INSERT INTO counters VALUES (40, 1)'], {
@@ -51,7 +53,7 @@ describe('psql', () => {
     ).toBe('1');
   });
 
-  test('writes with PGOPTIONS and reports FP409 once the fence moved past its token', async () => {
+  test('writes with PGOPTIONS; once the fence moved past its token, the connection is refused "stale fencing token" and writes nothing', async () => {
     const env = { ...process.env, PGOPTIONS: fenceOptions(7, 'psql') };
     const ok = await run(
       PSQL,
@@ -76,19 +78,13 @@ describe('psql', () => {
     await fetch(`${sql.proxy.url}/v1/fences/psql`, { method: 'PUT', headers: { 'fencing-token': '8' } });
     const stale = await run(
       PSQL,
-      [
-        sql.url('psql-writer'),
-        '-X',
-        '-v',
-        'ON_ERROR_STOP=1',
-        '-v',
-        'VERBOSITY=verbose',
-        '-c',
-        'UPDATE counters SET n = n + 1 WHERE id = 1',
-      ],
+      [sql.url('psql-writer'), '-X', '-v', 'ON_ERROR_STOP=1', '-c', 'UPDATE counters SET n = n + 1 WHERE id = 1'],
       { env },
     ).catch((e: { stderr: string }) => e);
-    expect((stale as { stderr: string }).stderr).toContain('FP409');
+    // libpq shows a failed connection's message, not its SQLSTATE.
+    expect((stale as { stderr: string }).stderr).toContain(
+      'FATAL:  stale fencing token: token 7 is below the highest token 8 of fence key "psql"',
+    );
     expect(await counter(1)).toBe('2');
   });
 });
@@ -122,7 +118,7 @@ describe('pgbench', () => {
 });
 
 describe('psycopg2', () => {
-  test('writes in its implicit transactions and gets FP409 as a pgcode when stale', async () => {
+  test("writes in its implicit transactions; a newer leader's raise ends its connection: FP409 as a pgcode, nothing lands, a reconnect at the old token is refused", async () => {
     const program = `
 import sys, psycopg2
 conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(5, 'py')}')
@@ -140,9 +136,14 @@ try:
     print('committed')
 except psycopg2.Error as e:
     print(e.pgcode)
+try:
+    psycopg2.connect(sys.argv[1], options='${fenceOptions(5, 'py')}')
+    print('connected')
+except psycopg2.OperationalError as e:
+    print('stale fencing token: token 5 is below the highest token 6' in str(e))
 `;
     const { stdout } = await run(PYTHON, ['-c', program, sql.url('py-writer'), `${sql.proxy.url}/v1/fences/py`]);
-    expect(stdout.trim().split('\n')).toEqual(['5', 'FP409']);
+    expect(stdout.trim().split('\n')).toEqual(['5', 'FP409', 'True']);
     expect(await counter(300)).toBe('1');
   });
 });
@@ -175,14 +176,18 @@ describe('keys mode', () => {
     expect(await code(c.query('INSERT INTO counters VALUES (401, 1)'))).toBe('42501'); // the login itself may not write
     await c.query('RESET ROLE'); // back to the startup role: the key's pgRole
     expect((await c.query('SELECT current_user AS u')).rows[0].u).toBe(role);
-    // Outside the key's prefixes, also where a fence at the session's very token exists (the
-    // leader's fast path must check the prefixes too): refused, nothing counted on that fence.
-    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('invoices/1', 1)`);
-    await c.query("SET fencepost.fence_key = 'invoices/1'");
-    expect(await code(c.query('SELECT 1'))).toBe('42501');
-    expect((await db.pool.query(`SELECT 1 FROM fencepost.pending_counts WHERE fence_key = 'invoices/1'`)).rowCount).toBe(0);
     await c.end();
     expect(await counter(400)).toBe('1');
+  });
+
+  test("a fence key outside the key's prefixes is refused at connect (42501), also where a fence at the very token exists; nothing counted", async () => {
+    // (The prefixes are checked before the fence: a connection at the fence's own token is no exception.)
+    await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('invoices/1', 1)`);
+    await expect(
+      keyed.connect('orders-writer', { password: 'orders-secret-0123456789', options: fenceOptions(1, 'invoices/1') }),
+    ).rejects.toMatchObject({ code: '42501', message: expect.stringContaining('outside its fence-key prefixes') });
+    expect((await db.pool.query(`SELECT 1 FROM fencepost.pending_counts WHERE fence_key = 'invoices/1'`)).rowCount).toBe(0);
+    expect(await fenceRow(db.pool, 'invoices/1')).toEqual({ highest_token: '1' });
   });
 
   test('a wrong password, an unknown key or psql with PGPASSWORD', async () => {

@@ -1,16 +1,20 @@
-// The SQL endpoint says what happened when the backend connection goes mid-commit: a COMMIT (or a
-// statement of an implicit transaction, which commits at its end) that was forwarded and not
-// answered gets 08007 transaction_resolution_unknown, with a ReadyForQuery so libpq (psycopg2) and
-// node-postgres keep the SQLSTATE; a connection lost before any commit was in flight stays 08006,
-// and nothing of it lands. A real synchronous standby, stalled (its WAL receiver stopped), holds
-// the commit in SyncRep; the network between the proxy and Postgres (tools/faults/tcp-proxy.ts)
-// is cut meanwhile. The backend, committed locally, finishes once the standby resumes.
+// The SQL endpoint says what happened when the backend connection goes: with a request of the
+// writer's in flight (a Query or Sync with no ReadyForQuery yet: a COMMIT, or a statement of an
+// implicit transaction, which commits at its end) the writer hears FATAL 08007
+// transaction_resolution_unknown, its outcome unknown; with nothing in flight, FATAL 08006, and
+// nothing of its open transaction lands. Either FATAL is the last message: the connection closes.
+// libpq (psycopg2) shows a FATAL that came mid-request without a ReadyForQuery as the server
+// closing the connection (OperationalError, no SQLSTATE), so the SQLSTATE is read with
+// node-postgres. A real synchronous standby, stalled (its WAL receiver stopped), holds the commit
+// in SyncRep; the network between the proxy and Postgres (tools/faults/tcp-proxy.ts) is cut
+// meanwhile. The backend, committed locally, finishes once the standby resumes.
 //
 // (Terminating such a backend instead does not free the writer: Postgres warns and commits, then
 // on its way out drops the session's temporary table, a commit of its own that waits for the
 // standby again, with SIGTERM ignored, until the standby resumes.)
 import { afterAll, afterEach, beforeAll, expect, test } from 'vitest';
 import { spawn } from 'node:child_process';
+import pg from 'pg';
 import {
   stallStandby,
   drainSyncRep,
@@ -108,28 +112,27 @@ function python(program: string, user: string, then: () => Promise<void>): Promi
   });
 }
 
-test('psycopg2: a COMMIT whose backend connection is lost while it waits for the synchronous standby raises 08007, and the row is there', async () => {
-  const program = `
-import sys, psycopg2
-conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/a')}')
-cur = conn.cursor()
-cur.execute("INSERT INTO items VALUES (1, 'maybe')")
-print('ready')
-sys.stdin.readline()
-print('waiting')
-try:
-    conn.commit()
-    print('committed')
-except psycopg2.Error as e:
-    print(e.pgcode)
-`;
-  const lines = await python(program, 'py-commit', cutDuringCommit);
-  expect(lines.slice(2)).toEqual(['08007']);
+test('node-postgres, simple protocol: a COMMIT whose backend connection is lost while it waits for the synchronous standby gets 08007, and the row is there', async () => {
+  const client = await sql.connect('pg-commit', { options: fenceOptions(1, 'sqlcu/a') });
+  try {
+    await client.query('BEGIN');
+    await client.query("INSERT INTO items VALUES (1, 'maybe')");
+    stalled = await stallStandby(repl);
+    const commit = client.query('COMMIT').then(
+      () => null,
+      (e: unknown) => e as { code?: string; severity?: string },
+    );
+    await cutDuringCommit();
+    // An ERROR and a ReadyForQuery, then the connection closes: libpq keeps the SQLSTATE so.
+    expect(await commit).toMatchObject({ code: '08007', severity: 'ERROR' });
+  } finally {
+    await client.end().catch(() => {});
+  }
   await resume();
   expect(await present(1)).toEqual([1]);
 }, 60_000);
 
-test('psycopg2 in autocommit: a lone INSERT whose backend connection is lost during its implicit commit raises 08007, and the row is there', async () => {
+test('psycopg2 in autocommit: a lone INSERT whose backend connection is lost during its implicit commit raises pgcode 08007, and the row is there', async () => {
   const program = `
 import sys, psycopg2
 conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/b')}')
@@ -144,9 +147,14 @@ try:
     print('committed')
 except psycopg2.Error as e:
     print(e.pgcode)
+try:
+    cur.execute("SELECT 1")
+    print('usable')
+except psycopg2.Error:
+    print('gone')
 `;
   const lines = await python(program, 'py-auto', cutDuringCommit);
-  expect(lines.slice(2)).toEqual(['08007']);
+  expect(lines.slice(2)).toEqual(['08007', 'gone']);
   await resume();
   expect(await present(2)).toEqual([2]);
 }, 60_000);
@@ -175,36 +183,23 @@ test('node-postgres, extended protocol: an autocommit INSERT whose backend conne
   expect(await present(3)).toEqual([3]);
 }, 60_000);
 
-test('psycopg2: a transaction whose backend connection is lost before COMMIT was sent raises 08006, and its row never lands', async () => {
-  const program = `
-import sys, psycopg2
-conn = psycopg2.connect(sys.argv[1], options='${fenceOptions(1, 'sqlcu/d')}')
-cur = conn.cursor()
-cur.execute("INSERT INTO items VALUES (4, 'never')")
-print('ready')
-sys.stdin.readline()
-print('waiting')
-try:
-    cur.execute("SELECT pg_sleep(30)")
-    conn.commit()
-    print('committed')
-except psycopg2.Error as e:
-    print(e.pgcode)
-`;
-  const cutDuringSleep = async () => {
-    for (
-      let i = 0;
-      (await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()`)).rows.length ===
-      0;
-      i++
-    ) {
-      if (i > 400) throw new Error('the sleeping statement never showed');
-      await new Promise((r) => setTimeout(r, 50));
-    }
+test('a transaction whose backend connection is lost while the writer is idle in it: its next statement gets 08006, and its row never lands', async () => {
+  const client = new pg.Client({ connectionString: sql.url('pg-idle', { options: fenceOptions(1, 'sqlcu/d') }) });
+  client.on('error', () => {});
+  await client.connect();
+  try {
+    await client.query('BEGIN');
+    await client.query("INSERT INTO items VALUES (4, 'never')");
     net.cut();
-  };
-  const lines = await python(program, 'py-before', cutDuringSleep);
-  expect(lines.slice(2)).toEqual(['08006']);
-  await resume();
+    // Nothing was in flight: the COMMIT sent after the loss never reached Postgres.
+    expect(
+      await client.query('COMMIT').then(
+        () => 'committed',
+        (e: { code?: string }) => e.code,
+      ),
+    ).toBe('08006');
+  } finally {
+    await client.end().catch(() => {});
+  }
   expect(await present(4)).toEqual([]);
 }, 60_000);

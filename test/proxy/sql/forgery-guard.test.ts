@@ -1,8 +1,10 @@
 // The token forgery guard on the SQL endpoint, against a real ZooKeeper and real elections (with
-// digest credentials, ZK_AUTH): a real leader's SQL transactions raise its fence; a forged token
-// that would raise a guarded fence fails its transaction (FP409 "unverified token"), nothing
-// committed, however the session got the token (startup options, SET, or set_config the proxy
-// cannot see); tokens at or below the fence's highest are answered without asking ZooKeeper.
+// digest credentials, ZK_AUTH). A connection is fenced once, at startup: a real leader's first
+// connection raises its fence; a connection whose forged token would raise a guarded fence is
+// refused at startup (FATAL FP409 "unverified fencing token", FP503 while ZooKeeper cannot be
+// asked), nothing raised; tokens at or below the fence's highest are decided without asking
+// ZooKeeper. A token SET after startup raises nothing: the connection stays fenced at its startup
+// pair, and its protected tables refuse its writes (FP400).
 import { afterAll, beforeAll, describe, expect, inject, test } from 'vitest';
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
@@ -12,6 +14,7 @@ import type { DigestAuth } from '../../../src/election/acl.ts';
 import { LocalZooKeeper } from '../../../src/demo/local-zookeeper.ts';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
+import { protectTable } from '../../../src/fence/protect.ts';
 
 let db: TestDatabase;
 let sql: SqlProxy;
@@ -32,6 +35,10 @@ beforeAll(async () => {
   });
   await db.pool.query('CREATE TABLE public.items (id int PRIMARY KEY, v text)');
   await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO ${clientRoleFor(db.url)}`);
+  // A table the fence of orders/1 protects.
+  await db.pool.query('CREATE TABLE public.orders_1 (id int PRIMARY KEY)');
+  await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON public.orders_1 TO ${clientRoleFor(db.url)}`);
+  await protectTable(db.pool, 'public.orders_1', 'orders/1');
 });
 afterAll(async () => {
   await Promise.all(clients.map((c) => c.end().catch(() => {})));
@@ -55,11 +62,16 @@ async function session(user: string, token: bigint | number, fenceKey: string): 
 
 let nextId = 1;
 const id = () => nextId++;
-const exists = async (n: number) => (await db.pool.query('SELECT 1 FROM public.items WHERE id = $1', [n])).rowCount === 1;
+const exists = async (n: number, table = 'items') =>
+  (await db.pool.query(`SELECT 1 FROM public.${table} WHERE id = $1`, [n])).rowCount === 1;
 const failure = (p: Promise<unknown>) =>
   p.then(
-    () => ({ code: 'ok', detail: '' }),
-    (e: { code?: string; detail?: string }) => ({ code: e.code ?? String(e), detail: e.detail ?? '' }),
+    () => ({ code: 'ok', message: '', detail: '' }),
+    (e: { code?: string; message?: string; detail?: string }) => ({
+      code: e.code ?? String(e),
+      message: e.message ?? '',
+      detail: e.detail ?? '',
+    }),
   );
 const guard = () => sql.proxy.app.forgeryGuard!;
 
@@ -67,7 +79,7 @@ describe('forgery guard on the SQL endpoint', () => {
   let a: Election;
   let tokenA: bigint;
 
-  test('the real leader raises its fence over SQL; its later transactions do not ask ZooKeeper', async () => {
+  test("the real leader's first connection raises its fence (verified in ZooKeeper); its later connections do not ask ZooKeeper", async () => {
     await (await candidate('gone')).close(); // an earlier leader: the real token is above zero
     a = await candidate('a');
     tokenA = await a.waitForLeadership();
@@ -80,62 +92,74 @@ describe('forgery guard on the SQL endpoint', () => {
     const reads = guard().zkReads;
     expect(reads).toBeGreaterThanOrEqual(1);
     for (let i = 0; i < 3; i++) await c.query('INSERT INTO items VALUES ($1, $2)', [id(), 'extended']);
-    const other = await session('leader-a-2', tokenA, 'orders/1'); // another session of the leader: cached
-    await other.query(`INSERT INTO items VALUES (${id()}, 'second session')`);
+    // Another connection of the leader: at the fence's highest token, nothing to verify.
+    const other = await session('leader-a-2', tokenA, 'orders/1');
+    const y = id();
+    await other.query(`INSERT INTO orders_1 VALUES (${y})`);
+    expect(await exists(y, 'orders_1')).toBe(true);
     expect(guard().zkReads).toBe(reads);
   });
 
-  test('a forged token from the startup options fails its transaction with FP409 "unverified token", in either protocol, nothing committed', async () => {
+  test('a forged token in the startup options is refused at connect with FP409 "unverified fencing token"; the fence is not raised', async () => {
     const forged = 2n ** 31n - 2n;
-    const c = await session('forger', forged, 'orders/1');
-    const x = id();
-    const simple = await failure(c.query(`INSERT INTO items VALUES (${x}, 'forged')`));
-    expect(simple.code).toBe('FP409');
-    expect(simple.detail).toBe(`unverified token: fence key "orders/1", token ${forged}, highest token ${tokenA}`);
-    expect((await failure(c.query('INSERT INTO items VALUES ($1, $2)', [x, 'forged']))).code).toBe('FP409');
-    expect(await exists(x)).toBe(false);
+    await expect(session('forger', forged, 'orders/1')).rejects.toMatchObject({
+      code: 'FP409',
+      message: `unverified fencing token: token ${forged} would raise fence key "orders/1" but is not the current leader's`,
+      detail: `unverified token: fence key "orders/1", token ${forged}, highest token ${tokenA}`,
+    });
     expect(await fenceRow(db.pool, 'orders/1')).toEqual({ highest_token: tokenA.toString() });
     // A fresh guarded fence cannot be claimed either; a huge token is refused without asking ZooKeeper.
     const reads = guard().zkReads;
-    const fresh = await session('forger-2', 9223372036854775807n, 'orders/fresh');
-    expect((await failure(fresh.query('SELECT 1'))).code).toBe('FP409');
+    await expect(session('forger-2', 9223372036854775807n, 'orders/fresh')).rejects.toMatchObject({ code: 'FP409' });
     expect(guard().zkReads).toBe(reads);
     expect(await fenceRow(db.pool, 'orders/fresh')).toBeUndefined();
   });
 
-  test('a forged token set by SET is refused; one set by a set_config the proxy cannot see changes nothing: the session writes as the pair it was fenced at', async () => {
+  test("a forged token SET after startup, by SET or by a set_config, raises nothing: the protected table refuses the connection's writes (FP400), the fence stays at the leader's token", async () => {
     const c = await session('leader-turned-forger', tokenA, 'orders/1');
-    await c.query(`INSERT INTO items VALUES (${id()}, 'as leader')`);
+    const reads = guard().zkReads;
+    const before = id();
+    await c.query(`INSERT INTO orders_1 VALUES (${before})`);
     await c.query(`SET fencepost.token = '${tokenA + 1000n}'`);
     const x = id();
-    expect((await failure(c.query(`INSERT INTO items VALUES (${x}, 'after SET')`))).code).toBe('FP409');
-    // The session is stuck with that token (its own SET back would run fenced by it): a new one.
+    expect((await failure(c.query(`INSERT INTO orders_1 VALUES (${x})`))).code).toBe('FP400');
+    // Postgres checks the settings themselves, however they were set.
     const d = await session('hidden-forger', tokenA, 'orders/1');
-    await d.query(`INSERT INTO items VALUES (${id()}, 'leader again')`);
-    // Text without the word: the proxy does not read the settings back. The session is fenced at
-    // the pair it proved (rule.ts session fence), not at what its settings say: the forged token
-    // raises nothing, and the write is the current leader's.
     await d.query(`SELECT pg_catalog.set_config('fence' || 'post.token', '${tokenA + 2000n}', false)`);
     const y = id();
-    await d.query(`INSERT INTO items VALUES (${y}, 'hidden set_config')`);
-    expect([await exists(x), await exists(y)]).toEqual([false, true]);
+    expect((await failure(d.query(`INSERT INTO orders_1 VALUES (${y})`))).code).toBe('FP400');
+    expect([await exists(before, 'orders_1'), await exists(x, 'orders_1'), await exists(y, 'orders_1')]).toEqual([true, false, false]);
     expect(await fenceRow(db.pool, 'orders/1')).toEqual({ highest_token: tokenA.toString() });
+    expect(guard().zkReads).toBe(reads);
   });
 
-  test('a new leader raises with SET over SQL; the old leader is then stale (FP409 stale); unguarded keys are not checked', async () => {
+  test("a new leader's first connection raises the fence; it ends the old leader's connection (FP409), whose reconnect is refused as stale; unguarded keys are not checked", async () => {
     const old = await session('old-leader', tokenA, 'orders/2');
     await old.query(`INSERT INTO items VALUES (${id()}, 'old leader')`);
+    // The raise ends the old connection: whether it hears so at once (an 'error' event) or at its
+    // next query, what it hears is FP409.
+    const ended = new Promise<unknown>((resolve) => old.once('error', resolve));
     await a.close();
     const b = await candidate('b');
     const tokenB = await b.waitForLeadership();
     expect(tokenB).toBeGreaterThan(tokenA);
-    const c = await session('new-leader', tokenA, 'orders/2');
-    await c.query(`SET fencepost.token = '${tokenB}'`);
+    const c = await session('new-leader', tokenB, 'orders/2');
     await c.query(`INSERT INTO items VALUES (${id()}, 'new leader')`);
     expect(await fenceRow(db.pool, 'orders/2')).toEqual({ highest_token: tokenB.toString() });
-    const stale = await failure(old.query(`INSERT INTO items VALUES (${id()}, 'zombie')`));
-    expect(stale.code).toBe('FP409');
-    expect(stale.detail).toBe(`fence key "orders/2", token ${tokenA}, highest token ${tokenB}`);
+    const zombie = id();
+    const answer = await Promise.race([
+      ended,
+      old.query(`INSERT INTO items VALUES (${zombie}, 'zombie')`).then(
+        () => 'written',
+        (e: unknown) => e,
+      ),
+    ]);
+    expect(answer).toMatchObject({ code: 'FP409', detail: `fence key "orders/2", token ${tokenA}, highest token ${tokenB}` });
+    await expect(session('old-leader-again', tokenA, 'orders/2')).rejects.toMatchObject({
+      code: 'FP409',
+      message: `stale fencing token: token ${tokenA} is below the highest token ${tokenB} of fence key "orders/2"`,
+    });
+    expect(await exists(zombie)).toBe(false);
     const free = await session('unguarded', 9223372036854775807n, 'free/1');
     await free.query(`INSERT INTO items VALUES (${id()}, 'unguarded')`);
     expect(await fenceRow(db.pool, 'free/1')).toEqual({ highest_token: '9223372036854775807' });
@@ -160,14 +184,12 @@ describe('forgery guard on the SQL endpoint, its ZooKeeper down', () => {
     await zk?.stop();
   });
 
-  test('a raise gets FP503 (safe to retry), nothing committed; a transaction that cannot raise goes through; the retry asks again', async () => {
+  test('a connection that would raise is refused FP503 at startup (safe to retry), nothing raised; one at the highest token connects and writes; a retry once ZooKeeper is back gets a verdict', async () => {
     await zk.stopNode(zk.nodes[0]!.id);
-    const raiser = await down.connect('raiser', { options: fenceOptions(51, 'zk-down/1') });
-    clients.push(raiser);
-    const x = id();
-    const unavailable = await failure(raiser.query(`INSERT INTO items VALUES (${x}, 'unverifiable raise')`));
-    expect(unavailable.code).toBe('FP503');
-    expect(await exists(x)).toBe(false);
+    await expect(down.connect('raiser', { options: fenceOptions(51, 'zk-down/1') })).rejects.toMatchObject({
+      code: 'FP503',
+      message: 'cannot verify fencing token 51 of fence key "zk-down/1": ZooKeeper unreachable',
+    });
     expect(await fenceRow(db.pool, 'zk-down/1')).toEqual({ highest_token: '50' });
     // At the fence's own token nothing is raised, so nothing needs ZooKeeper.
     const holder = await down.connect('holder', { options: fenceOptions(50, 'zk-down/1') });
@@ -175,13 +197,12 @@ describe('forgery guard on the SQL endpoint, its ZooKeeper down', () => {
     const y = id();
     await holder.query(`INSERT INTO items VALUES (${y}, 'at the highest token')`);
     expect(await exists(y)).toBe(true);
-    // ZooKeeper back: the same transaction asks again and gets a verdict (51 is no leader's token).
+    // ZooKeeper back: a new connection is asked about again and gets a verdict (51 is no leader's token).
     await zk.startNode(zk.nodes[0]!.id);
-    const z = id();
-    const verdict = await failure(raiser.query(`INSERT INTO items VALUES (${z}, 'retried')`));
-    expect(verdict.code).toBe('FP409');
-    expect(verdict.detail).toMatch(/^unverified token: /);
-    expect(await exists(z)).toBe(false);
+    await expect(down.connect('raiser', { options: fenceOptions(51, 'zk-down/1') })).rejects.toMatchObject({
+      code: 'FP409',
+      detail: expect.stringMatching(/^unverified token: /),
+    });
     expect(await fenceRow(db.pool, 'zk-down/1')).toEqual({ highest_token: '50' });
   }, 60_000);
 });

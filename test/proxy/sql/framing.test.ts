@@ -1,20 +1,12 @@
-// The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, config.
+// The SQL endpoint's own pieces, without a database: framing, SCRAM, startup options, the stale
+// refusal's detail, config.
 import { describe, expect, test } from 'vitest';
 import { MessageReader, FramingError, Outbox, bodyByte, message, nulAt } from '../../../src/proxy/sql/wire/framing.ts';
 import { commandTag, frameTag } from '../../../src/proxy/sql/wire/backend.ts';
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { deferrableBegin, plainBegin, staleDetail } from '../../../src/proxy/sql/proof.ts';
-import {
-  hasSeveralStatements,
-  isEmptyQuery,
-  leadWord,
-  runsUnfenced,
-  splitStatements,
-  startsTransactionBlock,
-  statementKind,
-} from '../../../src/proxy/sql/statements.ts';
+import { parseStaleDetail, staleDetailText } from '../../../src/fence/index.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
 describe('framing', () => {
@@ -63,7 +55,7 @@ describe('framing', () => {
     const f = ms.map(() => r.next()!);
     const o = new Outbox();
     expect([o.empty, o.take()]).toEqual([true, null]);
-    // The proxy's own replies swallowed (the first two), the rest forwarded: one view of the chunk.
+    // The first two left out, the rest forwarded: one view of the chunk.
     for (const x of f.slice(2)) o.frame(x);
     const run = o.take()!;
     expect(run.equals(Buffer.concat(ms.slice(2)))).toBe(true);
@@ -91,26 +83,16 @@ describe('framing', () => {
     ]);
   });
 
-  test('leadWord and hasSeveralStatements answer each text asked in turn (the last answer is kept for the same text only)', () => {
-    const long = `COMMIT; ${'x'.repeat(70_000)}`;
-    const texts: [string, string | null, boolean][] = [
-      ['SELECT 1; BEGIN', 'select', true],
-      ['BEGIN', 'begin', false],
-      ['BEGIN;', 'begin', false],
-      [long, 'commit', true],
-      ['/* c */ commit ; ', 'commit', false],
-    ];
-    for (let round = 0; round < 3; round++)
-      for (const [sql, word, several] of [...texts, ...texts.slice().reverse()]) {
-        expect([leadWord(sql), hasSeveralStatements(sql)]).toEqual([word, several]);
-        expect([leadWord(sql), hasSeveralStatements(sql)]).toEqual([word, several]);
-      }
-    expect([
-      statementKind('UPDATE t SET n = 1'),
-      statementKind('BEGIN'),
-      runsUnfenced('COMMIT'),
-      runsUnfenced('INSERT INTO t DEFAULT VALUES'),
-    ]).toEqual(['other', 'begin', true, false]);
+  test('drain hands over the bytes not yet framed, as they came, from where framing stopped; the reader is empty after', () => {
+    // What a writer sent behind its startup packet goes to the backend as sent (relay.ts start).
+    const q = message('Q', 'SELECT 1');
+    const s = message('S');
+    const r = new MessageReader();
+    r.push(Buffer.concat([q, s.subarray(0, 2)]));
+    r.push(s.subarray(2));
+    expect(r.next()?.type).toBe('Q');
+    expect(Buffer.concat(r.drain()).equals(s)).toBe(true);
+    expect([r.pending, r.next(), r.drain()]).toEqual([0, null, []]);
   });
 
   test('a length below 4 or past the limit is refused', () => {
@@ -140,7 +122,7 @@ describe('SCRAM-SHA-256', () => {
   });
 });
 
-describe('startup options and statement guesses', () => {
+describe('startup options and the stale detail', () => {
   test('options: -c pairs, --name=value and escaped spaces', () => {
     expect(parseOptions('-c fencepost.token=42 -cfencepost.fence_key=a\\ b --statement-timeout=5')).toEqual(
       new Map([
@@ -151,81 +133,13 @@ describe('startup options and statement guesses', () => {
     );
   });
 
-  test('BEGIN-like, empty and unfenced statements are told apart', () => {
-    expect([startsTransactionBlock(' /* x */ begin isolation level serializable'), startsTransactionBlock('SELECT 1')]).toEqual([
-      true,
-      false,
-    ]);
-    expect([isEmptyQuery(' -- nothing\n ;'), isEmptyQuery('SELECT 1')]).toEqual([true, false]);
-    // The proxy answers a lone BEGIN itself only when the server reads the text as one: blanks as
-    // its lexer reads them (U+00A0 and U+2028 are part of a word there; \v only from Postgres 16).
-    const begins = ['BEGIN', 'begin work;', ' START TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY ', 'BEGIN\t\r\n\f'];
-    const notBegins = ['BEGIN\u00a0', '\u2028BEGIN', 'BEGIN\u00a0ISOLATION LEVEL SERIALIZABLE', 'BEGIN READ\u00a0ONLY', 'BEGIN; SELECT 1'];
-    for (const t of [...begins, ...notBegins]) {
-      const parsed = splitStatements(t);
-      const loneBegin = parsed !== null && parsed.length === 1 && statementKind(t) === 'begin';
-      expect({ t, deferred: deferrableBegin(t) !== null, loneBegin }).toEqual({
-        t,
-        deferred: begins.includes(t),
-        loneBegin: begins.includes(t),
-      });
-    }
-    // Invariant: a text the proxy answers as a BEGIN is one the server's grammar reads as a lone
-    // BEGIN. The proxy sends it later, with the proof, ahead of the writer's next Query: were it to
-    // fail there, that Query would run in a transaction of its own without the proof. Every
-    // character JavaScript's \s takes, in every place a blank goes.
-    const blanks = [' ', '\t', '\n', '\r', '\f', '\v', '\u00a0', '\u1680', '\u2000', '\u2028', '\u2029', '\u202f', '\u3000', '\ufeff'];
-    const shapes = ['_BEGIN_', '_begin_work_;_', 'START_TRANSACTION_READ_ONLY', 'BEGIN_ISOLATION_LEVEL_REPEATABLE_READ,_NOT_DEFERRABLE_'];
-    let deferred = 0;
-    for (const shape of shapes)
-      for (const blank of blanks)
-        for (const t of [shape.replaceAll('_', blank), shape.replace('_', blank).replaceAll('_', ' ')]) {
-          if (deferrableBegin(t) === null) continue;
-          deferred++;
-          const parsed = splitStatements(t);
-          expect({ t, parsed: parsed?.length, kind: statementKind(t) }).toEqual({ t, parsed: 1, kind: 'begin' });
-        }
-    expect(deferred).toBeGreaterThan(20);
-    // Plain: no transaction mode (a named one goes to the server unheld, the fence in front).
-    expect(
-      [
-        'BEGIN',
-        ' begin work;',
-        'START TRANSACTION',
-        'BEGIN READ ONLY',
-        'START TRANSACTION ISOLATION LEVEL SERIALIZABLE',
-        'BEGIN; SELECT 1',
-      ].map(plainBegin),
-    ).toEqual([true, true, true, false, false, false]);
-    expect(
-      ['DISCARD ALL', ' -- x\n checkpoint', 'VACUUM', 'DISCARD ALL; INSERT INTO t VALUES (1)', "SELECT 'discard'"].map(runsUnfenced),
-    ).toEqual([true, true, false, false, false]);
-  });
-
-  test('statement kinds stay right through the parse cache: repeated, refused, long and evicted texts', () => {
-    // Invariant: a text's kind is the same on every call, however many other texts came between
-    // (the cache holds 256 texts up to 1,024 characters, the oldest dropped first).
-    const texts = [
-      'COMMIT',
-      'COMMIT AND CHAIN',
-      'BEGIN; SELECT 1',
-      'CALL p()',
-      'COMMIT garbage',
-      `SELECT 1; COMMIT -- ${'x'.repeat(2000)}`,
-    ];
-    const expected = ['end', 'chain', 'begin', 'routine', 'unknown', 'end'];
-    expect(texts.map(statementKind)).toEqual(expected);
-    for (let i = 0; i < 600; i++) expect(statementKind(`SELECT ${i}; COMMIT`)).toBe('end');
-    expect(texts.map(statementKind)).toEqual(expected);
-    expect(texts.map(statementKind)).toEqual(expected);
-    expect(splitStatements('SELECT 1; BEGIN')?.map((s) => s.kind)).toEqual(['other', 'begin']);
-    expect(splitStatements('SELECT 1; BEGIN')?.map((s) => s.start)).toEqual([0, 10]);
-    expect(splitStatements('SELECT (')).toBeNull();
-    expect(splitStatements('SELECT (')).toBeNull();
-  });
-
-  test('the stale detail of fence_session parses back', () => {
-    expect(staleDetail('fence key "a \\"b\\"", token 4, highest token 5')).toEqual({ fenceKey: 'a "b"', token: 4n, highestToken: 5n });
+  test("a stale refusal's detail parses back to its fence key, token and highest token", () => {
+    // The DETAIL of an FP409 refusal: at startup (fencer.ts staleRefusal) and when a raise ends the connection (session.ts).
+    const detail = staleDetailText('a "b"', 4n, 5n);
+    expect(detail).toBe('fence key "a \\"b\\"", token 4, highest token 5');
+    expect(parseStaleDetail(detail)).toEqual({ fenceKey: 'a "b"', token: 4n, highestToken: 5n });
+    expect(parseStaleDetail(staleDetailText('k', 4n, null))).toEqual({ fenceKey: 'k', token: 4n, highestToken: null });
+    expect(parseStaleDetail('unverified token: fence key "k", token 4, highest token 5')).toBeNull();
   });
 });
 

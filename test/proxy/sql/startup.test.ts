@@ -1,6 +1,7 @@
 // The SQL endpoint's startup phase with real clients: refusals a client can read (after the
 // SSLRequest is answered, as Postgres does), what a client may send in the same write as its
-// startup packet, and the startup parameters the session keeps (application_name, timeouts).
+// startup packet, a stale token's refusal, and the startup parameters the session keeps
+// (application_name, timeouts, the fencepost settings that fence the connection).
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { execFile } from 'node:child_process';
 import { connect as tcp } from 'node:net';
@@ -10,7 +11,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
-import { startSqlProxy, type SqlProxy } from '../../support/sql.ts';
+import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { makeCert } from '../../support/tls.ts';
 import { message } from '../../../src/proxy/sql/wire/framing.ts';
 import { parseErrorFields } from '../../../src/proxy/sql/wire/backend.ts';
@@ -308,6 +309,37 @@ asyncio.run(main())`;
     expect(rows).toEqual([{ t: '3' }]);
   });
 
+  // Invariant: a token below the fence's highest never gets a session: the refusal is the answer to
+  // the startup, each client reads it, and the fence and its leader's connection stay as they were.
+  test('a stale token is refused at startup with FATAL FP409, read by node-postgres, psql and psycopg2; the fence does not move', async () => {
+    const fenceKey = 'startup/stale';
+    const leader = await sql.connect('stale-leader', { options: fenceOptions(7, fenceKey) });
+    const message = `stale fencing token: token 6 is below the highest token 7 of fence key "${fenceKey}"`;
+    const c = new pg.Client({ connectionString: sql.url('stale-node', { options: fenceOptions(6, fenceKey) }) });
+    c.on('error', () => {});
+    const err = (await c.connect().catch((e: pg.DatabaseError) => e)) as pg.DatabaseError;
+    expect(err).toMatchObject({ code: 'FP409', severity: 'FATAL', message, detail: `fence key "${fenceKey}", token 6, highest token 7` });
+    // libpq shows a connection failure's message, not its SQLSTATE.
+    const { stderr } = await failure(
+      run(PSQL, [sql.url('stale-psql'), '-X', '-c', 'SELECT 1'], { env: libpqDefaults({ PGOPTIONS: fenceOptions(6, fenceKey) }) }),
+    );
+    expect(stderr).toContain(`FATAL:  ${message}`);
+    const program = `import sys, psycopg2
+try:
+    psycopg2.connect(sys.argv[1], options=sys.argv[2])
+    print('connected')
+except psycopg2.OperationalError as e:
+    print(e.pgcode, str(e).splitlines()[0])`;
+    const py = (await run('/usr/bin/python3', ['-c', program, sql.url('stale-py'), fenceOptions(6, fenceKey)])).stdout.trim();
+    expect(py).toContain(`None connection to server at`);
+    expect(py).toContain(`FATAL:  ${message}`);
+    expect((await db.pool.query(`SELECT highest_token::text AS t FROM fencepost.fences WHERE fence_key = $1`, [fenceKey])).rows).toEqual([
+      { t: '7' },
+    ]);
+    expect((await leader.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+    await leader.end();
+  });
+
   test('a client that names no application shows as fencepost-sql', async () => {
     expect(await nodePg({}, ownRow)).toBe('fencepost-sql');
   });
@@ -331,14 +363,15 @@ asyncio.run(main())`;
     expect(await psql('w', 'SHOW statement_timeout')).toBe('4s');
   });
 
-  test("lock_timeout is bounded by the proxy's own; idle_in_transaction_session_timeout (the proxy sets none) is the client's", async () => {
+  test("lock_timeout and idle_in_transaction_session_timeout are bounded by the proxy's own (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS, 5 s by default): a client may ask for less", async () => {
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '-c lock_timeout=300' })).toBe('300ms');
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '--lock-timeout=10s' })).toBe('1500ms');
     expect(await nodePg({ lock_timeout: 0 }, 'SHOW lock_timeout')).toBe('1500ms');
     expect(await nodePg({ idle_in_transaction_session_timeout: 2000 }, 'SHOW idle_in_transaction_session_timeout')).toBe('2s');
     expect(await psql('w', 'SHOW idle_in_transaction_session_timeout', { PGOPTIONS: '-c idle_in_transaction_session_timeout=1min' })).toBe(
-      '1min',
+      '5s',
     );
-    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('0');
+    expect(await nodePg({ idle_in_transaction_session_timeout: 0 }, 'SHOW idle_in_transaction_session_timeout')).toBe('5s');
+    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('5s');
   });
 });

@@ -1,17 +1,21 @@
-// A fenced session's transaction modes are the writer's, as straight to Postgres: the proof a
-// transaction carries (proof.ts) leaves its mode alone, so a writer that asks for read-only gets
-// read-only. Each test names the client and the way it asks; the invariant of each: a write in a
-// transaction the writer made read-only fails 25006 and nothing of it lands, and the same session
-// writes again once the writer lifts it.
+// A connection's transaction modes are the writer's, as straight to Postgres: the connection is
+// fenced once, at startup, and its backend starts read-write (with a token) or read-only (without
+// one); after that nothing of the proxy's touches its modes, so a writer that asks for read-only
+// gets read-only, and one that lifts it gets read-write. Each test names the client and the way
+// it asks; the invariant of each: a write in a transaction the writer made read-only fails 25006
+// and nothing of it lands, and the same connection writes again once the writer lifts it. What
+// keeps a tokenless writer out of protected data is Postgres (FP403), not the read-only default.
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions } from '../../support/sql.ts';
+import { protectTable } from '../../../src/fence/protect.ts';
 
 const run = promisify(execFile);
 const test = sqlTest.extend('clientTables', { scope: 'file' }, [
   { definition: 'public.modes (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
+  { definition: 'public.modes_guarded (id int PRIMARY KEY, v text)', privileges: 'SELECT, INSERT' },
 ]);
 const code = (p: Promise<unknown>) =>
   p.then(
@@ -55,22 +59,46 @@ describe('read-only, as the writer asks for it (node-postgres)', () => {
     await c.query('RESET ALL');
     await c.query({ text: 'INSERT INTO public.modes VALUES ($1, $2)', values: [b, 'read write'], name: 'ins' });
     expect((await db.pool.query('SELECT id FROM public.modes WHERE id = ANY($1) ORDER BY id', [[a, b]])).rows).toEqual([{ id: b }]);
-    // Still fenced after the RESET: a raise above its token makes its next write FP409.
+    // Still fenced after the RESET: a raise above its token ends the connection (FP409), whether
+    // it hears so at once (an 'error' event) or at its next write.
+    const ended = new Promise<unknown>((resolve) => c.once('error', resolve));
     expect((await fetch(`${sql.proxy.url}/v1/fences/modes%2Fdefault`, { method: 'PUT', headers: { 'fencing-token': '2' } })).status).toBe(
       200,
     );
-    expect(await code(c.query('INSERT INTO public.modes VALUES ($1, $2)', [x, 'stale']))).toBe('FP409');
-    await c.end();
+    const answer = await Promise.race([
+      ended,
+      c.query('INSERT INTO public.modes VALUES ($1, $2)', [x, 'stale']).then(
+        () => 'written',
+        (e: unknown) => e,
+      ),
+    ]);
+    expect(answer).toMatchObject({ code: 'FP409' });
+    expect((await db.pool.query('SELECT id FROM public.modes WHERE id = $1', [x])).rows).toEqual([]);
+    await c.end().catch(() => {});
   });
 
-  test('a session without a token stays read-only, whatever default it sets', async ({ sql }) => {
+  test('a connection without a token starts read-only (25006, as Postgres words it); lifted, it writes unprotected tables, and protected ones refuse it (FP403)', async ({
+    db,
+    sql,
+  }) => {
+    await protectTable(db.pool, 'public.modes_guarded', 'modes/guarded');
     const c = await sql.connect('modes-tokenless');
+    const [a, b, x, y] = [id(), id(), id(), id()];
+    const readOnly = await c.query('INSERT INTO public.modes VALUES ($1, $2)', [a, 'tokenless']).then(
+      () => null,
+      (e: { code?: string; hint?: string }) => e,
+    );
+    expect(readOnly).toMatchObject({ code: '25006', message: 'cannot execute INSERT in a read-only transaction' });
+    expect(readOnly?.hint).toBeUndefined(); // no hint of the proxy's
     await c.query('SET default_transaction_read_only = off');
-    expect(await code(c.query('INSERT INTO public.modes VALUES ($1, $2)', [id(), 'tokenless']))).toBe('25006');
+    await c.query('INSERT INTO public.modes VALUES ($1, $2)', [b, 'tokenless, lifted']);
+    expect(await code(c.query('INSERT INTO public.modes_guarded VALUES ($1, $2)', [x, 'tokenless']))).toBe('FP403');
     await c.query('BEGIN READ WRITE');
-    expect(await code(c.query('INSERT INTO public.modes VALUES ($1, $2)', [id(), 'tokenless']))).toBe('25006');
+    expect(await code(c.query('INSERT INTO public.modes_guarded VALUES ($1, $2)', [y, 'tokenless']))).toBe('FP403');
     await c.query('ROLLBACK');
     await c.end();
+    expect((await db.pool.query('SELECT id FROM public.modes WHERE id = ANY($1) ORDER BY id', [[a, b]])).rows).toEqual([{ id: b }]);
+    expect((await db.pool.query('SELECT id FROM public.modes_guarded')).rows).toEqual([]);
   });
 });
 

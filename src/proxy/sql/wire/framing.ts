@@ -144,6 +144,15 @@ export class MessageReader {
     this.size += chunk.length;
   }
 
+  /** The bytes received and not yet framed, as they came; the reader is empty after. */
+  drain(): Buffer[] {
+    const out = this.chunks.map((c, i) => (i === 0 && this.at > 0 ? c.subarray(this.at) : c));
+    this.chunks = [];
+    this.at = 0;
+    this.size = 0;
+    return out;
+  }
+
   /** Bytes received but not yet framed. */
   get pending(): number {
     return this.size;

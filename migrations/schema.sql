@@ -72,6 +72,8 @@ DECLARE
   v_serial pg_catalog.int8;
   v_token pg_catalog.text;
   v_key pg_catalog.text;
+  v_token_now pg_catalog.text;
+  v_key_now pg_catalog.text;
 BEGIN
   SELECT b.serial, b.token_setting, b.fence_key_setting INTO v_serial, v_token, v_key
     FROM fencepost.fenced_backends b
@@ -82,7 +84,10 @@ BEGIN
             DETAIL = pg_catalog.format('protected table %s.%s, fence key %s', pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), pg_catalog.to_json(TG_ARGV[0])),
             HINT = pg_catalog.format('write it through the fencepost proxy with fencepost.fence_key = %s and the leader''s fencepost.token in the connection''s startup options (SQL endpoint), or with that fence key on POST /v1/transactions; nothing of this statement was applied', pg_catalog.to_json(TG_ARGV[0]));
   END IF;
-  IF v_token IS DISTINCT FROM pg_catalog.current_setting('fencepost.token', true) OR v_key IS DISTINCT FROM pg_catalog.current_setting('fencepost.fence_key', true) THEN
+  v_token_now := pg_catalog.current_setting('fencepost.token', true);
+  v_key_now := pg_catalog.current_setting('fencepost.fence_key', true);
+  IF NOT (coalesce(v_token OPERATOR(pg_catalog.=) v_token_now, v_token IS NULL AND v_token_now IS NULL)
+          AND coalesce(v_key OPERATOR(pg_catalog.=) v_key_now, v_key IS NULL AND v_key_now IS NULL)) THEN
     RAISE EXCEPTION '% on %.% refused: fencepost.token or fencepost.fence_key was changed after this connection was fenced at token % of fence key %', TG_OP, pg_catalog.quote_ident(TG_TABLE_SCHEMA), pg_catalog.quote_ident(TG_TABLE_NAME), v_token, pg_catalog.to_json(TG_ARGV[0])
       USING ERRCODE = 'FP400',
             HINT = 'a connection is fenced once, at startup: reconnect with the new token (a new pool), or RESET the settings; nothing of this statement was applied';

@@ -61,6 +61,7 @@ export { runningClusterUrl } from './embedded-cluster.ts';
 // The schema, health and durability.
 export { migrate, migrationsApplied } from './migrate.ts';
 export { connectionBudget, writability } from './sql/health.ts';
+export { connectionSetup, fenceConnection } from './sql/connection-fence.ts';
 export { DurabilityMonitor } from './durability-monitor.ts';
 export { DURABILITY_REASONS, checkDurability, type DurabilityReport } from './durability.ts';
 

@@ -6,7 +6,6 @@
 // (FENCEPOST_REQUIRE_SYNC_STANDBY), fenced sessions are ended and new ones refused (FP533).
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import pg from 'pg';
 import type { MessageReader } from './wire/framing.ts';
 import { errorResponse, type ErrorFields } from './wire/backend.ts';
 import { Relay, type TransactionEnd } from './relay.ts';
@@ -20,7 +19,7 @@ import {
   type StaleRefusal,
 } from './fencer.ts';
 import { queryBackend, type Backend } from './backend.ts';
-import { STALE_TOKEN, staleDetailText, sessionFenceCapability } from '../../fence/index.ts';
+import { STALE_TOKEN, staleDetailText, connectionSetup, fenceConnection as fenceConnectionSql } from '../../fence/index.ts';
 
 export type { SessionGuard, StaleRefusal } from './fencer.ts';
 export type { TransactionEnd } from './relay.ts';
@@ -77,13 +76,8 @@ export class SqlSession {
         raise: opts.raise,
         refusing,
         query: (sql) => queryBackend(this.backend, sql, opts.fenceTimeoutMs),
-        // Committed locally: a catalog write of the session's (its temporary sequence) and its
-        // registration, not a fence raise (raise.ts), so it never waits for a synchronous standby.
-        setupSql: 'SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start()',
-        fenceSql: (pair, start) => {
-          const cap = sessionFenceCapability(opts.capability, { pid: this.backend.pid, start }, pair.fenceKey, pair.token);
-          return `SET LOCAL synchronous_commit = local; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(pair.fenceKey)}, ${pair.token.toString()})`;
-        },
+        setupSql: connectionSetup(),
+        fenceSql: (pair, start) => fenceConnectionSql(opts.capability, { pid: this.backend.pid, start }, pair.fenceKey, pair.token),
         logger: opts.logger,
       });
     } catch (err) {

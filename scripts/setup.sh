@@ -5,8 +5,8 @@
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
 #                 docker-compose (validates docker-compose.yml), Prometheus (its promtool checks
 #                 dashboards/: the scrape config, the alert rules and their unit tests), the SQL
-#                 endpoint's clients (psql, pgbench, psycopg2), PgBouncer, and etcd with etcdctl
-#                 (fencing tokens from `etcdctl lock`, docs/integrations.md)
+#                 endpoint's clients (psql, pgbench, psycopg2, pgx with Go), PgBouncer, and etcd
+#                 with etcdctl (fencing tokens from `etcdctl lock`, docs/integrations.md)
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
 #                 PgBouncer (the SQL endpoint's reference protocol proxy)
 #   with --ha     also the HA run's cluster (npm run ha, tools/ha): Patroni with its ZooKeeper
@@ -91,6 +91,12 @@ if [ "${1:-}" = "--test" ]; then
   if ! /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1; then
     say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"
     apt_install python3-psycopg2
+  fi
+  # pgx, Go's Postgres driver: a test builds a writer on it offline, in GOPATH mode, from Debian's
+  # Go and pgx v4 source (test/fixtures/pgx-writer).
+  if [ ! -x /usr/bin/go ] || [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+    say "installing Go and pgx for the SQL endpoint's tests (apt-get install golang-go golang-github-jackc-pgx-v4-dev)"
+    apt_install golang-go golang-github-jackc-pgx-v4-dev
   fi
   for driver in psycopg asyncpg; do
     if ! /usr/bin/python3 -c "import $driver" >/dev/null 2>&1; then

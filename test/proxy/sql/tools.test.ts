@@ -151,21 +151,21 @@ describe('pgbench -i', () => {
     primaryKeys: string[];
     vacuumed: string[];
   }
-  /** What `pgbench -i -s 1` leaves in `schema`: 1 branch, 10 tellers, 100,000 accounts, keys, vacuumed tables. */
+  /** What `pgbench -i -s 1` left in `schema`: 1 branch, 10 tellers, 100,000 accounts, primary keys, vacuumed tables. */
   async function initialised(db: TestDatabase, schema: string): Promise<Initialised> {
     const rows: Record<string, number> = {};
     for (const t of ['pgbench_branches', 'pgbench_tellers', 'pgbench_accounts', 'pgbench_history'])
       rows[t] = Number((await db.pool.query<{ n: string }>(`SELECT count(*)::text AS n FROM ${schema}.${t}`)).rows[0]!.n);
     const keys = await db.pool.query<{ t: string }>(
-      `SELECT conrelid::regclass::text AS t FROM pg_constraint WHERE contype = 'p' AND connamespace = $1::regnamespace ORDER BY 1`,
+      `SELECT c.relname AS t FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+       WHERE k.contype = 'p' AND k.connamespace = $1::regnamespace AND c.relname LIKE 'pgbench\\_%' ORDER BY 1`,
       [schema],
     );
     const vacuumed = await db.pool.query<{ t: string }>(
-      `SELECT relname AS t FROM pg_stat_user_tables WHERE schemaname = $1 AND vacuum_count > 0 ORDER BY 1`,
+      `SELECT relname AS t FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE 'pgbench\\_%' AND vacuum_count > 0 ORDER BY 1`,
       [schema],
     );
-    const unqualified = (t: string) => t.replace(/^.*\./, '');
-    return { rows, primaryKeys: keys.rows.map((r) => unqualified(r.t)), vacuumed: vacuumed.rows.map((r) => r.t) };
+    return { rows, primaryKeys: keys.rows.map((r) => r.t), vacuumed: vacuumed.rows.map((r) => r.t) };
   }
 
   test.beforeAll(async ({ db, sql }) => {

@@ -345,12 +345,32 @@ describe("on Debian's Postgres 15", () => {
   });
 
   describe('pg_stat_statements', () => {
-    /** A writer's session with its statements, then what pg_stat_statements counted for the client login (after a reset). */
-    async function counted(connectionString: string, id: number) {
+    interface Counted {
+      query: string;
+      calls: number;
+      rows: number;
+    }
+    /** What pg_stat_statements holds for the client login in this database. */
+    const statements = async (): Promise<Counted[]> =>
+      (
+        await db.pool.query<{ query: string; calls: string; rows: string }>(
+          `SELECT query, calls::text, rows::text FROM pg_stat_statements
+           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND userid = $1::regrole
+           ORDER BY query COLLATE "C"`,
+          [clientRole],
+        )
+      ).rows.map((r) => ({ query: r.query, calls: Number(r.calls), rows: Number(r.rows) }));
+
+    /**
+     * After a reset, a writer's session: what pg_stat_statements counted for the client login once
+     * the session had started (before its first statement), and what it counted after that.
+     */
+    async function counted(connectionString: string, id: number): Promise<{ atStartup: Counted[]; afterStartup: Counted[] }> {
       await db.pool.query('SELECT pg_stat_statements_reset()');
       const c = new pg.Client({ connectionString, options: fenceOptions(1, 'tools/statements') });
       c.on('error', () => {});
       await c.connect();
+      const atStartup = await statements();
       try {
         await c.query('SELECT $1::int + 1 AS n', [41]);
         await c.query('BEGIN');
@@ -367,21 +387,27 @@ describe("on Debian's Postgres 15", () => {
       } finally {
         await c.end();
       }
-      return (
-        await db.pool.query<{ query: string; calls: string; rows: string }>(
-          `SELECT query, calls::text, rows::text FROM pg_stat_statements
-           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND userid = $1::regrole
-           ORDER BY query COLLATE "C", calls`,
-          [clientRole],
-        )
-      ).rows;
+      const before = new Map(atStartup.map((r) => [r.query, r]));
+      const afterStartup = (await statements())
+        .map((r) => ({
+          query: r.query,
+          calls: r.calls - (before.get(r.query)?.calls ?? 0),
+          rows: r.rows - (before.get(r.query)?.rows ?? 0),
+        }))
+        .filter((r) => r.calls > 0);
+      return { atStartup, afterStartup };
     }
 
-    test("counts only the writer's own statements, as the same session straight to Postgres by the same role", async () => {
+    test('counts no statement for the start of an endpoint session', async () => {
+      expect((await counted(directAsClient, 3)).atStartup).toEqual([]);
+      expect((await counted(sql.url('statements'), 4)).atStartup).toEqual([]);
+    });
+
+    test("after startup, counts only the writer's own statements, as the same session straight to Postgres by the same role", async () => {
       const direct = await counted(directAsClient, 2);
-      expect(direct.map((r) => r.query)).toContain('UPDATE public.counters SET n = n + $2 WHERE id = $1'); // Postgres 15's normal form
-      expect(direct).toHaveLength(11);
-      expect(await counted(sql.url('statements'), 1)).toEqual(direct);
+      expect(direct.afterStartup.map((r) => r.query)).toContain('UPDATE public.counters SET n = n + $2 WHERE id = $1'); // Postgres 15's normal form
+      expect(direct.afterStartup).toHaveLength(11);
+      expect((await counted(sql.url('statements'), 1)).afterStartup).toEqual(direct.afterStartup);
     });
   });
 });

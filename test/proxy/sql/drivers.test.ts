@@ -5,7 +5,7 @@
 // `-c fencepost.token=… -c fencepost.fence_key=…` are plain custom settings, and a tokenless
 // endpoint session is a session with default_transaction_read_only=on (DIRECT_TOKENLESS).
 import { execFile } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -16,7 +16,7 @@ import { sql as drizzleSql } from 'drizzle-orm';
 import 'reflect-metadata';
 import { DataSource } from 'typeorm';
 import { QueryTypes, Sequelize, Transaction } from 'sequelize';
-import { describe, expect } from 'vitest';
+import { afterAll, describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
 import { fenceOptions, type SqlProxy } from '../../support/sql.ts';
 import type { TestDatabase } from '../../support/db.ts';
@@ -318,6 +318,7 @@ describe('pgx (Go)', () => {
     });
   })();
   built.catch(() => {}); // awaited by each test
+  afterAll(() => rmSync(binary, { force: true }));
 
   /** The program's steps: one JSON object per line. */
   async function pgx(url: string, token: string, fenceKey: string, base: number): Promise<unknown[]> {

@@ -5,7 +5,8 @@
 #   with --test   also Chromium (dashboard browser tests, unless CHROMIUM_PATH names one),
 #                 docker-compose (validates docker-compose.yml), Prometheus (its promtool checks
 #                 dashboards/: the scrape config, the alert rules and their unit tests), the SQL
-#                 endpoint's clients (psql, pgbench, psycopg2), PgBouncer, and etcd with etcdctl
+#                 endpoint's clients (psql, pgbench, pg_dump, psycopg2, pgx with Go) and Postgres
+#                 15's server (pg_dump 15 refuses a newer one), PgBouncer, and etcd with etcdctl
 #                 (fencing tokens from `etcdctl lock`, docs/integrations.md)
 #   with --bench  also the benchmark's load generators: wrk (HTTP) and pgbench (Postgres), and
 #                 PgBouncer (the SQL endpoint's reference protocol proxy)
@@ -91,6 +92,19 @@ if [ "${1:-}" = "--test" ]; then
   if ! /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1; then
     say "installing psycopg2 for the SQL endpoint's tests (apt-get install python3-psycopg2)"
     apt_install python3-psycopg2
+  fi
+  # pg_dump (postgresql-client, above) is version 15 and aborts against a newer server: its tests,
+  # and pg_stat_statements' (a preloaded library), run Debian's Postgres 15 server, a cluster of
+  # their own (test/support/debian-postgres.ts).
+  if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+    say "installing Postgres 15's server for the SQL endpoint's pg_dump tests (apt-get install postgresql-15)"
+    apt_install_postgres_server postgresql-15
+  fi
+  # pgx, Go's Postgres driver: a test builds a writer on it offline, in GOPATH mode, from Debian's
+  # Go and pgx v4 source (test/fixtures/pgx-writer).
+  if [ ! -x /usr/bin/go ] || [ ! -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ]; then
+    say "installing Go and pgx for the SQL endpoint's tests (apt-get install golang-go golang-github-jackc-pgx-v4-dev)"
+    apt_install golang-go golang-github-jackc-pgx-v4-dev
   fi
   for driver in psycopg asyncpg; do
     if ! /usr/bin/python3 -c "import $driver" >/dev/null 2>&1; then

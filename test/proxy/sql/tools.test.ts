@@ -3,8 +3,8 @@
 // gets straight from Postgres with the same startup settings (`-c fencepost.token=…
 // -c fencepost.fence_key=…` are plain custom settings to Postgres; a tokenless endpoint session is a
 // session with default_transaction_read_only=on), and nothing the proxy sent shows in
-// pg_stat_activity.query, pg_prepared_statements or pg_stat_statements: only the writer's own
-// statements.
+// pg_stat_activity.query (after the writer's first statement), pg_prepared_statements or
+// pg_stat_statements but the connection fence's two statements, once per connection at its start.
 //
 // pg_dump and pg_stat_statements run on Debian's Postgres 15, a cluster of this file's own: Debian's
 // pg_dump (15) aborts against the run's Postgres 18 ("server version mismatch"), and the run's
@@ -398,9 +398,18 @@ describe("on Debian's Postgres 15", () => {
       return { atStartup, afterStartup };
     }
 
-    test('counts no statement for the start of an endpoint session', async () => {
+    // The connection fence's own statements run once, before the session is ready (the endpoint
+    // sends nothing after them): pg_stat_statements counts them per connection, never per transaction.
+    test("counts only the connection fence's own statements at the start of an endpoint session", async () => {
       expect((await counted(directAsClient, 3)).atStartup).toEqual([]);
-      expect((await counted(sql.url('statements'), 4)).atStartup).toEqual([]);
+      const atStartup = (await counted(sql.url('statements'), 4)).atStartup;
+      expect(atStartup.map((r) => r.query).sort()).toEqual(
+        [
+          'SELECT fencepost_api.fence_session($1, $2, $3)',
+          'SELECT fencepost_api.session_start()',
+          'SET LOCAL synchronous_commit = local',
+        ].sort(),
+      );
     });
 
     test("after startup, counts only the writer's own statements, as the same session straight to Postgres by the same role", async () => {

@@ -1,14 +1,15 @@
 // Writes an object through the proxy's SQL endpoint (PostgreSQL protocol, FENCEPOST_PGWIRE_PORT)
 // with node-postgres, as a writer that keeps its Postgres driver does: one session per fence key
-// and token (the token and fence key as startup options), one statement per write, which the
-// endpoint fences inside its own implicit transaction. The statement is the upsert a fenced PUT
+// and token (the token and fence key as startup options: the endpoint fences the connection), one
+// statement per write, in an implicit transaction. The statement is the upsert a fenced PUT
 // runs on fencepost.objects, so the harness's checkers read SQL writes where they read HTTP ones;
 // the client login needs SELECT, INSERT, UPDATE on fencepost.objects and its incarnation sequence
 // (grantObjectWrites).
 //
-// A stale token (SQLSTATE FP409) is thrown as the HTTP client's StaleTokenError, so a FencedWriter
-// steps down on it as on a 409. Other failures are SqlDoorError, `indeterminate` when the write may
-// have committed (connection lost, timeout, the backend died or was shut down).
+// A stale token (SQLSTATE FP409, at connect or from a session a raise ended) is thrown as the HTTP
+// client's StaleTokenError, so a FencedWriter steps down on it as on a 409. Other failures are
+// SqlDoorError, `indeterminate` when the write may have committed (connection lost, timeout, the
+// backend died or was shut down).
 import pg from 'pg';
 import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
 import { STALE_TOKEN } from '../fence/index.ts';
@@ -81,6 +82,8 @@ export class SqlDoor {
     } catch (err) {
       this.drop(o.fenceKey, s);
       const code = (err as { code?: string }).code;
+      // A stale token is refused at connect: as stale as a refused write.
+      if (code === STALE_TOKEN_SQLSTATE) throw staleError(err, o);
       throw new SqlDoorError(`cannot connect to the SQL endpoint ${this.url}: ${String(err)}`, null, false, code === 'ECONNREFUSED', err);
     }
     try {
@@ -90,14 +93,9 @@ export class SqlDoor {
       const e = err as { code?: string; message?: string; detail?: string };
       const code = typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) ? e.code : null;
       if (code === STALE_TOKEN_SQLSTATE) {
-        const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
-        throw new StaleTokenError(409, {
-          error: 'stale_token',
-          message: e.message,
-          fenceKey: o.fenceKey,
-          token: o.token.toString(),
-          highestToken: highest ?? '0',
-        });
+        // A newer leader's raise ended the session: the next token gets a new one.
+        this.drop(o.fenceKey, s);
+        throw staleError(err, o);
       }
       // A session that did not answer, or whose backend is gone, is not used again.
       if (code === null || MAYBE_COMMITTED.test(code)) this.drop(o.fenceKey, s);
@@ -145,6 +143,19 @@ export class SqlDoor {
     if (this.sessions.get(fenceKey) === s) this.sessions.delete(fenceKey);
     s.client.end().catch(() => {});
   }
+}
+
+/** A refusal of a stale token (FP409), as the HTTP client's StaleTokenError. */
+function staleError(err: unknown, o: { token: bigint; fenceKey: string }): StaleTokenError {
+  const e = err as { message?: string; detail?: string };
+  const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
+  return new StaleTokenError(409, {
+    error: 'stale_token',
+    message: e.message ?? String(err),
+    fenceKey: o.fenceKey,
+    token: o.token.toString(),
+    highestToken: highest ?? '0',
+  });
 }
 
 /**

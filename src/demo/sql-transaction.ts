@@ -5,10 +5,10 @@
 // client login and protects it with the demo's fence key), so the database can be asked afterwards
 // whether a given transaction committed: its row is there or it is not.
 //
-// Between the INSERT and the COMMIT the transaction holds the fence at its token. `betweenInsertAndCommit`
-// runs there: the demo freezes the writer at that point (SIGSTOP), a newer leader's raise ends the
-// open transaction on the database side, and the COMMIT sent after SIGCONT fails with FP409, thrown
-// as the HTTP client's StaleTokenError so a FencedWriter steps down on it as on a 409.
+// `betweenInsertAndCommit` runs between the INSERT and the COMMIT: the demo freezes the writer at
+// that point (SIGSTOP), a newer leader's raise ends its connection (and the open transaction) on
+// the database side, and the COMMIT sent after SIGCONT fails with FP409, thrown as the HTTP
+// client's StaleTokenError so a FencedWriter steps down on it as on a 409.
 import pg from 'pg';
 import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
 import { SqlDoorError, STALE_TOKEN_SQLSTATE } from './sql-door.ts';

@@ -86,6 +86,9 @@ export interface SqlEndpointOptions {
   tls?: TlsMaterial | null;
 }
 
+/** How long a session whose backend was terminated looks for the raise that did it (session.ts raiseCommitMs). */
+const RAISE_REASON_WAIT_MS = 300;
+
 /** A connection silent this long may be closed to make room for a new one from its address. */
 const SILENT_EVICTION_MS = 1000;
 
@@ -372,7 +375,7 @@ export class SqlEndpoint {
       guard: this.opts.guard ?? null,
       startupSettings: { token: who.token, fenceKey: who.fenceKey },
       raisedAbove: (fenceKey, token, waitMs) => this.opts.fence.raisedAbove(fenceKey, token, waitMs),
-      raiseCommitMs: this.opts.fence.lockTimeoutMs,
+      raiseCommitMs: Math.min(this.opts.fence.lockTimeoutMs, RAISE_REASON_WAIT_MS),
       fenceTimeoutMs: this.opts.startupTimeoutMs,
       raise: async (fenceKey, token) => {
         await this.opts.fence.raise([{ fenceKey, token }], writerId, { logger });

@@ -37,7 +37,11 @@ export interface SessionOptions {
   raise: (fenceKey: string, token: bigint) => Promise<void>;
   /** The fence's highest token once a raise above `token` commits (waiting a little), else null. */
   raisedAbove: (fenceKey: string, token: bigint, waitMs: number) => Promise<bigint | null>;
-  /** How long a raise may take to commit once it ended the backends (the lock timeout). */
+  /**
+   * How long a backend ended by an administrator (57P01) waits for a raise to show as its reason:
+   * a raise commits right after the backends it ended are gone. Past it, the writer hears
+   * Postgres's own words (an operator's pg_terminate_backend is not kept waiting).
+   */
   raiseCommitMs: number;
   /** The startup fence's statements must be answered within this. */
   fenceTimeoutMs: number;

@@ -35,13 +35,44 @@ export default tseslint.config(
     },
   },
   {
-    // The fence has one front door (src/fence/index.ts); nothing outside src/fence reaches past it.
+    // The fence has two doors: src/fence/index.ts (the Fence the doors hold) and src/fence/admin.ts
+    // (building it, the schema, the database). Nothing outside src/fence reaches past them.
     files: ['src/**/*.ts'],
-    ignores: ['src/fence/**'],
+    ignores: ['src/fence/**', 'src/election/**'],
     rules: {
       'no-restricted-imports': [
         'error',
-        { patterns: [{ regex: '(^|/)fence/(?!index\\.ts$)', message: 'Import the fence from its front door, src/fence/index.ts.' }] },
+        {
+          patterns: [
+            { regex: '(^|/)fence/(?!(index|admin)\\.ts$)', message: 'Import the fence from src/fence/index.ts or src/fence/admin.ts.' },
+            { regex: '(^|/)election/(?!index\\.ts$)', message: 'Import the election from its front door, src/election/index.ts.' },
+          ],
+        },
+      ],
+    },
+  },
+  {
+    // The election has one front door (src/election/index.ts), and knows nothing of the fence or the proxy.
+    files: ['src/election/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        { patterns: [{ regex: '(^|/)(fence|proxy)/', message: 'The election knows nothing of the fence or the proxy.' }] },
+      ],
+    },
+  },
+  {
+    // The fence reaches the election through its front door only (and never the proxy).
+    files: ['src/fence/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            { regex: '(^|/)election/(?!index\\.ts$)', message: 'Import the election from its front door, src/election/index.ts.' },
+            { regex: '(^|/)proxy/', message: 'The fence knows nothing of the proxy.' },
+          ],
+        },
       ],
     },
   },

@@ -6,4 +6,5 @@ export { buildApp, type AppOptions } from './proxy/http/app.ts';
 export { startProxy, createPool, type RunningProxy } from './proxy/server.ts';
 export { loadConfig, ConfigError, type ProxyConfig } from './proxy/config.ts';
 export { ERRORS, ApiError, type ErrorCode } from './proxy/errors.ts';
-export { FenceStore, type FenceStoreOptions, type FencedOp, type FencedResult, migrate, parseToken, MAX_TOKEN } from './fence/index.ts';
+export { type FencedOp, type FencedResult, parseToken, MAX_TOKEN } from './fence/index.ts';
+export { FenceStore, type FenceStoreOptions, migrate } from './fence/admin.ts';

@@ -9,7 +9,7 @@
 // naming the flag); 2: usage.
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { formatAdvice, measureSessionTimeoutAdvice } from '../election/advice.ts';
+import { formatAdvice, measureSessionTimeoutAdvice } from '../election/index.ts';
 import {
   checkDurability,
   type DurabilityReport,
@@ -19,7 +19,7 @@ import {
   checkDatabaseUrl,
   hearClientErrors,
   runningClusterUrl,
-} from '../fence/index.ts';
+} from '../fence/admin.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
 

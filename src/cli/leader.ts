@@ -7,9 +7,9 @@
 //           candidate has ever joined); JSON adds "pathExists": false, and stderr says so
 //   exit 1: ZooKeeper unreachable; exit 2: usage error
 import { parseArgs } from 'node:util';
-import { readLeader } from '../election/election.ts';
-import { ZkSession, ZK_CONNECT_WAIT_MS } from '../election/zk-session.ts';
-import { electionPathProblem } from '../election/sequence.ts';
+import { readLeader } from '../election/index.ts';
+import { ZkSession, ZK_CONNECT_WAIT_MS } from '../election/index.ts';
+import { electionPathProblem } from '../election/index.ts';
 
 export const LEADER_USAGE = 'usage: fencepost leader --zk <connect-string> --path <election-path> [--json]';
 

@@ -4,7 +4,7 @@ import { parseArgs } from 'node:util';
 import { loadConfig } from '../proxy/config.ts';
 import { createLogger, createPool, useEmbedded } from '../proxy/server.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
-import { migrate, listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/index.ts';
+import { migrate, listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/admin.ts';
 import type pg from 'pg';
 
 export const PROTECT_USAGE = `usage: fencepost protect <schema.table> --fence-key <key>

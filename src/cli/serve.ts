@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type ProxyConfig } from '../proxy/config.ts';
 import { createLogger, createPool, startProxy, useEmbedded } from '../proxy/server.ts';
 import { StartupError, databaseError } from '../proxy/startup-errors.ts';
-import { migrate } from '../fence/index.ts';
+import { migrate } from '../fence/admin.ts';
 
 export const SERVE_USAGE = `usage: fencepost serve [--port <n>] [--host <addr>]
   Runs the fencing proxy. Settings come from the environment (docs/configuration.md):

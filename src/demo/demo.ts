@@ -23,7 +23,7 @@ import { StartupError } from '../proxy/startup-errors.ts';
 import { LocalZooKeeper, localZooKeeperMissing } from './local-zookeeper.ts';
 import pgClient from 'pg';
 import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
-import { protectTable } from '../fence/index.ts';
+import { protectTable } from '../fence/admin.ts';
 import { demoLedgerTable } from './sql-transaction.ts';
 import type { DemoEvent } from './writer.ts';
 
@@ -222,11 +222,11 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   });
   try {
     // The SQL replica's statements run as the open-mode client login: it may write the objects.
-    await proxy.app.store.pool.query(grantObjectWrites(config.clientRole));
+    await proxy.pool.query(grantObjectWrites(config.clientRole));
     if (o.pauseMidTransaction) {
-      await proxy.app.store.pool.query(demoLedgerTable(ledgerTable));
-      await proxy.app.store.pool.query(`GRANT SELECT, INSERT ON ${ledgerTable} TO ${pgClient.escapeIdentifier(config.clientRole)}`);
-      await protectTable(proxy.app.store.pool, ledgerTable, fenceKey);
+      await proxy.pool.query(demoLedgerTable(ledgerTable));
+      await proxy.pool.query(`GRANT SELECT, INSERT ON ${ledgerTable} TO ${pgClient.escapeIdentifier(config.clientRole)}`);
+      await protectTable(proxy.pool, ledgerTable, fenceKey);
     }
     const sqlUrl = new URL(proxy.databaseUrl);
     sqlUrl.username = '';
@@ -476,7 +476,7 @@ async function checkAgainstDatabase(
   zombie: DemoResult['zombie'],
   failures: string[],
 ): Promise<string | null> {
-  const pool = proxy.app.store.pool;
+  const pool = proxy.pool;
   // The ledger object's history; a transaction's write (pauseMidTransaction) is on a key of its own.
   const accepted = events.filter((e) => e.event === 'write-accepted' && !e.transaction).sort((a, b) => a.version! - b.version!);
   const allAccepted = events.filter((e) => e.event === 'write-accepted');
@@ -554,7 +554,7 @@ async function checkTransactions(
   t: TransactionHandover,
   failures: string[],
 ): Promise<void> {
-  const pool = proxy.app.store.pool;
+  const pool = proxy.pool;
   const committed = events.filter((e) => e.event === 'write-accepted' && e.transaction);
   const keys = [...committed.map((e) => e.key!), t.zombieKey];
   const { rows } = await pool.query<{ key: string; token: string }>(`SELECT key, token::text FROM ${table} WHERE key = ANY($1)`, [keys]);

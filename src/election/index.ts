@@ -9,7 +9,7 @@ export type {
   LeaderInfo,
   RevokeReason,
 } from './election.ts';
-export { ZkSession } from './zk-session.ts';
+export { ZkSession, ZK_CONNECT_WAIT_MS } from './zk-session.ts';
 export type { SessionLostReason, SessionState, ZkSessionOptions } from './zk-session.ts';
 export {
   ElectionAbortedError,
@@ -21,7 +21,8 @@ export {
   ZkError,
   ZkTimeoutError,
 } from './errors.ts';
-export { digestId, electionAcl, isElectionAcl, parseDigestAuth, PERMS } from './acl.ts';
+export { digestId, electionAcl, formatAcl, isElectionAcl, parseDigestAuth, PERMS } from './acl.ts';
+export { defaultCandidateId, electionPathProblem, parseCandidate } from './sequence.ts';
 export type { AclEntry, DigestAuth } from './acl.ts';
 export { formatAdvice, measureSessionTimeoutAdvice, recommendSessionTimeout } from './advice.ts';
 export type { Distribution, MeasureOptions, SessionTimeoutAdvice } from './advice.ts';

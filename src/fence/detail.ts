@@ -1,5 +1,6 @@
-// The DETAIL of a stale-token refusal, written by the SQL functions (definitions.ts) and read back
-// by the SQL endpoint to log the rejection: one format, produced and parsed here.
+// The DETAIL of a stale-token refusal, written by the SQL functions (definitions.ts) and by the SQL
+// endpoint (src/proxy/sql/fencer.ts): one format, for people and for writers' error handling. The
+// proxy itself never reads it back: a refusal's fields travel as data.
 //   fence key "<fence key as JSON>", token <token>, highest token <highest, or nothing>
 // The forgery guard's refusals put `unverified token: ` in front: they are not stale rejections.
 
@@ -16,13 +17,4 @@ export function unverifiedDetailSql(fenceKey: string, token: string, highest: st
 /** The stale DETAIL, written by the proxy itself (to_json of a string is JSON.stringify's text for the keys fences take). */
 export function staleDetailText(fenceKey: string, token: bigint, highest: bigint | null): string {
   return `fence key ${JSON.stringify(fenceKey)}, token ${token}, highest token ${highest ?? ''}`;
-}
-
-const STALE = /^fence key ("(?:[^"\\]|\\.)*"), token (\d+), highest token (\d*)$/;
-
-/** The fence key, token and highest token of a stale DETAIL; null for any other text. */
-export function parseStaleDetail(detail: string | undefined): { fenceKey: string; token: bigint; highestToken: bigint | null } | null {
-  const m = STALE.exec(detail ?? '');
-  if (!m) return null;
-  return { fenceKey: JSON.parse(m[1]!) as string, token: BigInt(m[2]!), highestToken: m[3] ? BigInt(m[3]) : null };
 }

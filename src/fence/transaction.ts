@@ -26,7 +26,8 @@ import * as q from './sql/transactions.ts';
 import type { Isolation } from './sql/transactions.ts';
 import { isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
 import { sessionFenceCapability } from './rule.ts';
-import type { Fence } from './fence.ts';
+import type { RaiseLogger } from './raise.ts';
+import type { RejectionLog } from './rejection-log.ts';
 import { watchCommit } from './commit-outcome.ts';
 import {
   CommitUnknownError,
@@ -45,7 +46,7 @@ import { retryOnConflict } from './retry.ts';
 import { clientConfig } from './database-url.ts';
 import { leaveOldHosts } from './primary-finder.ts';
 import { hearClientErrors } from './checkout.ts';
-import { connectAs, type ClientLogin } from './client-logins.ts';
+import { connectAs, type ClientLogin, type ProvisionResult } from './client-logins.ts';
 import { ADMIN_SHUTDOWN, LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 
 export type { Isolation };
@@ -94,9 +95,21 @@ function toRows(r: pg.QueryArrayResult): Record<string, unknown>[] {
   return r.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, row[i]])));
 }
 
-export interface TransactionRunnerOptions {
-  /** The fence (fence.ts): client logins, raises, and where refusals and commits are recorded. */
-  fence: Fence;
+/** What the runner needs of the fence (fence.ts builds it): client logins, raises, and where refusals and commits are recorded. */
+export interface TransactionHost {
+  /** The proxy's own pool (DATABASE_URL's role): a login's password reset, a runaway backend ended. */
+  owner: pg.Pool;
+  provision(): Promise<ProvisionResult>;
+  raise(fences: readonly TxFence[], writerId: string | null, opts?: { logger?: RaiseLogger }): Promise<unknown>;
+  raisedAbove(fenceKey: string, token: bigint, waitMs: number): Promise<bigint | null>;
+  /** How long a raise may take to commit once it ended its holders. */
+  lockTimeoutMs: number;
+  rejections: RejectionLog;
+  countAccepted(fenceKeys: readonly string[]): void;
+}
+
+/** How /v1/transactions runs (the config module's TX_DEFAULTS and FENCEPOST_TX_*). */
+export interface TransactionSettings {
   /** DATABASE_URL (or the owner pool's settings): client logins connect to the same server and database. */
   database: string | pg.ClientConfig;
   /** Transactions running at once, over all keys. */
@@ -119,21 +132,18 @@ export interface RunOptions {
 }
 
 export class TransactionRunner {
-  private readonly opts: TransactionRunnerOptions;
+  private readonly opts: TransactionSettings;
+  private readonly host: TransactionHost;
   private readonly slots: Slots;
   private readonly pools = new Map<string, pg.Pool>();
   /** What each pooled connection is fenced for (sql/transactions.ts fenceSession), as fence keys and tokens. */
   private readonly fencedFor = new WeakMap<pg.PoolClient, string>();
   private closed = false;
 
-  constructor(opts: TransactionRunnerOptions) {
+  constructor(host: TransactionHost, opts: TransactionSettings) {
+    this.host = host;
     this.opts = opts;
     this.slots = new Slots(opts.maxConcurrent, Math.min(opts.maxConcurrent, opts.maxConcurrentPerKey));
-  }
-
-  /** The fence this runner's transactions pass (client logins, raises, records). */
-  get fence(): Fence {
-    return this.opts.fence;
   }
 
   async close(): Promise<void> {
@@ -147,7 +157,7 @@ export class TransactionRunner {
     if (this.closed) throw new ConnectionLostError(new Error('the transaction runner is closed'));
     const sorted = [...fences].sort((a, b) => Buffer.compare(Buffer.from(a.fenceKey), Buffer.from(b.fenceKey)));
     const deadline = AbortSignal.timeout(this.opts.transactionTimeoutMs);
-    const { logins, problems, capability } = await this.opts.fence.provision();
+    const { logins, problems, capability } = await this.host.provision();
     const login = logins.get(keyName);
     if (!login) {
       throw new LoginUnavailableError(
@@ -174,7 +184,7 @@ export class TransactionRunner {
                 if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                   // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                   raised = true;
-                  await this.opts.fence.raise(sorted, opts.writerId).catch((e: unknown) => {
+                  await this.host.raise(sorted, opts.writerId).catch((e: unknown) => {
                     if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
                     throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                   });
@@ -198,7 +208,7 @@ export class TransactionRunner {
       // recorded outside the retries above: the log retries its own statement as on every door,
       // and a stale token stays stale.
       if (!outcome.committed) await this.recordStale(outcome.stale, opts.writerId);
-      else this.opts.fence.accepted?.add(sorted.map((f) => f.fenceKey));
+      else this.host.countAccepted(sorted.map((f) => f.fenceKey));
       return outcome;
     } finally {
       this.slots.give(keyName ?? '');
@@ -215,10 +225,10 @@ export class TransactionRunner {
     } catch (err) {
       if (!(err instanceof ConnectionLostError)) throw err;
       // Terminated by an administrator (57P01, what a raise does): give that raise its commit.
-      const wait = sqlState(err.cause) === ADMIN_SHUTDOWN ? this.opts.fence.lockTimeoutMs : 0;
+      const wait = sqlState(err.cause) === ADMIN_SHUTDOWN ? this.host.lockTimeoutMs : 0;
       const stale: { fenceKey: string; token: bigint; highestToken: bigint }[] = [];
       for (const f of fences) {
-        const highest = await this.opts.fence.raisedAbove(f.fenceKey, f.token, wait).catch(() => null);
+        const highest = await this.host.raisedAbove(f.fenceKey, f.token, wait).catch(() => null);
         if (highest !== null) stale.push({ fenceKey: f.fenceKey, token: f.token, highestToken: highest });
       }
       if (stale.length === 0) throw err;
@@ -247,7 +257,7 @@ export class TransactionRunner {
 
   private async connect(login: ClientLogin): Promise<pg.PoolClient> {
     try {
-      return await connectAs(this.opts.fence.owner, login, () => this.poolFor(login).connect());
+      return await connectAs(this.host.owner, login, () => this.poolFor(login).connect());
     } catch (err) {
       throw new ConnectionLostError(err);
     }
@@ -290,7 +300,7 @@ export class TransactionRunner {
       lost = true;
       // Terminate the backend (a statement may have lifted its own timeouts), then drop the socket.
       const pid = (client as unknown as { processID: number | null }).processID;
-      if (pid !== null) void this.opts.fence.owner.query(q.terminateBackend(pid)).catch(() => {});
+      if (pid !== null) void this.host.owner.query(q.terminateBackend(pid)).catch(() => {});
       conn.stream.destroy();
     };
     client.on('error', onError);
@@ -411,7 +421,7 @@ export class TransactionRunner {
 
   /** Counts the refusal on each stale fence and logs it; fills in each fence's highest token. */
   private async recordStale(stale: { fenceKey: string; token: bigint; highestToken: bigint }[], writerId: string | null): Promise<void> {
-    const highest = await this.opts.fence.rejections.record(
+    const highest = await this.host.rejections.record(
       'transaction',
       stale.map((s) => ({ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId })),
     );

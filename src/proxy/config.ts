@@ -8,9 +8,9 @@ import { fileURLToPath } from 'node:url';
 import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './access/keys.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
-import { parseDigestAuth, type DigestAuth } from '../election/acl.ts';
-import { electionPathProblem } from '../election/sequence.ts';
-import { checkDatabaseUrl } from '../fence/index.ts';
+import { parseDigestAuth, type DigestAuth } from '../election/index.ts';
+import { electionPathProblem } from '../election/index.ts';
+import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
 import type { TlsFiles } from './access/tls.ts';
 

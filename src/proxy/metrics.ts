@@ -18,7 +18,8 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { processMetrics } from '../metrics/process.ts';
-import { DURABILITY_REASONS, type DurabilityMonitor, type Door, type OpKind } from '../fence/index.ts';
+import { type Door, type OpKind } from '../fence/index.ts';
+import { DURABILITY_REASONS, type DurabilityMonitor } from '../fence/admin.ts';
 import './http/route-config.ts'; // config.operation
 
 export type { Door };
@@ -257,7 +258,7 @@ export class ProxyMetrics {
 export function installMetrics(app: FastifyInstance, metrics: ProxyMetrics): void {
   app.decorate('metrics', metrics);
   // Rejections the log could not record, whichever door refused them (the store's log is shared).
-  const unwatch = app.store.rejections.onUnrecorded((door, count) => metrics.rejectionsUnrecorded.inc({ door }, count));
+  const unwatch = app.fence.onUnrecordedRefusals((door, count) => metrics.rejectionsUnrecorded.inc({ door }, count));
   app.addHook('onClose', async () => unwatch());
   app.addHook('onResponse', async (req, reply) => {
     metrics.observe(req, reply);

@@ -26,13 +26,15 @@ import {
   describeHost,
   type DatabaseHost,
   hearClientErrors,
-} from '../fence/index.ts';
+} from '../fence/admin.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './access/tls.ts';
 import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
 
 export interface RunningProxy {
   app: FastifyInstance;
+  /** The proxy's own pool (DATABASE_URL's role): for set-up and checks by whoever embeds it (the demo). */
+  pool: pg.Pool;
   url: string;
   databaseUrl: string;
   /** The SQL endpoint's port, when FENCEPOST_PGWIRE_PORT is set (else null: off). */
@@ -302,8 +304,19 @@ export async function startProxy(
     ...(seams.__test__writeStrategy ? { __test__writeStrategy: seams.__test__writeStrategy } : {}),
   });
   // The fence, the forgery guard and the stale log, shared by every door (closed after the doors).
+  const transactions = {
+    database: databaseUrl,
+    maxConcurrent: config.txPoolSize,
+    maxConcurrentPerKey: config.txMaxPerKey,
+    statementTimeoutMs: config.txStatementTimeoutMs,
+    lockTimeoutMs: config.lockTimeoutMs,
+    transactionTimeoutMs: config.txTimeoutMs,
+    maxResultBytes: config.txMaxResultBytes,
+    retries: config.txRetries,
+  };
   const shared = buildSharedParts({
     store,
+    transactions,
     keys: config.keys,
     clientRole: config.clientRole,
     raiseWaitMs: config.raiseWaitMs,
@@ -319,17 +332,7 @@ export async function startProxy(
     metrics,
     auth: { keys: config.keys, readAccess: config.readAccess },
     browser: { allowedOrigins: config.allowedOrigins, allowedHosts: config.allowedHosts },
-    transactions: {
-      database: databaseUrl,
-      maxConcurrent: config.txPoolSize,
-      maxConcurrentPerKey: config.txMaxPerKey,
-      maxStatements: config.txMaxStatements,
-      statementTimeoutMs: config.txStatementTimeoutMs,
-      lockTimeoutMs: config.lockTimeoutMs,
-      transactionTimeoutMs: config.txTimeoutMs,
-      maxResultBytes: config.txMaxResultBytes,
-      retries: config.txRetries,
-    },
+    transactions: { ...transactions, maxStatements: config.txMaxStatements },
     requestTimeoutMs: config.requestTimeoutMs,
     durability,
     protectedPrefixRefreshMs: config.protectedPrefixRefreshMs,
@@ -401,7 +404,9 @@ export async function startProxy(
       });
     }
     pruner.start(); // after migrate: the table exists
-    stopFolding = store.folding((err) => logger.debug({ err }, 'folding transaction counts failed; the next read or tick folds them'));
+    stopFolding = shared.fence.folding((err) =>
+      logger.debug({ err }, 'folding transaction counts failed; the next read or tick folds them'),
+    );
   } catch (err) {
     await pgwire?.close().catch(() => {});
     await durability.stop();
@@ -462,5 +467,5 @@ export async function startProxy(
     logger.info({ certificate: tls.fingerprint() }, 'TLS certificate reloaded');
     return true;
   };
-  return { app, url, databaseUrl, pgwirePort, tls, reloadTls, close };
+  return { app, pool, url, databaseUrl, pgwirePort, tls, reloadTls, close };
 }

@@ -3,7 +3,8 @@
 // commits go), the token forgery guard, and the log that sums stale refusals. The SQL endpoint
 // takes these from here, not from the HTTP app.
 import type { Logger } from 'pino';
-import { Fence, type FenceStore, type LoginSpec } from '../fence/index.ts';
+import { Fence, type TransactionSettings } from '../fence/index.ts';
+import { type FenceStore, type LoginSpec } from '../fence/admin.ts';
 import { ForgeryGuard, type ForgeryGuardConfig } from './forgery-guard.ts';
 import { StaleDigest } from '../logging/stale-digest.ts';
 import { LOG_DEFAULTS, TX_DEFAULTS } from './config.ts';
@@ -25,6 +26,8 @@ export interface SharedPartsOptions {
   raiseWaitMs?: number;
   lockTimeoutMs?: number;
   provisionRetryMs?: number;
+  /** How /v1/transactions runs; absent: the fence refuses transactions. */
+  transactions?: TransactionSettings;
   /** Token forgery guard; null or absent: off. */
   forgeryGuard?: ForgeryGuardConfig | null;
   /** How stale refusals are kept short in the log; default LOG_DEFAULTS. */
@@ -42,9 +45,8 @@ export function loginSpecs(keys: readonly AccessKey[]): LoginSpec[] {
 export function buildSharedParts(o: SharedPartsOptions): SharedParts {
   const logger = o.logger;
   const fence = new Fence({
-    owner: o.store.pool,
-    rejections: o.store.rejections,
-    accepted: o.store.accepted,
+    store: o.store,
+    ...(o.transactions ? { transactions: o.transactions } : {}),
     clientRole: o.clientRole ?? TX_DEFAULTS.clientRole,
     logins: loginSpecs(o.keys),
     provisionRetryMs: o.provisionRetryMs ?? TX_DEFAULTS.provisionRetryMs,
@@ -62,15 +64,16 @@ export function buildSharedParts(o: SharedPartsOptions): SharedParts {
       : {}),
   });
   const guard = o.forgeryGuard
-    ? new ForgeryGuard({ ...o.forgeryGuard, readHighest: (k) => o.store.readHighestToken(k), ...(logger ? { logger } : {}) })
+    ? new ForgeryGuard({ ...o.forgeryGuard, readHighest: (k) => fence.highestToken(k), ...(logger ? { logger } : {}) })
     : null;
   const logs = { ...LOG_DEFAULTS, ...o.logDigest };
   const staleLog = new StaleDigest(logger, { intervalMs: logs.staleIntervalMs, maxFenceKeys: logs.staleMaxFenceKeys });
   return { fence, guard, staleLog };
 }
 
-/** Flushes the stale log and closes the guard's ZooKeeper session. */
+/** Flushes the stale log, closes the guard's ZooKeeper session and the fence's transaction pools. */
 export async function closeSharedParts(s: SharedParts): Promise<void> {
   s.staleLog.flush();
   await s.guard?.close();
+  await s.fence.close();
 }

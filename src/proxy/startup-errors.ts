@@ -4,8 +4,9 @@
 import { createServer } from 'node:net';
 import { lookup } from 'node:dns/promises';
 import pg from 'pg';
-import { ZkSession } from '../election/zk-session.ts';
-import { databaseTarget, describeTarget, NoWritableHostError } from '../fence/index.ts';
+import { ZkSession } from '../election/index.ts';
+import { NoWritableHostError } from '../fence/index.ts';
+import { databaseTarget, describeTarget } from '../fence/admin.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
 
 export class StartupError extends Error {

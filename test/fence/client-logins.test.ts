@@ -7,9 +7,9 @@ import { inject } from 'vitest';
 import { migrate } from '../../src/fence/migrate.ts';
 import { provisionClientLogins } from '../../src/fence/client-logins.ts';
 import { PROVISIONING_LOCK_KEY } from '../../src/fence/sql/logins.ts';
-import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import type { TxResult } from '../../src/fence/transaction.ts';
 import { Fence } from '../../src/fence/fence.ts';
-import { RejectionLog } from '../../src/fence/rejection-log.ts';
+import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { withDatabase, createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, uniqueRole } from '../support/keys.ts';
@@ -45,26 +45,25 @@ afterAll(async () => {
   await adminQuery(`DROP ROLE IF EXISTS ${ownerRole}`);
 });
 
-function runner(): TransactionRunner {
-  const fence = new Fence({
-    owner: ownerPool,
-    rejections: new RejectionLog(ownerPool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
+/** A fence whose /v1/transactions run as the client login of open mode. */
+function runner(): Fence {
+  return new Fence({
+    store: new FenceStore(ownerPool, STORE_DEFAULTS),
     clientRole,
     logins: [{ keyName: null, pgRole: null }],
     lockTimeoutMs: 500,
     raiseWaitMs: 1000,
     provisionRetryMs: 0,
-  });
-  return new TransactionRunner({
-    fence,
-    database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
-    maxConcurrent: 2,
-    statementTimeoutMs: 2000,
-    lockTimeoutMs: 500,
-    maxConcurrentPerKey: 4,
-    transactionTimeoutMs: 5000,
-    maxResultBytes: 65536,
-    retries: 0,
+    transactions: {
+      database: (ownerPool as unknown as { options: { connectionString: string } }).options.connectionString,
+      maxConcurrent: 2,
+      statementTimeoutMs: 2000,
+      lockTimeoutMs: 500,
+      maxConcurrentPerKey: 4,
+      transactionTimeoutMs: 5000,
+      maxResultBytes: 65536,
+      retries: 0,
+    },
   });
 }
 
@@ -73,15 +72,15 @@ describe('a DATABASE_URL role that may not create roles', () => {
     const r = runner();
     try {
       const refused = await r
-        .run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null })
+        .transact(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT 1', params: [] }], { isolation: 'read committed', writerId: null })
         .catch((e: Error) => e);
       expect((refused as Error).name).toBe('LoginUnavailableError');
-      const { problems } = await r.fence.provision();
+      const { problems } = await r.provision();
       const sql = problems.get(null)!.sql;
       expect(sql[0]).toMatch(new RegExp(`^CREATE ROLE "${clientRole}" LOGIN .*NOSUPERUSER.* PASSWORD 'SCRAM-SHA-256\\$4096:`));
       expect((await ownerPool.query(`SELECT 1 FROM fencepost.fences WHERE fence_key = 'k'`)).rowCount).toBe(0);
       for (const stmt of sql) await adminOnDb.query(stmt); // the operator, as a superuser
-      const ok = (await r.run(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT current_user::text AS u', params: [] }], {
+      const ok = (await r.transact(null, [{ fenceKey: 'k', token: 1n }], [{ sql: 'SELECT current_user::text AS u', params: [] }], {
         isolation: 'read committed',
         writerId: null,
       })) as Extract<TxResult, { committed: true }>;

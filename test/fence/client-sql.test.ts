@@ -8,15 +8,15 @@ import pg from 'pg';
 import type { FastifyInstance } from 'fastify';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../support/db.ts';
 import { adminQuery, bearer, SECRET, securedApp, uniqueRole } from '../support/keys.ts';
-import { TransactionRunner, type TxResult } from '../../src/fence/transaction.ts';
+import type { TransactionSettings, TxResult } from '../../src/fence/transaction.ts';
 import { Fence } from '../../src/fence/fence.ts';
-import { RejectionLog } from '../../src/fence/rejection-log.ts';
+import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
 import { sessionFenceCapability } from '../../src/fence/rule.ts';
 
 let db: TestDatabase;
-let runner: TransactionRunner;
+let runner: Fence;
 let app: FastifyInstance;
 const role = uniqueRole('csql');
 const otherRole = uniqueRole('csqlo');
@@ -38,17 +38,16 @@ beforeAll(async () => {
   `);
   // A fence of another tenant, which nothing below may lower or raise.
   await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/victim', 100)`);
-  runner = new TransactionRunner(runnerOptions());
+  runner = fenceOf(runnerOptions());
   app = securedApp(db.pool, role);
   await app.ready();
 });
 
-/** The file's runner settings: small timeouts, so the tests of timeouts run quickly. */
-/** The file's fence: the two keys' client logins. */
-function fenceOf(): Fence {
+/** The file's fence: the two keys' client logins, and /v1/transactions run as `transactions` says. */
+function fenceOf(transactions: TransactionSettings): Fence {
   return new Fence({
-    owner: db.pool,
-    rejections: new RejectionLog(db.pool, { retries: STORE_DEFAULTS.retries, logRepeatWindowMs: STORE_DEFAULTS.logRepeatWindowMs }),
+    store: new FenceStore(db.pool, STORE_DEFAULTS),
+    transactions,
     clientRole: clientRoleFor(db.url),
     logins: [
       { keyName: 'writer', pgRole: role },
@@ -60,9 +59,9 @@ function fenceOf(): Fence {
   });
 }
 
-function runnerOptions(): ConstructorParameters<typeof TransactionRunner>[0] {
+/** The file's transaction settings: small timeouts, so the tests of timeouts run quickly. */
+function runnerOptions(): TransactionSettings {
   return {
-    fence: fenceOf(),
     database: db.url,
     maxConcurrent: 4,
     statementTimeoutMs: 2000,
@@ -83,7 +82,7 @@ afterAll(async () => {
 
 async function run(statements: string[], token = 1n): Promise<TxResult | Error> {
   try {
-    return await runner.run(
+    return await runner.transact(
       'writer',
       [{ fenceKey: 'w/attack', token }],
       statements.map((sql) => ({ sql, params: [] })),
@@ -177,7 +176,7 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
   test("a fenced connection's open transaction is ended by its fence's raise, and nothing of it lands", async () => {
     await db.pool.query(`INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('o/raised', 5)`);
     const sleeping = runner
-      .run(
+      .transact(
         'writer',
         [{ fenceKey: 'o/raised', token: 5n }],
         [`SELECT pg_sleep(2.5)`, `INSERT INTO app.items VALUES (77, 'after the raise')`].map((sql) => ({ sql, params: [] })),
@@ -193,7 +192,7 @@ describe("nothing of schema fencepost can be named by a key's login or role", ()
       },
       { timeout: 5000, interval: 20 },
     );
-    expect(await runner.fence.raiseOne('o/raised', 6n, null)).toBe(6n);
+    expect(await runner.raiseOne('o/raised', 6n, null)).toBe(6n);
     const ended = await sleeping;
     expect(ended).toMatchObject({ committed: false, stale: [{ fenceKey: 'o/raised', token: 5n, highestToken: 6n }] });
     expect((await db.pool.query(`SELECT count(*)::int AS n FROM app.items WHERE id = 77`)).rows[0].n).toBe(0);
@@ -262,7 +261,7 @@ describe("the proxy's own statements take nothing from the writer", () => {
     // The attack of the review: shadow `text` in pg_temp with a domain whose check raises its input,
     // and turn on bind parameters in error reports, so a proxy statement with a ::text cast would
     // leak the capability. The proxy's statements have no casts and no parameters after the fence.
-    const { capability } = await runner.fence.provision();
+    const { capability } = await runner.provision();
     const r = await run([
       `SELECT U&"\\0073et_config"('log_parameter_max_length_on_error', '-1', true)`,
       `CREATE FUNCTION pg_temp.leak(x pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'leaked: %', x; END $$`,
@@ -291,7 +290,7 @@ describe("the proxy's own statements take nothing from the writer", () => {
     ]);
     expect(dirty).toMatchObject({ committed: true });
     const key = "w/it's \\' ü表\\";
-    const next = await runner.run(
+    const next = await runner.transact(
       'writer',
       [{ fenceKey: key, token: 7n }],
       [
@@ -316,7 +315,7 @@ describe("the proxy's own statements take nothing from the writer", () => {
     // A capability the proxy computed for one backend and one (fence key, token), presented for
     // another fence, or from another backend (another pid, or the same pid after a reconnect: the
     // backend's start differs), is refused before anything is read or locked.
-    const { capability } = await runner.fence.provision();
+    const { capability } = await runner.provision();
     const r = (await run([`SELECT pg_backend_pid() AS pid, fencepost_api.session_start() AS start`])) as Extract<
       TxResult,
       { committed: true }
@@ -449,7 +448,7 @@ describe('no statement takes the process down or chooses the status', () => {
     const r = await run(['SET LOCAL synchronous_commit = off', `SELECT current_setting('synchronous_commit') AS s`]);
     expect(r).toMatchObject({ committed: true });
     // The seal before COMMIT forces it back on; visible in the same way a commit would see it.
-    const seen = await runner.run(
+    const seen = await runner.transact(
       'writer',
       [{ fenceKey: 'w/attack', token: 1n }],
       [{ sql: 'SET LOCAL synchronous_commit = off', params: [] }],
@@ -472,7 +471,7 @@ describe('the pooled session', () => {
   test.each(['read committed', 'repeatable read', 'serializable'] as const)(
     '%s: the transaction runs at that isolation level (the session reset before it takes snapshots of its own)',
     async (isolation) => {
-      const r = await runner.run(
+      const r = await runner.transact(
         'writer',
         [{ fenceKey: 'w/iso', token: 1n }],
         [{ sql: `SELECT current_setting('transaction_isolation') AS iso`, params: [] }],
@@ -488,11 +487,11 @@ describe('the pooled session', () => {
     // pool, that connection would fail every later transaction of the key.
     // A runner of its own with patient timeouts: 300,000 settings can take seconds on a loaded
     // box, past the file runner's transaction deadline.
-    const patient = new TransactionRunner({ ...runnerOptions(), statementTimeoutMs: 30_000, transactionTimeoutMs: 60_000 });
+    const patient = fenceOf({ ...runnerOptions(), statementTimeoutMs: 30_000, transactionTimeoutMs: 60_000 });
     onTestFinished(() => patient.close());
     const run = (statements: string[]) =>
       patient
-        .run(
+        .transact(
           'writer',
           [{ fenceKey: 'w/attack', token: 1n }],
           statements.map((sql) => ({ sql, params: [] })),
@@ -512,7 +511,7 @@ describe('the pooled session', () => {
     ]);
     expect((r as Error).name).toBe('TransactionEndedError');
     for (let i = 0; i < 4; i++) {
-      const honest = await patient.run(
+      const honest = await patient.transact(
         'writer',
         [{ fenceKey: 'w/honest', token: 1n }],
         [{ sql: `INSERT INTO app.items VALUES ($1, 'honest')`, params: [900 + i] }],
@@ -612,7 +611,7 @@ test('the fence row lock of another transaction stalls a transaction no longer t
       `INSERT INTO fencepost.fences (fence_key, highest_token) VALUES ('w/held', 1) ON CONFLICT (fence_key) DO UPDATE SET updated_at = now()`,
     );
     const r = await runner
-      .run('writer', [{ fenceKey: 'w/held', token: 1n }], [{ sql: 'SELECT 1', params: [] }], {
+      .transact('writer', [{ fenceKey: 'w/held', token: 1n }], [{ sql: 'SELECT 1', params: [] }], {
         isolation: 'read committed',
         writerId: null,
       })
@@ -625,8 +624,7 @@ test('the fence row lock of another transaction stalls a transaction no longer t
 });
 
 test("one key never takes every transaction slot: with two slots and a share of one, another key runs while the first key's second transaction waits", async () => {
-  const fair = new TransactionRunner({
-    fence: fenceOf(),
+  const fair = fenceOf({
     database: db.url,
     maxConcurrent: 2,
     maxConcurrentPerKey: 1,
@@ -639,10 +637,12 @@ test("one key never takes every transaction slot: with two slots and a share of 
   try {
     const order: string[] = [];
     const tx = (key: string, fence: string, sql: string) =>
-      fair.run(key, [{ fenceKey: fence, token: 1n }], [{ sql, params: [] }], { isolation: 'read committed', writerId: key }).then((r) => {
-        order.push(`${key}:${sql}`);
-        return r;
-      });
+      fair
+        .transact(key, [{ fenceKey: fence, token: 1n }], [{ sql, params: [] }], { isolation: 'read committed', writerId: key })
+        .then((r) => {
+          order.push(`${key}:${sql}`);
+          return r;
+        });
     const first = tx('writer', 'w/fair', 'SELECT pg_sleep(1.5)');
     const second = tx('writer', 'w/fair', 'SELECT 2');
     const other = tx('other', 'o/fair', 'SELECT 3');

@@ -263,7 +263,7 @@ test('ZooKeeper unreachable: a raise gets 503 unavailable, writes that cannot ra
 test('the guard checks the fence key a protected prefix resolves, also when Postgres refused first: a forged token gets unverified_token without Fence-Key', async () => {
   // Objects under unguarded prefixes, fenced by guarded fence keys (under orders/).
   await protectPrefix(db.pool, 'guarded-jobs/', 'orders/jobs');
-  await app.store.protectedPrefixes.refresh();
+  await app.fence.protectedPrefixes.refresh();
   const forgedPut = (key: string) =>
     app.inject({
       method: 'PUT',

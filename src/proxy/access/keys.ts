@@ -5,7 +5,7 @@
 // Only SHA-256 digests of secrets are kept; a presented key is hashed and compared with every
 // configured digest in constant time (timingSafeEqual on equal-length digests, no early exit).
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { ROLE_NAME } from '../../fence/index.ts';
+import { ROLE_NAME } from '../../fence/admin.ts';
 import { scramSecret, type ScramSecret } from './scram.ts';
 
 export interface AccessKey {

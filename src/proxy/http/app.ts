@@ -6,7 +6,6 @@ import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import {
-  type FenceStore,
   type Fence,
   isUnavailable,
   sqlState,
@@ -14,10 +13,9 @@ import {
   NOT_FENCED,
   FenceHeldByPreparedError,
   WriteOutcomeUnknownError,
-  DurabilityMonitor,
-  LOCK_NOT_AVAILABLE,
-  READ_ONLY_SQL_TRANSACTION,
+  SQLSTATE,
 } from '../../fence/index.ts';
+import { type FenceStore, DurabilityMonitor } from '../../fence/admin.ts';
 import { ApiError } from '../errors.ts';
 import { objectRoutes } from './routes/objects.ts';
 import { fenceRoutes } from './routes/fences.ts';
@@ -32,7 +30,7 @@ import { registerAuth, type AuthConfig } from './auth.ts';
 import { registerBrowserGuard, type BrowserConfig } from './browser-guard.ts';
 import type { ForgeryGuard, ForgeryGuardConfig } from '../forgery-guard.ts';
 import { buildSharedParts, closeSharedParts, type SharedParts } from '../shared.ts';
-import { createTransactionRunner, transactionRoutes, type TransactionOptions } from './routes/transactions.ts';
+import { transactionRoutes, transactionSettings, type TransactionOptions } from './routes/transactions.ts';
 import { LOG_DEFAULTS, PROTECT_DEFAULTS, TX_DEFAULTS } from '../config.ts';
 import type { StaleDigest } from '../../logging/stale-digest.ts';
 import { RepeatLimiter } from '../../logging/repeat-limiter.ts';
@@ -83,7 +81,6 @@ export interface AppOptions {
 
 declare module 'fastify' {
   interface FastifyInstance {
-    store: FenceStore;
     /** Set once shutdown begins: new requests get 503 unavailable. */
     closing: boolean;
     /** Null when the forgery guard is off. */
@@ -140,7 +137,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
       { cause: err },
     );
   }
-  if (sqlState(err) === LOCK_NOT_AVAILABLE)
+  if (sqlState(err) === SQLSTATE.LOCK_NOT_AVAILABLE)
     return new ApiError('unavailable', 'fence busy (locked by another transaction); nothing committed, safe to retry', {}, { cause: err });
   if (err instanceof WriteOutcomeUnknownError)
     return new ApiError('commit_unknown', `${err.message}: read back before retrying`, {}, { cause: err });
@@ -149,7 +146,7 @@ function toApiError(err: FastifyError | Error, url: string): ApiError {
     return new ApiError('unavailable', `database unavailable: ${err.message}; nothing committed, safe to retry`, {}, { cause: err });
   if (isUnavailable(err)) return new ApiError('unavailable', 'database unavailable; safe to retry', {}, { cause: err });
   // A standby, or a primary still promoting: nothing can have committed, and it passes.
-  if (sqlState(err) === READ_ONLY_SQL_TRANSACTION)
+  if (sqlState(err) === SQLSTATE.READ_ONLY_SQL_TRANSACTION)
     return new ApiError(
       'unavailable',
       'the database is read-only (a standby, or a primary still promoting); nothing committed, safe to retry',
@@ -196,15 +193,21 @@ export function buildApp(opts: AppOptions): FastifyInstance {
     ajv: AJV_OPTIONS,
     schemaErrorFormatter,
   }) as unknown as FastifyInstance;
-  app.decorate('store', opts.store);
   app.decorate('closing', false);
   const durability = opts.durability ?? new DurabilityMonitor(opts.store.pool, { intervalMs: 0, requireSyncStandby: false, logger: null });
   app.decorate('durability', durability);
   app.decorateReply('errorCode', null);
+  const tx = {
+    ...TX_DEFAULTS,
+    database: (opts.store.pool as unknown as { options: pg.ClientConfig }).options,
+    ...opts.transactions,
+    keys: opts.auth?.keys ?? [],
+  };
   const shared =
     opts.shared ??
     buildSharedParts({
       store: opts.store,
+      transactions: transactionSettings(tx),
       keys: opts.auth?.keys ?? [],
       clientRole: opts.transactions?.clientRole,
       raiseWaitMs: opts.transactions?.raiseWaitMs,
@@ -228,11 +231,11 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   // refusal reads the list again.
   let stopRefreshing = () => {};
   app.addHook('onReady', async () => {
-    void opts.store.protectedPrefixes.refresh().catch((err: unknown) => {
+    void shared.fence.protectedPrefixes.refresh().catch((err: unknown) => {
       if (opts.logger)
         opts.logger.warn({ err }, 'reading the protected prefixes failed; they are read again on the interval and after a refused write');
     });
-    stopRefreshing = opts.store.protectedPrefixes.refreshing(
+    stopRefreshing = shared.fence.protectedPrefixes.refreshing(
       opts.protectedPrefixRefreshMs ?? PROTECT_DEFAULTS.prefixRefreshMs,
       opts.logger || undefined,
     );
@@ -278,15 +281,6 @@ export function buildApp(opts: AppOptions): FastifyInstance {
   app.register(metricsRoutes);
   app.register(rejectionRoutes);
   app.register(dashboardRoutes);
-  const tx = {
-    ...TX_DEFAULTS,
-    database: (opts.store.pool as unknown as { options: pg.ClientConfig }).options,
-    ...opts.transactions,
-    keys: opts.auth?.keys ?? [],
-  };
-  const runner = createTransactionRunner(app, tx);
-  app.decorate('transactionRunner', runner);
-  app.addHook('onClose', async () => await runner.close());
   app.register(transactionRoutes, { maxStatements: tx.maxStatements });
   return app;
 }

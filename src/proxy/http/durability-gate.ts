@@ -3,7 +3,7 @@
 // monitor (src/fence/durability-monitor.ts) says a Postgres failover could lose a fence raise:
 // 503 durability_unsafe, before the request reaches the database, so nothing committed. Reads go on.
 import type { FastifyInstance } from 'fastify';
-import type { DurabilityMonitor } from '../../fence/index.ts';
+import type { DurabilityMonitor } from '../../fence/admin.ts';
 import { ApiError } from '../errors.ts';
 import './route-config.ts'; // config.operation
 

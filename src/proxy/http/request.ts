@@ -40,7 +40,7 @@ function headerUtf8(req: FastifyRequest, name: string): string | undefined {
 export function fenceKeyFor(req: FastifyRequest, objectKey: string): string {
   const header = headerUtf8(req, 'fence-key');
   const named = header === undefined ? undefined : checkKey(header, 'fence key');
-  const protectedBy = req.server.store.protectedPrefixes.protecting(objectKey);
+  const protectedBy = req.server.fence.protectedPrefixes.protecting(objectKey);
   if (protectedBy === null) return named ?? objectKey;
   if (named !== undefined && named !== protectedBy.fenceKey) {
     authorizeKeys(req, [objectKey]);

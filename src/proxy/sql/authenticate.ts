@@ -16,12 +16,12 @@ import {
 import { MECHANISM, ScramError, ScramServer, mockScramSecret } from '../access/scram.ts';
 import { digestOf, type AccessKey } from '../access/keys.ts';
 import { ClientLeft, Refusal, refuse, type StartupChannel } from './startup-channel.ts';
-import { INVALID_AUTHORIZATION_SPECIFICATION, INVALID_PASSWORD, PROTOCOL_VIOLATION } from '../../fence/index.ts';
+import { SQLSTATE } from '../../fence/index.ts';
 
 /** An authentication message ('p'), or a refusal; Terminate ends the startup quietly. */
 function authMessage(f: Frame, expected: string): Frame {
   if (f.type === 'X') throw new ClientLeft('the client terminated during authentication');
-  if (f.type !== 'p') throw refuse(PROTOCOL_VIOLATION, `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
+  if (f.type !== 'p') throw refuse(SQLSTATE.PROTOCOL_VIOLATION, `expected ${expected}, got message type ${JSON.stringify(f.type)}`);
   return f;
 }
 
@@ -36,14 +36,14 @@ export async function authenticate(
   mockNonce: Buffer,
 ): Promise<AccessKey | null> {
   if (keys.length === 0) return null;
-  const failed = () => refuse(INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
+  const failed = () => refuse(SQLSTATE.INVALID_PASSWORD, `password authentication failed for user ${JSON.stringify(user)}`);
   const key = keys.find((k) => k.name === user) ?? null;
   const socket = channel.socket;
   if (!channel.encrypted && key !== null && key.scram === undefined) {
     // SCRAM needs the secret's salted keys, which a secretSha256 key does not keep: its password
     // can only be sent as is, so only inside TLS. Say so, not "password failed".
     throw refuse(
-      INVALID_AUTHORIZATION_SPECIFICATION,
+      SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
       `key ${JSON.stringify(user)} can log in to the SQL endpoint over TLS only: it keeps only secretSha256, which SCRAM cannot use`,
       'Serve TLS (FENCEPOST_TLS_CERT, FENCEPOST_TLS_KEY) and connect with sslmode=require, or give the key a plain `secret` (SCRAM).',
     );
@@ -56,7 +56,7 @@ export async function authenticate(
     try {
       given = new BodyReader(pw.body).cstring();
     } catch {
-      throw refuse(PROTOCOL_VIOLATION, 'malformed password message');
+      throw refuse(SQLSTATE.PROTOCOL_VIOLATION, 'malformed password message');
     }
     if (!timingSafeEqual(digestOf(given), key.digest)) throw failed();
     return key;
@@ -68,7 +68,7 @@ export async function authenticate(
     const r = new BodyReader(first.body);
     const mechanism = r.cstring();
     if (mechanism !== MECHANISM)
-      throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
+      throw refuse(SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION, `authentication method ${mechanism} is not supported (use ${MECHANISM})`);
     const len = r.int32();
     const clientFirst = r.bytes(Math.max(0, len)).toString('utf8');
     socket.write(authenticationSaslContinue(server.first(clientFirst)));
@@ -78,7 +78,7 @@ export async function authenticate(
   } catch (err) {
     if (err instanceof Refusal || err instanceof ClientLeft) throw err;
     if (err instanceof ScramError && /channel binding|malformed/.test(err.message))
-      throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, err.message);
+      throw refuse(SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION, err.message);
     throw failed();
   }
   if (key === null) throw failed();

@@ -9,16 +9,8 @@ import { dataRowTexts, parseErrorFields } from './wire/backend.ts';
 import { optionArg } from './startup.ts';
 import { encode } from './wire/frontend.ts';
 import { ScramClient, ScramError, MECHANISM } from '../access/scram.ts';
-import {
-  databaseTarget,
-  type DatabaseTarget,
-  describeHost,
-  type DatabaseHost,
-  CONNECTION_FAILURE,
-  INVALID_AUTHORIZATION_SPECIFICATION,
-  PROTOCOL_VIOLATION,
-  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-} from '../../fence/index.ts';
+import { SQLSTATE } from '../../fence/index.ts';
+import { databaseTarget, type DatabaseTarget, describeHost, type DatabaseHost } from '../../fence/admin.ts';
 
 export type BackendTarget = DatabaseTarget;
 
@@ -89,7 +81,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       reject(err);
     };
     const timer = setTimeout(
-      () => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
+      () => fail(new BackendStartupError(SQLSTATE.CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
       timeoutMs,
     );
     const done = (socket: Socket) => {
@@ -103,7 +95,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       raw.on('error', () => {});
       resolve(socket);
     };
-    const onClose = () => fail(new BackendStartupError(CONNECTION_FAILURE, 'the database closed the connection before startup'));
+    const onClose = () => fail(new BackendStartupError(SQLSTATE.CONNECTION_FAILURE, 'the database closed the connection before startup'));
     raw.once('error', fail);
     raw.once('close', onClose);
     const tlsOptions = target.tls;
@@ -116,7 +108,7 @@ function dial(target: BackendTarget, timeoutMs: number): Promise<Socket> {
       if (answer.length !== 1 || answer[0] !== 0x53 /* S */) {
         fail(
           new BackendStartupError(
-            CONNECTION_FAILURE,
+            SQLSTATE.CONNECTION_FAILURE,
             answer[0] === 0x4e
               ? 'the database does not accept TLS, and DATABASE_URL asks for it (sslmode)'
               : 'the database answered the TLS request with an error',
@@ -193,7 +185,7 @@ export async function openBackend(target: BackendTarget, login: BackendLogin, ti
     try {
       host = await follow.target();
     } catch (err) {
-      throw new BackendStartupError(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, err instanceof Error ? err.message : String(err));
+      throw new BackendStartupError(SQLSTATE.SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, err instanceof Error ? err.message : String(err));
     }
     at = { host: host.host, port: host.port, database: target.database, tls: target.tls };
   }
@@ -215,7 +207,7 @@ export async function openBackend(target: BackendTarget, login: BackendLogin, ti
     backend.socket.destroy();
     follow.suspect(host);
     throw new BackendStartupError(
-      SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+      SQLSTATE.SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
       `${describeHost(host)} is in hot standby (target_session_attrs=${follow.opts.attrs}); looking for the primary again`,
     );
   }
@@ -239,7 +231,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
       reject(err);
     };
     const timer = setTimeout(
-      () => fail(new BackendStartupError(CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
+      () => fail(new BackendStartupError(SQLSTATE.CONNECTION_FAILURE, `the database did not answer within ${timeoutMs} ms`)),
       timeoutMs,
     );
     const cleanup = () => {
@@ -248,7 +240,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
       socket.off('error', fail);
       socket.off('close', onClose);
     };
-    const onClose = () => fail(new BackendStartupError(CONNECTION_FAILURE, 'the database closed the connection during startup'));
+    const onClose = () => fail(new BackendStartupError(SQLSTATE.CONNECTION_FAILURE, 'the database closed the connection during startup'));
     const onFrame = (f: Frame) => {
       switch (f.type) {
         case 'R': {
@@ -270,13 +262,13 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
             for (let m = r.cstring(); m !== ''; m = r.cstring()) mechanisms.push(m);
             if (!mechanisms.includes(MECHANISM))
               throw new BackendStartupError(
-                INVALID_AUTHORIZATION_SPECIFICATION,
+                SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
                 `the database offers ${mechanisms.join(', ')}, not ${MECHANISM}`,
               );
             scram = new ScramClient(login.password);
             socket.write(encode({ type: 'saslInitial', mechanism: MECHANISM, data: scram.first() }));
           } else if (kind === 11) {
-            if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL continue');
+            if (!scram) throw new BackendStartupError(SQLSTATE.PROTOCOL_VIOLATION, 'unexpected SASL continue');
             // The server waits for this answer: nothing else arrives while the key is derived.
             scram.final(r.rest().toString('utf8')).then(
               (final) => {
@@ -285,18 +277,18 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
               (err: unknown) =>
                 fail(
                   err instanceof ScramError
-                    ? new BackendStartupError(INVALID_AUTHORIZATION_SPECIFICATION, err.message)
+                    ? new BackendStartupError(SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION, err.message)
                     : err instanceof Error
                       ? err
                       : new Error(String(err)),
                 ),
             );
           } else if (kind === 12) {
-            if (!scram) throw new BackendStartupError(PROTOCOL_VIOLATION, 'unexpected SASL final');
+            if (!scram) throw new BackendStartupError(SQLSTATE.PROTOCOL_VIOLATION, 'unexpected SASL final');
             scram.verify(r.rest().toString('utf8'));
           } else
             throw new BackendStartupError(
-              INVALID_AUTHORIZATION_SPECIFICATION,
+              SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
               `the database asks for an authentication method the proxy does not speak (${kind})`,
             );
           return;
@@ -315,7 +307,10 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           return;
         case 'E': {
           const fields = parseErrorFields(f.body);
-          throw new BackendStartupError(fields.get('C') ?? CONNECTION_FAILURE, fields.get('M') ?? 'the database refused the connection');
+          throw new BackendStartupError(
+            fields.get('C') ?? SQLSTATE.CONNECTION_FAILURE,
+            fields.get('M') ?? 'the database refused the connection',
+          );
         }
         case 'Z':
           settled = true;
@@ -323,7 +318,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           resolve({ socket, pid, secret, parameterStatus, reader, target });
           return;
         default:
-          throw new BackendStartupError(PROTOCOL_VIOLATION, `unexpected message ${JSON.stringify(f.type)} during startup`);
+          throw new BackendStartupError(SQLSTATE.PROTOCOL_VIOLATION, `unexpected message ${JSON.stringify(f.type)} during startup`);
       }
     };
     const onData = (chunk: Buffer) => {

@@ -31,20 +31,10 @@ import { backendSettings } from './startup.ts';
 import { ClientLeft, Refusal, refuse, StartupChannel } from './startup-channel.ts';
 import { authenticate } from './authenticate.ts';
 import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Backend, type BackendTarget } from './backend.ts';
-import {
-  type DurabilityMonitor,
-  connectAs,
-  type Fence,
-  CONNECTION_FAILURE,
-  INVALID_AUTHORIZATION_SPECIFICATION,
-  INVALID_CATALOG_NAME,
-  INVALID_PASSWORD,
-  PROTOCOL_VIOLATION,
-  SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-  TOO_MANY_CONNECTIONS,
-} from '../../fence/index.ts';
-import { SqlSession, type SessionGuard, type StaleRefusal } from './session.ts';
-import type { AccessKey } from '../access/keys.ts';
+import { type Fence, type SessionGuard, SQLSTATE } from '../../fence/index.ts';
+import { type DurabilityMonitor } from '../../fence/admin.ts';
+import { SqlSession, type StaleRefusal } from './session.ts';
+import { withinPrefixes, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import type { ProxyMetrics } from '../metrics.ts';
 import type { StaleDigest } from '../../logging/stale-digest.ts';
@@ -168,7 +158,7 @@ export class SqlEndpoint {
         oldest.end(
           errorResponse({
             severity: 'FATAL',
-            code: TOO_MANY_CONNECTIONS,
+            code: SQLSTATE.TOO_MANY_CONNECTIONS,
             message: `too many silent connections from ${address} (FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS=${this.opts.maxStartupsPerAddress}): this one sent nothing`,
           }),
           () => oldest.destroy(),
@@ -193,7 +183,7 @@ export class SqlEndpoint {
     // so a flood of refusals is bounded too, and closed within two seconds.
     const refusal = full
       ? refuse(
-          TOO_MANY_CONNECTIONS,
+          SQLSTATE.TOO_MANY_CONNECTIONS,
           `too many connections to the fencepost SQL endpoint (FENCEPOST_PGWIRE_MAX_CONNECTIONS=${this.opts.maxConnections})`,
         )
       : null;
@@ -218,7 +208,7 @@ export class SqlEndpoint {
         close(err.fields);
       } else {
         this.opts.logger.warn({ err }, 'SQL connection failed during startup');
-        close({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'the fencepost SQL endpoint could not start the session' });
+        close({ severity: 'FATAL', code: SQLSTATE.CONNECTION_FAILURE, message: 'the fencepost SQL endpoint could not start the session' });
       }
     });
   }
@@ -233,12 +223,10 @@ export class SqlEndpoint {
       const params = packet.params;
       const user = this.checkStartup(channel, packet);
       const key = await authenticate(channel, this.opts.keys, user, this.mockNonce);
-      const { logins, problems, capability } = await this.opts.fence.provision();
-      const login = logins.get(key?.name ?? null);
+      const { login, problem, capability } = await this.opts.fence.loginFor(key?.name ?? null);
       if (!login) {
-        const problem = problems.get(key?.name ?? null);
         throw refuse(
-          INVALID_AUTHORIZATION_SPECIFICATION,
+          SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
           key !== null && key.pgRole === null
             ? `key ${key.name} has no pgRole: SQL sessions run as the key's Postgres role`
             : `no client login for ${key === null ? 'open mode' : `key ${key.name}`}${problem ? `: ${problem.message}` : ''}`,
@@ -249,7 +237,7 @@ export class SqlEndpoint {
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
       let backend: Backend;
       try {
-        backend = await connectAs(this.opts.fence.owner, login, () => openBackend(this.target, backendLogin, channel.remaining()));
+        backend = await this.opts.fence.connectAs(login, () => openBackend(this.target, backendLogin, channel.remaining()));
       } catch (err) {
         throw this.backendRefusal(err);
       }
@@ -279,7 +267,7 @@ export class SqlEndpoint {
     for (;;) {
       const packet = parseStartupPacket((await channel.next()).body);
       if ((packet.kind === 'ssl' || packet.kind === 'gssenc') && channel.encrypted)
-        throw refuse(PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
+        throw refuse(SQLSTATE.PROTOCOL_VIOLATION, 'a second encryption request on an encrypted connection');
       if (packet.kind === 'ssl' && this.opts.tls) {
         this.upgraded.set(raw, channel.upgrade(this.opts.tls.current()));
         continue;
@@ -306,7 +294,7 @@ export class SqlEndpoint {
   private checkStartup(channel: StartupChannel, packet: { minor: number; params: ReadonlyMap<string, string> }): string {
     if (this.opts.tls && !channel.encrypted) {
       throw refuse(
-        INVALID_AUTHORIZATION_SPECIFICATION,
+        SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION,
         'the fencepost SQL endpoint requires TLS',
         'FENCEPOST_TLS_CERT is set: connect with sslmode=require (or verify-full), or ssl in the driver',
       );
@@ -315,13 +303,13 @@ export class SqlEndpoint {
     const unsupported = [...params.keys()].filter((k) => k.startsWith('_pq_.'));
     if (packet.minor !== 0 || unsupported.length > 0) channel.socket.write(negotiateProtocolVersion(unsupported));
     const user = params.get('user');
-    if (!user) throw refuse(INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
+    if (!user) throw refuse(SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION, 'no user name in the startup packet');
     if (params.has('replication') && params.get('replication') !== 'false')
-      throw refuse(PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
+      throw refuse(SQLSTATE.PROTOCOL_VIOLATION, 'replication connections are not served by the fencepost SQL endpoint');
     const database = params.get('database') || user;
     if (database !== this.target.database) {
       throw refuse(
-        INVALID_CATALOG_NAME,
+        SQLSTATE.INVALID_CATALOG_NAME,
         `database ${JSON.stringify(database)} does not exist`,
         `this fencepost SQL endpoint serves database ${JSON.stringify(this.target.database)}`,
       );
@@ -335,7 +323,7 @@ export class SqlEndpoint {
     const held = this.perKey.get(keyName) ?? 0;
     if (held >= this.opts.maxSessionsPerKey) {
       throw refuse(
-        TOO_MANY_CONNECTIONS,
+        SQLSTATE.TOO_MANY_CONNECTIONS,
         `${key === null ? 'open mode' : `key ${key.name}`} has ${held} SQL sessions open (FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY=${this.opts.maxSessionsPerKey})`,
       );
     }
@@ -370,20 +358,18 @@ export class SqlEndpoint {
     socket.once('close', gone);
     const session = new SqlSession(socket, channel.reader, backend, {
       logger,
+      fence: this.opts.fence,
       capability: who.capability,
-      prefixes: key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes,
+      mayWrite: (fenceKey) => withinPrefixes(key === null ? null : key.readOnly ? [] : key.fenceKeyPrefixes, fenceKey),
       guard: this.opts.guard ?? null,
       startupSettings: { token: who.token, fenceKey: who.fenceKey },
-      raisedAbove: (fenceKey, token, waitMs) => this.opts.fence.raisedAbove(fenceKey, token, waitMs),
+      writerId,
       raiseCommitMs: Math.min(this.opts.fence.lockTimeoutMs, RAISE_REASON_WAIT_MS),
       fenceTimeoutMs: this.opts.startupTimeoutMs,
-      raise: async (fenceKey, token) => {
-        await this.opts.fence.raise([{ fenceKey, token }], writerId, { logger });
-      },
       onStale: (s) => this.recordStale(s, writerId, logger),
       onTransactionEnd: (end, fenceKey) => {
         this.opts.metrics?.countSqlTransaction(end);
-        if (end === 'accepted') this.opts.fence.accepted?.addOne(fenceKey);
+        if (end === 'accepted') this.opts.fence.countAccepted(fenceKey);
       },
       onFenceError: (outcome) => this.opts.metrics?.countSqlTransaction(outcome),
       ready: () => {
@@ -409,14 +395,14 @@ export class SqlEndpoint {
 
   private backendRefusal(err: unknown): Refusal {
     // DATABASE_URL lists several hosts and none takes writes now: the reason names each.
-    if (err instanceof BackendStartupError && err.code === SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
-      return refuse(SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `cannot reach a writable database: ${err.message}`);
+    if (err instanceof BackendStartupError && err.code === SQLSTATE.SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
+      return refuse(SQLSTATE.SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, `cannot reach a writable database: ${err.message}`);
     if (err instanceof BackendStartupError)
       return refuse(
-        err.code === INVALID_PASSWORD ? INVALID_AUTHORIZATION_SPECIFICATION : err.code,
+        err.code === SQLSTATE.INVALID_PASSWORD ? SQLSTATE.INVALID_AUTHORIZATION_SPECIFICATION : err.code,
         `the database refused the session's login: ${err.message}`,
       );
-    return refuse(CONNECTION_FAILURE, `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
+    return refuse(SQLSTATE.CONNECTION_FAILURE, `cannot reach the database: ${err instanceof Error ? err.message : String(err)}`);
   }
 
   /** Forwards a cancel to the session's backend; resolves once Postgres has taken it (cancelBackend). */
@@ -435,8 +421,6 @@ export class SqlEndpoint {
         { fenceKey: s.fenceKey, token: s.token.toString(), highestToken: s.highestToken?.toString() ?? null },
         'stale token refused (SQL endpoint)',
       );
-    this.opts.fence.rejections.recordInBackground('sql', [
-      { kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId },
-    ]);
+    this.opts.fence.recordRefusals('sql', [{ kind: 'transaction', fenceKey: s.fenceKey, key: null, token: s.token, writerId }]);
   }
 }

@@ -13,7 +13,7 @@ import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { Outbox, bodyByte, type MessageReader, type Frame } from './wire/framing.ts';
 import { errorResponse, frameTag, isFatal, parseErrorFields, readyForQuery, type ErrorFields } from './wire/backend.ts';
-import { ADMIN_SHUTDOWN, CONNECTION_FAILURE, PROTOCOL_VIOLATION, TRANSACTION_RESOLUTION_UNKNOWN } from '../../fence/index.ts';
+import { SQLSTATE } from '../../fence/index.ts';
 import type { Backend } from './backend.ts';
 import { TransactionTally, type TransactionEnd } from './tally.ts';
 
@@ -168,7 +168,7 @@ export class Relay {
       this.counter.feed(chunk);
     } catch (err) {
       this.opts.logger.warn({ err }, 'SQL session closed: malformed message from the client');
-      this.endWith({ severity: 'FATAL', code: PROTOCOL_VIOLATION, message: 'malformed message from the client' });
+      this.endWith({ severity: 'FATAL', code: SQLSTATE.PROTOCOL_VIOLATION, message: 'malformed message from the client' });
       return;
     }
     if (!this.backend.socket.write(chunk)) this.client.pause();
@@ -184,7 +184,7 @@ export class Relay {
       this.opts.logger.warn({ err }, 'SQL session closed: malformed message from the database');
       this.losing = true;
       this.backend.socket.destroy();
-      this.endWith({ severity: 'FATAL', code: PROTOCOL_VIOLATION, message: 'malformed message from the database' });
+      this.endWith({ severity: 'FATAL', code: SQLSTATE.PROTOCOL_VIOLATION, message: 'malformed message from the database' });
       return;
     }
     if (this.toClient.empty || this.client.destroyed) return;
@@ -254,7 +254,7 @@ export class Relay {
     const fields = fatal === null ? null : parseErrorFields(fatal.body);
     let reason: ErrorFields | null = null;
     try {
-      reason = await this.opts.lostReason(fields?.get('C') === ADMIN_SHUTDOWN);
+      reason = await this.opts.lostReason(fields?.get('C') === SQLSTATE.ADMIN_SHUTDOWN);
     } catch (err) {
       this.opts.logger.warn({ err }, 'SQL session: could not tell why its database connection went');
     }
@@ -264,7 +264,7 @@ export class Relay {
     else if (fatal !== null)
       this.endWith(Buffer.from(fatal.bytes)); // Postgres's own words, as straight
     else if (inFlight) this.deposed(lostInFlight(), true);
-    else this.deposed({ severity: 'FATAL', code: CONNECTION_FAILURE, message: 'the database connection was lost' }, awaited);
+    else this.deposed({ severity: 'FATAL', code: SQLSTATE.CONNECTION_FAILURE, message: 'the database connection was lost' }, awaited);
   }
 }
 
@@ -274,7 +274,7 @@ const DEPOSED_REPLY_WAIT_MS = 10 * 60_000;
 function lostInFlight(): ErrorFields {
   return {
     severity: 'FATAL',
-    code: TRANSACTION_RESOLUTION_UNKNOWN,
+    code: SQLSTATE.TRANSACTION_RESOLUTION_UNKNOWN,
     message: 'the database connection was lost with a request in flight',
     hint: 'a COMMIT among what was in flight may or may not have committed: check before you retry',
   };

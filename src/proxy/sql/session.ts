@@ -1,5 +1,6 @@
 // One writer's session after authentication: its connection is fenced once, on its own backend,
-// before the writer hears that the session is ready (fencer.ts); then the relay carries the
+// before the writer hears that the session is ready (the fence decides: src/fence/session-fence.ts;
+// fencer.ts words its refusals); then the relay carries the
 // writer's messages and the database's answers as they are (relay.ts). A newer leader's raise ends
 // the backend (the database does: definitions.ts revoke_older_sessions); the writer then hears
 // FP409 and the connection closes. While writes are refused for durability
@@ -9,34 +10,32 @@ import type { Logger } from 'pino';
 import type { MessageReader } from './wire/framing.ts';
 import { errorResponse, type ErrorFields } from './wire/backend.ts';
 import { Relay, type TransactionEnd } from './relay.ts';
-import {
-  durabilityRefusal,
-  fenceConnection,
-  type ConnectionFence,
-  type FencePair,
-  type FenceSettings,
-  type SessionGuard,
-  type StaleRefusal,
-} from './fencer.ts';
+import { durabilityRefusal, refusalFields, refusalOutcome, revokedFields } from './fencer.ts';
 import { queryBackend, type Backend } from './backend.ts';
-import { STALE_TOKEN, staleDetailText, connectionSetup, fenceConnection as fenceConnectionSql } from '../../fence/index.ts';
+import type { Fence, FencePair, FenceSettings, SessionFence, SessionGuard } from '../../fence/index.ts';
 
-export type { SessionGuard, StaleRefusal } from './fencer.ts';
 export type { TransactionEnd } from './relay.ts';
+
+/** A stale token refused: counted and logged as every door's refusals are. */
+export interface StaleRefusal {
+  fenceKey: string;
+  token: bigint;
+  highestToken: bigint | null;
+}
 
 export interface SessionOptions {
   logger: Logger;
+  /** The fence: it decides the connection's fence (enterSession) and says whether a raise ended it (raisedAbove). */
+  fence: Pick<Fence, 'enterSession' | 'raisedAbove'>;
   capability: string;
-  /** The key's fence-key prefixes; null in open mode. */
-  prefixes: readonly string[] | null;
+  /** May the key write this fence key? (its fence-key prefixes) */
+  mayWrite: (fenceKey: string) => boolean;
   /** The forgery guard; null or absent: none. */
   guard?: SessionGuard | null;
   /** fencepost.token and fencepost.fence_key from the startup settings. */
   startupSettings: FenceSettings;
-  /** Raises a fence to a token where it is absent or below (src/fence/raise.ts on the proxy's pool). */
-  raise: (fenceKey: string, token: bigint) => Promise<void>;
-  /** The fence's highest token once a raise above `token` commits (waiting a little), else null. */
-  raisedAbove: (fenceKey: string, token: bigint, waitMs: number) => Promise<bigint | null>;
+  /** The writer, for the raise's record. */
+  writerId: string;
   /**
    * How long a backend ended by an administrator (57P01) waits for a raise to show as its reason:
    * a raise commits right after the backends it ended are gone. Past it, the writer hears
@@ -50,7 +49,7 @@ export interface SessionOptions {
   durability?: { refusal(): unknown; onChange(listener: () => void): () => void } | null;
   /** Each transaction's end of a fenced session, with its fence key (relay.ts TransactionEnd); absent: not counted. */
   onTransactionEnd?: (end: TransactionEnd, fenceKey: string) => void;
-  /** A connection refused for another reason than a stale token (fencer.ts ConnectionFence outcome). */
+  /** A connection refused for another reason than a stale token (fencer.ts refusalOutcome). */
   onFenceError?: (outcome: 'error' | 'invalid') => void;
   /** The connection is fenced (or needs no fence): tell the writer its session is ready. */
   ready: () => void;
@@ -72,35 +71,47 @@ export class SqlSession {
   async start(): Promise<void> {
     const opts = this.opts;
     const refusing = () => opts.durability !== null && opts.durability !== undefined && opts.durability.refusal() !== null;
-    let fence: ConnectionFence;
+    let fence: SessionFence;
     try {
-      fence = await fenceConnection(opts.startupSettings, {
-        guard: opts.guard ?? null,
-        prefixes: opts.prefixes,
-        raise: opts.raise,
-        refusing,
-        query: (sql) => queryBackend(this.backend, sql, opts.fenceTimeoutMs),
-        setupSql: connectionSetup(),
-        fenceSql: (pair, start) => fenceConnectionSql(opts.capability, { pid: this.backend.pid, start }, pair.fenceKey, pair.token),
-        logger: opts.logger,
-      });
+      fence = await opts.fence.enterSession(
+        {
+          settings: opts.startupSettings,
+          mayWrite: opts.mayWrite,
+          guard: opts.guard ?? null,
+          refusing: refusing(),
+          capability: opts.capability,
+          writerId: opts.writerId,
+          logger: opts.logger,
+        },
+        {
+          pid: this.backend.pid,
+          query: async (sql) => {
+            const a = await queryBackend(this.backend, sql, opts.fenceTimeoutMs);
+            return {
+              rows: a.rows.map((r) => r[0] ?? ''),
+              error: a.error === null ? null : { code: a.error.get('C') ?? null, message: a.error.get('M') ?? null },
+            };
+          },
+        },
+      );
     } catch (err) {
       opts.logger.warn({ err }, 'SQL connection: the fence could not be decided; it is refused');
-      fence = {
-        kind: 'refused',
-        outcome: 'error',
-        error: {
-          severity: 'FATAL',
-          code: '08006',
-          message: "the connection's fence could not be decided",
-          hint: 'nothing was applied; connect again',
-        },
-      };
+      opts.onFenceError?.('error');
+      this.refuse({
+        severity: 'FATAL',
+        code: '08006',
+        message: "the connection's fence could not be decided",
+        hint: 'nothing was applied; connect again',
+      });
+      return;
     }
     if (fence.kind === 'refused') {
-      if (fence.stale) opts.onStale(fence.stale);
-      if (fence.outcome) opts.onFenceError?.(fence.outcome);
-      this.refuse(fence.error);
+      const r = fence.refusal;
+      if (r.reason === 'stale' || r.reason === 'unverified')
+        opts.onStale({ fenceKey: r.fenceKey, token: r.token, highestToken: r.highestToken });
+      const outcome = refusalOutcome(r);
+      if (outcome) opts.onFenceError?.(outcome);
+      this.refuse(refusalFields(r));
       return;
     }
     const pair = fence.kind === 'fenced' ? fence.pair : null;
@@ -134,15 +145,9 @@ export class SqlSession {
   /** A backend lost because a newer leader's raise ended it: the writer hears FP409, as if its next statement had come after the raise. */
   private async lostReason(pair: FencePair | null, terminated: boolean): Promise<ErrorFields | null> {
     if (pair === null) return null;
-    const highest = await this.opts.raisedAbove(pair.fenceKey, pair.token, terminated ? this.opts.raiseCommitMs : 0);
+    const highest = await this.opts.fence.raisedAbove(pair.fenceKey, pair.token, terminated ? this.opts.raiseCommitMs : 0);
     if (highest === null) return null;
     this.opts.onStale({ fenceKey: pair.fenceKey, token: pair.token, highestToken: highest });
-    return {
-      severity: 'FATAL',
-      code: STALE_TOKEN,
-      message: `stale fencing token: a newer leader raised fence key ${JSON.stringify(pair.fenceKey)} to token ${highest}, above this connection's token ${pair.token}`,
-      detail: staleDetailText(pair.fenceKey, pair.token, highest),
-      hint: "the raise ended this connection: what its open transaction did was not applied; reconnect with the new leader's token",
-    };
+    return revokedFields(pair.fenceKey, pair.token, highest);
   }
 }

@@ -12,7 +12,7 @@ import { TLSSocket, type SecureContext } from 'node:tls';
 import { MAX_STARTUP_BYTES, MessageReader, type Frame } from './wire/framing.ts';
 import { negotiatesEncryption } from './wire/frontend.ts';
 import type { ErrorFields } from './wire/backend.ts';
-import { CONNECTION_FAILURE, PROTOCOL_VIOLATION } from '../../fence/index.ts';
+import { SQLSTATE } from '../../fence/index.ts';
 
 /** The most bytes of a password or SASL message (a SCRAM message is a few hundred). */
 const MAX_AUTH_MESSAGE_BYTES = 8192;
@@ -76,7 +76,7 @@ export class StartupChannel {
         return f;
       }
       if (this.ended || Date.now() >= this.deadline)
-        throw refuse(CONNECTION_FAILURE, 'startup did not finish in time or the client went away');
+        throw refuse(SQLSTATE.CONNECTION_FAILURE, 'startup did not finish in time or the client went away');
       this.socket.resume();
       await new Promise<void>((resolve) => (this.wake = resolve));
       this.wake = null;
@@ -88,7 +88,8 @@ export class StartupChannel {
    * handshake: such bytes were sent in the clear, and must not be read as if they came over TLS.
    */
   upgrade(context: SecureContext): TLSSocket {
-    if (this.reader.pending > 0 || this.framed !== null) throw refuse(PROTOCOL_VIOLATION, 'received unencrypted data after SSL request');
+    if (this.reader.pending > 0 || this.framed !== null)
+      throw refuse(SQLSTATE.PROTOCOL_VIOLATION, 'received unencrypted data after SSL request');
     this.detach();
     this.socket.resume(); // the TLS socket reads the raw one from here
     this.socket.write('S');
@@ -128,7 +129,7 @@ export class StartupChannel {
       this.framed = f;
     } catch (err) {
       this.problem = refuse(
-        PROTOCOL_VIOLATION,
+        SQLSTATE.PROTOCOL_VIOLATION,
         `${untyped ? 'invalid startup packet' : 'invalid authentication message'}: ${err instanceof Error ? err.message : String(err)}`,
       );
     }

@@ -125,7 +125,7 @@ describe('the zombie scenario: one leader, many objects under jobs/, one fence k
 
   test('the longest protected prefix wins', async ({ app, db }) => {
     await protectPrefix(db.pool, 'jobs/urgent/', 'urgent');
-    await app.store.protectedPrefixes.refresh();
+    await app.fence.protectedPrefixes.refresh();
     expect((await putObject(app, 'jobs/urgent/1', 1, 'u')).json()).toMatchObject({ fenceKey: 'urgent' });
     expect((await putObject(app, 'jobs/urgent/1', 1, 'u', 'jobs')).json()).toMatchObject({
       error: 'not_fenced',
@@ -141,13 +141,13 @@ describe('a prefix declared while the proxy runs', () => {
     db,
   }) => {
     await protectPrefix(db.pool, 'late/', 'late');
-    expect(app.store.protectedPrefixes.protecting('late/1')).toBeNull(); // stale
+    expect(app.fence.protectedPrefixes.protecting('late/1')).toBeNull(); // stale
     const res = await putObject(app, 'late/1', 1, 'misfenced', 'other-late');
     expect(res.statusCode, res.body).toBe(403);
     expect(res.json()).toMatchObject({ error: 'not_fenced', prefix: 'late/', fenceKey: 'late' });
     expect(await storedObject(db, 'late/1')).toBeNull();
     expect(await highest(db, 'other-late')).toBeNull(); // the fence raise rolled back with the object
-    expect(app.store.protectedPrefixes.protecting('late/1')).toEqual({ prefix: 'late/', fenceKey: 'late' });
+    expect(app.fence.protectedPrefixes.protecting('late/1')).toEqual({ prefix: 'late/', fenceKey: 'late' });
   });
 
   test("a DELETE naming another Fence-Key is refused by Postgres too while the proxy's copy is stale: 403 not_fenced, the object stays", async ({
@@ -157,7 +157,7 @@ describe('a prefix declared while the proxy runs', () => {
     // Written under its own fence first (no prefix yet), at a token the delete's fence beats.
     expect((await putObject(app, 'gone/1', 1, 'kept', 'gone-own')).statusCode).toBe(200);
     await protectPrefix(db.pool, 'gone/', 'gone');
-    expect(app.store.protectedPrefixes.protecting('gone/1')).toBeNull(); // stale
+    expect(app.fence.protectedPrefixes.protecting('gone/1')).toBeNull(); // stale
     const res = await deleteObject(app, 'gone/1', 9, 'gone-own');
     expect(res.statusCode, res.body).toBe(403);
     expect(res.json().error).toBe('not_fenced');
@@ -166,7 +166,7 @@ describe('a prefix declared while the proxy runs', () => {
 
   test("a write without Fence-Key that Postgres refused goes once more under the prefix's fence key", async ({ app, db }) => {
     await protectPrefix(db.pool, 'later/', 'later');
-    expect(app.store.protectedPrefixes.protecting('later/1')).toBeNull();
+    expect(app.fence.protectedPrefixes.protecting('later/1')).toBeNull();
     const res = await putObject(app, 'later/1', 3, 'resolved after the refusal');
     expect(res.statusCode, res.body).toBe(200);
     expect(res.json()).toMatchObject({ fenceKey: 'later', token: '3' });
@@ -181,7 +181,7 @@ describe('a prefix declared while the proxy runs', () => {
   }) => {
     expect((await putObject(app, 'moved/1', 9, 'before')).json()).toMatchObject({ fenceKey: 'moved/1' });
     await protectPrefix(db.pool, 'moved/', 'moved');
-    await app.store.protectedPrefixes.refresh();
+    await app.fence.protectedPrefixes.refresh();
     const low = await putObject(app, 'moved/1', 8, 'low');
     expect(low.json()).toMatchObject({ error: 'stale_token', fenceKey: 'moved/1', highestToken: '9' });
     expect(await storedObject(db, 'moved/1')).toMatchObject({ fence_key: 'moved/1', body: 'before' });
@@ -195,9 +195,9 @@ describe('a prefix declared while the proxy runs', () => {
     try {
       await protectPrefix(db.pool, 'tick/', 'tick');
       const deadline = Date.now() + 5000;
-      while (app.store.protectedPrefixes.protecting('tick/1') === null && Date.now() < deadline)
+      while (app.fence.protectedPrefixes.protecting('tick/1') === null && Date.now() < deadline)
         await new Promise((r) => setTimeout(r, 50));
-      expect(app.store.protectedPrefixes.protecting('tick/1')).toEqual({ prefix: 'tick/', fenceKey: 'tick' });
+      expect(app.fence.protectedPrefixes.protecting('tick/1')).toEqual({ prefix: 'tick/', fenceKey: 'tick' });
       recorded.names.length = 0;
       const res = await putObject(app, 'tick/1', 1, 'x', 'other-tick');
       expect(res.json()).toMatchObject({ error: 'not_fenced', prefix: 'tick/', fenceKey: 'tick' });
@@ -305,7 +305,7 @@ describe('keys with fence-key prefixes', () => {
 describe('many concurrent writers on objects under a protected prefix', () => {
   test("no write with a token below the prefix fence's highest at its commit lands, with or without Fence-Key", async ({ app, db }) => {
     await protectPrefix(db.pool, 'race/', 'race');
-    await app.store.protectedPrefixes.refresh();
+    await app.fence.protectedPrefixes.refresh();
     // An observer in Postgres: at each commit, an object row whose token is below its fence's
     // highest (a raise committed before this write) is a stale write that landed.
     await db.pool.query(`CREATE TABLE public.stale_landings (key text, token bigint, fence_key text, highest bigint)`);

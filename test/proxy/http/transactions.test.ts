@@ -61,7 +61,7 @@ async function orders(): Promise<{ id: number; total: number }[]> {
   return (await db.pool.query('SELECT id, total FROM app.orders ORDER BY id')).rows;
 }
 async function fence(key: string) {
-  await app.store.flushCounts(); // accepted counts reach Postgres in batches (accepted-counts.ts)
+  await app.fence.flushCounts(); // accepted counts reach Postgres in batches (accepted-counts.ts)
   const { rows } = await db.pool.query('SELECT highest_token, accepted, rejected FROM fencepost.fence_stats WHERE fence_key = $1', [key]);
   return rows[0] ?? null;
 }
@@ -279,7 +279,7 @@ describe('concurrency', () => {
       const results = await Promise.all(runs);
       expect(results.map((r) => r.status)).toEqual(Array(12).fill(200));
       expect((await db.pool.query(`SELECT n FROM app.counters WHERE id = 'x'`)).rows[0].n).toBe(12);
-      await patient.store.flushCounts();
+      await patient.fence.flushCounts();
       expect(await fence('w/p')).toMatchObject({ accepted: '12', rejected: '0' });
     } finally {
       await patient.close();

@@ -12,7 +12,7 @@ import pino from 'pino';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, type SqlProxy } from '../../support/sql.ts';
 import { MessageReader, message } from '../../../src/proxy/sql/wire/framing.ts';
-import { quoteBounded } from '../../../src/proxy/sql/fencer.ts';
+import { quoteBounded } from '../../../src/fence/session-fence.ts';
 import { protectTable } from '../../../src/fence/protect.ts';
 
 const MB = 1024 * 1024;

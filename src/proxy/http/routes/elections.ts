@@ -53,7 +53,7 @@ export async function electionRoutes(app: FastifyInstance): Promise<void> {
     const views = await guard.elections();
     const elections = await Promise.all(
       views.map(async (v) => {
-        const fence = await app.store.readLeadingFence(v.fenceKeyPrefix);
+        const fence = await app.fence.leadingFence(v.fenceKeyPrefix);
         return {
           electionPath: v.electionPath,
           fenceKeyPrefix: v.fenceKeyPrefix,

@@ -1,6 +1,6 @@
 // PUT/GET /v1/fences/:fenceKey and GET /v1/fences — advance and inspect fences.
 import type { FastifyInstance } from 'fastify';
-import { type FenceRecord, sqlState, WriteOutcomeUnknownError, LOCK_NOT_AVAILABLE } from '../../../fence/index.ts';
+import type { FenceRecord } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { admitWrite, tokenHeader, writerId } from '../request.ts';
 import { FENCED_HEADERS, KEY, NO_QUERY, keyParams } from '../validation.ts';
@@ -52,19 +52,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
       const fenceKey = req.params.fenceKey;
       const token = tokenHeader(req);
       await admitWrite(req, fenceKey, token);
-      const result = await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) }).catch(async (err: unknown) => {
-        // The fence is held past the lock timeout (a paused leader's transaction, say): a raise
-        // never waits on a zombie. The holders have had that long; end them now and raise.
-        if (sqlState(err) !== LOCK_NOT_AVAILABLE || ((await app.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) >= token)
-          throw err;
-        // A raise whose COMMIT went unanswered may have raised the fence: that answer, not the lock's.
-        const highest = await app.fence.raiseOne(fenceKey, token, writerId(req), { waitMs: 0, logger: req.log }).catch((e: unknown) => {
-          throw e instanceof WriteOutcomeUnknownError ? e : err;
-        });
-        if (highest === null || highest !== token) throw err; // a raise above it won meanwhile: the retry reads it
-        // Raised: the write goes once more, at the fence's own token now, and counts as any does.
-        return await app.store.write({ kind: 'fence', fenceKey, token, writerId: writerId(req) });
-      });
+      const result = await app.fence.advance(fenceKey, token, writerId(req), { logger: req.log });
       if (!result.accepted) throw staleToken(req, fenceKey, token, result.highestToken);
       return { fenceKey, highestToken: result.highestToken.toString() };
     },
@@ -83,7 +71,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     },
     async (req) => {
       const fenceKey = req.params.fenceKey;
-      const fence = await app.store.readFence(fenceKey);
+      const fence = await app.fence.fence(fenceKey);
       if (!fence) throw new ApiError('not_found', 'no write has used this fence key');
       return fenceJson(fence);
     },
@@ -104,7 +92,7 @@ export async function fenceRoutes(app: FastifyInstance): Promise<void> {
     async (req) => {
       const limit = pageLimit(req.query.limit);
       const after = req.query.after ?? null;
-      const page = await app.store.listFences(after, limit);
+      const page = await app.fence.fences(after, limit);
       return { fences: page.fences.map(fenceJson), next: page.next };
     },
   );

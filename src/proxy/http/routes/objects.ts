@@ -2,14 +2,7 @@
 // Keys may hold `/` as it is (PUT /v1/objects/orders/7, as object stores allow) or percent-encoded
 // (orders%2F7): the route is a wildcard, so both name the same object.
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import {
-  type FencedOp,
-  type FencedResult,
-  NOT_FENCED,
-  sqlState,
-  WriteOutcomeUnknownError,
-  LOCK_NOT_AVAILABLE,
-} from '../../../fence/index.ts';
+import { type FencedOp, type FencedResult, NOT_FENCED, sqlState } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { IF_MATCH, IF_NONE_MATCH_READ, IF_NONE_MATCH_WRITE, etagHeader, notModified, writePrecondition } from '../conditional.ts';
 import { admitWrite, fenceKeyFor, tokenHeader, writerId } from '../request.ts';
@@ -142,7 +135,8 @@ function preconditionFailed(req: FastifyRequest, key: string): ApiError {
 }
 
 /**
- * Admits and applies a fenced write to `key` under the fence key fenceKeyFor resolves. A write
+ * Admits and applies a fenced write to `key` under the fence key fenceKeyFor resolves (Fence.write:
+ * a fence held past the lock timeout is raised there, and the write goes once more). A write
  * Postgres refused as misfenced (FP403: the prefix was protected since the store last read the
  * list) rolled back whole: the list is read again at once and the write resolved again. A request
  * that named no Fence-Key then goes once more, under the prefix's fence key (admitted again: key
@@ -157,30 +151,17 @@ async function fencedObjectWrite(
   const fenceKey = fenceKeyFor(req, key);
   await admitWrite(req, fenceKey, token, key);
   try {
-    return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
+    return { fenceKey, result: await req.server.fence.write(op(fenceKey), { logger: req.log }) };
   } catch (err) {
-    if (sqlState(err) === LOCK_NOT_AVAILABLE && ((await req.server.store.readHighestToken(fenceKey).catch(() => null)) ?? -1n) < token) {
-      // The fence was held past the lock timeout: if this write raises it, a raise never waits on a
-      // zombie (raise.ts ends the older token's holders now), then the write goes once more.
-      // A raise whose COMMIT went unanswered may have raised the fence: commit_unknown (the
-      // object itself was not written), not the lock's "nothing committed".
-      const highest = await req.server.fence
-        .raiseOne(fenceKey, token, writerId(req), { waitMs: 0, logger: req.log })
-        .catch((e: unknown) => {
-          throw e instanceof WriteOutcomeUnknownError ? e : err;
-        });
-      if (highest !== token) throw err;
-      return { fenceKey, result: await req.server.store.write(op(fenceKey)) };
-    }
     if (sqlState(err) !== NOT_FENCED) throw err;
     req.log.info({ key, fenceKey }, 'Postgres refused a misfenced object: reading the protected prefixes again');
-    await req.server.store.protectedPrefixes
+    await req.server.fence.protectedPrefixes
       .refresh()
       .catch((e: unknown) => req.log.warn({ err: e }, 'reading the protected prefixes failed'));
     const resolved = fenceKeyFor(req, key); // 403 not_fenced when the request named another fence key
     if (resolved === fenceKey) throw err; // nothing new in the list: answered not_fenced with the trigger's message
     await admitWrite(req, resolved, token, key);
-    return { fenceKey: resolved, result: await req.server.store.write(op(resolved)) };
+    return { fenceKey: resolved, result: await req.server.fence.write(op(resolved), { logger: req.log }) };
   }
 }
 
@@ -210,7 +191,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
 
   app.get<KeyParams>('/v1/objects/*', { config: { access: 'read' }, schema: getSchema }, async (req, reply) => {
     const key = req.params['*'];
-    const obj = await app.store.readObject(key);
+    const obj = await app.fence.object(key);
     if (!obj) throw new ApiError('not_found', 'no such object');
     // A body is the writer's, Content-Type included: opened in a browser it must not run as a page
     // of the proxy's origin (sandbox: an opaque origin, no scripts) nor be sniffed into one.
@@ -246,7 +227,7 @@ export async function objectRoutes(app: FastifyInstance): Promise<void> {
     '/v1/objects',
     { config: { access: 'read' }, schema: listSchema },
     async (req) => {
-      const page = await app.store.listObjects(req.query.prefix ?? '', req.query.after ?? null, pageLimit(req.query.limit));
+      const page = await app.fence.objects(req.query.prefix ?? '', req.query.after ?? null, pageLimit(req.query.limit));
       return {
         objects: page.objects.map((o) => ({
           key: o.key,

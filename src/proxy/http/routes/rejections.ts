@@ -1,7 +1,6 @@
 // GET /v1/rejections (the rejection log, newest first, paged) and GET /v1/rejections/histogram
 // (rejections per minute). Both read the database, so every proxy instance answers the same.
 import type { FastifyInstance } from 'fastify';
-import { readRejectionHistogram, readRejections } from '../../../fence/index.ts';
 import { KEY } from '../validation.ts';
 import { LIMIT, pageLimit } from './query.ts';
 
@@ -62,7 +61,7 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
       const limit = pageLimit(req.query.limit);
       const before = req.query.before === undefined ? null : BigInt(req.query.before);
       const fenceKey = req.query.fenceKey ?? null;
-      const page = await readRejections(app.store.pool, { fenceKey, before, limit });
+      const page = await app.fence.rejectionsPage({ fenceKey, before, limit });
       return {
         rejections: page.rejections.map((r) => ({
           id: r.id.toString(),
@@ -102,7 +101,7 @@ export async function rejectionRoutes(app: FastifyInstance): Promise<void> {
     async (req) => {
       const minutes = req.query.minutes === undefined ? 60 : Number(req.query.minutes);
       const fenceKey = req.query.fenceKey ?? null;
-      const buckets = await readRejectionHistogram(app.store.pool, minutes, fenceKey);
+      const buckets = await app.fence.rejectionHistogram(minutes, fenceKey);
       return { bucketSeconds: 60, fenceKey, buckets: buckets.map((b) => ({ start: b.start.toISOString(), count: b.count })) };
     },
   );

@@ -50,7 +50,7 @@ export async function statsRoutes(app: FastifyInstance): Promise<void> {
     },
     async (req) => {
       const limit = pageLimit(req.query.limit);
-      const s = await app.store.stats(limit);
+      const s = await app.fence.stats(limit);
       return {
         accepted: Number(s.accepted),
         rejected: Number(s.rejected),

@@ -3,8 +3,8 @@
 import type pg from 'pg';
 import type { FastifyInstance, FastifyPluginOptions, FastifyRequest, FastifySchemaValidationError } from 'fastify';
 import {
-  TransactionRunner,
   type Isolation,
+  type TransactionSettings,
   type TxFence,
   type TxStatement,
   CommitUnknownError,
@@ -20,10 +20,7 @@ import {
   CONFLICT_ERROR_CLASSES,
   RETRYABLE_ERROR_CODES,
   sqlState,
-  INSUFFICIENT_PRIVILEGE,
-  LOCK_NOT_AVAILABLE,
-  QUERY_CANCELED,
-  INTERNAL_ERROR,
+  SQLSTATE,
 } from '../../../fence/index.ts';
 import { ApiError } from '../../errors.ts';
 import { authorizeKeys, type AccessKey } from '../auth.ts';
@@ -53,12 +50,6 @@ export interface TransactionOptions {
   retries: number;
   /** A key whose login could not be provisioned is checked again after this: for the app's own shared parts only. */
   provisionRetryMs: number;
-}
-
-declare module 'fastify' {
-  interface FastifyInstance {
-    transactionRunner: TransactionRunner;
-  }
 }
 
 export const MAX_TX_FENCES = 100;
@@ -198,16 +189,16 @@ function toTransaction(body: TxBody): TxRequest {
 
 /** A statement's error (on a live connection, rolled back) as a registry error: always a 4xx or the timeout. */
 function sqlApiError(err: unknown, index: number | null): ApiError {
-  const state = sqlState(err) ?? INTERNAL_ERROR;
+  const state = sqlState(err) ?? SQLSTATE.INTERNAL_ERROR;
   const extra = { sqlState: state, statement: index };
   const msg = (err as Error).message;
   const where = index === null ? 'the transaction' : `statements[${index}]`;
-  if (state === QUERY_CANCELED)
+  if (state === SQLSTATE.QUERY_CANCELED)
     return new ApiError('sql_timeout', `${where} ran past the statement timeout; nothing applied`, extra, { cause: err });
   if (state === NOT_FENCED) return new ApiError('not_fenced', `${where}: ${msg}; nothing applied`, extra, { cause: err });
-  if (state === INSUFFICIENT_PRIVILEGE)
+  if (state === SQLSTATE.INSUFFICIENT_PRIVILEGE)
     return new ApiError('sql_permission_denied', `${where}: ${msg}; nothing applied`, extra, { cause: err });
-  if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state) || state === LOCK_NOT_AVAILABLE) {
+  if (CONFLICT_ERROR_CLASSES.has(state.slice(0, 2)) || RETRYABLE_ERROR_CODES.has(state) || state === SQLSTATE.LOCK_NOT_AVAILABLE) {
     return new ApiError('sql_conflict', `${where}: ${msg}; nothing applied`, extra, { cause: err });
   }
   // Whatever else a statement raised (XX000, 08006, 57P01 from a RAISE …) is the statement's error:
@@ -255,10 +246,9 @@ function keyNameFor(req: FastifyRequest): string | null {
   return key.name;
 }
 
-/** The runner of an app's transactions (buildApp creates it; the route uses it). */
-export function createTransactionRunner(app: FastifyInstance, opts: Omit<TransactionOptions, 'maxStatements'>): TransactionRunner {
-  return new TransactionRunner({
-    fence: app.fence,
+/** The fence's transaction settings from the route's options (TX_DEFAULTS, FENCEPOST_TX_*). */
+export function transactionSettings(opts: Omit<TransactionOptions, 'maxStatements'>): TransactionSettings {
+  return {
     database: opts.database,
     maxConcurrent: opts.maxConcurrent,
     maxConcurrentPerKey: opts.maxConcurrentPerKey ?? opts.maxConcurrent,
@@ -267,11 +257,10 @@ export function createTransactionRunner(app: FastifyInstance, opts: Omit<Transac
     transactionTimeoutMs: opts.transactionTimeoutMs,
     maxResultBytes: opts.maxResultBytes,
     retries: opts.retries,
-  });
+  };
 }
 
 export async function transactionRoutes(app: FastifyInstance, opts: FastifyPluginOptions & { maxStatements: number }): Promise<void> {
-  const runner = app.transactionRunner;
   // This plugin's context holds this route only. The browser guard has refused every Content-Type
   // but application/json before the body is read, so one parser for all types: fastify's own
   // reading of the media type can never disagree with the guard's.
@@ -295,7 +284,7 @@ export async function transactionRoutes(app: FastifyInstance, opts: FastifyPlugi
       for (const f of tx.fences) await app.forgeryGuard?.admit(f.fenceKey, f.token);
       let result;
       try {
-        result = await runner.run(keyName, tx.fences, tx.statements, { isolation: tx.isolation, writerId: writerId(req) });
+        result = await app.fence.transact(keyName, tx.fences, tx.statements, { isolation: tx.isolation, writerId: writerId(req) });
       } catch (err) {
         throw runnerApiError(err);
       }

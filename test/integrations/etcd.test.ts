@@ -154,14 +154,14 @@ test.skipIf(missing !== null)(
 
     a.signal('SIGCONT'); // A's writer carries on as if it still held the lock
     await a.gone();
-    expect(a.output()).toContain(`a: token ${tokenA} is stale: stepping down`);
+    expect(a.output()).toContain(`a: token ${tokenA} is stale: stepping down: {"error":"stale_token"`); // the proxy's answer, printed
 
     // Invariant: the value is B's, the fence at B's revision; A's refusal is in the rejection log.
     const after = await summary();
     expect(after).toEqual({ body: `written by b with token ${tokenB}`, token: String(tokenB) });
-    const fence = (await (await fetch(`${url}/v1/fences/orders`)).json()) as { highestToken: string };
+    const fence = (await (await fetch(`${url}/v1/fences/orders-summary`)).json()) as { highestToken: string };
     expect(fence.highestToken).toBe(String(tokenB));
-    const { rejections } = (await (await fetch(`${url}/v1/rejections?fenceKey=orders`)).json()) as {
+    const { rejections } = (await (await fetch(`${url}/v1/rejections?fenceKey=orders-summary`)).json()) as {
       rejections: { token: string; highestToken: string; door: string }[];
     };
     expect(rejections).toContainEqual(expect.objectContaining({ token: String(tokenA), highestToken: String(tokenB), door: 'http' }));
@@ -192,11 +192,11 @@ test.skipIf(missing !== null)(
 
     // Invariant: the row is B's, the fence at B's revision; A's refusal is in the rejection log.
     expect(await row()).toBe(`b with token ${tokenB}`);
-    expect((await fenceRow(db.pool, 'orders'))?.highest_token).toBe(String(tokenB));
+    expect((await fenceRow(db.pool, 'orders-summary'))?.highest_token).toBe(String(tokenB));
     // The SQL endpoint records a refusal after answering it.
     const rejections = async () =>
       (
-        (await (await fetch(`${sql.proxy.url}/v1/rejections?fenceKey=orders`)).json()) as {
+        (await (await fetch(`${sql.proxy.url}/v1/rejections?fenceKey=orders-summary`)).json()) as {
           rejections: { token: string; highestToken: string; door: string }[];
         }
       ).rejections;

@@ -35,7 +35,7 @@ const MIN_READ_BYTES = 8 * 1024;
 /**
  * Reads of a socket through net's `onread`: each read goes into the part of a slab no earlier read
  * used (a chunk a listener keeps is never written over), and the chunk is emitted as 'data' at
- * once, without a Readable stream's push, read and nextTick per read (docs/performance.md).
+ * once, without a Readable stream's push, read and nextTick per read (bench/log/2026-12-06-proxy-cpu.md).
  * pause() and resume() work as always (net stops and starts reading), and the end of the stream
  * is reported as always.
  */

@@ -24,7 +24,7 @@ export interface Frame {
  * A frame as MessageReader makes it: where it lies in the chunk it was read in; its bytes and body
  * are cut from the chunk when first asked for (a forwarded frame is written with its neighbours
  * as one piece of the chunk, Outbox, and most are never cut: a Buffer made per frame was the
- * largest cost of relaying one, docs/performance.md).
+ * largest cost of relaying one, bench/log/2026-12-06-proxy-cpu.md).
  */
 export class ReadFrame implements Frame {
   private cutBytes: Buffer | null = null;

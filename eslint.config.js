@@ -76,4 +76,14 @@ export default tseslint.config(
       ],
     },
   },
+  {
+    // Tests use the harness in tools/ and scripts/; the harness never reaches into test/.
+    files: ['tools/**/*.ts', 'scripts/**/*.ts', 'bench/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        { patterns: [{ regex: '(^|/)test/', message: 'tools/, scripts/ and bench/ import nothing from test/.' }] },
+      ],
+    },
+  },
 );

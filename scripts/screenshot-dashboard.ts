@@ -14,7 +14,7 @@ import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { Election } from '../src/election/election.ts';
 import { ZkSession } from '../src/election/zk-session.ts';
-import { launchChromium } from '../test/support/chromium.ts';
+import { launchChromium } from '../tools/chromium.ts';
 
 const REPO = join(import.meta.dirname, '..');
 const out = process.argv[2] ?? join(REPO, 'docs', 'dashboard.png');

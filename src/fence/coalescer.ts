@@ -29,7 +29,8 @@ import type { RejectionLog } from './rejection-log.ts';
 import { watchCommit } from './commit-outcome.ts';
 import { withClient } from './checkout.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
-import { PartialWriteError, WriteOutcomeUnknownError } from './errors.ts';
+import { WriteOutcomeUnknownError } from './errors.ts';
+import { PartialWriteError } from './write-strategy.ts';
 
 /**
  * How long a fence key whose lone write hit the lock timeout is kept out of shared batches, unless

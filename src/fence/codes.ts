@@ -6,8 +6,6 @@
 export const STALE_TOKEN = 'FP409';
 /** A malformed `fencepost.token` or `fencepost.fence_key` setting. */
 export const INVALID_FENCE_SETTING = 'FP400';
-/** A statement ended the fenced transaction (COMMIT AND CHAIN, …): COMMIT is never reached. */
-export const FENCED_TRANSACTION_ENDED = 'FP410';
 /** The forgery guard could not reach ZooKeeper for this very (fence key, token): safe to retry. */
 export const GUARD_UNAVAILABLE = 'FP503';
 /**

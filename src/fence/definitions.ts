@@ -1,5 +1,5 @@
 // The current definition of every SQL function and view of the fencepost schema, built from the
-// fence rule's fragments (rule.ts). Migrations are history for tables; these exist once, in current
+// fence rule's fragments (sql/rule.ts). Migrations are history for tables; these exist once, in current
 // form, and migrate() re-applies them whenever they change (recorded in fencepost.definitions,
 // migration 0015). A fresh install and an upgrade end with the same schema: migrations/schema.sql
 // is its dump, checked by test/fence/schema.test.ts.
@@ -19,7 +19,7 @@ import {
   NO_PREPARE_READ,
   NO_PREPARE_SEQUENCE,
   refuseUnlessProxy,
-} from './rule.ts';
+} from './sql/rule.ts';
 
 export const DEFINITIONS_VERSION = 14;
 
@@ -66,8 +66,8 @@ BEGIN
 END $$`,
   },
   {
-    // A session's setup, before its first fence: the session's temporary sequence (rule.ts
-    // NO_PREPARE_READ), made once per backend, and the backend's start (rule.ts BACKEND_START_SQL),
+    // A session's setup, before its first fence: the session's temporary sequence (sql/rule.ts
+    // NO_PREPARE_READ), made once per backend, and the backend's start (sql/rule.ts BACKEND_START_SQL),
     // which the proxy binds the session's capabilities to. Harmless to anyone: it fences nothing.
     name: 'fencepost_api.session_start()',
     revoke: true,
@@ -84,10 +84,10 @@ BEGIN
 END $$`,
   },
   {
-    // The connection fence of both SQL doors (rule.ts): called by the proxy on the writer's own
+    // The connection fence of both SQL doors (sql/rule.ts): called by the proxy on the writer's own
     // backend, once per connection and fence key (the SQL endpoint at startup, before the writer's
     // first message; /v1/transactions when a pooled connection serves another set of fences), in a
-    // transaction of its own. Makes the session's temporary sequence (rule.ts NO_PREPARE_READ) once
+    // transaction of its own. Makes the session's temporary sequence (sql/rule.ts NO_PREPARE_READ) once
     // per backend; with a fence key, returns the fence's highest token (null: no fence yet) and,
     // when that is the token, records this backend in fencepost.fenced_backends: the connection
     // passed the fence. It never raises a fence (raise.ts does, in a transaction of the proxy's
@@ -213,7 +213,7 @@ END $$`,
   },
   {
     // The session reset's DISCARD TEMP (session-reset.ts), done only when the session has temporary
-    // objects besides the fence's own sequence (rule.ts NO_PREPARE_SEQUENCE), which would otherwise be
+    // objects besides the fence's own sequence (sql/rule.ts NO_PREPARE_SEQUENCE), which would otherwise be
     // dropped and made again by every transaction (a catalog write each).
     name: 'fencepost_api.discard_temp()',
     revoke: true,

@@ -5,13 +5,18 @@
 // locked, the key's login is unusable); a write whose commit is unknown; a fence row held by a
 // prepared transaction; no writable host; a batch that committed in part; a refused protect.
 import pg from 'pg';
-import type { PreparedHolder } from './prepared-holders.ts';
-import type { WriteOutcome } from './write-strategy.ts';
 import { LOCK_NOT_AVAILABLE, SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION } from './sqlstate.ts';
 import { coerceError } from './pg-errors.ts';
 import type { LoginProblem } from './client-logins.ts';
 
 /** A statement (index; null for COMMIT) failed on a live connection; `cause` is the pg error. Rolled back. */
+/** A prepared transaction found holding a fence row (prepared-holders.ts). */
+export interface PreparedHolder {
+  fenceKey: string;
+  /** The prepared transaction's gid (pg_prepared_xacts.gid). */
+  gid: string;
+}
+
 export class StatementError extends Error {
   readonly index: number | null;
   constructor(index: number | null, cause: unknown) {
@@ -142,19 +147,6 @@ export class NoWritableHostError extends Error {
   constructor(message: string) {
     super(message);
     this.name = 'NoWritableHostError';
-  }
-}
-
-/**
- * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
- * that committed (they are answered as such), `cause` the failure of every other operation.
- */
-export class PartialWriteError extends Error {
-  constructor(
-    readonly applied: WriteOutcome[],
-    override readonly cause: unknown,
-  ) {
-    super('part of a batch committed; the rest failed');
   }
 }
 

@@ -17,7 +17,6 @@ export { MAX_TOKEN, parseToken } from './token.ts';
 export { keyProblem } from './key.ts';
 export { refusedStatement } from './statement-check.ts';
 export { quoteBounded } from './session-fence.ts';
-export { staleDetailText } from './detail.ts';
 
 // What the verbs fail with (errors.ts), and how a Postgres error is read.
 export {

@@ -14,11 +14,9 @@ import { INVALID_SCHEMA_NAME, UNDEFINED_TABLE } from './sqlstate.ts';
 
 export const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
 
-export interface Migration {
-  id: number;
-  name: string;
-  sql: string;
-}
+import type { Migration } from './sql/migrations.ts';
+
+export type { Migration } from './sql/migrations.ts';
 
 export function loadMigrations(dir = MIGRATIONS_DIR): Migration[] {
   const files = readdirSync(dir).filter((f) => /^\d+_[\w-]+\.sql$/.test(f));

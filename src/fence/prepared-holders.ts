@@ -6,13 +6,9 @@
 import pg from 'pg';
 import * as q from './sql/transactions.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
-import { FenceHeldByPreparedError } from './errors.ts';
+import { FenceHeldByPreparedError, type PreparedHolder } from './errors.ts';
 
-export interface PreparedHolder {
-  fenceKey: string;
-  /** The prepared transaction's gid (pg_prepared_xacts.gid). */
-  gid: string;
-}
+export type { PreparedHolder } from './errors.ts';
 
 /**
  * The first prepared transaction found holding one of these fence rows, or null. The row's xmax is

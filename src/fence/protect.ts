@@ -20,8 +20,6 @@ import { withClient } from './checkout.ts';
 import { INSUFFICIENT_PRIVILEGE } from './sqlstate.ts';
 import { ProtectError } from './errors.ts';
 
-export const PROTECT_TRIGGER = 'fencepost_fence';
-
 export interface ProtectedItem {
   kind: 'table' | 'prefix';
   /** The table (as regclass text) or the prefix. */
@@ -77,7 +75,7 @@ export async function protectTable(pool: pg.Pool, table: string, fenceKey: strin
   checkFenceKey(fenceKey);
   return inTransaction(pool, async (client) => {
     const family = await tableFamily(client, table);
-    const me = (await client.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u;
+    const me = (await client.query<{ u: string }>(q.currentUser())).rows[0]!.u;
     for (const rel of family) {
       await client.query(q.declareTable(rel.oid, fenceKey));
       try {

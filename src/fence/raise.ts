@@ -18,7 +18,7 @@
 // token of the fence (the trigger fences_revoke_older, definitions.ts revoke_older_sessions), in
 // its own transaction, before it commits.
 import type pg from 'pg';
-import { fenceHolders, raiseFencesQuery, RAISE_APPLICATION } from './sql/fences.ts';
+import { beginRaise, fenceHolders, raiseFencesQuery, rollbackPreparedHolder, terminateHolder } from './sql/fences.ts';
 import { readHighestToken } from './reads.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
 import { watchCommit } from './commit-outcome.ts';
@@ -85,9 +85,7 @@ export async function raiseFences(
       const waitMs = Math.max(0, Math.trunc(opts.waitMs));
       const lockTimeout = Math.max(1, Math.trunc(opts.waitMs + opts.lockTimeoutMs));
       const statementTimeout = 2 * waitMs + lockTimeout + 5000;
-      await client.query(
-        `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${lockTimeout}; SET LOCAL statement_timeout = ${statementTimeout}; SET LOCAL fencepost.raise_wait_ms = ${waitMs}; SET LOCAL application_name = '${RAISE_APPLICATION}'`,
-      );
+      await client.query(beginRaise({ lockTimeoutMs: lockTimeout, statementTimeoutMs: statementTimeout, waitMs }));
       open = true;
       let finish = () => {};
       const finished = new Promise<void>((resolve) => (finish = resolve));
@@ -162,8 +160,8 @@ async function endHolders(
             ? 'raise: terminating a backend that holds the fence with an older token'
             : 'raise: rolling back a prepared transaction that holds the fence',
         );
-        if (h.kind === 'backend') await pool.query('SELECT pg_terminate_backend($1)', [Number(h.id)]);
-        else await pool.query(`ROLLBACK PREPARED ${quoteLiteral(h.id)}`);
+        if (h.kind === 'backend') await pool.query(terminateHolder(Number(h.id)));
+        else await pool.query(rollbackPreparedHolder(h.id));
       }
     } catch (err) {
       logger?.warn({ fenceKeys, err: (err as Error).message }, 'raise: could not end a holder of the fence');
@@ -173,10 +171,6 @@ async function endHolders(
     await Promise.race([raised, new Promise((resolve) => (wake = setTimeout(resolve, END_POLL_MS)))]);
     clearTimeout(wake);
   }
-}
-
-function quoteLiteral(s: string): string {
-  return `'${s.replace(/'/g, "''")}'`;
 }
 
 /**

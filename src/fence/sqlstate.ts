@@ -7,24 +7,18 @@ export const SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION = '08001';
 export const CONNECTION_FAILURE = '08006';
 export const TRANSACTION_RESOLUTION_UNKNOWN = '08007';
 export const PROTOCOL_VIOLATION = '08P01';
-export const FEATURE_NOT_SUPPORTED = '0A000';
 export const UNIQUE_VIOLATION = '23505';
 export const READ_ONLY_SQL_TRANSACTION = '25006';
-export const IDLE_IN_TRANSACTION_SESSION_TIMEOUT = '25P03';
-export const INVALID_SQL_STATEMENT_NAME = '26000';
 export const INVALID_AUTHORIZATION_SPECIFICATION = '28000';
 export const INVALID_PASSWORD = '28P01';
 export const INVALID_CATALOG_NAME = '3D000';
 export const INVALID_SCHEMA_NAME = '3F000';
 export const SERIALIZATION_FAILURE = '40001';
 export const DEADLOCK_DETECTED = '40P01';
-export const SYNTAX_ERROR = '42601';
 export const INSUFFICIENT_PRIVILEGE = '42501';
 export const UNDEFINED_TABLE = '42P01';
 export const DUPLICATE_OBJECT = '42710';
 export const TOO_MANY_CONNECTIONS = '53300';
-/** currval() of a sequence this session never advanced (a connection whose fence DISCARD ended). */
-export const OBJECT_NOT_IN_PREREQUISITE_STATE = '55000';
 /** lock_timeout expired (class 55): nothing of the statement applied. */
 export const LOCK_NOT_AVAILABLE = '55P03';
 export const QUERY_CANCELED = '57014';

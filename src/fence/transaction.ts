@@ -25,7 +25,7 @@ import pg from 'pg';
 import * as q from './sql/transactions.ts';
 import type { Isolation } from './sql/transactions.ts';
 import { isRetryable, isUnavailable, sqlState } from './pg-errors.ts';
-import { sessionFenceCapability } from './rule.ts';
+import { sessionFenceCapability } from './sql/rule.ts';
 import type { RaiseLogger } from './raise.ts';
 import type { RejectionLog } from './rejection-log.ts';
 import { watchCommit } from './commit-outcome.ts';

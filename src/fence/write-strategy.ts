@@ -5,7 +5,6 @@ import { LRUCache } from 'lru-cache';
 import * as q from './sql/objects.ts';
 import type { Query } from './sql/query.ts';
 import type { WriteRow } from './sql/objects.ts';
-import { PartialWriteError } from './errors.ts';
 
 /** Fence keys whose last passing token the write strategy remembers (see fencedStrategy). */
 const PASSED_HINTS = 10_000;
@@ -27,6 +26,19 @@ export type RunStatement = <R extends pg.QueryResultRow>(statement: Query) => Pr
  * How a batch reaches the database. The product has one (fencedStrategy below). Each statement
  * goes through `run`, so a retry repeats only the statement that failed, never one that committed.
  */
+/**
+ * A strategy's later statement failed after an earlier one committed: `applied` are the outcomes
+ * that committed (they are answered as such), `cause` the failure of every other operation.
+ */
+export class PartialWriteError extends Error {
+  constructor(
+    readonly applied: WriteOutcome[],
+    override readonly cause: unknown,
+  ) {
+    super('part of a batch committed; the rest failed');
+  }
+}
+
 export type WriteStrategy = (run: RunStatement, rows: readonly WriteRow[]) => Promise<WriteOutcome[]>;
 
 /**

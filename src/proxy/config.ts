@@ -12,7 +12,14 @@ import { parseDigestAuth, type DigestAuth } from '../election/index.ts';
 import { electionPathProblem } from '../election/index.ts';
 import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
-import type { TlsFiles } from './access/tls.ts';
+
+/** The proxy's certificate and key files (src/proxy/access/tls.ts loads them). */
+export interface TlsFiles {
+  /** PEM certificate chain (leaf first): FENCEPOST_TLS_CERT. */
+  certFile: string;
+  /** PEM private key of the leaf: FENCEPOST_TLS_KEY. */
+  keyFile: string;
+}
 
 export interface ProxyConfig {
   /** Postgres to use; null = start an embedded one. */

@@ -13,7 +13,7 @@ import { Fence } from '../../src/fence/fence.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { loginName } from '../../src/fence/client-logins.ts';
-import { sessionFenceCapability } from '../../src/fence/rule.ts';
+import { sessionFenceCapability } from '../../src/fence/sql/rule.ts';
 
 let db: TestDatabase;
 let runner: Fence;

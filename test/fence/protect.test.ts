@@ -8,7 +8,7 @@ import pg from 'pg';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, fenceRow } from '../support/sql.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
-import { BACKEND_START_SQL, sessionFenceCapability } from '../../src/fence/rule.ts';
+import { BACKEND_START_SQL, sessionFenceCapability } from '../../src/fence/sql/rule.ts';
 import { listProtected, protectTable, unprotectTable } from '../../src/fence/protect.ts';
 import { BIN } from '../support/proxy.ts';
 import { ProtectError } from '../../src/fence/errors.ts';

@@ -11,7 +11,7 @@ import { parseKeys } from '../../src/proxy/access/keys.ts';
 import { FenceStore } from '../../src/fence/store.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, REPO, testApp } from '../support/proxy.ts';
-import { launchChromium } from '../support/chromium.ts';
+import { launchChromium } from '../../tools/chromium.ts';
 
 let db: TestDatabase;
 let app: FastifyInstance;

@@ -1,6 +1,6 @@
 // The SQL endpoint's refusal while a Postgres failover could lose a fence raise
 // (FENCEPOST_REQUIRE_SYNC_STANDBY=1; the test Postgres has no standby, so the reason is
-// no_sync_standby for the whole file) under the seeded protocol fuzzer (test/support/pgwire-fuzz.ts):
+// no_sync_standby for the whole file) under the seeded protocol fuzzer (tools/chaos/pgwire-fuzz.ts):
 // random message sequences of every kind of session, the current token's included, land no row in
 // any table, make no fence, move no fence and leave no prepared transaction.
 import { describe, expect } from 'vitest';
@@ -16,7 +16,7 @@ import {
   INTRUDERS,
   PREPARE_FINDS as PREPARES,
   type FuzzTarget,
-} from '../support/pgwire-fuzz.ts';
+} from '../../tools/chaos/pgwire-fuzz.ts';
 import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20261201);

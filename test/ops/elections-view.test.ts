@@ -15,7 +15,7 @@ import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import { closedPort } from '../../tools/ports.ts';
 import { createTestDatabase, type TestDatabase } from '../support/db.ts';
 import { listen, testApp } from '../support/proxy.ts';
-import { launchChromium } from '../support/chromium.ts';
+import { launchChromium } from '../../tools/chromium.ts';
 
 const AUTH: DigestAuth = { user: 'elector', password: `pw-${randomUUID()}` };
 const root = `/fencepost-test/view-${randomUUID().slice(0, 8)}`;

@@ -1,5 +1,5 @@
 // `npm run chaos -- --fuzz-sql <seconds> [--seed N]`: the SQL endpoint's protocol fuzzer
-// (test/support/pgwire-fuzz.ts, the property test/proxy/sql/fuzz.test.ts runs a bounded number of
+// (tools/chaos/pgwire-fuzz.ts, the property test/proxy/sql/fuzz.test.ts runs a bounded number of
 // cases of in `npm test`) for as long as asked, with every session kind at once (stale, tokenless,
 // another fence key, and the current token as the control), on an embedded Postgres of its own
 // (prepared transactions enabled) and an in-process proxy. Prints the seed first, fast-check's
@@ -8,7 +8,7 @@ import pino from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
 import { withScratchDatabase } from '../postgres.ts';
-import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats, FUZZ_WAITS } from '../../test/support/pgwire-fuzz.ts';
+import { assertFuzz, controlWrite, prepareFuzzDatabase, FuzzStats, FUZZ_WAITS } from './pgwire-fuzz.ts';
 
 export interface SqlFuzzOptions {
   seed: number;

@@ -4,7 +4,7 @@
 // session's (its temporary sequence) and its registration, not a fence raise (raise.ts), so they
 // never wait for a synchronous standby. Everything spliced is the proxy's own or a literal.
 import pg from 'pg';
-import { sessionFenceCapability, type BackendIdentity } from '../rule.ts';
+import { sessionFenceCapability, type BackendIdentity } from './rule.ts';
 
 /** The backend's setup (definitions.ts session_start): one row, the backend's start. */
 export function connectionSetup(): string {

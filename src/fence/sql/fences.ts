@@ -1,6 +1,7 @@
 // The fences' statements: reading fences, the raise, and who holds a fence a raise waits for.
+import pg from 'pg';
 import type { Query } from './query.ts';
-import { shareStep, raiseStep } from '../rule.ts';
+import { shareStep, raiseStep } from './rule.ts';
 import { shardSql } from '../shards.ts';
 import { prefixEnd } from './objects.ts';
 
@@ -125,3 +126,22 @@ SELECT 'prepared', p.gid, p.owner::text FROM fencepost.fences f JOIN pg_prepared
 
 /** The application_name of a raise's transaction: a label for operators, never a pass (a client can name itself anything). */
 export const RAISE_APPLICATION = 'fencepost-raise';
+
+/**
+ * The raise's transaction: READ COMMITTED (each statement sees the holders the wait let go),
+ * synchronous_commit on whatever the database's default, the lock and statement timeouts, and the
+ * wait the trigger gives older connections (definitions.ts revoke_older_sessions).
+ */
+export function beginRaise(t: { lockTimeoutMs: number; statementTimeoutMs: number; waitMs: number }): string {
+  return `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = ${t.lockTimeoutMs}; SET LOCAL statement_timeout = ${t.statementTimeoutMs}; SET LOCAL fencepost.raise_wait_ms = ${t.waitMs}; SET LOCAL application_name = '${RAISE_APPLICATION}'`;
+}
+
+/** Ends a backend that holds a fence row with an older token (fenceHolders). */
+export function terminateHolder(pid: number): Query {
+  return { text: 'SELECT pg_terminate_backend($1)', values: [pid] };
+}
+
+/** Rolls back a prepared transaction that holds a fence row (fenceHolders); its gid quoted as a literal. */
+export function rollbackPreparedHolder(gid: string): string {
+  return `ROLLBACK PREPARED ${pg.escapeLiteral(gid)}`;
+}

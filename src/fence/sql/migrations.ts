@@ -2,7 +2,6 @@
 // (fencepost.migrations), beside what it describes.
 import type { Query } from './query.ts';
 import { DEFINITIONS_SHA256, DEFINITIONS_VERSION } from '../definitions.ts';
-import type { Migration } from '../migrate.ts';
 
 // Arbitrary constant: "fencepost" as a 64-bit advisory lock key.
 const MIGRATION_LOCK_KEY = 4_669_143_214_093_120n;
@@ -25,6 +24,13 @@ CREATE TABLE IF NOT EXISTS fencepost.migrations (
 id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
 });
 export const applied = (): Query => ({ text: 'SELECT id FROM fencepost.migrations' });
+/** A numbered migration file (migrations/NNNN_name.sql). */
+export interface Migration {
+  id: number;
+  name: string;
+  sql: string;
+}
+
 export const record = (m: Migration): Query => ({
   text: 'INSERT INTO fencepost.migrations (id, name) VALUES ($1, $2)',
   values: [m.id, m.name],

@@ -1,7 +1,7 @@
 // The object store's statements: the fenced write (and its plain-put fast path), object reads and
 // listings, and the fences of objects.
 import type { Query } from './query.ts';
-import { fenceCtes, shareStep } from '../rule.ts';
+import { fenceCtes, shareStep } from './rule.ts';
 import { shardSql } from '../shards.ts';
 
 export type OpKind = 'put' | 'delete' | 'fence';

@@ -2,7 +2,6 @@
 // prefixes, and reading what is protected and enforced.
 import pg from 'pg';
 import type { Query } from './query.ts';
-import { PROTECT_TRIGGER } from '../protect.ts';
 
 /** The table and every descendant (partitions, inheritance children), as regclass text. */
 export const family = (table: string): Query => ({
@@ -77,6 +76,12 @@ export const lock = (): Query => ({
 });
 
 /** DDL takes no parameters: names come from pg_class (regclass text, quoted), the fence key as a literal. */
+/** Who runs `fencepost protect` (the hint for a missing TRIGGER privilege names it). */
+export const currentUser = (): string => 'SELECT current_user AS u';
+
+/** The name of the trigger `fencepost protect` puts on a protected table. */
+export const PROTECT_TRIGGER = 'fencepost_fence';
+
 export const dropTrigger = (rel: string) => `DROP TRIGGER IF EXISTS ${PROTECT_TRIGGER} ON ${rel}`;
 export const tableTrigger = (rel: string, fenceKey: string) =>
   `CREATE TRIGGER ${PROTECT_TRIGGER} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${rel} FOR EACH STATEMENT EXECUTE FUNCTION fencepost.refuse_unfenced_write(${pg.escapeLiteral(fenceKey)})`;

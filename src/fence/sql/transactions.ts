@@ -3,8 +3,8 @@
 // ends the connection, so each transaction carries no proof of its own (openClientTransaction).
 import type { Query } from './query.ts';
 import { ROLE_NAME } from '../client-logins.ts';
-import { NO_PREPARE_READ } from '../rule.ts';
-import { RESET_SESSION } from '../session-reset.ts';
+import { NO_PREPARE_READ } from './rule.ts';
+import { RESET_SESSION } from './session-reset.ts';
 
 export type Isolation = 'read committed' | 'repeatable read' | 'serializable';
 

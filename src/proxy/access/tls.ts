@@ -6,14 +6,9 @@
 import { readFileSync } from 'node:fs';
 import { X509Certificate, createPrivateKey, type KeyObject } from 'node:crypto';
 import { createSecureContext, type SecureContext } from 'node:tls';
-import { ConfigError } from '../config.ts';
+import { ConfigError, type TlsFiles } from '../config.ts';
 
-export interface TlsFiles {
-  /** PEM certificate chain (leaf first): FENCEPOST_TLS_CERT. */
-  certFile: string;
-  /** PEM private key of the leaf: FENCEPOST_TLS_KEY. */
-  keyFile: string;
-}
+export type { TlsFiles } from '../config.ts';
 
 export interface TlsPem {
   cert: Buffer;

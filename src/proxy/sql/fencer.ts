@@ -8,12 +8,20 @@ import {
   RAISE_FIRST,
   STALE_TOKEN,
   DURABILITY_UNSAFE,
-  staleDetailText,
   quoteBounded,
   type SessionRefusal,
   SQLSTATE,
 } from '../../fence/index.ts';
 import type { ErrorFields } from './wire/backend.ts';
+
+/**
+ * The DETAIL of a stale-token refusal, one fixed form for people and for writers' error handling:
+ *   fence key "<fence key as JSON>", token <token>, highest token <highest, or nothing>
+ * The forgery guard's refusals put `unverified token: ` in front: they are not stale rejections.
+ */
+export function staleDetailText(fenceKey: string, token: bigint, highest: bigint | null): string {
+  return `fence key ${JSON.stringify(fenceKey)}, token ${token}, highest token ${highest ?? ''}`;
+}
 
 const refusal = (code: string, message: string, detail?: string, hint?: string): ErrorFields => ({
   severity: 'FATAL',

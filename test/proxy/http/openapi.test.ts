@@ -8,7 +8,7 @@ import { ERRORS, type ErrorCode } from '../../../src/proxy/errors.ts';
 import { TOKEN } from '../../../src/proxy/http/validation.ts';
 import { createTestDatabase, type TestDatabase } from '../../support/db.ts';
 import { listen, testApp } from '../../support/proxy.ts';
-import { launchChromium } from '../../support/chromium.ts';
+import { launchChromium } from '../../../tools/chromium.ts';
 import { SECRET, bearer, securedApp, uniqueRole } from '../../support/keys.ts';
 
 let db: TestDatabase;

@@ -6,7 +6,7 @@ import { commandTag, frameTag } from '../../../src/proxy/sql/wire/backend.ts';
 import { randomBytes } from 'node:crypto';
 import { ScramClient, ScramServer, mockScramSecret, scramSecret } from '../../../src/proxy/access/scram.ts';
 import { parseOptions } from '../../../src/proxy/sql/startup.ts';
-import { staleDetailText } from '../../../src/fence/index.ts';
+import { staleDetailText } from '../../../src/proxy/sql/fencer.ts';
 import { loadConfig } from '../../../src/proxy/config.ts';
 
 describe('framing', () => {

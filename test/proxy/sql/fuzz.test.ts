@@ -1,4 +1,4 @@
-// The SQL endpoint under a seeded protocol fuzzer (test/support/pgwire-fuzz.ts): random
+// The SQL endpoint under a seeded protocol fuzzer (tools/chaos/pgwire-fuzz.ts): random
 // interleavings of Parse/Bind/Describe/Execute/Close/Flush/Sync/Query and COPY messages from a
 // tokenless session, another fence key's, and a stale one (a token below the fence refused at
 // startup; a connection fenced at the current token revoked by a raise mid-sequence) never land a
@@ -24,7 +24,7 @@ import {
   INTRUDERS,
   PREPARE_FINDS,
   type FuzzTarget,
-} from '../../support/pgwire-fuzz.ts';
+} from '../../../tools/chaos/pgwire-fuzz.ts';
 
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20240611);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 150);

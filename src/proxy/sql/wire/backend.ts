@@ -70,14 +70,6 @@ export function errorResponse(f: ErrorFields): Buffer {
   return message('E', ...parts);
 }
 
-/** An ErrorResponse ('E') from fields read off another one (parseErrorFields), in their order. */
-export function errorFromFields(fields: ReadonlyMap<string, string>): Buffer {
-  const parts: Buffer[] = [];
-  for (const [code, value] of fields) parts.push(Buffer.from(code, 'latin1'), cstr(value));
-  parts.push(Buffer.from([0]));
-  return message('E', ...parts);
-}
-
 /** An ErrorResponse body whose severity ends the session (FATAL, PANIC). */
 export function isFatal(body: Buffer): boolean {
   const fields = parseErrorFields(body);
@@ -99,7 +91,7 @@ export function parseErrorFields(body: Buffer): Map<string, string> {
   return fields;
 }
 
-/** Messages the proxy answers with on every transaction (a held BEGIN's), made once; never written to. */
+/** Messages the proxy sends often (ReadyForQuery after each answered request), made once; never written to. */
 const made = new Map<string, Buffer>();
 const madeOnce = (key: string, make: () => Buffer): Buffer => {
   let b = made.get(key);
@@ -117,9 +109,6 @@ export const authenticationCleartextPassword = (): Buffer => message('R', 3);
 export const authenticationSasl = (...mechanisms: string[]): Buffer => message('R', 10, ...mechanisms, Buffer.from([0]));
 export const authenticationSaslContinue = (data: string): Buffer => message('R', 11, Buffer.from(data, 'utf8'));
 export const authenticationSaslFinal = (data: string): Buffer => message('R', 12, Buffer.from(data, 'utf8'));
-export const bindComplete = (): Buffer => madeOnce('2', () => message('2'));
-export const noData = (): Buffer => madeOnce('n', () => message('n'));
-export const commandComplete = (tag: string): Buffer => madeOnce(`C${tag}`, () => message('C', cstr(tag)));
 export const parameterStatus = (name: string, value: string): Buffer => message('S', name, value);
 export const backendKeyData = (pid: number, secret: number): Buffer => message('K', pid, secret);
 

@@ -1,5 +1,5 @@
 // The SQL endpoint's two statements of its own on a writer's backend, both before the writer hears
-// that its session is ready (src/proxy/sql/fencer.ts), each a simple Query in a transaction of its
+// that its session is ready (session-fence.ts), each a simple Query in a transaction of its
 // own: nothing is sent into the session after them. Committed locally: a catalog write of the
 // session's (its temporary sequence) and its registration, not a fence raise (raise.ts), so they
 // never wait for a synchronous standby. Everything spliced is the proxy's own or a literal.

@@ -43,7 +43,7 @@ export class SqlDoorError extends Error {
 }
 
 /** Connection loss, shutdown, resources, internal errors: the server may have committed before it. */
-const MAYBE_COMMITTED = /^(08|57|53|58|XX|40P)/;
+export const MAYBE_COMMITTED = /^(08|57|53|58|XX|40P)/;
 
 export const UPSERT_OBJECT = `INSERT INTO fencepost.objects AS o (key, fence_key, token, version, content_type, body)
   VALUES ($1, $2, $3, 1, 'application/json', convert_to($4, 'UTF8'))
@@ -59,64 +59,26 @@ export function grantObjectWrites(login: string): string {
   return `GRANT USAGE ON SCHEMA fencepost TO ${l}; GRANT SELECT, INSERT, UPDATE ON fencepost.objects TO ${l}; GRANT USAGE ON SEQUENCE fencepost.object_incarnations TO ${l}`;
 }
 
-interface Session {
+export interface Session {
   token: bigint;
   client: pg.Client;
   ready: Promise<void>;
 }
 
-export class SqlDoor {
-  readonly url: string;
-  private readonly opts: SqlDoorOptions;
+/** A startup option's value as Postgres reads `options`: spaces and backslashes escaped. */
+const optionValue = (v: string): string => v.replace(/[\\ ]/g, '\\$&');
+
+/**
+ * A writer's sessions on the SQL endpoint, one per fence key: a new token gets a new session (the
+ * token and fence key are startup options: the endpoint fences the connection once, at connect).
+ */
+export class FencedSessions {
   private readonly sessions = new Map<string, Session>();
 
-  constructor(opts: SqlDoorOptions) {
-    this.opts = opts;
-    this.url = opts.url;
-  }
+  constructor(private readonly opts: SqlDoorOptions & { queryTimeout?: boolean }) {}
 
-  async put(key: string, body: string, o: { token: bigint; fenceKey: string }): Promise<PutResult> {
-    const s = this.session(o.fenceKey, o.token);
-    try {
-      await s.ready;
-    } catch (err) {
-      this.drop(o.fenceKey, s);
-      const code = (err as { code?: string }).code;
-      // A stale token is refused at connect: as stale as a refused write.
-      if (code === STALE_TOKEN_SQLSTATE) throw staleError(err, o);
-      throw new SqlDoorError(`cannot connect to the SQL endpoint ${this.url}: ${String(err)}`, null, false, code === 'ECONNREFUSED', err);
-    }
-    try {
-      const r = await s.client.query<{ version: number }>({ text: UPSERT_OBJECT, values: [key, o.fenceKey, o.token.toString(), body] });
-      return { key, fenceKey: o.fenceKey, token: o.token, version: r.rows[0]!.version };
-    } catch (err) {
-      const e = err as { code?: string; message?: string; detail?: string };
-      const code = typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) ? e.code : null;
-      if (code === STALE_TOKEN_SQLSTATE) {
-        // A newer leader's raise ended the session: the next token gets a new one.
-        this.drop(o.fenceKey, s);
-        throw staleError(err, o);
-      }
-      // A session that did not answer, or whose backend is gone, is not used again.
-      if (code === null || MAYBE_COMMITTED.test(code)) this.drop(o.fenceKey, s);
-      throw new SqlDoorError(
-        `SQL write ${code ?? 'failed'}: ${e.message ?? String(err)}`,
-        code,
-        code === null || MAYBE_COMMITTED.test(code),
-        false,
-        err,
-      );
-    }
-  }
-
-  async close(): Promise<void> {
-    const all = [...this.sessions.values()];
-    this.sessions.clear();
-    await Promise.all(all.map((s) => s.client.end().catch(() => {})));
-  }
-
-  /** The session for a fence key with this token; a new token gets a new session (startup options). */
-  private session(fenceKey: string, token: bigint): Session {
+  /** The session for a fence key with this token, connecting (`ready`) if it is new. */
+  session(fenceKey: string, token: bigint): Session {
     const cur = this.sessions.get(fenceKey);
     if (cur && cur.token === token) return cur;
     if (cur) this.drop(fenceKey, cur);
@@ -128,25 +90,86 @@ export class SqlDoor {
       database: decodeURIComponent(u.pathname.replace(/^\//, '')),
       user: this.opts.writerId,
       password: this.opts.password ?? '',
-      options: `-c fencepost.token=${token} -c fencepost.fence_key=${fenceKey}`,
+      options: `-c fencepost.token=${token} -c fencepost.fence_key=${optionValue(fenceKey)}`,
       connectionTimeoutMillis: timeout,
-      query_timeout: timeout,
+      ...(this.opts.queryTimeout === false ? {} : { query_timeout: timeout }),
     });
-    client.on('error', () => this.drop(fenceKey, s));
     const s: Session = { token, client, ready: client.connect().then(() => undefined) };
+    client.on('error', () => this.drop(fenceKey, s));
     s.ready.catch(() => {});
     this.sessions.set(fenceKey, s);
     return s;
   }
 
-  private drop(fenceKey: string, s: Session): void {
+  /** Not used again: closed, and forgotten if it is still the fence key's. */
+  drop(fenceKey: string, s: Session): void {
     if (this.sessions.get(fenceKey) === s) this.sessions.delete(fenceKey);
     s.client.end().catch(() => {});
+  }
+
+  async close(): Promise<void> {
+    const all = [...this.sessions.values()];
+    this.sessions.clear();
+    await Promise.all(all.map((s) => s.client.end().catch(() => {})));
+  }
+}
+
+/** The SQLSTATE of a driver error, or null when no answer came (connection error, timeout). */
+export function sqlStateOf(err: unknown): string | null {
+  const code = (err as { code?: unknown }).code;
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : null;
+}
+
+export class SqlDoor {
+  readonly url: string;
+  private readonly sessions: FencedSessions;
+
+  constructor(opts: SqlDoorOptions) {
+    this.url = opts.url;
+    this.sessions = new FencedSessions(opts);
+  }
+
+  async put(key: string, body: string, o: { token: bigint; fenceKey: string }): Promise<PutResult> {
+    const s = this.sessions.session(o.fenceKey, o.token);
+    try {
+      await s.ready;
+    } catch (err) {
+      this.sessions.drop(o.fenceKey, s);
+      const code = (err as { code?: string }).code;
+      // A stale token is refused at connect: as stale as a refused write.
+      if (code === STALE_TOKEN_SQLSTATE) throw staleError(err, o);
+      throw new SqlDoorError(`cannot connect to the SQL endpoint ${this.url}: ${String(err)}`, null, false, code === 'ECONNREFUSED', err);
+    }
+    try {
+      const r = await s.client.query<{ version: number }>({ text: UPSERT_OBJECT, values: [key, o.fenceKey, o.token.toString(), body] });
+      return { key, fenceKey: o.fenceKey, token: o.token, version: r.rows[0]!.version };
+    } catch (err) {
+      const e = err as { message?: string };
+      const code = sqlStateOf(err);
+      if (code === STALE_TOKEN_SQLSTATE) {
+        // A newer leader's raise ended the session: the next token gets a new one.
+        this.sessions.drop(o.fenceKey, s);
+        throw staleError(err, o);
+      }
+      // A session that did not answer, or whose backend is gone, is not used again.
+      if (code === null || MAYBE_COMMITTED.test(code)) this.sessions.drop(o.fenceKey, s);
+      throw new SqlDoorError(
+        `SQL write ${code ?? 'failed'}: ${e.message ?? String(err)}`,
+        code,
+        code === null || MAYBE_COMMITTED.test(code),
+        false,
+        err,
+      );
+    }
+  }
+
+  close(): Promise<void> {
+    return this.sessions.close();
   }
 }
 
 /** A refusal of a stale token (FP409), as the HTTP client's StaleTokenError. */
-function staleError(err: unknown, o: { token: bigint; fenceKey: string }): StaleTokenError {
+export function staleError(err: unknown, o: { token: bigint; fenceKey: string }): StaleTokenError {
   const e = err as { message?: string; detail?: string };
   const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
   return new StaleTokenError(409, {

@@ -9,9 +9,8 @@
 // that point (SIGSTOP), a newer leader's raise ends its connection (and the open transaction) on
 // the database side, and the COMMIT sent after SIGCONT fails with FP409, thrown as the HTTP
 // client's StaleTokenError so a FencedWriter steps down on it as on a 409.
-import pg from 'pg';
-import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
-import { SqlDoorError, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
+import { ProxyClient, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
+import { FencedSessions, MAYBE_COMMITTED, SqlDoorError, STALE_TOKEN_SQLSTATE, sqlStateOf, staleError } from './sql-door.ts';
 
 /** The table the transactions insert into: one row per write, its key the primary key. */
 export function demoLedgerTable(table: string): string {
@@ -29,18 +28,9 @@ export interface SqlTransactionOptions {
   betweenInsertAndCommit: (key: string, token: bigint) => Promise<void>;
 }
 
-interface Session {
-  token: bigint;
-  client: pg.Client;
-  ready: Promise<void>;
-}
-
-/** Connection loss, shutdown, resources, internal errors: the server may have committed before it. */
-const MAYBE_COMMITTED = /^(08|57|53|58|XX|40P)/;
-
 /** A ProxyClient whose object writes are SQL transactions; fence advances stay HTTP. */
 export class SqlTransactionClient extends ProxyClient {
-  private readonly sessions = new Map<string, Session>();
+  private readonly sessions: FencedSessions;
 
   constructor(
     baseUrl: string,
@@ -48,11 +38,13 @@ export class SqlTransactionClient extends ProxyClient {
     private readonly tx: SqlTransactionOptions,
   ) {
     super(baseUrl, clientOptions);
+    // No query timeout: the writer may be frozen between its INSERT and its COMMIT.
+    this.sessions = new FencedSessions({ ...tx, queryTimeout: false });
   }
 
   override async put(key: string, body: string | Uint8Array, o: { token: bigint; fenceKey?: string }): Promise<PutResult> {
     const fenceKey = o.fenceKey ?? key;
-    const s = this.session(fenceKey, o.token);
+    const s = this.sessions.session(fenceKey, o.token);
     let stage: 'connect' | 'BEGIN' | 'INSERT' | 'COMMIT' = 'connect';
     try {
       await s.ready;
@@ -68,20 +60,11 @@ export class SqlTransactionClient extends ProxyClient {
       await s.client.query('COMMIT');
       return { key, fenceKey, token: o.token, version: 1 };
     } catch (err) {
-      const e = err as { code?: string; message?: string; detail?: string };
-      const code = typeof e.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) ? e.code : null;
+      const e = err as { message?: string };
+      const code = sqlStateOf(err);
       // The transaction is over either way: a session that failed in one is not used again.
-      this.drop(fenceKey, s);
-      if (code === STALE_TOKEN_SQLSTATE) {
-        const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
-        throw new StaleTokenError(409, {
-          error: 'stale_token',
-          message: e.message,
-          fenceKey,
-          token: o.token.toString(),
-          highestToken: highest ?? '0',
-        });
-      }
+      this.sessions.drop(fenceKey, s);
+      if (code === STALE_TOKEN_SQLSTATE) throw staleError(err, { token: o.token, fenceKey });
       const indeterminate = stage === 'COMMIT' && (code === null || MAYBE_COMMITTED.test(code));
       throw new SqlDoorError(
         `SQL ${stage} ${code ?? 'failed'}: ${e.message ?? String(err)}`,
@@ -93,35 +76,7 @@ export class SqlTransactionClient extends ProxyClient {
     }
   }
 
-  async close(): Promise<void> {
-    const all = [...this.sessions.values()];
-    this.sessions.clear();
-    await Promise.all(all.map((s) => s.client.end().catch(() => {})));
-  }
-
-  private session(fenceKey: string, token: bigint): Session {
-    const cur = this.sessions.get(fenceKey);
-    if (cur && cur.token === token) return cur;
-    if (cur) this.drop(fenceKey, cur);
-    const u = new URL(this.tx.url);
-    const client = new pg.Client({
-      host: u.hostname,
-      port: Number(u.port || 5432),
-      database: decodeURIComponent(u.pathname.replace(/^\//, '')),
-      user: this.tx.writerId,
-      password: this.tx.password ?? '',
-      options: `-c fencepost.token=${token} -c fencepost.fence_key=${fenceKey}`,
-      connectionTimeoutMillis: 10_000,
-    });
-    const s: Session = { token, client, ready: client.connect().then(() => undefined) };
-    client.on('error', () => this.drop(fenceKey, s));
-    s.ready.catch(() => {});
-    this.sessions.set(fenceKey, s);
-    return s;
-  }
-
-  private drop(fenceKey: string, s: Session): void {
-    if (this.sessions.get(fenceKey) === s) this.sessions.delete(fenceKey);
-    s.client.end().catch(() => {});
+  close(): Promise<void> {
+    return this.sessions.close();
   }
 }

@@ -100,19 +100,20 @@ export class Fence {
    * with the lock's error (nothing committed).
    */
   async write(op: FencedOp, ctx: WriteContext = {}): Promise<FencedResult> {
+    const since = Date.now();
     try {
       return await this.store.write(op);
     } catch (err) {
       if (sqlState(err) !== LOCK_NOT_AVAILABLE) throw err;
       const highest = await this.store.readHighestToken(op.fenceKey).catch(() => null);
       if ((highest ?? -1n) >= op.token) throw err;
-      const logger = ctx.logger ?? this.opts.logger;
-      const raised = await this.raiseOne(op.fenceKey, op.token, op.writerId ?? null, { waitMs: 0, ...(logger ? { logger } : {}) }).catch(
-        (e: unknown) => {
-          throw e instanceof WriteOutcomeUnknownError ? e : err;
-        },
-      );
-      if (raised !== op.token) throw err; // a raise above it won meanwhile: the caller's retry reads it
+      const [raised] = await this.raiseFor([{ fenceKey: op.fenceKey, token: op.token }], op.writerId ?? null, {
+        since,
+        ...(ctx.logger ? { logger: ctx.logger } : {}),
+      }).catch((e: unknown) => {
+        throw e instanceof WriteOutcomeUnknownError ? e : err;
+      });
+      if (raised?.highestToken !== op.token) throw err; // a raise above it won meanwhile: the caller's retry reads it
       return await this.store.write(op);
     }
   }
@@ -142,7 +143,7 @@ export class Fence {
         {
           owner: this.owner,
           provision: () => this.provision(),
-          raise: (fences, writerId, opts) => this.raise(fences, writerId, opts),
+          raiseFor: (fences, writerId, opts) => this.raiseFor(fences, writerId, opts),
           raisedAbove: (fenceKey, token, waitMs) => this.raisedAbove(fenceKey, token, waitMs),
           lockTimeoutMs: this.opts.lockTimeoutMs,
           rejections: this.store.rejections,
@@ -167,6 +168,21 @@ export class Fence {
   }
 
   // ---- Raises ----
+
+  /**
+   * The raise every door's verb makes for a new leader (write, transact, enterSession): the one
+   * policy of how long older tokens' holders are waited for. A new leader waits at most
+   * FENCEPOST_RAISE_WAIT_MS for them, counted from `since`, its first attempt (a write that already
+   * waited out the lock timeout on their row lock raises at once), then the raise ends them.
+   */
+  raiseFor(
+    fences: readonly { fenceKey: string; token: bigint }[],
+    writerId: string | null,
+    opts: { since: number; logger?: RaiseLogger },
+  ): Promise<RaisedFence[]> {
+    const waitMs = Math.max(0, this.opts.raiseWaitMs - (Date.now() - opts.since));
+    return this.raise(fences, writerId, { waitMs, ...(opts.logger ? { logger: opts.logger } : {}) });
+  }
 
   /**
    * Raises each fence to its token where it is absent or below, in a transaction of the proxy's

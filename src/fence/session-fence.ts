@@ -81,7 +81,8 @@ export type SessionFence = { kind: 'unfenced' } | { kind: 'fenced'; pair: FenceP
 
 /** What a session fence needs of the Fence (fence.ts). */
 export interface SessionFenceHost {
-  raise(fences: readonly FencePair[], writerId: string | null, opts: { logger?: RaiseLogger }): Promise<unknown>;
+  /** Fence.raiseFor: the doors' one wait policy, counted from `since`. */
+  raiseFor(fences: readonly FencePair[], writerId: string | null, opts: { since: number; logger?: RaiseLogger }): Promise<unknown>;
 }
 
 /** A fencepost.token is at most 19 digits (MAX_TOKEN) after leading zeros (a ZooKeeper sequence suffix keeps them). */
@@ -128,6 +129,7 @@ const refused = (refusal: SessionRefusal): SessionFence => ({ kind: 'refused', r
 
 /** Decides the connection's fence from its startup settings, on its backend (see the top of this file). */
 export async function enterSession(host: SessionFenceHost, req: SessionRequest, backend: SessionBackend): Promise<SessionFence> {
+  const since = Date.now();
   const pair = settingsPair(req.settings, req.mayWrite);
   if (pair === null) return { kind: 'unfenced' };
   if (!('token' in pair)) return refused(pair);
@@ -172,7 +174,7 @@ export async function enterSession(host: SessionFenceHost, req: SessionRequest, 
   }
   let raiseFailed = false;
   try {
-    await host.raise([pair], req.writerId, { logger: req.logger });
+    await host.raiseFor([pair], req.writerId, { since, logger: req.logger });
   } catch (err) {
     raiseFailed = true;
     // A prepared transaction holding the fence row is named (raise.ts): only an operator ends it.

@@ -100,7 +100,8 @@ export interface TransactionHost {
   /** The proxy's own pool (DATABASE_URL's role): a login's password reset, a runaway backend ended. */
   owner: pg.Pool;
   provision(): Promise<ProvisionResult>;
-  raise(fences: readonly TxFence[], writerId: string | null, opts?: { logger?: RaiseLogger }): Promise<unknown>;
+  /** Fence.raiseFor: the door's one wait policy, counted from `since`. */
+  raiseFor(fences: readonly TxFence[], writerId: string | null, opts: { since: number; logger?: RaiseLogger }): Promise<unknown>;
   raisedAbove(fenceKey: string, token: bigint, waitMs: number): Promise<bigint | null>;
   /** How long a raise may take to commit once it ended its holders. */
   lockTimeoutMs: number;
@@ -173,6 +174,8 @@ export class TransactionRunner {
     } catch {
       throw new TransactionTimeoutError(this.opts.transactionTimeoutMs);
     }
+    // A raise's wait for older holders counts from here: the transaction's turn (Fence.raiseFor).
+    const since = Date.now();
     try {
       const outcome = await this.staleWhenDeposed(sorted, () =>
         retryOnConflict(
@@ -184,7 +187,7 @@ export class TransactionRunner {
                 if (err instanceof RaiseFirstError && !raised && !deadline.aborted) {
                   // A new leader's first transaction: raise its fences in a statement of the proxy's, then again.
                   raised = true;
-                  await this.host.raise(sorted, opts.writerId).catch((e: unknown) => {
+                  await this.host.raiseFor(sorted, opts.writerId, { since }).catch((e: unknown) => {
                     if (e instanceof WriteOutcomeUnknownError) throw new CommitUnknownError(e, `${e.message}; none of the statements ran`);
                     throw sqlState(e) === LOCK_NOT_AVAILABLE ? new FenceBusyError(e) : isUnavailable(e) ? new ConnectionLostError(e) : e;
                   });

@@ -29,13 +29,18 @@ import { parseArgs } from 'node:util';
 import type { ParseArgsConfig } from 'node:util';
 import { pino } from 'pino';
 import type { Logger } from 'pino';
-import { ZK_CONNECT_WAIT_MS } from '../election/index.ts';
-import { Election } from '../election/index.ts';
-import type { ElectionPolicy } from '../election/index.ts';
-import { formatAdvice, measureSessionTimeoutAdvice } from '../election/index.ts';
-import { parseDigestAuth, type DigestAuth } from '../election/index.ts';
+import {
+  ZK_CONNECT_WAIT_MS,
+  Election,
+  type ElectionPolicy,
+  formatAdvice,
+  measureSessionTimeoutAdvice,
+  parseDigestAuth,
+  type DigestAuth,
+  defaultCandidateId,
+  electionPathProblem,
+} from '../election/index.ts';
 import { Guardian } from './guardian.ts';
-import { defaultCandidateId, electionPathProblem } from '../election/index.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
 import { ElectionMetrics } from './election-metrics.ts';
 import { CommandFailure, firstLine } from './command-failure.ts';

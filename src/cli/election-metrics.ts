@@ -11,8 +11,7 @@
 // the fence advance (--proxy) runs and before the command has started; /leader (readiness) answers
 // the narrower question of whether the command runs.
 import { Counter, Gauge, Registry } from 'prom-client';
-import type { Election } from '../election/index.ts';
-import type { SessionState } from '../election/index.ts';
+import type { Election, SessionState } from '../election/index.ts';
 import { processMetrics } from '../metrics/process.ts';
 
 /** Every value of fencepost_election_session_state's `state` label (ZkSession's states, as /healthz names them). */

@@ -7,9 +7,7 @@
 //           candidate has ever joined); JSON adds "pathExists": false, and stderr says so
 //   exit 1: ZooKeeper unreachable; exit 2: usage error
 import { parseArgs } from 'node:util';
-import { readLeader } from '../election/index.ts';
-import { ZkSession, ZK_CONNECT_WAIT_MS } from '../election/index.ts';
-import { electionPathProblem } from '../election/index.ts';
+import { readLeader, ZkSession, ZK_CONNECT_WAIT_MS, electionPathProblem } from '../election/index.ts';
 
 export const LEADER_USAGE = 'usage: fencepost leader --zk <connect-string> --path <election-path> [--json]';
 

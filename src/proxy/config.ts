@@ -8,8 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { isIP } from 'node:net';
 import { parseKeys, type AccessKey } from './access/keys.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
-import { parseDigestAuth, type DigestAuth } from '../election/index.ts';
-import { electionPathProblem } from '../election/index.ts';
+import { parseDigestAuth, type DigestAuth, electionPathProblem } from '../election/index.ts';
 import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
 

@@ -31,10 +31,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LRUCache } from 'lru-cache';
 import type { Logger } from 'pino';
-import { ZkSession } from '../election/index.ts';
-import { ZK_CODES, ZkError } from '../election/index.ts';
-import { parseCandidate } from '../election/index.ts';
-import { digestId, formatAcl, isElectionAcl, type DigestAuth } from '../election/index.ts';
+import { ZkSession, ZK_CODES, ZkError, parseCandidate, digestId, formatAcl, isElectionAcl, type DigestAuth } from '../election/index.ts';
 import { ApiError } from './errors.ts';
 
 export interface GuardMapping {

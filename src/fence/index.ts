@@ -56,7 +56,7 @@ export { checkDatabaseUrl, clientConfig, databaseTarget, describeTarget, primary
 export { describeHost, leaveOldHosts, type DatabaseHost } from './primary-finder.ts';
 export { hearClientErrors } from './checkout.ts';
 export type { RunningPostgres } from './embedded-postgres.ts';
-export { runningClusterUrl } from './embedded-cluster.ts';
+export { runningClusterUrl, runningClusters } from './embedded-cluster.ts';
 
 // The schema, health and durability.
 export { migrate, migrationsApplied } from './migrate.ts';

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A ZooKeeper for trying `fencepost elect` in one command: installs Debian's `zookeeper` package and a
 # Java runtime when missing (apt-get, as scripts/setup.sh does), then runs a standalone server on
-# 127.0.0.1 on a free port with a temporary data dir (scripts/zookeeper.ts), printing
+# 127.0.0.1 on a free port (FENCEPOST_PORT_RANGE, e.g. 20000-20999, keeps it in a range) with a
+# temporary data dir (scripts/zookeeper.ts), printing
 #   ZK_CONNECT=127.0.0.1:<port>
 # on stdout. Ctrl-C (or SIGTERM) stops it and removes the data. ZOOKEEPER_JAR names another jar.
 set -euo pipefail

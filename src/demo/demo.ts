@@ -35,6 +35,10 @@ import type { DemoEvent } from './writer.ts';
 const WRITER = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? './writer.ts' : './writer.js', import.meta.url));
 const WRITER_ARGV = WRITER.endsWith('.ts') ? ['--import', 'tsx', WRITER] : [WRITER];
 
+/** The demo's one line on what a token is (printed before the timeline). */
+export const TOKEN_MEANS =
+  "token: the leader's ZooKeeper sequence number, higher for each newer leader; the proxy refuses a write whose token is below the highest it has seen";
+
 export interface DemoOptions {
   replicas?: number;
   sessionTimeoutMs?: number;
@@ -241,6 +245,8 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
     sqlUrl.password = '';
     sqlUrl.hostname = '127.0.0.1';
     sqlUrl.port = String(proxy.pgwirePort);
+    // What the whole demo is about, in one line, before the timeline uses the word.
+    line(Date.now(), 'demo', TOKEN_MEANS);
     line(
       Date.now(),
       'demo',
@@ -585,7 +591,7 @@ function printSummary(
   transaction: TransactionHandover | null,
 ): void {
   print('');
-  print('replica      writes  accepted  rejected  terms (tokens)');
+  print(`${'replica'.padEnd(12)} ${'door'.padEnd(6)} ${'accepted'.padStart(8)}  rejected  terms (tokens)`);
   for (const r of replicas)
     print(
       `${r.replica.padEnd(12)} ${r.door.toUpperCase().padEnd(6)} ${String(r.accepted).padStart(8)}  ${String(r.rejected).padStart(8)}  ${r.tokens.join(', ') || '–'}`,

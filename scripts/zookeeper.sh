@@ -10,11 +10,8 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m[zookeeper]\033[0m %s\n' "$*" >&2; }
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-updated=0
-apt_install() {
-  if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
+# apt_install: apt-get update once, then install; waits for another apt-get's lock, bounded (APT_LOCK_TIMEOUT_S).
+source scripts/apt-install.sh
 
 if [ ! -f "${ZOOKEEPER_JAR:-/usr/share/java/zookeeper.jar}" ]; then
   say "installing ZooKeeper from Debian packages (apt-get install zookeeper)"

@@ -14,6 +14,7 @@ import { startPgbouncer } from '../tools/pgbouncer.ts';
 import { LocalZooKeeper, fourLetterWord } from '../src/demo/local-zookeeper.ts';
 import { createTestDatabase } from './support/db.ts';
 import { run } from './support/cli.ts';
+import { listen, spawnProxy, testApp } from './support/proxy.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-ports-'));
 chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
@@ -232,6 +233,32 @@ describe('FENCEPOST_PORT_RANGE', () => {
     expect(demo.stderr).toBe(
       'fencepost: invalid configuration: FENCEPOST_PORT_RANGE: must be <low>-<high>, e.g. 20000-20999; got "20000"\n',
     );
+  });
+
+  test('the proxies tests start, as a process or in this one, take their ports from the range', { timeout: 120_000 }, async () => {
+    const [lo, hi] = await someRange(100);
+    const inRange = (port: number | null) => port !== null && port >= lo && port <= hi;
+    vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${hi}`);
+    const db = await createTestDatabase();
+    try {
+      const proxy = await spawnProxy({ DATABASE_URL: db.url, FENCEPOST_PGWIRE_PORT: '0' });
+      try {
+        expect(inRange(Number(new URL(proxy.url).port)), `${proxy.url} in ${lo}-${hi}`).toBe(true);
+        expect(inRange(proxy.pgwirePort), `SQL endpoint ${proxy.pgwirePort} in ${lo}-${hi}`).toBe(true);
+      } finally {
+        await proxy.stop();
+      }
+      const app = testApp(db.pool);
+      try {
+        const url = await listen(app);
+        expect(inRange(Number(new URL(url).port)), `${url} in ${lo}-${hi}`).toBe(true);
+      } finally {
+        await app.close();
+      }
+    } finally {
+      vi.unstubAllEnvs();
+      await db.drop();
+    }
   });
 
   test('the local ZooKeeper (scripts/zookeeper.sh, the demo, the tests) takes its ports from the range', { timeout: 60_000 }, async () => {

@@ -18,11 +18,8 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-updated=0
-apt_install() {
-  if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
+# apt_install: apt-get update once, then install; waits for another apt-get's lock, bounded (APT_LOCK_TIMEOUT_S).
+source scripts/apt-install.sh
 
 # apt_install_unused_service PACKAGE SERVICE: where an init system runs, Debian's package also
 # starts its service, which nothing here uses (each test or bench starts a server of its own, on a

@@ -104,7 +104,7 @@ r=$(http GET "$proxy/v1/objects/smoke%2Fhttp")
 say "HTTP: token 2 wrote; stale token 1 refused (409 stale_token), the object unchanged"
 
 # SQL endpoint, with psql: a table the client login may write, as the embedded superuser.
-superuser=$(cat "$(dirname "$data")/postgres.url")
+superuser=$(env -u DATABASE_URL FENCEPOST_DATA_DIR="$data" "$node_bin" bin/fencepost.js db-url) || fail "fencepost db-url beside serve failed"
 psql -X -q -v ON_ERROR_STOP=1 "$superuser" \
   -c 'CREATE TABLE public.smoke (id int PRIMARY KEY, note text)' \
   -c 'GRANT SELECT, INSERT ON public.smoke TO fencepost_client' >/dev/null

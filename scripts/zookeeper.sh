@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A ZooKeeper for trying `fencepost elect` in one command: installs Debian's `zookeeper` package and a
 # Java runtime when missing (apt-get, as scripts/setup.sh does), then runs a standalone server on
-# 127.0.0.1 on a free port with a temporary data dir (scripts/zookeeper.ts), printing
+# 127.0.0.1 on a free port (FENCEPOST_PORT_RANGE, e.g. 20000-20999, keeps it in a range) with a
+# temporary data dir (scripts/zookeeper.ts), printing
 #   ZK_CONNECT=127.0.0.1:<port>
 # on stdout. Ctrl-C (or SIGTERM) stops it and removes the data. ZOOKEEPER_JAR names another jar.
 set -euo pipefail
@@ -9,11 +10,8 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m[zookeeper]\033[0m %s\n' "$*" >&2; }
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-updated=0
-apt_install() {
-  if [ "$updated" = 0 ]; then $SUDO apt-get update -qq || true; updated=1; fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
+# apt_install: apt-get update once, then install; waits for another apt-get's lock, bounded (APT_LOCK_TIMEOUT_S).
+source scripts/apt-install.sh
 
 if [ ! -f "${ZOOKEEPER_JAR:-/usr/share/java/zookeeper.jar}" ]; then
   say "installing ZooKeeper from Debian packages (apt-get install zookeeper)"

@@ -1,12 +1,14 @@
-// `scripts/zookeeper.sh`: one standalone ZooKeeper server on 127.0.0.1, on a free port, with a
-// temporary data dir, for trying `fencepost elect` by hand. Prints `ZK_CONNECT=127.0.0.1:<port>`
+// `scripts/zookeeper.sh`: one standalone ZooKeeper server on 127.0.0.1, on a free port (from
+// FENCEPOST_PORT_RANGE when set), with a temporary data dir, for trying `fencepost elect` by hand. Prints `ZK_CONNECT=127.0.0.1:<port>`
 // on stdout once it serves, then runs until Ctrl-C / SIGTERM, when it stops the server and removes
 // the data dir. Progress goes to stderr. (The server: src/demo/local-zookeeper.ts, as the tests'.)
 import { parseArgs } from 'node:util';
 import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
+import { portRange } from '../src/demo/ports.ts';
 
 const USAGE = `usage: scripts/zookeeper.sh
-  runs a standalone ZooKeeper on 127.0.0.1 (a free port) with a temporary data dir, prints
+  runs a standalone ZooKeeper on 127.0.0.1 (a free port, from FENCEPOST_PORT_RANGE when set,
+  e.g. 20000-20999) with a temporary data dir, prints
   ZK_CONNECT=127.0.0.1:<port>, and stops (removing its data) on Ctrl-C or SIGTERM`;
 
 let values;
@@ -21,6 +23,12 @@ if (values.help) {
   process.exit(0);
 }
 
+try {
+  portRange(); // FENCEPOST_PORT_RANGE, if set, is where the port comes from
+} catch (err) {
+  process.stderr.write(`zookeeper: ${(err as Error).message}\n`);
+  process.exit(2);
+}
 process.stderr.write('zookeeper: starting a standalone server…\n');
 let zk: LocalZooKeeper;
 try {

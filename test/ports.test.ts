@@ -1,18 +1,20 @@
 // Ports for the servers tests start (src/demo/ports.ts, tools/ports.ts): a server we do not write starts on a picked
 // port, and when another process holds that port, on another one; what then answers is that server.
 // Each test hands in the held port as the first pick.
-import { afterAll, expect, test } from 'vitest';
+import { afterAll, describe, expect, test, vi } from 'vitest';
 import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer, connect, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { ephemeralRange, freePort, isPortTaken, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { ephemeralRange, freePort, isPortTaken, portRange, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
 import { closedPort, portTakenLine } from '../tools/ports.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { startPgbouncer } from '../tools/pgbouncer.ts';
 import { LocalZooKeeper, fourLetterWord } from '../src/demo/local-zookeeper.ts';
 import { createTestDatabase } from './support/db.ts';
+import { run } from './support/cli.ts';
+import { listen, spawnProxy, testApp } from './support/proxy.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-ports-'));
 chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
@@ -189,4 +191,92 @@ test('PgBouncer whose picked port is held starts on another, and logs in to its 
     await bouncer.stop();
     await db.drop();
   }
+});
+
+describe('FENCEPOST_PORT_RANGE', () => {
+  /** A range of `size` ports around a free port, inside 1024-65535. */
+  async function someRange(size: number): Promise<[number, number]> {
+    const port = await freePort();
+    const lo = Math.min(port, 65_535 - size + 1);
+    return [lo, lo + size - 1];
+  }
+
+  test('freePort picks only ports inside the range; a range with every port held says so, naming the variable', async () => {
+    const [lo, hi] = await someRange(40);
+    const env = { FENCEPOST_PORT_RANGE: `${lo}-${hi}` };
+    for (let i = 0; i < 20; i++) {
+      const port = await freePort(env);
+      expect(port >= lo && port <= hi, `${port} in ${lo}-${hi}`).toBe(true);
+    }
+    const held = await holdPort();
+    await expect(freePort({ FENCEPOST_PORT_RANGE: `${held}-${held}` })).rejects.toThrow(
+      `no free port in FENCEPOST_PORT_RANGE ${held}-${held}: every port of it is in use`,
+    );
+  });
+
+  test('a malformed or out-of-bounds value is refused at start with a message naming the variable', () => {
+    expect(portRange({})).toBeNull();
+    expect(portRange({ FENCEPOST_PORT_RANGE: '' })).toBeNull();
+    expect(portRange({ FENCEPOST_PORT_RANGE: '20000-20999' })).toEqual([20000, 20999]);
+    expect(portRange({ FENCEPOST_PORT_RANGE: ' 30000 - 30000 ' })).toEqual([30000, 30000]);
+    for (const bad of ['20000', '20000:20999', 'a-b', '-5-10', '20000-', '20000-20999-1'])
+      expect(() => portRange({ FENCEPOST_PORT_RANGE: bad }), bad).toThrow(
+        /^FENCEPOST_PORT_RANGE: must be <low>-<high>, e\.g\. 20000-20999; got /,
+      );
+    for (const bad of ['80-2000', '20000-70000', '21000-20000'])
+      expect(() => portRange({ FENCEPOST_PORT_RANGE: bad }), bad).toThrow(
+        /^FENCEPOST_PORT_RANGE: must be two ports from 1024 to 65535, the low one first; got /,
+      );
+    // The demo and scripts/zookeeper.sh check it before they start anything.
+    const demo = run(['demo'], { FENCEPOST_PORT_RANGE: '20000' });
+    expect(demo.status).toBe(1);
+    expect(demo.stderr).toBe(
+      'fencepost: invalid configuration: FENCEPOST_PORT_RANGE: must be <low>-<high>, e.g. 20000-20999; got "20000"\n',
+    );
+  });
+
+  test('the proxies tests start, as a process or in this one, take their ports from the range', { timeout: 120_000 }, async () => {
+    const [lo, hi] = await someRange(100);
+    const inRange = (port: number | null) => port !== null && port >= lo && port <= hi;
+    vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${hi}`);
+    const db = await createTestDatabase();
+    try {
+      const proxy = await spawnProxy({ DATABASE_URL: db.url, FENCEPOST_PGWIRE_PORT: '0' });
+      try {
+        expect(inRange(Number(new URL(proxy.url).port)), `${proxy.url} in ${lo}-${hi}`).toBe(true);
+        expect(inRange(proxy.pgwirePort), `SQL endpoint ${proxy.pgwirePort} in ${lo}-${hi}`).toBe(true);
+      } finally {
+        await proxy.stop();
+      }
+      const app = testApp(db.pool);
+      try {
+        const url = await listen(app);
+        expect(inRange(Number(new URL(url).port)), `${url} in ${lo}-${hi}`).toBe(true);
+      } finally {
+        await app.close();
+      }
+    } finally {
+      vi.unstubAllEnvs();
+      await db.drop();
+    }
+  });
+
+  test('the local ZooKeeper (scripts/zookeeper.sh, the demo, the tests) takes its ports from the range', { timeout: 60_000 }, async () => {
+    const [lo, hi] = await someRange(60);
+    vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${hi}`);
+    const baseDir = mkdtempSync(join(dir, 'zk-range-'));
+    try {
+      const zk = await LocalZooKeeper.start({ servers: 1, baseDir });
+      try {
+        const n = zk.node(1);
+        for (const port of [n.clientPort, n.quorumPort, n.electionPort])
+          expect(port >= lo && port <= hi, `${port} in ${lo}-${hi}`).toBe(true);
+        expect(await fourLetterWord(n.clientPort, 'conf')).toContain(`dataDir=${join(baseDir, 'zk1')}/`);
+      } finally {
+        await zk.stop();
+      }
+    } finally {
+      vi.unstubAllEnvs();
+    }
+  });
 });

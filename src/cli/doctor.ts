@@ -21,7 +21,7 @@ import {
   runningClusterUrl,
 } from '../fence/admin.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
-import { DEFAULT_DATA_DIR } from '../proxy/config.ts';
+import { describeDatabase, embeddedPlace, noClusterMessage } from './database.ts';
 
 export const DOCTOR_USAGE =
   'usage: fencepost doctor [--zk <connect-string>] [--database-url <postgres-url>] [--require-sync-standby] [--window-ms <n>] [--session-timeout-ms <n>] [--json]\n' +
@@ -65,19 +65,21 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   const configured = positiveInt(values['session-timeout-ms'], '--session-timeout-ms');
   let urlFlag = values['database-url'] !== undefined ? '--database-url' : 'DATABASE_URL';
   let databaseUrl = values['database-url'] ?? (env.DATABASE_URL || undefined);
+  let from = `from ${urlFlag}`;
+  let noDatabase = '';
   if (databaseUrl === undefined && !values.zk) {
-    // Beside a running `fencepost serve` on the embedded Postgres: its cluster (the URL it recorded).
-    const running = runningClusterUrl(env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR);
+    // Beside a running `fencepost serve` on the embedded Postgres: its cluster (the URL it recorded). Never one of its own.
+    const place = embeddedPlace(env);
+    const running = runningClusterUrl(place.dataDir);
     if (running !== null) {
       databaseUrl = running;
       urlFlag = 'FENCEPOST_DATA_DIR';
-    }
+      from = `the embedded Postgres fencepost serve runs on ${place.dataDir}`;
+    } else noDatabase = noClusterMessage(place, env);
   }
   if (windowMs === null || configured === null) return 2;
   if (!values.zk && databaseUrl === undefined) {
-    process.stderr.write(
-      `fencepost doctor: --zk or --database-url is required (no fencepost serve runs the embedded Postgres here)\n${DOCTOR_USAGE}\n`,
-    );
+    process.stderr.write(`fencepost doctor: --zk or --database-url is required (${noDatabase})\n${DOCTOR_USAGE}\n`);
     return 2;
   }
   if (databaseUrl !== undefined) {
@@ -103,6 +105,7 @@ export async function doctorCommand(argv: string[], env: NodeJS.ProcessEnv = pro
   let durability: DurabilityReport | undefined;
   let protectedData: ProtectedDataReport | undefined;
   if (databaseUrl !== undefined) {
+    process.stderr.write(`fencepost doctor: database ${describeDatabase(databaseUrl, from)}\n`);
     progress('checking whether a Postgres failover keeps every fence raise');
     const pool = hearClientErrors(new pg.Pool({ ...clientConfig(databaseUrl), max: 1 }));
     try {

@@ -1,4 +1,5 @@
-// `fencepost <command>`: serve | migrate | elect | doctor | leader | protect | unprotect | demo. (The chaos harness: tools/cli.ts.)
+// `fencepost <command>`: serve | migrate | db-url | elect | doctor | leader | protect | unprotect | demo.
+// (The chaos harness: tools/cli.ts.)
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../proxy/config.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
@@ -6,7 +7,8 @@ import { CommandFailure } from './command-failure.ts';
 
 const USAGE = `usage: fencepost <command> [--help]   (fencepost --version)
   serve     run the fencing proxy (PORT, HOST, DATABASE_URL, FENCEPOST_* settings)
-  migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres)
+  migrate   apply pending migrations to DATABASE_URL (or the embedded Postgres a running serve keeps)
+  db-url    print the URL of that database (DATABASE_URL, or the running embedded Postgres's)
   elect     run a command only while elected leader through ZooKeeper
   doctor    measure ZooKeeper latency and event-loop stalls, advise a session timeout; check Postgres failover durability
   leader    print the current leader of an election path and its token
@@ -30,6 +32,10 @@ async function main(argv: string[]): Promise<number> {
     case 'migrate': {
       const { migrateCommand } = await import('./serve.ts');
       return await migrateCommand(rest);
+    }
+    case 'db-url': {
+      const { dbUrlCommand } = await import('./db-url.ts');
+      return dbUrlCommand(rest);
     }
     case 'elect': {
       const { electCommand } = await import('./elect.ts');

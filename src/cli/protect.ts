@@ -1,8 +1,10 @@
 // `fencepost protect` and `fencepost unprotect`: declare what a fence key guards (src/fence/protect.ts).
-// They run against DATABASE_URL (or the embedded Postgres), migrating it first, and exit.
+// They run against DATABASE_URL (or the embedded Postgres a running `fencepost serve` keeps:
+// database.ts), migrating it first, say on stderr which database they used, and exit.
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../proxy/config.ts';
-import { createLogger, createPool, useEmbedded } from '../proxy/server.ts';
+import { createPool } from '../proxy/server.ts';
+import { commandDatabase } from './database.ts';
 import { databaseError } from '../proxy/startup-errors.ts';
 import { migrate, listProtected, protectPrefix, protectTable, unprotectPrefix, unprotectTable, ProtectError } from '../fence/admin.ts';
 import type pg from 'pg';
@@ -14,25 +16,24 @@ export const PROTECT_USAGE = `usage: fencepost protect <schema.table> --fence-ke
   partitions) in any transaction that did not pass the fence of <key>: through the SQL endpoint
   or POST /v1/transactions with that fence key at its highest token, or not at all. Objects whose
   keys start with a protected prefix are fenced by its key, whatever Fence-Key says.
-  Settings: DATABASE_URL (unset: the embedded Postgres), as for \`fencepost serve\`.`;
+  Settings: DATABASE_URL; unset, the embedded Postgres a running \`fencepost serve\` keeps on
+  FENCEPOST_DATA_DIR (or this checkout's default folder), as for \`fencepost serve\`.`;
 
 export const UNPROTECT_USAGE = `usage: fencepost unprotect <schema.table> | --prefix <object-key-prefix>
   Takes the protection off a table (and its partitions) or an object-key prefix.`;
 
-async function withPool<T>(work: (pool: pg.Pool) => Promise<T>): Promise<T> {
-  const config = loadConfig();
-  const logger = createLogger(config.logLevel === 'info' ? 'warn' : config.logLevel);
-  const embedded = config.databaseUrl === null ? await useEmbedded(config, logger) : null;
-  const databaseUrl = config.databaseUrl ?? embedded!.url;
-  const pool = createPool(databaseUrl, 2);
+async function withPool<T>(command: string, work: (pool: pg.Pool) => Promise<T>): Promise<T> {
+  loadConfig(); // a bad setting is refused as serve refuses it
+  const database = commandDatabase(command);
+  process.stderr.write(`fencepost ${command}: database ${database.description}\n`);
+  const pool = createPool(database.url, 2);
   try {
     await migrate(pool).catch((err: unknown) => {
-      throw databaseError(err, config.databaseUrl === null ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL', databaseUrl);
+      throw databaseError(err, database.setting, database.url);
     });
     return await work(pool);
   } finally {
     await pool.end();
-    await embedded?.stop();
   }
 }
 
@@ -77,7 +78,7 @@ export async function protectCommand(argv: string[]): Promise<number> {
   if (values.list) {
     if (positionals.length > 0 || values.prefix !== undefined || values['fence-key'] !== undefined)
       return usageError('protect', PROTECT_USAGE, '--list takes nothing else');
-    return withPool(async (pool) => {
+    return withPool('protect', async (pool) => {
       const items = await listProtected(pool);
       if (items.length === 0) process.stdout.write('nothing is protected\n');
       for (const i of items)
@@ -92,7 +93,7 @@ export async function protectCommand(argv: string[]): Promise<number> {
   const prefix = values.prefix;
   if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1)
     return usageError('protect', PROTECT_USAGE, 'name one table, or one --prefix');
-  return withPool((pool) =>
+  return withPool('protect', (pool) =>
     report(async () => {
       if (prefix !== undefined) {
         await protectPrefix(pool, prefix, fenceKey);
@@ -128,7 +129,7 @@ export async function unprotectCommand(argv: string[]): Promise<number> {
   const prefix = values.prefix;
   if ((prefix === undefined) === (positionals.length !== 1) || positionals.length > 1)
     return usageError('unprotect', UNPROTECT_USAGE, 'name one table, or one --prefix');
-  return withPool((pool) =>
+  return withPool('unprotect', (pool) =>
     report(async () => {
       if (prefix !== undefined) {
         const removed = await unprotectPrefix(pool, prefix);

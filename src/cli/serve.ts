@@ -3,7 +3,8 @@
 // PORT and HOST and win over them.
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type ProxyConfig } from '../proxy/config.ts';
-import { createLogger, createPool, startProxy, useEmbedded } from '../proxy/server.ts';
+import { createLogger, createPool, startProxy } from '../proxy/server.ts';
+import { commandDatabase } from './database.ts';
 import { StartupError, databaseError } from '../proxy/startup-errors.ts';
 import { migrate } from '../fence/admin.ts';
 
@@ -15,8 +16,9 @@ export const SERVE_USAGE = `usage: fencepost serve [--port <n>] [--host <addr>]
   SIGTERM/SIGINT: finish in-flight requests and stop; SIGHUP: reload the TLS certificate and key.`;
 
 export const MIGRATE_USAGE = `usage: fencepost migrate
-  Applies pending migrations (migrations/*.sql) to DATABASE_URL, or to the embedded Postgres
-  (FENCEPOST_DATA_DIR) when it is unset, and exits.`;
+  Applies pending migrations (migrations/*.sql) to DATABASE_URL, or, when it is unset, to the
+  embedded Postgres a running \`fencepost serve\` keeps on FENCEPOST_DATA_DIR (or this checkout's
+  default folder), and exits. It starts no Postgres of its own: serve migrates at start.`;
 
 /** Parses a subcommand's flags; a usage error prints the usage and yields exit code 2. */
 function parseFlags<T extends Record<string, { type: 'string' | 'boolean' }>>(command: string, usage: string, argv: string[], options: T) {
@@ -99,17 +101,16 @@ export async function migrateCommand(argv: string[] = []): Promise<number> {
   }
   const config = loadConfig();
   const logger = createLogger(config.logLevel);
-  const embedded = config.databaseUrl === null ? await useEmbedded(config, logger) : null;
-  const databaseUrl = config.databaseUrl ?? embedded!.url;
-  const pool = createPool(databaseUrl, 2);
+  const database = commandDatabase('migrate');
+  process.stderr.write(`fencepost migrate: database ${database.description}\n`);
+  const pool = createPool(database.url, 2);
   try {
     const applied = await migrate(pool).catch((err: unknown) => {
-      throw databaseError(err, config.databaseUrl === null ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL', databaseUrl);
+      throw databaseError(err, database.setting, database.url);
     });
     logger.info({ applied }, applied.length ? 'migrations applied' : 'database is up to date');
   } finally {
     await pool.end();
-    await embedded?.stop();
   }
   return 0;
 }

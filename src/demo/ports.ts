@@ -4,8 +4,11 @@
 // port, and when that was taken meanwhile (another test file, another run on the machine), on
 // another (`startOnFreePorts`). What only the harness needs (a closed port, who listens on a port,
 // a server's words for a taken port) is in tools/ports.ts.
+// FENCEPOST_PORT_RANGE (`20000-20999`) keeps every port picked here, and the demo's proxy and
+// embedded Postgres, inside one range: on a machine shared with others, each gets a range of its own.
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
+import { ConfigError } from '../proxy/config.ts';
 
 /** Below this, ports are left to services with well-known or registered numbers. */
 const LOWEST_PORT = 10_000;
@@ -20,13 +23,49 @@ const DEFAULT_ATTEMPTS = 5;
  * connections anywhere on the machine are handed ports from that range, so none of them can take
  * this one while its server restarts.
  */
-export async function freePort(): Promise<number> {
+export async function freePort(env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  const range = portRange(env);
+  if (range !== null) {
+    // Every port of the range, in random order: a small range is used up before it is called full.
+    const [lo, hi] = range;
+    const ports = Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
+    for (let i = ports.length - 1; i > 0; i--) {
+      const j = Math.floor(Math.random() * (i + 1));
+      [ports[i], ports[j]] = [ports[j]!, ports[i]!];
+    }
+    for (const port of ports) if (await bindable(port)) return port;
+    throw new Error(`no free port in FENCEPOST_PORT_RANGE ${lo}-${hi}: every port of it is in use`);
+  }
   const ports = portsOutside(ephemeralRange()).flatMap(([lo, hi]) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i));
   for (let attempt = 0; attempt < 200; attempt++) {
     const port = ports[Math.floor(Math.random() * ports.length)]!;
     if (await bindable(port)) return port;
   }
   throw new Error('no free port outside the ephemeral range');
+}
+
+/** Lowest port FENCEPOST_PORT_RANGE may name: below it, ports need privileges or belong to services. */
+const LOWEST_RANGE_PORT = 1024;
+
+/**
+ * FENCEPOST_PORT_RANGE, `<low>-<high>` (e.g. `20000-20999`): the ports the demo, the local
+ * ZooKeeper (scripts/zookeeper.sh) and the tests' servers are picked from; null when unset (then
+ * freePort picks outside the ephemeral range, and servers of ours bind port 0). A malformed value
+ * is a ConfigError naming the variable: read it at start, before anything runs.
+ */
+export function portRange(env: NodeJS.ProcessEnv = process.env): [number, number] | null {
+  const raw = env.FENCEPOST_PORT_RANGE;
+  if (raw === undefined || raw.trim() === '') return null;
+  const m = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(raw);
+  if (!m) throw new ConfigError('FENCEPOST_PORT_RANGE', `must be <low>-<high>, e.g. 20000-20999; got ${JSON.stringify(raw)}`);
+  const lo = Number(m[1]);
+  const hi = Number(m[2]);
+  if (lo < LOWEST_RANGE_PORT || hi > 65_535 || lo > hi)
+    throw new ConfigError(
+      'FENCEPOST_PORT_RANGE',
+      `must be two ports from ${LOWEST_RANGE_PORT} to 65535, the low one first; got ${lo}-${hi}`,
+    );
+  return [lo, hi];
 }
 
 /** The kernel's ephemeral range (Linux: ip_local_port_range; elsewhere the IANA dynamic range). */

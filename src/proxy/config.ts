@@ -27,6 +27,8 @@ export interface ProxyConfig {
   port: number;
   /** Embedded Postgres data folder (only without DATABASE_URL). */
   dataDir: string;
+  /** Where `serve` records the embedded clusters it runs, so a command given another folder can name the running one. */
+  clusterRegistry: string;
   /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT; 0 = a free port, picked at each start. */
   embeddedPgPort: number;
   /** FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY: serve HTTPS only (and TLS on the SQL endpoint); null = plain. */
@@ -198,6 +200,15 @@ export function defaultDataDir(
   env: NodeJS.ProcessEnv = process.env,
 ): string {
   return join(dataHome(uid, env), checkoutId(packageRoot), 'pgdata');
+}
+
+/**
+ * The folder (in the same data home as the default data folder) where each `fencepost serve` of
+ * this user records the data folder of the embedded cluster it runs, whatever FENCEPOST_DATA_DIR
+ * says: `db-url`, `migrate`, `protect` and `doctor`, finding no cluster on their folder, name those.
+ */
+export function clusterRegistryDir(uid: number = userInfo().uid, env: NodeJS.ProcessEnv = process.env): string {
+  return join(dataHome(uid, env), 'running');
 }
 
 function dataHome(uid: number, env: NodeJS.ProcessEnv): string {
@@ -427,6 +438,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     host,
     port: int(env, 'PORT', 8080, 0, 65535),
     dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
+    clusterRegistry: clusterRegistryDir(userInfo().uid, env),
     embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 0, 0, 65535),
     tls: tlsFiles(env),
     pgwirePort: sqlPort,

@@ -31,7 +31,17 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LRUCache } from 'lru-cache';
 import type { Logger } from 'pino';
-import { ZkSession, ZK_CODES, ZkError, parseCandidate, digestId, formatAcl, isElectionAcl, type DigestAuth } from '../election/index.ts';
+import {
+  ZkSession,
+  ZK_CODES,
+  ZkError,
+  candidateId,
+  parseCandidate,
+  digestId,
+  formatAcl,
+  isElectionAcl,
+  type DigestAuth,
+} from '../election/index.ts';
 import { ApiError } from './errors.ts';
 
 export interface GuardMapping {
@@ -72,16 +82,17 @@ export interface ElectionView {
   /**
    * The trusted lowest candidate: its sequence is the token that may raise the fences. joinedAt:
    * its node's creation (it queued from then); seenSince: when this proxy first saw it lead (at
-   * most its leadership's start; ZooKeeper keeps no time of the handover).
+   * most its leadership's start; ZooKeeper keeps no time of the handover). id: the name it wrote
+   * into its node (`fencepost elect --id`), null when it wrote none.
    */
-  leader: { token: bigint; joinedAt: Date; seenSince: Date } | null;
+  leader: { token: bigint; id: string | null; joinedAt: Date; seenSince: Date } | null;
   /** Why no node under this path is trusted; null when they are. */
   untrusted: string | null;
 }
 
 interface ElectionRead {
   candidates: number;
-  leader: { seq: number; joinedAt: Date } | null;
+  leader: { seq: number; id: string | null; joinedAt: Date } | null;
   untrusted: string | null;
 }
 
@@ -239,7 +250,7 @@ export class ForgeryGuard {
       if (r.leader) {
         let seen = this.leaderSeen.get(m.electionPath);
         if (seen?.seq !== r.leader.seq) this.leaderSeen.set(m.electionPath, (seen = { seq: r.leader.seq, at: new Date() }));
-        leader = { token: BigInt(r.leader.seq), joinedAt: r.leader.joinedAt, seenSince: seen.at };
+        leader = { token: BigInt(r.leader.seq), id: r.leader.id, joinedAt: r.leader.joinedAt, seenSince: seen.at };
       }
       return { electionPath: m.electionPath, fenceKeyPrefix: m.prefix, candidates: r.candidates, leader, untrusted: r.untrusted };
     });
@@ -285,10 +296,18 @@ export class ForgeryGuard {
             : `created without these credentials (ACL): its ACL (${formatAcl(acl)}) lets others than the election identity create or delete nodes`;
         return { candidates, leader: null, untrusted: why };
       }
-      const node = await s.exists(`${path}/${lowest.name}`);
-      // gone meanwhile, or not a candidate's
-      if (node === null || node.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null };
-      return { candidates, leader: { seq: lowest.seq, joinedAt: new Date(Number(node.ctime.readBigInt64BE(0))) }, untrusted: null };
+      // Its data names it (the candidate's id), in the same round trip as its stat.
+      let node: { data: Buffer | undefined; stat: { ephemeralOwner: Buffer; ctime: Buffer } };
+      try {
+        node = await s.getData(`${path}/${lowest.name}`);
+      } catch (err) {
+        if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return { candidates, leader: null, untrusted: null }; // gone meanwhile
+        throw err;
+      }
+      // not a candidate's
+      if (node.stat.ephemeralOwner.every((b) => b === 0)) return { candidates, leader: null, untrusted: null };
+      const joinedAt = new Date(Number(node.stat.ctime.readBigInt64BE(0)));
+      return { candidates, leader: { seq: lowest.seq, id: candidateId(node.data), joinedAt }, untrusted: null };
     } catch (err) {
       if (err instanceof ZkError && err.code === ZK_CODES.NO_NODE) return { candidates: 0, leader: null, untrusted: null };
       throw new ApiError('unavailable', `ZooKeeper unreachable: ${unavailable}`, {}, { cause: err });

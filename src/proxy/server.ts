@@ -5,7 +5,7 @@ import type { Server as TlsServer } from 'node:tls';
 import { existsSync, statSync } from 'node:fs';
 import { userInfo } from 'node:os';
 import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import pino, { type Logger } from 'pino';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from './http/app.ts';
@@ -201,18 +201,6 @@ function installed(pkg: string): boolean {
   }
 }
 
-/**
- * For a command beside `fencepost serve` (migrate, protect): the embedded cluster serve runs on
- * this data folder (its recorded URL), else one started for the command (stopped by `stop`).
- */
-export async function useEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<Pick<RunningPostgres, 'url' | 'stop'>> {
-  const { runningClusterUrl } = await embeddedPostgres();
-  const url = runningClusterUrl(config.dataDir);
-  if (url === null) return startEmbedded(config, logger);
-  logger.info({ dataDir: config.dataDir }, 'using the embedded Postgres a running fencepost serve started');
-  return { url, stop: async () => {} };
-}
-
 /** The embedded Postgres of a config without DATABASE_URL, its failures as one-line StartupErrors naming FENCEPOST_DATA_DIR. */
 export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logger): Promise<RunningPostgres> {
   const { startEmbeddedPostgres, moveDataDir, PostgresAlreadyRunningError, PostgresPortInUseError } = await embeddedPostgres();
@@ -226,6 +214,7 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
       port: config.embeddedPgPort,
       log: (line) => logger.debug({ postgres: line }),
       postgresFlags: ['-c', `max_connections=${embeddedMaxConnections(config)}`],
+      registry: config.clusterRegistry,
     });
   } catch (err) {
     if (err instanceof PostgresAlreadyRunningError) {
@@ -267,6 +256,11 @@ export async function startProxy(
     logger.info({ dataDir: config.dataDir, port: config.embeddedPgPort || 'free' }, 'starting embedded Postgres');
     embedded = await startEmbedded(config, logger);
     databaseUrl = embedded.url;
+    // Where the data is and how other commands (and psql) reach it: said once, at info.
+    logger.info(
+      { dataDir: resolve(config.dataDir), urlFile: embedded.urlFile, port: embedded.port },
+      `embedded Postgres running: data folder ${resolve(config.dataDir)}, superuser URL in ${embedded.urlFile} (\`fencepost db-url\` prints it)`,
+    );
   }
   const databaseSetting = embedded ? 'FENCEPOST_DATA_DIR' : 'DATABASE_URL';
   const pool = createPool(databaseUrl, config.poolSize, {

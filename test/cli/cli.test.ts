@@ -148,14 +148,67 @@ describe('protect', () => {
       const list = run(['protect', '--list'], env);
       expect(list.stdout.trim().split('\n').sort()).toEqual(['prefix\tjobs/\tjobs', 'table\tcli_orders\torders/main']);
       await expect(db.pool.query('INSERT INTO public.cli_orders VALUES (1)')).rejects.toMatchObject({ code: 'FP403' });
-      expect(oneLineFailure(run(['protect', 'public.nothing', '--fence-key', 'k'], env))).toBe(
+      // One line of failure after the line naming the database.
+      const missing = run(['protect', 'public.nothing', '--fence-key', 'k'], env);
+      expect(missing.status).toBe(1);
+      expect(missing.stderr.trimEnd().split('\n')).toEqual([
+        expect.stringMatching(/^fencepost protect: database .*, from DATABASE_URL$/),
         'fencepost: table public.nothing does not exist',
-      );
+      ]);
       expect(run(['protect', 'public.cli_orders'], env).status).toBe(2);
       expect(run(['unprotect', 'public.cli_orders'], env).status).toBe(0);
       expect(run(['unprotect', '--prefix', 'jobs/'], env).stdout).toContain('no longer protected');
       expect(run(['protect', '--list'], env).stdout).toBe('nothing is protected\n');
       await db.pool.query('INSERT INTO public.cli_orders VALUES (1)');
+    } finally {
+      await db.drop();
+    }
+  });
+});
+
+describe('db-url, and the commands beside serve', () => {
+  test('db-url prints DATABASE_URL as set, with nothing on stderr (for psql "$(fencepost db-url)")', () => {
+    const url = 'postgres://app:pw@db.internal:5433/app?sslmode=require';
+    const r = run(['db-url'], { DATABASE_URL: url });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toBe(`${url}\n`);
+    expect(r.stderr).toBe('');
+  });
+
+  // Invariant: only `fencepost serve` starts an embedded Postgres; a command beside it never starts a second one.
+  test.each([['db-url'], ['migrate'], ['protect', '--list'], ['unprotect', '--prefix', 'jobs/']])(
+    '%s with no DATABASE_URL and no serve on the data folder exits 1 in one line saying what to set, and starts no Postgres',
+    (...args) => {
+      const dir = mkdtempSync(join(tmpdir(), 'fencepost-cli-'));
+      try {
+        const dataDir = join(dir, 'pgdata');
+        const line = oneLineFailure(run(args, { DATABASE_URL: '', FENCEPOST_DATA_DIR: dataDir }));
+        expect(line).toMatch(
+          new RegExp(
+            `^fencepost ${args[0]}: DATABASE_URL is unset and no fencepost serve runs the embedded Postgres on FENCEPOST_DATA_DIR ${dataDir}: ` +
+              '(start `fencepost serve` .*, or set DATABASE_URL|a fencepost serve runs one on .*: set FENCEPOST_DATA_DIR=.* \\(or set DATABASE_URL\\))$',
+          ),
+        );
+        expect(existsSync(dataDir)).toBe(false); // nothing initialised, nothing started
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
+
+  test('migrate and protect say on stderr which database they used', async () => {
+    const db = await createTestDatabase({ migrate: false });
+    try {
+      const r = run(['migrate'], { DATABASE_URL: db.url });
+      expect(r.status, r.stderr).toBe(0);
+      const where = new URL(db.url);
+      expect(r.stderr).toContain(
+        `fencepost migrate: database ${where.hostname}:${where.port} (database ${where.pathname.slice(1)}), from DATABASE_URL\n`,
+      );
+      expect(r.stderr).not.toContain(`:${where.password}@`); // never the URL itself
+      const p = run(['protect', '--list'], { DATABASE_URL: db.url });
+      expect(p.status, p.stderr).toBe(0);
+      expect(p.stderr).toContain(`fencepost protect: database ${where.hostname}:${where.port}`);
     } finally {
       await db.drop();
     }

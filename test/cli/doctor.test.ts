@@ -59,6 +59,7 @@ describe('fencepost doctor --database-url', () => {
     const r = run(['doctor', '--database-url', 'postgres://someone:s3cret@127.0.0.1:1/db']);
     expect(r.status, r.stderr).toBe(1);
     expect(r.stderr.trimEnd().split('\n')).toEqual([
+      'fencepost doctor: database 127.0.0.1:1 (database db), from --database-url',
       'fencepost doctor: checking whether a Postgres failover keeps every fence raise…',
       'fencepost doctor: --database-url: nothing is listening at 127.0.0.1:1 (connection refused)',
     ]);

@@ -2,7 +2,7 @@
 // a free port; a second proxy on the same data folder is refused in one line.
 import { afterAll, describe, expect, test } from 'vitest';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { chmodSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import pg from 'pg';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -52,17 +52,37 @@ describe('two proxies on one machine', () => {
     expect(await put(a.url, 'only-in-a', 'x')).toBe(200);
     expect((await fetch(`${a.url}/v1/objects/only-in-a`)).status).toBe(200);
     expect((await fetch(`${b.url}/v1/objects/only-in-a`)).status).toBe(404);
-    // Beside a running serve, migrate and protect use its cluster (the URL it recorded, 0600) instead of refusing the folder.
-    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: join(dir, 'a', 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' };
-    expect(statSync(join(dir, 'a', 'postgres.url')).mode & 0o777).toBe(0o600);
-    const m = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'migrate'], { env, encoding: 'utf8', timeout: 60_000 });
+    // Beside a running serve, migrate and protect use its cluster (the URL it recorded, 0600, in its data folder) and say so.
+    const aData = join(dir, 'a', 'pgdata');
+    const env = { ...process.env, ...EMBEDDED, FENCEPOST_DATA_DIR: aData, FENCEPOST_LOG_LEVEL: 'warn' };
+    const urlFile = join(aData, 'postgres.url');
+    expect(statSync(urlFile).mode & 0o777).toBe(0o600);
+    // serve said where its data and its URL file are when it started.
+    expect(a.output()).toContain(`embedded Postgres running: data folder ${aData}, superuser URL in ${urlFile}`);
+    const fencepost = (args: string[], e: NodeJS.ProcessEnv = env) =>
+      spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), ...args], { env: e, encoding: 'utf8', timeout: 60_000 });
+    const u = fencepost(['db-url']);
+    expect(u.status, u.stderr).toBe(0);
+    expect(u.stdout).toBe(readFileSync(urlFile, 'utf8'));
+    expect(u.stderr).toBe('');
+    const m = fencepost(['migrate']);
     expect(m.status, m.stderr).toBe(0);
-    const l = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'protect', '--list'], {
-      env,
-      encoding: 'utf8',
-      timeout: 60_000,
-    });
+    expect(m.stderr).toMatch(
+      new RegExp(
+        `^fencepost migrate: database 127\\.0\\.0\\.1:\\d+ \\(database postgres\\), the embedded Postgres fencepost serve runs on ${aData}$`,
+        'm',
+      ),
+    );
+    const l = fencepost(['protect', '--list']);
     expect(l.status, l.stderr).toBe(0);
+    // Given another folder (here this checkout's default), a command names the folder a serve runs on, and starts nothing there.
+    const elsewhere = fencepost(['protect', '--list'], { ...env, FENCEPOST_DATA_DIR: '' });
+    expect(elsewhere.status, elsewhere.stderr).toBe(1);
+    expect(elsewhere.stderr).toContain(
+      `fencepost protect: DATABASE_URL is unset and no fencepost serve runs the embedded Postgres on this checkout's default data folder ${defaultDataDir()}: a fencepost serve runs one on `,
+    );
+    expect(elsewhere.stderr).toContain(aData);
+    expect(existsSync(join(defaultDataDir(), 'postmaster.pid'))).toBe(false);
     // doctor with neither --zk nor DATABASE_URL checks that cluster (a lone primary: nothing to warn of).
     const d = spawnSync(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'doctor', '--json'], {
       env,
@@ -83,7 +103,7 @@ describe('two proxies on one machine', () => {
   test("the embedded superuser's unqualified tables go to public, never into the fence's own schema", async () => {
     // Invariant: the superuser is called `fencepost` like the fence's schema; "$user" must not catch a user's tables.
     await start({ FENCEPOST_DATA_DIR: join(dir, 'd', 'pgdata'), FENCEPOST_LOG_LEVEL: 'warn' });
-    const url = readFileSync(join(dir, 'd', 'postgres.url'), 'utf8').trim();
+    const url = readFileSync(join(dir, 'd', 'pgdata', 'postgres.url'), 'utf8').trim();
     const client = new pg.Client({ connectionString: url });
     await client.connect();
     try {

@@ -92,6 +92,7 @@ describe('in headless Chromium', () => {
       const latest = page.locator('#rejections tbody tr').first();
       await expect.poll(() => latest.textContent()).toContain('zombie-2');
       expect(await latest.textContent()).toContain('orders/2');
+      expect(await latest.locator('.door').textContent()).toBe('http'); // which door refused it
       // The chart's bars add up to the rejections in the window.
       const bars = await page.locator('#chart rect.bar').evaluateAll((els) => els.map((e) => Number(e.getAttribute('data-count'))));
       expect(bars).toHaveLength(60);

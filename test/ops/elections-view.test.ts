@@ -69,7 +69,7 @@ interface View {
     electionPath: string;
     fenceKeyPrefix: string;
     candidates: number;
-    leader: { token: string; joinedAt: string; seenSince: string } | null;
+    leader: { token: string; id: string | null; joinedAt: string; seenSince: string } | null;
     untrusted: string | null;
     fence: { fenceKey: string; highestToken: string; raisedBy: string | null } | null;
     fenceRaised: boolean | null;
@@ -106,7 +106,13 @@ describe('GET /v1/elections', () => {
     // One reading answers for up to ELECTIONS_CACHE_MS: what changed shows within it.
     await expect
       .poll(() => electionAt(jobs))
-      .toMatchObject({ candidates: 2, leader: { token: tokenA.toString() }, fenceRaised: false, fence: null, untrusted: null });
+      .toMatchObject({
+        candidates: 2,
+        leader: { token: tokenA.toString(), id: 'replica-a' },
+        fenceRaised: false,
+        fence: null,
+        untrusted: null,
+      });
     const before = await electionAt(jobs);
     expect(Date.parse(before.leader!.joinedAt)).toBeGreaterThan(Date.now() - 60_000);
     // clocks: ZooKeeper's and ours
@@ -200,13 +206,16 @@ describe("the dashboard's Elections panel, in headless Chromium", () => {
       await page.goto(`${url}/dashboard?refreshMs=300&raiseGraceMs=1000`);
       const row = (path: string) => page.locator(`#elections tbody tr[data-election-path="${path}"]`);
       await expect.poll(() => row(jobs).locator('.leader-token').textContent(), { timeout: 10_000 }).toBe(tokenC.toString());
+      expect(await row(jobs).locator('.leader-id').textContent()).toBe('replica-c'); // the leader by name, beside its token
       expect(await row(jobs).locator('.fence-state').getAttribute('data-state')).toBe('raised');
       expect(await row(jobs).locator('.candidates').textContent()).toBe('2');
       expect(await row(idle).locator('.fence-state').textContent()).toBe('nobody leads');
+      expect(await row(idle).locator('.leader-id').textContent()).toBe('—');
 
       await c.close();
       const tokenD = await d.waitForLeadership();
       await expect.poll(() => row(jobs).locator('.leader-token').textContent(), { timeout: 10_000 }).toBe(tokenD.toString());
+      expect(await row(jobs).locator('.leader-id').textContent()).toBe('replica-d');
       expect(await row(jobs).locator('.fence-state').getAttribute('data-state')).toBe('behind');
       // A leader that does not raise its fence past the grace is flagged: it leads but cannot write.
       await expect.poll(() => row(jobs).locator('.fence-state').textContent(), { timeout: 10_000 }).toMatch(/^not raised for ≥ \d+ s$/);

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
 import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
+import { portRange } from '../../src/demo/ports.ts';
 import { startPostgres } from '../../tools/postgres.ts';
 
 declare module 'vitest' {
@@ -40,6 +41,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
   // Tests run the `fencepost` command as users do, from dist/: build it from the sources under test,
   // unless it is newer than all of them (npm ci has just built it; FENCEPOST_TEST_SKIP_BUILD=1
   // skips the check too).
+  portRange(); // FENCEPOST_PORT_RANGE: a bad value stops the run here, naming the variable
   const root = join(import.meta.dirname, '..', '..');
   if (process.env.FENCEPOST_TEST_SKIP_BUILD !== '1' && !distIsFresh(root))
     execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'inherit' });

@@ -6,6 +6,7 @@ import pino, { type Logger } from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { clientRoleFor, type TestDatabase } from './db.ts';
+import { onRangePorts } from './proxy.ts';
 
 export interface SqlProxy {
   proxy: RunningProxy;
@@ -21,15 +22,17 @@ export interface SqlProxy {
 
 /** `opts.logger`: where the proxy logs (default: silent, or FENCEPOST_TEST_LOG's level on stdout). */
 export async function startSqlProxy(db: TestDatabase, env: Record<string, string> = {}, opts: { logger?: Logger } = {}): Promise<SqlProxy> {
-  const config = loadConfig({
+  const base = {
     DATABASE_URL: db.url,
     PORT: '0',
     FENCEPOST_PGWIRE_PORT: '0',
     FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url),
     FENCEPOST_LOG_LEVEL: 'silent',
     ...env,
-  });
-  const proxy = await startProxy(config, opts.logger ?? pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' }));
+  };
+  const logger = opts.logger ?? pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' });
+  // Ports of the OS's choosing, or of FENCEPOST_PORT_RANGE when set.
+  const proxy = await onRangePorts(base, (e) => startProxy(loadConfig(e), logger));
   const port = proxy.pgwirePort!;
   const database = new URL(db.url).pathname.slice(1);
   const url = (user: string, opts: { password?: string; options?: string } = {}) => {

@@ -2,8 +2,9 @@
 // It is also the lesson's GC-pause example as a test: leader A writes X with token t; A is frozen
 // (SIGSTOP) past the session timeout; B is elected with a token > t and writes X; A resumes and its
 // write to X gets 409; X holds B's value; A has stepped down.
-import { afterAll, expect, inject, test } from 'vitest';
-import { runDemo } from '../../src/demo/demo.ts';
+import { afterAll, expect, inject, test, vi } from 'vitest';
+import { TOKEN_MEANS, runDemo } from '../../src/demo/demo.ts';
+import { freePort } from '../../src/demo/ports.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 
 // A database of the file's own: the demos' GRANTs on one shared database, run side by side, fail
@@ -13,6 +14,9 @@ afterAll(() => db.drop());
 
 test('the forced-pause demo runs green: the zombie is rejected with 409 and steps down, no stale write accepted', async () => {
   const lines: string[] = [];
+  // Its proxy's ports come from FENCEPOST_PORT_RANGE when set.
+  const lo = Math.min(await freePort(), 65_535 - 199);
+  vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${lo + 199}`);
   const result = await runDemo({
     replicas: 3,
     sessionTimeoutMs: 2000,
@@ -23,7 +27,7 @@ test('the forced-pause demo runs green: the zombie is rejected with 409 and step
     // Its own client login (roles are cluster-wide), dropped with the database.
     clientRole: clientRoleFor(db.url),
     print: (l) => lines.push(l),
-  });
+  }).finally(() => vi.unstubAllEnvs());
   expect(result.failures).toEqual([]);
   expect(result.ok).toBe(true);
   const { zombie, successor } = result;
@@ -50,4 +54,13 @@ test('the forced-pause demo runs green: the zombie is rejected with 409 and step
   expect(text).toContain(`SIGSTOP ${zombie!.replica}`);
   expect(text).toContain('write REJECTED (409)');
   expect(text).toContain('no stale write accepted');
+  // For the novice: what a token is, in one line before the timeline; the summary names each replica's door.
+  expect(lines.findIndex((l) => l.includes(TOKEN_MEANS))).toBeLessThan(lines.findIndex((l) => l.includes('elected')));
+  expect(lines).toContain('replica      door   accepted  rejected  terms (tokens)');
+  expect(lines.some((l) => /^replica-1 +SQL +\d+ +\d+ /.test(l))).toBe(true);
+  expect(lines.some((l) => /^replica-2 +HTTP +\d+ +\d+ /.test(l))).toBe(true);
+  const port = Number(/proxy up at http:\/\/127\.0\.0\.1:(\d+)/.exec(text)?.[1]);
+  expect(port >= lo && port <= lo + 199, `proxy port ${port} in ${lo}-${lo + 199}`).toBe(true);
+  const sqlPort = Number(/SQL endpoint :(\d+)/.exec(text)?.[1]);
+  expect(sqlPort >= lo && sqlPort <= lo + 199, `SQL endpoint port ${sqlPort} in ${lo}-${lo + 199}`).toBe(true);
 }, 120_000);

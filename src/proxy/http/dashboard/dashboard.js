@@ -109,10 +109,12 @@
       cell(tr, `${e.fenceKeyPrefix}…`, 'key');
       let state, cls;
       if (e.leader === null) {
+        cell(tr, '—', 'leader-id muted');
         cell(tr, '—', 'num leader-token muted');
         cell(tr, '—', 'muted');
         [state, cls] = e.untrusted ? [`not trusted: ${e.untrusted}`, 'fence-state bad'] : ['nobody leads', 'fence-state bad'];
       } else {
+        cell(tr, e.leader.id ?? '—', e.leader.id ? 'key leader-id' : 'leader-id muted').title = e.leader.id ?? 'the leader wrote no id into its node';
         cell(tr, e.leader.token, 'num leader-token');
         // A leader raises its fence as it takes over: then the raise dates its leadership. Until then,
         // what this proxy saw is a lower bound ("≥").
@@ -149,6 +151,7 @@
       cell(tr, r.fenceKey, 'key').title = r.fenceKey;
       cell(tr, r.objectKey ?? '—', 'key');
       cell(tr, r.operation);
+      cell(tr, r.door, 'door'); // http, transaction or sql: which door refused it
       cell(tr, r.token, 'num bad');
       cell(tr, r.highestToken, 'num');
       cell(tr, r.writerId ?? '—', r.writerId ? '' : 'muted');

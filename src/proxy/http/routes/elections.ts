@@ -22,6 +22,10 @@ const election = {
       description: 'the trusted lowest candidate; null when nobody leads (or no node is trusted, see untrusted)',
       properties: {
         token: { type: 'string', description: 'its znode sequence: the token that may raise the fences under the prefix' },
+        id: {
+          type: ['string', 'null'],
+          description: 'its name, as it wrote it into its znode (`fencepost elect --id`, `Election` `id`); null when it wrote none',
+        },
         joinedAt: { type: 'string', format: 'date-time', description: 'when its znode was created (it queued from then; ZooKeeper time)' },
         seenSince: {
           type: 'string',
@@ -60,6 +64,7 @@ export async function electionRoutes(app: FastifyInstance): Promise<void> {
           candidates: v.candidates,
           leader: v.leader && {
             token: v.leader.token.toString(),
+            id: v.leader.id,
             joinedAt: v.leader.joinedAt.toISOString(),
             seenSince: v.leader.seenSince.toISOString(),
           },

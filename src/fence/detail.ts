@@ -8,9 +8,16 @@ export function staleDetailSql(fenceKey: string, token: string, highest: string)
   return `format('fence key %s, token %s, highest token %s', to_json(${fenceKey}), ${token}, ${highest})`;
 }
 
+const UNVERIFIED = 'unverified token: ';
+
 /** SQL: the forgery guard's DETAIL for the same three values. */
 export function unverifiedDetailSql(fenceKey: string, token: string, highest: string): string {
-  return `format('unverified token: fence key %s, token %s, highest token %s', to_json(${fenceKey}), ${token}, ${highest})`;
+  return `format('${UNVERIFIED}fence key %s, token %s, highest token %s', to_json(${fenceKey}), ${token}, ${highest})`;
+}
+
+/** The forgery guard's DETAIL, written by the proxy itself. */
+export function unverifiedDetailText(fenceKey: string, token: bigint, highest: bigint | null): string {
+  return UNVERIFIED + staleDetailText(fenceKey, token, highest);
 }
 
 /** The stale DETAIL, written by the proxy itself (to_json of a string is JSON.stringify's text for the keys fences take). */
@@ -25,4 +32,9 @@ export function parseStaleDetail(detail: string | undefined): { fenceKey: string
   const m = STALE.exec(detail ?? '');
   if (!m) return null;
   return { fenceKey: JSON.parse(m[1]!) as string, token: BigInt(m[2]!), highestToken: m[3] ? BigInt(m[3]) : null };
+}
+
+/** The fence key, token and highest token of an FP409's DETAIL, stale or unverified; null for any other text. */
+export function parseRefusalDetail(detail: string | undefined): { fenceKey: string; token: bigint; highestToken: bigint | null } | null {
+  return parseStaleDetail(detail?.startsWith(UNVERIFIED) ? detail.slice(UNVERIFIED.length) : detail);
 }

@@ -22,6 +22,7 @@ import {
   STALE_TOKEN,
   DURABILITY_UNSAFE,
   staleDetailText,
+  unverifiedDetailText,
   INSUFFICIENT_PRIVILEGE,
   MAX_TOKEN,
   parseToken,
@@ -210,7 +211,7 @@ export async function fenceConnection(settings: FenceSettings, opts: FencerOptio
         { fenceKey, token: token.toString(), unavailable: verdict === 'unavailable' },
         "forgery guard did not admit the connection's token",
       );
-      const detail = `unverified token: ${staleDetailText(fenceKey, token, r.highest)}`;
+      const detail = unverifiedDetailText(fenceKey, token, r.highest);
       if (verdict === 'unavailable') {
         return {
           kind: 'refused',

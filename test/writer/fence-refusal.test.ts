@@ -1,0 +1,87 @@
+// fenceRefusal on shapes built here: the HTTP door's body, a StaleTokenError, Prisma's wrapping
+// (not run against the endpoint in the system test when its client cannot be generated), and what it
+// must not take for a refusal. The real errors of each library are test/orms/orms.test.ts's.
+import { describe, expect, test } from 'vitest';
+import { fenceRefusal, StaleTokenError } from '../../src/writer/index.ts';
+
+const detail = 'fence key "orders/eu", token 7, highest token 9';
+const pgError = () => Object.assign(new Error('stale fencing token: …'), { code: 'FP409', severity: 'ERROR', detail });
+const expected = { code: 'FP409', fenceKey: 'orders/eu', token: 7n, highestToken: 9n };
+
+describe('fenceRefusal', () => {
+  test("reads the fence key, token and highest token from an FP409's DETAIL", () => {
+    expect(fenceRefusal(pgError())).toEqual(expected);
+  });
+
+  test('finds the refusal wrapped as cause, parent, original or driverError', () => {
+    for (const key of ['cause', 'parent', 'original', 'driverError']) {
+      expect(fenceRefusal(Object.assign(new Error('wrapped'), { code: 'WRAPPER', [key]: pgError() }))).toEqual(expected);
+    }
+  });
+
+  test("finds it in Prisma's P2039 under meta.driverAdapterError.cause, by originalCode", () => {
+    // What @prisma/adapter-pg 7's convertDriverError makes of a pg error with an unmapped code, wrapped
+    // by the client as a PrismaClientKnownRequestError.
+    const cause = {
+      originalCode: 'FP409',
+      originalMessage: 'stale fencing token: …',
+      kind: 'postgres',
+      code: 'FP409',
+      severity: 'ERROR',
+      detail,
+    };
+    const err = Object.assign(new Error('Invalid `prisma.row.create()` invocation'), {
+      code: 'P2039',
+      clientVersion: '7.10.0',
+      meta: { modelName: 'row', driverAdapterError: Object.assign(new Error('postgres'), { name: 'DriverAdapterError', cause }) },
+    });
+    expect(fenceRefusal(err)).toEqual(expected);
+  });
+
+  test('an unverified token: the same fields behind the forgery guard’s prefix, and no highest token on a fence never raised', () => {
+    const err = { code: 'FP409', detail: 'unverified token: fence key "orders/eu", token 7, highest token ' };
+    expect(fenceRefusal(err)).toEqual({ code: 'FP409', fenceKey: 'orders/eu', token: 7n, highestToken: null });
+  });
+
+  test('an FP409 that lost its DETAIL is still a refusal, with its numbers unknown', () => {
+    expect(fenceRefusal({ code: 'FP409', message: 'stale fencing token' })).toEqual({
+      code: 'FP409',
+      fenceKey: null,
+      token: null,
+      highestToken: null,
+    });
+  });
+
+  test("the HTTP door's JSON body and ProxyClient's StaleTokenError", () => {
+    const body = { error: 'stale_token', message: '…', fenceKey: 'orders', token: '41', highestToken: '42' };
+    const http = { code: 'stale_token', fenceKey: 'orders', token: 41n, highestToken: 42n };
+    expect(fenceRefusal(body)).toEqual(http);
+    expect(fenceRefusal(new StaleTokenError(409, body))).toEqual(http);
+  });
+
+  test('other errors are not refusals: another SQLSTATE, another HTTP code, non-objects', () => {
+    for (const err of [
+      Object.assign(new Error('read-only'), { code: '25006', detail }),
+      { code: 'FP403', detail },
+      { error: 'token_required', fenceKey: 'orders' },
+      new Error('FP409'),
+      'FP409',
+      null,
+      undefined,
+      42,
+    ]) {
+      expect(fenceRefusal(err)).toBeNull();
+    }
+  });
+
+  test('a cycle of wrappers ends, and a refusal wrapped deeper than the bound is not looked for', () => {
+    const a: Record<string, unknown> = { code: 'A' };
+    const b: Record<string, unknown> = { code: 'B', cause: a };
+    a.parent = b;
+    expect(fenceRefusal(a)).toBeNull();
+    let deep: Record<string, unknown> = pgError() as unknown as Record<string, unknown>;
+    for (let i = 0; i < 6; i++) deep = { cause: deep };
+    expect(fenceRefusal(deep)).toEqual(expected);
+    expect(fenceRefusal({ cause: deep })).toBeNull();
+  });
+});

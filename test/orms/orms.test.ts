@@ -356,7 +356,9 @@ describe('pg-boss', () => {
   const schema = 'pgboss_orms';
   const queue = 'orders-jobs';
 
-  test('migrate: false with the token in the URL, its schema made and granted straight to Postgres: FP409 in err.code', async ({
+  // Writers need USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables; its two
+  // functions (create_queue, delete_queue) make and drop tables: the owner's.
+  test('migrate: false with the token in the URL, its schema made and granted straight to Postgres: FP409 in err.code, a worker fetches and completes', async ({
     db,
     sql,
   }) => {
@@ -368,7 +370,6 @@ describe('pg-boss', () => {
     const role = clientRoleFor(db.url);
     await db.pool.query(`GRANT USAGE ON SCHEMA ${schema} TO ${role}`);
     await db.pool.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ${schema} TO ${role}`);
-    await db.pool.query(`GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ${schema} TO ${role}`);
 
     const lib: Library<PgBoss> = {
       open: async (url, options) => {
@@ -390,6 +391,29 @@ describe('pg-boss', () => {
       ).rows;
     const err = await twoTerms({ db, sql }, lib, { table: jobs, fenceKey: 'orms/pg-boss', base: 1 });
     expect(codeOf(err)).toBe('FP409');
+    // A queue the owner creates after the grants is a new partition of job: no new grant.
+    const later = new PgBoss({ connectionString: db.url, schema, supervise: false, schedule: false });
+    later.on('error', () => {});
+    await later.start();
+    await later.createQueue('orders-later');
+    await later.stop({ graceful: false, wait: true });
+    // A worker of the new term fetches the jobs and completes them, through the endpoint too.
+    const worker = await lib.open(sql.url('orders-worker'), fenceOptions(2, 'orms/pg-boss'));
+    try {
+      expect(await worker.send('orders-later', { id: 9 })).toMatch(/^[0-9a-f-]{36}$/);
+      const fetched = await worker.fetch<{ id: number; v: string }>(queue, { batchSize: 10 });
+      expect(fetched.map((j) => j.data.id).sort()).toEqual([1, 3]);
+      await worker.complete(
+        queue,
+        fetched.map((j) => j.id),
+      );
+    } finally {
+      await lib.close(worker);
+    }
+    const done = await db.pool.query(`SELECT data->>'v' AS v FROM ${schema}.job WHERE name = $1 AND state = 'completed' ORDER BY 1`, [
+      queue,
+    ]);
+    expect(done.rows).toEqual([{ v: 'term 1' }, { v: 'term 2' }]);
   });
 });
 

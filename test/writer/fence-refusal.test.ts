@@ -1,12 +1,59 @@
-// fenceRefusal on shapes built here: the HTTP door's body, a StaleTokenError, Prisma's wrapping
-// (not run against the endpoint in the system test when its client cannot be generated), and what it
-// must not take for a refusal. The real errors of each library are test/orms/orms.test.ts's.
+// fenceRefusal on what a running proxy answers (node-postgres through the SQL endpoint, revoked and
+// refused at connect; the HTTP door's body and ProxyClient's StaleTokenError), and on shapes built
+// here: each wrapper, Prisma's, a cycle, and what it must not take for a refusal. Every library's
+// own errors through the endpoint are test/orms/orms.test.ts's (project system).
 import { describe, expect, test } from 'vitest';
-import { fenceRefusal, StaleTokenError } from '../../src/writer/index.ts';
+import { fenceRefusal, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
+import { sqlTest } from '../support/fixtures.ts';
+import { fenceOptions, raiseFence } from '../support/sql.ts';
 
 const detail = 'fence key "orders/eu", token 7, highest token 9';
 const pgError = () => Object.assign(new Error('stale fencing token: …'), { code: 'FP409', severity: 'ERROR', detail });
 const expected = { code: 'FP409', fenceKey: 'orders/eu', token: 7n, highestToken: 9n };
+
+describe('fenceRefusal on a running proxy', () => {
+  const fenceKey = 'refusal/orders';
+
+  sqlTest("node-postgres: a newer leader's raise, then the old token at connect", async ({ sql }) => {
+    const old = await sql.connect('old-leader', { options: fenceOptions(3, fenceKey) });
+    let revoked: unknown = null;
+    try {
+      await raiseFence(sql, fenceKey, 4);
+      revoked = await old.query('SELECT 1').then(
+        () => null,
+        (err: unknown) => err,
+      );
+    } finally {
+      await old.end().catch(() => {});
+    }
+    const refusal = { code: 'FP409', fenceKey, token: 3n, highestToken: 4n };
+    expect(fenceRefusal(revoked)).toEqual(refusal);
+    const atConnect = await sql.connect('old-leader', { options: fenceOptions(3, fenceKey) }).then(
+      (c) => c.end(),
+      (err: unknown) => err,
+    );
+    expect(fenceRefusal(atConnect)).toEqual(refusal);
+  });
+
+  sqlTest("the HTTP door: the stale write's JSON body, and ProxyClient's StaleTokenError", async ({ sql }) => {
+    const fenceKey = 'refusal/http';
+    await raiseFence(sql, fenceKey, 4);
+    const res = await fetch(`${sql.proxy.url}/v1/objects/refusal%2F1`, {
+      method: 'PUT',
+      headers: { 'fencing-token': '3', 'fence-key': fenceKey },
+      body: 'x',
+    });
+    expect(res.status).toBe(409);
+    const http = { code: 'stale_token', fenceKey, token: 3n, highestToken: 4n };
+    expect(fenceRefusal(await res.json())).toEqual(http);
+    const thrown = await new ProxyClient(sql.proxy.url).put('refusal/1', 'x', { token: 3n, fenceKey }).then(
+      () => null,
+      (err: unknown) => err,
+    );
+    expect(thrown).toBeInstanceOf(StaleTokenError);
+    expect(fenceRefusal(thrown)).toEqual(http);
+  });
+});
 
 describe('fenceRefusal', () => {
   test("reads the fence key, token and highest token from an FP409's DETAIL", () => {

@@ -2,6 +2,7 @@
 // by the SQL endpoint to log the rejection: one format, produced and parsed here.
 //   fence key "<fence key as JSON>", token <token>, highest token <highest, or nothing>
 // The forgery guard's refusals put `unverified token: ` in front: they are not stale rejections.
+// fencepost/writer's fenceRefusal reads both on the writer's side (src/writer/fence-refusal.ts).
 
 /** SQL: the stale DETAIL for these expressions (a text, a bigint, a bigint that may be null). */
 export function staleDetailSql(fenceKey: string, token: string, highest: string): string {
@@ -32,9 +33,4 @@ export function parseStaleDetail(detail: string | undefined): { fenceKey: string
   const m = STALE.exec(detail ?? '');
   if (!m) return null;
   return { fenceKey: JSON.parse(m[1]!) as string, token: BigInt(m[2]!), highestToken: m[3] ? BigInt(m[3]) : null };
-}
-
-/** The fence key, token and highest token of an FP409's DETAIL, stale or unverified; null for any other text. */
-export function parseRefusalDetail(detail: string | undefined): { fenceKey: string; token: bigint; highestToken: bigint | null } | null {
-  return parseStaleDetail(detail?.startsWith(UNVERIFIED) ? detail.slice(UNVERIFIED.length) : detail);
 }

@@ -8,7 +8,7 @@ export { MAX_KEY_BYTES, keyProblem } from './key.ts';
 export * from './codes.ts';
 export * from './sqlstate.ts';
 export { CONFLICT_ERROR_CLASSES, RETRYABLE_ERROR_CODES, isUnavailable, sqlState } from './pg-errors.ts';
-export { parseRefusalDetail, parseStaleDetail, staleDetailText, unverifiedDetailText } from './detail.ts';
+export { parseStaleDetail, staleDetailText, unverifiedDetailText } from './detail.ts';
 
 // The fence every door calls: client logins, raises, where refusals and commits are recorded.
 export { Fence, type FenceOptions } from './fence.ts';

@@ -4,6 +4,8 @@
 // own errors through the endpoint are test/orms/orms.test.ts's (project system).
 import { describe, expect, test } from 'vitest';
 import { fenceRefusal, ProxyClient, StaleTokenError } from '../../src/writer/index.ts';
+import { STALE_TOKEN, staleDetailText, unverifiedDetailText } from '../../src/fence/index.ts';
+import { ERRORS } from '../../src/proxy/errors.ts';
 import { sqlTest } from '../support/fixtures.ts';
 import { fenceOptions, raiseFence } from '../support/sql.ts';
 
@@ -52,6 +54,31 @@ describe('fenceRefusal on a running proxy', () => {
     );
     expect(thrown).toBeInstanceOf(StaleTokenError);
     expect(fenceRefusal(thrown)).toEqual(http);
+  });
+});
+
+// fenceRefusal reads the wire without importing the fence: these keep the two in step.
+describe("fenceRefusal and the fence's own formats", () => {
+  test("reads the DETAIL the proxy writes, stale and unverified, whatever the fence key's characters", () => {
+    for (const fenceKey of ['orders', 'a "quoted", key\\', 'ключ/é', 'token 1, highest token 2']) {
+      expect(fenceRefusal({ code: STALE_TOKEN, detail: staleDetailText(fenceKey, 5n, 6n) })).toEqual({
+        code: 'FP409',
+        fenceKey,
+        token: 5n,
+        highestToken: 6n,
+      });
+      expect(fenceRefusal({ code: STALE_TOKEN, detail: unverifiedDetailText(fenceKey, 5n, null) })).toEqual({
+        code: 'FP409',
+        fenceKey,
+        token: 5n,
+        highestToken: null,
+      });
+    }
+  });
+
+  test("its codes are the fence's and the HTTP registry's", () => {
+    expect(STALE_TOKEN).toBe('FP409');
+    expect(ERRORS.stale_token.status).toBe(409);
   });
 });
 

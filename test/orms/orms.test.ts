@@ -21,7 +21,7 @@ import { DataTypes, Sequelize } from 'sequelize';
 import { EntitySchema as MikroEntity, MikroORM } from '@mikro-orm/postgresql';
 import PgBoss from 'pg-boss';
 import { PrismaPg } from '@prisma/adapter-pg';
-import { afterAll, describe, expect } from 'vitest';
+import { describe, expect, onTestFinished } from 'vitest';
 import { fenceRefusal } from '../../src/writer/index.ts';
 import { sqlTest } from '../support/fixtures.ts';
 import { clientRoleFor, type TestDatabase } from '../support/db.ts';
@@ -421,8 +421,6 @@ describe('Prisma', () => {
   // Prisma 7's client with the pg driver adapter runs no engine: its query compiler ships in
   // @prisma/client. `prisma generate` writes the client into a temporary folder (its node_modules a
   // link to ours), downloading nothing when told its schema engine is one it does not need.
-  const dir = mkdtempSync(join(tmpdir(), 'orms-prisma-'));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
   interface Client {
     prisma_rows: { create(args: { data: { id: number; v: string } }): Promise<unknown> };
     $disconnect(): Promise<void>;
@@ -431,8 +429,8 @@ describe('Prisma', () => {
   // Prisma 7 wants Node 20.19 or later (fencepost, 20.11): on an older Node the test is skipped.
   const [major = 0, minor = 0] = process.versions.node.split('.').map(Number);
   const prismaRuns = major > 20 || (major === 20 && minor >= 19);
-  const generated = (async (): Promise<ClientClass> => {
-    if (!prismaRuns) throw new Error(`Prisma 7 does not run on Node ${process.versions.node}`);
+  /** The generated client's class, in `dir`. */
+  async function generate(dir: string): Promise<ClientClass> {
     mkdirSync(join(dir, 'prisma'));
     symlinkSync(join(import.meta.dirname, '..', '..', 'node_modules'), join(dir, 'node_modules'));
     writeFileSync(
@@ -449,13 +447,14 @@ describe('Prisma', () => {
       env: { ...process.env, PRISMA_SCHEMA_ENGINE_BINARY: '/bin/true', CHECKPOINT_DISABLE: '1' },
     });
     return ((await import(join(dir, 'client', 'client.ts'))) as { PrismaClient: ClientClass }).PrismaClient;
-  })();
-  generated.catch(() => {}); // awaited by the test
+  }
 
   test.skipIf(!prismaRuns)(
     'new PrismaPg({ options }): FP409 behind P2039 in err.meta.driverAdapterError.cause.originalCode',
     async ({ db, sql }) => {
-      const PrismaClient = await generated;
+      const dir = mkdtempSync(join(tmpdir(), 'orms-prisma-'));
+      onTestFinished(() => rmSync(dir, { recursive: true, force: true }));
+      const PrismaClient = await generate(dir);
       // prisma migrate (its schema engine, not downloadable here) would run this straight to Postgres.
       await db.pool.query('CREATE TABLE public.prisma_rows (id int PRIMARY KEY, v text NOT NULL)');
       await grant(db, 'public.prisma_rows');

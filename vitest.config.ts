@@ -25,6 +25,7 @@ const SYSTEM_TESTS = [
   'test/fence/embedded-postgres.test.ts',
   'test/package.test.ts',
   'test/docs.test.ts',
+  'test/orms/orms.test.ts',
 ];
 
 export default defineConfig({

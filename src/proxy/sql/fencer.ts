@@ -23,6 +23,11 @@ export function staleDetailText(fenceKey: string, token: bigint, highest: bigint
   return `fence key ${JSON.stringify(fenceKey)}, token ${token}, highest token ${highest ?? ''}`;
 }
 
+/** The forgery guard's DETAIL: the stale one behind `unverified token: ` (not a stale rejection). */
+export function unverifiedDetailText(fenceKey: string, token: bigint, highest: bigint | null): string {
+  return `unverified token: ${staleDetailText(fenceKey, token, highest)}`;
+}
+
 const refusal = (code: string, message: string, detail?: string, hint?: string): ErrorFields => ({
   severity: 'FATAL',
   code,
@@ -70,14 +75,14 @@ export function refusalFields(r: SessionRefusal): ErrorFields {
       return refusal(
         STALE_TOKEN,
         `unverified fencing token: token ${r.token} would raise fence key ${JSON.stringify(r.fenceKey)} but is not the current leader's`,
-        `unverified token: ${staleDetailText(r.fenceKey, r.token, r.highestToken)}`,
+        unverifiedDetailText(r.fenceKey, r.token, r.highestToken),
         "the forgery guard did not verify this token as the sequence of the current leader's election node; nothing was applied",
       );
     case 'guard_unavailable':
       return refusal(
         GUARD_UNAVAILABLE,
         `cannot verify fencing token ${r.token} of fence key ${JSON.stringify(r.fenceKey)}: ZooKeeper unreachable`,
-        `unverified token: ${staleDetailText(r.fenceKey, r.token, r.highestToken)}`,
+        unverifiedDetailText(r.fenceKey, r.token, r.highestToken),
         "the forgery guard could not ask ZooKeeper whether this token is the current leader's; nothing was applied, connect again",
       );
     case 'not_raised':

@@ -18,7 +18,7 @@ import { DataSource } from 'typeorm';
 import { QueryTypes, Sequelize, Transaction } from 'sequelize';
 import { afterAll, describe, expect } from 'vitest';
 import { sqlTest } from '../../support/fixtures.ts';
-import { fenceOptions, type SqlProxy } from '../../support/sql.ts';
+import { fenceOptions, raiseFence as raise } from '../../support/sql.ts';
 import type { TestDatabase } from '../../support/db.ts';
 
 const run = promisify(execFile);
@@ -50,14 +50,6 @@ async function answer<T>(work: () => Promise<T>): Promise<T | { error: string }>
     return { error: e.code ?? e.cause?.code ?? e.parent?.code ?? e.message ?? String(err) };
   }
 }
-
-const raise = async (sql: SqlProxy, fenceKey: string, token: number) => {
-  const res = await fetch(`${sql.proxy.url}/v1/fences/${encodeURIComponent(fenceKey)}`, {
-    method: 'PUT',
-    headers: { 'fencing-token': String(token) },
-  });
-  expect(res.status).toBe(200);
-};
 
 describe('postgres.js', () => {
   /** SHOW, SET and RESET ALL, each followed by ordinary queries; answers as postgres.js returns them. */

@@ -11,7 +11,7 @@
 // SqlDoorError, `indeterminate` when the write may have committed (connection lost, timeout, the
 // backend died or was shut down).
 import pg from 'pg';
-import { ProxyClient, StaleTokenError, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
+import { ProxyClient, StaleTokenError, fenceRefusal, type ProxyClientOptions, type PutResult } from '../writer/index.ts';
 import { STALE_TOKEN } from '../fence/index.ts';
 
 export const STALE_TOKEN_SQLSTATE = STALE_TOKEN;
@@ -170,8 +170,9 @@ export class SqlDoor {
 
 /** A refusal of a stale token (FP409), as the HTTP client's StaleTokenError. */
 export function staleError(err: unknown, o: { token: bigint; fenceKey: string }): StaleTokenError {
-  const e = err as { message?: string; detail?: string };
-  const highest = /highest token (\d+)/.exec(`${e.detail ?? ''} ${e.message ?? ''}`)?.[1];
+  const e = err as { message?: string };
+  // The refusal's fields as the endpoint sent them (fencepost/writer fenceRefusal reads its DETAIL).
+  const highest = fenceRefusal(err)?.highestToken?.toString();
   return new StaleTokenError(409, {
     error: 'stale_token',
     message: e.message ?? String(err),

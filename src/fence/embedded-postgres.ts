@@ -9,6 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { userInfo } from 'node:os';
 import { createServer } from 'node:net';
 import { clearStalePid, forgetCluster, registerCluster, urlFile } from './embedded-cluster.ts';
+import { publicSearchPath } from './sql/embedded.ts';
 export { PostgresAlreadyRunningError, runningClusterUrl, runningClusters, urlFile } from './embedded-cluster.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -190,7 +191,7 @@ async function keepOwnSchemaOffSearchPath(url: string): Promise<void> {
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   try {
-    await client.query(`ALTER ROLE ${USER} SET search_path = public`);
+    await client.query(publicSearchPath(USER));
   } finally {
     await client.end();
   }

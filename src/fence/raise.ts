@@ -18,11 +18,19 @@
 // token of the fence (the trigger fences_revoke_older, definitions.ts revoke_older_sessions), in
 // its own transaction, before it commits.
 import type pg from 'pg';
-import { beginRaise, fenceHolders, raiseFencesQuery, rollbackPreparedHolder, terminateHolder } from './sql/fences.ts';
+import {
+  beginRaise,
+  fenceHolders,
+  raiseFencesQuery,
+  readHighestTokenAfterRaise,
+  rollbackPreparedHolder,
+  terminateHolder,
+} from './sql/fences.ts';
 import { readHighestToken } from './reads.ts';
 import { explainLockTimeout } from './prepared-holders.ts';
 import { watchCommit } from './commit-outcome.ts';
-import { coerceError, isLostAfterSend } from './pg-errors.ts';
+import { coerceError, isLostAfterSend, sqlState } from './pg-errors.ts';
+import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 import { withClient, type Checkout } from './checkout.ts';
 import { WriteOutcomeUnknownError } from './errors.ts';
 
@@ -174,16 +182,27 @@ async function endHolders(
 }
 
 /**
- * After a writer's backend was terminated mid-transaction: was it a raise above `token`? The raise
- * commits right after its holders are gone, so its fence is read again for up to `waitMs`. The
- * fence's highest token when it is above `token`, else null.
+ * After a writer's backend was terminated: was it a raise above `token`? The fence's highest token
+ * when it is above `token`, else null. With `waitMs` above 0, the fence row is read FOR SHARE under
+ * a lock_timeout of `waitMs` (sql/fences.ts readHighestTokenAfterRaise): a raise holds the row from
+ * before it ends the older backends until it commits, so the answer comes as soon as that raise
+ * commits, and at once when no raise is in flight (an operator's pg_terminate_backend: the writer
+ * hears Postgres's words without a wait). A raise still running after `waitMs`: null.
  */
 export async function raisedAbove(pool: pg.Pool, fenceKey: string, token: bigint, waitMs: number): Promise<bigint | null> {
-  const until = Date.now() + waitMs;
-  for (;;) {
-    const highest = await readHighestToken(pool, fenceKey);
-    if (highest !== null && highest > token) return highest;
-    if (Date.now() >= until) return null;
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
+  const above = (h: bigint | null) => (h !== null && h > token ? h : null);
+  if (waitMs <= 0) return above(await readHighestToken(pool, fenceKey));
+  return await withClient(pool, async (client) => {
+    await client.query('BEGIN');
+    try {
+      let rows: { highest_token: string }[] = [];
+      for (const q of readHighestTokenAfterRaise(fenceKey, waitMs)) rows = (await client.query<{ highest_token: string }>(q)).rows;
+      await client.query('COMMIT');
+      return above(rows[0] ? BigInt(rows[0].highest_token) : null);
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => {});
+      if (sqlState(err) === LOCK_NOT_AVAILABLE) return null;
+      throw err;
+    }
+  });
 }

@@ -161,10 +161,11 @@ export const PGWIRE_DEFAULTS = Object.freeze({
   // Each session holds a backend connection of its own: stay well below Postgres's max_connections.
   maxConnections: 100,
   startupTimeoutMs: 10_000,
-  // A transaction a writer leaves idle this long is ended by the proxy (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS):
-  // below an election's default session timeout (10 s), so a paused leader's open transaction is
-  // gone by the time a new leader is elected, whatever timeouts its own SQL set.
-  idleInTransactionMs: 5000,
+  // The idle_in_transaction_session_timeout sessions start with (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS):
+  // none, as in Postgres. A paused leader's open transaction does not need it: a new leader's raise
+  // waits FENCEPOST_RAISE_WAIT_MS for it, then ends its backend (definitions.ts revoke_older_sessions).
+  // An operator may still bound idle transactions here, or in Postgres (ALTER ROLE … SET).
+  idleInTransactionMs: 0,
   // Connections from one address that have sent nothing yet: past this, a new one closes the
   // oldest silent for a second, so idle TCP connections cannot keep writers out.
   maxStartupsPerAddress: 16,

@@ -1,14 +1,29 @@
 // The SQL endpoint's two statements of its own on a writer's backend, both before the writer hears
 // that its session is ready (session-fence.ts), each a simple Query in a transaction of its
-// own: nothing is sent into the session after them. Committed locally: a catalog write of the
-// session's (its temporary sequence) and its registration, not a fence raise (raise.ts), so they
-// never wait for a synchronous standby. Everything spliced is the proxy's own or a literal.
+// own: nothing is sent into the session after them. Everything spliced is the proxy's own or a
+// literal.
+//
+// What a connect costs is what these two cost on a backend that has just started (every catalog it
+// touches is read for the first time), so they do no more than the fence needs:
+// - the backend's start is read by a plain SELECT of pg_catalog's functions, as the login itself
+//   (SET LOCAL ROLE NONE: a key's pgRole, which the session starts as, may not read its login's
+//   backend in pg_stat_activity): it writes nothing and commits nothing (no function call, no WAL,
+//   no flush). Nothing in it resolves through the session's search_path, and a wrong value would
+//   only make fence_session refuse (it computes the start again itself);
+// - fence_session makes the session's temporary sequence (rule.ts NO_PREPARE_READ) and registers
+//   the backend, committed with synchronous_commit off: its commit is visible at once (a raise
+//   reads the registry as soon as it commits), and only its durability is deferred, which nothing
+//   needs: what it writes dies with the backend in a crash (the registry is UNLOGGED, emptied by
+//   crash recovery; the temporary sequence and the row lock go with the session), the serial it may
+//   take (fencepost.session_serial) names a backend only in that registry and that backend, and any
+//   commit of the writer's own flushes the WAL before it, this one included. It raises nothing
+//   (raise.ts does, in a transaction of the proxy's own, synchronous_commit on).
 import pg from 'pg';
-import { sessionFenceCapability, type BackendIdentity } from './rule.ts';
+import { BACKEND_START_SQL, sessionFenceCapability, type BackendIdentity } from './rule.ts';
 
-/** The backend's setup (definitions.ts session_start): one row, the backend's start. */
+/** The backend's start, as fence_session binds capabilities to it: one row. */
 export function connectionSetup(): string {
-  return 'SET LOCAL synchronous_commit = local; SELECT fencepost_api.session_start()';
+  return `SET LOCAL ROLE NONE; SELECT ${BACKEND_START_SQL}`;
 }
 
 /**
@@ -17,5 +32,5 @@ export function connectionSetup(): string {
  */
 export function fenceConnection(capability: string, backend: BackendIdentity, fenceKey: string, token: bigint): string {
   const cap = sessionFenceCapability(capability, backend, fenceKey, token);
-  return `SET LOCAL synchronous_commit = local; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(fenceKey)}, ${token.toString()})`;
+  return `SET LOCAL synchronous_commit = off; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(fenceKey)}, ${token.toString()})`;
 }

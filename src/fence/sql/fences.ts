@@ -23,6 +23,19 @@ export function readHighestToken(fenceKey: string): Query {
   };
 }
 
+/**
+ * A fence's highest token, its row shared, in a transaction whose lock_timeout is `waitMs`: a raise
+ * in flight holds the row (its UPDATE, whose trigger ends the older backends, until it commits), so
+ * this waits for that raise and reads what it committed; with none in flight it answers at once.
+ * Two statements, one after the other, in a transaction of the caller's.
+ */
+export function readHighestTokenAfterRaise(fenceKey: string, waitMs: number): Query[] {
+  return [
+    { text: "SELECT pg_catalog.set_config('lock_timeout', $1, true)", values: [`${Math.max(1, Math.round(waitMs))}ms`] },
+    { text: 'SELECT highest_token FROM fencepost.fences WHERE fence_key = $1 FOR SHARE', values: [fenceKey] },
+  ];
+}
+
 export function readFence(fenceKey: string): Query {
   return {
     name: 'fencepost_read_fence',

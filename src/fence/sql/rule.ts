@@ -102,7 +102,10 @@ export const BACKEND_START_SQL =
 /** SQL: this backend's start (timestamptz): with the pid, which backend a raise may terminate. */
 export const BACKEND_START_TIMESTAMP_SQL = '(SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)';
 
-/** One backend, as a capability is bound to it: its pid and its start (BACKEND_START_SQL, read by fencepost_api.session_start()). */
+/**
+ * One backend, as a capability is bound to it: its pid and its start (BACKEND_START_SQL; the SQL
+ * endpoint reads it, /v1/transactions calls fencepost_api.session_start()).
+ */
 export interface BackendIdentity {
   pid: number;
   start: string;

@@ -76,9 +76,6 @@ export interface SqlEndpointOptions {
   tls?: TlsMaterial | null;
 }
 
-/** How long a session whose backend was terminated looks for the raise that did it (session.ts raiseCommitMs). */
-const RAISE_REASON_WAIT_MS = 300;
-
 /** A connection silent this long may be closed to make room for a new one from its address. */
 const SILENT_EVICTION_MS = 1000;
 
@@ -364,7 +361,7 @@ export class SqlEndpoint {
       guard: this.opts.guard ?? null,
       startupSettings: { token: who.token, fenceKey: who.fenceKey },
       writerId,
-      raiseCommitMs: Math.min(this.opts.fence.lockTimeoutMs, RAISE_REASON_WAIT_MS),
+      raiseCommitMs: this.opts.fence.lockTimeoutMs,
       fenceTimeoutMs: this.opts.startupTimeoutMs,
       onStale: (s) => this.recordStale(s, writerId, logger),
       onTransactionEnd: (end, fenceKey) => {

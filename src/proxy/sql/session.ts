@@ -37,9 +37,10 @@ export interface SessionOptions {
   /** The writer, for the raise's record. */
   writerId: string;
   /**
-   * How long a backend ended by an administrator (57P01) waits for a raise to show as its reason:
-   * a raise commits right after the backends it ended are gone. Past it, the writer hears
-   * Postgres's own words (an operator's pg_terminate_backend is not kept waiting).
+   * At most how long a backend ended by an administrator (57P01) waits for the raise in flight on
+   * its fence to commit (raise.ts raisedAbove: the wait is a lock wait on the fence row, so it ends
+   * when that raise commits). With no raise in flight (an operator's pg_terminate_backend) the
+   * writer hears Postgres's own words at once.
    */
   raiseCommitMs: number;
   /** The startup fence's statements must be answered within this. */

@@ -130,7 +130,8 @@ export interface BackendSettings {
  * server_settings, pgx RuntimeParams), read-only by default without a token (its writes to
  * protected tables are refused by Postgres either way; this is the friendly default), and its
  * timeouts bounded by the proxy's own (`own`; idle_in_transaction_session_timeout by
- * FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS when set). A fenced session's default_transaction_read_only
+ * FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS when above 0, else the client's as it asked, or
+ * Postgres's). A fenced session's default_transaction_read_only
  * is the client's (off unless it asks).
  */
 export function backendSettings(
@@ -151,7 +152,13 @@ export function backendSettings(
     idle_in_transaction_session_timeout: own.idleInTransactionMs ? own.idleInTransactionMs : null,
   };
   for (const name of CLIENT_TIMEOUTS) {
-    const ms = boundedTimeout(requested.get(name), bounds[name]);
+    const asked = requested.get(name);
+    // No bound of the proxy's: the client's value reaches Postgres as given (0 included), as straight.
+    if (bounds[name] === null) {
+      if (asked !== undefined) settings.set(name, asked);
+      continue;
+    }
+    const ms = boundedTimeout(asked, bounds[name]);
     if (ms !== null) settings.set(name, String(ms));
   }
   const forwarded = new Map<string, string>();

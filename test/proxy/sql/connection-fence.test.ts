@@ -146,3 +146,40 @@ describe('a raise revokes the older connections of its fence key', () => {
     await Promise.all(old.map((c) => c.end().catch(() => {})));
   });
 });
+
+// A terminated backend's session asks whether a raise ended it by waiting on the fence row, which a
+// raise holds until it commits: the answer comes when the raise commits, or at once when none is in
+// flight. Here the proxy's lock timeout (the most it would wait) is far beyond the test's own.
+describe('why a backend went, with a lock timeout of 10 minutes', () => {
+  let patient: SqlProxy;
+  beforeAll(async () => {
+    patient = await startSqlProxy(db, { FENCEPOST_LOCK_TIMEOUT_MS: '600000', FENCEPOST_STATEMENT_TIMEOUT_MS: '1200000' });
+  });
+  afterAll(async () => {
+    await patient?.close();
+  });
+
+  test(
+    "an operator's pg_terminate_backend reaches the writer as Postgres's 57P01, without waiting for a raise",
+    { timeout: 30_000 },
+    async () => {
+      const c = await patient.connect('cf-operator', { options: fenceOptions(1, 'cf/operator') });
+      c.on('error', () => {});
+      const pid = await backendPid(c);
+      const sleeping = code(c.query('SELECT pg_sleep(60)'));
+      await db.pool.query('SELECT pg_terminate_backend($1)', [pid]);
+      expect(await sleeping).toBe('57P01');
+      await c.end().catch(() => {});
+    },
+  );
+
+  test('a raise that ends a busy connection reaches its writer as FP409 once the raise commits', { timeout: 30_000 }, async () => {
+    const c = await patient.connect('cf-busy', { options: fenceOptions(1, 'cf/busy') });
+    c.on('error', () => {});
+    const sleeping = code(c.query('SELECT pg_sleep(60)'));
+    const leader = await patient.connect('cf-busy-new', { options: fenceOptions(2, 'cf/busy') });
+    expect(await sleeping).toBe('FP409');
+    await leader.end();
+    await c.end().catch(() => {});
+  });
+});

@@ -1,7 +1,7 @@
 // Invariant: what fencepost runs on a writer's backend never resolves a name through the writer's
 // search_path. The writer may own a schema, put it first (in its startup options, so it holds
 // before the connection is fenced) and define its own operators there; the connection's fence
-// (session_start and fence_session at startup, the raise) and the protected table's trigger
+// (the backend start's read and fence_session at startup, the raise) and the protected table's trigger
 // (refuse_unfenced_write, which has no SET search_path of its own) must still run only
 // pg_catalog's and fencepost's. Before, a refusal's DO block compared with an unqualified `<>`
 // right after making the transaction read-write: a tokenless session's operator committed a row there.

@@ -363,15 +363,19 @@ except psycopg2.OperationalError as e:
     expect(await psql('w', 'SHOW statement_timeout')).toBe('4s');
   });
 
-  test("lock_timeout and idle_in_transaction_session_timeout are bounded by the proxy's own (FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS, 5 s by default): a client may ask for less", async () => {
+  test("lock_timeout is bounded by the proxy's own: a client may ask for less", async () => {
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '-c lock_timeout=300' })).toBe('300ms');
     expect(await psql('w', 'SHOW lock_timeout', { PGOPTIONS: '--lock-timeout=10s' })).toBe('1500ms');
     expect(await nodePg({ lock_timeout: 0 }, 'SHOW lock_timeout')).toBe('1500ms');
+  });
+
+  // FENCEPOST_PGWIRE_IDLE_IN_TRANSACTION_MS is 0 by default: the proxy bounds nothing, as Postgres.
+  test("idle_in_transaction_session_timeout is the client's as it asked, else Postgres's (none)", async () => {
     expect(await nodePg({ idle_in_transaction_session_timeout: 2000 }, 'SHOW idle_in_transaction_session_timeout')).toBe('2s');
     expect(await psql('w', 'SHOW idle_in_transaction_session_timeout', { PGOPTIONS: '-c idle_in_transaction_session_timeout=1min' })).toBe(
-      '5s',
+      '1min',
     );
-    expect(await nodePg({ idle_in_transaction_session_timeout: 0 }, 'SHOW idle_in_transaction_session_timeout')).toBe('5s');
-    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('5s');
+    expect(await nodePg({ idle_in_transaction_session_timeout: 0 }, 'SHOW idle_in_transaction_session_timeout')).toBe('0');
+    expect(await psql('w', 'SHOW idle_in_transaction_session_timeout')).toBe('0');
   });
 });

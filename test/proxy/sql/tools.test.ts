@@ -405,9 +405,10 @@ describe("on Debian's Postgres 15", () => {
       const atStartup = (await counted(sql.url('statements'), 4)).atStartup;
       expect(atStartup.map((r) => r.query).sort()).toEqual(
         [
+          'SELECT (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE $1, $2) FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)',
           'SELECT fencepost_api.fence_session($1, $2, $3)',
-          'SELECT fencepost_api.session_start()',
-          'SET LOCAL synchronous_commit = local',
+          'SET LOCAL ROLE NONE',
+          'SET LOCAL synchronous_commit = off',
         ].sort(),
       );
     });

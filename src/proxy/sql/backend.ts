@@ -321,14 +321,7 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
           throw new BackendStartupError(SQLSTATE.PROTOCOL_VIOLATION, `unexpected message ${JSON.stringify(f.type)} during startup`);
       }
     };
-    const onData = (chunk: Buffer) => {
-      try {
-        reader.push(chunk);
-        for (let f = reader.next(); f !== null && !settled; f = reader.next()) onFrame(f);
-      } catch (err) {
-        fail(err instanceof Error ? err : new Error(String(err)));
-      }
-    };
+    const onData = (chunk: Buffer) => feedFrames(reader, chunk, onFrame, () => settled, fail);
     socket.on('data', onData);
     socket.on('error', fail);
     socket.on('close', onClose);
@@ -341,6 +334,22 @@ function logIn(socket: Socket, login: BackendLogin, target: BackendTarget, timeo
     if (options !== '') params.push(['options', options]);
     socket.write(encode({ type: 'startup', params }));
   });
+}
+
+/** Feeds `chunk` to `reader` and hands each whole frame to `onFrame` until `done()`; a malformed stream goes to `fail`. */
+function feedFrames(
+  reader: MessageReader,
+  chunk: Buffer,
+  onFrame: (f: Frame) => void,
+  done: () => boolean,
+  fail: (err: Error) => void,
+): void {
+  try {
+    reader.push(chunk);
+    for (let f = reader.next(); f !== null && !done(); f = reader.next()) onFrame(f);
+  } catch (err) {
+    fail(err instanceof Error ? err : new Error(String(err)));
+  }
 }
 
 /** Sends a CancelRequest for the backend's pid and secret (on a connection of its own, TLS as the session's): `target` is the backend's. */
@@ -412,14 +421,7 @@ export function queryBackend(backend: Backend, sql: string, timeoutMs: number): 
         default: // RowDescription, CommandComplete, notices
       }
     };
-    const onData = (chunk: Buffer) => {
-      try {
-        reader.push(chunk);
-        for (let f = reader.next(); f !== null && !settled; f = reader.next()) onFrame(f);
-      } catch (err) {
-        finish(err instanceof Error ? err : new Error(String(err)));
-      }
-    };
+    const onData = (chunk: Buffer) => feedFrames(reader, chunk, onFrame, () => settled, finish);
     socket.on('data', onData);
     socket.on('close', onClose);
     socket.on('error', onClose);

@@ -6,9 +6,10 @@
 //
 // What the relay reads, it reads from the database's answers (never by predicting the writer):
 // message types to count the fenced transactions (tally.ts), and a FATAL the backend sends before
-// it goes. From the writer it counts only its Query and Sync messages, each of which the backend
-// answers with one ReadyForQuery, so it knows whether a request was in flight when the backend
-// went.
+// it goes. From the writer it reads only message types: its Query and Sync messages, each of which
+// the backend answers with one ReadyForQuery, and whether it sent anything since its last Sync (an
+// Execute among it), so it knows whether a request was in flight when the backend went and whether
+// the writer waits for an answer (a Flush waits with no Sync).
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { Outbox, bodyByte, type MessageReader, type Frame } from './wire/framing.ts';
@@ -35,11 +36,17 @@ const MAX_LENGTH = 0x7fffffff;
 
 /**
  * Counts the writer's Query ('Q') and Sync ('S') messages in its byte stream, walking only the
- * message headers: each is answered by one ReadyForQuery. Also sees a Terminate ('X').
+ * message headers: each is answered by one ReadyForQuery. Also sees a Terminate ('X'), and
+ * extended-protocol messages sent since the last Sync (Parse, Describe, Flush: a writer that sent
+ * Flush waits for their answers with no Sync, as postgres.js does before its first Bind).
  */
 class RequestCounter {
   requests = 0;
   terminated = false;
+  /** Messages other than Query and Sync came after the last Query or Sync. */
+  unsynced = false;
+  /** An Execute came after the last Sync: a statement (a COMMIT among them) may be running. */
+  executing = false;
   private skip = 0;
   private readonly head = Buffer.alloc(5);
   private have = 0;
@@ -68,8 +75,15 @@ class RequestCounter {
         len = this.head.readInt32BE(1);
       }
       if (len < 4 || len > MAX_LENGTH) throw new Error(`message length ${len} out of range`);
-      if (type === 0x51 /* Q */ || type === 0x53 /* S */) this.requests++;
-      else if (type === 0x58 /* X */) this.terminated = true;
+      if (type === 0x51 /* Q */ || type === 0x53 /* S */) {
+        this.requests++;
+        this.unsynced = false;
+        this.executing = false;
+      } else if (type === 0x58 /* X */) this.terminated = true;
+      else {
+        this.unsynced = true;
+        if (type === 0x45 /* E */) this.executing = true;
+      }
       this.skip = len - 4;
     }
   }
@@ -123,7 +137,7 @@ export class Relay {
     this.losing = true;
     this.backend.socket.destroy();
     if (this.inFlight()) this.deposed(lostInFlight(), true);
-    else this.deposed(fields, false);
+    else this.deposed(fields, this.counter.unsynced);
   }
 
   close(): void {
@@ -147,9 +161,17 @@ export class Relay {
     this.opts.onClose();
   }
 
-  /** A request of the writer's has no ReadyForQuery yet. */
+  /** A request of the writer's has no ReadyForQuery yet, or an Execute of its has no Sync yet. */
   private inFlight(): boolean {
-    return this.counter.requests > this.readies;
+    return this.counter.requests > this.readies || this.counter.executing;
+  }
+
+  /**
+   * The writer may be waiting for an answer: a request in flight, or messages since its last Sync
+   * (after a Flush it waits with no Sync; without one, answering early only tells it sooner).
+   */
+  private awaiting(): boolean {
+    return this.inFlight() || this.counter.unsynced;
   }
 
   private endWith(fields: ErrorFields | Buffer): void {
@@ -250,6 +272,7 @@ export class Relay {
       return;
     }
     const inFlight = this.inFlight();
+    const awaiting = this.awaiting();
     const fatal = this.fatal;
     const fields = fatal === null ? null : parseErrorFields(fatal.body);
     let reason: ErrorFields | null = null;
@@ -259,7 +282,7 @@ export class Relay {
       this.opts.logger.warn({ err }, 'SQL session: could not tell why its database connection went');
     }
     if (this.closed) return;
-    const awaited = inFlight || this.spokeWhileLosing;
+    const awaited = awaiting || this.spokeWhileLosing;
     if (reason !== null) this.deposed(reason, awaited);
     else if (fatal !== null)
       this.endWith(Buffer.from(fatal.bytes)); // Postgres's own words, as straight

@@ -26,6 +26,8 @@ import {
 import { clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { fenceOptions, startSqlProxy, type SqlProxy } from '../../support/sql.ts';
 import { TcpProxy } from '../../../tools/faults/tcp-proxy.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
+import { B, E, P, Q, RawClient } from './raw-client.ts';
 
 const PYTHON = '/usr/bin/python3';
 
@@ -181,6 +183,23 @@ test('node-postgres, extended protocol: an autocommit INSERT whose backend conne
   }
   await resume();
   expect(await present(3)).toEqual([3]);
+}, 60_000);
+
+test('a COMMIT executed with Flush, no Sync yet, whose backend connection is lost: 08007, and the row is there', async () => {
+  const raw = await RawClient.connect(sql.port, sql.database, 'raw-flush', fenceOptions(1, 'sqlcu/f'));
+  try {
+    expect((await raw.send([Q("BEGIN; INSERT INTO items VALUES (5, 'maybe')")])).errors).toEqual([]);
+    stalled = await stallStandby(repl);
+    raw.write(P('COMMIT'), B(), E(), message('H'));
+    await cutDuringCommit();
+    const answer = await raw.read(1);
+    expect(answer.errors).toEqual(['08007']);
+    expect((await raw.read(1)).closed).toBe(true);
+  } finally {
+    raw.close();
+  }
+  await resume();
+  expect(await present(5)).toEqual([5]);
 }, 60_000);
 
 test('a transaction whose backend connection is lost while the writer is idle in it: its next statement gets 08006, and its row never lands', async () => {

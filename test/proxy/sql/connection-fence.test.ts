@@ -9,6 +9,8 @@ import pg from 'pg';
 import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, type SqlProxy } from '../../support/sql.ts';
 import { protectTable } from '../../../src/fence/protect.ts';
+import { message } from '../../../src/proxy/sql/wire/framing.ts';
+import { B, D, E, P, RawClient } from './raw-client.ts';
 
 const KEY = 'cf/orders';
 
@@ -145,6 +147,37 @@ describe('a raise revokes the older connections of its fence key', () => {
     await leader.end();
     await Promise.all(old.map((c) => c.end().catch(() => {})));
   });
+});
+
+// A writer that sent Flush instead of Sync waits for answers with nothing more to say (postgres.js
+// sends Parse/Describe/Flush before its first Bind): when a raise ends its backend, its answer is
+// FP409 at once, not at its next message.
+describe('a raise reaches a writer waiting on a Flush', () => {
+  const H = () => message('H');
+
+  test('an Execute awaited with Flush, no Sync: FP409 and the session closes', { timeout: 30_000 }, async () => {
+    const raw = await RawClient.connect(sql.port, sql.database, 'cf-flush-exec', fenceOptions(1, 'cf/flush-exec'));
+    raw.write(P('SELECT pg_sleep(60)'), B(), E(), H());
+    const leader = await sql.connect('cf-flush-exec-new', { options: fenceOptions(2, 'cf/flush-exec') });
+    const answer = await raw.read(1);
+    expect(answer.errors).toEqual(['FP409']);
+    expect((await raw.read(1)).closed).toBe(true);
+    await leader.end();
+  });
+
+  test(
+    'Parse and Describe answered after a Flush, then a raise: FP409 without waiting for the next message',
+    { timeout: 30_000 },
+    async () => {
+      const raw = await RawClient.connect(sql.port, sql.database, 'cf-flush-describe', fenceOptions(1, 'cf/flush-describe'));
+      raw.write(P('SELECT $1::int', 'stmt'), D('stmt'), H());
+      const leader = await sql.connect('cf-flush-describe-new', { options: fenceOptions(2, 'cf/flush-describe') });
+      const answer = await raw.read(1);
+      expect(answer.frames.map((f) => f.type).join('')).toBe('1tTEZ');
+      expect(answer.errors).toEqual(['FP409']);
+      await leader.end();
+    },
+  );
 });
 
 // A terminated backend's session asks whether a raise ended it by waiting on the fence row, which a

@@ -74,6 +74,7 @@ DECLARE
   v_key pg_catalog.text;
   v_token_now pg_catalog.text;
   v_key_now pg_catalog.text;
+  v_no_prepare pg_catalog.regclass;
 BEGIN
   SELECT b.serial, b.token_setting, b.fence_key_setting INTO v_serial, v_token, v_key
     FROM fencepost.fenced_backends b
@@ -92,7 +93,13 @@ BEGIN
       USING ERRCODE = 'FP400',
             HINT = 'a connection is fenced once, at startup: reconnect with the new token (a new pool), or RESET the settings; nothing of this statement was applied';
   END IF;
-  PERFORM pg_catalog.pg_sequence_last_value('pg_temp.fencepost_no_prepare_seq'::pg_catalog.regclass);
+  -- The session's temporary sequence, made at its first protected write (a connect makes none).
+  v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+  IF v_no_prepare IS NULL THEN
+    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
+    v_no_prepare := pg_catalog.to_regclass('pg_temp.fencepost_no_prepare_seq');
+  END IF;
+  PERFORM pg_catalog.pg_sequence_last_value(v_no_prepare);
   RETURN NULL;
 END $function$;
 REVOKE ALL ON ROUTINE fencepost.refuse_unfenced_write() FROM PUBLIC;
@@ -200,10 +207,6 @@ BEGIN
     RAISE EXCEPTION 'fencepost.fence_session may be called by the proxy only'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
-  IF to_regclass('pg_temp.fencepost_no_prepare_seq') IS NULL THEN
-    CREATE TEMPORARY SEQUENCE fencepost_no_prepare_seq;
-    GRANT SELECT ON SEQUENCE pg_temp.fencepost_no_prepare_seq TO PUBLIC;
-  END IF;
   IF fence_key IS NULL OR token IS NULL THEN
     RETURN NULL;
   END IF;
@@ -215,11 +218,17 @@ BEGIN
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
   END IF;
-  BEGIN
-    v_serial := currval('fencepost.session_serial');
-  EXCEPTION WHEN object_not_in_prerequisite_state THEN
+  -- A backend with no row yet (every SQL endpoint connect) takes a serial; one with rows keeps its
+  -- serial unless DISCARD SEQUENCES forgot it (no currval: the exception block's subtransaction).
+  IF NOT EXISTS (SELECT FROM fencepost.fenced_backends b WHERE b.pid = pg_backend_pid()) THEN
     v_serial := nextval('fencepost.session_serial');
-  END;
+  ELSE
+    BEGIN
+      v_serial := currval('fencepost.session_serial');
+    EXCEPTION WHEN object_not_in_prerequisite_state THEN
+      v_serial := nextval('fencepost.session_serial');
+    END;
+  END IF;
   -- Rows of an earlier backend with this pid, and this backend's earlier fence of this key.
   DELETE FROM fencepost.fenced_backends b
    WHERE b.pid = pg_backend_pid() AND (b.serial <> v_serial OR b.fence_key = fence_session.fence_key);

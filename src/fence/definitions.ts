@@ -16,12 +16,11 @@ import {
   BACKEND_START_TIMESTAMP_SQL,
   boundCapabilitySql,
   CAPABILITY_SECRET_SQL,
-  NO_PREPARE_READ,
   NO_PREPARE_SEQUENCE,
   refuseUnlessProxy,
 } from './sql/rule.ts';
 
-export const DEFINITIONS_VERSION = 14;
+export const DEFINITIONS_VERSION = 15;
 
 /**
  * The schema of the functions client logins and keys' roles call (migration 0019): functions only,
@@ -87,8 +86,7 @@ END $$`,
     // The connection fence of both SQL doors (sql/rule.ts): called by the proxy on the writer's own
     // backend, once per connection and fence key (the SQL endpoint at startup, before the writer's
     // first message; /v1/transactions when a pooled connection serves another set of fences), in a
-    // transaction of its own. Makes the session's temporary sequence (sql/rule.ts NO_PREPARE_READ) once
-    // per backend; with a fence key, returns the fence's highest token (null: no fence yet) and,
+    // transaction of its own. With a fence key, returns the fence's highest token (null: no fence yet) and,
     // when that is the token, records this backend in fencepost.fenced_backends: the connection
     // passed the fence. It never raises a fence (raise.ts does, in a transaction of the proxy's
     // own). The capability is checked before anything is read or locked; a stale token reads the
@@ -120,10 +118,6 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
   ${refuseUnlessProxy('fence_session', 'session_capability', boundCapabilitySql('v_secret', ["'fence_session'", 'fence_key', 'token::text']))}
-  IF to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}') IS NULL THEN
-    CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};
-    GRANT SELECT ON SEQUENCE pg_temp.${NO_PREPARE_SEQUENCE} TO PUBLIC;
-  END IF;
   IF fence_key IS NULL OR token IS NULL THEN
     RETURN NULL;
   END IF;
@@ -135,11 +129,17 @@ BEGIN
   IF v_highest IS DISTINCT FROM token THEN
     RETURN v_highest;
   END IF;
-  BEGIN
-    v_serial := currval('fencepost.session_serial');
-  EXCEPTION WHEN object_not_in_prerequisite_state THEN
+  -- A backend with no row yet (every SQL endpoint connect) takes a serial; one with rows keeps its
+  -- serial unless DISCARD SEQUENCES forgot it (no currval: the exception block's subtransaction).
+  IF NOT EXISTS (SELECT FROM fencepost.fenced_backends b WHERE b.pid = pg_backend_pid()) THEN
     v_serial := nextval('fencepost.session_serial');
-  END;
+  ELSE
+    BEGIN
+      v_serial := currval('fencepost.session_serial');
+    EXCEPTION WHEN object_not_in_prerequisite_state THEN
+      v_serial := nextval('fencepost.session_serial');
+    END;
+  END IF;
   -- Rows of an earlier backend with this pid, and this backend's earlier fence of this key.
   DELETE FROM fencepost.fenced_backends b
    WHERE b.pid = pg_backend_pid() AND (b.serial <> v_serial OR b.fence_key = fence_session.fence_key);
@@ -233,7 +233,9 @@ END $$`,
     // INSERT, UPDATE, DELETE and TRUNCATE (COPY FROM and MERGE fire them too), with the fence key
     // as its argument: the statement goes on only on a backend whose connection passed that
     // fence (fence_session; a raise ends every backend fenced at an older token before it commits),
-    // whoever sends it. One lookup of this backend's row, nothing locked; then the no-PREPARE read.
+    // whoever sends it. One lookup of this backend's row, nothing locked; then the no-PREPARE read
+    // (sql/rule.ts NO_PREPARE_READ) of the session's temporary sequence, made here at the session's
+    // first protected write (a connect makes none: most connections never need one).
     // Refusals: FP403 (not fenced for this key, or the row of an earlier backend with this pid),
     // FP400 (the session SET other fencepost settings since it was fenced: reconnect), 55000 from
     // currval() after DISCARD ALL / SEQUENCES (the connection's fence is gone: reconnect). No SET
@@ -251,6 +253,7 @@ DECLARE
   v_key pg_catalog.text;
   v_token_now pg_catalog.text;
   v_key_now pg_catalog.text;
+  v_no_prepare pg_catalog.regclass;
 BEGIN
   SELECT b.serial, b.token_setting, b.fence_key_setting INTO v_serial, v_token, v_key
     FROM fencepost.fenced_backends b
@@ -269,7 +272,13 @@ BEGIN
       USING ERRCODE = '${INVALID_FENCE_SETTING}',
             HINT = 'a connection is fenced once, at startup: reconnect with the new token (a new pool), or RESET the settings; nothing of this statement was applied';
   END IF;
-  PERFORM ${NO_PREPARE_READ};
+  -- The session's temporary sequence, made at its first protected write (a connect makes none).
+  v_no_prepare := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
+  IF v_no_prepare IS NULL THEN
+    CREATE TEMPORARY SEQUENCE ${NO_PREPARE_SEQUENCE};
+    v_no_prepare := pg_catalog.to_regclass('pg_temp.${NO_PREPARE_SEQUENCE}');
+  END IF;
+  PERFORM pg_catalog.pg_sequence_last_value(v_no_prepare);
   RETURN NULL;
 END $$`,
   },

@@ -10,13 +10,14 @@
 //   backend in pg_stat_activity): it writes nothing and commits nothing (no function call, no WAL,
 //   no flush). Nothing in it resolves through the session's search_path, and a wrong value would
 //   only make fence_session refuse (it computes the start again itself);
-// - fence_session makes the session's temporary sequence (rule.ts NO_PREPARE_READ) and registers
-//   the backend, committed with synchronous_commit off: its commit is visible at once (a raise
-//   reads the registry as soon as it commits), and only its durability is deferred, which nothing
-//   needs: what it writes dies with the backend in a crash (the registry is UNLOGGED, emptied by
-//   crash recovery; the temporary sequence and the row lock go with the session), the serial it may
+// - fence_session registers the backend, committed with synchronous_commit off: its commit is
+//   visible at once (a raise reads the registry as soon as it commits), and only its durability is
+//   deferred, which nothing needs: what it writes dies with the backend in a crash (the registry
+//   is UNLOGGED, emptied by crash recovery; the row lock goes with the session), the serial it may
 //   take (fencepost.session_serial) names a backend only in that registry and that backend, and any
-//   commit of the writer's own flushes the WAL before it, this one included. It raises nothing
+//   commit of the writer's own flushes the WAL before it, this one included. It makes no temporary
+//   object (the one that keeps a protected write from being prepared, rule.ts NO_PREPARE_READ, is
+//   made by the session's first protected write). It raises nothing
 //   (raise.ts does, in a transaction of the proxy's own, synchronous_commit on).
 import pg from 'pg';
 import { BACKEND_START_SQL, sessionFenceCapability, type BackendIdentity } from './rule.ts';

@@ -85,7 +85,8 @@ fence AS (
 export const NO_PREPARE_SEQUENCE = 'fencepost_no_prepare_seq';
 
 /**
- * SQL: reads the session's temporary sequence (made by fence_session), so PREPARE TRANSACTION
+ * SQL: reads the session's temporary sequence (made by session_start for /v1/transactions, by a
+ * protected table's trigger at the session's first protected write), so PREPARE TRANSACTION
  * fails in this transaction ("operated on temporary objects"): a prepared transaction outlives its
  * backend, so a raise could not end it, and would commit whenever someone says so.
  */

@@ -107,15 +107,31 @@ describe('a connection is fenced once, at startup', () => {
     await again.end();
   });
 
-  test('a protected write cannot be prepared (0A000): nothing is left to commit after a raise', async () => {
+  test('a protected write cannot be prepared (0A000), its first or a later one: nothing is left to commit after a raise', async () => {
     const c = await sql.connect('cf-prepare', { options: fenceOptions(4, KEY) });
-    const x = id();
+    // A connect makes no temporary object: the first protected write makes the one that refuses PREPARE.
+    const temp = async () =>
+      (await c.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_class WHERE relnamespace = pg_my_temp_schema()')).rows[0]!.n;
+    expect(await temp()).toBe(0);
+    for (const [attempt, gid] of [
+      [1, 'cf_x'],
+      [2, 'cf_y'],
+    ] as const) {
+      const x = id();
+      await c.query('BEGIN');
+      await c.query(`INSERT INTO cf_guarded VALUES (${x}, 'to prepare')`);
+      expect(await code(c.query(`PREPARE TRANSACTION '${gid}'`)), `attempt ${attempt}`).toBe('0A000');
+      await c.query('ROLLBACK').catch(() => {});
+      expect((await db.pool.query(`SELECT 1 FROM pg_prepared_xacts WHERE gid = $1`, [gid])).rowCount).toBe(0);
+      expect(await rows('cf_guarded', [x])).toEqual([]);
+    }
+    // A committed protected write keeps the sequence; the next transaction reads it again.
+    await c.query(`INSERT INTO cf_guarded VALUES (${id()}, 'kept')`);
+    expect(await temp()).toBe(1);
     await c.query('BEGIN');
-    await c.query(`INSERT INTO cf_guarded VALUES (${x}, 'to prepare')`);
-    expect(await code(c.query(`PREPARE TRANSACTION 'cf_x'`))).toBe('0A000');
+    await c.query(`INSERT INTO cf_guarded VALUES (${id()}, 'to prepare')`);
+    expect(await code(c.query(`PREPARE TRANSACTION 'cf_z'`))).toBe('0A000');
     await c.query('ROLLBACK').catch(() => {});
-    expect((await db.pool.query(`SELECT 1 FROM pg_prepared_xacts WHERE gid = 'cf_x'`)).rowCount).toBe(0);
-    expect(await rows('cf_guarded', [x])).toEqual([]);
     await c.end();
   });
 });

@@ -34,10 +34,13 @@ export interface RelayOptions {
 
 const MAX_LENGTH = 0x7fffffff;
 
+/** Extended-protocol messages, answered only at a Sync (or a Flush): Parse, Bind, Describe, Execute, Close, Flush. */
+const EXTENDED = new Set([0x50, 0x42, 0x44, 0x45, 0x43, 0x48]);
+
 /**
- * Counts the writer's Query ('Q') and Sync ('S') messages in its byte stream, walking only the
- * message headers: each is answered by one ReadyForQuery. Also sees a Terminate ('X'), and
- * extended-protocol messages sent since the last Sync (Parse, Describe, Flush: a writer that sent
+ * Counts the writer's Query ('Q'), Sync ('S') and FunctionCall ('F') messages in its byte stream,
+ * walking only the message headers: each is answered by one ReadyForQuery. Also sees a Terminate
+ * ('X'), and extended-protocol messages sent since the last Sync (Parse, Describe, Flush: a writer that sent
  * Flush waits for their answers with no Sync, as postgres.js does before its first Bind).
  */
 class RequestCounter {
@@ -75,15 +78,16 @@ class RequestCounter {
         len = this.head.readInt32BE(1);
       }
       if (len < 4 || len > MAX_LENGTH) throw new Error(`message length ${len} out of range`);
-      if (type === 0x51 /* Q */ || type === 0x53 /* S */) {
+      if (type === 0x51 /* Q */ || type === 0x53 /* S */ || type === 0x46 /* F: FunctionCall */) {
         this.requests++;
         this.unsynced = false;
         this.executing = false;
       } else if (type === 0x58 /* X */) this.terminated = true;
-      else {
+      else if (EXTENDED.has(type)) {
         this.unsynced = true;
         if (type === 0x45 /* E */) this.executing = true;
       }
+      // CopyData, CopyDone and CopyFail belong to the request that started the COPY.
       this.skip = len - 4;
     }
   }

@@ -10,7 +10,7 @@ import { createTestDatabase, clientRoleFor, type TestDatabase } from '../../supp
 import { startSqlProxy, fenceOptions, type SqlProxy } from '../../support/sql.ts';
 import { protectTable } from '../../../src/fence/protect.ts';
 import { message } from '../../../src/proxy/sql/wire/framing.ts';
-import { B, D, E, P, RawClient } from './raw-client.ts';
+import { B, D, E, P, Q, RawClient } from './raw-client.ts';
 
 const KEY = 'cf/orders';
 
@@ -178,6 +178,20 @@ describe('a raise reaches a writer waiting on a Flush', () => {
     const answer = await raw.read(1);
     expect(answer.errors).toEqual(['FP409']);
     expect((await raw.read(1)).closed).toBe(true);
+    await leader.end();
+  });
+
+  test('after a COPY FROM STDIN, an idle writer hears nothing until it speaks; then FP409', { timeout: 30_000 }, async () => {
+    const raw = await RawClient.connect(sql.port, sql.database, 'cf-copy-idle', fenceOptions(1, 'cf/copy-idle'));
+    const n = id();
+    const copied = await raw.send([Q('COPY cf_plain (id, v) FROM STDIN'), message('d', Buffer.from(`${n}\tcopied\n`)), message('c')]);
+    expect(copied.tags).toEqual(['COPY 1']);
+    const leader = await sql.connect('cf-copy-idle-new', { options: fenceOptions(2, 'cf/copy-idle') });
+    // The raise committed (the leader is connected) and ended the backend; the proxy waits for the writer.
+    await leader.query('SELECT 1');
+    await new Promise((r) => setTimeout(r, 500));
+    expect(raw.unread).toBe(0);
+    expect((await raw.send([Q('SELECT 1')])).errors).toEqual(['FP409']);
     await leader.end();
   });
 

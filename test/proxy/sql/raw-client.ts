@@ -102,6 +102,11 @@ export class RawClient {
     return await this.read(n);
   }
 
+  /** Messages that arrived and were not read yet (the connection's end not counted). */
+  get unread(): number {
+    return this.frames.length;
+  }
+
   close(): void {
     if (!this.socket.destroyed) this.socket.end(message('X'));
   }

@@ -1,4 +1,4 @@
-// Ports for the servers tests start (src/demo/ports.ts, tools/ports.ts): a server we do not write starts on a picked
+// Ports for the servers tests start (src/ports.ts, tools/ports.ts): a server we do not write starts on a picked
 // port, and when another process holds that port, on another one; what then answers is that server.
 // Each test hands in the held port as the first pick.
 import { afterAll, describe, expect, test, vi } from 'vitest';
@@ -7,7 +7,7 @@ import { createServer, connect, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { ephemeralRange, freePort, isPortTaken, portRange, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { ephemeralRange, freePort, isPortTaken, portRange, startOnFreePort, type PortPicking } from '../src/ports.ts';
 import { closedPort, portTakenLine } from '../tools/ports.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { startPgbouncer } from '../tools/pgbouncer.ts';

@@ -1,6 +1,6 @@
 // Ports as the harness sees them: a port nothing listens on, whether a process itself listens on a
 // port, and the words a server prints when its port is taken. Picking ports for the servers we start
-// (freePort, startOnFreePorts, PortTakenError) is in src/demo/ports.ts, with the local servers.
+// (freePort, startOnFreePorts, PortTakenError) is in src/ports.ts.
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import { connect } from 'node:net';
 

@@ -21,7 +21,7 @@ import { loadConfig } from '../proxy/config.ts';
 import { startProxy, type RunningProxy } from '../proxy/server.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
 import { LocalZooKeeper, localZooKeeperMissing } from './local-zookeeper.ts';
-import { portRange, startOnFreePorts } from './ports.ts';
+import { portRange, startOnFreePorts } from '../ports.ts';
 import pgClient from 'pg';
 import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
 import { protectTable } from '../fence/admin.ts';

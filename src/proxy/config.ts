@@ -11,6 +11,9 @@ import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth, electionPathProblem } from '../election/index.ts';
 import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
+import { ConfigError } from '../config-error.ts';
+
+export { ConfigError };
 
 /** The proxy's certificate and key files (src/proxy/access/tls.ts loads them). */
 export interface TlsFiles {
@@ -174,17 +177,6 @@ export const PGWIRE_DEFAULTS = Object.freeze({
 /** A key's share of `total` when several keys share it: half (at least 1); all of it for one key or open mode. */
 function fairShare(keys: readonly AccessKey[], total: number): number {
   return keys.length > 1 ? Math.max(1, Math.ceil(total / 2)) : total;
-}
-
-export class ConfigError extends Error {
-  constructor(
-    /** The setting at fault (an environment variable's name). */
-    readonly variable: string,
-    message: string,
-  ) {
-    super(`${variable}: ${message}`);
-    this.name = 'ConfigError';
-  }
 }
 
 /**

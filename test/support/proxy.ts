@@ -12,7 +12,7 @@ import { listeningLogLevel, listeningPorts, type ListeningPorts } from '../../to
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import type { FenceMode } from '../../tools/unsafe-fence.ts';
 import type { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
-import { PortTakenError, portRange, startOnFreePort, startOnFreePorts } from '../../src/demo/ports.ts';
+import { PortTakenError, portRange, startOnFreePort, startOnFreePorts } from '../../src/ports.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
-import { freePort, startOnFreePort } from '../../src/demo/ports.ts';
+import { freePort, startOnFreePort } from '../../src/ports.ts';
 import { listeningPorts } from '../serve-listening.ts';
 import { HaProxy } from './haproxy.ts';
 import { PatroniNode } from './patroni-node.ts';

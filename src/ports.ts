@@ -1,14 +1,14 @@
-// Ports for the local servers the demo starts (and the tests, chaos runs and benches with it). A
-// server of ours binds port 0 and reports the port it got. A server we do not write (ZooKeeper,
-// Postgres, PgBouncer, HAProxy, Patroni) needs its number before it binds: it starts on a picked
-// port, and when that was taken meanwhile (another test file, another run on the machine), on
-// another (`startOnFreePorts`). What only the harness needs (a closed port, who listens on a port,
-// a server's words for a taken port) is in tools/ports.ts.
-// FENCEPOST_PORT_RANGE (`20000-20999`) keeps every port picked here, and the demo's proxy and
-// embedded Postgres, inside one range: on a machine shared with others, each gets a range of its own.
+// Ports for the local servers fencepost and its harness start: the demo, the local ZooKeeper, the
+// tests, chaos runs and benches. A server we do not write (ZooKeeper, Postgres, PgBouncer, HAProxy,
+// Patroni) needs its number before it binds: it starts on a picked port, and when that was taken
+// meanwhile (another test file, another run on the machine), on another (`startOnFreePorts`). What
+// only the harness needs (a closed port, who listens on a port, a server's words for a taken port)
+// is in tools/ports.ts. Outside the layers (src/proxy, src/fence and src/demo import it).
+// FENCEPOST_PORT_RANGE (`20000-20999`) keeps every port picked here inside one range: on a machine
+// shared with others, each gets a range of its own.
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { ConfigError } from '../proxy/config.ts';
+import { ConfigError } from './config-error.ts';
 
 /** Below this, ports are left to services with well-known or registered numbers. */
 const LOWEST_PORT = 10_000;

@@ -12,6 +12,7 @@ import { parseDigestAuth, type DigestAuth, electionPathProblem } from '../electi
 import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
 import { ConfigError } from '../config-error.ts';
+import { portRange, type PortRange } from '../ports.ts';
 
 export { ConfigError };
 
@@ -34,6 +35,8 @@ export interface ProxyConfig {
   clusterRegistry: string;
   /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT; 0 = a free port, picked at each start. */
   embeddedPgPort: number;
+  /** FENCEPOST_PORT_RANGE: where port 0 (PORT, FENCEPOST_PGWIRE_PORT, FENCEPOST_EMBEDDED_PG_PORT) binds; null = the OS picks. */
+  portRange: PortRange | null;
   /** FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY: serve HTTPS only (and TLS on the SQL endpoint); null = plain. */
   tls: Readonly<TlsFiles> | null;
   /** The SQL endpoint's port (PostgreSQL protocol, FENCEPOST_PGWIRE_PORT); null = off. */
@@ -433,6 +436,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
     clusterRegistry: clusterRegistryDir(userInfo().uid, env),
     embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 0, 0, 65535),
+    portRange: portRange(env),
     tls: tlsFiles(env),
     pgwirePort: sqlPort,
     pgwireMaxConnections: pgwireMax,

@@ -98,7 +98,7 @@ export class HaCluster {
     );
   }
 
-  /** On a port of the OS's choosing (PORT=0), which its listening line names. */
+  /** On a free port (PORT=0: of FENCEPOST_PORT_RANGE when set), which its listening line names. */
   private async startProxy(): Promise<void> {
     const logFile = createWriteStream(join(this.dir, 'fencepost.log'));
     const child = spawn(process.execPath, [BIN, 'serve'], {

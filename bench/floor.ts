@@ -24,7 +24,7 @@ export interface FloorServer {
   stop(): Promise<void>;
 }
 
-/** A server of bench/floor-servers.ts as a process of its own, once it listens (on a port of the OS's choosing). */
+/** A server of bench/floor-servers.ts as a process of its own, once it listens (on a free port, of FENCEPOST_PORT_RANGE when set). */
 export async function startFloorServer(kind: 'relay' | 'http' | 'fastify', args: readonly string[] = []): Promise<FloorServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', SERVERS, kind, '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';

@@ -5,6 +5,7 @@
 // (FENCEPOST_RAISE_WAIT_MS) + 500 ms. Needs `npm run build` (bin/fencepost.js runs dist/).
 //
 //   npx tsx bench/handover.ts        (own Postgres and ZooKeeper; BENCH_HANDOVER_ROUNDS, default 3)
+import { portRangeEnv } from '../tools/ports.ts';
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { pino } from 'pino';
@@ -35,7 +36,13 @@ export async function runHandoverBench(opts: { rounds?: number; sessionTimeoutMs
   const sessionTimeoutMs = opts.sessionTimeoutMs ?? 2000;
   const db = await benchPostgres('bench_handover');
   const zk = process.env.ZK_CONNECT ? null : await LocalZooKeeper.start({ servers: 1, tickTimeMs: 200 });
-  const config = loadConfig({ DATABASE_URL: db.url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_LOG_LEVEL: 'error' });
+  const config = loadConfig({
+    DATABASE_URL: db.url,
+    PORT: '0',
+    FENCEPOST_PGWIRE_PORT: '0',
+    FENCEPOST_LOG_LEVEL: 'error',
+    ...portRangeEnv(),
+  });
   const proxy = await startProxy(config, pino({ level: 'error' }));
   const owner = new pg.Pool({ connectionString: db.url, max: 2 });
   const samples: number[] = [];

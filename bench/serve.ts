@@ -2,7 +2,7 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { PortTakenError, startOnFreePorts } from '../src/demo/ports.ts';
+import { PortTakenError, startOnFreePorts } from '../src/ports.ts';
 import { listensOn, portTakenLine } from '../tools/ports.ts';
 
 const BIN = join(import.meta.dirname, '..', 'bin', 'fencepost.js');

@@ -12,6 +12,7 @@ import { buildApp } from '../src/proxy/http/app.ts';
 import { createPool } from '../src/proxy/server.ts';
 import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
 import { startPostgres } from '../tools/postgres.ts';
+import { onFreePort } from '../tools/ports.ts';
 import { Election } from '../src/election/election.ts';
 import { ZkSession } from '../src/election/zk-session.ts';
 import { launchChromium } from '../tools/chromium.ts';
@@ -66,7 +67,7 @@ async function main(): Promise<void> {
     await candidates('/prod/billing', 2);
     await candidates('/prod/jobs', 3);
     await migrate(pool);
-    const url = await app.listen({ host: '127.0.0.1', port: 0 });
+    const url = await onFreePort((port) => app.listen({ host: '127.0.0.1', port }));
     const write = async (key: string, fenceKey: string, token: number, writer: string) => {
       const res = await fetch(`${url}/v1/objects/${encodeURIComponent(key)}`, {
         method: 'PUT',

@@ -40,8 +40,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# free_port: a port free now, of FENCEPOST_PORT_RANGE when set (dist/ports.js: run after npm run build).
 free_port() {
-  "$node_bin" -e 'const s = require("node:net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); });'
+  "$node_bin" --input-type=module -e 'import { freePort } from "./dist/ports.js"; console.log(await freePort());'
 }
 
 # http METHOD URL [BODY] [Header:value …]: prints the status and the body on one line ("000" when nothing answers).

@@ -4,7 +4,7 @@
 // the data dir. Progress goes to stderr. (The server: src/demo/local-zookeeper.ts, as the tests'.)
 import { parseArgs } from 'node:util';
 import { LocalZooKeeper } from '../src/demo/local-zookeeper.ts';
-import { portRange } from '../src/demo/ports.ts';
+import { portRange } from '../src/ports.ts';
 
 const USAGE = `usage: scripts/zookeeper.sh
   runs a standalone ZooKeeper on 127.0.0.1 (a free port, from FENCEPOST_PORT_RANGE when set,

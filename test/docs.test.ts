@@ -29,6 +29,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSyn
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { listeningPorts } from '../tools/serve-listening.ts';
+import { portRangeEnv } from '../tools/ports.ts';
 import { ZkSession } from '../src/election/zk-session.ts';
 
 const REPO = join(import.meta.dirname, '..');
@@ -476,8 +477,9 @@ beforeAll(async () => {
     ZK_CONNECT: `${zkConnect}${chroot}`,
     LANG: 'C.UTF-8',
     TMPDIR: tmp,
+    ...portRangeEnv(), // the pages' servers and the serve below: ports of FENCEPOST_PORT_RANGE when set
   };
-  // Ports of the OS's choosing, read back from serve's listening lines (at info).
+  // Free ports (of FENCEPOST_PORT_RANGE when set), read back from serve's listening lines (at info).
   proxy = spawn(process.execPath, [join(REPO, 'bin', 'fencepost.js'), 'serve'], {
     env: { ...env, PORT: '0', FENCEPOST_PGWIRE_PORT: '0', FENCEPOST_LOG_LEVEL: 'info' },
     stdio: ['ignore', 'pipe', 'pipe'],

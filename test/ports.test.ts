@@ -1,20 +1,23 @@
-// Ports for the servers tests start (src/demo/ports.ts, tools/ports.ts): a server we do not write starts on a picked
+// Ports for the servers tests start (src/ports.ts, tools/ports.ts): a server we do not write starts on a picked
 // port, and when another process holds that port, on another one; what then answers is that server.
 // Each test hands in the held port as the first pick.
-import { afterAll, describe, expect, test, vi } from 'vitest';
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { afterAll, describe, expect, inject, test, vi } from 'vitest';
+import { spawn } from 'node:child_process';
+import { chmodSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, connect, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { ephemeralRange, freePort, isPortTaken, portRange, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
-import { closedPort, portTakenLine } from '../tools/ports.ts';
+import { ephemeralRange, freePort, isPortTaken, listenInRange, portRange, startOnFreePort, type PortPicking } from '../src/ports.ts';
+import { closedPort, listenFree, portTakenLine } from '../tools/ports.ts';
 import { startPostgres } from '../tools/postgres.ts';
 import { startPgbouncer } from '../tools/pgbouncer.ts';
 import { LocalZooKeeper, fourLetterWord } from '../src/demo/local-zookeeper.ts';
 import { createTestDatabase } from './support/db.ts';
-import { run } from './support/cli.ts';
-import { listen, spawnProxy, testApp } from './support/proxy.ts';
+import { oneLineFailure, run } from './support/cli.ts';
+import { BIN, listen, spawnProxy, testApp } from './support/proxy.ts';
+import { startSqlProxy } from './support/sql.ts';
+import { uniquePath } from './support/election.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'fencepost-ports-'));
 chmodSync(dir, 0o755); // Postgres runs as the postgres user when we are root
@@ -227,26 +230,119 @@ describe('FENCEPOST_PORT_RANGE', () => {
       expect(() => portRange({ FENCEPOST_PORT_RANGE: bad }), bad).toThrow(
         /^FENCEPOST_PORT_RANGE: must be two ports from 1024 to 65535, the low one first; got /,
       );
-    // The demo and scripts/zookeeper.sh check it before they start anything.
-    const demo = run(['demo'], { FENCEPOST_PORT_RANGE: '20000' });
-    expect(demo.status).toBe(1);
-    expect(demo.stderr).toBe(
-      'fencepost: invalid configuration: FENCEPOST_PORT_RANGE: must be <low>-<high>, e.g. 20000-20999; got "20000"\n',
+    // serve, elect --status-port 0 and the demo (and scripts/zookeeper.sh) check it before they start anything.
+    for (const args of [
+      ['serve', '--port', '0'],
+      ['elect', '--zk', '127.0.0.1:1', '--path', '/p', '--status-port', '0', '--', 'true'],
+      ['demo'],
+    ]) {
+      const r = run(args, { FENCEPOST_PORT_RANGE: '20000' });
+      expect(r.status, args[0]).toBe(1);
+      expect(r.stderr, args[0]).toBe(
+        'fencepost: invalid configuration: FENCEPOST_PORT_RANGE: must be <low>-<high>, e.g. 20000-20999; got "20000"\n',
+      );
+    }
+    expect(oneLineFailure(run(['serve'], { PORT: '0', FENCEPOST_PORT_RANGE: '21000-20000' }))).toBe(
+      'fencepost: invalid configuration: FENCEPOST_PORT_RANGE: must be two ports from 1024 to 65535, the low one first; got 21000-20000',
     );
   });
 
-  test('the proxies tests start, as a process or in this one, take their ports from the range', { timeout: 120_000 }, async () => {
+  test('a server of ours asked for port 0 binds a port of the range, and another when the one picked is taken before the bind', async () => {
+    const [lo, hi] = await someRange(40);
+    const range: [number, number] = [lo, hi];
+    // Between the pick and the bind another process takes the port: the bind fails, another is picked.
+    const tried: number[] = [];
+    const server = await listenInRange(0, range, async (port) => {
+      tried.push(port);
+      if (tried.length === 1) held.push(await listenOn(port)); // taken meanwhile
+      return await listenOn(port);
+    });
+    try {
+      const port = (server.address() as AddressInfo).port;
+      expect(tried).toHaveLength(2);
+      expect(port).toBe(tried[1]);
+      for (const p of tried) expect(p >= lo && p <= hi, `${p} in ${lo}-${hi}`).toBe(true);
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+    // Bounded: taken at every attempt, it gives up after them, saying the port was taken.
+    let attempts = 0;
+    const always = await listenInRange(
+      0,
+      range,
+      async (port) => {
+        attempts++;
+        held.push(await listenOn(port));
+        return await listenOn(port);
+      },
+      { attempts: 3 },
+    ).catch((e: unknown) => e);
+    expect(attempts).toBe(3);
+    expect(always).toBeInstanceOf(AggregateError);
+    expect(isPortTaken(always)).toBe(true);
+    // A port asked for, or no range: the port as given (0: the OS's choice).
+    const given = await holdPort();
+    expect(await listenInRange(given, range, async (port) => port)).toBe(given);
+    expect(await listenInRange(0, null, async (port) => port)).toBe(0);
+  });
+
+  test('fencepost serve with every port of the range in use stops in one line naming the variable, before it uses the database', async () => {
+    const port = await holdPort();
+    const r = run(['serve', '--port', '0'], { DATABASE_URL: 'postgres://u:p@127.0.0.1:1/x', FENCEPOST_PORT_RANGE: `${port}-${port}` });
+    expect(oneLineFailure(r)).toBe(
+      `fencepost: cannot start: FENCEPOST_PORT_RANGE: no free port in ${port}-${port} for PORT: every port of it is in use`,
+    );
+  });
+
+  test(
+    'fencepost serve asked for port 0 binds its HTTP port, its SQL endpoint and its embedded Postgres inside the range',
+    { timeout: 180_000 },
+    async () => {
+      const [lo, hi] = await someRange(100);
+      const inRange = (port: number | null) => port !== null && port >= lo && port <= hi;
+      const dataDir = join(dir, 'range-serve', 'pgdata');
+      vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${hi}`);
+      try {
+        // A real `fencepost serve` (spawnProxy leaves the picking to it): PORT=0, FENCEPOST_PGWIRE_PORT=0,
+        // no DATABASE_URL and no FENCEPOST_EMBEDDED_PG_PORT, so its embedded Postgres's port is picked too.
+        const proxy = await spawnProxy(
+          { DATABASE_URL: '', FENCEPOST_DATA_DIR: dataDir, FENCEPOST_EMBEDDED_PG_PORT: '', PORT: '0', FENCEPOST_PGWIRE_PORT: '0' },
+          150_000,
+        );
+        try {
+          expect(inRange(Number(new URL(proxy.url).port)), `${proxy.url} in ${lo}-${hi}`).toBe(true);
+          expect(inRange(proxy.pgwirePort), `SQL endpoint ${proxy.pgwirePort} in ${lo}-${hi}`).toBe(true);
+          // The embedded cluster's URL (recorded while it runs) names a port of the range, and the
+          // Postgres answering there runs on this proxy's data folder.
+          const superuser = readFileSync(join(dataDir, 'postgres.url'), 'utf8').trim();
+          const pgPort = Number(new URL(superuser).port);
+          expect(inRange(pgPort), `embedded Postgres ${pgPort} in ${lo}-${hi}`).toBe(true);
+          const client = new pg.Client({ connectionString: superuser });
+          await client.connect();
+          const { rows } = await client.query<{ data_directory: string }>('SHOW data_directory');
+          await client.end();
+          expect(rows[0]?.data_directory).toBe(dataDir);
+        } finally {
+          expect(await proxy.stop()).toBe(0);
+        }
+      } finally {
+        vi.unstubAllEnvs();
+      }
+    },
+  );
+
+  test('proxies started in this process, and servers tests open themselves, take their ports from the range', async () => {
     const [lo, hi] = await someRange(100);
     const inRange = (port: number | null) => port !== null && port >= lo && port <= hi;
     vi.stubEnv('FENCEPOST_PORT_RANGE', `${lo}-${hi}`);
     const db = await createTestDatabase();
     try {
-      const proxy = await spawnProxy({ DATABASE_URL: db.url, FENCEPOST_PGWIRE_PORT: '0' });
+      const sql = await startSqlProxy(db);
       try {
-        expect(inRange(Number(new URL(proxy.url).port)), `${proxy.url} in ${lo}-${hi}`).toBe(true);
-        expect(inRange(proxy.pgwirePort), `SQL endpoint ${proxy.pgwirePort} in ${lo}-${hi}`).toBe(true);
+        expect(inRange(Number(new URL(sql.proxy.url).port)), `${sql.proxy.url} in ${lo}-${hi}`).toBe(true);
+        expect(inRange(sql.port), `SQL endpoint ${sql.port} in ${lo}-${hi}`).toBe(true);
       } finally {
-        await proxy.stop();
+        await sql.close();
       }
       const app = testApp(db.pool);
       try {
@@ -255,9 +351,38 @@ describe('FENCEPOST_PORT_RANGE', () => {
       } finally {
         await app.close();
       }
+      const raw = createServer();
+      try {
+        const port = await listenFree(raw);
+        expect(inRange(port), `${port} in ${lo}-${hi}`).toBe(true);
+      } finally {
+        await new Promise((r) => raw.close(r));
+      }
     } finally {
       vi.unstubAllEnvs();
       await db.drop();
+    }
+  });
+
+  test('fencepost elect --status-port 0 listens inside the range', { timeout: 60_000 }, async () => {
+    const [lo, hi] = await someRange(40);
+    const args = ['--zk', inject('zkConnect'), '--path', uniquePath('ports'), '--status-port', '0', '--status-host', '127.0.0.1'];
+    const child = spawn(process.execPath, [BIN, 'elect', ...args, '--', process.execPath, '-e', 'setTimeout(() => {}, 60000)'], {
+      env: { ...process.env, FENCEPOST_PORT_RANGE: `${lo}-${hi}`, FENCEPOST_LOG_LEVEL: 'info' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<void>((r) => child.once('exit', () => r()));
+    try {
+      const listening = () => err.split('\n').find((l) => l.includes('"status server listening'));
+      await expect.poll(listening, { timeout: 30_000 }).toBeDefined();
+      const port = (JSON.parse(listening()!) as { port: number }).port;
+      expect(port >= lo && port <= hi, `${port} in ${lo}-${hi}`).toBe(true);
+      expect((await fetch(`http://127.0.0.1:${port}/healthz`)).status).toBe(200);
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
     }
   });
 

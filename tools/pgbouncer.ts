@@ -7,7 +7,7 @@ import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, rmSync, wr
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { PortTakenError, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { PortTakenError, startOnFreePort, type PortPicking } from '../src/ports.ts';
 import { portTakenLine } from './ports.ts';
 import { clientConfig, databaseTarget } from '../src/fence/database-url.ts';
 

@@ -1,8 +1,43 @@
-// Ports as the harness sees them: a port nothing listens on, whether a process itself listens on a
+// Ports as the harness sees them: where a server the harness opens itself listens (a free port, of
+// FENCEPOST_PORT_RANGE when set), a port nothing listens on, whether a process itself listens on a
 // port, and the words a server prints when its port is taken. Picking ports for the servers we start
-// (freePort, startOnFreePorts, PortTakenError) is in src/demo/ports.ts, with the local servers.
+// (freePort, startOnFreePorts, PortTakenError, listenInRange) is in src/ports.ts.
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
-import { connect } from 'node:net';
+import { connect, type Server } from 'node:net';
+import { listenInRange, portRange } from '../src/ports.ts';
+
+/**
+ * Runs `listen` (a server of the harness's, binding the port it is given) on a free port: one of
+ * FENCEPOST_PORT_RANGE's when set, picked again when taken meanwhile; else port 0, the OS's choice.
+ * What `fencepost serve` does with port 0, for the servers tests and tools open themselves.
+ */
+export async function onFreePort<T>(listen: (port: number) => Promise<T>): Promise<T> {
+  return await listenInRange(0, portRange(), listen);
+}
+
+/** Listens `server` (node:net or node:http) on a free port of `host` (`onFreePort`); the port. */
+export async function listenFree(server: Server, host = '127.0.0.1'): Promise<number> {
+  return await onFreePort(
+    (port) =>
+      new Promise<number>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen({ host, port }, () => {
+          server.off('error', reject);
+          const address = server.address();
+          resolve(typeof address === 'object' && address ? address.port : port);
+        });
+      }),
+  );
+}
+
+/**
+ * FENCEPOST_PORT_RANGE as this process has it, or nothing: for the settings of a proxy started in
+ * this process (loadConfig reads only the settings it is given), so its port 0 keeps to the range too.
+ */
+export function portRangeEnv(): Record<string, string> {
+  const range = process.env.FENCEPOST_PORT_RANGE;
+  return range === undefined || range === '' ? {} : { FENCEPOST_PORT_RANGE: range };
+}
 
 /**
  * A loopback port that refuses connections, for "nothing listens there". Below 1024: no server a

@@ -9,7 +9,7 @@ import { tmpdir, userInfo } from 'node:os';
 import pg from 'pg';
 import { migrate } from '../src/fence/migrate.ts';
 import { startEmbeddedPostgres, type EmbeddedPostgresOptions, type RunningPostgres } from '../src/fence/embedded-postgres.ts';
-import { PortTakenError, startOnFreePort, type PortPicking } from '../src/demo/ports.ts';
+import { PortTakenError, startOnFreePort, type PortPicking } from '../src/ports.ts';
 import { portTakenLine } from './ports.ts';
 
 export interface PostgresOptions extends Omit<EmbeddedPostgresOptions, 'port'> {

@@ -1,5 +1,6 @@
 // Where a `fencepost serve` listens, from its log: PORT=0 and FENCEPOST_PGWIRE_PORT=0 leave the
-// choice to the OS, and the listening lines (JSON, at info) name the ports it bound.
+// choice to serve (the OS's, or a port of FENCEPOST_PORT_RANGE), and the listening lines (JSON, at
+// info) name the ports it bound.
 
 /** What `fencepost serve` logs (JSON, at info) once it listens: the ports it bound, port 0's included. */
 export interface ListeningPorts {

@@ -42,6 +42,7 @@ import {
 } from '../election/index.ts';
 import { Guardian } from './guardian.ts';
 import { startStatusServer, type StatusServer } from './status-server.ts';
+import { PortRangeFullError, isPortTaken, portRange, type PortRange } from '../ports.ts';
 import { ElectionMetrics } from './election-metrics.ts';
 import { CommandFailure, firstLine } from './command-failure.ts';
 import { commandProblem } from './resolve-command.ts';
@@ -87,6 +88,8 @@ export interface ElectConfig {
   auth: DigestAuth | null;
   /** Port of the status server (/healthz, /leader, /metrics); null: none. 0 picks a free port (logged). */
   statusPort: number | null;
+  /** FENCEPOST_PORT_RANGE, where --status-port 0 picks from (read only then); null: the OS picks. */
+  statusPortRange: PortRange | null;
   statusHost: string;
   advise: boolean;
   command: string[];
@@ -140,6 +143,7 @@ export function parseElectArgs(argv: string[], env: NodeJS.ProcessEnv = process.
   const statusPort = str('status-port') === undefined ? null : int('status-port', 0, 0);
   if (statusPort !== null && statusPort > 65535) throw new UsageError(`--status-port must be a port number, got ${statusPort}`);
   if (statusPort === null && str('status-host') !== undefined) throw new UsageError('--status-host needs --status-port');
+  const statusPortRange = statusPort === 0 ? portRange(env) : null; // a malformed one: ConfigError naming it
   // A usage error at start, not a failure every term.
   const proxy = str('proxy');
   const fenceKey = str('fence-key');
@@ -154,6 +158,7 @@ export function parseElectArgs(argv: string[], env: NodeJS.ProcessEnv = process.
     policy,
     auth,
     statusPort,
+    statusPortRange,
     statusHost: str('status-host') ?? '0.0.0.0',
     advise,
     command: parsed.positionals,
@@ -234,7 +239,7 @@ class ElectRunner {
     try {
       if (this.config.statusPort !== null) {
         try {
-          status = await startStatusServer(this.config.statusHost, this.config.statusPort, {
+          status = await startStatusServer(this.config.statusHost, this.config.statusPort, this.config.statusPortRange, {
             electionPath: this.config.path,
             id: this.config.id,
             leadingToken: () => (this.runningToken !== null && this.election.token === this.runningToken ? this.runningToken : null),
@@ -243,7 +248,13 @@ class ElectRunner {
             metrics: this.metrics,
           });
         } catch (err) {
-          throw new CommandFailure('elect', statusPortProblem(err, this.config.statusHost, this.config.statusPort), { cause: err });
+          throw new CommandFailure(
+            'elect',
+            statusPortProblem(err, this.config.statusHost, this.config.statusPort, this.config.statusPortRange),
+            {
+              cause: err,
+            },
+          );
         }
         this.log.info({ host: this.config.statusHost, port: status.port }, 'status server listening (/healthz, /leader)');
       }
@@ -449,8 +460,11 @@ class ElectRunner {
 }
 
 /** A status server that could not listen, in one line naming --status-port (or --status-host). */
-function statusPortProblem(err: unknown, host: string, port: number | null): string {
+function statusPortProblem(err: unknown, host: string, port: number | null, range: PortRange | null): string {
   const at = `${host.includes(':') ? `[${host}]` : host}:${port}`;
+  if (err instanceof PortRangeFullError) return `FENCEPOST_PORT_RANGE: no free port in ${err.range[0]}-${err.range[1]} for --status-port 0`;
+  if (range !== null && isPortTaken(err))
+    return `--status-port: each port picked from FENCEPOST_PORT_RANGE ${range[0]}-${range[1]} was taken before it could be bound`;
   switch ((err as { code?: unknown } | null)?.code) {
     case 'EADDRINUSE':
       return `--status-port: ${at} is already in use (another fencepost elect on this host? pick another --status-port)`;

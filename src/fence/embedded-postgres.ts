@@ -10,6 +10,7 @@ import { userInfo } from 'node:os';
 import { createServer } from 'node:net';
 import { clearStalePid, forgetCluster, registerCluster, urlFile } from './embedded-cluster.ts';
 import { publicSearchPath } from './sql/embedded.ts';
+import { freePortIn, portRange, type PortRange } from '../ports.ts';
 export { PostgresAlreadyRunningError, runningClusterUrl, runningClusters, urlFile } from './embedded-cluster.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -37,6 +38,8 @@ export interface EmbeddedPostgresOptions {
   dataDir: string;
   /** 0: a free loopback port, picked now, and another if it is taken before Postgres binds it (the data dir does not remember the port). */
   port: number;
+  /** Where port 0 picks from (FENCEPOST_PORT_RANGE); null: the OS picks; absent: FENCEPOST_PORT_RANGE from the environment. */
+  portRange?: PortRange | null;
   log?: (line: string) => void;
   /** Extra `postgres` flags, e.g. `['-c', 'fsync=off']` for throw-away test clusters. */
   postgresFlags?: string[];
@@ -59,7 +62,7 @@ export interface RunningPostgres {
 
 const USER = 'fencepost';
 const PASSWORD = 'fencepost';
-/** Starts on a port of the OS's choosing (port 0), at most this many times when it was taken before Postgres bound it. */
+/** Starts on a free port (port 0), at most this many times when it was taken before Postgres bound it. */
 const PORT_ATTEMPTS = 5;
 /** Postgres's words for its port taken: the bind, or another postmaster's socket lock file of that port number. */
 const PORT_TAKEN = /Address already in use|lock file "[^"]*\.s\.PGSQL\.\d+\.lock" already exists/;
@@ -127,13 +130,15 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   if (ids && existsSync(dataDir)) chownSync(dataDir, ids.uid, ids.gid);
   // Before initdb too: a second process on the same folder must not touch it.
   clearStalePid(dataDir);
-  // Port 0: a port the OS hands out now, bound by Postgres a moment later; if another process took
-  // it meanwhile, Postgres exits saying so, and starts again on another.
+  // Port 0: a port free now (one of FENCEPOST_PORT_RANGE's when set, else the OS's choice), bound by
+  // Postgres a moment later; if another process took it meanwhile, Postgres exits saying so, and
+  // starts again on another.
+  const range = opts.portRange === undefined ? portRange() : opts.portRange;
   const attempts = opts.port === 0 ? PORT_ATTEMPTS : 1;
   let port = 0;
   let pg: EmbeddedPostgres;
   for (let attempt = 1; ; attempt++) {
-    port = opts.port === 0 ? await freeLoopbackPort() : opts.port;
+    port = opts.port !== 0 ? opts.port : range !== null ? await freePortIn(range) : await freeLoopbackPort();
     let output = '';
     pg = new EmbeddedPostgres({
       databaseDir: dataDir,

@@ -11,6 +11,10 @@ import type { ForgeryGuardConfig } from './forgery-guard.ts';
 import { parseDigestAuth, type DigestAuth, electionPathProblem } from '../election/index.ts';
 import { checkDatabaseUrl } from '../fence/admin.ts';
 import { parseHostName, parseOrigin } from './http/browser-guard.ts';
+import { ConfigError } from '../config-error.ts';
+import { portRange, type PortRange } from '../ports.ts';
+
+export { ConfigError };
 
 /** The proxy's certificate and key files (src/proxy/access/tls.ts loads them). */
 export interface TlsFiles {
@@ -31,6 +35,8 @@ export interface ProxyConfig {
   clusterRegistry: string;
   /** Embedded Postgres port (only without DATABASE_URL): FENCEPOST_EMBEDDED_PG_PORT; 0 = a free port, picked at each start. */
   embeddedPgPort: number;
+  /** FENCEPOST_PORT_RANGE: where port 0 (PORT, FENCEPOST_PGWIRE_PORT, FENCEPOST_EMBEDDED_PG_PORT) binds; null = the OS picks. */
+  portRange: PortRange | null;
   /** FENCEPOST_TLS_CERT / FENCEPOST_TLS_KEY: serve HTTPS only (and TLS on the SQL endpoint); null = plain. */
   tls: Readonly<TlsFiles> | null;
   /** The SQL endpoint's port (PostgreSQL protocol, FENCEPOST_PGWIRE_PORT); null = off. */
@@ -174,17 +180,6 @@ export const PGWIRE_DEFAULTS = Object.freeze({
 /** A key's share of `total` when several keys share it: half (at least 1); all of it for one key or open mode. */
 function fairShare(keys: readonly AccessKey[], total: number): number {
   return keys.length > 1 ? Math.max(1, Math.ceil(total / 2)) : total;
-}
-
-export class ConfigError extends Error {
-  constructor(
-    /** The setting at fault (an environment variable's name). */
-    readonly variable: string,
-    message: string,
-  ) {
-    super(`${variable}: ${message}`);
-    this.name = 'ConfigError';
-  }
 }
 
 /**
@@ -441,6 +436,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
     dataDir: env.FENCEPOST_DATA_DIR || DEFAULT_DATA_DIR,
     clusterRegistry: clusterRegistryDir(userInfo().uid, env),
     embeddedPgPort: int(env, 'FENCEPOST_EMBEDDED_PG_PORT', 0, 0, 65535),
+    portRange: portRange(env),
     tls: tlsFiles(env),
     pgwirePort: sqlPort,
     pgwireMaxConnections: pgwireMax,

@@ -29,7 +29,8 @@ import {
 } from '../fence/admin.ts';
 import { ProxyMetrics } from './metrics.ts';
 import { TlsMaterial } from './access/tls.ts';
-import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError } from './startup-errors.ts';
+import { StartupError, checkListenAddress, checkZooKeeper, databaseError, listenError, portRangeFull } from './startup-errors.ts';
+import { PortRangeFullError, listenInRange } from '../ports.ts';
 
 export interface RunningProxy {
   app: FastifyInstance;
@@ -212,6 +213,7 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
     return await startEmbeddedPostgres({
       dataDir: config.dataDir,
       port: config.embeddedPgPort,
+      portRange: config.portRange,
       log: (line) => logger.debug({ postgres: line }),
       postgresFlags: ['-c', `max_connections=${embeddedMaxConnections(config)}`],
       registry: config.clusterRegistry,
@@ -224,11 +226,15 @@ export async function startEmbedded(config: Readonly<ProxyConfig>, logger: Logge
         { cause: err },
       );
     }
+    if (err instanceof PortRangeFullError) throw portRangeFull(err, 'FENCEPOST_EMBEDDED_PG_PORT');
     if (err instanceof PostgresPortInUseError) {
+      const range = config.portRange;
       const choice =
-        config.embeddedPgPort === 0
-          ? 'each port the OS handed out was taken before Postgres bound it'
-          : 'set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port';
+        config.embeddedPgPort !== 0
+          ? 'set FENCEPOST_EMBEDDED_PG_PORT, or 0 for a free port'
+          : range !== null
+            ? `each port picked from FENCEPOST_PORT_RANGE ${range[0]}-${range[1]} was taken before Postgres bound it`
+            : 'each port the OS handed out was taken before Postgres bound it';
       throw new StartupError('FENCEPOST_EMBEDDED_PG_PORT', `127.0.0.1:${err.port} is already in use (${choice})`, { cause: err });
     }
     const why =
@@ -246,7 +252,8 @@ export async function startProxy(
   // What can fail in a moment is checked before a Postgres starts: the TLS files, the HTTP and SQL
   // ports, the forgery guard's ZooKeeper. Each failure is a ConfigError or StartupError naming the setting.
   const tls = config.tls ? TlsMaterial.load(config.tls) : null;
-  await checkListenAddress(config.host, config.port);
+  // Port 0: a free port, one of FENCEPOST_PORT_RANGE's when set (config.portRange), here and below.
+  await checkListenAddress(config.host, config.port, 'PORT', config.portRange);
   if (config.pgwirePort !== null && config.pgwirePort !== 0)
     await checkListenAddress(config.host, config.pgwirePort, 'FENCEPOST_PGWIRE_PORT');
   if (config.forgeryGuard) await checkZooKeeper(config.forgeryGuard);
@@ -389,12 +396,13 @@ export async function startProxy(
     }
     // Client logins for SQL transactions: created now, or the log says what to run (see Security).
     await shared.fence.provision();
-    await app.listen({ host: config.host, port: config.port }).catch((err: unknown) => {
-      throw listenError(err, config.host, config.port); // taken since the bind test
+    await listenInRange(config.port, config.portRange, (port) => app.listen({ host: config.host, port })).catch((err: unknown) => {
+      throw listenError(err, config.host, config.port, 'PORT', config.portRange); // taken since the bind test
     });
     if (pgwire) {
-      pgwirePort = await pgwire.listen().catch((err: unknown) => {
-        throw listenError(err, config.host, config.pgwirePort ?? 0, 'FENCEPOST_PGWIRE_PORT'); // taken since the bind test
+      const sqlPort = config.pgwirePort ?? 0;
+      pgwirePort = await listenInRange(sqlPort, config.portRange, (port) => pgwire.listen(port)).catch((err: unknown) => {
+        throw listenError(err, config.host, sqlPort, 'FENCEPOST_PGWIRE_PORT', config.portRange); // taken since the bind test
       });
     }
     pruner.start(); // after migrate: the table exists

@@ -8,6 +8,7 @@ import { ZkSession } from '../election/index.ts';
 import { NoWritableHostError } from '../fence/index.ts';
 import { databaseTarget, describeTarget } from '../fence/admin.ts';
 import type { ForgeryGuardConfig } from './forgery-guard.ts';
+import { PortRangeFullError, listenInRange, type PortRange } from '../ports.ts';
 
 export class StartupError extends Error {
   constructor(
@@ -49,20 +50,49 @@ const PORT_HINTS: Readonly<Record<PortSetting, string>> = {
 /**
  * A bind test of a listening address, before Postgres starts: the port in use (or a HOST that is
  * not this machine's) fails in a moment, not after a cluster start. `setting` names the port's.
+ * Port 0 with a `range` (FENCEPOST_PORT_RANGE) tries a port of the range: a full range fails here too.
  */
-export async function checkListenAddress(host: string, port: number, setting: PortSetting = 'PORT'): Promise<void> {
-  await new Promise<void>((resolve, reject) => {
-    const server = createServer();
-    server.once('error', (err) => reject(listenError(err, host, port, setting)));
-    server.listen({ host, port, exclusive: true }, () => server.close(() => resolve()));
+export async function checkListenAddress(
+  host: string,
+  port: number,
+  setting: PortSetting = 'PORT',
+  range: PortRange | null = null,
+): Promise<void> {
+  await listenInRange(
+    port,
+    range,
+    (p) =>
+      new Promise<void>((resolve, reject) => {
+        const server = createServer();
+        server.once('error', reject);
+        server.listen({ host, port: p, exclusive: true }, () => server.close(() => resolve()));
+      }),
+  ).catch((err: unknown) => {
+    throw listenError(err, host, port, setting, range);
   });
 }
 
-/** A failed listen on the HTTP door's address (PORT) or the SQL endpoint's (FENCEPOST_PGWIRE_PORT), described. */
-export function listenError(err: unknown, host: string, port: number, setting: PortSetting = 'PORT'): StartupError {
+/**
+ * A failed listen on the HTTP door's address (PORT) or the SQL endpoint's (FENCEPOST_PGWIRE_PORT),
+ * described; `port` as configured (0: a free one, of `range` when set).
+ */
+export function listenError(
+  err: unknown,
+  host: string,
+  port: number,
+  setting: PortSetting = 'PORT',
+  range: PortRange | null = null,
+): StartupError {
+  if (err instanceof PortRangeFullError) return portRangeFull(err, setting);
   const at = hostPort(host, port);
   switch (systemCode(err)) {
     case 'EADDRINUSE':
+      if (port === 0 && range !== null)
+        return new StartupError(
+          setting,
+          `${host}: each port picked from FENCEPOST_PORT_RANGE ${range[0]}-${range[1]} was taken before it could be bound (another process is using the range's ports)`,
+          { cause: err },
+        );
       return new StartupError(setting, `${at} is already in use (another fencepost serve? ${PORT_HINTS[setting]})`, { cause: err });
     case 'EACCES':
       return new StartupError(setting, `not allowed to listen on ${at} (ports below 1024 need privileges)`, { cause: err });
@@ -74,6 +104,12 @@ export function listenError(err: unknown, host: string, port: number, setting: P
     default:
       return new StartupError(setting, `cannot listen on ${at}: ${firstLine(err)}`, { cause: err });
   }
+}
+
+/** FENCEPOST_PORT_RANGE has no free port left for the port of `setting` (asked for 0). */
+export function portRangeFull(err: PortRangeFullError, setting: string): StartupError {
+  const [lo, hi] = err.range;
+  return new StartupError('FENCEPOST_PORT_RANGE', `no free port in ${lo}-${hi} for ${setting}: every port of it is in use`, { cause: err });
 }
 
 /**

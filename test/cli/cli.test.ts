@@ -3,22 +3,20 @@
 import { describe, expect, inject, test } from 'vitest';
 import { spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer, type AddressInfo, type Server } from 'node:net';
+import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { closedPort } from '../../tools/ports.ts';
+import { closedPort, listenFree } from '../../tools/ports.ts';
 import { startPgbouncer } from '../../tools/pgbouncer.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 import { BIN, REPO, readyUrl } from '../support/proxy.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
 
-/** A loopback port held by this process (a port of the OS's choosing). */
-function occupy(): Promise<{ server: Server; port: number }> {
-  return new Promise((resolve) => {
-    const server = createServer();
-    server.listen({ host: '127.0.0.1', port: 0 }, () => resolve({ server, port: (server.address() as AddressInfo).port }));
-  });
+/** A loopback port held by this process (a free port, of FENCEPOST_PORT_RANGE when set). */
+async function occupy(): Promise<{ server: Server; port: number }> {
+  const server = createServer();
+  return { server, port: await listenFree(server) };
 }
 
 describe('flags', () => {
@@ -71,7 +69,7 @@ describe('flags', () => {
 
   test('serve --port and --host win over PORT and HOST', async () => {
     const db = await createTestDatabase();
-    // --port 0: a port of the OS's choosing, which the listening line names (logged at info).
+    // --port 0: a free port, which the listening line names (logged at info).
     const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--host', '127.0.0.1'], {
       env: {
         ...process.env,

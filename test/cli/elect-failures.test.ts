@@ -3,11 +3,11 @@
 import { afterAll, afterEach, expect, inject, test } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type AddressInfo, type Server } from 'node:net';
+import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { closedPort } from '../../tools/ports.ts';
+import { closedPort, listenFree } from '../../tools/ports.ts';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
 import { BIN, spawnProxy } from '../support/proxy.ts';
@@ -20,12 +20,10 @@ afterEach(() => {
   for (const c of children.splice(0)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
-/** A loopback port held by this process (a port of the OS's choosing). */
-function occupy(): Promise<{ server: Server; port: number }> {
-  return new Promise((resolve) => {
-    const server = createServer();
-    server.listen({ host: '127.0.0.1', port: 0 }, () => resolve({ server, port: (server.address() as AddressInfo).port }));
-  });
+/** A loopback port held by this process (a free port, of FENCEPOST_PORT_RANGE when set). */
+async function occupy(): Promise<{ server: Server; port: number }> {
+  const server = createServer();
+  return { server, port: await listenFree(server) };
 }
 
 /** No pino line carries a stack (`"stack":`), and no plain line looks like one. */

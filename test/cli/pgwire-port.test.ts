@@ -1,18 +1,17 @@
 // FENCEPOST_PGWIRE_PORT taken: one line naming that setting, like PORT's, not a raw Node stack;
-// 0: a port of the OS's choosing, named in the listening line.
+// 0: a free port (of FENCEPOST_PORT_RANGE when set), named in the listening line.
 import { expect, test } from 'vitest';
-import { connect, createServer, type AddressInfo, type Server } from 'node:net';
+import { connect, createServer, type Server } from 'node:net';
 import { listenError } from '../../src/proxy/startup-errors.ts';
 import { oneLineFailure, run } from '../support/cli.ts';
 import { createTestDatabase } from '../support/db.ts';
 import { spawnProxy } from '../support/proxy.ts';
+import { listenFree } from '../../tools/ports.ts';
 
-/** A loopback port held by this process (a port of the OS's choosing). */
-function occupy(): Promise<{ server: Server; port: number }> {
-  return new Promise((resolve) => {
-    const server = createServer();
-    server.listen({ host: '127.0.0.1', port: 0 }, () => resolve({ server, port: (server.address() as AddressInfo).port }));
-  });
+/** A loopback port held by this process (a free port, of FENCEPOST_PORT_RANGE when set). */
+async function occupy(): Promise<{ server: Server; port: number }> {
+  const server = createServer();
+  return { server, port: await listenFree(server) };
 }
 
 test("the SQL endpoint's port in use is refused naming FENCEPOST_PGWIRE_PORT, before Postgres is used", async () => {
@@ -41,7 +40,7 @@ test('a listen of the SQL endpoint that fails after the bind test (taken meanwhi
   expect(listenError(inUse, '127.0.0.1', 8080).setting).toBe('PORT'); // the HTTP door's, as before
 });
 
-test("PORT=0 and FENCEPOST_PGWIRE_PORT=0: both doors listen on ports of the OS's choosing, which the listening lines name", async () => {
+test('PORT=0 and FENCEPOST_PGWIRE_PORT=0: both doors listen on free ports, which the listening lines name', async () => {
   const db = await createTestDatabase();
   const proxy = await spawnProxy({ DATABASE_URL: db.url, PORT: '0', FENCEPOST_PGWIRE_PORT: '0' });
   try {

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { ZkSession } from '../../src/election/zk-session.ts';
 import { REPO } from '../support/proxy.ts';
 import { run } from '../support/cli.ts';
-import { freePort } from '../../src/demo/ports.ts';
+import { freePort } from '../../src/ports.ts';
 
 function accepts(port: number): Promise<boolean> {
   return new Promise((resolve) => {

@@ -3,14 +3,14 @@ import { createServer, connect as tcpConnect } from 'node:net';
 import type { Server, Socket } from 'node:net';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { TcpProxy } from '../../tools/faults/tcp-proxy.ts';
+import { listenFree } from '../../tools/ports.ts';
 import { sleep, waitFor } from '../support/election.ts';
 
 let echo: Server;
 let echoPort = 0;
 beforeAll(async () => {
   echo = createServer((s) => s.pipe(s));
-  await new Promise<void>((r) => echo.listen(0, '127.0.0.1', () => r()));
-  echoPort = (echo.address() as { port: number }).port;
+  echoPort = await listenFree(echo);
 });
 afterAll(() => new Promise<void>((r) => echo.close(() => r())));
 

@@ -2,7 +2,8 @@
 // lost while checked out, idle or mid-query, or in the very read that completes its startup, is
 // reported to the work (a rejected query), never as an unheard 'error' event that ends the process,
 // and never goes back to the pool; a healthy checkout is pooled again.
-import { createServer, connect as tcp, type AddressInfo, type Server } from 'node:net';
+import { createServer, connect as tcp, type Server } from 'node:net';
+import { listenFree } from '../../tools/ports.ts';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import pg from 'pg';
 import { hearClientErrors, withClient } from '../../src/fence/checkout.ts';
@@ -124,10 +125,9 @@ test('a backend ended right after startup, its FATAL in the same read as its fir
       }
     });
   });
-  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
   const url = new URL(db.url);
   url.hostname = '127.0.0.1';
-  url.port = String((relay.address() as AddressInfo).port);
+  url.port = String(await listenFree(relay));
   const relayed = hearClientErrors(new pg.Pool({ connectionString: url.toString(), max: 1 }));
   try {
     const outcome = await relayed.connect().then(

@@ -5,13 +5,13 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import pino from 'pino';
-import { connect, createServer, type AddressInfo, type Server } from 'node:net';
+import { connect, createServer, type Server } from 'node:net';
 import { Writable } from 'node:stream';
 import { startFailoverPair, type FailoverPair } from '../support/replication.ts';
 import { fenceOptions } from '../support/sql.ts';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
-import { closedPort } from '../../tools/ports.ts';
+import { closedPort, listenFree, portRangeEnv } from '../../tools/ports.ts';
 import { clientConfig, databaseTarget, primaryFinder } from '../../src/fence/database-url.ts';
 import { leaveOldHosts, newClient } from '../../src/fence/primary-finder.ts';
 import { BackendStartupError, openBackend } from '../../src/proxy/sql/backend.ts';
@@ -34,6 +34,7 @@ async function start(databaseUrl: string, log?: Record<string, unknown>[]): Prom
     FENCEPOST_PGWIRE_PORT: '0',
     FENCEPOST_CLIENT_ROLE: CLIENT_ROLE,
     FENCEPOST_LOG_LEVEL: 'silent',
+    ...portRangeEnv(),
   });
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
@@ -165,8 +166,7 @@ async function forwarder(to: number): Promise<{ port: number; to: number; close(
     socket.on('error', () => up.destroy());
     up.on('error', () => socket.destroy());
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  f.port = (server.address() as AddressInfo).port;
+  f.port = await listenFree(server);
   f.close = () => new Promise<void>((r) => server.close(() => r()));
   return f;
 }

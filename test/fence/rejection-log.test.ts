@@ -1,6 +1,7 @@
 // The rejection log, on each of the three doors (HTTP object writes, POST /v1/transactions, the SQL
 // endpoint): a rejection lands with its door, a deadlock while recording it is retried, and a
 // recording that fails is logged once at warn with the door.
+import { portRangeEnv } from '../../tools/ports.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { Writable } from 'node:stream';
 import pg from 'pg';
@@ -40,6 +41,7 @@ async function start(lockTimeoutMs: number): Promise<Proxy> {
     FENCEPOST_PGWIRE_PORT: '0',
     FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url),
     FENCEPOST_LOCK_TIMEOUT_MS: String(lockTimeoutMs),
+    ...portRangeEnv(),
   });
   return { proxy: await startProxy(config, pino({ level: 'warn' }, sink)), lines };
 }

@@ -4,6 +4,7 @@
 // FP533) while a failover could lose a fence raise, and takes them again once it could not. Real
 // primary, real synchronous standby: stopped (none streams, commits would hang) and paused
 // (commits wait on SyncRep).
+import { portRangeEnv } from '../../tools/ports.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { Writable } from 'node:stream';
 import pg from 'pg';
@@ -207,6 +208,7 @@ describe('FENCEPOST_REQUIRE_SYNC_STANDBY=1 with a real synchronous standby', () 
         FENCEPOST_PGWIRE_PORT: '0',
         FENCEPOST_DURABILITY_CHECK_MS: '100',
         FENCEPOST_REQUIRE_SYNC_STANDBY: '1',
+        ...portRangeEnv(),
       }),
       log.logger,
     );

@@ -3,6 +3,7 @@
 // synchronous_standby_names asking for more standbys than stream makes commits hang. They are
 // reported at start and in GET /readyz, which stays ready (unless writes are refused for them:
 // durability-monitor.test.ts).
+import { portRangeEnv } from '../../tools/ports.ts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import pg from 'pg';
 import { createTestDatabase, withDatabase, type TestDatabase } from '../support/db.ts';
@@ -102,7 +103,7 @@ describe('on the test Postgres (no standbys)', () => {
     });
     try {
       await db.pool.query(`ALTER DATABASE ${database()} SET synchronous_commit = off`);
-      const proxy = await startProxy(loadConfig({ DATABASE_URL: db.url, PORT: '0' }), pino({ level: 'warn' }, sink));
+      const proxy = await startProxy(loadConfig({ DATABASE_URL: db.url, PORT: '0', ...portRangeEnv() }), pino({ level: 'warn' }, sink));
       await proxy.close();
     } finally {
       await db.pool.query(`ALTER DATABASE ${database()} RESET synchronous_commit`);

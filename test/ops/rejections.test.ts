@@ -1,4 +1,5 @@
 // GET /v1/rejections and /v1/rejections/histogram, and the rejection log's bounded retention.
+import { portRangeEnv } from '../../tools/ports.ts';
 import { describe, expect } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { ERRORS } from '../../src/proxy/errors.ts';
@@ -252,6 +253,7 @@ describe('retention', () => {
       FENCEPOST_LOG_LEVEL: 'silent',
       FENCEPOST_REJECTIONS_MAX_ROWS: '3',
       FENCEPOST_REJECTIONS_PRUNE_INTERVAL_MS: '100',
+      ...portRangeEnv(),
     });
     const proxy = await startProxy(config);
     try {

@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { PortTakenError, startOnFreePort } from '../../src/demo/ports.ts';
+import { PortTakenError, startOnFreePort } from '../../src/ports.ts';
 import { migrate } from '../../src/fence/migrate.ts';
 import { postgresIds } from '../../tools/postgres.ts';
 import { portTakenLine } from '../../tools/ports.ts';

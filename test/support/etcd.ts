@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { PortTakenError, startOnFreePorts } from '../../src/demo/ports.ts';
+import { PortTakenError, startOnFreePorts } from '../../src/ports.ts';
 
 export const ETCD = process.env.ETCD ?? 'etcd';
 export const ETCDCTL = process.env.ETCDCTL ?? 'etcdctl';

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
 import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
-import { portRange } from '../../src/demo/ports.ts';
+import { portRange } from '../../src/ports.ts';
 import { startPostgres } from '../../tools/postgres.ts';
 
 declare module 'vitest' {

@@ -12,7 +12,7 @@ import { listeningLogLevel, listeningPorts, type ListeningPorts } from '../../to
 import { STORE_DEFAULTS } from '../../src/proxy/config.ts';
 import type { FenceMode } from '../../tools/unsafe-fence.ts';
 import type { DurabilityMonitor } from '../../src/fence/durability-monitor.ts';
-import { PortTakenError, portRange, startOnFreePort, startOnFreePorts } from '../../src/demo/ports.ts';
+import { onFreePort } from '../../tools/ports.ts';
 
 export const REPO = join(import.meta.dirname, '..', '..');
 export const BIN = join(REPO, 'bin', 'fencepost.js');
@@ -33,27 +33,7 @@ export function testApp(
 
 /** Listens on a free loopback port (from FENCEPOST_PORT_RANGE when set); returns the base URL. */
 export async function listen(app: FastifyInstance): Promise<string> {
-  if (portRange() === null) return await app.listen({ host: '127.0.0.1', port: 0 });
-  return await startOnFreePort((port) => app.listen({ host: '127.0.0.1', port }));
-}
-
-/**
- * With FENCEPOST_PORT_RANGE set, the ports a proxy would have bound at 0 (PORT, and
- * FENCEPOST_PGWIRE_PORT and the embedded Postgres's when asked for) are picked from the range:
- * `start` gets env with them, and runs again on others when one was taken meanwhile. Unset: env as is.
- */
-export async function onRangePorts<T>(env: Record<string, string>, start: (env: Record<string, string>) => Promise<T>): Promise<T> {
-  if (portRange() === null) return await start(env);
-  const free = (name: string) => env[name] === undefined || env[name] === '' || env[name] === '0';
-  const names = [
-    ...(free('PORT') ? ['PORT'] : []),
-    ...(env.FENCEPOST_PGWIRE_PORT === '0' ? ['FENCEPOST_PGWIRE_PORT'] : []),
-    ...(!env.DATABASE_URL && free('FENCEPOST_EMBEDDED_PG_PORT') ? ['FENCEPOST_EMBEDDED_PG_PORT'] : []),
-  ];
-  if (names.length === 0) return await start(env);
-  return await startOnFreePorts(names.length, (ports) =>
-    start({ ...env, ...Object.fromEntries(names.map((n, i) => [n, String(ports[i])])) }),
-  );
+  return await onFreePort((port) => app.listen({ host: '127.0.0.1', port }));
 }
 
 export interface ProxyProcess {
@@ -117,8 +97,9 @@ export async function readyUrl(child: ChildProcess, output: () => string, timeou
 
 /**
  * Runs `fencepost serve` as a real process and waits until /readyz answers 200. It listens where
- * env says, on ports of the OS's choosing by default (PORT=0; FENCEPOST_PGWIRE_PORT=0 for the SQL
- * endpoint), read back from its listening lines (so it logs at info at least). `fenceMode` other
+ * env says, on free ports by default (PORT=0; FENCEPOST_PGWIRE_PORT=0 for the SQL endpoint: serve
+ * takes them from FENCEPOST_PORT_RANGE when set), read back from its listening lines (so it logs
+ * at info at least). `fenceMode` other
  * than strict runs the harness's serve with a broken fence instead (tools/unsafe-fence.ts).
  */
 export async function spawnProxy(
@@ -126,15 +107,6 @@ export async function spawnProxy(
   timeoutMs = 60_000,
   fenceMode: FenceMode = 'strict',
   opts: SpawnProxyOptions = {},
-): Promise<ProxyProcess> {
-  return await onRangePorts(env, (e) => spawnProxyOn(e, timeoutMs, fenceMode, opts));
-}
-
-async function spawnProxyOn(
-  env: Record<string, string>,
-  timeoutMs: number,
-  fenceMode: FenceMode,
-  opts: SpawnProxyOptions,
 ): Promise<ProxyProcess> {
   const args =
     fenceMode === 'strict'
@@ -159,12 +131,7 @@ async function spawnProxyOn(
   let url = '';
   let ports: ListeningPorts | null = null;
   for (;;) {
-    if (child.exitCode !== null) {
-      // A port picked from FENCEPOST_PORT_RANGE taken before serve bound it: onRangePorts picks others.
-      if (/cannot start: (PORT|FENCEPOST_PGWIRE_PORT|FENCEPOST_EMBEDDED_PG_PORT): .* is already in use/.test(out))
-        throw new PortTakenError(`fencepost serve: ${out.trim().split('\n').at(-1)}`);
-      throw new Error(`fencepost serve exited with ${child.exitCode}:\n${out}`);
-    }
+    if (child.exitCode !== null) throw new Error(`fencepost serve exited with ${child.exitCode}:\n${out}`);
     ports ??= listeningPorts(out, pgwire);
     if (ports !== null) {
       url = `${opts.https ? 'https' : 'http'}://127.0.0.1:${ports.http}`;

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import type { RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { startOnFreePort } from '../../src/demo/ports.ts';
+import { startOnFreePort } from '../../src/ports.ts';
 import { runPostgres, startPostgres } from '../../tools/postgres.ts';
 import { migrate } from '../../src/fence/migrate.ts';
 import { withDatabase, type TestDatabase } from './db.ts';

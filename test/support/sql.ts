@@ -6,7 +6,7 @@ import pino, { type Logger } from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy, type RunningProxy } from '../../src/proxy/server.ts';
 import { clientRoleFor, type TestDatabase } from './db.ts';
-import { onRangePorts } from './proxy.ts';
+import { portRangeEnv } from '../../tools/ports.ts';
 
 export interface SqlProxy {
   proxy: RunningProxy;
@@ -28,11 +28,11 @@ export async function startSqlProxy(db: TestDatabase, env: Record<string, string
     FENCEPOST_PGWIRE_PORT: '0',
     FENCEPOST_CLIENT_ROLE: clientRoleFor(db.url),
     FENCEPOST_LOG_LEVEL: 'silent',
+    ...portRangeEnv(), // port 0: free ports, of FENCEPOST_PORT_RANGE when set
     ...env,
   };
   const logger = opts.logger ?? pino({ level: process.env.FENCEPOST_TEST_LOG ?? 'silent' });
-  // Ports of the OS's choosing, or of FENCEPOST_PORT_RANGE when set.
-  const proxy = await onRangePorts(base, (e) => startProxy(loadConfig(e), logger));
+  const proxy = await startProxy(loadConfig(base), logger);
   const port = proxy.pgwirePort!;
   const database = new URL(db.url).pathname.slice(1);
   const url = (user: string, opts: { password?: string; options?: string } = {}) => {

@@ -4,7 +4,7 @@
 // write to X gets 409; X holds B's value; A has stepped down.
 import { afterAll, expect, inject, test, vi } from 'vitest';
 import { TOKEN_MEANS, runDemo } from '../../src/demo/demo.ts';
-import { freePort } from '../../src/demo/ports.ts';
+import { freePort } from '../../src/ports.ts';
 import { clientRoleFor, createTestDatabase } from '../support/db.ts';
 
 // A database of the file's own: the demos' GRANTs on one shared database, run side by side, fail

@@ -10,7 +10,7 @@ import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSyn
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { startEmbeddedPostgres, type RunningPostgres } from '../../src/fence/embedded-postgres.ts';
-import { PortTakenError, startOnFreePorts } from '../../src/demo/ports.ts';
+import { PortTakenError, startOnFreePorts } from '../../src/ports.ts';
 import { portTakenLine } from '../ports.ts';
 import { startPostgres } from '../postgres.ts';
 import { listeningPorts } from '../serve-listening.ts';

@@ -4,6 +4,7 @@
 // another fence key, and the current token as the control), on an embedded Postgres of its own
 // (prepared transactions enabled) and an in-process proxy. Prints the seed first, fast-check's
 // report (seed, path, the shrunk counterexample) on a violation.
+import { portRangeEnv } from '../ports.ts';
 import pino from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
@@ -42,6 +43,7 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
         FENCEPOST_PGWIRE_PORT: '0',
         FENCEPOST_CLIENT_ROLE: CLIENT_ROLE,
         FENCEPOST_LOG_LEVEL: 'silent',
+        ...portRangeEnv(),
       });
       const proxy = await startProxy(config, pino({ level: 'silent' }));
       try {

@@ -13,13 +13,14 @@
 // server's reply to it is not: the connection is cut first (a request that ran, whose reply was lost).
 import { createServer, connect as tcpConnect } from 'node:net';
 import type { Server, Socket } from 'node:net';
+import { listenFree } from '../ports.ts';
 
 export type ProxyMode = 'forward' | 'blackhole' | 'refuse';
 
 export interface TcpProxyOptions {
   targetHost?: string;
   targetPort: number;
-  /** Port to listen on (127.0.0.1); 0 or omitted picks a free one. */
+  /** Port to listen on (127.0.0.1); 0 or omitted picks a free one (of FENCEPOST_PORT_RANGE when set). */
   listenPort?: number;
 }
 
@@ -51,13 +52,15 @@ export class TcpProxy {
   static async start(opts: TcpProxyOptions): Promise<TcpProxy> {
     const server = createServer();
     const proxy = new TcpProxy(server, opts);
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(opts.listenPort ?? 0, '127.0.0.1', () => {
-        server.off('error', reject);
-        resolve();
+    if (!opts.listenPort) await listenFree(server);
+    else
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(opts.listenPort, '127.0.0.1', () => {
+          server.off('error', reject);
+          resolve();
+        });
       });
-    });
     return proxy;
   }
 

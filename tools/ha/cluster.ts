@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { LocalZooKeeper } from '../../src/demo/local-zookeeper.ts';
-import { freePort, startOnFreePort } from '../../src/demo/ports.ts';
+import { freePort, startOnFreePort } from '../../src/ports.ts';
 import { listeningPorts } from '../serve-listening.ts';
 import { HaProxy } from './haproxy.ts';
 import { PatroniNode } from './patroni-node.ts';
@@ -98,7 +98,7 @@ export class HaCluster {
     );
   }
 
-  /** On a port of the OS's choosing (PORT=0), which its listening line names. */
+  /** On a free port (PORT=0: of FENCEPOST_PORT_RANGE when set), which its listening line names. */
   private async startProxy(): Promise<void> {
     const logFile = createWriteStream(join(this.dir, 'fencepost.log'));
     const child = spawn(process.execPath, [BIN, 'serve'], {

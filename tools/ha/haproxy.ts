@@ -5,7 +5,7 @@ import { createWriteStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { PatroniNodeSpec } from './patroni-node.ts';
-import { PortTakenError } from '../../src/demo/ports.ts';
+import { PortTakenError } from '../../src/ports.ts';
 import { portTakenLine } from '../ports.ts';
 import { fillTemplate } from './template.ts';
 

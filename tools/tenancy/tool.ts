@@ -3,6 +3,7 @@
 // violation names its attack), in a seeded order, until the time is up; `--open` adds the
 // documented open lock-queue attacks (docs/security.md, Tenants), `--attacks` keeps the attacks
 // whose name contains the text. The test (test/tenancy/isolation.test.ts) runs a few mixes.
+import { portRangeEnv } from '../ports.ts';
 import pino from 'pino';
 import { loadConfig } from '../../src/proxy/config.ts';
 import { startProxy } from '../../src/proxy/server.ts';
@@ -31,6 +32,7 @@ export async function runTenancyTool(o: {
         FENCEPOST_LOG_LEVEL: 'silent',
         FENCEPOST_KEYS: t.keysJson,
         FENCEPOST_READ_ACCESS: 'key',
+        ...portRangeEnv(),
       });
       const proxy = await startProxy(config, pino({ level: 'silent' }));
       try {

@@ -109,16 +109,17 @@ export class SqlEndpoint {
     this.server.maxConnections = opts.maxConnections * 2; // hard cap; the polite refusal is below
   }
 
-  async listen(): Promise<number> {
+  /** Listens on `port` (default: the configured one; again after a failed listen, e.g. another port); the port bound. */
+  async listen(port: number = this.opts.port): Promise<number> {
     await new Promise<void>((resolve, reject) => {
       this.server.once('error', reject);
-      this.server.listen(this.opts.port, this.opts.host, () => {
+      this.server.listen(port, this.opts.host, () => {
         this.server.off('error', reject);
         resolve();
       });
     });
     const address = this.server.address();
-    return typeof address === 'object' && address ? address.port : this.opts.port;
+    return typeof address === 'object' && address ? address.port : port;
   }
 
   /** Stops accepting and closes every session (their open transactions roll back). */

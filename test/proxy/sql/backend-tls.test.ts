@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, describe, expect, inject, test } from 'vitest';
 import { execFileSync } from 'node:child_process';
 import { chmodSync, chownSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type AddressInfo, type Socket } from 'node:net';
+import { createServer, type Socket } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -12,7 +12,7 @@ import type { RunningPostgres } from '../../../src/fence/embedded-postgres.ts';
 import { migrate } from '../../../src/fence/migrate.ts';
 import { databaseTarget } from '../../../src/fence/database-url.ts';
 import { BackendStartupError, openBackend } from '../../../src/proxy/sql/backend.ts';
-import { closedPort } from '../../../tools/ports.ts';
+import { closedPort, listenFree } from '../../../tools/ports.ts';
 import { startPostgres } from '../../../tools/postgres.ts';
 import { clientRoleFor, type TestDatabase } from '../../support/db.ts';
 import { startSqlProxy, fenceOptions, fenceRow, sendCancel, type SqlProxy } from '../../support/sql.ts';
@@ -183,8 +183,7 @@ describe('what the URL asks for is what the endpoint does', () => {
       s.on('error', () => {});
       s.resume(); // reads (and drops) what comes, so the client's close is seen
     });
-    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
-    const port = (silent.address() as AddressInfo).port;
+    const port = await listenFree(silent);
     try {
       for (const query of ['?sslmode=no-verify', '']) {
         const started = Date.now();

@@ -1,14 +1,16 @@
-// Ports for the local servers the demo starts (and the tests, chaos runs and benches with it). A
-// server of ours binds port 0 and reports the port it got. A server we do not write (ZooKeeper,
-// Postgres, PgBouncer, HAProxy, Patroni) needs its number before it binds: it starts on a picked
-// port, and when that was taken meanwhile (another test file, another run on the machine), on
-// another (`startOnFreePorts`). What only the harness needs (a closed port, who listens on a port,
-// a server's words for a taken port) is in tools/ports.ts.
-// FENCEPOST_PORT_RANGE (`20000-20999`) keeps every port picked here, and the demo's proxy and
-// embedded Postgres, inside one range: on a machine shared with others, each gets a range of its own.
+// Free ports: for `fencepost serve`'s doors and embedded Postgres when asked for port 0, and for the
+// local servers the demo, the tests, chaos runs and benches start. A server of ours binds port 0,
+// or with FENCEPOST_PORT_RANGE a port of the range (`listenInRange`). A server we do not write
+// (ZooKeeper, Postgres, PgBouncer, HAProxy, Patroni) needs its number before it binds: it starts on
+// a picked port, and when that was taken meanwhile (another test file, another run on the
+// machine), on another (`startOnFreePorts`). What only the harness needs (a closed port, who
+// listens on a port, a server's words for a taken port) is in tools/ports.ts. Outside the layers:
+// src/proxy, src/fence and src/demo import it.
+// FENCEPOST_PORT_RANGE (`20000-20999`) keeps every port picked here inside one range: on a machine
+// shared with others, each gets a range of its own.
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { ConfigError } from '../proxy/config.ts';
+import { ConfigError } from './config-error.ts';
 
 /** Below this, ports are left to services with well-known or registered numbers. */
 const LOWEST_PORT = 10_000;
@@ -16,26 +18,19 @@ const LOWEST_PORT = 10_000;
 /** Starts on fresh ports after a port was taken, at most this many times in all. */
 const DEFAULT_ATTEMPTS = 5;
 
+/** FENCEPOST_PORT_RANGE's two ends, both included. */
+export type PortRange = [low: number, high: number];
+
 /**
  * A port free on 127.0.0.1 now, for a server that needs its number before it binds (and again after
- * each restart). Free now is no promise: bind it through `startOnFreePorts`, which picks again when
- * it was taken meanwhile. Drawn from outside the kernel's ephemeral range: listen(0) and outgoing
- * connections anywhere on the machine are handed ports from that range, so none of them can take
- * this one while its server restarts.
+ * each restart): one of FENCEPOST_PORT_RANGE's when set. Free now is no promise: bind it through
+ * `startOnFreePorts`, which picks again when it was taken meanwhile. Without a range, drawn from
+ * outside the kernel's ephemeral range: listen(0) and outgoing connections anywhere on the machine
+ * are handed ports from that range, so none of them can take this one while its server restarts.
  */
 export async function freePort(env: NodeJS.ProcessEnv = process.env): Promise<number> {
   const range = portRange(env);
-  if (range !== null) {
-    // Every port of the range, in random order: a small range is used up before it is called full.
-    const [lo, hi] = range;
-    const ports = Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
-    for (let i = ports.length - 1; i > 0; i--) {
-      const j = Math.floor(Math.random() * (i + 1));
-      [ports[i], ports[j]] = [ports[j]!, ports[i]!];
-    }
-    for (const port of ports) if (await bindable(port)) return port;
-    throw new Error(`no free port in FENCEPOST_PORT_RANGE ${lo}-${hi}: every port of it is in use`);
-  }
+  if (range !== null) return await freePortIn(range);
   const ports = portsOutside(ephemeralRange()).flatMap(([lo, hi]) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i));
   for (let attempt = 0; attempt < 200; attempt++) {
     const port = ports[Math.floor(Math.random() * ports.length)]!;
@@ -44,16 +39,55 @@ export async function freePort(env: NodeJS.ProcessEnv = process.env): Promise<nu
   throw new Error('no free port outside the ephemeral range');
 }
 
+/**
+ * A port of `range` free on 127.0.0.1 now; PortRangeFullError when none is. Every port of the range,
+ * in random order: a small range is used up before it is called full.
+ */
+export async function freePortIn(range: PortRange): Promise<number> {
+  const [lo, hi] = range;
+  const ports = Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
+  for (let i = ports.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [ports[i], ports[j]] = [ports[j]!, ports[i]!];
+  }
+  for (const port of ports) if (await bindable(port)) return port;
+  throw new PortRangeFullError(range);
+}
+
+/** Every port of FENCEPOST_PORT_RANGE is in use. */
+export class PortRangeFullError extends Error {
+  constructor(readonly range: PortRange) {
+    super(`no free port in FENCEPOST_PORT_RANGE ${range[0]}-${range[1]}: every port of it is in use`);
+    this.name = 'PortRangeFullError';
+  }
+}
+
+/**
+ * Listens a server of ours (`listen` binds the port it is given): on `port`; for port 0 with a
+ * `range`, on a free port of the range, picked again when it was taken between the pick and the
+ * bind (`startOnFreePort`: a bounded number of times); port 0 without a range, on the OS's choice.
+ */
+export async function listenInRange<T>(
+  port: number,
+  range: PortRange | null,
+  listen: (port: number) => Promise<T>,
+  opts: Pick<PortPicking, 'attempts'> = {},
+): Promise<T> {
+  if (port !== 0 || range === null) return await listen(port);
+  return await startOnFreePort(listen, { ...opts, pick: () => freePortIn(range) });
+}
+
 /** Lowest port FENCEPOST_PORT_RANGE may name: below it, ports need privileges or belong to services. */
 const LOWEST_RANGE_PORT = 1024;
 
 /**
- * FENCEPOST_PORT_RANGE, `<low>-<high>` (e.g. `20000-20999`): the ports the demo, the local
+ * FENCEPOST_PORT_RANGE, `<low>-<high>` (e.g. `20000-20999`): the ports port 0 means for `fencepost
+ * serve` (PORT, FENCEPOST_PGWIRE_PORT, the embedded Postgres's), and those the demo, the local
  * ZooKeeper (scripts/zookeeper.sh) and the tests' servers are picked from; null when unset (then
  * freePort picks outside the ephemeral range, and servers of ours bind port 0). A malformed value
  * is a ConfigError naming the variable: read it at start, before anything runs.
  */
-export function portRange(env: NodeJS.ProcessEnv = process.env): [number, number] | null {
+export function portRange(env: NodeJS.ProcessEnv = process.env): PortRange | null {
   const raw = env.FENCEPOST_PORT_RANGE;
   if (raw === undefined || raw.trim() === '') return null;
   const m = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(raw);

@@ -98,13 +98,18 @@ export interface PostgresProcess {
 /**
  * `postgres -D dataDir -p port` as a child of this process (so a test can stop it alone), on
  * 127.0.0.1; resolves once it accepts connections (read-only ones, for a standby). A port taken:
- * PortTakenError, for startOnFreePort to pick another.
+ * PortTakenError, for startOnFreePort to pick another. `binary`: another server's `postgres`
+ * (default: the embedded package's).
  */
-export async function runPostgres(dataDir: string, port: number, flags: string[] = []): Promise<PostgresProcess> {
-  const child = spawn(await postgresBinary(), ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', ...flags], {
-    ...postgresIds(),
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
+export async function runPostgres(dataDir: string, port: number, flags: string[] = [], binary?: string): Promise<PostgresProcess> {
+  const child = spawn(
+    binary ?? (await postgresBinary()),
+    ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', ...flags],
+    {
+      ...postgresIds(),
+      stdio: ['ignore', 'ignore', 'pipe'],
+    },
+  );
   let output = '';
   await new Promise<void>((ready, failed) => {
     child.stderr?.on('data', (d: Buffer) => {

@@ -4,16 +4,15 @@
 // preloads no library (pg_stat_statements needs shared_preload_libraries). Trust authentication on
 // 127.0.0.1, so a test may also log in straight to Postgres as any role it made, the endpoint's
 // client login included. scripts/setup.sh --test installs the package.
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { chmodSync, chownSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { PortTakenError, startOnFreePort } from '../../src/ports.ts';
+import { startOnFreePort } from '../../src/ports.ts';
 import { migrate } from '../../src/fence/migrate.ts';
-import { postgresIds } from '../../tools/postgres.ts';
-import { portTakenLine } from '../../tools/ports.ts';
+import { postgresIds, runPostgres } from '../../tools/postgres.ts';
 import { withDatabase, type TestDatabase } from './db.ts';
 
 const BIN = '/usr/lib/postgresql/15/bin';
@@ -38,15 +37,9 @@ export async function startDebianPostgres(flags: string[] = []): Promise<DebianP
   if ('uid' in ids) chownSync(dir, ids.uid, ids.gid);
   const dataDir = join(dir, 'data');
   await promisify(execFile)(join(BIN, 'initdb'), ['-D', dataDir, '-U', SUPERUSER, '--auth=trust', '-E', 'UTF8', '--locale=C.UTF-8'], ids);
-  const server = await startOnFreePort(async (port) => {
-    const child = spawn(
-      join(BIN, 'postgres'),
-      ['-D', dataDir, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, ...flags],
-      { ...ids, stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    await started(child, port);
-    return { child, port };
-  });
+  const server = await startOnFreePort((port) =>
+    runPostgres(dataDir, port, ['-c', `unix_socket_directories=${dir}`, ...flags], join(BIN, 'postgres')),
+  );
   const url = `postgres://${SUPERUSER}@127.0.0.1:${server.port}/postgres`;
   const pools: pg.Pool[] = [];
   return {
@@ -72,21 +65,4 @@ export async function startDebianPostgres(flags: string[] = []): Promise<DebianP
       rmSync(dir, { recursive: true, force: true });
     },
   };
-}
-
-/** Resolves once `child` accepts connections; a taken port: PortTakenError (startOnFreePort tries another). */
-function started(child: ChildProcess, port: number): Promise<void> {
-  let output = '';
-  return new Promise<void>((ready, failed) => {
-    child.stderr?.on('data', (d: Buffer) => {
-      output += d.toString();
-      if (output.includes('ready to accept')) ready();
-    });
-    child.once('error', failed);
-    child.once('exit', (code) => {
-      const taken = portTakenLine(output);
-      if (taken !== null) failed(new PortTakenError(`postgres on port ${port}: ${taken}`));
-      else failed(new Error(`Debian's postgres exited with ${code} during start:\n${output}`));
-    });
-  });
 }

@@ -34,7 +34,7 @@ import {
   type TxResult,
   type TxStatement,
 } from './transaction.ts';
-import { enterSession, type SessionBackend, type SessionFence, type SessionRequest } from './session-fence.ts';
+import { enterSession, warmSession, type SessionBackend, type SessionFence, type SessionRequest } from './session-fence.ts';
 import { sqlState } from './pg-errors.ts';
 import { LOCK_NOT_AVAILABLE } from './sqlstate.ts';
 import { WriteOutcomeUnknownError } from './errors.ts';
@@ -160,6 +160,11 @@ export class Fence {
   /** Fences a new SQL connection from its startup settings, on its own backend (session-fence.ts). */
   enterSession(request: SessionRequest, backend: SessionBackend): Promise<SessionFence> {
     return enterSession(this, request, backend);
+  }
+
+  /** Readies a backend no writer has yet for enterSession (session-fence.ts warmSession). */
+  warmSession(capability: string, backend: SessionBackend): Promise<boolean> {
+    return warmSession(capability, backend);
   }
 
   /** A committed transaction of a fenced SQL connection, counted as every door's (in batches). */

@@ -127,6 +127,20 @@ function settingsPair(s: FenceSettings, mayWrite: (fenceKey: string) => boolean)
 
 const refused = (refusal: SessionRefusal): SessionFence => ({ kind: 'refused', refusal });
 
+/**
+ * Readies a backend no writer has yet (the SQL endpoint's spare, listener.ts) for its fence: the
+ * setup's read and fence_session with no fence key, which registers nothing. What a backend that has
+ * just started does for the first time (plpgsql's load, the function's compile, the capability's
+ * reads) is then done before a writer waits for it. True when both answered without an error.
+ */
+export async function warmSession(capability: string, backend: SessionBackend): Promise<boolean> {
+  const setup = await backend.query(connectionSetup());
+  const start = setup.rows[0] ?? '';
+  if (setup.error !== null || start === '') return false;
+  const r = await backend.query(fenceConnection(capability, { pid: backend.pid, start }, null, null));
+  return r.error === null;
+}
+
 /** Decides the connection's fence from its startup settings, on its backend (see the top of this file). */
 export async function enterSession(host: SessionFenceHost, req: SessionRequest, backend: SessionBackend): Promise<SessionFence> {
   const since = Date.now();

@@ -49,6 +49,8 @@ export interface ProxyConfig {
   statementTimeoutMs: number;
   /** Postgres lock_timeout of the main pool: a write waiting this long on a locked fence row fails (503). */
   lockTimeoutMs: number;
+  /** FENCEPOST_PGWIRE_SPARE_BACKENDS: backends logged in ahead of connects (sql/spares.ts); 0: none. */
+  pgwireSpareBackends: number;
   /** FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS: connections in startup from one address at once. */
   pgwireMaxStartupsPerAddress: number;
   /** FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY: SQL endpoint sessions one key may hold. */
@@ -175,6 +177,10 @@ export const PGWIRE_DEFAULTS = Object.freeze({
   // Connections from one address that have sent nothing yet: past this, a new one closes the
   // oldest silent for a second, so idle TCP connections cannot keep writers out.
   maxStartupsPerAddress: 16,
+  // Backends logged in and warmed ahead of the next connect like the last one (sql/spares.ts),
+  // within FENCEPOST_PGWIRE_MAX_CONNECTIONS; each is kept this long untaken.
+  spareBackends: 4,
+  spareKeepMs: 10_000,
 });
 
 /** A key's share of `total` when several keys share it: half (at least 1); all of it for one key or open mode. */
@@ -448,6 +454,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Readonly<Proxy
       24 * 3600 * 1000,
     ),
     pgwireMaxStartupsPerAddress: int(env, 'FENCEPOST_PGWIRE_MAX_STARTUPS_PER_ADDRESS', PGWIRE_DEFAULTS.maxStartupsPerAddress, 1, 10_000),
+    pgwireSpareBackends: int(env, 'FENCEPOST_PGWIRE_SPARE_BACKENDS', PGWIRE_DEFAULTS.spareBackends, 0, 100),
     // With several keys, no key may hold more than half of what is shared, so another always finds room.
     pgwireMaxSessionsPerKey: int(env, 'FENCEPOST_PGWIRE_MAX_SESSIONS_PER_KEY', fairShare(keys, pgwireMax), 1, 10_000),
     txMaxPerKey: int(env, 'FENCEPOST_TX_MAX_PER_KEY', fairShare(keys, txPoolSize), 1, 1000),

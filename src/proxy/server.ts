@@ -363,6 +363,7 @@ export async function startProxy(
           maxSessionsPerKey: config.pgwireMaxSessionsPerKey,
           maxStartupsPerAddress: config.pgwireMaxStartupsPerAddress,
           maxConnections: config.pgwireMaxConnections,
+          spareBackends: config.pgwireSpareBackends,
           startupTimeoutMs: PGWIRE_DEFAULTS.startupTimeoutMs,
           logger: logger.child({ component: 'pgwire' }),
           tls,

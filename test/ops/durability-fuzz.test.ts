@@ -22,7 +22,8 @@ import { DURABILITY_UNSAFE } from '../../src/fence/codes.ts';
 const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20261201);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 100);
 
-const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_REQUIRE_SYNC_STANDBY: '1' });
+// No spare backends: each case checks that no backend of the client login outlives its session.
+const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_REQUIRE_SYNC_STANDBY: '1', FENCEPOST_PGWIRE_SPARE_BACKENDS: '0' });
 let target: FuzzTarget | undefined;
 
 test.beforeAll(async ({ db, sql }) => {

@@ -41,6 +41,8 @@ export async function runSqlFuzz(o: SqlFuzzOptions): Promise<SqlFuzzResult> {
         DATABASE_URL: url,
         PORT: '0',
         FENCEPOST_PGWIRE_PORT: '0',
+        // Each case checks that no backend of the client login outlives its session: no spares.
+        FENCEPOST_PGWIRE_SPARE_BACKENDS: '0',
         FENCEPOST_CLIENT_ROLE: CLIENT_ROLE,
         FENCEPOST_LOG_LEVEL: 'silent',
         ...portRangeEnv(),

@@ -28,10 +28,12 @@ export function connectionSetup(): string {
 }
 
 /**
- * Registers the backend as fenced at `token` of `fenceKey` (definitions.ts fence_session) with a
+ * Registers the backend as fenced at `token` of `fenceKey` (both null: checks the capability and
+ * returns null, registering nothing: what warms a spare backend, session-fence.ts warmSession) (definitions.ts fence_session) with a
  * capability bound to the backend and the call: one row, the fence's highest token (null: no fence).
  */
-export function fenceConnection(capability: string, backend: BackendIdentity, fenceKey: string, token: bigint): string {
+export function fenceConnection(capability: string, backend: BackendIdentity, fenceKey: string | null, token: bigint | null): string {
   const cap = sessionFenceCapability(capability, backend, fenceKey, token);
-  return `SET LOCAL synchronous_commit = off; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${pg.escapeLiteral(fenceKey)}, ${token.toString()})`;
+  const key = fenceKey === null ? 'NULL' : pg.escapeLiteral(fenceKey);
+  return `SET LOCAL synchronous_commit = off; SELECT fencepost_api.fence_session(${pg.escapeLiteral(cap)}, ${key}, ${token === null ? 'NULL' : token.toString()})`;
 }

@@ -34,6 +34,8 @@ import { BackendStartupError, backendTarget, cancelBackend, openBackend, type Ba
 import { type Fence, type SessionGuard, SQLSTATE } from '../../fence/index.ts';
 import { type DurabilityMonitor } from '../../fence/admin.ts';
 import { SqlSession, type StaleRefusal } from './session.ts';
+import { SpareBackends, startupIdentity } from './spares.ts';
+import { PGWIRE_DEFAULTS } from '../config.ts';
 import { withinPrefixes, type AccessKey } from '../access/keys.ts';
 import type { TlsMaterial } from '../access/tls.ts';
 import type { ProxyMetrics } from '../metrics.ts';
@@ -65,6 +67,13 @@ export interface SqlEndpointOptions {
   /** Connections still in startup (not yet authenticated) from one address at once. */
   maxStartupsPerAddress: number;
   maxConnections: number;
+  /**
+   * Backends logged in and warmed ahead of the next connect with the same startup (spares.ts),
+   * counted within maxConnections; absent or 0: none.
+   */
+  spareBackends?: number;
+  /** How long an untaken spare is kept (default PGWIRE_DEFAULTS.spareKeepMs). */
+  spareKeepMs?: number;
   /** Startup (packet, authentication, backend login) must finish within this. */
   startupTimeoutMs: number;
   logger: Logger;
@@ -102,9 +111,18 @@ export class SqlEndpoint {
   private readonly silent = new Map<string, Map<Socket, number>>();
   /** Keys the made-up SCRAM salts of unknown users: stable for the process, as the keys' own salts are. */
   private readonly mockNonce = randomBytes(32);
+  private readonly spares: SpareBackends;
 
   constructor(private readonly opts: SqlEndpointOptions) {
     this.target = backendTarget(opts.databaseUrl);
+    this.spares = new SpareBackends({
+      // Several hosts: a spare could outlive a failover on the old primary.
+      max: this.target.follow ? 0 : (opts.spareBackends ?? 0),
+      keepMs: opts.spareKeepMs ?? PGWIRE_DEFAULTS.spareKeepMs,
+      timeoutMs: opts.startupTimeoutMs,
+      fence: opts.fence,
+      logger: opts.logger,
+    });
     this.server = createServer((socket) => this.accept(socket));
     this.server.maxConnections = opts.maxConnections * 2; // hard cap; the polite refusal is below
   }
@@ -125,6 +143,7 @@ export class SqlEndpoint {
   /** Stops accepting and closes every session (their open transactions roll back). */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    this.spares.close();
     for (const s of this.sockets) {
       this.upgraded.get(s)?.destroy();
       s.destroy();
@@ -233,12 +252,20 @@ export class SqlEndpoint {
       this.takeKeyShare(raw, key);
       const { settings, forwarded } = backendSettings(params, login.pgRole, this.opts);
       const backendLogin = { user: login.login, password: login.password, parameters: forwarded, settings };
-      let backend: Backend;
-      try {
-        backend = await this.opts.fence.connectAs(login, () => openBackend(this.target, backendLogin, channel.remaining()));
-      } catch (err) {
-        throw this.backendRefusal(err);
+      const startup = startupIdentity(login.login, forwarded, settings);
+      let backend = this.spares.take(startup);
+      if (backend === null) {
+        try {
+          backend = await this.opts.fence.connectAs(login, () => openBackend(this.target, backendLogin, channel.remaining()));
+        } catch (err) {
+          throw this.backendRefusal(err);
+        }
       }
+      // The next connect like this one finds a backend logged in and warmed (within the budget).
+      if (this.sessionCount + this.spares.size + 1 < this.opts.maxConnections)
+        this.spares.replenish(startup, capability, () =>
+          this.opts.fence.connectAs(login, () => openBackend(this.target, backendLogin, this.opts.startupTimeoutMs)),
+        );
       const socket = channel.socket;
       if (socket.destroyed) {
         backend.socket.destroy();

@@ -30,7 +30,9 @@ const SEED = Number(process.env.FENCEPOST_FUZZ_SEED ?? 20240611);
 const RUNS = Number(process.env.FENCEPOST_FUZZ_RUNS ?? 150);
 const MAX_MESSAGES = 12;
 
-const test = sqlTest;
+// No spare backends (src/proxy/sql/spares.ts): each case checks that no backend of the client
+// login outlives its session, and a spare is one by design, for the next connect.
+const test = sqlTest.extend('sqlEnv', { scope: 'file' }, { FENCEPOST_PGWIRE_SPARE_BACKENDS: '0' } as Record<string, string>);
 let target: FuzzTarget | undefined;
 
 test.beforeAll(async ({ db, sql }) => {

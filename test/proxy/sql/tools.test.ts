@@ -289,7 +289,9 @@ describe("on Debian's Postgres 15", () => {
   beforeAll(async () => {
     cluster = await startDebianPostgres(['-c', 'shared_preload_libraries=pg_stat_statements']);
     db = await cluster.createDatabase('fp_test_tools15');
-    sql = await startSqlProxy(db);
+    // No spare backends here: pg_stat_statements is read per writer's session (a spare's warm-up
+    // for the next connect would run during it; the test below counts it apart).
+    sql = await startSqlProxy(db, { FENCEPOST_PGWIRE_SPARE_BACKENDS: '0' });
     clientRole = clientRoleFor(db.url);
     const u = new URL(db.url);
     u.username = clientRole;
@@ -411,6 +413,27 @@ describe("on Debian's Postgres 15", () => {
           'SET LOCAL synchronous_commit = off',
         ].sort(),
       );
+    });
+
+    test("with spare backends, what else is counted is the fence's own statements, run on the spare before a writer has it", async () => {
+      const spared = await startSqlProxy(db, { FENCEPOST_PGWIRE_SPARE_BACKENDS: '2' });
+      try {
+        const direct = await counted(directAsClient, 5);
+        const through = await counted(spared.url('statements'), 6);
+        const writers = new Set(direct.afterStartup.map((r) => r.query));
+        const fences = new Set([
+          'SELECT (SELECT pg_catalog.to_char(a.backend_start AT TIME ZONE $1, $2) FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a)',
+          'SELECT fencepost_api.fence_session($1, $2, $3)',
+          'SELECT fencepost_api.fence_session($1, NULL, NULL)',
+          'SET LOCAL ROLE NONE',
+          'SET LOCAL synchronous_commit = off',
+        ]);
+        const others = [...through.atStartup, ...through.afterStartup].map((r) => r.query).filter((q) => !writers.has(q));
+        expect(others.filter((q) => !fences.has(q))).toEqual([]);
+        expect(through.afterStartup.filter((r) => writers.has(r.query))).toEqual(direct.afterStartup);
+      } finally {
+        await spared.close();
+      }
     });
 
     test("after startup, counts only the writer's own statements, as the same session straight to Postgres by the same role", async () => {

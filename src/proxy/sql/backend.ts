@@ -370,6 +370,23 @@ export function cancelBackend(target: BackendTarget, pid: number, secret: Buffer
   });
 }
 
+/**
+ * The backend as the fence asks its questions of it (Fence.enterSession, warmSession): its pid, and
+ * a Query of the proxy's answered with each row's first column and Postgres's error, if any.
+ */
+export function fenceQuestions(backend: Backend, timeoutMs: number) {
+  return {
+    pid: backend.pid,
+    query: async (sql: string) => {
+      const a = await queryBackend(backend, sql, timeoutMs);
+      return {
+        rows: a.rows.map((r) => r[0] ?? ''),
+        error: a.error === null ? null : { code: a.error.get('C') ?? null, message: a.error.get('M') ?? null },
+      };
+    },
+  };
+}
+
 /** What a Query of the proxy's on a session's backend answered: each row's texts, and its error, if any. */
 export interface BackendAnswer {
   rows: string[][];

@@ -11,7 +11,7 @@ import type { MessageReader } from './wire/framing.ts';
 import { errorResponse, type ErrorFields } from './wire/backend.ts';
 import { Relay, type TransactionEnd } from './relay.ts';
 import { durabilityRefusal, refusalFields, refusalOutcome, revokedFields } from './fencer.ts';
-import { queryBackend, type Backend } from './backend.ts';
+import { fenceQuestions, type Backend } from './backend.ts';
 import type { Fence, FencePair, FenceSettings, SessionFence, SessionGuard } from '../../fence/index.ts';
 
 export type { TransactionEnd } from './relay.ts';
@@ -84,16 +84,7 @@ export class SqlSession {
           writerId: opts.writerId,
           logger: opts.logger,
         },
-        {
-          pid: this.backend.pid,
-          query: async (sql) => {
-            const a = await queryBackend(this.backend, sql, opts.fenceTimeoutMs);
-            return {
-              rows: a.rows.map((r) => r[0] ?? ''),
-              error: a.error === null ? null : { code: a.error.get('C') ?? null, message: a.error.get('M') ?? null },
-            };
-          },
-        },
+        fenceQuestions(this.backend, opts.fenceTimeoutMs),
       );
     } catch (err) {
       opts.logger.warn({ err }, 'SQL connection: the fence could not be decided; it is refused');

@@ -9,7 +9,7 @@
 // `keepMs`; one that hears anything while waiting (a FATAL before it goes) or closes is dropped.
 // DATABASE_URL with several hosts keeps none (a spare could outlive a failover on the old primary).
 import type { Logger } from 'pino';
-import { queryBackend, type Backend } from './backend.ts';
+import { fenceQuestions, type Backend } from './backend.ts';
 import type { Fence } from '../../fence/index.ts';
 
 export interface SpareOptions {
@@ -81,18 +81,7 @@ export class SpareBackends {
       this.opts.logger.debug({ err }, 'SQL endpoint: no spare backend (its login failed)');
       return;
     }
-    const warm = await this.opts.fence
-      .warmSession(capability, {
-        pid: backend.pid,
-        query: async (sql) => {
-          const a = await queryBackend(backend, sql, this.opts.timeoutMs);
-          return {
-            rows: a.rows.map((r) => r[0] ?? ''),
-            error: a.error === null ? null : { code: a.error.get('C') ?? null, message: a.error.get('M') ?? null },
-          };
-        },
-      })
-      .catch(() => false);
+    const warm = await this.opts.fence.warmSession(capability, fenceQuestions(backend, this.opts.timeoutMs)).catch(() => false);
     if (!warm || this.closed || backend.socket.destroyed) {
       backend.socket.destroy();
       return;

@@ -40,13 +40,13 @@ const EXTENDED = new Set([0x50, 0x42, 0x44, 0x45, 0x43, 0x48]);
 /**
  * Counts the writer's Query ('Q'), Sync ('S') and FunctionCall ('F') messages in its byte stream,
  * walking only the message headers: each is answered by one ReadyForQuery. Also sees a Terminate
- * ('X'), and extended-protocol messages sent since the last Sync (Parse, Describe, Flush: a writer that sent
- * Flush waits for their answers with no Sync, as postgres.js does before its first Bind).
+ * ('X'), and extended-protocol messages sent since the last Sync (after a Flush a writer waits
+ * for their answers with no Sync, as postgres.js does before its first Bind).
  */
 class RequestCounter {
   requests = 0;
   terminated = false;
-  /** Messages other than Query and Sync came after the last Query or Sync. */
+  /** Extended-protocol messages (EXTENDED) came after the last Query, Sync or FunctionCall. */
   unsynced = false;
   /** An Execute came after the last Sync: a statement (a COMMIT among them) may be running. */
   executing = false;
@@ -141,7 +141,7 @@ export class Relay {
     this.losing = true;
     this.backend.socket.destroy();
     if (this.inFlight()) this.deposed(lostInFlight(), true);
-    else this.deposed(fields, this.counter.unsynced);
+    else this.deposed(fields, this.awaiting());
   }
 
   close(): void {
